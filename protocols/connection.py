@@ -1,0 +1,117 @@
+"""What the Tank and Figg connection state machines share: roles, sentinels, framing.
+
+A connection object (after h11) keeps no socket. Its owner feeds it bytes with
+``receive_data`` (``b""`` means the peer closed), pulls events with
+``next_event`` until it returns :data:`NEED_DATA` (or :data:`CLOSED` after a clean
+EOF), and turns events into bytes with ``send``.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from typing import Final
+
+from protocols.errors import FrameTooLarge, ProtocolError
+
+#: Default largest payload a connection accepts (64 MiB).
+DEFAULT_MAX_FRAME: Final = 64 * 1024 * 1024
+
+
+class _Sentinel:
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __repr__(self) -> str:
+        return self._name
+
+
+#: ``next_event`` has nothing complete to return: feed more bytes.
+NEED_DATA: Final = _Sentinel("NEED_DATA")
+#: The peer closed cleanly at a frame boundary; no more events will come.
+CLOSED: Final = _Sentinel("CLOSED")
+
+
+class Role(enum.Enum):
+    """Which end of the connection this object plays."""
+
+    CLIENT = "client"
+    SERVER = "server"
+
+
+class FrameReader:
+    """Splits a byte stream into ``header | payload`` frames.
+
+    ``header`` is a precompiled struct whose field ``length_index`` is the payload
+    length. A length over ``max_payload`` raises :class:`FrameTooLarge` as soon as
+    the header is complete, before any buffer is allocated for the payload.
+    Payloads are returned as fresh ``bytes``: never a view of the reused buffer.
+    """
+
+    __slots__ = ("_buf", "_eof", "_header", "_length_index", "_pos", "max_payload")
+
+    def __init__(self, header: struct.Struct, length_index: int, max_payload: int) -> None:
+        if max_payload <= 0:
+            raise ValueError("max_payload must be positive")
+        self._header = header
+        self._length_index = length_index
+        self.max_payload = max_payload
+        self._buf = bytearray()
+        self._pos = 0
+        self._eof = False
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet returned in a frame."""
+        return len(self._buf) - self._pos
+
+    @property
+    def eof(self) -> bool:
+        return self._eof
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Add received bytes; ``b""`` marks the end of the stream."""
+        if self._eof:
+            if data:
+                raise RuntimeError("data received after EOF")
+            return
+        if not data:
+            self._eof = True
+            return
+        if self._pos and self._pos >= len(self._buf) // 2:
+            del self._buf[:self._pos]
+            self._pos = 0
+        self._buf += data
+
+    def next_frame(self) -> tuple[tuple, bytes] | _Sentinel:
+        """The next complete ``(header_fields, payload)``, NEED_DATA or CLOSED."""
+        buf = self._buf
+        pos = self._pos
+        header = self._header
+        available = len(buf) - pos
+        if available < header.size:
+            return self._end_of_input(available)
+        fields = header.unpack_from(buf, pos)
+        length = fields[self._length_index]
+        if length > self.max_payload:
+            raise FrameTooLarge(
+                f"frame payload of {length} bytes exceeds the maximum of {self.max_payload}")
+        end = pos + header.size + length
+        if end > len(buf):
+            return self._end_of_input(available)
+        payload = bytes(buf[pos + header.size:end])
+        self._pos = end
+        if end == len(buf):
+            buf.clear()
+            self._pos = 0
+        return fields, payload
+
+    def _end_of_input(self, available: int) -> _Sentinel:
+        if not self._eof:
+            return NEED_DATA
+        if available:
+            raise ProtocolError(f"connection closed in the middle of a frame "
+                                f"({available} bytes of it received)")
+        return CLOSED
