@@ -1,0 +1,227 @@
+"""What both listeners need from a log, whichever log serves them.
+
+The Tank and Figg listeners speak only to a :class:`Backend`. Two implementations
+exist: the embedded store (``gateway.embedded``) and, in bridge mode, an upstream
+Tank broker. A listener never asks which one it has.
+
+The calls are shaped after Tank's own requests, because Tank is the richer of the
+two protocols and a Tank broker must be able to serve them one to one:
+
+- :meth:`Backend.produce` appends bundles to partitions (a Figg flush and a Tank
+  Produce both become one call);
+- :meth:`Backend.fetch` reads from several partitions and long-polls when none has
+  data: the waiting happens inside the backend, so an upstream broker can do it;
+- the admin calls mirror Tank's admin requests.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+class ProduceCode(enum.IntEnum):
+    """Per-partition outcome of an append, with Tank's Produce response codes."""
+
+    OK = 0
+    UNKNOWN_PARTITION = 1
+    IO_FAULT = 2
+    ACK_TIMEOUT = 3
+    INVALID_SEQUENCE = 10
+    READ_ONLY = 0xFE
+    UNKNOWN_TOPIC = 0xFF
+
+
+class FetchStatus(enum.Enum):
+    """What a fetch found for one requested partition."""
+
+    DATA = "data"                  # a chunk of whole bundles follows (possibly empty after a wait)
+    BOUNDARY = "boundary"          # the sequence is outside [first_available, hwm + 1]
+    UNKNOWN_TOPIC = "unknown_topic"
+    UNKNOWN_PARTITION = "unknown_partition"
+    FAULT = "fault"                # the partition could not be read (I/O error, upstream down)
+
+
+@runtime_checkable
+class Chunk(Protocol):
+    """A run of ``varint len | bundle`` bytes, in memory or in a segment file.
+
+    A file-backed chunk keeps its file open until :meth:`close`, so it stays valid
+    while its segment is rolled or deleted.
+    """
+
+    @property
+    def length(self) -> int: ...
+
+    def read_bytes(self) -> bytes:
+        """The chunk's bytes, read into memory."""
+
+    def sendfile_source(self) -> tuple[int, int] | None:
+        """``(fd, offset)`` to hand to ``os.sendfile``, or None when held in memory."""
+
+    def close(self) -> None:
+        """Release the file behind the chunk (idempotent)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BytesChunk:
+    """A chunk held in memory (bridge mode, caches, tests)."""
+
+    data: bytes
+
+    @property
+    def length(self) -> int:
+        return len(self.data)
+
+    def read_bytes(self) -> bytes:
+        return self.data
+
+    def sendfile_source(self) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+EMPTY_CHUNK = BytesChunk(b"")
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceBatch:
+    """One bundle for one partition. ``base_seq`` is set for ProduceWithSeqnum."""
+
+    topic: str
+    partition: int
+    bundle: bytes
+    base_seq: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceOutcome:
+    """The result of one :class:`ProduceBatch`; sequences are set when ``code`` is OK."""
+
+    code: ProduceCode
+    first_seq: int = 0
+    last_seq: int = 0
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRequest:
+    """Read one partition from ``seq`` (0: first available; 2**64-1: the tail)."""
+
+    topic: str
+    partition: int
+    seq: int
+    fetch_size: int
+
+
+@dataclass(slots=True)
+class FetchOutcome:
+    """What a fetch returned for one :class:`FetchRequest`.
+
+    For DATA, ``base_seq`` is the sequence of the first message of the chunk's first
+    bundle, or None when that bundle is sparse and carries its own sequences.
+    ``chunk`` must be closed by whoever consumes it.
+    """
+
+    status: FetchStatus
+    high_water_mark: int = 0
+    first_available: int = 0
+    base_seq: int | None = None
+    chunk: Chunk = EMPTY_CHUNK
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    """Bounds of one partition: ``first_available`` > ``high_water_mark`` when empty."""
+
+    first_available: int
+    high_water_mark: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    name: str
+    partitions: int
+    enabled: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class BackendStatus:
+    """What Tank's Status request reports."""
+
+    topics: int
+    partitions: int
+    open_partitions: int
+    open_time_ms: int
+    startup_ts: int
+    version: int
+
+
+class CreateTopicCode(enum.IntEnum):
+    """CreateTopic outcomes, with Tank's codes."""
+
+    OK = 0
+    EXISTS = 1
+    SYSTEM_ERROR = 2
+    BAD_CONFIG = 4
+    READ_ONLY = 5
+    INVALID = 10
+
+
+class ReloadConfCode(enum.IntEnum):
+    OK = 0
+    IO_ERROR = 2
+    PARSE_ERROR = 3
+    UNKNOWN_PARTITION = 10
+    UNKNOWN_TOPIC = 11
+
+
+@dataclass(frozen=True, slots=True)
+class BackendEvent:
+    """An outage or recovery a backend reports (bridge mode)."""
+
+    kind: str
+    detail: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    """The log both listeners serve. Implementations: embedded store, upstream broker."""
+
+    auto_create_topics: bool
+
+    async def produce(self, batches: Sequence[ProduceBatch]) -> list[ProduceOutcome]:
+        """Append each batch; the outcomes come back in the same order.
+
+        Each bundle is validated before anything of it is appended; a bad bundle
+        fails only its own batch. An OK outcome means durable per the durability mode.
+        Unknown topics are created first when ``auto_create_topics`` is on.
+        """
+
+    async def fetch(self, requests: Sequence[FetchRequest], *, max_wait_ms: int,
+                    min_bytes: int) -> list[FetchOutcome]:
+        """Read each partition; long-poll when none has data, per Tank's rules.
+
+        Returns at once when any requested partition has data or an error. Otherwise
+        waits until the bundles appended since the call total at least ``min_bytes``
+        or ``max_wait_ms`` passes, then answers with whatever is there.
+        """
+
+    async def create_topic(self, name: str, partitions: int, config: str = ""
+                           ) -> CreateTopicCode: ...
+
+    async def discover_partitions(self, topic: str) -> list[PartitionInfo] | None:
+        """Bounds of every partition of ``topic``; None when the topic is unknown."""
+
+    async def discover_topics(self) -> list[TopicInfo]: ...
+
+    async def reload_conf(self, topic: str, partition: int) -> ReloadConfCode: ...
+
+    async def status(self) -> BackendStatus: ...
+
+    async def aclose(self) -> None:
+        """Finish in-flight appends, make them durable, release files and connections."""

@@ -1,0 +1,19 @@
+"""Tank's topic-name rule, shared by both protocols and the store."""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+#: Largest number of partitions a Tank topic may have.
+MAX_PARTITIONS: Final = 65530
+
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62}[A-Za-z0-9])?")
+
+
+def is_valid_topic_name(name: str) -> bool:
+    """1-64 characters of ``[A-Za-z0-9_-]``, not starting or ending with ``-`` or ``_``.
+
+    Nothing else can reach a file path: no ``/``, ``.``, ``..`` or NUL.
+    """
+    return isinstance(name, str) and _TOPIC_NAME.fullmatch(name) is not None
