@@ -1,0 +1,136 @@
+"""Prometheus metrics of one gateway, and the HTTP endpoint that serves them.
+
+Each server owns a :class:`Metrics` with its own registry, so several servers in
+one process (tests, a bridge in front of an embedded upstream) keep separate
+counts. Hot paths count per batch (``inc(n)``), never per message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import structlog
+import trio
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = structlog.get_logger("figtank.metrics")
+
+_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                    0.25, 0.5, 1.0, 2.5)
+
+
+class Metrics:
+    """The counters, gauges and histograms the gateway reports."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.connections = Gauge("figtank_connections", "Open client connections.",
+                                 ["protocol"], registry=r)
+        self.connections_accepted = Counter(
+            "figtank_connections_accepted", "Connections accepted.", ["protocol"], registry=r)
+        self.connections_closed = Counter(
+            "figtank_connections_closed", "Connections closed, by reason.",
+            ["protocol", "reason"], registry=r)
+        self.requests = Counter("figtank_requests", "Requests handled, by type and result.",
+                                ["protocol", "type", "result"], registry=r)
+        self.messages_in = Counter("figtank_messages_in", "Messages appended.", ["topic"],
+                                   registry=r)
+        self.bytes_in = Counter("figtank_bytes_in", "Bundle bytes appended.", ["topic"],
+                                registry=r)
+        self.messages_out = Counter("figtank_messages_out",
+                                    "Messages delivered to Figg subscribers.", ["topic"],
+                                    registry=r)
+        self.bytes_out = Counter("figtank_bytes_out", "Chunk and DATA bytes sent.", ["topic"],
+                                 registry=r)
+        self.append_seconds = Histogram(
+            "figtank_append_seconds", "Time from append request to acknowledgement.",
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.fsync_seconds = Histogram("figtank_fsync_seconds", "Duration of one group fsync.",
+                                       buckets=_LATENCY_BUCKETS, registry=r)
+        self.upstream_up = Gauge("figtank_upstream_up",
+                                 "Bridge mode: 1 while the upstream broker is reachable.",
+                                 registry=r)
+        self.upstream_outages = Counter("figtank_upstream_outages",
+                                        "Bridge mode: times the upstream became unreachable.",
+                                        registry=r)
+
+    def add_collector(self, collector: Collector) -> None:
+        """Register a collector computed at scrape time (store sizes, lag)."""
+        self.registry.register(collector)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+
+class GaugeCollector(Collector):
+    """A gauge family whose samples a callback computes at scrape time."""
+
+    def __init__(self, name: str, documentation: str, labels: list[str],
+                 samples: Callable[[], Iterable[tuple[list[str], float]]]) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labels = labels
+        self._samples = samples
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(self._name, self._documentation, labels=self._labels)
+        for label_values, value in self._samples():
+            family.add_metric(label_values, value)
+        yield family
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        yield GaugeMetricFamily(self._name, self._documentation, labels=self._labels)
+
+
+_MAX_REQUEST_HEAD = 8192
+
+
+async def _answer(stream: trio.SocketStream, metrics: Metrics,
+                  is_ready: Callable[[], bool]) -> None:
+    head = b""
+    with trio.move_on_after(5):
+        while b"\r\n\r\n" not in head and len(head) < _MAX_REQUEST_HEAD:
+            data = await stream.receive_some(4096)
+            if not data:
+                break
+            head += data
+    request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+    parts = request_line.split()
+    path = parts[1] if len(parts) >= 2 else ""
+    if len(parts) < 2 or parts[0] != "GET":
+        status, body, ctype = "405 Method Not Allowed", b"GET only\n", "text/plain"
+    elif path == "/metrics":
+        status, body = "200 OK", metrics.render()
+        ctype = "text/plain; version=0.0.4; charset=utf-8"
+    elif path in ("/health", "/health/ready", "/ready"):
+        ready = is_ready()
+        status = "200 OK" if ready else "503 Service Unavailable"
+        body, ctype = (b"ready\n" if ready else b"starting\n"), "text/plain"
+    elif path == "/health/live":
+        status, body, ctype = "200 OK", b"live\n", "text/plain"
+    else:
+        status, body, ctype = "404 Not Found", b"not found\n", "text/plain"
+    response = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+    await stream.send_all(response)
+
+
+async def serve_metrics(metrics: Metrics, host: str, port: int,
+                        is_ready: Callable[[], bool], *,
+                        task_status: trio.TaskStatus[list[trio.SocketListener]]
+                        = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve ``/metrics`` and ``/health`` (200 only once ``is_ready()``) over HTTP."""
+
+    async def handle(stream: trio.SocketStream) -> None:
+        try:
+            await _answer(stream, metrics, is_ready)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await stream.aclose()
+
+    await trio.serve_tcp(handle, port, host=host, task_status=task_status)
