@@ -1,0 +1,663 @@
+"""Tank bundles: the unit of produce, consume and segment storage.
+
+Layout (``../shared/seeds/tank_encoding.md``, corrected by the "Bundles" section of
+``../shared/notes/protocol-facts.md``), all integers little-endian::
+
+    bundle   = flags:u8 [count:varint] [sparse: firstSeq:u64 [last-first-1:varint]] messageSet
+    flags    = bits 0-1 codec (0 none, 1 raw Snappy of the whole message set),
+               bits 2-5 message count 1..15 (0: a varint count follows), bit 6 sparse,
+               bit 7 never set (documented as "extra flags", implemented nowhere: refused)
+    message  = flags:u8 [delta:varint] [ts:u64] [keyLen:u8 key] valueLen:varint value
+    msgflags = HaveKey 1, UseLastSpecifiedTS 2, SeqNumPrevPlusOne 4 (other bits refused)
+
+Sequence numbers are not stored in a plain bundle: the reader knows the first one
+(a segment's base, a Consume response's ``baseSeq``) and counts. A sparse bundle names
+its first and last in the header; a middle message either has SeqNumPrevPlusOne or a
+``varint(seq - prev - 1)`` after its flags.
+
+Timestamps: like Tank's own decoder, the "last specified" timestamp starts at 0 in every
+bundle, so a UseLastSpecifiedTS on the first message yields timestamp 0 (Tank's encoder
+never writes that). SeqNumPrevPlusOne is ignored outside the middle of a sparse bundle,
+as Tank does, except that on a sparse bundle's last message it must agree with the header.
+
+Everything here is pure: bytes in, values out. Bad input raises ``ProtocolError`` and
+nothing else; bad arguments to the encoder raise ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Final
+
+import snappy
+
+from protocols.errors import ProtocolError
+from protocols.wire import U64LE, UINT64_MAX, decode_varint, encode_varint
+
+__all__ = [
+    "MAX_BUNDLE_SIZE",
+    "MAX_UNCOMPRESSED_SIZE",
+    "BundleInfo",
+    "ChunkResult",
+    "Codec",
+    "Message",
+    "bundle_last_seq",
+    "choose_codec",
+    "decode_bundle",
+    "decode_chunk",
+    "encode_bundle",
+    "frame_bundle",
+    "iter_framed_bundles",
+    "parse_bundle_header",
+    "validate_bundle",
+]
+
+#: A Snappy message set announcing a larger uncompressed size is refused unread.
+MAX_UNCOMPRESSED_SIZE: Final = 256 * 1024 * 1024
+#: A framed bundle can not be longer than the largest Tank frame (256 MiB).
+MAX_BUNDLE_SIZE: Final = 256 * 1024 * 1024
+
+HAVE_KEY: Final = 1
+USE_LAST_SPECIFIED_TS: Final = 2
+SEQ_NUM_PREV_PLUS_ONE: Final = 4
+_MSG_FLAGS_MAX: Final = 7
+
+_SPARSE_BIT: Final = 0x40
+_RESERVED_BIT: Final = 0x80
+_MAX_INLINE_COUNT: Final = 15
+#: The smallest message: flags byte and a one-byte value length (empty value).
+_MIN_MESSAGE_SIZE: Final = 2
+
+_unpack_u64 = U64LE.unpack_from
+_pack_u64 = U64LE.pack
+
+
+class Codec(IntEnum):
+    """Compression of a bundle's message set (bundle flags bits 0-1)."""
+
+    NONE = 0
+    SNAPPY = 1
+
+
+_CODECS: Final = (Codec.NONE, Codec.SNAPPY)
+
+
+@dataclass(slots=True)
+class Message:
+    """One message of a bundle.
+
+    ``seq`` is the absolute sequence number: set by the decoders; the encoder reads it
+    only for sparse bundles. ``timestamp`` is u64 milliseconds. ``key`` is at most
+    255 bytes; ``b""`` and ``None`` are kept distinct on the wire.
+    """
+
+    value: bytes
+    key: bytes | None = None
+    timestamp: int = 0
+    seq: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BundleInfo:
+    """What a bundle header says, without decoding any message."""
+
+    msg_count: int
+    codec: Codec
+    sparse: bool
+    #: Sparse bundles only: the first message's sequence number.
+    first_seq: int | None
+    #: Sparse bundles only: the last message's sequence number.
+    last_seq: int | None
+
+
+@dataclass(slots=True)
+class ChunkResult:
+    """What :func:`decode_chunk` found in a run of framed bundles."""
+
+    #: Messages with ``seq >= min_seq``, in order.
+    messages: list[Message]
+    #: Where the next fetch should start.
+    next_seq: int
+    #: Bytes of the chunk taken by whole bundles.
+    consumed: int
+    #: A partial last bundle's full framed length (a lower bound when the cut falls inside
+    #: its length varint); ``None`` when the chunk ended on a bundle boundary.
+    partial_bundle_len: int | None
+
+
+# ---------------------------------------------------------------------------- encoding
+
+# The header of the commonest message: no key, same timestamp, value shorter than 128.
+_SHORT_HEADERS: Final = tuple(bytes((USE_LAST_SPECIFIED_TS, n)) for n in range(0x80))
+
+
+def choose_codec(messages: Sequence[Message]) -> Codec:
+    """Tank's client rule: Snappy for > 512 messages or > 1024 bytes of keys and values."""
+    if len(messages) > 512:
+        return Codec.SNAPPY
+    total = 0
+    for m in messages:
+        total += len(m.value)
+        if m.key:
+            total += len(m.key)
+        if total > 1024:
+            return Codec.SNAPPY
+    return Codec.NONE
+
+
+def encode_bundle(
+    messages: Sequence[Message], *, codec: Codec | None = None, sparse: bool = False
+) -> bytes:
+    """Encode ``messages`` as one bundle (without the length prefix; see :func:`frame_bundle`).
+
+    ``codec=None`` applies :func:`choose_codec`. With ``sparse=True`` every message's
+    ``seq`` is written (they must strictly increase); otherwise ``seq`` is ignored.
+    Raises ``ValueError`` for an empty list, a key over 255 bytes, a timestamp or sequence
+    number outside u64, or non-increasing sparse sequence numbers. (Tank's own readers
+    decode sparse gaps as 32-bit varints: keep gaps under 2**32 for data Tank must read.)
+    """
+    count = len(messages)
+    if count == 0:
+        raise ValueError("a bundle holds at least one message")
+    codec = choose_codec(messages) if codec is None else Codec(codec)
+    flags = codec | (_SPARSE_BIT if sparse else 0)
+    head = bytearray()
+    if count <= _MAX_INLINE_COUNT:
+        head.append(flags | count << 2)
+    else:
+        head.append(flags)
+        head += encode_varint(count)
+    try:
+        if sparse:
+            first, last = messages[0].seq, messages[-1].seq
+            head += _pack_u64(first)
+            if count > 1:
+                if not first < last <= UINT64_MAX:
+                    raise ValueError("sparse sequence numbers must strictly increase within u64")
+                head += encode_varint(last - first - 1)
+            body = _encode_sparse_set(messages)
+        else:
+            body = _encode_plain_set(messages)
+    except struct.error as exc:
+        raise ValueError(f"timestamp or sequence number outside u64: {exc}") from None
+    if codec is Codec.SNAPPY:
+        body = snappy.compress(body)
+    return b"".join((head, body))
+
+
+def _encode_plain_set(messages: Sequence[Message]) -> bytearray:
+    out = bytearray()
+    short_headers = _SHORT_HEADERS
+    pack_u64 = _pack_u64
+    last_ts = None
+    for m in messages:
+        value = m.value
+        key = m.key
+        ts = m.timestamp
+        n = len(value)
+        if ts == last_ts:
+            if key is None and n < 0x80:
+                out += short_headers[n]
+                out += value
+                continue
+            out.append(USE_LAST_SPECIFIED_TS if key is None else USE_LAST_SPECIFIED_TS | HAVE_KEY)
+        else:
+            out.append(0 if key is None else HAVE_KEY)
+            out += pack_u64(ts)
+            last_ts = ts
+        if key is not None:
+            _append_key(out, key)
+        if n < 0x80:
+            out.append(n)
+        else:
+            out += encode_varint(n)
+        out += value
+    return out
+
+
+def _encode_sparse_set(messages: Sequence[Message]) -> bytearray:
+    out = bytearray()
+    final = len(messages) - 1
+    last_ts = None
+    prev_seq = -1
+    for idx, m in enumerate(messages):
+        seq = m.seq
+        if seq <= prev_seq:
+            raise ValueError("sparse sequence numbers must strictly increase")
+        flags = 0 if m.key is None else HAVE_KEY
+        if m.timestamp == last_ts:
+            flags |= USE_LAST_SPECIFIED_TS
+        delta = b""
+        if 0 < idx < final:
+            if seq == prev_seq + 1:
+                flags |= SEQ_NUM_PREV_PLUS_ONE
+            else:
+                delta = encode_varint(seq - prev_seq - 1)
+        out.append(flags)
+        out += delta
+        if not flags & USE_LAST_SPECIFIED_TS:
+            last_ts = m.timestamp
+            out += _pack_u64(last_ts)
+        if m.key is not None:
+            _append_key(out, m.key)
+        out += encode_varint(len(m.value))
+        out += m.value
+        prev_seq = seq
+    return out
+
+
+def _append_key(out: bytearray, key: bytes) -> None:
+    if len(key) > 0xFF:
+        raise ValueError(f"message key longer than 255 bytes: {len(key)}")
+    out.append(len(key))
+    out += key
+
+
+def frame_bundle(bundle: bytes) -> bytes:
+    """``varint(len(bundle)) | bundle``: the form stored in segments and sent in chunks."""
+    return encode_varint(len(bundle)) + bundle
+
+
+# ----------------------------------------------------------------------------- headers
+
+
+def _varint(buf: bytes | memoryview, pos: int, end: int, what: str) -> tuple[int, int]:
+    decoded = decode_varint(buf, pos, end)
+    if decoded is None:
+        raise ProtocolError(f"truncated {what} at offset {pos}")
+    return decoded
+
+
+def _parse_header(
+    buf: bytes | memoryview, pos: int, end: int
+) -> tuple[int, int, int | None, int | None, int]:
+    """Parse the header of the bundle at ``buf[pos:end]``.
+
+    Returns ``(codec, count, first_seq, last_seq, message_set_offset)``; the sequence
+    numbers are ``None`` for a plain bundle.
+    """
+    if pos >= end:
+        raise ProtocolError("empty bundle")
+    flags = buf[pos]
+    pos += 1
+    if flags & _RESERVED_BIT:
+        raise ProtocolError(f"bundle flags {flags:#04x}: bit 7 is not supported")
+    codec = flags & 3
+    if codec > Codec.SNAPPY:
+        raise ProtocolError(f"unknown bundle codec {codec}")
+    count = (flags >> 2) & 0xF
+    if count == 0:
+        count, pos = _varint(buf, pos, end, "bundle message count")
+        if count == 0:
+            raise ProtocolError("bundle with no messages")
+    first = last = None
+    if flags & _SPARSE_BIT:
+        if end - pos < 8:
+            raise ProtocolError("truncated sparse bundle first sequence number")
+        first = last = _unpack_u64(buf, pos)[0]
+        pos += 8
+        if count > 1:
+            gap, pos = _varint(buf, pos, end, "sparse bundle last sequence number")
+            last = first + gap + 1
+            if last > UINT64_MAX:
+                raise ProtocolError("sparse bundle last sequence number overflows u64")
+            if last - first + 1 < count:
+                raise ProtocolError(
+                    f"sparse bundle spans {last - first + 1} sequence numbers for {count} messages"
+                )
+    if codec == Codec.NONE and count * _MIN_MESSAGE_SIZE > end - pos:
+        raise ProtocolError(f"bundle claims {count} messages in {end - pos} bytes")
+    return codec, count, first, last, pos
+
+
+def _info(codec: int, count: int, first: int | None, last: int | None) -> BundleInfo:
+    return BundleInfo(count, _CODECS[codec], first is not None, first, last)
+
+
+def parse_bundle_header(bundle: bytes | memoryview) -> BundleInfo:
+    """Read a bundle's header only (cheap). Raises ``ProtocolError`` on a bad or short header."""
+    codec, count, first, last, _ = _parse_header(bundle, 0, len(bundle))
+    return _info(codec, count, first, last)
+
+
+def bundle_last_seq(info: BundleInfo, base_seq: int | None) -> int:
+    """The last message's sequence number: from the header if sparse, else counted from base."""
+    if info.sparse:
+        assert info.last_seq is not None
+        return info.last_seq
+    if base_seq is None:
+        raise ValueError("a plain bundle needs the base sequence number")
+    return base_seq + info.msg_count - 1
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _message_set(
+    buf: bytes | memoryview, pos: int, end: int, codec: int, max_uncompressed: int
+) -> tuple[bytes | memoryview, int, int]:
+    """The plain message set of the bundle body at ``buf[pos:end]``, as (buffer, pos, end)."""
+    if codec == Codec.NONE:
+        return buf, pos, end
+    size, _ = _varint(buf, pos, end, "snappy uncompressed length")
+    if size > max_uncompressed:
+        raise ProtocolError(
+            f"snappy message set of {size} bytes is over the {max_uncompressed} byte limit"
+        )
+    try:
+        plain = snappy.decompress(bytes(buf[pos:end]))
+    except Exception as exc:  # whatever the decompressor says, the input is corrupt
+        detail = exc.__cause__ or exc  # python-snappy wraps the real reason
+        raise ProtocolError(f"corrupt snappy message set: {detail}") from None
+    if len(plain) != size:
+        raise ProtocolError("snappy message set length differs from its preamble")
+    return plain, 0, len(plain)
+
+
+def _truncated() -> ProtocolError:
+    return ProtocolError("truncated message in bundle message set")
+
+
+def _decode_plain(buf: bytes, pos: int, end: int, count: int, seq: int, out: list[Message]) -> None:
+    """Decode a plain (not sparse) message set, appending to ``out``.
+
+    The hot loop. ``buf`` must be ``bytes`` so that slices are independent copies.
+    """
+    append = out.append
+    message = Message
+    unpack_u64 = _unpack_u64
+    stop = seq + count
+    ts = 0
+    try:
+        while pos < end:
+            flags = buf[pos]
+            if flags == USE_LAST_SPECIFIED_TS:
+                n = buf[pos + 1]
+                if n < 0x80:
+                    pos += 2
+                    vend = pos + n
+                    if vend > end:
+                        raise _truncated()
+                    append(message(buf[pos:vend], None, ts, seq))
+                    seq += 1
+                    pos = vend
+                    continue
+            elif flags > _MSG_FLAGS_MAX:
+                raise ProtocolError(f"invalid message flags {flags:#04x}")
+            pos += 1
+            if not flags & USE_LAST_SPECIFIED_TS:
+                if pos + 8 > end:
+                    raise _truncated()
+                ts = unpack_u64(buf, pos)[0]
+                pos += 8
+            key = None
+            if flags & HAVE_KEY:
+                kend = pos + 1 + buf[pos]
+                if kend > end:
+                    raise _truncated()
+                key = buf[pos + 1 : kend]
+                pos = kend
+            n = buf[pos]
+            if n < 0x80:
+                pos += 1
+            else:
+                n, pos = _varint(buf, pos, end, "message length")
+            vend = pos + n
+            if vend > end:
+                raise _truncated()
+            append(message(buf[pos:vend], key, ts, seq))
+            seq += 1
+            pos = vend
+    except IndexError:
+        raise _truncated() from None
+    if seq != stop:
+        raise ProtocolError(f"bundle header says {count} messages, message set holds more or less")
+
+
+def _walk(
+    buf: bytes | memoryview,
+    pos: int,
+    end: int,
+    count: int,
+    first: int | None,
+    last: int | None,
+    out: list[Message] | None,
+) -> None:
+    """Check every message of a message set; with ``out``, also decode them (sparse path).
+
+    ``first``/``last`` are the sparse header's sequence numbers, ``None`` for a plain
+    bundle (only checked here: plain bundles are decoded by :func:`_decode_plain`).
+    Decoding requires ``buf`` to be ``bytes``.
+    """
+    sparse = first is not None
+    final = count - 1
+    seq = first or 0
+    ts = 0
+    idx = 0
+    unpack_u64 = _unpack_u64
+    try:
+        while pos < end:
+            if idx == count:
+                raise ProtocolError(f"message set holds more than the {count} messages counted")
+            flags = buf[pos]
+            pos += 1
+            if flags > _MSG_FLAGS_MAX:
+                raise ProtocolError(f"invalid message flags {flags:#04x}")
+            if sparse and idx:  # the first message's seq is the header's first
+                if idx == final:
+                    if last <= seq or (flags & SEQ_NUM_PREV_PLUS_ONE and seq + 1 != last):
+                        raise ProtocolError("sparse sequence numbers disagree with the header")
+                    seq = last
+                else:
+                    if flags & SEQ_NUM_PREV_PLUS_ONE:
+                        seq += 1
+                    else:
+                        gap, pos = _varint(buf, pos, end, "sparse sequence delta")
+                        seq += gap + 1
+                    if seq >= last:
+                        raise ProtocolError("sparse sequence numbers disagree with the header")
+            if not flags & USE_LAST_SPECIFIED_TS:
+                if pos + 8 > end:
+                    raise _truncated()
+                ts = unpack_u64(buf, pos)[0]
+                pos += 8
+            key = None
+            if flags & HAVE_KEY:
+                kend = pos + 1 + buf[pos]
+                if kend > end:
+                    raise _truncated()
+                if out is not None:
+                    key = buf[pos + 1 : kend]
+                pos = kend
+            n = buf[pos]
+            if n < 0x80:
+                pos += 1
+            else:
+                n, pos = _varint(buf, pos, end, "message length")
+            vend = pos + n
+            if vend > end:
+                raise _truncated()
+            if out is not None:
+                out.append(Message(buf[pos:vend], key, ts, seq))
+            pos = vend
+            idx += 1
+    except IndexError:
+        raise _truncated() from None
+    if idx != count:
+        raise ProtocolError(f"bundle header says {count} messages, message set holds {idx}")
+
+
+def _as_bytes(buf: bytes | bytearray | memoryview) -> bytes:
+    # One copy up front, so every value sliced out later is already an independent bytes.
+    return buf if type(buf) is bytes else bytes(buf)
+
+
+def validate_bundle(
+    bundle: bytes | memoryview, *, max_uncompressed: int = MAX_UNCOMPRESSED_SIZE
+) -> BundleInfo:
+    """Check a whole bundle (no length prefix) without building messages.
+
+    Header, decompression, every message's framing, sparse sequence numbers (strictly
+    increasing, ending at the header's last) and no trailing bytes. Returns the header.
+    """
+    end = len(bundle)
+    codec, count, first, last, pos = _parse_header(bundle, 0, end)
+    if codec != Codec.NONE:
+        bundle, pos, end = _message_set(bundle, pos, end, codec, max_uncompressed)
+    _walk(bundle, pos, end, count, first, last, None)
+    return _info(codec, count, first, last)
+
+
+def decode_bundle(
+    bundle: bytes | memoryview,
+    base_seq: int | None = None,
+    *,
+    max_uncompressed: int = MAX_UNCOMPRESSED_SIZE,
+) -> list[Message]:
+    """Decode every message of a bundle (no length prefix).
+
+    ``base_seq`` is the first message's sequence number; required for a plain bundle,
+    ignored for a sparse one (its header names its sequence numbers).
+    """
+    buf = _as_bytes(bundle)
+    codec, count, first, last, pos = _parse_header(buf, 0, len(buf))
+    out: list[Message] = []
+    _decode_into(buf, pos, len(buf), codec, count, first, last, base_seq, out, max_uncompressed)
+    return out
+
+
+def _decode_into(
+    buf: bytes,
+    pos: int,
+    end: int,
+    codec: int,
+    count: int,
+    first: int | None,
+    last: int | None,
+    base_seq: int | None,
+    out: list[Message],
+    max_uncompressed: int,
+) -> None:
+    buf, pos, end = _message_set(buf, pos, end, codec, max_uncompressed)
+    if first is not None:
+        _walk(buf, pos, end, count, first, last, out)
+        return
+    if base_seq is None:
+        raise ProtocolError("a plain bundle needs a base sequence number")
+    if base_seq + count - 1 > UINT64_MAX:
+        raise ProtocolError("bundle sequence numbers overflow u64")
+    _decode_plain(buf, pos, end, count, base_seq, out)
+
+
+# ----------------------------------------------------------------------------- chunks
+
+
+def _frame_at(buf: bytes | memoryview, pos: int, end: int, max_bundle_size: int) -> tuple[int, int]:
+    """Read a bundle length prefix at ``pos``: ``(bundle_start, bundle_end)``.
+
+    ``bundle_end`` may lie past ``end`` (a partial bundle). When the prefix itself is cut,
+    returns ``(-1, lower_bound_of_framed_length)``.
+    """
+    length = buf[pos]
+    if length < 0x80:
+        start = pos + 1
+    else:
+        decoded = decode_varint(buf, pos, end)
+        if decoded is None:
+            # The cut varint has at least one more (non-zero) group: a lower bound.
+            have = end - pos
+            partial = sum((buf[pos + i] & 0x7F) << (7 * i) for i in range(have))
+            need = have + 1 + partial + (1 << (7 * have))
+            if need > max_bundle_size:
+                raise ProtocolError(f"bundle length prefix at offset {pos} over the limit")
+            return -1, need
+        length, start = decoded
+    if length == 0:
+        raise ProtocolError(f"zero-length bundle at offset {pos}")
+    if length > max_bundle_size:
+        raise ProtocolError(f"bundle of {length} bytes at offset {pos} is over the limit")
+    return start, start + length
+
+
+def decode_chunk(
+    chunk: bytes | memoryview,
+    base_seq: int | None,
+    min_seq: int = 0,
+    *,
+    max_bundle_size: int = MAX_BUNDLE_SIZE,
+    max_uncompressed: int = MAX_UNCOMPRESSED_SIZE,
+) -> ChunkResult:
+    """Decode a run of ``varint bundleLen | bundle`` (a Consume chunk or a segment range).
+
+    ``base_seq`` numbers the first bundle's first message (``None`` when that bundle is
+    sparse); each later plain bundle continues from the previous bundle's last message.
+    Messages below ``min_seq`` are dropped; whole bundles below it are skipped unread.
+    A bundle cut short at the end is reported in ``partial_bundle_len``, not raised.
+    """
+    buf = _as_bytes(chunk)
+    end = len(buf)
+    pos = 0
+    out: list[Message] = []
+    prev_last: int | None = None
+    partial = None
+    while pos < end:
+        start, bend = _frame_at(buf, pos, end, max_bundle_size)
+        if start < 0 or bend > end:
+            partial = bend if start < 0 else bend - pos
+            break
+        codec, count, first, last, mpos = _parse_header(buf, start, bend)
+        if first is None:
+            first = base_seq if prev_last is None else prev_last + 1
+            if first is None:
+                raise ProtocolError("chunk starts with a plain bundle but no base sequence")
+            last = first + count - 1
+            if last > UINT64_MAX:
+                raise ProtocolError("bundle sequence numbers overflow u64")
+            sparse_first = None
+        else:
+            if prev_last is not None and first <= prev_last:
+                raise ProtocolError("sparse bundle goes back in sequence numbers")
+            sparse_first = first
+        if last >= min_seq:
+            if first >= min_seq:
+                _decode_into(
+                    buf, mpos, bend, codec, count, sparse_first, last, first, out, max_uncompressed
+                )
+            else:
+                held: list[Message] = []
+                _decode_into(
+                    buf, mpos, bend, codec, count, sparse_first, last, first, held, max_uncompressed
+                )
+                out += [m for m in held if m.seq >= min_seq]
+        prev_last = last
+        pos = bend
+    after = (base_seq or 0) if prev_last is None else prev_last + 1
+    next_seq = max(min_seq, after)
+    return ChunkResult(out, next_seq, pos, partial)
+
+
+def iter_framed_bundles(
+    buf: bytes | memoryview,
+    pos: int = 0,
+    end: int | None = None,
+    *,
+    max_bundle_size: int = MAX_BUNDLE_SIZE,
+) -> Iterator[tuple[int, int, BundleInfo]]:
+    """Yield ``(offset, framed_length, info)`` for each whole framed bundle in ``buf[pos:end]``.
+
+    Stops quietly at a partial last bundle (compare the last offset + length with ``end``
+    to see one). Checks headers only; raises ``ProtocolError`` on a corrupt one, so the
+    caller knows the last good boundary is the end of the last bundle yielded.
+    """
+    if end is None:
+        end = len(buf)
+    while pos < end:
+        start, bend = _frame_at(buf, pos, end, max_bundle_size)
+        if start < 0 or bend > end:
+            return
+        codec, count, first, last, _ = _parse_header(buf, start, bend)
+        yield pos, bend - pos, _info(codec, count, first, last)
+        pos = bend
