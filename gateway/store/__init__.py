@@ -1,0 +1,94 @@
+"""The embedded log store: durable, append-only topics and partitions in Tank's on-disk layout.
+
+Opening::
+
+    async with open_store(data_dir, StoreSettings(durability="fsync")) as store:
+        await store.create_topic("events", partitions=4, config_text="log.retention.secs=7d")
+        p = store.partition("events", 0)
+
+Layout (``../shared/notes/protocol-facts.md``, "On-disk layout of the real broker"):
+``<data>/<topic>/<partition>/`` holds ``<base>_<ts>.log`` (the active segment),
+``<base>-<last>_<ts>.ilog`` (rolled segments), ``<base>.index`` (``u32 relSeq | u32
+fileOffset`` entries) and an optional ``config``; ``<data>/<topic>/config`` applies to
+every partition. A segment is a run of ``varint len | bundle``, byte-identical to a
+Tank Consume chunk, so a data directory is readable by the Tank broker and back.
+
+Partition API (what the listeners use), see :class:`Partition`:
+
+- ``first_available`` / ``high_water_mark``: bounds of what readers may see. Sequence
+  numbers start at 1. A partition that never held a message reports ``(0, 0)``, as
+  Tank's DiscoverPartitions does; one whose messages were all removed by retention
+  reports ``(hwm + 1, hwm)`` (Tank's "base of the oldest segment" rule).
+- ``await append(bundle, base_seq=None) -> AppendResult(first_seq, last_seq, size)``:
+  validated first; durable per the durability mode when it returns. Errors:
+  :class:`InvalidSequence` (Tank code 10), :class:`InvalidBundle`,
+  :class:`BundleTooLarge`, :class:`StoreIOError` (code 2), :class:`StoreClosed`.
+  A plain bundle appended with a ``base_seq`` that leaves a gap is stored as a sparse
+  bundle (its sequence numbers must be recoverable from the segment bytes).
+- ``await append_messages(messages, codec=None)``: encode, then append.
+- ``read(seq, fetch_size) -> ReadResult``: a file range of whole bundles, starting at
+  the bundle that holds ``seq``, past ``max(fetch_size, 32)`` bytes to a bundle
+  boundary, within one segment; 0 = first available, ``UINT64_MAX`` = tail. An empty
+  result (``at_tail``) means "wait"; a sequence outside ``[first_available, hwm + 1]``
+  raises :class:`OutOfRange`. The result owns a dup'ed fd (``fileno()``,
+  ``sendfile_source()``, ``read_bytes()``) and must be closed (``with``).
+- ``read_messages(seq, fetch_size) -> (messages, next_seq)``: the same, decoded.
+- ``await wait_for(seq, deadline) -> bool``: park until ``high_water_mark >= seq`` or
+  the trio clock reaches ``deadline``; woken right after the append becomes visible.
+  ``changed_event()`` gives the event of the next visible append (multi-partition waits).
+- ``appended_bytes``: framed bytes made visible so far (Tank's ``minBytes``).
+
+Durability (``StoreSettings.durability``): ``"fsync"`` acknowledges after a group-commit
+fsync in a worker thread (readers and waiters see a bundle only then); ``"os"`` after
+``write()``, with Tank's ``flush.messages`` / ``flush.secs`` triggering background fsyncs.
+"""
+
+from gateway.store.config import CONFIG_KEYS, TopicConfig, parse_config
+from gateway.store.durability import Durability
+from gateway.store.errors import (
+    BundleTooLarge,
+    InvalidBundle,
+    InvalidConfig,
+    InvalidSequence,
+    InvalidTopicName,
+    OutOfRange,
+    StoreClosed,
+    StoreError,
+    StoreIOError,
+    TopicExists,
+    UnknownPartition,
+    UnknownTopic,
+)
+from gateway.store.names import MAX_PARTITIONS, is_valid_topic_name, validate_topic_name
+from gateway.store.partition import Partition
+from gateway.store.results import AppendResult, ReadResult
+from gateway.store.store import LogStore, StoreSettings, Topic, open_store
+
+__all__ = [
+    "CONFIG_KEYS",
+    "MAX_PARTITIONS",
+    "AppendResult",
+    "BundleTooLarge",
+    "Durability",
+    "InvalidBundle",
+    "InvalidConfig",
+    "InvalidSequence",
+    "InvalidTopicName",
+    "LogStore",
+    "OutOfRange",
+    "Partition",
+    "ReadResult",
+    "StoreClosed",
+    "StoreError",
+    "StoreIOError",
+    "StoreSettings",
+    "Topic",
+    "TopicConfig",
+    "TopicExists",
+    "UnknownPartition",
+    "UnknownTopic",
+    "is_valid_topic_name",
+    "open_store",
+    "parse_config",
+    "validate_topic_name",
+]

@@ -1,0 +1,644 @@
+"""One partition: an append-only sequence of segments in ``<data>/<topic>/<partition>/``."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import os
+import random
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import structlog
+import trio
+
+from gateway.store.config import TopicConfig
+from gateway.store.durability import Durability, GroupCommit, SyncJob, Ticket
+from gateway.store.errors import (
+    BundleTooLarge,
+    InvalidBundle,
+    InvalidSequence,
+    OutOfRange,
+    StoreClosed,
+    StoreIOError,
+)
+from gateway.store.index import ENTRY_SIZE
+from gateway.store.results import AppendResult, ReadResult
+from gateway.store.scan import ScanError
+from gateway.store.segment import MAX_REL_SEQ, LogSegment, Recovery, parse_segment_name
+from protocols.errors import ProtocolError
+from protocols.tank.bundle import (
+    BundleInfo,
+    Codec,
+    Message,
+    decode_bundle,
+    decode_chunk,
+    encode_bundle,
+    validate_bundle,
+)
+from protocols.wire import UINT64_MAX, encode_varint, varint_size
+
+log = structlog.get_logger("gateway.store")
+
+#: Tank's minimum read: a Consume reads on to the bundle boundary past max(fetch_size, 32).
+MIN_FETCH: Final = 32
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionEnv:
+    """What the store shares with its partitions."""
+
+    durability: Durability
+    max_bundle_size: int
+    recovery_check_bytes: int
+    #: Starts a background task in the store's nursery.
+    spawn: Callable[..., Any]
+    limiter: trio.CapacityLimiter
+    #: Wall-clock seconds (segment names, retention, rolling by age).
+    clock: Callable[[], float]
+
+
+@dataclass(slots=True)
+class _Written:
+    """An append waiting for its fsync: what becomes visible once it is durable."""
+
+    end: int
+    last_seq: int
+    size: int
+
+
+@dataclass(slots=True)
+class _Plan:
+    first: int
+    last: int
+    data: bytes
+    #: None, "create" (no active segment), "replace" (empty active with another base),
+    #: or a roll reason.
+    action: str | None
+
+
+class Partition:
+    """A partition of a topic: appends, reads, notification, rolling and retention.
+
+    Sequence numbers start at 1. ``high_water_mark`` is the last sequence number
+    readers may see (in ``fsync`` durability, only fsynced bundles);
+    ``first_available`` is the base of the oldest segment: 0 for a partition that
+    never held a message (Tank's DiscoverPartitions says ``(0, 0)`` then), and
+    ``high_water_mark + 1`` when retention removed every message.
+    """
+
+    def __init__(self, topic: str, index: int, directory: str, config: TopicConfig,
+                 env: PartitionEnv) -> None:
+        self.topic = topic
+        self.index = index
+        self.directory = directory
+        self.config = config
+        self._env = env
+        self._fsync = env.durability is Durability.FSYNC
+        self._segments: list[LogSegment] = []
+        self._bases: list[int] = []
+        self._active: LogSegment | None = None
+        self._hwm = 0
+        self._written_hwm = 0
+        #: Framed bytes made visible since the store opened (for Tank's minBytes).
+        self.appended_bytes = 0
+        self._changed = trio.Event()
+        self._lock = trio.Lock()
+        self._commit = GroupCommit(env.spawn, env.limiter, prepare=self._prepare_sync,
+                                   on_durable=self._on_durable, on_failure=self._on_sync_failed)
+        self._sync_extra: list[int] = []
+        self._dir_dirty = False
+        self._unflushed_msgs = 0
+        self._dirty_since: float | None = None
+        self._roll_at = math.inf
+        self._closed = False
+        self._broken: str | None = None
+        self._log = log.bind(topic=topic, partition=index)
+
+    def __repr__(self) -> str:
+        return (f"<Partition {self.topic}/{self.index} first={self.first_available} "
+                f"hwm={self._hwm} segments={len(self._segments)}>")
+
+    # -- state ----------------------------------------------------------------------------------
+
+    @property
+    def high_water_mark(self) -> int:
+        """Sequence number of the last visible message (0 when none ever was)."""
+        return self._hwm
+
+    @property
+    def first_available(self) -> int:
+        """Sequence number of the first message still stored (see the class docstring)."""
+        return self._bases[0] if self._bases else 0
+
+    @property
+    def segment_count(self) -> int:
+        """Segment files, the active one included."""
+        return len(self._segments)
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes in all segment files."""
+        return sum(s.size for s in self._segments)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def segment_names(self) -> list[str]:
+        """File names of the segments, oldest first (for tools and tests)."""
+        return [s.name for s in self._segments]
+
+    # -- opening --------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Open the partition's files, recovering the active segment. Blocking; runs once."""
+        actives: list[tuple[int, str, int | None]] = []
+        rolled: list[tuple[int, int, str, int | None]] = []
+        for name in os.listdir(self.directory):
+            if name.startswith("."):
+                if name.endswith(".tmp"):
+                    _unlink_quietly(os.path.join(self.directory, name))
+                continue
+            if name == "config":
+                continue
+            parsed = parse_segment_name(name)
+            if parsed is None:
+                self._log.warning("unexpected_file_ignored", file=name)
+            elif parsed.kind == "active":
+                actives.append((parsed.base, name, parsed.ts))
+            elif parsed.kind == "rolled":
+                assert parsed.last is not None
+                rolled.append((parsed.base, parsed.last, name, parsed.ts))
+        segments: list[LogSegment] = []
+        for base, last, name, ts in sorted(rolled):
+            ts = ts if ts is not None else self._mtime(name)
+            seg = LogSegment.open_rolled(self.directory, name, base, last, ts)
+            if seg.size == 0 or last < base:
+                self._log.error("bad_rolled_segment_ignored", segment=name, size=seg.size)
+                seg.close()
+                continue
+            segments.append(seg)
+        actives.sort()
+        for i, (base, name, ts) in enumerate(actives):
+            ts = ts if ts is not None else self._mtime(name)
+            seg, report = LogSegment.recover_active(
+                self.directory, name, base, ts, index_interval=self.config.index_interval_bytes,
+                deep_check_bytes=self._env.recovery_check_bytes)
+            self._report_recovery(name, report)
+            if i == len(actives) - 1:
+                self._active = seg
+                segments.append(seg)
+            elif seg.last_seq is None:  # an older empty active segment: a stray
+                seg.delete()
+            else:  # more than one active segment: freeze the older ones
+                seg.roll(int(self._env.clock()))
+                seg.close_index()
+                segments.append(seg)
+                self._log.warning("extra_active_segment_rolled", segment=seg.name)
+        segments.sort(key=lambda s: s.base)
+        for prev, seg in itertools.pairwise(segments):
+            if prev.last_seq is not None and seg.base <= prev.last_seq:
+                self._log.error("segments_overlap", first=prev.name, second=seg.name)
+        self._segments = segments
+        self._bases = [s.base for s in segments]
+        hwm = 0
+        for seg in segments:
+            hwm = max(hwm, seg.last_seq if seg.last_seq is not None else seg.base - 1)
+        self._hwm = self._written_hwm = hwm
+        if self._active is not None:
+            self._roll_at = self._roll_deadline(self._active.created_ts)
+
+    def _mtime(self, name: str) -> int:
+        return int(os.stat(os.path.join(self.directory, name)).st_mtime)
+
+    def _report_recovery(self, name: str, report: Recovery) -> None:
+        if report.bytes_dropped:
+            self._log.warning("segment_tail_truncated", segment=name,
+                              bytes_dropped=report.bytes_dropped, reason=report.reason,
+                              bundles_kept=report.bundles)
+        if report.index_action:
+            self._log.warning("segment_index_repaired", segment=name,
+                              action=report.index_action)
+
+    def _roll_deadline(self, created_ts: float) -> float:
+        max_jitter = self.config.roll_jitter_secs
+        jitter = random.uniform(0, max_jitter) if max_jitter else 0
+        return created_ts + max(1.0, self.config.roll_secs - jitter)
+
+    # -- appending ------------------------------------------------------------------------------
+
+    async def append(self, bundle: bytes, *, base_seq: int | None = None) -> AppendResult:
+        """Append an encoded bundle (no length prefix) and return its sequence numbers.
+
+        A plain bundle of n messages gets ``hwm+1 .. hwm+n``; with ``base_seq``
+        (ProduceWithSeqnum, mirroring) it gets ``base_seq .. base_seq+n-1``, and a
+        sparse bundle keeps the sequence numbers in its header. Both must start above
+        the high-water mark, else :class:`InvalidSequence` (Tank code 10). The bundle
+        is fully validated before anything is written (:class:`InvalidBundle`,
+        :class:`BundleTooLarge`); a failed write or fsync raises :class:`StoreIOError`
+        and leaves nothing visible. Returns once the bundle is durable in the
+        partition's durability mode; it is then visible to readers and waiters.
+        """
+        self._check_usable()
+        if len(bundle) > self._env.max_bundle_size:
+            raise BundleTooLarge(f"bundle of {len(bundle)} bytes is over the "
+                                 f"{self._env.max_bundle_size} byte limit")
+        try:
+            info = validate_bundle(bundle)
+        except ProtocolError as exc:
+            raise InvalidBundle(str(exc)) from None
+        if base_seq == 0:
+            base_seq = None  # Tank: an explicit first sequence of 0 means "not given"
+        async with self._lock:
+            while True:
+                self._check_usable()
+                now = self._env.clock()
+                plan = self._plan(info, bytes(bundle), base_seq, now)
+                if plan.action and self._active is not None and self._commit.pending:
+                    # Never roll under bundles still waiting for their fsync: every
+                    # non-durable byte stays in the active segment.
+                    await self._commit.drain()
+                    continue
+                break
+            ticket = self._execute(plan, info.msg_count, now)
+        if ticket is not None:
+            await self._commit.wait(ticket)
+        return AppendResult(plan.first, plan.last, len(plan.data) + varint_size(len(plan.data)))
+
+    async def append_messages(self, messages: Sequence[Message], *,
+                              codec: Codec | None = None) -> AppendResult:
+        """Encode ``messages`` as one bundle (``codec=None``: Tank's client rule) and append it."""
+        return await self.append(encode_bundle(messages, codec=codec))
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise StoreClosed(f"partition {self.topic}/{self.index} is closed")
+        if self._broken is not None:
+            raise StoreIOError(f"partition {self.topic}/{self.index} failed: {self._broken}; "
+                               "reopen the store to recover it")
+
+    def _plan(self, info: BundleInfo, bundle: bytes, base_seq: int | None, now: float) -> _Plan:
+        hwm = self._written_hwm
+        if info.sparse:
+            assert info.first_seq is not None and info.last_seq is not None
+            first, last = info.first_seq, info.last_seq
+            if base_seq is not None and base_seq != first:
+                raise InvalidSequence(f"base sequence {base_seq} differs from the sparse "
+                                      f"bundle's first sequence {first}")
+        else:
+            first = hwm + 1 if base_seq is None else base_seq
+            last = first + info.msg_count - 1
+        if first <= hwm:
+            raise InvalidSequence(f"first sequence {first} is not above the "
+                                  f"high-water mark {hwm}")
+        if last >= UINT64_MAX:
+            raise InvalidSequence(f"sequence number {last} out of range")
+        action = self._segment_action(first, last, varint_size(len(bundle)) + len(bundle), now)
+        if not info.sparse and first != hwm + 1 and action is None:
+            # A plain bundle's sequence numbers are implicit (counted from the previous
+            # bundle), so one that leaves a gap is stored sparse, unless it opens a
+            # segment whose base names its first sequence number.
+            data = self._as_sparse(bundle, first, info.codec)
+            action = self._segment_action(first, last, varint_size(len(data)) + len(data), now)
+            if action is None:
+                return _Plan(first, last, data, None)
+        return _Plan(first, last, bundle, action)
+
+    def _segment_action(self, first: int, last: int, framed: int, now: float) -> str | None:
+        seg = self._active
+        if seg is None:
+            return "create"
+        if seg.size == 0:
+            return None if seg.base == first else "replace"
+        if seg.size + framed > self.config.segment_bytes:
+            return "size"
+        if seg.index().size_bytes + ENTRY_SIZE > self.config.index_max_bytes:
+            return "index full"
+        if last - seg.base > MAX_REL_SEQ:
+            return "sequence range"
+        if now >= self._roll_at:
+            return "age"
+        return None
+
+    def _as_sparse(self, bundle: bytes, first: int, codec: Codec) -> bytes:
+        messages = decode_bundle(bundle, first)
+        data = encode_bundle(messages, codec=codec, sparse=True)
+        if len(data) > self._env.max_bundle_size:
+            raise BundleTooLarge("bundle over the size limit once stored sparse")
+        return data
+
+    def _execute(self, plan: _Plan, msg_count: int, now: float) -> Ticket | None:
+        """The synchronous part of an append: segment changes and the write."""
+        try:
+            if plan.action == "replace":
+                self._drop_empty_active()
+            elif plan.action not in (None, "create"):
+                self._roll_active(now)
+            if self._active is None:
+                self._start_segment(plan.first, now)
+        except OSError as exc:
+            self._log.error("segment_switch_failed", error=str(exc))
+            raise StoreIOError(f"cannot start a segment: {exc}") from exc
+        seg = self._active
+        assert seg is not None
+        prefix = encode_varint(len(plan.data))
+        try:
+            seg.append(prefix, plan.data, plan.first, plan.last, self.config.index_interval_bytes)
+        except OSError as exc:
+            self._log.error("append_failed", segment=seg.name, error=str(exc))
+            raise StoreIOError(f"write failed: {exc}") from exc
+        self._written_hwm = plan.last
+        size = len(prefix) + len(plan.data)
+        if self._fsync:
+            return self._commit.add(_Written(seg.size, plan.last, size))
+        self._publish(seg.size, plan.last, size)
+        self._count_unflushed(msg_count, now)
+        return None
+
+    def _count_unflushed(self, msg_count: int, now: float) -> None:
+        if self._dirty_since is None:
+            self._dirty_since = now
+        self._unflushed_msgs += msg_count
+        limit = self.config.flush_messages
+        if limit and self._unflushed_msgs >= limit:
+            self._unflushed_msgs = 0
+            self._commit.request()
+
+    def _publish(self, end: int, last_seq: int, size: int) -> None:
+        """Make everything up to ``end`` of the active segment visible and wake waiters."""
+        seg = self._active
+        assert seg is not None
+        seg.visible_size = end
+        self._hwm = last_seq
+        self.appended_bytes += size
+        self._notify()
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()
+
+    # -- segments ---------------------------------------------------------------------------------
+
+    def _start_segment(self, base: int, now: float) -> None:
+        seg = LogSegment.create(self.directory, base, int(now))
+        self._segments.append(seg)
+        self._bases.append(base)
+        self._active = seg
+        self._dir_dirty = True
+        self._roll_at = self._roll_deadline(seg.created_ts)
+
+    def _drop_empty_active(self) -> None:
+        seg = self._active
+        assert seg is not None and seg.size == 0
+        self._remove(seg)
+        seg.delete()
+        self._active = None
+        self._dir_dirty = True
+
+    def _remove(self, seg: LogSegment) -> None:
+        i = self._segments.index(seg)
+        del self._segments[i]
+        del self._bases[i]
+
+    def _roll_active(self, now: float) -> None:
+        """Freeze the active segment as ``.ilog``; the next append starts a new one."""
+        seg = self._active
+        assert seg is not None
+        if seg.size == 0:
+            self._drop_empty_active()
+            return
+        to_sync: list[int] = []
+        try:
+            to_sync.append(os.dup(seg.fd))
+            index_fd = seg.index().fd
+            if index_fd >= 0:
+                to_sync.append(os.dup(index_fd))
+        except OSError:
+            pass  # the data was synced already in fsync mode; an unsynced index is rebuilt
+        try:
+            seg.roll(int(now))
+        except OSError:
+            for fd in to_sync:
+                os.close(fd)
+            raise
+        seg.close_index()
+        self._active = None
+        self._sync_extra.extend(to_sync)
+        self._dir_dirty = True
+        self._roll_at = math.inf
+        self._log.info("segment_rolled", segment=seg.name, size=seg.size)
+        self._apply_retention(now)
+        if not self._fsync:
+            self._commit.request()
+
+    def _apply_retention(self, now: float) -> None:
+        cfg = self.config
+        if cfg.cleanup_policy != "delete":
+            return
+        rolled = [s for s in self._segments if s.rolled]
+        if self._active is None and rolled:
+            rolled.pop()  # keep a segment on disk: it carries the high-water mark
+        total = sum(s.size for s in rolled)
+        while rolled:
+            seg = rolled[0]
+            if cfg.retention_segments and len(rolled) > cfg.retention_segments:
+                reason = "retention.segments.count"
+            elif cfg.retention_bytes and total > cfg.retention_bytes:
+                reason = "log.retention.bytes"
+            elif (cfg.retention_secs and seg.rolled_ts is not None
+                  and seg.rolled_ts + cfg.retention_secs < now):
+                reason = "log.retention.secs"
+            else:
+                break
+            rolled.pop(0)
+            total -= seg.size
+            self._remove(seg)
+            name = seg.name
+            seg.delete()
+            self._dir_dirty = True
+            self._log.info("segment_deleted", segment=name, reason=reason)
+
+    # -- durability --------------------------------------------------------------------------
+
+    def _prepare_sync(self, has_tickets: bool) -> SyncJob:
+        job = SyncJob()
+        job.fds, self._sync_extra = self._sync_extra, []
+        seg = self._active
+        if seg is not None and seg.fd >= 0:
+            job.fds.append(os.dup(seg.fd))
+        if self._dir_dirty:
+            self._dir_dirty = False
+            job.directory = self.directory
+        self._dirty_since = None
+        return job
+
+    def _on_durable(self, payloads: Sequence[_Written]) -> None:
+        if payloads:
+            self._publish(payloads[-1].end, payloads[-1].last_seq,
+                          sum(p.size for p in payloads))
+
+    def _on_sync_failed(self, error: OSError, payloads: Sequence[_Written]) -> None:
+        self._log.error("fsync_failed", error=str(error), appends_failed=len(payloads))
+        if not payloads:
+            return
+        seg = self._active
+        assert seg is not None
+        try:
+            seg.truncate(seg.visible_size, self._hwm if seg.visible_size else None)
+        except OSError as exc:
+            self._broken = f"cannot cut back unsynced bundles: {exc}"
+            self._log.error("partition_broken", error=str(exc))
+        self._written_hwm = self._hwm
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def read(self, seq: int, fetch_size: int) -> ReadResult:
+        """Whole bundles from the one holding ``seq``, at least ``fetch_size`` bytes if available.
+
+        ``seq`` 0 means the first available message, ``UINT64_MAX`` the tail
+        (``high_water_mark + 1``). At the tail the result is empty (``at_tail``): wait
+        with :meth:`wait_for`. Below ``first_available`` or above the tail raises
+        :class:`OutOfRange`. The range starts at the bundle that holds ``seq`` (or the
+        first bundle after it, in a sequence gap), runs to the first bundle boundary at
+        or past ``max(fetch_size, 32)`` bytes (so a single huge bundle comes whole),
+        stops at the high-water mark and never crosses a segment.
+        """
+        if self._closed:
+            raise StoreClosed(f"partition {self.topic}/{self.index} is closed")
+        hwm = self._hwm
+        first_available = self.first_available
+        if seq == 0:
+            seq = first_available if 0 < first_available <= hwm else hwm + 1
+        elif seq == UINT64_MAX:
+            seq = hwm + 1
+        if seq == hwm + 1:
+            return ReadResult(seq=seq, base_seq=seq, first_bundle_sparse=False,
+                              high_water_mark=hwm, first_available=first_available)
+        if seq > hwm + 1 or seq < first_available:
+            raise OutOfRange(seq, first_available, hwm)
+        for attempt in (0, 1):
+            i = max(bisect_right(self._bases, seq) - 1, 0)
+            while i < len(self._segments) - 1 and (self._segments[i].last_seq or 0) < seq:
+                i += 1
+            seg = self._segments[i]
+            limit = seg.visible_size
+            try:
+                found = seg.locate(seq, limit)
+                if found is None:
+                    raise ScanError(limit, f"sequence {seq} not found")
+                offset, base_seq, sparse = found
+                end = seg.chunk_end(offset, offset + max(fetch_size, MIN_FETCH), limit)
+                fd = os.dup(seg.fd)
+            except ScanError as exc:
+                if attempt == 0 and seg.rolled:
+                    self._log.error("segment_index_suspect", segment=seg.name, error=str(exc))
+                    seg.rebuild_index(interval=self.config.index_interval_bytes)
+                    continue
+                self._log.error("segment_read_failed", segment=seg.name, error=str(exc))
+                raise StoreIOError(f"{seg.name}: {exc}") from None
+            except OSError as exc:
+                self._log.error("segment_read_failed", segment=seg.name, error=str(exc))
+                raise StoreIOError(f"{seg.name}: {exc}") from exc
+            return ReadResult(seq=seq, base_seq=base_seq, first_bundle_sparse=sparse,
+                              high_water_mark=hwm, first_available=first_available,
+                              fd=fd, offset=offset, length=end - offset)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def read_messages(self, seq: int, fetch_size: int) -> tuple[list[Message], int]:
+        """Decoded messages from ``seq`` on (see :meth:`read`) and the next sequence to read.
+
+        Messages of the first bundle below ``seq`` are skipped. At the tail the list is
+        empty and the next sequence is ``seq`` itself.
+        """
+        with self.read(seq, fetch_size) as result:
+            if result.at_tail:
+                return [], result.seq
+            data = result.read_bytes()
+        base = None if result.first_bundle_sparse else result.base_seq
+        try:
+            chunk = decode_chunk(data, base, result.seq)
+        except ProtocolError as exc:
+            raise StoreIOError(f"corrupt data in {self.topic}/{self.index}: {exc}") from None
+        return chunk.messages, chunk.next_seq
+
+    # -- waiting --------------------------------------------------------------------------------
+
+    async def wait_for(self, seq: int, deadline: float = math.inf) -> bool:
+        """Park until ``high_water_mark >= seq`` or the trio clock reaches ``deadline``.
+
+        Returns whether the high-water mark got there. Wakes right after the append
+        that makes ``seq`` visible. An idle waiter costs nothing but its parked task.
+        Returns False at once if the partition is closed.
+        """
+        with trio.move_on_at(deadline):
+            while self._hwm < seq and not self._closed:
+                await self._changed.wait()
+        return self._hwm >= seq
+
+    def changed_event(self) -> trio.Event:
+        """An event set at the next visible append (or close): to wait on many partitions."""
+        return self._changed
+
+    # -- maintenance and closing -------------------------------------------------------------------
+
+    async def maintain(self, now: float | None = None) -> None:
+        """Roll the active segment by age, apply retention, honour ``flush.secs``."""
+        if self._closed:
+            return
+        async with self._lock:
+            if self._closed:
+                return
+            now = self._env.clock() if now is None else now
+            seg = self._active
+            if seg is not None and seg.size and now >= self._roll_at and self._broken is None:
+                await self._commit.drain()
+                seg = self._active
+                if seg is not None and seg.size:
+                    try:
+                        self._roll_active(now)
+                        # An empty active segment named after the next sequence number keeps
+                        # the high-water mark on disk even if retention removes the rest.
+                        self._start_segment(self._written_hwm + 1, now)
+                    except OSError as exc:
+                        self._log.error("segment_roll_failed", error=str(exc))
+            self._apply_retention(now)
+            if (not self._fsync and self.config.flush_secs and self._dirty_since is not None
+                    and now - self._dirty_since >= self.config.flush_secs):
+                self._commit.request()
+
+    async def aclose(self) -> None:
+        """Wait for pending appends, fsync everything, close the files. Idempotent."""
+        if self._closed:
+            return
+        async with self._lock:
+            self._closed = True
+            await self._commit.drain()
+            job = self._prepare_sync(False)
+            try:
+                if self._active is not None and self._active.index().fd >= 0:
+                    job.fds.append(os.dup(self._active.index().fd))
+                job.directory = self.directory
+                await trio.to_thread.run_sync(job.run, limiter=self._env.limiter)
+            except OSError as exc:
+                self._log.error("final_sync_failed", error=str(exc))
+            finally:
+                job.close()
+                for seg in self._segments:
+                    seg.close()
+                self._notify()
+
+    def close_now(self) -> None:
+        """Close the files without syncing (after a failed open, or in tests)."""
+        self._closed = True
+        for seg in self._segments:
+            seg.close()
+        self._notify()
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)

@@ -1,0 +1,420 @@
+"""One segment of a partition: a ``.log`` (active) or ``.ilog`` (rolled) file and its index.
+
+File names are the Tank broker's:
+
+- active segment ``<base>_<createdTs>.log`` (Tank also wrote ``<base>.log`` once),
+- rolled segment ``<base>-<last>_<rolledTs>.ilog`` (``<base>-<last>.ilog`` accepted),
+- sparse index ``<base>.index``,
+
+where ``base`` is the sequence number of the segment's first message, ``last`` of its
+last, and the timestamps are seconds. A segment holds ``varint len | bundle`` runs,
+byte-identical to what Tank sends in a Consume chunk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from array import array
+from dataclasses import dataclass
+from typing import Final
+
+from gateway.store.index import U32_MAX, SparseIndex, entries_are_sane, read_index_file
+from gateway.store.scan import ScanError, Scanner
+from protocols.errors import ProtocolError
+from protocols.tank.bundle import validate_bundle
+from protocols.wire import decode_varint
+
+_O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
+#: Recovery reads the active segment in windows this large.
+RECOVERY_WINDOW: Final = 1024 * 1024
+#: Tank's index entries are 32-bit; it refuses (crashes on) relative sequence numbers
+#: above INT32_MAX, so a segment is rolled before a bundle would need one.
+MAX_REL_SEQ: Final = 0x7FFFFFFF
+
+_ACTIVE_RE: Final = re.compile(r"(\d+)(?:_(\d+))?\.log")
+_ROLLED_RE: Final = re.compile(r"(\d+)-(\d+)(?:_(\d+))?\.ilog")
+_INDEX_RE: Final = re.compile(r"(\d+)\.index")
+
+# Indirection so tests can simulate a full disk or an I/O error on write.
+_pwritev = os.pwritev
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentName:
+    """A parsed segment-file name."""
+
+    kind: str  # "active", "rolled" or "index"
+    base: int
+    last: int | None = None
+    ts: int | None = None
+
+
+def parse_segment_name(name: str) -> SegmentName | None:
+    """Parse a partition-directory entry name; ``None`` for anything else."""
+    if m := _ACTIVE_RE.fullmatch(name):
+        return SegmentName("active", int(m[1]), None, int(m[2]) if m[2] else None)
+    if m := _ROLLED_RE.fullmatch(name):
+        return SegmentName("rolled", int(m[1]), int(m[2]), int(m[3]) if m[3] else None)
+    if m := _INDEX_RE.fullmatch(name):
+        return SegmentName("index", int(m[1]))
+    return None
+
+
+def active_name(base: int, created_ts: int) -> str:
+    """``<base>_<createdTs>.log``."""
+    return f"{base}_{created_ts}.log"
+
+
+def rolled_name(base: int, last: int, ts: int) -> str:
+    """``<base>-<last>_<ts>.ilog``."""
+    return f"{base}-{last}_{ts}.ilog"
+
+
+def index_name(base: int) -> str:
+    """``<base>.index``."""
+    return f"{base}.index"
+
+
+@dataclass(slots=True)
+class Recovery:
+    """What opening an active segment had to repair."""
+
+    bytes_dropped: int = 0
+    #: Why the tail was cut (the first bad bundle's problem), or None.
+    reason: str | None = None
+    #: "rebuilt", "truncated" or None.
+    index_action: str | None = None
+    bundles: int = 0
+
+
+class LogSegment:
+    """A segment file, its in-memory index, and how much of it readers may see.
+
+    ``size`` is what was written; ``visible_size`` what readers may see (smaller
+    while bundles wait for their fsync). A rolled segment is immutable and its index
+    is loaded on first use.
+    """
+
+    __slots__ = ("_index", "base", "created_ts", "directory", "fd", "last_seq", "name",
+                 "rolled_ts", "since_index", "size", "visible_size")
+
+    def __init__(self, directory: str, name: str, base: int, fd: int, size: int, *,
+                 created_ts: int, rolled_ts: int | None, last_seq: int | None,
+                 index: SparseIndex | None) -> None:
+        self.directory = directory
+        self.name = name
+        self.base = base
+        self.fd = fd
+        self.size = size
+        self.visible_size = size
+        self.created_ts = created_ts
+        self.rolled_ts = rolled_ts
+        self.last_seq = last_seq
+        self._index = index
+        #: Bytes written since the last index entry (None: index the next bundle).
+        self.since_index: int | None = None
+
+    def __repr__(self) -> str:
+        return f"<LogSegment {self.name} size={self.size} visible={self.visible_size}>"
+
+    @property
+    def rolled(self) -> bool:
+        """True once the segment is immutable (an ``.ilog``)."""
+        return self.rolled_ts is not None
+
+    @property
+    def path(self) -> str:
+        """The segment file's current path."""
+        return os.path.join(self.directory, self.name)
+
+    @property
+    def index_path(self) -> str:
+        """The index file's path."""
+        return os.path.join(self.directory, index_name(self.base))
+
+    # -- opening --------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, directory: str, base: int, now: int) -> LogSegment:
+        """Create a new, empty active segment (and an empty index) with ``base``."""
+        name = active_name(base, now)
+        fd = os.open(os.path.join(directory, name),
+                     os.O_RDWR | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o664)
+        index = SparseIndex(os.path.join(directory, index_name(base)))
+        try:
+            index.open_file(truncate=True)
+        except OSError:
+            os.close(fd)
+            os.unlink(os.path.join(directory, name))
+            raise
+        return cls(directory, name, base, fd, 0, created_ts=now, rolled_ts=None,
+                   last_seq=None, index=index)
+
+    @classmethod
+    def open_rolled(cls, directory: str, name: str, base: int, last: int, ts: int
+                    ) -> LogSegment:
+        """Open an immutable segment. Its index is read (and checked) on first use."""
+        fd = os.open(os.path.join(directory, name), os.O_RDONLY | _O_CLOEXEC)
+        size = os.fstat(fd).st_size
+        return cls(directory, name, base, fd, size, created_ts=ts, rolled_ts=ts,
+                   last_seq=last, index=None)
+
+    @classmethod
+    def recover_active(cls, directory: str, name: str, base: int, created_ts: int, *,
+                       index_interval: int, deep_check_bytes: int
+                       ) -> tuple[LogSegment, Recovery]:
+        """Open the active segment, repairing a torn or corrupt tail and a bad index.
+
+        Every bundle header is walked; the last ``deep_check_bytes`` of the file are
+        checked bundle by bundle with :func:`validate_bundle` (message framing, Snappy).
+        The file is cut at the first bad bundle. The index is kept if each of its
+        entries names a real bundle boundary (entries past the cut are dropped);
+        otherwise it is rebuilt.
+        """
+        path = os.path.join(directory, name)
+        fd = os.open(path, os.O_RDWR | _O_CLOEXEC)
+        try:
+            return cls._recover(directory, name, base, created_ts, fd, index_interval,
+                                deep_check_bytes)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def _recover(cls, directory: str, name: str, base: int, created_ts: int, fd: int,
+                 interval: int, deep_check_bytes: int) -> tuple[LogSegment, Recovery]:
+        size = os.fstat(fd).st_size
+        index_path = os.path.join(directory, index_name(base))
+        old_rels, old_offsets, torn_entry = read_index_file(index_path)
+        report = Recovery()
+        deep_from = size - deep_check_bytes
+        new_rels, new_offsets = array("I"), array("I")
+        since: int | None = None
+        good_end = 0
+        last_seq: int | None = None
+        j = 0  # next entry of the old index to match against a bundle boundary
+        old_ok = True
+        scanner = Scanner(fd, RECOVERY_WINDOW)
+        try:
+            for off, flen, first, last, _ in scanner.walk(0, size, base):
+                rel = first - base
+                if rel > MAX_REL_SEQ:
+                    raise ScanError(off, f"sequence number {first} too far from base {base}")
+                if off >= deep_from:
+                    _deep_check(scanner, off, flen)
+                if since is None or since > interval:
+                    new_rels.append(rel)
+                    new_offsets.append(off)
+                    since = 0
+                since += flen
+                while j < len(old_offsets) and old_offsets[j] < off:
+                    old_ok = False  # an entry that is not a bundle boundary
+                    j += 1
+                if j < len(old_offsets) and old_offsets[j] == off:
+                    old_ok = old_ok and old_rels[j] == rel
+                    j += 1
+                good_end = off + flen
+                last_seq = last
+                report.bundles += 1
+        except ScanError as exc:
+            report.reason = exc.reason
+        except OSError as exc:
+            report.reason = f"read error: {exc}"
+        if good_end < size:
+            os.ftruncate(fd, good_end)
+            report.bytes_dropped = size - good_end
+        kept = j if good_end else 0
+        old_ok = old_ok and (not kept or old_offsets[0] == 0) and not (good_end and not kept)
+        index = SparseIndex(index_path)
+        index.open_file(truncate=False)
+        try:
+            if old_ok:
+                index.rels, index.offsets = old_rels[:kept], old_offsets[:kept]
+                if kept < len(old_rels) or torn_entry:
+                    os.ftruncate(index.fd, index.size_bytes)
+                    report.index_action = "truncated"
+                if kept:
+                    since = good_end - index.offsets[-1]
+            else:
+                index.rewrite(new_rels, new_offsets)
+                report.index_action = "rebuilt"
+        except BaseException:
+            index.close()
+            raise
+        segment = cls(directory, name, base, fd, good_end, created_ts=created_ts,
+                      rolled_ts=None, last_seq=last_seq, index=index)
+        segment.since_index = since
+        return segment, report
+
+    # -- the index --------------------------------------------------------------------------
+
+    def index(self) -> SparseIndex:
+        """The segment's index; a rolled segment's is read on first use and rebuilt if bad."""
+        if self._index is None:
+            rels, offsets, torn = read_index_file(self.index_path)
+            max_rel = (self.last_seq or self.base) - self.base
+            index = SparseIndex(self.index_path, rels, offsets)
+            if torn or not entries_are_sane(rels, offsets, self.size, max_rel):
+                self.rebuild_index(index)
+            self._index = index
+        return self._index
+
+    def rebuild_index(self, index: SparseIndex | None = None, interval: int = 4096) -> bool:
+        """Rebuild a rolled segment's index by walking its bundles; True if it was written.
+
+        The rebuilt entries are kept in memory even when writing the file fails.
+        """
+        index = index if index is not None else SparseIndex(self.index_path)
+        rels, offsets = array("I"), array("I")
+        since: int | None = None
+        for off, flen, first, _, _ in Scanner(self.fd, RECOVERY_WINDOW).walk(
+                0, self.size, self.base):
+            if since is None or since > interval:
+                rels.append(min(first - self.base, U32_MAX))
+                offsets.append(off)
+                since = 0
+            since += flen
+        index.rels, index.offsets = rels, offsets
+        self._index = index
+        try:
+            index.write_file()
+        except OSError:
+            return False
+        return True
+
+    # -- writing (active segment) -----------------------------------------------------------
+
+    def append(self, prefix: bytes, bundle: bytes, first_seq: int, last_seq: int,
+               index_interval: int) -> int:
+        """Write one framed bundle at the end; return its offset.
+
+        On any ``OSError`` the file and index are cut back to where they were, so no
+        partial bundle remains, and the error propagates.
+        """
+        start = self.size
+        total = len(prefix) + len(bundle)
+        index = self._index
+        assert index is not None and not self.rolled
+        add_entry = self.since_index is None or self.since_index > index_interval
+        try:
+            written = _pwritev(self.fd, (prefix, bundle), start)
+            if written != total:
+                rest = memoryview(prefix + bundle)[written:]
+                while rest:
+                    n = os.pwrite(self.fd, rest, start + written)
+                    if n <= 0:
+                        raise OSError("short write")
+                    written += n
+                    rest = rest[n:]
+            if add_entry:
+                index.append(first_seq - self.base, start)
+        except OSError:
+            self._cut(start)
+            raise
+        self.size = start + total
+        self.since_index = total if add_entry else self.since_index + total  # type: ignore[operator]
+        self.last_seq = last_seq
+        return start
+
+    def _cut(self, size: int) -> None:
+        # If this fails too, the bytes past ``size`` stay invisible and the next write
+        # overwrites them.
+        with contextlib.suppress(OSError):
+            os.ftruncate(self.fd, size)
+        with contextlib.suppress(OSError):
+            self.index().truncate_to(size)
+
+    def truncate(self, size: int, last_seq: int | None) -> None:
+        """Cut the file back to ``size`` (a bundle boundary); raises ``OSError``."""
+        os.ftruncate(self.fd, size)
+        index = self.index()
+        index.truncate_to(size)
+        self.size = size
+        self.visible_size = min(self.visible_size, size)
+        self.last_seq = last_seq
+        last = index.last
+        self.since_index = None if last is None else size - last[1]
+
+    def roll(self, ts: int) -> None:
+        """Rename the active segment to ``<base>-<last>_<ts>.ilog``; it becomes immutable.
+
+        The index file is left open for the caller to sync; see :meth:`close_index`.
+        """
+        assert self.last_seq is not None and not self.rolled
+        new_name = rolled_name(self.base, self.last_seq, ts)
+        os.rename(self.path, os.path.join(self.directory, new_name))
+        self.name = new_name
+        self.rolled_ts = ts
+        self.visible_size = self.size
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def locate(self, seq: int, limit: int) -> tuple[int, int, bool] | None:
+        """Find the bundle holding ``seq`` (or the first one after it) below ``limit``.
+
+        Returns ``(offset, first_seq_of_bundle, sparse)`` or ``None``. Binary-searches
+        the index, then walks bundle headers forward. Raises :class:`ScanError`.
+        """
+        index = self.index()
+        if len(index):
+            rel, offset = index.lookup(max(seq - self.base, 0))
+        else:
+            rel, offset = 0, 0
+        if offset >= limit:
+            rel, offset = 0, 0
+        for off, _, first, last, sparse in Scanner(self.fd).walk(offset, limit,
+                                                                  self.base + rel):
+            if seq <= last:
+                return off, first, bool(sparse)
+        return None
+
+    def chunk_end(self, start: int, target: int, limit: int) -> int:
+        """The first bundle boundary at or after ``target`` (capped at ``limit``).
+
+        ``start`` must be a bundle boundary below ``target``.
+        """
+        if target >= limit:
+            return limit
+        floor = max(start, self.index().floor_offset(target))
+        if floor == target:
+            return target
+        for off, flen, _, _, _ in Scanner(self.fd).walk(floor, limit, 0):
+            if off + flen >= target:
+                return off + flen
+        return limit
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def close_index(self) -> None:
+        """Close the index file (the entries stay in memory)."""
+        if self._index is not None:
+            self._index.close()
+
+    def close(self) -> None:
+        """Close the segment's file descriptors."""
+        self.close_index()
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+    def delete(self) -> None:
+        """Close and remove the segment and its index (missing files are fine)."""
+        path, index_path = self.path, self.index_path
+        self.close()
+        for p in (path, index_path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
+
+
+def _deep_check(scanner: Scanner, offset: int, framed_len: int) -> None:
+    """Validate the bundle at ``offset`` fully (framing, messages, Snappy)."""
+    framed = scanner.read(offset, framed_len)
+    decoded = decode_varint(framed, 0)
+    if decoded is None:  # pragma: no cover - the header walk has read this varint already
+        raise ScanError(offset, "truncated bundle length")
+    try:
+        validate_bundle(memoryview(framed)[decoded[1]:])
+    except ProtocolError as exc:
+        raise ScanError(offset, f"invalid bundle: {exc}") from None

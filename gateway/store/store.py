@@ -1,0 +1,344 @@
+"""The log store: topics and partitions under one data directory, in Tank's layout."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Final
+
+import structlog
+import trio
+
+from gateway.store.config import MIB, TopicConfig
+from gateway.store.durability import Durability, sync_directory
+from gateway.store.errors import (
+    InvalidConfig,
+    StoreClosed,
+    StoreError,
+    TopicExists,
+    UnknownPartition,
+    UnknownTopic,
+)
+from gateway.store.names import is_valid_topic_name, validate_partition_count, validate_topic_name
+from gateway.store.partition import Partition, PartitionEnv
+from protocols.tank.bundle import MAX_BUNDLE_SIZE
+
+log = structlog.get_logger("gateway.store")
+
+CONFIG_FILE: Final = "config"
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSettings:
+    """How the store behaves; one frozen object, built from the gateway's configuration."""
+
+    #: "fsync" (default): acknowledge an append after its fsync (group commit).
+    #: "os": acknowledge after write(), like the Tank broker.
+    durability: str = "fsync"
+    #: Appends of larger bundles are refused (BundleTooLarge).
+    max_bundle_size: int = 64 * MIB
+    #: Partitions of a topic created without a count (auto-created topics).
+    default_partitions: int = 1
+    #: Config of every topic before its own ``config`` files apply.
+    topic_defaults: TopicConfig = field(default_factory=TopicConfig)
+    #: Seconds between maintenance passes (retention, rolling by age, flush.secs).
+    maintenance_interval: float = 1.0
+    #: At open, the last this-many bytes of each active segment are validated message
+    #: by message (the rest of it bundle header by bundle header).
+    recovery_check_bytes: int = 64 * MIB
+    #: Worker threads for fsyncs at a time (across all partitions).
+    sync_threads: int = 8
+
+    def __post_init__(self) -> None:
+        Durability(self.durability)  # raises ValueError for anything else
+        if not 0 < self.max_bundle_size <= MAX_BUNDLE_SIZE:
+            raise ValueError(f"max_bundle_size must be 1..{MAX_BUNDLE_SIZE}")
+        validate_partition_count(self.default_partitions)
+
+
+class Topic:
+    """A topic: its partitions (``0..n-1``) and its config."""
+
+    def __init__(self, name: str, directory: str, config: TopicConfig,
+                 partitions: list[Partition]) -> None:
+        self.name = name
+        self.directory = directory
+        self.config = config
+        self.partitions = partitions
+
+    def __repr__(self) -> str:
+        return f"<Topic {self.name} partitions={len(self.partitions)}>"
+
+    def partition(self, index: int) -> Partition:
+        """Partition ``index``, or :class:`UnknownPartition`."""
+        if not 0 <= index < len(self.partitions):
+            raise UnknownPartition(f"topic {self.name} has no partition {index}")
+        return self.partitions[index]
+
+
+class LogStore:
+    """All topics of a data directory. Open it with :func:`open_store`."""
+
+    def __init__(self, data_dir: str, settings: StoreSettings,
+                 clock: Callable[[], float]) -> None:
+        self.data_dir = data_dir
+        self.settings = settings
+        self._clock = clock
+        self._topics: dict[str, Topic] = {}
+        self._creating: set[str] = set()
+        self._nursery: trio.Nursery | None = None
+        self._limiter = trio.CapacityLimiter(settings.sync_threads)
+        self._closed = False
+        self._env = PartitionEnv(
+            durability=Durability(settings.durability),
+            max_bundle_size=settings.max_bundle_size,
+            recovery_check_bytes=settings.recovery_check_bytes,
+            spawn=self._spawn,
+            limiter=self._limiter,
+            clock=clock,
+        )
+
+    # -- opening --------------------------------------------------------------------------------
+
+    def _spawn(self, fn: Callable[..., object], *args: object) -> None:
+        if self._nursery is None:
+            raise StoreClosed("the store is not running (use open_store)")
+        self._nursery.start_soon(fn, *args)
+
+    def _load(self) -> None:
+        """Scan the data directory and open every topic. Blocking."""
+        os.makedirs(self.data_dir, exist_ok=True)
+        for name in sorted(os.listdir(self.data_dir)):
+            path = os.path.join(self.data_dir, name)
+            if name.startswith("."):
+                if os.path.isdir(path) and not os.path.islink(path):
+                    # A topic whose creation never finished (built as .<topic>, then renamed).
+                    shutil.rmtree(path, ignore_errors=True)
+                    log.warning("stray_directory_removed", directory=name)
+                continue
+            if not os.path.isdir(path):
+                continue
+            if not is_valid_topic_name(name):
+                log.warning("invalid_topic_directory_ignored", directory=name)
+                continue
+            self._topics[name] = self._load_topic(name, path)
+
+    def _load_topic(self, name: str, path: str) -> Topic:
+        config = self._read_config(self.settings.topic_defaults, path, name)
+        ids = sorted(int(e) for e in os.listdir(path)
+                     if e.isdigit() and os.path.isdir(os.path.join(path, e)))
+        count = (ids[-1] + 1) if ids else 0
+        if ids != list(range(count)):
+            log.warning("partition_directories_missing", topic=name,
+                        found=len(ids), expected=count)
+        partitions = []
+        try:
+            for i in range(count):
+                pdir = os.path.join(path, str(i))
+                os.makedirs(pdir, exist_ok=True)
+                pconfig = self._read_config(config, pdir, name, i)
+                partition = Partition(name, i, pdir, pconfig, self._env)
+                partitions.append(partition)
+                partition.load()
+        except BaseException:
+            for partition in partitions:
+                partition.close_now()
+            raise
+        return Topic(name, path, config, partitions)
+
+    @staticmethod
+    def _read_config(base: TopicConfig, directory: str, topic: str,
+                     partition: int | None = None, *, strict: bool = False) -> TopicConfig:
+        try:
+            with open(os.path.join(directory, CONFIG_FILE), encoding="utf-8") as f:
+                text = f.read()
+        except FileNotFoundError:
+            return base
+        try:
+            return base.with_text(text)
+        except InvalidConfig as exc:
+            if strict:
+                raise
+            # Keep serving with the defaults: they retain everything, so nothing is lost.
+            log.error("config_invalid_ignored", topic=topic, partition=partition, error=str(exc))
+            return base
+
+    def _attach(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+
+    # -- topics ---------------------------------------------------------------------------------
+
+    def topics(self) -> list[str]:
+        """Names of all topics, sorted."""
+        return sorted(self._topics)
+
+    def topic(self, name: str) -> Topic | None:
+        """The topic, or None (also for names that are not valid topic names)."""
+        return self._topics.get(name)
+
+    def partition(self, topic: str, index: int) -> Partition:
+        """A partition, or :class:`UnknownTopic` / :class:`UnknownPartition`."""
+        t = self._topics.get(topic)
+        if t is None:
+            raise UnknownTopic(f"no topic {topic!r}")
+        return t.partition(index)
+
+    async def create_topic(self, name: str, partitions: int | None = None,
+                           config_text: str = "") -> Topic:
+        """Create a topic atomically: build ``.<name>`` then rename it to ``<name>``.
+
+        Raises :class:`InvalidTopicName` (name or partition count), :class:`InvalidConfig`,
+        :class:`TopicExists`, or :class:`StoreIOError`-like ``StoreError`` on failure.
+        """
+        self._check_open()
+        validate_topic_name(name)
+        count = validate_partition_count(
+            self.settings.default_partitions if partitions is None else partitions)
+        config = self.settings.topic_defaults.with_text(config_text)
+        if name in self._topics or name in self._creating:
+            raise TopicExists(f"topic {name!r} exists")
+        self._creating.add(name)
+        try:
+            path = await trio.to_thread.run_sync(
+                self._build_topic_dir, name, count, config_text, limiter=self._limiter)
+            topic = Topic(name, path, config, [
+                Partition(name, i, os.path.join(path, str(i)), config, self._env)
+                for i in range(count)])
+            self._topics[name] = topic
+        except OSError as exc:
+            log.error("topic_create_failed", topic=name, error=str(exc))
+            raise StoreError(f"cannot create topic {name!r}: {exc}") from exc
+        finally:
+            self._creating.discard(name)
+        log.info("topic_created", topic=name, partitions=count)
+        return topic
+
+    async def ensure_topic(self, name: str) -> Topic:
+        """The topic, created with the default partitions and config if missing."""
+        topic = self._topics.get(name)
+        if topic is not None:
+            return topic
+        try:
+            return await self.create_topic(name)
+        except TopicExists:
+            while name in self._creating:  # another task is creating it right now
+                await trio.sleep(0.001)
+            return self._topics[name]
+
+    def _build_topic_dir(self, name: str, count: int, config_text: str) -> str:
+        final = os.path.join(self.data_dir, name)
+        staging = os.path.join(self.data_dir, "." + name)
+        if os.path.exists(final):
+            raise FileExistsError(f"{final} exists")
+        shutil.rmtree(staging, ignore_errors=True)
+        os.mkdir(staging)
+        if config_text.strip():
+            with open(os.path.join(staging, CONFIG_FILE), "w", encoding="utf-8") as f:
+                f.write(config_text)
+                f.flush()
+                os.fsync(f.fileno())
+        for i in range(count):
+            os.mkdir(os.path.join(staging, str(i)))
+        sync_directory(staging)
+        os.rename(staging, final)
+        sync_directory(self.data_dir)
+        return final
+
+    async def reload_config(self, topic: str, partition: int) -> TopicConfig:
+        """Re-read a partition's ``config`` files (Tank's ReloadConf) and apply them.
+
+        Raises :class:`UnknownTopic`, :class:`UnknownPartition`, :class:`InvalidConfig`
+        (the partition keeps its current config) or ``OSError``.
+        """
+        t = self._topics.get(topic)
+        if t is None:
+            raise UnknownTopic(f"no topic {topic!r}")
+        p = t.partition(partition)
+
+        def read() -> TopicConfig:
+            base = self._read_config(self.settings.topic_defaults, t.directory, topic,
+                                     strict=True)
+            return self._read_config(base, p.directory, topic, partition, strict=True)
+
+        p.config = await trio.to_thread.run_sync(read, limiter=self._limiter)
+        return p.config
+
+    # -- maintenance and closing ------------------------------------------------------------------
+
+    async def maintain(self, now: float | None = None) -> None:
+        """One maintenance pass over every partition (retention, roll by age, flush.secs)."""
+        for topic in list(self._topics.values()):
+            for partition in topic.partitions:
+                await partition.maintain(now)
+
+    async def run_maintenance(self, *, interval: float | None = None,
+                              task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                              ) -> None:
+        """Run :meth:`maintain` every ``interval`` seconds (default: the settings') forever."""
+        interval = self.settings.maintenance_interval if interval is None else interval
+        task_status.started()
+        while not self._closed:
+            await trio.sleep(interval)
+            try:
+                await self.maintain()
+            except StoreError as exc:
+                log.error("maintenance_failed", error=str(exc))
+
+    def _close_now(self) -> None:
+        self._closed = True
+        for topic in self._topics.values():
+            for partition in topic.partitions:
+                if not partition.closed:
+                    partition.close_now()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed("the store is closed")
+
+    async def aclose(self) -> None:
+        """Finish pending appends, fsync and close every partition. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with trio.CancelScope(shield=True):
+            for topic in list(self._topics.values()):
+                for partition in topic.partitions:
+                    await partition.aclose()
+
+
+@asynccontextmanager
+async def open_store(data_dir: str | os.PathLike[str], settings: StoreSettings | None = None,
+                     *, clock: Callable[[], float] = time.time,
+                     maintenance: bool = True) -> AsyncIterator[LogStore]:
+    """Open (and recover) the store in ``data_dir``; close it on exit.
+
+    Recovery runs in a worker thread. While open, the store runs its background work
+    (fsync rounds, and with ``maintenance`` the periodic retention pass) in its own
+    nursery. ``clock`` gives wall-clock seconds (segment names, retention).
+    """
+    store = LogStore(os.fspath(data_dir), settings or StoreSettings(), clock)
+    try:
+        await trio.to_thread.run_sync(store._load)
+    except BaseException as exc:
+        store._close_now()
+        if isinstance(exc, OSError):
+            raise StoreError(f"cannot open the store in {data_dir}: {exc}") from exc
+        raise
+    try:
+        async with trio.open_nursery() as nursery:
+            store._attach(nursery)
+            if maintenance and math.isfinite(store.settings.maintenance_interval):
+                nursery.start_soon(store.run_maintenance)
+            try:
+                yield store
+            finally:
+                await store.aclose()
+                nursery.cancel_scope.cancel()
+    finally:
+        store._nursery = None
+        store._close_now()
