@@ -1,0 +1,2 @@
+"""Figg: message declarations (``specs/``), records (:mod:`.messages`) and the sans-IO
+connection with the fast DATA encoders (:mod:`.connection`)."""

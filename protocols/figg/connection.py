@@ -1,0 +1,141 @@
+"""The Figg connection state machine (sans-IO) and the fast DATA encoders.
+
+A :class:`FiggConnection` keeps no socket: feed it received bytes, pull events, and turn
+the events it sends into bytes (see :mod:`protocols.connection`). Every event is a record
+from :mod:`protocols.figg.messages`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+
+from protocols.connection import CLOSED, DEFAULT_MAX_FRAME, NEED_DATA, FrameReader, Role
+from protocols.errors import ProtocolError
+from protocols.figg.messages import (
+    FAST,
+    HEADER,
+    REQUESTS,
+    RESPONSES,
+    TYPE_OF,
+    VERSION,
+    MessageType,
+)
+
+_LENGTH_INDEX: Final = 2  # payloadLen in HEADER
+
+encode_data: Final[Callable[[bytes, int, bytes], bytes]] = (
+    FAST[MessageType.DATA].encode_frame)
+"""``encode_data(topic, offset, data) -> bytes``: one whole DATA frame.
+
+``topic`` is the UTF-8 encoded name (encode it once per subscription, not per message).
+"""
+
+encode_ack: Final[Callable[[int], bytes]] = FAST[MessageType.ACK].encode_frame
+"""``encode_ack(seq_num) -> bytes``: one whole ACK frame."""
+
+_encode_data_frames = FAST[MessageType.DATA].batch_encoder(shared=1)
+
+
+def encode_data_frames(topic: bytes, items: Iterable[tuple[int, bytes]]) -> bytes:
+    """Many DATA frames for one topic, joined: ``items`` yields ``(offset, data)``.
+
+    ``topic`` is the UTF-8 encoded name. This is what a listener streaming a subscription
+    calls: one ``struct.pack`` per frame, the data joined without intermediate copies.
+    """
+    return _encode_data_frames(topic, items)
+
+
+class FiggConnection:
+    """One end of a Figg connection.
+
+    A ``Role.SERVER`` connection decodes what clients send (ATTACH, DETACH, PUBLISH, PING)
+    and encodes the rest; a ``Role.CLIENT`` connection the reverse. Bad input (an unknown
+    type, a message sent the wrong way, a version other than 1, a payload that is short,
+    has trailing bytes or a length that overruns it, a topic that is not UTF-8) raises
+    :class:`ProtocolError`; a frame over ``max_frame_size`` raises
+    :class:`~protocols.errors.FrameTooLarge` as soon as its header is in. After an error the
+    connection is dead: every later ``next_event`` raises the same error.
+    """
+
+    __slots__ = ("_decoders", "_encoders", "_error", "_frames", "role")
+
+    def __init__(self, role: Role, *, max_frame_size: int = DEFAULT_MAX_FRAME) -> None:
+        self.role = role
+        self._frames = FrameReader(HEADER, _LENGTH_INDEX, max_frame_size)
+        inbound = REQUESTS if role is Role.SERVER else RESPONSES
+        self._decoders: dict[int, Callable[[bytes], Any]] = {
+            t: FAST[t].decode for t in inbound}
+        self._encoders: dict[type, Callable[[Any], bytes]] = {
+            record: FAST[t].encode_record for record, t in TYPE_OF.items() if t not in inbound}
+        self._error: ProtocolError | None = None
+
+    @property
+    def max_frame_size(self) -> int:
+        """The largest payload accepted from the peer."""
+        return self._frames.max_payload
+
+    def receive_data(self, data: bytes) -> None:
+        """Add bytes received from the peer; ``b""`` means the peer closed."""
+        self._frames.feed(data)
+
+    def next_event(self) -> Any:
+        """The next message from the peer, :data:`NEED_DATA`, or :data:`CLOSED` after a
+        clean EOF."""
+        events = self._read(1)
+        return events[0] if events else NEED_DATA
+
+    def next_events(self) -> list[Any]:
+        """Every complete message buffered, in order, ending with :data:`CLOSED` if the
+        peer closed cleanly after them; empty when more bytes are needed.
+
+        This is the fast way to drain a large read. A bad frame after good ones is
+        reported by the next call, so no message that came before it is lost.
+        """
+        return self._read(0)
+
+    def _read(self, limit: int) -> list[Any]:
+        """Decode up to ``limit`` frames (0: every complete one)."""
+        if self._error is not None:
+            raise self._error
+        events: list[Any] = []
+        append = events.append
+        next_frame = self._frames.next_frame
+        decoders = self._decoders
+        try:
+            while (frame := next_frame()) is not NEED_DATA:
+                if frame is CLOSED:
+                    append(CLOSED)
+                    break
+                (message_type, version, _), payload = frame
+                decode = decoders.get(message_type)
+                if decode is None or version != VERSION:
+                    raise self._refusal(message_type, version)
+                append(decode(payload))
+                if len(events) == limit:
+                    break
+        except ProtocolError as exc:
+            self._error = exc
+            if not events:
+                raise
+        return events
+
+    def send(self, event: Any) -> bytes:
+        """The whole frame (header and payload) for a message this role sends."""
+        encode = self._encoders.get(type(event))
+        if encode is None:
+            what = type(event).__name__
+            if type(event) in TYPE_OF:
+                raise ValueError(f"a Figg {self.role.value} does not send {what}")
+            raise TypeError(f"not a Figg message: {what}")
+        return encode(event)
+
+    def _refusal(self, message_type: int, version: int) -> ProtocolError:
+        try:
+            name = MessageType(message_type).name
+        except ValueError:
+            return ProtocolError(f"unknown Figg message type {message_type}")
+        if version != VERSION:
+            return ProtocolError(f"{name}: unsupported Figg version {version}")
+        peer = "client" if self.role is Role.SERVER else "server"
+        return ProtocolError(f"{name} is not sent by a Figg {peer}")

@@ -1,0 +1,78 @@
+"""Figg's nine messages, compiled from the declarations in ``specs/``, and its frame header.
+
+A frame is ``u16 type | u16 version | u32 payloadLen`` (big-endian, :data:`HEADER`;
+``payloadLen`` excludes the 8 header bytes), then the payload. Every variable-size field,
+topic names included, is ``u32 len | bytes``. Topics are declared ``string``: a topic that
+is not UTF-8 is a :class:`~protocols.errors.ProtocolError`.
+
+Each message has a record class (``Attach``, ``Attached``, ...: slotted dataclasses with
+snake_case fields), its engine codec in :data:`CODECS` (the reference) and a generated
+fast codec in :data:`FAST` (what connections use).
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from typing import Any, Final
+
+from protocols.figg.flat import FlatCodec
+from protocols.spec import MessageCodec, TypeRegistry, load_package_specs
+
+#: ``type | version | payloadLen``, big-endian; the length excludes the header.
+HEADER: Final = struct.Struct(">HHI")
+#: The only protocol version; it travels in the header, not in payloads.
+VERSION: Final = 1
+#: ATTACH flag: resume after the given offset (bit 15; the seed's "bit 1" is wrong).
+ATTACH_FROM_OFFSET: Final = 0x8000
+
+
+class MessageType(enum.IntEnum):
+    """The ``type`` field of the frame header."""
+
+    ATTACH = 1
+    ATTACHED = 2
+    DETACH = 3
+    DETACHED = 4
+    PUBLISH = 5
+    ACK = 6
+    DATA = 7
+    PING = 8
+    PONG = 9
+
+
+REGISTRY: Final = TypeRegistry("big")
+#: Engine codecs by message name ("Attach", ...), compiled from ``specs/*.json``.
+CODECS: Final[dict[str, MessageCodec]] = load_package_specs("protocols.figg", REGISTRY)
+#: Engine codecs by message type.
+CODEC_BY_TYPE: Final = {MessageType(c.api_key): c for c in CODECS.values()}
+if sorted(CODEC_BY_TYPE) != list(MessageType) or len(CODECS) != len(MessageType):
+    raise ImportError("the Figg declarations do not match MessageType")
+for _codec in CODECS.values():
+    if VERSION not in _codec.spec.valid_versions:
+        raise ImportError(f"{_codec.name} is not declared for Figg version {VERSION}")
+
+#: Generated fast codecs by message type, derived from the same declarations.
+FAST: Final = {t: FlatCodec(c, HEADER, VERSION) for t, c in CODEC_BY_TYPE.items()}
+#: The message type of each record class.
+TYPE_OF: Final[dict[type, MessageType]] = {c.record: t for t, c in CODEC_BY_TYPE.items()}
+
+Attach: Final[type[Any]] = CODECS["Attach"].record
+Attached: Final[type[Any]] = CODECS["Attached"].record
+Detach: Final[type[Any]] = CODECS["Detach"].record
+Detached: Final[type[Any]] = CODECS["Detached"].record
+Publish: Final[type[Any]] = CODECS["Publish"].record
+Ack: Final[type[Any]] = CODECS["Ack"].record
+Data: Final[type[Any]] = CODECS["Data"].record
+Ping: Final[type[Any]] = CODECS["Ping"].record
+Pong: Final[type[Any]] = CODECS["Pong"].record
+
+#: Messages a client sends (declared ``"request"``) and a server sends (``"response"``).
+REQUESTS: Final = frozenset(t for t, c in CODEC_BY_TYPE.items() if c.spec.kind == "request")
+RESPONSES: Final = frozenset(MessageType) - REQUESTS
+
+__all__ = [
+    "ATTACH_FROM_OFFSET", "CODECS", "CODEC_BY_TYPE", "FAST", "HEADER", "REQUESTS", "RESPONSES",
+    "TYPE_OF", "VERSION", "Ack", "Attach", "Attached", "Data", "Detach", "Detached",
+    "MessageType", "Ping", "Pong", "Publish",
+]
