@@ -527,17 +527,21 @@ class Partition:
             seg = self._segments[i]
             limit = seg.visible_size
             try:
-                found = seg.locate(seq, limit)
+                found = seg.locate(seq, limit, seg.last_seq if seg.rolled else hwm)
                 if found is None:
                     raise ScanError(limit, f"sequence {seq} not found")
                 offset, base_seq, sparse = found
                 end = seg.chunk_end(offset, offset + max(fetch_size, MIN_FETCH), limit)
                 fd = os.dup(seg.fd)
             except ScanError as exc:
-                if attempt == 0 and seg.rolled:
+                if attempt == 0:
                     self._log.error("segment_index_suspect", segment=seg.name, error=str(exc))
-                    seg.rebuild_index(interval=self.config.index_interval_bytes)
-                    continue
+                    try:
+                        seg.rebuild_index(self.config.index_interval_bytes)
+                    except (ScanError, OSError) as again:
+                        exc = again
+                    else:
+                        continue
                 self._log.error("segment_read_failed", segment=seg.name, error=str(exc))
                 raise StoreIOError(f"{seg.name}: {exc}") from None
             except OSError as exc:

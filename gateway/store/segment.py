@@ -17,6 +17,7 @@ import contextlib
 import os
 import re
 from array import array
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Final
 
@@ -169,9 +170,9 @@ class LogSegment:
 
         Every bundle header is walked; the last ``deep_check_bytes`` of the file are
         checked bundle by bundle with :func:`validate_bundle` (message framing, Snappy).
-        The file is cut at the first bad bundle. The index is kept if each of its
-        entries names a real bundle boundary (entries past the cut are dropped);
-        otherwise it is rebuilt.
+        The file is cut at the first bad bundle. The index is checked against the
+        entries Tank's rule gives for the bundles kept: entries past the cut are
+        dropped; a missing, short or inconsistent index is rebuilt.
         """
         path = os.path.join(directory, name)
         fd = os.open(path, os.O_RDWR | _O_CLOEXEC)
@@ -190,12 +191,10 @@ class LogSegment:
         old_rels, old_offsets, torn_entry = read_index_file(index_path)
         report = Recovery()
         deep_from = size - deep_check_bytes
-        new_rels, new_offsets = array("I"), array("I")
+        rels, offsets = array("I"), array("I")
         since: int | None = None
         good_end = 0
         last_seq: int | None = None
-        j = 0  # next entry of the old index to match against a bundle boundary
-        old_ok = True
         scanner = Scanner(fd, RECOVERY_WINDOW)
         try:
             for off, flen, first, last, _ in scanner.walk(0, size, base):
@@ -205,16 +204,10 @@ class LogSegment:
                 if off >= deep_from:
                     _deep_check(scanner, off, flen)
                 if since is None or since > interval:
-                    new_rels.append(rel)
-                    new_offsets.append(off)
+                    rels.append(rel)
+                    offsets.append(off)
                     since = 0
                 since += flen
-                while j < len(old_offsets) and old_offsets[j] < off:
-                    old_ok = False  # an entry that is not a bundle boundary
-                    j += 1
-                if j < len(old_offsets) and old_offsets[j] == off:
-                    old_ok = old_ok and old_rels[j] == rel
-                    j += 1
                 good_end = off + flen
                 last_seq = last
                 report.bundles += 1
@@ -225,21 +218,18 @@ class LogSegment:
         if good_end < size:
             os.ftruncate(fd, good_end)
             report.bytes_dropped = size - good_end
-        kept = j if good_end else 0
-        old_ok = old_ok and (not kept or old_offsets[0] == 0) and not (good_end and not kept)
-        index = SparseIndex(index_path)
+        # Keep the index file when it holds exactly the entries Tank's rule gives for
+        # the bundles kept (maybe followed by entries past the cut); else rewrite it.
+        n = len(rels)
+        index = SparseIndex(index_path, rels, offsets)
         index.open_file(truncate=False)
         try:
-            if old_ok:
-                index.rels, index.offsets = old_rels[:kept], old_offsets[:kept]
-                if kept < len(old_rels) or torn_entry:
-                    os.ftruncate(index.fd, index.size_bytes)
-                    report.index_action = "truncated"
-                if kept:
-                    since = good_end - index.offsets[-1]
-            else:
-                index.rewrite(new_rels, new_offsets)
+            if old_rels[:n] != rels or old_offsets[:n] != offsets:
+                index.rewrite(rels, offsets)
                 report.index_action = "rebuilt"
+            elif len(old_rels) > n or torn_entry:
+                os.ftruncate(index.fd, index.size_bytes)
+                report.index_action = "truncated"
         except BaseException:
             index.close()
             raise
@@ -255,18 +245,19 @@ class LogSegment:
         if self._index is None:
             rels, offsets, torn = read_index_file(self.index_path)
             max_rel = (self.last_seq or self.base) - self.base
-            index = SparseIndex(self.index_path, rels, offsets)
             if torn or not entries_are_sane(rels, offsets, self.size, max_rel):
-                self.rebuild_index(index)
-            self._index = index
+                self.rebuild_index()
+            else:
+                self._index = SparseIndex(self.index_path, rels, offsets)
+        assert self._index is not None
         return self._index
 
-    def rebuild_index(self, index: SparseIndex | None = None, interval: int = 4096) -> bool:
-        """Rebuild a rolled segment's index by walking its bundles; True if it was written.
+    def rebuild_index(self, interval: int = 4096) -> None:
+        """Rebuild the index by walking the segment's bundles (Tank's rule).
 
-        The rebuilt entries are kept in memory even when writing the file fails.
+        Raises :class:`ScanError` if the segment itself is corrupt. Failing to write a
+        rolled segment's index file is not an error: the entries stay in memory.
         """
-        index = index if index is not None else SparseIndex(self.index_path)
         rels, offsets = array("I"), array("I")
         since: int | None = None
         for off, flen, first, _, _ in Scanner(self.fd, RECOVERY_WINDOW).walk(
@@ -276,13 +267,15 @@ class LogSegment:
                 offsets.append(off)
                 since = 0
             since += flen
-        index.rels, index.offsets = rels, offsets
+        index = self._index
+        if index is not None and index.fd >= 0:  # the active segment: rewrite in place
+            index.rewrite(rels, offsets)
+            self.since_index = since
+            return
+        index = SparseIndex(self.index_path, rels, offsets)
         self._index = index
-        try:
+        with contextlib.suppress(OSError):
             index.write_file()
-        except OSError:
-            return False
-        return True
 
     # -- writing (active segment) -----------------------------------------------------------
 
@@ -351,24 +344,37 @@ class LogSegment:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def locate(self, seq: int, limit: int) -> tuple[int, int, bool] | None:
+    def locate(self, seq: int, limit: int, last_seq: int | None = None
+               ) -> tuple[int, int, bool] | None:
         """Find the bundle holding ``seq`` (or the first one after it) below ``limit``.
 
         Returns ``(offset, first_seq_of_bundle, sparse)`` or ``None``. Binary-searches
-        the index, then walks bundle headers forward. Raises :class:`ScanError`.
+        the index, then walks bundle headers forward up to the next index entry (or to
+        ``limit``, where the last bundle must end with ``last_seq`` if given), checking
+        that the index agrees with the bundles it walked. Raises :class:`ScanError`.
         """
         index = self.index()
-        if len(index):
-            rel, offset = index.lookup(max(seq - self.base, 0))
-        else:
-            rel, offset = 0, 0
-        if offset >= limit:
-            rel, offset = 0, 0
-        for off, _, first, last, sparse in Scanner(self.fd).walk(offset, limit,
-                                                                  self.base + rel):
-            if seq <= last:
-                return off, first, bool(sparse)
-        return None
+        n = len(index)
+        i = bisect_right(index.rels, max(seq - self.base, 0)) - 1 if n else -1
+        if i < 0 or index.offsets[i] >= limit:
+            i = -1
+        rel, offset = (index.rels[i], index.offsets[i]) if i >= 0 else (0, 0)
+        stop, stop_rel = limit, -1
+        if 0 <= i < n - 1 and index.offsets[i + 1] < limit:
+            stop, stop_rel = index.offsets[i + 1], index.rels[i + 1]
+        found = None
+        walked_last = None
+        for off, _, first, last, sparse in Scanner(self.fd).walk(offset, limit, self.base + rel):
+            if off >= stop:
+                if off != stop or first - self.base != stop_rel:
+                    raise ScanError(off, "index entry disagrees with the segment")
+                return found if found is not None else (off, first, bool(sparse))
+            if found is None and seq <= last:
+                found = (off, first, bool(sparse))
+            walked_last = last
+        if last_seq is not None and walked_last is not None and walked_last != last_seq:
+            raise ScanError(limit, f"segment ends at sequence {walked_last}, not {last_seq}")
+        return found
 
     def chunk_end(self, start: int, target: int, limit: int) -> int:
         """The first bundle boundary at or after ``target`` (capped at ``limit``).
