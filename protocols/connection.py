@@ -101,7 +101,8 @@ class FrameReader:
         end = pos + header.size + length
         if end > len(buf):
             return self._end_of_input(available)
-        payload = bytes(buf[pos + header.size:end])
+        with memoryview(buf) as view:  # one copy; the view is released before buf resizes
+            payload = bytes(view[pos + header.size:end])
         self._pos = end
         if end == len(buf):
             buf.clear()
