@@ -92,6 +92,8 @@ def _parse_sum(text: str, units: Mapping[str, int], what: str) -> int:
     total = 0
     pos = 0
     lowered = text.lower()
+    if not lowered.strip():
+        raise ValueError(f"empty {what}")
     while pos < len(lowered):
         match = _TERM.match(lowered, pos)
         if match is None or match.group(2) not in units:

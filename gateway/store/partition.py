@@ -340,6 +340,7 @@ class Partition:
                 self._roll_active(now)
             if self._active is None:
                 self._start_segment(plan.first, now)
+                self._apply_retention(now)  # Tank applies retention when a segment rolls
         except OSError as exc:
             self._log.error("segment_switch_failed", error=str(exc))
             raise StoreIOError(f"cannot start a segment: {exc}") from exc
@@ -405,7 +406,7 @@ class Partition:
         del self._bases[i]
 
     def _roll_active(self, now: float) -> None:
-        """Freeze the active segment as ``.ilog``; the next append starts a new one."""
+        """Freeze the active segment as ``.ilog``; the caller starts the next one."""
         seg = self._active
         assert seg is not None
         if seg.size == 0:
@@ -431,7 +432,6 @@ class Partition:
         self._dir_dirty = True
         self._roll_at = math.inf
         self._log.info("segment_rolled", segment=seg.name, size=seg.size)
-        self._apply_retention(now)
         if not self._fsync:
             self._commit.request()
 
