@@ -1,0 +1,129 @@
+"""The send side of one Figg connection: frames in order, with a byte budget.
+
+Every frame the server sends on a connection (ACK, PONG, ATTACHED, DETACHED, DATA) goes
+through one :class:`Outbox`, drained by one writer task that owns the socket's send side
+and writes whatever is queued with one ``send_all``. The budget is what keeps a slow
+reader from making the server buffer without bound: subscriptions call
+:meth:`Outbox.wait_writable` before reading the log, so they stop reading while the
+connection is behind.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+import trio
+from trio.lowlevel import ParkingLot
+
+#: Largest write handed to the socket at once (items bigger than this go alone).
+MAX_WRITE = 1024 * 1024
+
+
+class Owner(Protocol):
+    """Whoever queued a frame; frames of a detached owner are never sent."""
+
+    detached: bool
+
+
+class Outbox:
+    """An ordered queue of frames for one connection, bounded by ``limit`` bytes.
+
+    ``put_nowait`` never blocks (replies are bounded by what the reader admits, and DATA
+    is bounded because subscriptions wait for :meth:`wait_writable` first), so the queue
+    holds at most ``limit`` bytes plus what was put since the last wait: one chunk.
+    """
+
+    def __init__(self, stream: trio.abc.SendStream, limit: int) -> None:
+        if limit <= 0:
+            raise ValueError("the outbox limit must be positive")
+        self._stream = stream
+        self._limit = limit
+        self._items: deque[tuple[Owner | None, bytes]] = deque()
+        self._queued = 0
+        self._writer_idle = False
+        self._has_items = ParkingLot()
+        self._has_space = ParkingLot()
+        self._drained = ParkingLot()
+        #: Bytes written to the socket so far.
+        self.bytes_sent = 0
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes queued or being written."""
+        return self._queued
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    def writable(self) -> bool:
+        """True while the queue is under its budget."""
+        return self._queued < self._limit
+
+    async def wait_writable(self) -> None:
+        """Wait until the queue is under its budget (no checkpoint when it already is)."""
+        while self._queued >= self._limit:
+            await self._has_space.park()
+
+    async def wait_empty(self) -> None:
+        """Wait until everything queued has been written to the socket."""
+        while self._queued:
+            await self._drained.park()
+
+    def put_nowait(self, frames: bytes, owner: Owner | None = None) -> None:
+        """Queue ``frames`` (one or more whole frames) behind everything queued so far.
+
+        Frames of an ``owner`` that is already detached are dropped.
+        """
+        if not frames or (owner is not None and owner.detached):
+            return
+        self._items.append((owner, frames))
+        self._queued += len(frames)
+        if self._writer_idle:
+            self._writer_idle = False
+            self._has_items.unpark_all()
+
+    def drop(self, owner: Owner) -> int:
+        """Remove the frames of ``owner`` not yet handed to the socket; returns their size."""
+        kept: deque[tuple[Owner | None, bytes]] = deque()
+        dropped = 0
+        for item in self._items:
+            if item[0] is owner:
+                dropped += len(item[1])
+            else:
+                kept.append(item)
+        if dropped:
+            self._items = kept
+            self._queued -= dropped
+            if self._queued < self._limit:
+                self._has_space.unpark_all()
+                if not self._queued:
+                    self._drained.unpark_all()
+        return dropped
+
+    async def run(self) -> None:
+        """The writer task: send queued frames until cancelled or the socket breaks.
+
+        Raises ``trio.BrokenResourceError`` / ``trio.ClosedResourceError`` from the stream.
+        """
+        stream = self._stream
+        while True:
+            items = self._items
+            while not items:
+                self._writer_idle = True
+                await self._has_items.park()
+                items = self._items
+            parts = []
+            size = 0
+            while items and (not size or size + len(items[0][1]) <= MAX_WRITE):
+                frames = items.popleft()[1]
+                parts.append(frames)
+                size += len(frames)
+            await stream.send_all(parts[0] if len(parts) == 1 else b"".join(parts))
+            self.bytes_sent += size
+            self._queued -= size
+            if self._queued < self._limit:
+                self._has_space.unpark_all()
+                if not self._queued:
+                    self._drained.unpark_all()

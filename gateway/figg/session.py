@@ -1,0 +1,276 @@
+"""One Figg connection on the server: read big, parse every frame, dispatch in batches.
+
+The reader task receives up to :data:`RECEIVE_SIZE` bytes, drains every complete frame
+with :meth:`FiggConnection.next_events`, and handles the batch: PUBLISHes become runs for
+the :class:`~gateway.figg.publisher.Publisher` (submitted once per batch), PING is answered
+at once, ATTACH starts a :class:`~gateway.figg.subscription.Subscription`, DETACH stops
+one. Everything sent goes through the connection's one
+:class:`~gateway.figg.outbox.Outbox`. Bad input closes this connection only, with the
+reason logged (Figg has no error message).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import structlog
+import trio
+
+from gateway.backend import Backend, CreateTopicCode
+from gateway.config import Settings
+from gateway.figg.outbox import Outbox
+from gateway.figg.publisher import AckQueue, Publisher, PublishRun
+from gateway.figg.subscription import Subscription, SubscriptionError
+from gateway.metrics import Metrics
+from gateway.offsets import InvalidTopic, TankPartition, attach_start, figg_to_tank
+from protocols.connection import CLOSED, Role
+from protocols.errors import ProtocolError
+from protocols.figg.connection import FiggConnection
+from protocols.figg.messages import FAST, Attach, Detach, MessageType, Ping, Publish
+from protocols.wire import UINT64_MAX
+
+#: Bytes asked of the socket per read.
+RECEIVE_SIZE: Final = 256 * 1024
+#: Published bytes a connection may have waiting for their ACK before it stops reading.
+PUBLISH_INFLIGHT_BYTES: Final = 8 * 1024 * 1024
+#: After a clean EOF, how long pending ACKs and queued frames may take to go out.
+DRAIN_SECS: Final = 5.0
+
+_encode_attached = FAST[MessageType.ATTACHED].encode_frame
+_encode_detached = FAST[MessageType.DETACHED].encode_frame
+_encode_pong = FAST[MessageType.PONG].encode_frame
+
+
+class CloseConnection(Exception):
+    """End the connection: ``kind`` is a short metric label, ``reason`` the logged text."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+
+
+class FiggSession:
+    """Serves one accepted Figg connection until it closes; see :meth:`run`."""
+
+    def __init__(self, stream: trio.SocketStream, *, backend: Backend, settings: Settings,
+                 metrics: Metrics, publisher: Publisher,
+                 log: structlog.typing.FilteringBoundLogger) -> None:
+        self._stream = stream
+        self._backend = backend
+        self._settings = settings
+        self._metrics = metrics
+        self._publisher = publisher
+        self._log = log
+        self._outbox = Outbox(stream, settings.subscriber_buffer_bytes)
+        self._acks = AckQueue(self._outbox, self._publish_failed)
+        self._subs: dict[str, Subscription] = {}
+        self._partitions: dict[str, TankPartition] = {}
+        self._nursery: trio.Nursery | None = None
+        self._close: CloseConnection | None = None
+        self._requests = metrics.requests
+        self.messages_received = 0
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._outbox.bytes_sent
+
+    @property
+    def published(self) -> int:
+        """PUBLISHes acknowledged on this connection."""
+        return self._acks.acked
+
+    async def run(self) -> CloseConnection:
+        """Serve the connection; returns why it ended. The caller closes the stream."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._write)
+            try:
+                await self._read()
+            except CloseConnection as close:
+                self._closing(close)
+            nursery.cancel_scope.cancel()
+        self._acks.close()
+        for sub in self._subs.values():
+            sub.detached = True
+        return self._close or CloseConnection("eof", "peer closed the connection")
+
+    def _closing(self, close: CloseConnection) -> None:
+        """Record the first reason to close and stop every task of the connection."""
+        if self._close is None:
+            self._close = close
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    def _publish_failed(self, reason: str) -> None:
+        self._closing(CloseConnection("publish_failed", reason))
+
+    # ------------------------------------------------------------------------- tasks
+
+    async def _write(self) -> None:
+        try:
+            await self._outbox.run()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._closing(CloseConnection("send_failed", f"send failed: {exc!r}"))
+
+    async def _read(self) -> None:
+        conn = FiggConnection(Role.SERVER, max_frame_size=self._settings.max_frame_bytes)
+        stream = self._stream
+        outbox = self._outbox
+        acks = self._acks
+        while True:
+            # Backpressure: no more input while replies or publishes are piling up.
+            await outbox.wait_writable()
+            await acks.wait_below(PUBLISH_INFLIGHT_BYTES)
+            try:
+                data = await stream.receive_some(RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise CloseConnection("reset", f"receive failed: {exc!r}") from None
+            conn.receive_data(data)
+            while True:
+                try:
+                    events = conn.next_events()
+                except ProtocolError as exc:
+                    raise CloseConnection("protocol_error", str(exc)) from None
+                if not events:
+                    break
+                if await self._handle(events):
+                    await self._drain()
+                    return
+
+    async def _drain(self) -> None:
+        """After a clean EOF: stop delivery, let pending ACKs and replies go out."""
+        for sub in self._subs.values():
+            sub.detach()
+        with trio.move_on_after(DRAIN_SECS):
+            await self._acks.wait_below(1)
+            await self._outbox.wait_empty()
+
+    # ---------------------------------------------------------------------- dispatch
+
+    async def _handle(self, events: list[Any]) -> bool:
+        """Handle a batch of events in order; True when the peer closed after them."""
+        self.messages_received += len(events)
+        runs: list[tuple[TankPartition, PublishRun]] = []
+        run: PublishRun | None = None
+        last_topic = None
+        where: TankPartition | None = None
+        counts: dict[str, int] = {}
+        closed = False
+        try:
+            for event in events:
+                kind = type(event)
+                if kind is Publish:
+                    if event.topic != last_topic:
+                        new_where = self._partition_of(event.topic)
+                        last_topic = event.topic
+                        if new_where != where:
+                            where = new_where
+                            run = None
+                    if run is None:
+                        run = PublishRun(self._acks)
+                        runs.append((where, run))
+                    run.add(event.seq_num, event.data)
+                    continue
+                run = None  # publishes after another message start a new run
+                if event is CLOSED:
+                    closed = True
+                    continue
+                counts[kind.__name__] = counts.get(kind.__name__, 0) + 1
+                if kind is Ping:
+                    self._outbox.put_nowait(_encode_pong(event.timestamp))
+                elif kind is Attach:
+                    self._submit(runs)
+                    await self._attach(event)
+                elif kind is Detach:
+                    self._detach(event.topic)
+        finally:
+            self._submit(runs)
+            published = sum(len(r.seq_nums) for _, r in runs)
+            if published:
+                self._requests.labels("figg", "publish", "ok").inc(published)
+            for name, n in counts.items():
+                self._requests.labels("figg", name.lower(), "ok").inc(n)
+        return closed
+
+    def _submit(self, runs: list[tuple[TankPartition, PublishRun]]) -> None:
+        for where, run in runs:
+            self._acks.track(run)
+            self._publisher.submit(where, run)
+        runs.clear()
+
+    def _partition_of(self, figg_topic: str) -> TankPartition:
+        where = self._partitions.get(figg_topic)
+        if where is None:
+            try:
+                where = figg_to_tank(figg_topic)
+            except InvalidTopic as exc:
+                raise CloseConnection("invalid_topic", str(exc)) from None
+            if len(self._partitions) < 1024:
+                self._partitions[figg_topic] = where
+        return where
+
+    async def _attach(self, event: Any) -> None:
+        topic = event.topic
+        sub = self._subs.get(topic)
+        if sub is not None:
+            # One subscription per topic and connection: say where it stands now.
+            self._outbox.put_nowait(_encode_attached(topic.encode(), sub.position))
+            return
+        where = self._partition_of(topic)
+        first_available, high_water_mark = await self._bounds(where)
+        start = attach_start(event.flags, event.offset, first_available, high_water_mark)
+        sub = Subscription(topic, where, start.first_seq, backend=self._backend,
+                           outbox=self._outbox, metrics=self._metrics, log=self._log)
+        self._subs[topic] = sub
+        self._outbox.put_nowait(_encode_attached(topic.encode(), start.attached_offset))
+        assert self._nursery is not None
+        self._nursery.start_soon(self._subscribe, sub)
+        self._log.debug("figg_attached", topic=topic, flags=event.flags,
+                        requested=event.offset, first_seq=start.first_seq)
+
+    async def _subscribe(self, sub: Subscription) -> None:
+        try:
+            await sub.run()
+        except SubscriptionError as exc:
+            self._closing(CloseConnection("subscription_failed", str(exc)))
+        except trio.Cancelled:
+            raise
+        except Exception as exc:  # a backend fault ends this connection, not the server
+            self._closing(CloseConnection("backend_error", f"{sub.figg_topic}: {exc!r}"))
+
+    async def _bounds(self, where: TankPartition) -> tuple[int, int]:
+        """``(first_available, high_water_mark)`` of a partition, creating its topic if
+        allowed. A partition that never held a message reports first available 1."""
+        backend = self._backend
+        name = f"{where.topic}/{where.partition}"
+        try:
+            infos = await backend.discover_partitions(where.topic)
+            if infos is None:
+                if not backend.auto_create_topics:
+                    raise CloseConnection("unknown_topic", f"unknown topic {where.topic!r}")
+                code = await backend.create_topic(where.topic,
+                                                  self._settings.default_partitions)
+                if code not in (CreateTopicCode.OK, CreateTopicCode.EXISTS):
+                    raise CloseConnection("unknown_topic", f"could not create topic "
+                                          f"{where.topic!r}: {code.name.lower()}")
+                infos = await backend.discover_partitions(where.topic)
+        except (CloseConnection, trio.Cancelled):
+            raise
+        except Exception as exc:
+            raise CloseConnection("backend_error", f"{name}: {exc!r}") from None
+        if infos is None:
+            raise CloseConnection("unknown_topic", f"unknown topic {where.topic!r}")
+        if where.partition >= len(infos):
+            raise CloseConnection("unknown_partition", f"unknown partition {name}")
+        info = infos[where.partition]
+        if info.first_available == UINT64_MAX:
+            raise CloseConnection("unknown_partition", f"partition {name} can not be served")
+        return max(info.first_available, 1), info.high_water_mark
+
+    def _detach(self, topic: str) -> None:
+        sub = self._subs.pop(topic, None)
+        if sub is not None:
+            sub.detach()
+        # Behind every frame of the subscription still queued: none is sent after this.
+        self._outbox.put_nowait(_encode_detached(topic.encode()))

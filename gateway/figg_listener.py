@@ -1,0 +1,104 @@
+"""The Figg listener: serves the Figg protocol over a :class:`~gateway.backend.Backend`.
+
+:func:`serve_figg` binds ``settings.figg_listen`` and serves until cancelled. Each
+connection is a :class:`~gateway.figg.session.FiggSession`; publishes from all of them
+share one :class:`~gateway.figg.publisher.Publisher`. The listener knows nothing of the
+log behind the backend: the embedded store and an upstream broker serve it alike.
+
+Topics: Figg ``name`` is Tank (``name``, 0), ``name/p`` is (``name``, p); offsets are Tank
+sequence numbers (:mod:`gateway.offsets`).
+"""
+
+from __future__ import annotations
+
+import structlog
+import trio
+
+from gateway.backend import Backend
+from gateway.config import Settings, parse_address
+from gateway.figg.publisher import Publisher
+from gateway.figg.session import FiggSession
+from gateway.metrics import Metrics
+
+log = structlog.get_logger("figtank.figg")
+
+PROTOCOL = "figg"
+
+
+class FiggListener:
+    """Accepts Figg connections and serves each one; see :func:`serve_figg`."""
+
+    def __init__(self, backend: Backend, settings: Settings, metrics: Metrics) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.metrics = metrics
+        self._publisher: Publisher | None = None
+        #: Connections being served.
+        self.active = 0
+
+    async def serve(self, listeners: list[trio.SocketListener], *,
+                    task_status: trio.TaskStatus[list[trio.SocketListener]]
+                    = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve on ``listeners`` (closed when done) until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._publisher = Publisher(self.backend, nursery, self.metrics)
+            await nursery.start(trio.serve_listeners, self.handle, listeners)
+            task_status.started(listeners)
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        """Serve one accepted connection until it ends, then close it."""
+        metrics = self.metrics
+        peer = _peer(stream)
+        conn_log = log.bind(peer=peer, protocol=PROTOCOL)
+        metrics.connections_accepted.labels(PROTOCOL).inc()
+        if self.active >= self.settings.max_connections:
+            metrics.connections_closed.labels(PROTOCOL, "limit").inc()
+            conn_log.warning("connection_closed", kind="limit",
+                             reason=f"over {self.settings.max_connections} connections")
+            await trio.aclose_forcefully(stream)
+            return
+        assert self._publisher is not None, "serve() first"
+        self.active += 1
+        metrics.connections.labels(PROTOCOL).inc()
+        session = FiggSession(stream, backend=self.backend, settings=self.settings,
+                              metrics=metrics, publisher=self._publisher, log=conn_log)
+        kind, reason = "shutdown", "server shutting down"
+        try:
+            close = await session.run()
+            kind, reason = close.kind, close.reason
+        finally:
+            self.active -= 1
+            metrics.connections.labels(PROTOCOL).dec()
+            metrics.connections_closed.labels(PROTOCOL, kind).inc()
+            level = conn_log.info if kind in ("eof", "reset", "shutdown") else conn_log.warning
+            level("connection_closed", kind=kind, reason=reason,
+                  received=session.messages_received, acked=session.published,
+                  bytes_sent=session.bytes_sent)
+            await trio.aclose_forcefully(stream)
+
+
+def _peer(stream: trio.SocketStream) -> str:
+    try:
+        host, port, *_ = stream.socket.getpeername()
+    except (OSError, ValueError):
+        return "?"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def serve_figg(backend: Backend, settings: Settings, metrics: Metrics, *,
+                     task_status: trio.TaskStatus[list[trio.SocketListener]]
+                     = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve Figg on ``settings.figg_listen`` until cancelled.
+
+    ``task_status.started`` receives the bound listeners (so port 0 can be resolved).
+    With ``figg_listen`` empty the listener is off: started with ``[]`` and returns.
+    """
+    if not settings.figg_listen:
+        task_status.started([])
+        return
+    host, port = parse_address(settings.figg_listen)
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    for listener in listeners:
+        sock = listener.socket
+        log.info("listening", protocol=PROTOCOL, address=sock.getsockname()[:2])
+    await FiggListener(backend, settings, metrics).serve(listeners, task_status=task_status)

@@ -1,0 +1,110 @@
+"""Shared helpers of the Figg tests: a listener on a loopback port, a raw Figg peer."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from gateway.backend import Backend
+from gateway.config import Settings
+from gateway.figg_listener import serve_figg
+from gateway.metrics import Metrics
+from protocols.connection import CLOSED, NEED_DATA, Role
+from protocols.figg.connection import FiggConnection
+from protocols.figg.messages import ATTACH_FROM_OFFSET, FAST, MessageType
+
+RESUME = ATTACH_FROM_OFFSET
+
+
+@dataclass
+class RunningServer:
+    host: str
+    port: int
+    backend: Any
+    metrics: Metrics
+    settings: Settings
+
+
+@asynccontextmanager
+async def figg_server(backend: Backend, **settings: Any) -> AsyncIterator[RunningServer]:
+    """Serve Figg over ``backend`` on 127.0.0.1 with an ephemeral port."""
+    config = Settings(figg_listen="127.0.0.1:0", **settings)
+    metrics = Metrics()
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(serve_figg, backend, config, metrics)
+        port = listeners[0].socket.getsockname()[1]
+        yield RunningServer("127.0.0.1", port, backend, metrics, config)
+        nursery.cancel_scope.cancel()
+
+
+def frame(kind: MessageType, *fields: Any) -> bytes:
+    """One whole Figg frame (strings given as bytes)."""
+    return FAST[kind].encode_frame(*fields)
+
+
+def attach(topic: str, offset: int | None = None) -> bytes:
+    if offset is None:
+        return frame(MessageType.ATTACH, 0, topic.encode(), 0)
+    return frame(MessageType.ATTACH, RESUME, topic.encode(), offset)
+
+
+def detach(topic: str) -> bytes:
+    return frame(MessageType.DETACH, topic.encode())
+
+
+def publish(topic: str, seq: int, data: bytes) -> bytes:
+    return frame(MessageType.PUBLISH, topic.encode(), seq, data)
+
+
+def ping(ts: int) -> bytes:
+    return frame(MessageType.PING, ts)
+
+
+class RawPeer:
+    """A Figg client speaking raw frames over a socket, for protocol-level tests."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.conn = FiggConnection(Role.CLIENT)
+        self.closed = False
+
+    @classmethod
+    async def connect(cls, server: RunningServer) -> RawPeer:
+        return cls(await trio.open_tcp_stream(server.host, server.port))
+
+    async def send(self, *frames: bytes) -> None:
+        await self.stream.send_all(b"".join(frames))
+
+    async def receive(self, n: int = 1) -> list[Any]:
+        """The next ``n`` messages from the server."""
+        out: list[Any] = []
+        while len(out) < n:
+            event = self.conn.next_event()
+            if event is NEED_DATA:
+                data = await self.stream.receive_some(256 * 1024)
+                self.conn.receive_data(data)
+                continue
+            if event is CLOSED:
+                raise EOFError(f"server closed after {out!r}")
+            out.append(event)
+        return out
+
+    async def receive_one(self) -> Any:
+        return (await self.receive(1))[0]
+
+    async def expect_closed(self) -> None:
+        """The server closes the connection (anything it sent first is skipped)."""
+        while True:
+            try:
+                data = await self.stream.receive_some(65536)
+            except trio.BrokenResourceError:
+                return
+            if not data:
+                return
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
