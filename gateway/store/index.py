@@ -86,11 +86,6 @@ class SparseIndex:
             i = 0
         return self.rels[i], self.offsets[i]
 
-    def floor_offset(self, offset: int) -> int:
-        """The greatest indexed bundle offset ``<= offset`` (0 when none is)."""
-        i = bisect_right(self.offsets, offset) - 1
-        return self.offsets[i] if i >= 0 else 0
-
     # -- the file (active segments only) ------------------------------------------------
 
     def open_file(self, *, truncate: bool) -> None:

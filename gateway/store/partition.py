@@ -517,7 +517,8 @@ class Partition:
             seq = hwm + 1
         if seq == hwm + 1:
             return ReadResult(seq=seq, base_seq=seq, first_bundle_sparse=False,
-                              high_water_mark=hwm, first_available=first_available)
+                              high_water_mark=hwm, first_available=first_available,
+                              next_seq=seq)
         if seq > hwm + 1 or seq < first_available:
             raise OutOfRange(seq, first_available, hwm)
         for attempt in (0, 1):
@@ -527,11 +528,14 @@ class Partition:
             seg = self._segments[i]
             limit = seg.visible_size
             try:
-                found = seg.locate(seq, limit, seg.last_seq if seg.rolled else hwm)
+                limit_last = seg.last_seq if seg.rolled else hwm
+                found = seg.locate(seq, limit, limit_last)
                 if found is None:
                     raise ScanError(limit, f"sequence {seq} not found")
                 offset, base_seq, sparse = found
-                end = seg.chunk_end(offset, offset + max(fetch_size, MIN_FETCH), limit)
+                end, next_seq = seg.chunk_end(offset, base_seq,
+                                              offset + max(fetch_size, MIN_FETCH), limit,
+                                              (limit_last or 0) + 1)
                 fd = os.dup(seg.fd)
             except ScanError as exc:
                 if attempt == 0:
@@ -549,7 +553,7 @@ class Partition:
                 raise StoreIOError(f"{seg.name}: {exc}") from exc
             return ReadResult(seq=seq, base_seq=base_seq, first_bundle_sparse=sparse,
                               high_water_mark=hwm, first_available=first_available,
-                              fd=fd, offset=offset, length=end - offset)
+                              fd=fd, offset=offset, length=end - offset, next_seq=next_seq)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def read_messages(self, seq: int, fetch_size: int) -> tuple[list[Message], int]:

@@ -31,11 +31,11 @@ class ReadResult:
     """
 
     __slots__ = ("_fd", "base_seq", "first_available", "first_bundle_sparse",
-                 "high_water_mark", "length", "offset", "seq")
+                 "high_water_mark", "length", "next_seq", "offset", "seq")
 
     def __init__(self, *, seq: int, base_seq: int, first_bundle_sparse: bool,
                  high_water_mark: int, first_available: int, fd: int = -1,
-                 offset: int = 0, length: int = 0) -> None:
+                 offset: int = 0, length: int = 0, next_seq: int = 0) -> None:
         #: The sequence number the read was for (0 and UINT64_MAX resolved).
         self.seq = seq
         #: Sequence number of the first message of the first bundle in the range (the
@@ -48,6 +48,9 @@ class ReadResult:
         self.first_available = first_available
         self.offset = offset
         self.length = length
+        #: Where the next read should start: the sequence number after the range's last
+        #: bundle (``seq`` itself for an empty range).
+        self.next_seq = next_seq
         self._fd = fd
 
     def __repr__(self) -> str:

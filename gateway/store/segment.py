@@ -376,20 +376,28 @@ class LogSegment:
             raise ScanError(limit, f"segment ends at sequence {walked_last}, not {last_seq}")
         return found
 
-    def chunk_end(self, start: int, target: int, limit: int) -> int:
+    def chunk_end(self, start: int, start_seq: int, target: int, limit: int,
+                  limit_seq: int) -> tuple[int, int]:
         """The first bundle boundary at or after ``target`` (capped at ``limit``).
 
-        ``start`` must be a bundle boundary below ``target``.
+        ``start`` is a bundle boundary below ``target`` whose bundle starts with
+        ``start_seq``; ``limit_seq`` is the sequence number after the bundle ending at
+        ``limit``. Returns ``(offset, sequence number of the bundle starting there)``.
         """
         if target >= limit:
-            return limit
-        floor = max(start, self.index().floor_offset(target))
+            return limit, limit_seq
+        index = self.index()
+        i = bisect_right(index.offsets, target) - 1
+        if i >= 0 and index.offsets[i] > start:
+            floor, seq = index.offsets[i], self.base + index.rels[i]
+        else:
+            floor, seq = start, start_seq
         if floor == target:
-            return target
-        for off, flen, _, _, _ in Scanner(self.fd).walk(floor, limit, 0):
+            return target, seq
+        for off, flen, _, last, _ in Scanner(self.fd).walk(floor, limit, seq):
             if off + flen >= target:
-                return off + flen
-        return limit
+                return off + flen, last + 1
+        return limit, limit_seq
 
     # -- lifecycle ----------------------------------------------------------------------------
 

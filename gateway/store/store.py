@@ -90,7 +90,7 @@ class LogStore:
         self.settings = settings
         self._clock = clock
         self._topics: dict[str, Topic] = {}
-        self._creating: set[str] = set()
+        self._creating: dict[str, trio.Event] = {}
         self._nursery: trio.Nursery | None = None
         self._limiter = trio.CapacityLimiter(settings.sync_threads)
         self._closed = False
@@ -202,7 +202,7 @@ class LogStore:
         config = self.settings.topic_defaults.with_text(config_text)
         if name in self._topics or name in self._creating:
             raise TopicExists(f"topic {name!r} exists")
-        self._creating.add(name)
+        done = self._creating[name] = trio.Event()
         try:
             path = await trio.to_thread.run_sync(
                 self._build_topic_dir, name, count, config_text, limiter=self._limiter)
@@ -214,7 +214,8 @@ class LogStore:
             log.error("topic_create_failed", topic=name, error=str(exc))
             raise StoreError(f"cannot create topic {name!r}: {exc}") from exc
         finally:
-            self._creating.discard(name)
+            del self._creating[name]
+            done.set()
         log.info("topic_created", topic=name, partitions=count)
         return topic
 
@@ -223,12 +224,12 @@ class LogStore:
         topic = self._topics.get(name)
         if topic is not None:
             return topic
-        try:
+        creating = self._creating.get(name)
+        if creating is None:
             return await self.create_topic(name)
-        except TopicExists:
-            while name in self._creating:  # another task is creating it right now
-                await trio.sleep(0.001)
-            return self._topics[name]
+        await creating.wait()  # another task is creating it right now
+        topic = self._topics.get(name)
+        return topic if topic is not None else await self.create_topic(name)
 
     def _build_topic_dir(self, name: str, count: int, config_text: str) -> str:
         final = os.path.join(self.data_dir, name)

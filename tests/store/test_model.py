@@ -78,7 +78,7 @@ def check_read(p, model: Model, seq: int, fetch_size: int) -> None:
     with p.read(seq, fetch_size) as r:
         assert r.seq == target
         if target == hwm + 1:
-            assert r.at_tail
+            assert r.at_tail and r.next_seq == target
             return
         data = r.read_bytes()
         base = None if r.first_bundle_sparse else r.base_seq
@@ -90,6 +90,7 @@ def check_read(p, model: Model, seq: int, fetch_size: int) -> None:
     expected = [m for b in model.bundles[start:] for m in b[2]]
     got = as_rows(chunk.messages)
     assert got and got == expected[:len(got)]
+    assert r.next_seq == got[-1][0] + 1
     # at least fetch_size bytes unless the segment (or the log) ended first
     if len(data) < max(fetch_size, 32):
         assert len(got) == len(expected) or r.offset + r.length == segment_end

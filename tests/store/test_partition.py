@@ -427,3 +427,45 @@ async def test_topic_config_files_apply(tmp_path):
         cfg = await store.reload_config("t", 1)
         assert cfg.segment_bytes == 2048 == store.partition("t", 1).config.segment_bytes
         assert isinstance(cfg, TopicConfig)
+
+
+async def _rounds_reach(p, n: int) -> None:
+    with trio.fail_after(5):
+        while p._commit.rounds < n:
+            await trio.sleep(0.001)
+
+
+async def test_os_mode_flushes_after_flush_messages(tmp_path):
+    async with store_at(tmp_path, "os", flush_messages=5) as store:
+        await store.create_topic("t", 1)
+        p = store.partition("t", 0)
+        await p.append(bundle(3))
+        await p.append(bundle(1))
+        await trio.sleep(0.05)
+        assert p._commit.rounds == 0  # acknowledged after write(), nothing synced yet
+        await p.append(bundle(1))  # 5 messages: Tank's flush.messages
+        await _rounds_reach(p, 1)
+        await p.append(bundle(4))
+        await trio.sleep(0.05)
+        assert p._commit.rounds == 1
+
+
+async def test_os_mode_flushes_after_flush_secs(tmp_path):
+    class Clock:
+        now = 1_700_000_000.0
+
+        def __call__(self):
+            return self.now
+
+    clock = Clock()
+    async with store_at(tmp_path, "os", clock=clock, flush_secs=10) as store:
+        await store.create_topic("t", 1)
+        p = store.partition("t", 0)
+        await p.append(bundle(1))
+        clock.now += 5
+        await store.maintain()
+        await trio.sleep(0.05)
+        assert p._commit.rounds == 0
+        clock.now += 6
+        await store.maintain()
+        await _rounds_reach(p, 1)
