@@ -61,6 +61,8 @@ class MemoryBackend:
         self.topics: dict[str, list[_Partition]] = {}
         self.produce_calls: list[list[ProduceBatch]] = []
         self.produce_delay = 0.0
+        #: When set, fetches wait for this event first.
+        self.fetch_gate: trio.Event | None = None
         self._changed = trio.Event()
 
     async def produce(self, batches: Sequence[ProduceBatch]) -> list[ProduceOutcome]:
@@ -107,6 +109,8 @@ class MemoryBackend:
 
     async def fetch(self, requests: Sequence[FetchRequest], *, max_wait_ms: int,
                     min_bytes: int) -> list[FetchOutcome]:
+        if self.fetch_gate is not None:
+            await self.fetch_gate.wait()
         with trio.move_on_after(max_wait_ms / 1000):
             while True:
                 outcomes = [self._fetch_one(r) for r in requests]

@@ -1,0 +1,580 @@
+"""An async (trio) Figg client with the behaviour the Figg protocol describes.
+
+::
+
+    async with open_figg_client("127.0.0.1", 8119) as client:
+        await client.publish("orders", b"hello")            # waits only for window space
+        await client.publish_and_wait("orders", b"sure")    # waits for the ACK
+        sub = await client.subscribe("orders", from_offset=0)
+        async for message in sub:                           # FiggMessage(topic, offset, data)
+            ...
+
+What it does for you:
+
+- reconnects forever with a pluggable backoff (default: first redial immediate, then
+  1, 2, 4, 8, 16 s capped at 30 s, each times a jitter in [0.8, 1.2)) and reports
+  :class:`ConnectionState` changes to ``on_state_change``;
+- sends PING every ``ping_interval`` seconds and drops the connection when
+  ``max_missed_pings`` in a row are unanswered;
+- keeps a window of ``window`` unacknowledged publishes (:meth:`FiggClient.publish`
+  waits while it is full); ACK(n) releases every publish up to n;
+- after a reconnect it sends, in order: pending ATTACHes, ATTACH(resume, last offset) for
+  attached topics, pending DETACHes, then every unacknowledged PUBLISH (at-least-once);
+- DETACH is resent until DETACHED arrives.
+
+Offsets are opaque: the client only hands the last one it received back to the server.
+Messages of a subscription wait in a bounded buffer; while it is full the client stops
+reading the connection (the server then stops reading the log for it), so iterate your
+subscriptions.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+import structlog
+import trio
+from trio.lowlevel import ParkingLot, checkpoint_if_cancelled
+
+from protocols.connection import CLOSED, DEFAULT_MAX_FRAME, Role
+from protocols.errors import ProtocolError
+from protocols.figg.connection import FiggConnection
+from protocols.figg.messages import (
+    ATTACH_FROM_OFFSET,
+    FAST,
+    Ack,
+    Attached,
+    Data,
+    Detached,
+    MessageType,
+    Pong,
+)
+
+log = structlog.get_logger("figtank.client.figg")
+
+#: Bytes asked of the socket per read.
+RECEIVE_SIZE: Final = 256 * 1024
+DEFAULT_WINDOW: Final = 256
+DEFAULT_PING_INTERVAL: Final = 2.0
+DEFAULT_MAX_MISSED_PINGS: Final = 2
+
+_encode_attach = FAST[MessageType.ATTACH].encode_frame
+_encode_detach = FAST[MessageType.DETACH].encode_frame
+_encode_publish = FAST[MessageType.PUBLISH].encode_frame
+_encode_ping = FAST[MessageType.PING].encode_frame
+
+
+class ConnectionState(enum.Enum):
+    """What ``on_state_change`` is called with."""
+
+    CONNECTED = "connected"
+    DISCONNECTED = "disconnected"
+
+
+class ClientClosed(Exception):
+    """The client was closed; the call can not complete."""
+
+
+class Backoff(Protocol):
+    """Seconds to wait before connection attempt ``attempt`` (0 = the first redial)."""
+
+    def __call__(self, attempt: int) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ExponentialBackoff:
+    """Figg's default: 0, then ``base * 2**(attempt-1)`` capped at ``cap``, times a jitter
+    drawn from ``[jitter[0], jitter[1])``."""
+
+    base: float = 1.0
+    cap: float = 30.0
+    jitter: tuple[float, float] = (0.8, 1.2)
+    rng: Callable[[], float] = random.random
+
+    def __call__(self, attempt: int) -> float:
+        if attempt <= 0:
+            return 0.0
+        delay = min(self.base * 2.0 ** min(attempt - 1, 62), self.cap)
+        low, high = self.jitter
+        return delay * (low + (high - low) * self.rng())
+
+
+@dataclass(frozen=True, slots=True)
+class FiggMessage:
+    """One DATA: ``offset`` names the message (hand it back to resume after it)."""
+
+    topic: str
+    offset: int
+    data: bytes
+
+
+class _SubState(enum.Enum):
+    ATTACHING = "attaching"
+    ATTACHED = "attached"
+
+
+class Subscription:
+    """Messages of one attached topic: ``async for message in subscription``.
+
+    Iteration ends after :meth:`aclose` (or the client closing). ``last_offset`` is the
+    offset of the last message handed over (or the one ATTACHED reported before any).
+    """
+
+    def __init__(self, client: FiggClient, topic: str, from_offset: int | None,
+                 buffer: int) -> None:
+        self.topic = topic
+        self._client = client
+        self._topic_bytes = topic.encode()
+        self._flags = 0 if from_offset is None else ATTACH_FROM_OFFSET
+        self._offset = from_offset or 0
+        self._state = _SubState.ATTACHING
+        self._attached = trio.Event()
+        self._send, self._receive = trio.open_memory_channel[FiggMessage](buffer)
+        #: Offset ATTACHED reported for the first attachment (None until then).
+        self.start_offset: int | None = None
+        self.last_offset: int | None = None
+
+    @property
+    def attached(self) -> bool:
+        return self._state is _SubState.ATTACHED
+
+    async def wait_attached(self) -> None:
+        """Wait for the first ATTACHED."""
+        await self._attached.wait()
+
+    def _attach_frame(self) -> bytes:
+        if self._state is _SubState.ATTACHED and self.last_offset is not None:
+            return _encode_attach(ATTACH_FROM_OFFSET, self._topic_bytes, self.last_offset)
+        return _encode_attach(self._flags, self._topic_bytes, self._offset)
+
+    def _on_attached(self, offset: int) -> None:
+        self._state = _SubState.ATTACHED
+        self.last_offset = offset
+        if self.start_offset is None:
+            self.start_offset = offset
+        self._attached.set()
+
+    def _end(self) -> None:
+        self._send.close()
+        self._attached.set()
+
+    async def receive(self) -> FiggMessage:
+        """The next message; ``trio.EndOfChannel`` once the subscription has ended."""
+        return await self._receive.receive()
+
+    def receive_nowait(self) -> FiggMessage:
+        """The next buffered message, or ``trio.WouldBlock``."""
+        return self._receive.receive_nowait()
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> FiggMessage:
+        try:
+            return await self._receive.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        """Detach (waits for DETACHED, resending it across reconnects)."""
+        await self._client.unsubscribe(self.topic)
+
+
+class _Pending:
+    """One unacknowledged publish."""
+
+    __slots__ = ("frame", "on_ack", "seq")
+
+    def __init__(self, seq: int, frame: bytes, on_ack: Callable[[int], Any] | None) -> None:
+        self.seq = seq
+        self.frame = frame
+        self.on_ack = on_ack
+
+
+class _Disconnect(Exception):
+    pass
+
+
+class _Link:
+    """One TCP connection: the frames waiting to be written on it, and its liveness."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.out: list[bytes] = []
+        self.wake = ParkingLot()
+        self.missed_pings = 0
+        self.received_frames = 0
+        self.reason = ""
+        self.scope: trio.CancelScope | None = None
+
+    def send(self, frame: bytes) -> None:
+        self.out.append(frame)
+        if len(self.out) == 1:
+            self.wake.unpark_all()
+
+    def fail(self, reason: str) -> None:
+        if not self.reason:
+            self.reason = reason
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+class FiggClient:
+    """A Figg client; run it with :func:`open_figg_client` (or ``nursery.start(run)``).
+
+    Every timing parameter is injectable so tests run fast: ``ping_interval``,
+    ``max_missed_pings``, ``backoff`` (any callable ``attempt -> seconds``),
+    ``connect_timeout``. ``on_state_change`` is called with a :class:`ConnectionState`.
+    """
+
+    def __init__(self, host: str, port: int, *, window: int = DEFAULT_WINDOW,
+                 ping_interval: float = DEFAULT_PING_INTERVAL,
+                 max_missed_pings: int = DEFAULT_MAX_MISSED_PINGS,
+                 backoff: Backoff | None = None,
+                 on_state_change: Callable[[ConnectionState], Any] | None = None,
+                 connect_timeout: float = 10.0, subscription_buffer: int = 4096,
+                 max_frame_size: int = DEFAULT_MAX_FRAME) -> None:
+        if window < 1:
+            raise ValueError("window must be at least 1")
+        self.host = host
+        self.port = port
+        self.window = window
+        self.ping_interval = ping_interval
+        self.max_missed_pings = max_missed_pings
+        self.backoff: Backoff = backoff or ExponentialBackoff()
+        self.on_state_change = on_state_change
+        self.connect_timeout = connect_timeout
+        self.subscription_buffer = subscription_buffer
+        self.max_frame_size = max_frame_size
+        self.state = ConnectionState.DISCONNECTED
+        #: Successful connections so far.
+        self.connections = 0
+        self._link: _Link | None = None
+        self._seq = 0
+        self._unacked: deque[_Pending] = deque()
+        self._window_space = ParkingLot()
+        self._subs: dict[str, Subscription] = {}
+        self._detaching: dict[str, trio.Event] = {}
+        self._connected = ParkingLot()
+        self._delivering = False
+        self._closed = False
+        self._run_scope: trio.CancelScope | None = None
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def unacked(self) -> int:
+        """Publishes sent (or waiting to be) and not yet acknowledged."""
+        return len(self._unacked)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def wait_connected(self) -> None:
+        """Wait until the client is connected."""
+        while self.state is not ConnectionState.CONNECTED:
+            self._check_open()
+            await self._connected.park()
+        await trio.lowlevel.checkpoint()
+
+    async def publish(self, topic: str, data: bytes,
+                      on_ack: Callable[[int], Any] | None = None) -> int:
+        """Publish ``data``; returns its sequence number.
+
+        Waits only while the window of unacknowledged publishes is full. ``on_ack(seq)`` is
+        called (from the client's reader task, keep it short) once the server has stored
+        the message. Unacknowledged publishes are resent after a reconnect.
+        """
+        await checkpoint_if_cancelled()
+        while len(self._unacked) >= self.window:
+            self._check_open()
+            await self._window_space.park()
+        self._check_open()
+        self._seq += 1
+        seq = self._seq
+        frame = _encode_publish(topic.encode(), seq, data)
+        self._unacked.append(_Pending(seq, frame, on_ack))
+        if self._link is not None:
+            self._link.send(frame)
+        return seq
+
+    async def publish_and_wait(self, topic: str, data: bytes) -> int:
+        """Publish ``data`` and wait for its ACK; returns its sequence number."""
+        done = trio.Event()
+        seq = await self.publish(topic, data, lambda _: done.set())
+        while not done.is_set():
+            self._check_open()
+            with trio.move_on_after(1.0):  # wake now and then to notice aclose()
+                await done.wait()
+        return seq
+
+    async def wait_all_acked(self) -> None:
+        """Wait until every publish so far is acknowledged."""
+        if not self._unacked:
+            await trio.lowlevel.checkpoint()
+            return
+        done = trio.Event()
+        last = self._unacked[-1]
+        previous = last.on_ack
+
+        def chained(seq: int) -> None:
+            if previous is not None:
+                previous(seq)
+            done.set()
+
+        last.on_ack = chained
+        while not done.is_set():
+            self._check_open()
+            with trio.move_on_after(1.0):
+                await done.wait()
+
+    async def subscribe(self, topic: str, *, from_offset: int | None = None,
+                        wait: bool = True, buffer: int | None = None) -> Subscription:
+        """Attach to ``topic``.
+
+        ``from_offset=None``: only messages published from now on; ``0``: from the first
+        available; ``X``: resume after the message whose offset was X. With ``wait`` the
+        call returns once ATTACHED arrived (``subscription.start_offset`` says where the
+        server started). ``buffer`` messages may wait in the subscription.
+        """
+        self._check_open()
+        if topic in self._subs:
+            raise ValueError(f"already subscribed to {topic!r}")
+        sub = Subscription(self, topic, from_offset,
+                           self.subscription_buffer if buffer is None else buffer)
+        self._subs[topic] = sub
+        superseded = self._detaching.pop(topic, None)
+        if superseded is not None:
+            superseded.set()
+        if self._link is not None:
+            self._link.send(sub._attach_frame())
+        if wait:
+            await sub.wait_attached()
+            self._check_open()
+        return sub
+
+    async def unsubscribe(self, topic: str, *, wait: bool = True) -> None:
+        """Detach from ``topic``: its subscription ends at once; DETACH is resent until
+        DETACHED arrives, which ``wait`` waits for."""
+        sub = self._subs.pop(topic, None)
+        if sub is not None:
+            sub._end()
+        elif topic not in self._detaching:
+            await trio.lowlevel.checkpoint()
+            return
+        done = self._detaching.setdefault(topic, trio.Event())
+        if self._link is not None:
+            self._link.send(_encode_detach(topic.encode()))
+        if wait:
+            while not done.is_set():
+                self._check_open()
+                with trio.move_on_after(1.0):
+                    await done.wait()
+
+    async def aclose(self) -> None:
+        """Close the connection and stop reconnecting; waiting calls raise ClientClosed."""
+        self._closed = True
+        if self._run_scope is not None:
+            self._run_scope.cancel()
+        for sub in self._subs.values():
+            sub._end()
+        self._window_space.unpark_all()
+        self._connected.unpark_all()
+        await trio.lowlevel.checkpoint()
+
+    # ------------------------------------------------------------- connection loop
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Connect, serve, reconnect with backoff, until :meth:`aclose` or cancellation."""
+        with trio.CancelScope() as scope:
+            self._run_scope = scope
+            task_status.started()
+            attempt = 0
+            while not self._closed:
+                delay = self.backoff(attempt)
+                if delay > 0:
+                    await trio.sleep(delay)
+                attempt += 1
+                try:
+                    with trio.fail_after(self.connect_timeout):
+                        stream = await trio.open_tcp_stream(self.host, self.port)
+                except (OSError, trio.TooSlowError) as exc:
+                    log.debug("figg_connect_failed", host=self.host, port=self.port,
+                              error=repr(exc), attempt=attempt)
+                    continue
+                link = await self._serve(stream)
+                if link.received_frames:
+                    attempt = 0  # the server served us: redial at once next time
+                log.info("figg_disconnected", host=self.host, port=self.port,
+                         reason=link.reason)
+        self._closed = True
+
+    async def _serve(self, stream: trio.SocketStream) -> _Link:
+        link = _Link(stream)
+        try:
+            async with trio.open_nursery() as nursery:
+                link.scope = nursery.cancel_scope
+                self._link = link
+                # Before any other task can send on the link: resume in protocol order.
+                for frame in self._resume_frames():
+                    link.send(frame)
+                self.connections += 1
+                self._set_state(ConnectionState.CONNECTED)
+                nursery.start_soon(self._reader, link)
+                nursery.start_soon(self._writer, link)
+                if self.ping_interval and math.isfinite(self.ping_interval):
+                    nursery.start_soon(self._pinger, link)
+        finally:
+            self._link = None
+            self._delivering = False
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+            if self.state is ConnectionState.CONNECTED:
+                self._set_state(ConnectionState.DISCONNECTED)
+        return link
+
+    def _resume_frames(self) -> list[bytes]:
+        subs = list(self._subs.values())
+        frames = [s._attach_frame() for s in subs if not s.attached]
+        frames += [s._attach_frame() for s in subs if s.attached]
+        frames += [_encode_detach(t.encode()) for t in self._detaching]
+        frames += [p.frame for p in self._unacked]
+        return frames
+
+    def _set_state(self, state: ConnectionState) -> None:
+        self.state = state
+        if state is ConnectionState.CONNECTED:
+            self._connected.unpark_all()
+        if self.on_state_change is not None:
+            try:
+                self.on_state_change(state)
+            except Exception:
+                log.exception("figg_state_callback_failed")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosed("the Figg client is closed")
+
+    # ----------------------------------------------------------------------- tasks
+
+    async def _writer(self, link: _Link) -> None:
+        try:
+            while True:
+                while not link.out:
+                    await link.wake.park()
+                frames, link.out = link.out, []
+                await link.stream.send_all(frames[0] if len(frames) == 1 else b"".join(frames))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            link.fail(f"send failed: {exc!r}")
+
+    async def _pinger(self, link: _Link) -> None:
+        while True:
+            await trio.sleep(self.ping_interval)
+            if self._delivering:
+                continue  # our reader is waiting on the application, not on the server
+            if link.missed_pings >= self.max_missed_pings:
+                link.fail(f"{link.missed_pings} pings unanswered")
+                return
+            link.missed_pings += 1
+            link.send(_encode_ping(time.time_ns()))
+
+    async def _reader(self, link: _Link) -> None:
+        conn = FiggConnection(Role.CLIENT, max_frame_size=self.max_frame_size)
+        try:
+            while True:
+                data = await link.stream.receive_some(RECEIVE_SIZE)
+                conn.receive_data(data)
+                while events := conn.next_events():
+                    link.received_frames += len(events)
+                    await self._handle(link, events)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            link.fail(f"receive failed: {exc!r}")
+        except ProtocolError as exc:
+            link.fail(f"bad frame from the server: {exc}")
+        except _Disconnect as exc:
+            link.fail(str(exc))
+
+    async def _handle(self, link: _Link, events: list[Any]) -> None:
+        acked = 0
+        for event in events:
+            kind = type(event)
+            if acked and kind is not Ack:
+                self._release(acked)  # before anything that may wait on the application
+                acked = 0
+            if kind is Data:
+                sub = self._subs.get(event.topic)
+                if sub is None or not sub.attached:
+                    continue  # detached meanwhile
+                message = FiggMessage(event.topic, event.offset, event.data)
+                try:
+                    sub._send.send_nowait(message)
+                except trio.WouldBlock:
+                    self._delivering = True
+                    try:
+                        await sub._send.send(message)
+                    except (trio.ClosedResourceError, trio.BrokenResourceError):
+                        continue
+                    finally:
+                        self._delivering = False
+                except (trio.ClosedResourceError, trio.BrokenResourceError):
+                    continue
+                sub.last_offset = event.offset
+            elif kind is Ack:
+                acked = max(acked, event.seq_num)
+            elif kind is Pong:
+                link.missed_pings = 0
+            elif kind is Attached:
+                sub = self._subs.get(event.topic)
+                if sub is not None:
+                    sub._on_attached(event.offset)
+            elif kind is Detached:
+                if event.topic not in self._subs:
+                    done = self._detaching.pop(event.topic, None)
+                    if done is not None:
+                        done.set()
+            elif event is CLOSED:
+                raise _Disconnect("server closed the connection")
+        if acked:
+            self._release(acked)
+
+    def _release(self, seq_num: int) -> None:
+        """ACK(n): every publish up to n is stored."""
+        unacked = self._unacked
+        released = 0
+        while unacked and unacked[0].seq <= seq_num:
+            pending = unacked.popleft()
+            released += 1
+            if pending.on_ack is not None:
+                try:
+                    pending.on_ack(pending.seq)
+                except Exception:
+                    log.exception("figg_ack_callback_failed", seq=pending.seq)
+        if released:
+            self._window_space.unpark_all()
+
+
+@asynccontextmanager
+async def open_figg_client(host: str, port: int, **options: Any) -> AsyncIterator[FiggClient]:
+    """Run a :class:`FiggClient` in the background for the ``async with`` block.
+
+    The client connects (and reconnects) on its own; use ``wait_connected()`` if you
+    need the connection up. ``options`` are :class:`FiggClient`'s keyword arguments.
+    """
+    client = FiggClient(host, port, **options)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(client.run)
+        try:
+            yield client
+        finally:
+            await client.aclose()
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,197 @@
+"""A blocking face of :class:`~gateway.client.figg.FiggClient`, for scripts.
+
+::
+
+    with BlockingFiggClient("127.0.0.1", 8119) as client:
+        client.publish_and_wait("orders", b"hello")
+        sub = client.subscribe("orders", from_offset=0)
+        message = sub.get(timeout=5)        # FiggMessage(topic, offset, data)
+
+A background thread runs trio and the async client; calls cross over with
+``trio.from_thread``. Received messages wait in a bounded ``queue.Queue`` per
+subscription; while it is full the client stops reading, as the async client does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import trio
+
+from gateway.client.figg import ClientClosed, FiggClient, FiggMessage, Subscription
+
+T = TypeVar("T")
+
+#: How often a pump re-checks a full queue.
+_POLL_SECS = 0.005
+
+
+class BlockingSubscription:
+    """Messages of one topic: :meth:`get`, or iterate (blocks until the next message)."""
+
+    def __init__(self, owner: BlockingFiggClient, topic: str, maxsize: int) -> None:
+        self.topic = topic
+        self._owner = owner
+        self._queue: queue.Queue[FiggMessage | None] = queue.Queue(maxsize)
+        self.subscription: Subscription | None = None
+
+    @property
+    def last_offset(self) -> int | None:
+        """Offset of the last message received from the server."""
+        return None if self.subscription is None else self.subscription.last_offset
+
+    @property
+    def start_offset(self) -> int | None:
+        """Where the server started the subscription (ATTACHED's offset)."""
+        return None if self.subscription is None else self.subscription.start_offset
+
+    def get(self, timeout: float | None = None) -> FiggMessage:
+        """The next message; ``queue.Empty`` after ``timeout``, ``EOFError`` once ended."""
+        message = self._queue.get(timeout=timeout)
+        if message is None:
+            self._queue.put(None)  # stay ended for later calls
+            raise EOFError(f"subscription to {self.topic!r} ended")
+        return message
+
+    def __iter__(self) -> Iterator[FiggMessage]:
+        while True:
+            try:
+                yield self.get()
+            except EOFError:
+                return
+
+    def unsubscribe(self) -> None:
+        """Detach and wait for DETACHED."""
+        self._owner.unsubscribe(self.topic)
+
+    async def _pump(self, sub: Subscription) -> None:
+        put = self._queue.put_nowait
+        try:
+            async for message in sub:
+                while True:
+                    try:
+                        put(message)
+                        break
+                    except queue.Full:
+                        await trio.sleep(_POLL_SECS)
+        finally:
+            while True:
+                try:
+                    put(None)
+                    break
+                except queue.Full:
+                    # The reader is gone or slow: make room for the end marker.
+                    with contextlib.suppress(queue.Empty):
+                        self._queue.get_nowait()
+
+
+class BlockingFiggClient:
+    """The async Figg client behind blocking calls; close it (or use ``with``).
+
+    Keyword ``options`` are :class:`FiggClient`'s (window, ping_interval, backoff, ...);
+    ``on_state_change`` runs in the client's thread.
+    """
+
+    def __init__(self, host: str, port: int, **options: Any) -> None:
+        self._client = FiggClient(host, port, **options)
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._nursery: trio.Nursery | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._thread_main, name="figg-client",
+                                        daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    @property
+    def client(self) -> FiggClient:
+        """The async client (touch it only from the client's thread)."""
+        return self._client
+
+    def _thread_main(self) -> None:
+        try:
+            trio.run(self._main)
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+
+    async def _main(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self._token = trio.lowlevel.current_trio_token()
+            await nursery.start(self._client.run)
+            self._ready.set()
+            # Runs until close() cancels the nursery.
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self._token is None or self._client.closed:
+            raise ClientClosed("the Figg client is closed")
+        try:
+            return trio.from_thread.run(fn, *args, trio_token=self._token)
+        except trio.RunFinishedError:
+            raise ClientClosed("the Figg client is closed") from None
+
+    def wait_connected(self, timeout: float | None = None) -> None:
+        """Block until connected; ``TimeoutError`` after ``timeout`` seconds."""
+        async def wait() -> None:
+            with trio.fail_after(timeout if timeout is not None else float("inf")):
+                await self._client.wait_connected()
+        try:
+            self._call(wait)
+        except trio.TooSlowError:
+            raise TimeoutError("not connected in time") from None
+
+    def publish(self, topic: str, data: bytes,
+                on_ack: Callable[[int], Any] | None = None) -> int:
+        """Publish; blocks only while the window is full. ``on_ack`` runs in the client's
+        thread. Returns the sequence number."""
+        return self._call(self._client.publish, topic, data, on_ack)
+
+    def publish_and_wait(self, topic: str, data: bytes) -> int:
+        """Publish and block until acknowledged."""
+        return self._call(self._client.publish_and_wait, topic, data)
+
+    def wait_all_acked(self) -> None:
+        """Block until every publish so far is acknowledged."""
+        self._call(self._client.wait_all_acked)
+
+    def subscribe(self, topic: str, *, from_offset: int | None = None,
+                  maxsize: int = 10_000) -> BlockingSubscription:
+        """Attach (blocks until ATTACHED); messages queue up to ``maxsize``."""
+        blocking = BlockingSubscription(self, topic, maxsize)
+
+        async def attach() -> None:
+            sub = await self._client.subscribe(topic, from_offset=from_offset)
+            blocking.subscription = sub
+            assert self._nursery is not None
+            self._nursery.start_soon(blocking._pump, sub)
+
+        self._call(attach)
+        return blocking
+
+    def unsubscribe(self, topic: str) -> None:
+        """Detach from ``topic`` and wait for DETACHED."""
+        self._call(self._client.unsubscribe, topic)
+
+    def close(self) -> None:
+        """Close the connection and stop the thread (idempotent)."""
+        if self._token is not None and self._thread.is_alive():
+            async def stop() -> None:
+                await self._client.aclose()
+                assert self._nursery is not None
+                self._nursery.cancel_scope.cancel()
+            with contextlib.suppress(trio.RunFinishedError):
+                trio.from_thread.run(stop, trio_token=self._token)
+        self._thread.join()
+
+    def __enter__(self) -> BlockingFiggClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

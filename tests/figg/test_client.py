@@ -1,0 +1,263 @@
+"""The async Figg client: window, ACKs, backoff, pings, state, resend order on reconnect."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+import trio
+
+from gateway.client.figg import (
+    ClientClosed,
+    ConnectionState,
+    ExponentialBackoff,
+    FiggClient,
+    open_figg_client,
+)
+from protocols.connection import Role
+from protocols.figg.connection import FiggConnection
+from protocols.figg.messages import (
+    Ack,
+    Attach,
+    Attached,
+    Detach,
+    Detached,
+    MessageType,
+    Ping,
+    Publish,
+)
+from tests.figg.helpers import RESUME, figg_server, frame
+from tests.figg.memory_backend import MemoryBackend
+
+FAST = {"backoff": lambda attempt: 0.0 if attempt == 0 else 0.02, "ping_interval": 0.5}
+
+
+def test_default_backoff_matches_figg():
+    mid = ExponentialBackoff(rng=lambda: 0.5)  # jitter factor 1.0
+    assert [mid(a) for a in range(8)] == [0, 1, 2, 4, 8, 16, 30, 30]
+    low, high = ExponentialBackoff(rng=lambda: 0.0), ExponentialBackoff(rng=lambda: 0.9999)
+    assert low(3) == pytest.approx(3.2) and 4.79 < high(3) < 4.8
+    assert ExponentialBackoff()(10**6) <= 36
+
+
+async def test_publish_subscribe_and_callbacks():
+    with trio.fail_after(10):
+        async with figg_server(MemoryBackend()) as server, \
+                open_figg_client(server.host, server.port, **FAST) as client:
+            acked: list[int] = []
+            seqs = [await client.publish("t", b"m%d" % i, acked.append) for i in range(10)]
+            assert seqs == list(range(1, 11))
+            assert await client.publish_and_wait("t", b"last") == 11
+            assert acked == seqs and client.unacked == 0
+            sub = await client.subscribe("t", from_offset=0)
+            assert sub.start_offset == 0
+            got = [await sub.receive() for _ in range(11)]
+            assert [m.offset for m in got] == list(range(1, 12))
+            assert got[-1].data == b"last" and sub.last_offset == 11
+            await sub.aclose()
+            assert [m async for m in sub] == []
+
+
+async def test_window_blocks_when_full():
+    backend = MemoryBackend()
+    with trio.fail_after(10):
+        async with figg_server(backend) as server, \
+                open_figg_client(server.host, server.port, window=4, **FAST) as client:
+            await client.wait_connected()
+            backend.produce_delay = 0.3
+            for i in range(4):
+                await client.publish("w", b"%d" % i)
+            assert client.unacked == 4
+            with trio.move_on_after(0.1) as scope:
+                await client.publish("w", b"blocked")
+            assert scope.cancelled_caught  # the 5th waits for window space
+            backend.produce_delay = 0
+            await client.publish_and_wait("w", b"after")
+            assert client.unacked == 0
+
+
+async def test_state_callbacks_and_reconnect_after_server_restart():
+    states: list[ConnectionState] = []
+    backend = MemoryBackend()
+    with trio.fail_after(10):
+        async with figg_server(backend) as server:
+            port = server.port
+        client = FiggClient("127.0.0.1", port, on_state_change=states.append,
+                            backoff=lambda a: 0.02 * min(a, 1), ping_interval=0.5)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(client.run)
+            await trio.sleep(0.1)  # nothing listens: retries with backoff
+            assert states == []
+            seq = await client.publish("r", b"queued while down")
+            listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
+            # Serve one connection by hand: see the resent publish, ack it, hang up.
+            stream = await listeners[0].accept()
+            conn = FiggConnection(Role.SERVER)
+            conn.receive_data(await stream.receive_some(65536))
+            assert conn.next_events() == [Publish("r", seq, b"queued while down")]
+            await stream.send_all(conn.send(Ack(seq)))
+            while client.unacked:
+                await trio.sleep(0.01)
+            await stream.aclose()
+            await listeners[0].aclose()
+            while len(states) < 2:
+                await trio.sleep(0.01)
+            await client.aclose()
+            nursery.cancel_scope.cancel()
+    assert states == [ConnectionState.CONNECTED, ConnectionState.DISCONNECTED]
+    with pytest.raises(ClientClosed):
+        await client.publish("r", b"x")
+
+
+class RecordingServer:
+    """Accepts connections, decodes what the client sends, answers only when told."""
+
+    def __init__(self) -> None:
+        self.connections: list[tuple[trio.SocketStream, FiggConnection, list[Any]]] = []
+        self.new_frame = trio.Event()
+        self.port = 0
+
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, self._handle, listeners)
+            task_status.started(self.port)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        conn = FiggConnection(Role.SERVER)
+        received: list[Any] = []
+        self.connections.append((stream, conn, received))
+        try:
+            while data := await stream.receive_some(65536):
+                conn.receive_data(data)
+                received += conn.next_events()
+                self.new_frame.set()
+                self.new_frame = trio.Event()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    async def wait_for(self, index: int, count: int) -> list[Any]:
+        while len(self.connections) <= index or len(self.connections[index][2]) < count:
+            await self.new_frame.wait()
+        return self.connections[index][2]
+
+    async def reply(self, index: int, *events: Any) -> None:
+        stream, conn, _ = self.connections[index]
+        await stream.send_all(b"".join(conn.send(e) for e in events))
+
+
+async def test_resend_order_after_reconnect():
+    server = RecordingServer()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run)
+            client = FiggClient("127.0.0.1", server.port, backoff=lambda a: 0.0,
+                                ping_interval=float("inf"))
+            await nursery.start(client.run)
+            await client.wait_connected()
+            nursery.start_soon(lambda: client.subscribe("attached", from_offset=0))
+            await server.wait_for(0, 1)
+            await server.reply(0, Attached("attached", 0))
+            nursery.start_soon(lambda: client.subscribe("gone"))
+            await server.wait_for(0, 2)
+            await server.reply(0, Attached("gone", 3))
+            stream = server.connections[0][0]
+            await stream.send_all(frame(MessageType.DATA, b"attached", 41, b"x"))
+            nursery.start_soon(lambda: client.subscribe("pending", from_offset=7, wait=False))
+            await server.wait_for(0, 3)
+            nursery.start_soon(lambda: client.unsubscribe("gone"))
+            await server.wait_for(0, 4)
+            for i in range(3):
+                await client.publish("p", b"%d" % i)
+            first = await server.wait_for(0, 7)
+            assert first[2:] == [Attach(RESUME, "pending", 7), Detach("gone"),
+                                 Publish("p", 1, b"0"), Publish("p", 2, b"1"),
+                                 Publish("p", 3, b"2")]
+            await server.reply(0, Ack(1))
+            while client.unacked != 2:
+                await trio.sleep(0.01)
+            await stream.aclose()  # drop; the client redials at once
+            second = await server.wait_for(1, 5)
+            assert second == [Attach(RESUME, "pending", 7), Attach(RESUME, "attached", 41),
+                              Detach("gone"), Publish("p", 2, b"1"), Publish("p", 3, b"2")]
+            await server.reply(1, Detached("gone"), Ack(3))
+            while client.unacked:
+                await trio.sleep(0.01)
+            await client.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def test_two_unanswered_pings_disconnect():
+    server = RecordingServer()
+    states: list[ConnectionState] = []
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run)
+            client = FiggClient("127.0.0.1", server.port, ping_interval=0.05,
+                                backoff=lambda a: 10.0 if a else 0.0,
+                                on_state_change=states.append)
+            await nursery.start(client.run)
+            pings = await server.wait_for(0, 2)
+            assert all(isinstance(p, Ping) for p in pings)
+            while ConnectionState.DISCONNECTED not in states:
+                await trio.sleep(0.01)
+            assert len(server.connections[0][2]) == 2  # 2 pings, no third
+            await client.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def test_answered_pings_keep_the_connection():
+    with trio.fail_after(10):
+        async with figg_server(MemoryBackend()) as server, \
+                open_figg_client(server.host, server.port, ping_interval=0.02) as client:
+            await client.wait_connected()
+            await trio.sleep(0.3)
+            assert client.connections == 1
+            assert client.state is ConnectionState.CONNECTED
+
+
+async def test_detach_resent_until_detached():
+    server = RecordingServer()
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run)
+            client = FiggClient("127.0.0.1", server.port, backoff=lambda a: 0.0,
+                                ping_interval=float("inf"))
+            await nursery.start(client.run)
+            nursery.start_soon(lambda: client.subscribe("d"))
+            await server.wait_for(0, 1)
+            await server.reply(0, Attached("d", 0))
+            done = trio.Event()
+
+            async def unsubscribe() -> None:
+                await client.unsubscribe("d")
+                done.set()
+
+            nursery.start_soon(unsubscribe)
+            await server.wait_for(0, 2)
+            for index in (1, 2):
+                await server.connections[index - 1][0].aclose()
+                assert await server.wait_for(index, 1) == [Detach("d")]
+            assert not done.is_set()
+            await server.reply(2, Detached("d"))
+            await done.wait()
+            await client.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def test_subscribe_twice_is_refused():
+    with trio.fail_after(5):
+        async with figg_server(MemoryBackend()) as server, \
+                open_figg_client(server.host, server.port, **FAST) as client:
+            await client.subscribe("x")
+            with pytest.raises(ValueError):
+                await client.subscribe("x")
+
+
+def test_backoff_is_pluggable():
+    calls = itertools.count()
+    client = FiggClient("127.0.0.1", 1, backoff=lambda a: float(next(calls)))
+    assert client.backoff(5) == 0.0 and client.backoff(5) == 1.0
