@@ -23,6 +23,8 @@ from gateway.metrics import Metrics
 log = structlog.get_logger("figtank.figg")
 
 PROTOCOL = "figg"
+#: Close kinds logged at info level; the others are warnings.
+_ROUTINE = frozenset({"eof", "reset", "send_failed", "shutdown"})
 
 
 class FiggListener:
@@ -70,7 +72,7 @@ class FiggListener:
             self.active -= 1
             metrics.connections.labels(PROTOCOL).dec()
             metrics.connections_closed.labels(PROTOCOL, kind).inc()
-            level = conn_log.info if kind in ("eof", "reset", "shutdown") else conn_log.warning
+            level = conn_log.info if kind in _ROUTINE else conn_log.warning
             level("connection_closed", kind=kind, reason=reason,
                   received=session.messages_received, acked=session.published,
                   bytes_sent=session.bytes_sent)

@@ -36,6 +36,10 @@ PUBLISH_INFLIGHT_BYTES: Final = 8 * 1024 * 1024
 #: After a clean EOF, how long pending ACKs and queued frames may take to go out.
 DRAIN_SECS: Final = 5.0
 
+#: Closes after which pending ACKs and replies are still sent (the socket works).
+_DRAIN_ON: Final = frozenset({"protocol_error", "invalid_topic", "unknown_topic",
+                              "unknown_partition"})
+
 _encode_attached = FAST[MessageType.ATTACHED].encode_frame
 _encode_detached = FAST[MessageType.DETACHED].encode_frame
 _encode_pong = FAST[MessageType.PONG].encode_frame
@@ -88,7 +92,10 @@ class FiggSession:
             try:
                 await self._read()
             except CloseConnection as close:
-                self._closing(close)
+                self._close = self._close or close
+                if close.kind in _DRAIN_ON:
+                    # The client misbehaved but its earlier publishes still get their ACK.
+                    await self._drain()
             nursery.cancel_scope.cancel()
         self._acks.close()
         for sub in self._subs.values():

@@ -108,3 +108,11 @@ class RawPeer:
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+
+@asynccontextmanager
+async def open_test_backend(tmp_path: Any, **settings: Any) -> AsyncIterator[Any]:
+    """The backend the end-to-end tests run on."""
+    from tests.figg.memory_backend import MemoryBackend
+
+    yield MemoryBackend(**settings)
