@@ -70,6 +70,8 @@ def attach_start(flags: int, offset: int, first_available: int, high_water_mark:
       ``[first_available, high_water_mark + 1]`` (expired or future offsets).
     """
     tail = high_water_mark + 1
+    # Tank reports a partition that never held a message as (0, 0): sequences start at 1.
+    first_available = max(first_available, 1)
     if not flags & ATTACH_FROM_OFFSET:
         return AttachStart(tail)
     if offset == 0:

@@ -66,6 +66,9 @@ def test_attach_on_empty_partition() -> None:
     assert attach_start(RESUME, 0, 1, 0).first_seq == 1
     assert attach_start(0, 0, 1, 0).first_seq == 1
     assert attach_start(RESUME, 50, 1, 0).first_seq == 1
+    # Tank's report for a partition that never held a message: (0, 0).
+    assert attach_start(RESUME, 0, 0, 0).first_seq == 1
+    assert attach_start(0, 0, 0, 0).first_seq == 1
 
 
 @given(flags=st.sampled_from([0, RESUME]), offset=st.integers(0, 2**64 - 1),

@@ -1,0 +1,181 @@
+"""The embedded backend over a real store in a temp dir: produce, fetch, long poll, admin."""
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from gateway.backend import (
+    Backend,
+    CreateTopicCode,
+    FetchRequest,
+    FetchStatus,
+    ProduceBatch,
+    ProduceCode,
+    ReloadConfCode,
+)
+from gateway.config import Settings
+from gateway.embedded import EmbeddedBackend, open_embedded_backend
+from gateway.metrics import Metrics
+from protocols.tank.bundle import Message, decode_chunk, encode_bundle
+from protocols.wire import UINT64_MAX
+
+
+def bundle(*values: bytes) -> bytes:
+    return encode_bundle([Message(v, timestamp=1000) for v in values])
+
+
+def values_of(outcome) -> list[tuple[int, bytes]]:
+    try:
+        data = outcome.chunk.read_bytes()
+        chunk = decode_chunk(data, outcome.base_seq)
+        return [(m.seq, m.value) for m in chunk.messages]
+    finally:
+        outcome.chunk.close()
+
+
+@pytest.fixture
+async def backend(tmp_path: Path):
+    settings = Settings(data_dir=tmp_path / "data", durability="os")
+    async with open_embedded_backend(settings, Metrics()) as backend:
+        yield backend
+
+
+def test_embedded_backend_satisfies_the_protocol() -> None:
+    def accepts(b: Backend) -> None:
+        del b
+    accepts(EmbeddedBackend.__new__(EmbeddedBackend))
+
+
+async def test_produce_then_fetch(backend: EmbeddedBackend) -> None:
+    outcomes = await backend.produce([
+        ProduceBatch("events", 0, bundle(b"a", b"b")),
+        ProduceBatch("events", 0, bundle(b"c")),
+    ])
+    assert [(o.code, o.first_seq, o.last_seq) for o in outcomes] == [
+        (ProduceCode.OK, 1, 2), (ProduceCode.OK, 3, 3)]
+    [fetched] = await backend.fetch([FetchRequest("events", 0, 2, 1024)],
+                                    max_wait_ms=0, min_bytes=0)
+    assert fetched.status is FetchStatus.DATA
+    assert fetched.high_water_mark == 3
+    # Whole bundles from the one holding seq 2: the client skips seq 1.
+    assert values_of(fetched) == [(1, b"a"), (2, b"b"), (3, b"c")]
+
+
+async def test_produce_errors_per_partition(backend: EmbeddedBackend) -> None:
+    await backend.create_topic("two", 2)
+    outcomes = await backend.produce([
+        ProduceBatch("two", 5, bundle(b"x")),
+        ProduceBatch("two", 0, b"\xff\x00garbage"),
+        ProduceBatch("two", 1, bundle(b"ok")),
+        ProduceBatch("bad/name", 0, bundle(b"x")),
+    ])
+    assert [o.code for o in outcomes] == [ProduceCode.UNKNOWN_PARTITION, ProduceCode.IO_FAULT,
+                                          ProduceCode.OK, ProduceCode.UNKNOWN_TOPIC]
+    # The malformed bundle appended nothing.
+    info = await backend.discover_partitions("two")
+    assert info is not None and info[0].high_water_mark == 0
+
+
+async def test_no_auto_create(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, auto_create_topics=False, durability="os")
+    async with open_embedded_backend(settings) as backend:
+        [outcome] = await backend.produce([ProduceBatch("t", 0, bundle(b"x"))])
+        assert outcome.code is ProduceCode.UNKNOWN_TOPIC
+        assert await backend.discover_partitions("t") is None
+
+
+async def test_base_seq_and_invalid_sequence(backend: EmbeddedBackend) -> None:
+    ok, stale = await backend.produce([ProduceBatch("s", 0, bundle(b"x"), base_seq=10),
+                                       ProduceBatch("s", 0, bundle(b"y"), base_seq=5)])
+    assert (ok.code, ok.first_seq) == (ProduceCode.OK, 10)
+    assert stale.code is ProduceCode.INVALID_SEQUENCE
+
+
+async def test_fetch_unknown_and_boundary(backend: EmbeddedBackend) -> None:
+    await backend.produce([ProduceBatch("b", 0, bundle(b"1", b"2"))])
+    unknown_topic, unknown_part, past_end, tail = await backend.fetch([
+        FetchRequest("nope", 0, 1, 100), FetchRequest("b", 3, 1, 100),
+        FetchRequest("b", 0, 9, 100), FetchRequest("b", 0, 3, 100)],
+        max_wait_ms=5000, min_bytes=0)
+    assert unknown_topic.status is FetchStatus.UNKNOWN_TOPIC
+    assert unknown_part.status is FetchStatus.UNKNOWN_PARTITION
+    assert past_end.status is FetchStatus.BOUNDARY
+    assert (past_end.first_available, past_end.high_water_mark) == (1, 2)
+    assert tail.chunk.length == 0  # answered at once: another partition had an error
+
+
+async def test_long_poll_wakes_on_append(backend: EmbeddedBackend) -> None:
+    await backend.produce([ProduceBatch("lp", 0, bundle(b"old"))])
+    result = []
+
+    async def consumer() -> None:
+        result.extend(await backend.fetch([FetchRequest("lp", 0, UINT64_MAX, 4096)],
+                                          max_wait_ms=10_000, min_bytes=0))
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(consumer)
+            await trio.sleep(0.05)
+            assert not result
+            await backend.produce([ProduceBatch("lp", 0, bundle(b"new"))])
+    # The tail was resolved when the request arrived: the new message, not a later tail.
+    assert values_of(result[0]) == [(2, b"new")]
+
+
+async def test_long_poll_times_out_with_empty_chunk(backend: EmbeddedBackend) -> None:
+    await backend.create_topic("quiet", 1)
+    start = trio.current_time()
+    [outcome] = await backend.fetch([FetchRequest("quiet", 0, 1, 4096)],
+                                    max_wait_ms=50, min_bytes=0)
+    waited = trio.current_time() - start
+    assert outcome.status is FetchStatus.DATA and outcome.chunk.length == 0
+    assert waited >= 0.05
+
+
+async def test_min_bytes_across_partitions(backend: EmbeddedBackend) -> None:
+    await backend.create_topic("mb", 2)
+    result = []
+
+    async def consumer() -> None:
+        result.extend(await backend.fetch(
+            [FetchRequest("mb", 0, 1, 4096), FetchRequest("mb", 1, 1, 4096)],
+            max_wait_ms=10_000, min_bytes=200))
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(consumer)
+            await trio.sleep(0.02)
+            await backend.produce([ProduceBatch("mb", 0, bundle(b"x" * 50))])
+            await trio.sleep(0.05)
+            assert not result  # 50-odd bytes appended: below min_bytes
+            await backend.produce([ProduceBatch("mb", 1, bundle(b"y" * 200))])
+    assert [len(values_of(o)) for o in result] == [1, 1]
+
+
+async def test_admin_requests(backend: EmbeddedBackend) -> None:
+    assert await backend.create_topic("adm", 3) is CreateTopicCode.OK
+    assert await backend.create_topic("adm", 3) is CreateTopicCode.EXISTS
+    assert await backend.create_topic("bad..name", 1) is CreateTopicCode.INVALID
+    assert await backend.create_topic("zero", 0) is CreateTopicCode.INVALID
+    assert await backend.create_topic("cfg", 1, "log.segment.bytes=banana") is \
+        CreateTopicCode.BAD_CONFIG
+    topics = {t.name: t.partitions for t in await backend.discover_topics()}
+    assert topics == {"adm": 3}
+    assert [(p.first_available, p.high_water_mark)
+            for p in await backend.discover_partitions("adm")] == [(0, 0)] * 3
+    assert await backend.reload_conf("adm", 1) is ReloadConfCode.OK
+    assert await backend.reload_conf("adm", 7) is ReloadConfCode.UNKNOWN_PARTITION
+    assert await backend.reload_conf("none", 0) is ReloadConfCode.UNKNOWN_TOPIC
+    status = await backend.status()
+    assert (status.topics, status.partitions) == (1, 3)
+
+
+async def test_metrics_count_appends_and_sizes(tmp_path: Path) -> None:
+    metrics = Metrics()
+    async with open_embedded_backend(Settings(data_dir=tmp_path, durability="os"),
+                                     metrics) as backend:
+        await backend.produce([ProduceBatch("m", 0, bundle(b"a", b"b", b"c"))])
+        text = metrics.render().decode()
+    assert 'figtank_messages_in_total{topic="m"} 3.0' in text
+    assert 'figtank_partition_bytes{partition="0",topic="m"}' in text
