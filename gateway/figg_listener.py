@@ -11,6 +11,8 @@ sequence numbers (:mod:`gateway.offsets`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import structlog
 import trio
 
@@ -28,22 +30,53 @@ _ROUTINE = frozenset({"eof", "reset", "send_failed", "shutdown"})
 
 
 class FiggListener:
-    """Accepts Figg connections and serves each one; see :func:`serve_figg`."""
+    """Accepts Figg connections and serves each one.
 
-    def __init__(self, backend: Backend, settings: Settings, metrics: Metrics) -> None:
+    ``handle(stream)`` serves one accepted connection (use it as a ``serve_tcp``
+    handler). Entered as an async context (``async with FiggListener(...) as figg``), the
+    listener runs one publisher for all its connections, so publishes that arrive
+    together on different connections share a bundle; without it each connection groups
+    only its own publishes (the store's group fsync still covers them all). The context
+    must outlive the connections: on exit it lets in-flight flushes finish (for at most
+    ``flush_grace`` seconds), then cancels them. :meth:`serve` does all of this.
+    """
+
+    def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
+                 flush_grace: float = 5.0) -> None:
         self.backend = backend
         self.settings = settings
         self.metrics = metrics
+        self.flush_grace = flush_grace
         self._publisher: Publisher | None = None
+        self._nursery_manager: Any = None
+        self._nursery: trio.Nursery | None = None
         #: Connections being served.
         self.active = 0
+
+    async def __aenter__(self) -> FiggListener:
+        if self._nursery_manager is not None:
+            raise RuntimeError("this FiggListener is already running")
+        self._nursery_manager = trio.open_nursery()
+        self._nursery = await self._nursery_manager.__aenter__()
+        self._publisher = Publisher(self.backend, self._nursery)
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        publisher, manager, nursery = self._publisher, self._nursery_manager, self._nursery
+        self._publisher = self._nursery_manager = self._nursery = None
+        assert publisher is not None and manager is not None and nursery is not None
+        with trio.move_on_after(self.flush_grace) as scope:
+            scope.shield = True
+            while not publisher.idle:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+        return await manager.__aexit__(*exc_info)
 
     async def serve(self, listeners: list[trio.SocketListener], *,
                     task_status: trio.TaskStatus[list[trio.SocketListener]]
                     = trio.TASK_STATUS_IGNORED) -> None:
         """Serve on ``listeners`` (closed when done) until cancelled."""
-        async with trio.open_nursery() as nursery:
-            self._publisher = Publisher(self.backend, nursery, self.metrics)
+        async with self, trio.open_nursery() as nursery:
             await nursery.start(trio.serve_listeners, self.handle, listeners)
             task_status.started(listeners)
 
@@ -59,7 +92,6 @@ class FiggListener:
                              reason=f"over {self.settings.max_connections} connections")
             await trio.aclose_forcefully(stream)
             return
-        assert self._publisher is not None, "serve() first"
         self.active += 1
         metrics.connections.labels(PROTOCOL).inc()
         session = FiggSession(stream, backend=self.backend, settings=self.settings,

@@ -24,7 +24,6 @@ from trio.lowlevel import ParkingLot
 
 from gateway.backend import Backend, ProduceBatch, ProduceCode
 from gateway.figg.outbox import Outbox
-from gateway.metrics import Metrics
 from gateway.offsets import TankPartition
 from protocols.figg.messages import FAST, MessageType
 from protocols.tank.bundle import Codec, Message, encode_bundle
@@ -128,14 +127,19 @@ class Publisher:
     """Flushes the runs of every connection, one bundle per partition per flush.
 
     Flush tasks run in ``nursery`` (the listener's), not in a connection's, so a client
-    that leaves never cancels a flush that carries other clients' messages.
+    that leaves never cancels a flush that carries other clients' messages. (Counting
+    appended messages is the backend's job: it sees every protocol's appends.)
     """
 
-    def __init__(self, backend: Backend, nursery: trio.Nursery, metrics: Metrics) -> None:
+    def __init__(self, backend: Backend, nursery: trio.Nursery) -> None:
         self._backend = backend
         self._nursery = nursery
-        self._metrics = metrics
         self._pending: dict[TankPartition, list[PublishRun]] = {}
+
+    @property
+    def idle(self) -> bool:
+        """No flush in flight or waiting."""
+        return not self._pending
 
     def submit(self, where: TankPartition, run: PublishRun) -> None:
         """Queue ``run`` for the next flush of ``where``."""
@@ -160,7 +164,6 @@ class Publisher:
             ProduceBatch(where.topic, where.partition, encode_bundle(
                 [Message(v, None, ts) for r in group for v in r.values], codec=Codec.NONE))
             for group in groups]
-        started = time.perf_counter()
         try:
             outcomes = await self._backend.produce(batches)
         except trio.Cancelled:
@@ -169,23 +172,15 @@ class Publisher:
             log.error("figg_publish_failed", topic=where.topic, partition=where.partition,
                       error=repr(exc))
             outcomes = None
-        self._metrics.append_seconds.observe(time.perf_counter() - started)
         owners: dict[int, AckQueue] = {}
-        messages = stored = 0
         for i, group in enumerate(groups):
             outcome = outcomes[i] if outcomes is not None and i < len(outcomes) else None
             ok = outcome is not None and outcome.code is ProduceCode.OK
-            if ok:
-                messages += sum(len(r.values) for r in group)
-                stored += len(batches[i].bundle)
             reason = "" if ok else _failure(where, outcome)
             for run in group:
                 run.state = RunState.DONE if ok else RunState.FAILED
                 run.reason = reason
                 owners[id(run.owner)] = run.owner
-        if messages:
-            self._metrics.messages_in.labels(where.topic).inc(messages)
-            self._metrics.bytes_in.labels(where.topic).inc(stored)
         for owner in owners.values():
             owner.run_finished()
 

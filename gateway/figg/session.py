@@ -58,7 +58,7 @@ class FiggSession:
     """Serves one accepted Figg connection until it closes; see :meth:`run`."""
 
     def __init__(self, stream: trio.SocketStream, *, backend: Backend, settings: Settings,
-                 metrics: Metrics, publisher: Publisher,
+                 metrics: Metrics, publisher: Publisher | None,
                  log: structlog.typing.FilteringBoundLogger) -> None:
         self._stream = stream
         self._backend = backend
@@ -85,9 +85,14 @@ class FiggSession:
         return self._acks.acked
 
     async def run(self) -> CloseConnection:
-        """Serve the connection; returns why it ended. The caller closes the stream."""
+        """Serve the connection; returns why it ended. The caller closes the stream.
+
+        Without a shared publisher the connection flushes its own publishes.
+        """
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            if self._publisher is None:
+                self._publisher = Publisher(self._backend, nursery)
             nursery.start_soon(self._write)
             try:
                 await self._read()
@@ -201,6 +206,7 @@ class FiggSession:
         return closed
 
     def _submit(self, runs: list[tuple[TankPartition, PublishRun]]) -> None:
+        assert self._publisher is not None
         for where, run in runs:
             self._acks.track(run)
             self._publisher.submit(where, run)

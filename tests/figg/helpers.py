@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import trio
 
 from gateway.backend import Backend
 from gateway.config import Settings
+from gateway.embedded import open_embedded_backend
 from gateway.figg_listener import serve_figg
 from gateway.metrics import Metrics
 from protocols.connection import CLOSED, NEED_DATA, Role
@@ -112,7 +114,13 @@ class RawPeer:
 
 @asynccontextmanager
 async def open_test_backend(tmp_path: Any, **settings: Any) -> AsyncIterator[Any]:
-    """The backend the end-to-end tests run on."""
-    from tests.figg.memory_backend import MemoryBackend
+    """The embedded store in ``tmp_path``: what the end-to-end tests run on.
 
-    yield MemoryBackend(**settings)
+    ``settings`` are :class:`Settings` fields (e.g. ``durability="os"``); maintenance
+    (retention checks by timer) is off, retention still runs when segments roll.
+    """
+    settings.setdefault("retention_check_secs", 0)
+    config = Settings(data_dir=Path(tmp_path) / "data", figg_listen="", tank_listen="",
+                      metrics_listen="", **settings)
+    async with open_embedded_backend(config) as backend:
+        yield backend

@@ -1,0 +1,214 @@
+"""Figg end-to-end benchmarks over loopback against a gateway in its own process.
+
+Run: ``python benchmarks/bench_figg.py [--messages N] [--size 128] [--window 256]
+[--durability fsync|os] [--subscribers 1 4] [--latency-samples 2000]``.
+
+Measured:
+
+- publish: one Figg client publishes ``--messages`` messages of ``--size`` bytes with a
+  window of ``--window``; msgs/s from the first PUBLISH to the last ACK;
+- subscribe: 1 and 4 subscribers (each its own process) attach from offset 0 to a topic
+  holding ``--messages`` messages and read them all; msgs/s per subscriber and in total;
+- latency: Figg PUBLISH -> a Tank consumer long-polling the same partition (median and
+  p99 over ``--latency-samples`` messages sent one at a time), when the Tank client and
+  listener exist.
+
+The gateway runs in a child process started by this script (``--serve``) on a temporary
+data directory; nothing but 127.0.0.1 is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import trio
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from gateway.client.figg import open_figg_client  # noqa: E402
+
+OPTIONS = {"ping_interval": 5.0}
+
+
+# ----------------------------------------------------------------------- the server
+
+
+async def serve(data_dir: str, durability: str) -> None:
+    """``--serve``: the gateway's listeners on the embedded store; prints the ports."""
+    from gateway.config import Settings
+    from gateway.embedded import open_embedded_backend
+    from gateway.figg_listener import serve_figg
+    from gateway.logs import configure_logging
+    from gateway.metrics import Metrics
+
+    settings = Settings().with_overrides(data_dir=data_dir, durability=durability,
+                                         figg_listen="127.0.0.1:0",
+                                         tank_listen="127.0.0.1:0", metrics_listen="",
+                                         log_level="warning")
+    configure_logging("warning", "json")
+    metrics = Metrics()
+    async with open_embedded_backend(settings) as backend, trio.open_nursery() as nursery:
+        figg = await nursery.start(serve_figg, backend, settings, metrics)
+        ports = [f"figg={figg[0].socket.getsockname()[1]}"]
+        tank = await _start_tank(nursery, backend, settings, metrics)
+        if tank:
+            ports.append(f"tank={tank}")
+        print(" ".join(ports), flush=True)
+        await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
+        nursery.cancel_scope.cancel()
+
+
+async def _start_tank(nursery: trio.Nursery, backend: object, settings: object,
+                      metrics: object) -> int | None:
+    try:
+        from gateway.tank_listener import serve_tank  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    listeners = await nursery.start(serve_tank, backend, settings, metrics)
+    return listeners[0].socket.getsockname()[1]
+
+
+@contextlib.contextmanager
+def gateway(durability: str) -> Iterator[dict[str, int]]:
+    """Start the gateway in a child process; yields its ports by protocol."""
+    with tempfile.TemporaryDirectory(prefix="bench-figg-") as data_dir:
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve", data_dir, "--durability", durability],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError("the gateway did not start")
+            yield {k: int(v) for k, v in (p.split("=") for p in line.split())}
+        finally:
+            assert proc.stdin is not None
+            proc.stdin.close()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+# ------------------------------------------------------------------ measurements
+
+
+async def bench_publish(port: int, topic: str, messages: int, size: int, window: int
+                        ) -> float:
+    """msgs/s for ``messages`` publishes of ``size`` bytes, until the last ACK."""
+    data = os.urandom(size)
+    async with open_figg_client("127.0.0.1", port, window=window, **OPTIONS) as client:
+        await client.wait_connected()
+        await client.publish_and_wait(topic, data)  # creates the topic
+        start = time.perf_counter()
+        for _ in range(messages):
+            await client.publish(topic, data)
+        await client.wait_all_acked()
+        return messages / (time.perf_counter() - start)
+
+
+async def read_all(port: int, topic: str, messages: int) -> float:
+    """``--subscriber``: read ``messages`` messages of ``topic`` from offset 0; msgs/s."""
+    async with open_figg_client("127.0.0.1", port, **OPTIONS) as client:
+        sub = await client.subscribe(topic, from_offset=0, buffer=65536)
+        start = time.perf_counter()
+        count = 0
+        async for _ in sub:
+            count += 1
+            if count == messages:
+                break
+        return messages / (time.perf_counter() - start)
+
+
+def bench_subscribe(port: int, topic: str, messages: int, subscribers: int) -> list[float]:
+    """Start ``subscribers`` processes reading the whole topic at once; their msgs/s."""
+    procs = [subprocess.Popen([sys.executable, __file__, "--subscriber", str(port), topic,
+                               str(messages)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+             for _ in range(subscribers)]
+    rates = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=600)
+        rates.append(float(out.strip()))
+    return rates
+
+
+async def bench_latency(figg_port: int, tank_port: int, samples: int, size: int
+                        ) -> tuple[float, float] | None:
+    """Median and p99 seconds from a Figg PUBLISH to a Tank consumer receiving it."""
+    try:
+        from gateway.client import tank as tank_client
+    except ImportError:
+        return None
+    return await tank_latency(tank_client, figg_port, tank_port, samples, size)
+
+
+async def tank_latency(tank_client: object, figg_port: int, tank_port: int, samples: int,
+                       size: int) -> tuple[float, float] | None:
+    """Filled in once the Tank client's API is known (see bench_latency)."""
+    return None
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--size", type=int, default=128)
+    parser.add_argument("--window", type=int, default=256)
+    parser.add_argument("--durability", choices=("fsync", "os"), default="fsync")
+    parser.add_argument("--subscribers", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--latency-samples", type=int, default=2000)
+    parser.add_argument("--serve", metavar="DATA_DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--subscriber", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        trio.run(serve, args.serve, args.durability)
+        return
+    if args.subscriber:
+        port, topic, count = args.subscriber
+        print(trio.run(read_all, int(port), topic, int(count)))
+        return
+
+    print(f"figg bench: {args.messages} messages of {args.size} B, window {args.window}, "
+          f"durability {args.durability}, {os.cpu_count()} CPUs")
+    with gateway(args.durability) as ports:
+        figg = ports["figg"]
+        rate = trio.run(bench_publish, figg, "bench", args.messages, args.size, args.window)
+        print(f"publish    {rate:12,.0f} msgs/s  ({rate * args.size / 1e6:.1f} MB/s of payload)")
+        total = args.messages + 1
+        for n in args.subscribers:
+            rates = bench_subscribe(figg, "bench", total, n)
+            print(f"subscribe  {statistics.mean(rates):12,.0f} msgs/s per subscriber, "
+                  f"{sum(rates):,.0f} msgs/s total ({n} subscriber{'s' if n > 1 else ''})")
+        if "tank" in ports:
+            result = trio.run(bench_latency, figg, ports["tank"], args.latency_samples,
+                              args.size)
+            if result is not None:
+                median, p99 = result
+                print(f"latency    Figg publish -> Tank consumer: median "
+                      f"{median * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms")
+            else:
+                print("latency    (no Tank client yet)")
+        else:
+            print("latency    (no Tank listener yet)")
+
+
+if __name__ == "__main__":
+    main()
