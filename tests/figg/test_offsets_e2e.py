@@ -97,3 +97,30 @@ async def test_history_to_live_under_concurrent_publishing(tmp_path):
     for k in range(4):  # each publisher's messages in its order
         mine = [d for _, d in reference if d.startswith(b"p%d-" % k)]
         assert mine == [b"p%d-%d" % (k, i) for i in range(len(mine))]
+
+
+async def test_attach_before_first_available_after_retention(tmp_path):
+    with trio.fail_after(10):
+        async with open_test_backend(tmp_path) as backend, figg_server(backend) as server:
+            code = await backend.create_topic(
+                "ret", 1, "log.segment.bytes=256\nretention.segments.count=2")
+            assert code == 0
+            pub = await RawPeer.connect(server)
+            for i in range(1, 61):  # one bundle per publish: segments roll, old ones go
+                await pub.send(publish("ret", i, b"ret-%02d......" % i))
+                await pub.receive_one()
+            [info] = await backend.discover_partitions("ret")
+            first, hwm = info.first_available, info.high_water_mark
+            assert hwm == 60 and 1 < first <= 60
+            for offset in (0, 1, first - 2, first - 1):
+                sub = await RawPeer.connect(server)
+                await sub.send(attach("ret", offset))
+                assert await sub.receive_one() == Attached("ret", first - 1)
+                got = await sub.receive(hwm - first + 1)
+                assert [d.offset for d in got] == list(range(first, hwm + 1))
+                assert got[0].data == b"ret-%02d......" % first
+                await sub.aclose()
+            sub = await RawPeer.connect(server)  # inside the retained range: exact
+            await sub.send(attach("ret", first + 1))
+            assert await sub.receive_one() == Attached("ret", first + 1)
+            assert (await sub.receive_one()).offset == first + 2
