@@ -1,0 +1,79 @@
+"""Tank's admin requests answered from a :class:`~gateway.backend.Backend`.
+
+Each function takes the decoded request and returns the response record. figtank is a
+standalone broker: Status reports no cluster and DiscoverTopology answers ``0xFFFF``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.backend import Backend
+from protocols.tank.messages import (
+    CreateTopicResponse,
+    DiscoveredPartition,
+    DiscoveredTopic,
+    DiscoverPartitionsResponse,
+    DiscoverTopicsResponse,
+    DiscoverTopologyResponse,
+    ReloadConfResponse,
+    StatusResponse,
+)
+from protocols.tank.types import ConsumeFlags, CreateTopicError
+from protocols.wire import UINT64_MAX
+
+
+async def discover_partitions(backend: Backend, request: Any) -> Any:
+    """Bounds of every partition, or of the listed ones in the order listed.
+
+    The Tank broker aborts on a listed partition the topic does not have; here it is
+    answered as a partition that cannot be served, reason 0xff (unknown partition).
+    """
+    infos = await backend.discover_partitions(request.topic)
+    if infos is None:
+        return DiscoverPartitionsResponse(request.request_id, request.topic, [])
+    wanted = request.partitions if request.partitions else range(len(infos))
+    partitions = []
+    for index in wanted:
+        if index >= len(infos):
+            partitions.append(DiscoveredPartition(error=ConsumeFlags.UNKNOWN_PARTITION))
+            continue
+        info = infos[index]
+        if info.first_available == info.high_water_mark == UINT64_MAX:
+            partitions.append(DiscoveredPartition(error=ConsumeFlags.SYSTEM_FAULT))
+        else:
+            partitions.append(DiscoveredPartition(info.first_available, info.high_water_mark))
+    return DiscoverPartitionsResponse(request.request_id, request.topic, partitions)
+
+
+async def create_topic(backend: Backend, request: Any) -> Any:
+    """Create a topic; the config is Tank's ``key=value`` text (bad UTF-8: bad config)."""
+    try:
+        config = bytes(request.config).decode()
+    except UnicodeDecodeError:
+        code = CreateTopicError.INVALID_CONFIG
+    else:
+        code = await backend.create_topic(request.topic, request.partitions, config)
+    return CreateTopicResponse(request.request_id, request.topic, int(code))
+
+
+async def reload_conf(backend: Backend, request: Any) -> Any:
+    code = await backend.reload_conf(request.topic, request.partition)
+    return ReloadConfResponse(request.request_id, request.topic, request.partition, int(code))
+
+
+async def status(backend: Backend, request: Any) -> Any:
+    s = await backend.status()
+    return StatusResponse(request.request_id, 0, 0, s.topics, s.partitions, None,
+                          s.open_partitions, s.open_time_ms, s.startup_ts, s.version)
+
+
+async def discover_topics(backend: Backend, request: Any) -> Any:
+    topics = await backend.discover_topics()
+    return DiscoverTopicsResponse(request.request_id, [
+        DiscoveredTopic(t.name, t.enabled, t.partitions) for t in topics])
+
+
+def discover_topology(request: Any) -> Any:
+    """A standalone broker: ``u16 0xFFFF``."""
+    return DiscoverTopologyResponse(request.request_id, None)

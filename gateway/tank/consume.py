@@ -1,0 +1,117 @@
+"""Consume: the request to backend fetches, the fetch outcomes to a response head and chunks.
+
+The long poll (maxWait, minBytes) happens inside :meth:`Backend.fetch`; this module only
+translates. Per partition, by :class:`~gateway.backend.FetchStatus`:
+
+- DATA: flag 0x00 with the first bundle's base sequence, or 0xfe when that bundle is sparse
+  (it names its own sequences). An empty chunk after a timed-out wait carries, as its base
+  sequence, the sequence the request resolved to (0 and UINT64_MAX made concrete);
+- BOUNDARY: 0x01 with the high-water mark and the first available sequence;
+- UNKNOWN_PARTITION: 0xff; FAULT: 0xfb;
+- UNKNOWN_TOPIC for every partition of a topic: the topic's ``u16 0xFFFF`` sentinel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from gateway.backend import Chunk, FetchOutcome, FetchRequest, FetchStatus
+from protocols.tank.connection import encode_consume_response_head
+from protocols.tank.messages import ConsumePartitionResult, ConsumeResponse, ConsumeTopicResult
+from protocols.tank.types import ConsumeFlags
+
+#: Largest fetch size honoured for one partition (the Tank broker clamps it the same way).
+MAX_FETCH_SIZE: Final = 64 * 1024 * 1024
+
+_ERROR_FLAGS: Final = {
+    FetchStatus.UNKNOWN_PARTITION: ConsumeFlags.UNKNOWN_PARTITION,
+    FetchStatus.FAULT: ConsumeFlags.SYSTEM_FAULT,
+    # A single partition reported as an unknown topic while its siblings were found.
+    FetchStatus.UNKNOWN_TOPIC: ConsumeFlags.UNKNOWN_PARTITION,
+}
+
+
+def fetch_requests(request: Any) -> list[FetchRequest]:
+    """One :class:`FetchRequest` per requested partition, in request order."""
+    return [FetchRequest(topic.name, part.partition, part.seq_num,
+                         min(part.fetch_size, MAX_FETCH_SIZE))
+            for topic in request.topics for part in topic.partitions]
+
+
+@dataclass(slots=True)
+class ConsumeReply:
+    """What to send for one Consume: the head bytes, then ``chunks`` in order."""
+
+    head: bytes
+    chunks: list[Chunk]
+    #: Chunk bytes by topic, for the bytes-out metric.
+    bytes_by_topic: dict[str, int]
+    #: False when any partition got an error flag.
+    ok: bool
+
+
+def consume_reply(request: Any, outcomes: Sequence[FetchOutcome]) -> ConsumeReply:
+    """Build the response to ``request`` from its fetches' outcomes (in request order).
+
+    Empty chunks are closed here; the others are in ``chunks`` for the caller to send and
+    close. On an exception every chunk of ``outcomes`` is closed.
+    """
+    try:
+        return _build(request, outcomes)
+    except BaseException:
+        for outcome in outcomes:
+            outcome.chunk.close()
+        raise
+
+
+def _build(request: Any, outcomes: Sequence[FetchOutcome]) -> ConsumeReply:
+    topics = []
+    chunks: list[Chunk] = []
+    bytes_by_topic: dict[str, int] = {}
+    ok = True
+    i = 0
+    for topic in request.topics:
+        parts = topic.partitions
+        mine = outcomes[i:i + len(parts)]
+        i += len(parts)
+        if mine and all(o.status is FetchStatus.UNKNOWN_TOPIC for o in mine):
+            topics.append(ConsumeTopicResult(topic.name, [], True, len(parts)))
+            ok = False
+            continue
+        results = []
+        sent = 0
+        for part, outcome in zip(parts, mine, strict=True):
+            status = outcome.status
+            if status is FetchStatus.DATA:
+                chunk = outcome.chunk
+                length = chunk.length
+                if length:
+                    chunks.append(chunk)
+                    sent += length
+                else:
+                    chunk.close()
+                if outcome.base_seq is None:
+                    results.append(ConsumePartitionResult(
+                        part.partition, ConsumeFlags.SPARSE_FIRST_BUNDLE,
+                        high_water_mark=outcome.high_water_mark, chunk_length=length))
+                else:
+                    results.append(ConsumePartitionResult(
+                        part.partition, ConsumeFlags.OK, outcome.base_seq,
+                        outcome.high_water_mark, length))
+                continue
+            ok = False
+            outcome.chunk.close()
+            if status is FetchStatus.BOUNDARY:
+                results.append(ConsumePartitionResult(
+                    part.partition, ConsumeFlags.BOUNDARY_CHECK,
+                    high_water_mark=outcome.high_water_mark,
+                    first_available_seq_num=outcome.first_available))
+            else:
+                results.append(ConsumePartitionResult(part.partition, _ERROR_FLAGS[status]))
+        if sent:
+            bytes_by_topic[topic.name] = bytes_by_topic.get(topic.name, 0) + sent
+        topics.append(ConsumeTopicResult(topic.name, results))
+    head = encode_consume_response_head(ConsumeResponse(request.request_id, topics))
+    return ConsumeReply(head, chunks, bytes_by_topic, ok)

@@ -1,0 +1,56 @@
+"""The ordered lane of one connection: requests that change the log, in arrival order.
+
+A Tank client may pipeline Produces to one partition and expects them appended in the order
+sent, and a CreateTopic followed by a Produce to expect the topic to be there. Such
+requests go through one :class:`OrderedLane` per connection, served one batch at a time.
+Consecutive Produces form one batch, so every Produce that arrived while the previous
+append was waiting for its fsync goes to the backend in one call (group commit across
+requests). Read-only requests (Consume, Status, Discover*) do not wait in the lane.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from trio.lowlevel import ParkingLot
+
+
+class OrderedLane:
+    """A FIFO of requests, handed out as batches of consecutive batchable ones."""
+
+    def __init__(self, max_batch_bytes: int) -> None:
+        self._items: deque[tuple[Any, int, bool]] = deque()
+        self._max_batch_bytes = max_batch_bytes
+        self._has_items = ParkingLot()
+        #: Bytes of requests queued or being served.
+        self.queued_bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put_nowait(self, request: Any, size: int, *, batchable: bool) -> None:
+        """Queue ``request`` (``size`` bytes); ``batchable`` ones may share a batch."""
+        self._items.append((request, size, batchable))
+        self.queued_bytes += size
+        if len(self._items) == 1:
+            self._has_items.unpark_all()
+
+    async def get_batch(self) -> tuple[list[Any], int]:
+        """The next batch and its size: consecutive batchable requests (at least one, up to
+        ``max_batch_bytes``), or one other request. Call :meth:`done` with the size after."""
+        items = self._items
+        while not items:
+            await self._has_items.park()
+        request, size, batchable = items.popleft()
+        batch = [request]
+        if batchable:
+            while items and items[0][2] and size + items[0][1] <= self._max_batch_bytes:
+                more, more_size, _ = items.popleft()
+                batch.append(more)
+                size += more_size
+        return batch, size
+
+    def done(self, size: int) -> None:
+        """A batch of ``size`` bytes has been served."""
+        self.queued_bytes -= size

@@ -1,0 +1,236 @@
+"""The send side of one Tank connection: whole responses in order, chunks by ``sendfile``.
+
+Every frame the listener sends on a connection goes through one :class:`TankOutbox`,
+drained by one writer task, so responses never interleave. A Consume response is queued
+as its head (frame header and response header) plus its :class:`~gateway.backend.Chunk`\\ s;
+the writer sends the head and then each file-backed chunk with ``os.sendfile`` straight
+from the segment file, or the chunk's bytes when it is held in memory or the stream is not
+a plain socket (TLS, tests). Every chunk is closed once sent, and also when the outbox is
+closed with chunks still queued.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections import deque
+from collections.abc import Sequence
+
+import trio
+from trio.lowlevel import ParkingLot
+
+from gateway.backend import Chunk
+
+#: Largest run of queued frames joined into one write.
+MAX_WRITE = 1024 * 1024
+#: Largest count handed to one ``os.sendfile`` call.
+_SENDFILE_STEP = 1 << 30
+# Tell the kernel the head is followed by the chunk (no half-empty segment in between).
+_MSG_MORE = getattr(socket, "MSG_MORE", 0)
+
+
+class ShortChunk(OSError):
+    """A segment file ended before the chunk announced in the response head was sent."""
+
+
+class _Reply:
+    """A Consume response: its head bytes, then its chunks in header order."""
+
+    __slots__ = ("chunks", "head", "size")
+
+    def __init__(self, head: bytes, chunks: Sequence[Chunk]) -> None:
+        self.head = head
+        self.chunks = list(chunks)
+        self.size = len(head) + sum(c.length for c in chunks)
+
+    def close(self) -> None:
+        for chunk in self.chunks:
+            chunk.close()
+
+
+class TankOutbox:
+    """An ordered queue of responses for one connection, bounded by ``limit`` bytes.
+
+    ``put_*_nowait`` never blocks; the connection's reader calls :meth:`wait_writable`
+    before reading more requests, so a client that does not read its responses stops being
+    read. Queued file-backed chunks count at their length: they are work for the socket
+    even if they take no memory.
+    """
+
+    def __init__(self, stream: trio.abc.SendStream, limit: int) -> None:
+        if limit <= 0:
+            raise ValueError("the outbox limit must be positive")
+        self._stream = stream
+        # sendfile needs the socket itself; any other stream gets the chunks' bytes.
+        self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
+        self._limit = limit
+        self._items: deque[bytes | _Reply] = deque()
+        self._queued = 0
+        self._closed = False
+        self._has_items = ParkingLot()
+        self._has_space = ParkingLot()
+        self._drained = ParkingLot()
+        #: Bytes written to the socket so far.
+        self.bytes_sent = 0
+        #: Set to ``trio.current_time()`` whenever the queue becomes empty.
+        self.drained_at = 0.0
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes queued or being written."""
+        return self._queued
+
+    @property
+    def uses_sendfile(self) -> bool:
+        """True when file-backed chunks go out with ``os.sendfile``."""
+        return self._socket is not None
+
+    async def wait_writable(self) -> None:
+        """Wait until the queue is under its budget (no checkpoint when it already is)."""
+        while self._queued >= self._limit and not self._closed:
+            await self._has_space.park()
+
+    async def wait_empty(self) -> None:
+        """Wait until everything queued has been written."""
+        while self._queued and not self._closed:
+            await self._drained.park()
+
+    def put_nowait(self, frame: bytes) -> None:
+        """Queue one or more whole frames behind everything queued so far."""
+        if self._closed or not frame:
+            return
+        self._push(frame, len(frame))
+
+    def put_consume_nowait(self, head: bytes, chunks: Sequence[Chunk]) -> None:
+        """Queue a Consume response; the outbox now owns ``chunks`` and closes them."""
+        reply = _Reply(head, chunks)
+        if self._closed:
+            reply.close()
+            return
+        self._push(reply, reply.size)
+
+    def _push(self, item: bytes | _Reply, size: int) -> None:
+        self._items.append(item)
+        self._queued += size
+        if len(self._items) == 1:
+            self._has_items.unpark_all()
+
+    def close(self) -> None:
+        """Drop everything queued, closing its chunks; later puts are dropped too."""
+        self._closed = True
+        for item in self._items:
+            if type(item) is _Reply:
+                item.close()
+        self._items.clear()
+        self._queued = 0
+        self._has_space.unpark_all()
+        self._drained.unpark_all()
+
+    # ------------------------------------------------------------------------- writer
+
+    async def run(self) -> None:
+        """The writer task: send queued responses until cancelled or the socket breaks.
+
+        Raises ``trio.BrokenResourceError`` / ``trio.ClosedResourceError`` when the peer is
+        gone, :class:`ShortChunk` when a segment file is shorter than its chunk. Whatever
+        is still queued when it ends is closed.
+        """
+        try:
+            await self._run()
+        finally:
+            self.close()
+
+    async def _run(self) -> None:
+        items = self._items
+        while True:
+            while not items:
+                await self._has_items.park()
+            parts: list[bytes] = []
+            size = 0
+            while items:
+                item = items[0]
+                if type(item) is bytes:
+                    if size and size + len(item) > MAX_WRITE:
+                        break
+                    items.popleft()
+                    parts.append(item)
+                    size += len(item)
+                    continue
+                items.popleft()
+                await self._send_reply(parts, size, item)
+                parts, size = [], 0
+                break
+            if parts:
+                await self._send(parts, more=False)
+                self._sent(size)
+
+    async def _send_reply(self, parts: list[bytes], size: int, reply: _Reply) -> None:
+        """Send the frames before ``reply``, then ``reply``'s head and chunks."""
+        try:
+            parts.append(reply.head)
+            size += len(reply.head)
+            for chunk in reply.chunks:
+                source = chunk.sendfile_source() if self._socket is not None else None
+                if source is None:
+                    parts.append(chunk.read_bytes())
+                    size += chunk.length
+                    continue
+                await self._send(parts, more=True)
+                self._sent(size)
+                parts.clear()
+                size = 0
+                await self._sendfile(*source, chunk.length)
+                self._sent(chunk.length)
+            if parts:
+                await self._send(parts, more=False)
+                self._sent(size)
+        finally:
+            reply.close()
+
+    def _sent(self, size: int) -> None:
+        self._queued -= size
+        if self._queued < self._limit:
+            self._has_space.unpark_all()
+        if not self._queued and not self._items:
+            self.drained_at = trio.current_time()
+            self._drained.unpark_all()
+
+    async def _send(self, parts: list[bytes], *, more: bool) -> None:
+        if not parts:
+            return
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        sock = self._socket
+        if sock is None:
+            await self._stream.send_all(data)
+            self.bytes_sent += len(data)
+            return
+        flags = _MSG_MORE if more else 0
+        with memoryview(data) as view:
+            sent = 0
+            total = len(data)
+            while sent < total:
+                try:
+                    sent += await sock.send(view[sent:], flags)
+                except OSError as exc:
+                    raise trio.BrokenResourceError(f"send failed: {exc!r}") from exc
+        self.bytes_sent += total
+
+    async def _sendfile(self, fd: int, offset: int, count: int) -> None:
+        sock = self._socket
+        assert sock is not None
+        out = sock.fileno()
+        while count:
+            try:
+                sent = os.sendfile(out, fd, offset, min(count, _SENDFILE_STEP))
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(sock)
+                continue
+            except OSError as exc:
+                raise trio.BrokenResourceError(f"sendfile failed: {exc!r}") from exc
+            if sent == 0:
+                raise ShortChunk(f"segment file ended {count} bytes before the chunk's end")
+            offset += sent
+            count -= sent
+            self.bytes_sent += sent
+            # A client that keeps up never makes sendfile block: let other tasks run.
+            await trio.lowlevel.checkpoint()

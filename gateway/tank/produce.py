@@ -1,0 +1,65 @@
+"""Produce and ProduceWithSeqnum: requests to backend batches, outcomes to the response.
+
+Bundles are not decoded here. The :class:`~gateway.backend.Backend` contract is that each
+batch is validated before anything of it is appended and that a bad bundle fails only its
+own batch; the embedded store does exactly that (a full ``validate_bundle`` walk), so a
+second walk in the listener would double the CPU cost of every produce for nothing. A
+malformed or oversized bundle comes back as I/O fault (code 2, which TANK 1 clients read
+as "invalid request"), and nothing of it is appended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.backend import ProduceBatch, ProduceCode, ProduceOutcome
+from protocols.tank.messages import (
+    ProducePartitionResult,
+    ProduceResponse,
+    ProduceTopicResult,
+    ProduceWithSeqnumRequest,
+)
+from protocols.tank.types import TOPIC_WIDE_PRODUCE_ERRORS, ProduceError
+
+
+def produce_batches(request: Any) -> list[ProduceBatch]:
+    """One :class:`ProduceBatch` per requested partition, in request order."""
+    with_seqnum = type(request) is ProduceWithSeqnumRequest
+    batches = []
+    for topic in request.topics:
+        name = topic.name
+        for part in topic.partitions:
+            if with_seqnum:
+                batches.append(ProduceBatch(name, part.partition, part.bundle,
+                                            part.first_seq_num or None))
+            else:
+                batches.append(ProduceBatch(name, part.partition, part.bundle))
+    return batches
+
+
+def produce_response(request: Any, outcomes: Sequence[ProduceOutcome]) -> ProduceResponse:
+    """The response to ``request`` from its batches' outcomes (in request order).
+
+    A topic-wide code (unknown topic 0xff, read-only 0xfe) covers the whole topic on the
+    wire. Should a topic get one for only some of its partitions (it was created or
+    deleted between two of them), those partitions report unknown partition instead, so
+    the other partitions' codes still reach the client.
+    """
+    results = []
+    i = 0
+    for topic in request.topics:
+        parts = topic.partitions
+        codes = [int(o.code) for o in outcomes[i:i + len(parts)]]
+        i += len(parts)
+        if len(set(codes)) > 1 and any(c in TOPIC_WIDE_PRODUCE_ERRORS for c in codes):
+            codes = [ProduceError.UNKNOWN_PARTITION if c in TOPIC_WIDE_PRODUCE_ERRORS else c
+                     for c in codes]
+        results.append(ProduceTopicResult(
+            topic.name, [ProducePartitionResult(p.partition, c) for p, c in zip(parts, codes,
+                                                                                strict=True)]))
+    return ProduceResponse(request.request_id, results)
+
+
+def all_ok(outcomes: Sequence[ProduceOutcome]) -> bool:
+    return all(o.code is ProduceCode.OK for o in outcomes)

@@ -1,0 +1,339 @@
+"""One Tank connection on the server: read big, parse every frame, serve requests concurrently.
+
+The reader task receives up to :data:`RECEIVE_SIZE` bytes and dispatches every complete
+request in the buffer:
+
+- Consume, Status, DiscoverPartitions and DiscoverTopics each run in their own task, so a
+  long-polling Consume holds up nothing else; responses go out as they are ready, matched
+  by request id on the client;
+- Produce, ProduceWithSeqnum, CreateTopic and ReloadConf go through the connection's
+  :class:`~gateway.tank.lane.OrderedLane`, served in arrival order;
+- DiscoverTopology is answered at once; a client's Ping gets no answer (as in Tank);
+- RegReplica and ConsumePeer (broker-to-broker) and a Consume without topics close the
+  connection, as the Tank broker does, with the reason logged.
+
+Every response goes through the connection's one :class:`~gateway.tank.outbox.TankOutbox`.
+Bad input (a malformed or oversized frame, an unknown msgId) and a connection that sends
+no request for ``idle_timeout_secs`` while nothing is in flight close this connection only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Final
+
+import structlog
+import trio
+from trio.lowlevel import ParkingLot
+
+from gateway.backend import Backend
+from gateway.config import Settings
+from gateway.metrics import Metrics
+from gateway.tank import admin
+from gateway.tank.consume import consume_reply, fetch_requests
+from gateway.tank.lane import OrderedLane
+from gateway.tank.outbox import ShortChunk, TankOutbox
+from gateway.tank.produce import all_ok, produce_batches, produce_response
+from protocols.connection import CLOSED, NEED_DATA, Role
+from protocols.errors import FrameTooLarge, ProtocolError
+from protocols.tank.connection import TankConnection
+from protocols.tank.messages import (
+    ConsumePeerRequest,
+    ConsumeRequest,
+    CreateTopicRequest,
+    DiscoverPartitionsRequest,
+    DiscoverTopicsRequest,
+    DiscoverTopologyRequest,
+    Ping,
+    ProduceRequest,
+    ProduceWithSeqnumRequest,
+    RegReplicaRequest,
+    ReloadConfRequest,
+    StatusRequest,
+)
+
+#: Bytes asked of the socket per read.
+RECEIVE_SIZE: Final = 256 * 1024
+#: Response bytes (chunks included) queued for one connection before it stops being read.
+OUTBOX_LIMIT: Final = 8 * 1024 * 1024
+#: Requests served at once on one connection before it stops being read.
+MAX_IN_FLIGHT: Final = 1024
+#: Produce bytes waiting in the ordered lane before the connection stops being read.
+LANE_LIMIT: Final = 16 * 1024 * 1024
+#: Most produce bytes handed to the backend in one call.
+LANE_BATCH_BYTES: Final = 8 * 1024 * 1024
+#: After a clean EOF, how long requests in flight and queued responses may take.
+DRAIN_SECS: Final = 5.0
+
+_PRODUCES: Final = (ProduceRequest, ProduceWithSeqnumRequest)
+_NAMES: Final = {
+    ProduceRequest: "produce", ProduceWithSeqnumRequest: "produce_with_seqnum",
+    ConsumeRequest: "consume", Ping: "ping", DiscoverPartitionsRequest: "discover_partitions",
+    CreateTopicRequest: "create_topic", ReloadConfRequest: "reload_conf",
+    StatusRequest: "status", DiscoverTopicsRequest: "discover_topics",
+    DiscoverTopologyRequest: "discover_topology", RegReplicaRequest: "reg_replica",
+    ConsumePeerRequest: "consume_peer",
+}
+_ADMIN: Final = {
+    DiscoverPartitionsRequest: admin.discover_partitions,
+    CreateTopicRequest: admin.create_topic,
+    ReloadConfRequest: admin.reload_conf,
+    StatusRequest: admin.status,
+    DiscoverTopicsRequest: admin.discover_topics,
+}
+_REFUSED: Final = {
+    RegReplicaRequest: "RegReplica is obsolete (the Tank broker closes the connection too)",
+    ConsumePeerRequest: "ConsumePeer is replication between clustered brokers; figtank is "
+                        "standalone",
+}
+
+
+class CloseConnection(Exception):
+    """End the connection: ``kind`` is a short metric label, ``reason`` the logged text."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+
+
+class RequestCounter:
+    """``figtank_requests{protocol="tank"}`` children, looked up once per (type, result)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._requests = metrics.requests
+        self._children: dict[tuple[str, bool], Any] = {}
+
+    def inc(self, kind: str, ok: bool = True) -> None:
+        child = self._children.get((kind, ok))
+        if child is None:
+            child = self._requests.labels("tank", kind, "ok" if ok else "error")
+            self._children[(kind, ok)] = child
+        child.inc()
+
+
+def _produce_size(request: Any) -> int:
+    return sum(len(p.bundle) for t in request.topics for p in t.partitions)
+
+
+class TankSession:
+    """Serves one accepted Tank connection until it closes; see :meth:`run`."""
+
+    def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: Settings,
+                 metrics: Metrics, counter: RequestCounter,
+                 log: structlog.typing.FilteringBoundLogger) -> None:
+        self._stream = stream
+        self._backend = backend
+        self._settings = settings
+        self._metrics = metrics
+        self._counter = counter
+        self._log = log
+        self._conn = TankConnection(Role.SERVER, max_frame_size=settings.max_frame_bytes)
+        self._outbox = TankOutbox(stream, OUTBOX_LIMIT)
+        self._lane = OrderedLane(LANE_BATCH_BYTES)
+        self._in_flight = 0
+        self._settled = ParkingLot()
+        self._last_activity = trio.current_time()
+        self._nursery: trio.Nursery | None = None
+        self._close: CloseConnection | None = None
+        #: Requests received on this connection.
+        self.requests = 0
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._outbox.bytes_sent
+
+    async def run(self) -> CloseConnection:
+        """Serve the connection; returns why it ended. The caller closes the stream."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._write)
+            nursery.start_soon(self._serve_lane)
+            timeout = self._settings.idle_timeout_secs
+            if timeout > 0 and math.isfinite(timeout):
+                nursery.start_soon(self._watch_idle, timeout)
+            self._outbox.put_nowait(self._conn.send(Ping()))
+            try:
+                await self._read()
+                with trio.move_on_after(DRAIN_SECS):
+                    await self._wait_settled()
+                    await self._outbox.wait_empty()
+            except CloseConnection as close:
+                self._closing(close)
+            nursery.cancel_scope.cancel()
+        return self._close or CloseConnection("eof", "peer closed the connection")
+
+    def _closing(self, close: CloseConnection) -> None:
+        """Record the first reason to close and stop every task of the connection."""
+        if self._close is None:
+            self._close = close
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    # ------------------------------------------------------------------------- reading
+
+    async def _read(self) -> None:
+        """Receive and dispatch requests until a clean EOF (returns) or a reason to close."""
+        stream = self._stream
+        conn = self._conn
+        outbox = self._outbox
+        while True:
+            await outbox.wait_writable()
+            while self._in_flight >= MAX_IN_FLIGHT or self._lane.queued_bytes >= LANE_LIMIT:
+                await self._settled.park()
+            try:
+                data = await stream.receive_some(RECEIVE_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise CloseConnection("reset", f"receive failed: {exc!r}") from None
+            conn.receive_data(data)
+            while True:
+                try:
+                    event = conn.next_event()
+                except FrameTooLarge as exc:
+                    raise CloseConnection("frame_too_large", str(exc)) from None
+                except ProtocolError as exc:
+                    raise CloseConnection("protocol_error", str(exc)) from None
+                if event is NEED_DATA:
+                    break
+                if event is CLOSED:
+                    return
+                self._dispatch(event)
+
+    def _dispatch(self, request: Any) -> None:
+        kind = type(request)
+        self.requests += 1
+        self._last_activity = trio.current_time()
+        if kind is ConsumeRequest:
+            if not request.topics:
+                raise CloseConnection("refused", "Consume without topics (the Tank broker "
+                                      "closes the connection too)")
+            self._start(self._consume, request)
+        elif kind in _PRODUCES:
+            self._begin()
+            self._lane.put_nowait(request, _produce_size(request), batchable=True)
+        elif kind is CreateTopicRequest or kind is ReloadConfRequest:
+            self._begin()
+            self._lane.put_nowait(request, 0, batchable=False)
+        elif kind in _ADMIN:
+            self._start(self._admin, request)
+        elif kind is DiscoverTopologyRequest:
+            self._outbox.put_nowait(self._conn.send(admin.discover_topology(request)))
+            self._counter.inc("discover_topology")
+        elif kind is Ping:
+            self._counter.inc("ping")
+        else:
+            self._counter.inc(_NAMES.get(kind, kind.__name__), False)
+            raise CloseConnection("refused", _REFUSED.get(kind, f"{kind.__name__} not served"))
+
+    # ------------------------------------------------------------- requests in flight
+
+    def _begin(self) -> None:
+        self._in_flight += 1
+
+    def _end(self, count: int = 1) -> None:
+        self._in_flight -= count
+        self._last_activity = trio.current_time()
+        self._settled.unpark_all()
+
+    async def _wait_settled(self) -> None:
+        while self._in_flight:
+            await self._settled.park()
+
+    def _start(self, handler: Any, request: Any) -> None:
+        assert self._nursery is not None
+        self._begin()
+        self._nursery.start_soon(self._guarded, handler, request)
+
+    async def _guarded(self, handler: Any, request: Any) -> None:
+        try:
+            await handler(request)
+        except Exception as exc:  # a backend failure ends this connection, not the server
+            self._failed(request, exc)
+        finally:
+            self._end()
+
+    def _failed(self, request: Any, exc: Exception) -> None:
+        kind = _NAMES.get(type(request), type(request).__name__)
+        self._counter.inc(kind, False)
+        self._log.error("tank_request_failed", request=kind, error=repr(exc))
+        self._closing(CloseConnection("backend_error", f"{kind}: {exc!r}"))
+
+    # ------------------------------------------------------------------------ handlers
+
+    async def _consume(self, request: Any) -> None:
+        outcomes = await self._backend.fetch(fetch_requests(request),
+                                             max_wait_ms=request.max_wait_ms,
+                                             min_bytes=request.min_bytes)
+        reply = consume_reply(request, outcomes)
+        self._outbox.put_consume_nowait(reply.head, reply.chunks)
+        if reply.bytes_by_topic:
+            bytes_out = self._metrics.bytes_out
+            for topic, size in reply.bytes_by_topic.items():
+                bytes_out.labels(topic).inc(size)
+        self._counter.inc("consume", reply.ok)
+
+    async def _admin(self, request: Any) -> None:
+        response = await _ADMIN[type(request)](self._backend, request)
+        self._outbox.put_nowait(self._conn.send(response))
+        self._counter.inc(_NAMES[type(request)], getattr(response, "error", 0) == 0)
+
+    async def _serve_lane(self) -> None:
+        lane = self._lane
+        while True:
+            batch, size = await lane.get_batch()
+            try:
+                if type(batch[0]) in _PRODUCES:
+                    await self._produce(batch)
+                else:
+                    await self._admin(batch[0])
+            except Exception as exc:
+                self._failed(batch[0], exc)
+                return
+            finally:
+                lane.done(size)
+                self._end(len(batch))
+
+    async def _produce(self, requests: list[Any]) -> None:
+        """Append consecutive Produce requests with one backend call, answer each."""
+        spans = []
+        batches = []
+        for request in requests:
+            mine = produce_batches(request)
+            spans.append(len(mine))
+            batches += mine
+        outcomes = await self._backend.produce(batches) if batches else []
+        start = 0
+        for request, n in zip(requests, spans, strict=True):
+            mine = outcomes[start:start + n]
+            start += n
+            self._outbox.put_nowait(self._conn.send(produce_response(request, mine)))
+            self._counter.inc(_NAMES[type(request)], all_ok(mine))
+
+    # --------------------------------------------------------------------- background
+
+    async def _write(self) -> None:
+        try:
+            await self._outbox.run()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._closing(CloseConnection("send_failed", f"send failed: {exc!r}"))
+        except ShortChunk as exc:
+            self._closing(CloseConnection("short_chunk", str(exc)))
+        except OSError as exc:
+            self._closing(CloseConnection("backend_error", f"reading a chunk: {exc!r}"))
+
+    async def _watch_idle(self, timeout: float) -> None:
+        """Close the connection once no request came and nothing was in flight for
+        ``timeout`` seconds (the Tank broker's 16 s)."""
+        outbox = self._outbox
+        while True:
+            last = max(self._last_activity, outbox.drained_at)
+            await trio.sleep_until(last + timeout)
+            if self._in_flight or outbox.queued_bytes:
+                # Busy: finishing it counts as activity, so look again a timeout later.
+                await trio.sleep(timeout)
+                continue
+            last = max(self._last_activity, outbox.drained_at)
+            if trio.current_time() >= last + timeout:
+                self._closing(CloseConnection(
+                    "idle", f"no request for {timeout:g} s with nothing in flight"))
+                return
