@@ -1,0 +1,622 @@
+"""An async (trio) Tank client.
+
+::
+
+    async with open_tank_client("127.0.0.1", 11011) as client:
+        await client.produce({("orders", 0): [b"hello", Message(b"v", key=b"k")]})
+        result = await client.consume("orders", 0, 1, max_wait_ms=1000)
+        for message in result.messages:          # Message(value, key, timestamp, seq)
+            ...
+        next_seq = result.next_seq
+
+What it does for you:
+
+- connects and waits for the broker's greeting Ping (``connect_timeout``);
+- pipelines: any number of tasks may call it at once over one connection; answers are
+  matched to requests by request id, in whatever order the broker sends them;
+- encodes one bundle per partition with Tank's compression rule (Snappy above 512
+  messages or 1024 bytes of keys and values) and stamps messages without a timestamp;
+- decodes chunks, skips the messages of the first bundle that precede the requested
+  sequence, retries with a larger fetch size when a chunk ends in a partial bundle (a
+  TANK 1 broker cuts chunks at the fetch size), and raises :class:`BoundaryError` with
+  the first available sequence when the requested one is gone.
+
+There is no reconnect: when the connection ends every call raises
+:class:`ConnectionLost`; open a new client. Exceptions are in :mod:`gateway.client.errors`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Final, TypeAlias
+
+import structlog
+import trio
+from trio.lowlevel import ParkingLot
+
+from gateway.client.errors import (
+    BadResponse,
+    BoundaryError,
+    ClientClosed,
+    ConnectError,
+    ConnectionLost,
+    PartitionFault,
+    ProduceFailed,
+    RequestFailed,
+    RequestTimeout,
+    TopicExistsError,
+    UnknownPartitionError,
+    UnknownTopicError,
+)
+from protocols.connection import CLOSED, NEED_DATA, Role
+from protocols.errors import ProtocolError
+from protocols.tank.bundle import Codec, Message, decode_chunk, encode_bundle
+from protocols.tank.connection import Reply, TankConnection
+from protocols.tank.messages import (
+    ConsumePartition,
+    ConsumeRequest,
+    ConsumeTopic,
+    CreateTopicRequest,
+    DiscoverPartitionsRequest,
+    DiscoverTopicsRequest,
+    DiscoverTopologyRequest,
+    Ping,
+    ProducePartition,
+    ProduceRequest,
+    ProduceTopic,
+    ProduceWithSeqnumPartition,
+    ProduceWithSeqnumRequest,
+    ProduceWithSeqnumTopic,
+    ReloadConfRequest,
+    StatusRequest,
+)
+from protocols.tank.types import ConsumeFlags, CreateTopicError, ReloadConfError
+from protocols.wire import UINT64_MAX
+
+__all__ = [
+    "DEFAULT_FETCH_SIZE", "FIRST_AVAILABLE", "TAIL", "BrokerStatus", "Codec",
+    "ConsumeResult", "Message", "PartitionBounds", "TankClient", "TopicInfo",
+    "open_tank_client",
+]
+
+log = structlog.get_logger("figtank.client.tank")
+
+#: Consume from the first available message.
+FIRST_AVAILABLE: Final = 0
+#: Consume only what is appended from now on (the high-water mark + 1).
+TAIL: Final = UINT64_MAX
+#: Bytes asked per partition unless told otherwise.
+DEFAULT_FETCH_SIZE: Final = 1024 * 1024
+#: The largest fetch size a partial-bundle retry grows to.
+MAX_FETCH_SIZE: Final = 256 * 1024 * 1024
+#: The largest frame accepted from the broker (Tank's own limit).
+DEFAULT_MAX_FRAME: Final = 256 * 1024 * 1024
+#: Bytes asked of the socket per read.
+RECEIVE_SIZE: Final = 256 * 1024
+#: ``client_version`` sent in Produce and Consume (what Tank's C++ client sends).
+CLIENT_VERSION: Final = 2
+
+#: A message to produce: a value, ``(key, value)``, or a :class:`Message`.
+MessageLike: TypeAlias = bytes | tuple[bytes | None, bytes] | Message
+TopicPartition: TypeAlias = tuple[str, int]
+
+
+@dataclass(slots=True)
+class ConsumeResult:
+    """What one Consume returned for one partition.
+
+    ``messages`` hold ``seq`` (absolute sequence number), ``value``, ``key`` and
+    ``timestamp`` (ms); ``next_seq`` is where the next Consume should start.
+    """
+
+    topic: str
+    partition: int
+    messages: list[Message]
+    next_seq: int
+    high_water_mark: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionBounds:
+    """One partition of a DiscoverPartitions answer; ``error`` is 0 unless it can not be
+    served (then the sequence numbers are 0)."""
+
+    partition: int
+    first_available: int
+    high_water_mark: int
+    error: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    name: str
+    partitions: int
+    enabled: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerStatus:
+    topics: int
+    partitions: int
+    open_partitions: int
+    open_time_ms: int
+    startup_ts: int
+    version: int
+    cluster_aware: bool = False
+
+
+class _Waiter:
+    __slots__ = ("error", "event", "response")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.response: Any = None
+        self.error: BaseException | None = None
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _messages(items: Iterable[MessageLike], now: int) -> list[Message]:
+    out = []
+    for item in items:
+        if isinstance(item, Message):
+            out.append(item if item.timestamp else
+                       Message(item.value, item.key, now, item.seq))
+        elif isinstance(item, tuple):
+            key, value = item
+            out.append(Message(bytes(value), None if key is None else bytes(key), now))
+        else:
+            out.append(Message(bytes(item), None, now))
+    return out
+
+
+def _by_topic(keys: Iterable[TopicPartition]) -> dict[str, list[int]]:
+    grouped: dict[str, list[int]] = {}
+    for topic, partition in keys:
+        grouped.setdefault(topic, []).append(partition)
+    if len(grouped) > 255 or any(len(p) > 255 for p in grouped.values()):
+        raise ValueError("a Tank request holds at most 255 topics of at most 255 partitions")
+    return grouped
+
+
+class TankClient:
+    """A Tank client on one connection; run it with :func:`open_tank_client`.
+
+    ``request_timeout`` (seconds, None: wait forever) bounds each request; a Consume gets
+    its ``max_wait_ms`` on top. ``client_id`` is sent in Produce and Consume.
+    """
+
+    def __init__(self, host: str, port: int, *, client_id: str = "figtank",
+                 connect_timeout: float = 10.0, request_timeout: float | None = None,
+                 max_frame_size: int = DEFAULT_MAX_FRAME) -> None:
+        self.host = host
+        self.port = port
+        self.client_id = client_id
+        self.connect_timeout = connect_timeout
+        self.request_timeout = request_timeout
+        self.max_frame_size = max_frame_size
+        self._conn = TankConnection(Role.CLIENT, max_frame_size=max_frame_size)
+        self._stream: trio.SocketStream | None = None
+        self._waiters: dict[int, _Waiter] = {}
+        self._out: list[bytes] = []
+        self._wake_writer = ParkingLot()
+        self._next_id = 0
+        self._failure: Exception | None = None
+        self._scope: trio.CancelScope | None = None
+
+    # --------------------------------------------------------------- connection
+
+    @property
+    def connected(self) -> bool:
+        return self._stream is not None and self._failure is None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Connect, wait for the broker's Ping, then serve the connection until it ends or
+        :meth:`aclose`. Raises :class:`ConnectError` before ``task_status.started()``."""
+        if self._failure is not None:
+            raise self._failure
+        with trio.CancelScope() as scope:
+            self._scope = scope
+            stream = await self._connect()
+            try:
+                task_status.started()
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._writer, stream, nursery.cancel_scope)
+                    await self._reader(stream)
+                    nursery.cancel_scope.cancel()
+            finally:
+                self._fail(ConnectionLost("connection closed"))
+                with trio.CancelScope(shield=True):
+                    await trio.aclose_forcefully(stream)
+
+    async def _connect(self) -> trio.SocketStream:
+        try:
+            with trio.fail_after(self.connect_timeout):
+                stream = await trio.open_tcp_stream(self.host, self.port)
+                try:
+                    await self._await_greeting(stream)
+                except BaseException:
+                    await trio.aclose_forcefully(stream)
+                    raise
+        except trio.TooSlowError:
+            raise ConnectError(f"{self.host}:{self.port}: no greeting from the broker within "
+                               f"{self.connect_timeout:g} s") from None
+        except OSError as exc:
+            raise ConnectError(f"{self.host}:{self.port}: {exc}") from exc
+        self._stream = stream
+        return stream
+
+    async def _await_greeting(self, stream: trio.SocketStream) -> None:
+        """Read until the broker's Ping; bytes after it stay in the connection."""
+        conn = self._conn
+        while True:
+            try:
+                data = await stream.receive_some(RECEIVE_SIZE)
+            except trio.BrokenResourceError as exc:
+                raise ConnectError(f"{self.host}:{self.port}: {exc}") from exc
+            conn.receive_data(data)
+            try:
+                event = conn.next_event()
+            except ProtocolError as exc:
+                raise ConnectError(f"{self.host}:{self.port}: not a Tank broker ({exc})"
+                                   ) from None
+            if event is CLOSED:
+                raise ConnectError(f"{self.host}:{self.port}: closed before its greeting")
+            if event is NEED_DATA:
+                continue
+            if type(event) is Ping:
+                return
+            raise ConnectError(f"{self.host}:{self.port}: sent {event!r} before its Ping")
+
+    async def aclose(self) -> None:
+        """Close the connection; calls waiting or made later raise :class:`ClientClosed`."""
+        self._fail(ClientClosed("the Tank client is closed"))
+        if self._scope is not None:
+            self._scope.cancel()
+        await trio.lowlevel.checkpoint()
+
+    def _fail(self, error: Exception) -> None:
+        if self._failure is None:
+            self._failure = error
+        for waiter in self._waiters.values():
+            if waiter.error is None and waiter.response is None:
+                waiter.error = self._failure
+                waiter.event.set()
+        self._waiters.clear()
+
+    async def _writer(self, stream: trio.SocketStream, scope: trio.CancelScope) -> None:
+        try:
+            while True:
+                while not self._out:
+                    await self._wake_writer.park()
+                frames, self._out = self._out, []
+                await stream.send_all(frames[0] if len(frames) == 1 else b"".join(frames))
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._fail(ConnectionLost(f"send failed: {exc!r}"))
+            scope.cancel()
+
+    async def _reader(self, stream: trio.SocketStream) -> None:
+        conn = self._conn
+        waiters = self._waiters
+        while True:
+            try:
+                event = conn.next_event()
+            except ProtocolError as exc:
+                self._fail(BadResponse(f"bad frame from the broker: {exc}"))
+                return
+            if event is NEED_DATA:
+                try:
+                    data = await stream.receive_some(RECEIVE_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    self._fail(ConnectionLost(f"receive failed: {exc!r}"))
+                    return
+                conn.receive_data(data)
+            elif event is CLOSED:
+                self._fail(ConnectionLost("the broker closed the connection"))
+                return
+            elif type(event) is Reply:
+                waiter = waiters.pop(event.request.request_id, None)
+                if waiter is not None:  # else its caller gave up (cancelled, timed out)
+                    waiter.response = event.response
+                    waiter.event.set()
+            # A Ping from the broker needs no answer.
+
+    # ----------------------------------------------------------------- requests
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if self._stream is None:
+            raise ClientClosed("the Tank client is not connected: use open_tank_client()")
+
+    def _request_id(self) -> int:
+        pending = self._conn.pending
+        while True:
+            self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+            if self._next_id not in pending:
+                return self._next_id
+
+    async def request(self, build: Callable[[int], Any], *, extra_wait: float = 0.0) -> Any:
+        """Send the request ``build(request_id)`` returns and wait for its response record.
+
+        The low-level door to every request; the methods below are built on it.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_usable()
+        request_id = self._request_id()
+        frame = self._conn.send(build(request_id))
+        waiter = _Waiter()
+        self._waiters[request_id] = waiter
+        self._out.append(frame)
+        if len(self._out) == 1:
+            self._wake_writer.unpark_all()
+        timeout = (self.request_timeout + extra_wait if self.request_timeout is not None
+                   else float("inf"))
+        try:
+            with trio.move_on_after(timeout) as scope:
+                await waiter.event.wait()
+        finally:
+            self._waiters.pop(request_id, None)
+        if scope.cancelled_caught:
+            raise RequestTimeout(f"no answer to request {request_id} within {timeout:g} s")
+        if waiter.error is not None:
+            raise waiter.error
+        return waiter.response
+
+    # ------------------------------------------------------------------ produce
+
+    async def produce(self, batches: Mapping[TopicPartition, Sequence[MessageLike]], *,
+                      codec: Codec | None = None, sparse: bool = False,
+                      required_acks: int = 1, ack_timeout_ms: int = 0) -> None:
+        """Append messages to many partitions in one Produce: one bundle per partition.
+
+        ``codec=None`` follows Tank's compression rule. Messages without a timestamp (0) get
+        the current time. ``sparse=True`` writes a sparse bundle numbered by each
+        :class:`Message`'s ``seq``. Raises :class:`ProduceFailed` naming the partitions that
+        were not appended (the others were).
+        """
+        now = _now_ms()
+        bundles = {key: encode_bundle(_messages(items, now), codec=codec, sparse=sparse)
+                   for key, items in batches.items()}
+        await self.produce_bundles(bundles, required_acks=required_acks,
+                                   ack_timeout_ms=ack_timeout_ms)
+
+    async def produce_bundles(self, bundles: Mapping[TopicPartition, bytes], *,
+                              required_acks: int = 1, ack_timeout_ms: int = 0) -> None:
+        """Produce already encoded bundles (no length prefix), one per partition."""
+        grouped = _by_topic(bundles)
+
+        def build(request_id: int) -> Any:
+            return ProduceRequest(CLIENT_VERSION, request_id, self.client_id, required_acks,
+                                  ack_timeout_ms, [
+                                      ProduceTopic(topic, [ProducePartition(
+                                          p, bundles[(topic, p)]) for p in partitions])
+                                      for topic, partitions in grouped.items()])
+
+        _raise_produce_errors(await self.request(build))
+
+    async def produce_with_seqnum(
+            self, batches: Mapping[TopicPartition, tuple[int, Sequence[MessageLike]]], *,
+            codec: Codec | None = None, required_acks: int = 1,
+            ack_timeout_ms: int = 0) -> None:
+        """ProduceWithSeqnum (mirroring, tools): ``{(topic, partition): (first_seq,
+        messages)}``; the messages get ``first_seq``, ``first_seq + 1``, ... The first
+        sequence must be above the partition's high-water mark (else code 10)."""
+        now = _now_ms()
+        grouped = _by_topic(batches)
+        bundles = {key: (first, encode_bundle(_messages(items, now), codec=codec))
+                   for key, (first, items) in batches.items()}
+
+        def build(request_id: int) -> Any:
+            return ProduceWithSeqnumRequest(
+                CLIENT_VERSION, request_id, self.client_id, required_acks, ack_timeout_ms, [
+                    ProduceWithSeqnumTopic(topic, [ProduceWithSeqnumPartition(
+                        p, *bundles[(topic, p)]) for p in partitions])
+                    for topic, partitions in grouped.items()])
+
+        _raise_produce_errors(await self.request(build))
+
+    # ------------------------------------------------------------------ consume
+
+    async def consume(self, topic: str, partition: int, seq: int, *, max_wait_ms: int = 0,
+                      min_bytes: int = 0, fetch_size: int = DEFAULT_FETCH_SIZE
+                      ) -> ConsumeResult:
+        """Messages of one partition from sequence ``seq`` (:data:`FIRST_AVAILABLE`,
+        :data:`TAIL` or a sequence number).
+
+        With ``max_wait_ms`` the broker waits for appends when there is nothing to read,
+        until they total ``min_bytes``. Raises :class:`BoundaryError` (with
+        ``first_available``), :class:`UnknownTopicError`, :class:`UnknownPartitionError`
+        or :class:`PartitionFault`.
+        """
+        results = await self.consume_many({(topic, partition): seq}, max_wait_ms=max_wait_ms,
+                                          min_bytes=min_bytes, fetch_size=fetch_size)
+        return results[(topic, partition)]
+
+    async def consume_many(self, positions: Mapping[TopicPartition, int], *,
+                           max_wait_ms: int = 0, min_bytes: int = 0,
+                           fetch_size: int = DEFAULT_FETCH_SIZE
+                           ) -> dict[TopicPartition, ConsumeResult]:
+        """:meth:`consume` for many partitions in one request; raises for the first
+        partition that got an error (nothing is consumed server-side: just retry)."""
+        if not positions:
+            raise ValueError("consume needs at least one partition")
+        _by_topic(positions)
+        sizes = dict.fromkeys(positions, max(fetch_size, 1))
+        results: dict[TopicPartition, ConsumeResult] = {}
+        pending = dict(positions)
+        while pending:
+            response = await self._consume_once(pending, sizes, max_wait_ms, min_bytes)
+            retry: dict[TopicPartition, int] = {}
+            for topic in response.topics:
+                if topic.unknown:
+                    raise UnknownTopicError(topic.name)
+                for part in topic.partitions:
+                    key = (topic.name, part.partition)
+                    if key not in pending:
+                        raise BadResponse(f"answer for {key}, which was not asked for")
+                    result, partial = _decode_partition(key, pending[key], part)
+                    if partial:
+                        sizes[key] = _grown(key, sizes[key], partial)
+                        retry[key] = pending[key]
+                    else:
+                        results[key] = result
+            missing = [key for key in pending if key not in results and key not in retry]
+            if missing:
+                raise BadResponse(f"no answer for {missing}")
+            pending = retry
+            max_wait_ms = min_bytes = 0  # a retry only completes what was found
+        return {key: results[key] for key in positions}
+
+    async def _consume_once(self, positions: Mapping[TopicPartition, int],
+                            sizes: Mapping[TopicPartition, int], max_wait_ms: int,
+                            min_bytes: int) -> Any:
+        grouped = _by_topic(positions)
+
+        def build(request_id: int) -> Any:
+            return ConsumeRequest(CLIENT_VERSION, request_id, self.client_id, max_wait_ms,
+                                  min_bytes, 0, [
+                                      ConsumeTopic(topic, [ConsumePartition(
+                                          p, positions[(topic, p)], sizes[(topic, p)])
+                                          for p in partitions])
+                                      for topic, partitions in grouped.items()])
+
+        return await self.request(build, extra_wait=max_wait_ms / 1000)
+
+    # -------------------------------------------------------------------- admin
+
+    async def create_topic(self, topic: str, partitions: int,
+                           config: str | Mapping[str, str] = "") -> None:
+        """Create ``topic`` with ``partitions`` partitions and Tank config keys.
+
+        Raises :class:`TopicExistsError`, or :class:`RequestFailed` with Tank's code
+        (2 system error, 4 bad config, 5 read-only, 10 invalid name or partition count).
+        """
+        if isinstance(config, Mapping):
+            config = "".join(f"{k}={v}\n" for k, v in config.items())
+        raw = config.encode()
+        response = await self.request(
+            lambda rid: CreateTopicRequest(rid, topic, partitions, raw))
+        if response.error == CreateTopicError.EXISTS:
+            raise TopicExistsError(topic)
+        if response.error:
+            raise RequestFailed("create_topic", response.error, _code_name(
+                CreateTopicError, response.error))
+
+    async def discover_partitions(self, topic: str, partitions: Sequence[int] | None = None
+                                  ) -> list[PartitionBounds]:
+        """Bounds of every partition of ``topic`` (or of the listed ones, in that order).
+
+        Raises :class:`UnknownTopicError`.
+        """
+        wanted = list(partitions or ())
+        response = await self.request(
+            lambda rid: DiscoverPartitionsRequest(rid, topic, wanted))
+        if not response.partitions:
+            raise UnknownTopicError(topic)
+        indexes = wanted or range(len(response.partitions))
+        return [PartitionBounds(i, p.first_available_seq_num, p.high_water_mark, p.error)
+                for i, p in zip(indexes, response.partitions, strict=False)]
+
+    async def discover_topics(self) -> list[TopicInfo]:
+        response = await self.request(lambda rid: DiscoverTopicsRequest(rid, 0))
+        return [TopicInfo(t.name, t.partition_count, bool(t.enabled)) for t in response.topics]
+
+    async def discover_topology(self) -> Any:
+        """The cluster topology, or None from a standalone broker."""
+        response = await self.request(lambda rid: DiscoverTopologyRequest(rid, 0))
+        return response.cluster
+
+    async def reload_conf(self, topic: str, partition: int) -> None:
+        """Have the broker re-read the partition's ``config`` file."""
+        response = await self.request(lambda rid: ReloadConfRequest(rid, topic, partition))
+        if response.error == ReloadConfError.UNKNOWN_TOPIC:
+            raise UnknownTopicError(topic)
+        if response.error == ReloadConfError.UNKNOWN_PARTITION:
+            raise UnknownPartitionError(topic, partition)
+        if response.error:
+            raise RequestFailed("reload_conf", response.error, _code_name(
+                ReloadConfError, response.error))
+
+    async def status(self) -> BrokerStatus:
+        r = await self.request(lambda rid: StatusRequest(rid))
+        return BrokerStatus(r.topic_count, r.partition_count, r.open_partitions,
+                            r.open_time_ms, r.startup_ts, r.version, bool(r.cluster_aware))
+
+
+def _code_name(codes: Any, code: int) -> str:
+    try:
+        return codes(code).name.lower()
+    except ValueError:
+        return ""
+
+
+def _raise_produce_errors(response: Any) -> None:
+    errors = {(t.name, p.partition): p.error for t in response.topics
+              for p in t.partitions if p.error}
+    if errors:
+        raise ProduceFailed(errors)
+
+
+def _grown(key: TopicPartition, size: int, partial: int) -> int:
+    grown = max(partial, size * 2)
+    if grown > MAX_FETCH_SIZE:
+        raise BadResponse(f"{key[0]}/{key[1]}: a bundle of {partial} bytes is over the "
+                          f"{MAX_FETCH_SIZE} byte fetch limit")
+    return grown
+
+
+def _decode_partition(key: TopicPartition, seq: int, part: Any
+                      ) -> tuple[ConsumeResult, int]:
+    """The partition's result, and the length to retry with when it ended in a partial
+    bundle before any message was found (else 0)."""
+    topic, partition = key
+    flags = part.flags
+    if flags == ConsumeFlags.BOUNDARY_CHECK:
+        raise BoundaryError(topic, partition, seq, part.first_available_seq_num,
+                            part.high_water_mark)
+    if flags == ConsumeFlags.UNKNOWN_PARTITION:
+        raise UnknownPartitionError(topic, partition)
+    if flags not in (ConsumeFlags.OK, ConsumeFlags.SPARSE_FIRST_BUNDLE):
+        raise PartitionFault(topic, partition, flags)
+    hwm = part.high_water_mark
+    chunk = part.chunk or b""
+    if not chunk:
+        # Nothing yet; a TANK broker puts first-available in base_seq here, so a
+        # position that names no sequence resolves to the tail.
+        next_seq = hwm + 1 if seq in (FIRST_AVAILABLE, TAIL) else seq
+        return ConsumeResult(topic, partition, [], next_seq, hwm), 0
+    base = None if flags == ConsumeFlags.SPARSE_FIRST_BUNDLE else part.base_seq_num
+    min_seq = 0 if seq == TAIL else seq
+    try:
+        decoded = decode_chunk(chunk, base, min_seq)
+    except ProtocolError as exc:
+        raise BadResponse(f"{topic}/{partition}: corrupt chunk: {exc}") from None
+    if decoded.partial_bundle_len and not decoded.messages:
+        # Cut inside a bundle before any wanted message: ask for at least all of it.
+        return (ConsumeResult(topic, partition, [], seq, hwm),
+                decoded.consumed + decoded.partial_bundle_len)
+    return ConsumeResult(topic, partition, decoded.messages, decoded.next_seq, hwm), 0
+
+
+@asynccontextmanager
+async def open_tank_client(host: str, port: int, **options: Any) -> AsyncIterator[TankClient]:
+    """Connect a :class:`TankClient` (waiting for the broker's Ping) for the block.
+
+    ``options`` are :class:`TankClient`'s keyword arguments. Raises
+    :class:`~gateway.client.errors.ConnectError` when the broker can not be reached.
+    """
+    client = TankClient(host, port, **options)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(client.run)
+        try:
+            yield client
+        finally:
+            await client.aclose()
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,101 @@
+"""Shared helpers of the Tank tests: a listener on a loopback port over a real store."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from gateway.backend import Backend
+from gateway.config import Settings
+from gateway.embedded import open_embedded_backend
+from gateway.metrics import Metrics
+from gateway.tank_listener import serve_tank
+from protocols.connection import CLOSED, NEED_DATA, Role
+from protocols.tank.connection import TankConnection
+
+
+@dataclass
+class RunningServer:
+    host: str
+    port: int
+    backend: Any
+    metrics: Metrics
+    settings: Settings
+
+    def metric(self, text: str) -> float | None:
+        """The value of the exposition line starting with ``text`` (None: absent)."""
+        for line in self.metrics.render().decode().splitlines():
+            if line.startswith(text + " "):
+                return float(line.rsplit(" ", 1)[1])
+        return None
+
+
+@asynccontextmanager
+async def serving(backend: Backend, settings: Settings,
+                  metrics: Metrics | None = None) -> AsyncIterator[RunningServer]:
+    """Serve Tank over ``backend`` on 127.0.0.1 with an ephemeral port."""
+    metrics = metrics or Metrics()
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(serve_tank, backend, settings, metrics)
+        port = listeners[0].socket.getsockname()[1]
+        yield RunningServer("127.0.0.1", port, backend, metrics, settings)
+        nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def tank_server(data_dir: Path, **overrides: Any) -> AsyncIterator[RunningServer]:
+    """The embedded store in ``data_dir`` served on an ephemeral loopback port."""
+    options: dict[str, Any] = {"durability": "os"}
+    options.update(overrides)
+    settings = Settings(data_dir=data_dir, tank_listen="127.0.0.1:0", **options)
+    metrics = Metrics()
+    async with open_embedded_backend(settings, metrics) as backend, \
+            serving(backend, settings, metrics) as server:
+        yield server
+
+
+class RawClient:
+    """Tank frames over a socket with the project's codec, for protocol-level tests."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.conn = TankConnection(Role.CLIENT)
+
+    @classmethod
+    async def connect(cls, server: RunningServer) -> RawClient:
+        return cls(await trio.open_tcp_stream(server.host, server.port))
+
+    async def send(self, *messages: Any) -> None:
+        await self.stream.send_all(b"".join(self.conn.send(m) for m in messages))
+
+    async def next(self) -> Any:
+        """The next event (a Reply or Ping); EOFError when the server closes."""
+        while True:
+            event = self.conn.next_event()
+            if event is CLOSED:
+                raise EOFError("server closed the connection")
+            if event is not NEED_DATA:
+                return event
+            self.conn.receive_data(await self.stream.receive_some(65536))
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+async def read_until_closed(stream: trio.SocketStream, limit: float = 5.0) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    received = bytearray()
+    with trio.fail_after(limit):
+        while True:
+            try:
+                data = await stream.receive_some(65536)
+            except trio.BrokenResourceError:
+                return bytes(received)
+            if not data:
+                return bytes(received)
+            received += data
