@@ -56,6 +56,8 @@ class PublishRun:
         self.reason = ""
 
     def add(self, seq_num: int, value: bytes) -> None:
+        """Append one publish (the session fills the lists directly on its hot path and
+        sets ``nbytes`` before submitting)."""
         self.seq_nums.append(seq_num)
         self.values.append(value)
         self.nbytes += len(value)

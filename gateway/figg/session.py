@@ -182,7 +182,10 @@ class FiggSession:
                     if run is None:
                         run = PublishRun(self._acks)
                         runs.append((where, run))
-                    run.add(event.seq_num, event.data)
+                        add_seq = run.seq_nums.append
+                        add_value = run.values.append
+                    add_seq(event.seq_num)
+                    add_value(event.data)
                     continue
                 run = None  # publishes after another message start a new run
                 if event is CLOSED:
@@ -208,6 +211,7 @@ class FiggSession:
     def _submit(self, runs: list[tuple[TankPartition, PublishRun]]) -> None:
         assert self._publisher is not None
         for where, run in runs:
+            run.nbytes = sum(map(len, run.values))
             self._acks.track(run)
             self._publisher.submit(where, run)
         runs.clear()
