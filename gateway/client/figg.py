@@ -127,7 +127,9 @@ class Subscription:
     """Messages of one attached topic: ``async for message in subscription``.
 
     Iteration ends after :meth:`aclose` (or the client closing). ``last_offset`` is the
-    offset of the last message handed over (or the one ATTACHED reported before any).
+    offset of the last message the application took (or the one ATTACHED reported
+    before any): hand it to another consumer (Figg ATTACH, or Tank at ``last_offset + 1``)
+    to continue exactly after it.
     """
 
     def __init__(self, client: FiggClient, topic: str, from_offset: int | None,
@@ -143,6 +145,9 @@ class Subscription:
         #: Offset ATTACHED reported for the first attachment (None until then).
         self.start_offset: int | None = None
         self.last_offset: int | None = None
+        # The offset of the last message received from the server (possibly still
+        # buffered): where a reconnect resumes.
+        self._received_offset: int | None = None
         self._streak = 0
 
     @property
@@ -154,15 +159,17 @@ class Subscription:
         await self._attached.wait()
 
     def _attach_frame(self) -> bytes:
-        if self._state is _SubState.ATTACHED and self.last_offset is not None:
-            return _encode_attach(ATTACH_FROM_OFFSET, self._topic_bytes, self.last_offset)
+        if self._state is _SubState.ATTACHED and self._received_offset is not None:
+            return _encode_attach(ATTACH_FROM_OFFSET, self._topic_bytes,
+                                  self._received_offset)
         return _encode_attach(self._flags, self._topic_bytes, self._offset)
 
     def _on_attached(self, offset: int) -> None:
         self._state = _SubState.ATTACHED
-        self.last_offset = offset
+        self._received_offset = offset
         if self.start_offset is None:
             self.start_offset = offset
+            self.last_offset = offset
         self._attached.set()
 
     def _end(self) -> None:
@@ -171,11 +178,15 @@ class Subscription:
 
     async def receive(self) -> FiggMessage:
         """The next message; ``trio.EndOfChannel`` once the subscription has ended."""
-        return await self._receive.receive()
+        message = await self._receive.receive()
+        self.last_offset = message.offset
+        return message
 
     def receive_nowait(self) -> FiggMessage:
         """The next buffered message, or ``trio.WouldBlock``."""
-        return self._receive.receive_nowait()
+        message = self._receive.receive_nowait()
+        self.last_offset = message.offset
+        return message
 
     def __aiter__(self) -> Subscription:
         return self
@@ -187,16 +198,20 @@ class Subscription:
         self._streak += 1
         if self._streak < _CHECKPOINT_EVERY:
             try:
-                return self._receive.receive_nowait()
+                message = self._receive.receive_nowait()
+                self.last_offset = message.offset
+                return message
             except trio.WouldBlock:
                 pass
             except (trio.EndOfChannel, trio.ClosedResourceError):
                 raise StopAsyncIteration from None
         self._streak = 0
         try:
-            return await self._receive.receive()
+            message = await self._receive.receive()
         except (trio.EndOfChannel, trio.ClosedResourceError):
             raise StopAsyncIteration from None
+        self.last_offset = message.offset
+        return message
 
     async def aclose(self) -> None:
         """Detach (waits for DETACHED, resending it across reconnects)."""
@@ -543,7 +558,7 @@ class FiggClient:
                         self._delivering = False
                 except (trio.ClosedResourceError, trio.BrokenResourceError):
                     continue
-                sub.last_offset = event.offset
+                sub._received_offset = event.offset
             elif kind is Ack:
                 acked = max(acked, event.seq_num)
             elif kind is Pong:

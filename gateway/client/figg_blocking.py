@@ -38,11 +38,14 @@ class BlockingSubscription:
         self._owner = owner
         self._queue: queue.Queue[FiggMessage | None] = queue.Queue(maxsize)
         self.subscription: Subscription | None = None
+        self._last_offset: int | None = None
 
     @property
     def last_offset(self) -> int | None:
-        """Offset of the last message received from the server."""
-        return None if self.subscription is None else self.subscription.last_offset
+        """Offset of the last message :meth:`get` returned (ATTACHED's before any)."""
+        if self._last_offset is None and self.subscription is not None:
+            return self.subscription.start_offset
+        return self._last_offset
 
     @property
     def start_offset(self) -> int | None:
@@ -55,6 +58,7 @@ class BlockingSubscription:
         if message is None:
             self._queue.put(None)  # stay ended for later calls
             raise EOFError(f"subscription to {self.topic!r} ended")
+        self._last_offset = message.offset
         return message
 
     def __iter__(self) -> Iterator[FiggMessage]:
