@@ -215,15 +215,28 @@ class TankClient:
     def connected(self) -> bool:
         return self._stream is not None and self._failure is None
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-                  ) -> None:
-        """Connect, wait for the broker's Ping, then serve the connection until it ends or
-        :meth:`aclose`. Raises :class:`ConnectError` before ``task_status.started()``."""
-        if self._failure is not None:
-            raise self._failure
+    async def connect(self) -> None:
+        """Open the connection and wait for the broker's Ping (``connect_timeout``).
+
+        Raises :class:`ConnectError`. Then run :meth:`serve` in a task.
+        """
+        if self._stream is not None or self._failure is not None:
+            raise ClientClosed("a TankClient connects once: make a new one")
+        self._stream = await self._connect()
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                    ) -> None:
+        """Serve the connection (after :meth:`connect`) until it ends or :meth:`aclose`.
+
+        Never raises for connection trouble: the calls waiting then raise instead.
+        """
+        stream = self._stream
+        if stream is None:
+            raise RuntimeError("connect() first")
         with trio.CancelScope() as scope:
             self._scope = scope
-            stream = await self._connect()
+            if self._failure is not None:
+                scope.cancel()  # closed before serving began
             try:
                 task_status.started()
                 async with trio.open_nursery() as nursery:
@@ -234,6 +247,13 @@ class TankClient:
                 self._fail(ConnectionLost("connection closed"))
                 with trio.CancelScope(shield=True):
                     await trio.aclose_forcefully(stream)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """:meth:`connect`, then :meth:`serve` (``task_status.started()`` once connected):
+        for ``await nursery.start(client.run)``."""
+        await self.connect()
+        await self.serve(task_status=task_status)
 
     async def _connect(self) -> trio.SocketStream:
         try:
@@ -249,7 +269,6 @@ class TankClient:
                                f"{self.connect_timeout:g} s") from None
         except OSError as exc:
             raise ConnectError(f"{self.host}:{self.port}: {exc}") from exc
-        self._stream = stream
         return stream
 
     async def _await_greeting(self, stream: trio.SocketStream) -> None:
@@ -613,10 +632,17 @@ async def open_tank_client(host: str, port: int, **options: Any) -> AsyncIterato
     :class:`~gateway.client.errors.ConnectError` when the broker can not be reached.
     """
     client = TankClient(host, port, **options)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(client.run)
-        try:
-            yield client
-        finally:
-            await client.aclose()
-            nursery.cancel_scope.cancel()
+    await client.connect()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.serve)
+            try:
+                yield client
+            finally:
+                await client.aclose()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # serve() never raises: a lone exception is the caller's own, give it back as is.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
