@@ -6,12 +6,12 @@ Run: ``python benchmarks/bench_figg.py [--messages N] [--size 128] [--window 256
 Measured:
 
 - publish: one Figg client publishes ``--messages`` messages of ``--size`` bytes with a
-  window of ``--window``; msgs/s from the first PUBLISH to the last ACK;
+  window of ``--window``; msgs/s from the first PUBLISH to the last ACK; then
+  ``--publishers`` clients (processes) at once on one topic, their rates summed;
 - subscribe: 1 and 4 subscribers (each its own process) attach from offset 0 to a topic
   holding ``--messages`` messages and read them all; msgs/s per subscriber and in total;
 - latency: Figg PUBLISH -> a Tank consumer long-polling the same partition (median and
-  p99 over ``--latency-samples`` messages sent one at a time), when the Tank client and
-  listener exist.
+  p99 over ``--latency-samples`` messages sent one at a time).
 
 The gateway runs in a child process started by this script (``--serve``) on a temporary
 data directory; nothing but 127.0.0.1 is used.
@@ -51,6 +51,7 @@ async def serve(data_dir: str, durability: str) -> None:
     from gateway.figg_listener import serve_figg
     from gateway.logs import configure_logging
     from gateway.metrics import Metrics
+    from gateway.tank_listener import serve_tank
 
     settings = Settings().with_overrides(data_dir=data_dir, durability=durability,
                                          figg_listen="127.0.0.1:0",
@@ -58,25 +59,14 @@ async def serve(data_dir: str, durability: str) -> None:
                                          log_level="warning")
     configure_logging("warning", "json")
     metrics = Metrics()
-    async with open_embedded_backend(settings) as backend, trio.open_nursery() as nursery:
+    async with open_embedded_backend(settings, metrics) as backend, \
+            trio.open_nursery() as nursery:
         figg = await nursery.start(serve_figg, backend, settings, metrics)
-        ports = [f"figg={figg[0].socket.getsockname()[1]}"]
-        tank = await _start_tank(nursery, backend, settings, metrics)
-        if tank:
-            ports.append(f"tank={tank}")
-        print(" ".join(ports), flush=True)
+        tank = await nursery.start(serve_tank, backend, settings, metrics)
+        print(f"figg={figg[0].socket.getsockname()[1]} "
+              f"tank={tank[0].socket.getsockname()[1]}", flush=True)
         await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
         nursery.cancel_scope.cancel()
-
-
-async def _start_tank(nursery: trio.Nursery, backend: object, settings: object,
-                      metrics: object) -> int | None:
-    try:
-        from gateway.tank_listener import serve_tank  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    listeners = await nursery.start(serve_tank, backend, settings, metrics)
-    return listeners[0].socket.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -118,6 +108,22 @@ async def bench_publish(port: int, topic: str, messages: int, size: int, window:
         return messages / (time.perf_counter() - start)
 
 
+def bench_publish_parallel(port: int, topic: str, messages: int, size: int, window: int,
+                           publishers: int) -> float:
+    """Total msgs/s of ``publishers`` processes each publishing ``messages // publishers``."""
+    each = messages // publishers
+    procs = [subprocess.Popen([sys.executable, __file__, "--publisher", str(port), topic,
+                               str(each), str(size), str(window)],
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT)
+             for _ in range(publishers)]
+    rates = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=600)
+        rates.append(float(out.strip()))
+    # Each rate is measured over its own run; they overlap, so the total is their sum.
+    return sum(rates)
+
+
 async def read_all(port: int, topic: str, messages: int) -> float:
     """``--subscriber``: read ``messages`` messages of ``topic`` from offset 0; msgs/s."""
     async with open_figg_client("127.0.0.1", port, **OPTIONS) as client:
@@ -144,19 +150,34 @@ def bench_subscribe(port: int, topic: str, messages: int, subscribers: int) -> l
 
 
 async def bench_latency(figg_port: int, tank_port: int, samples: int, size: int
-                        ) -> tuple[float, float] | None:
-    """Median and p99 seconds from a Figg PUBLISH to a Tank consumer receiving it."""
-    try:
-        from gateway.client import tank as tank_client
-    except ImportError:
-        return None
-    return await tank_latency(tank_client, figg_port, tank_port, samples, size)
+                        ) -> tuple[float, float]:
+    """Median and p99 seconds from a Figg PUBLISH to a Tank consumer receiving it.
 
+    One message at a time: the publisher sends the next once the consumer has the last,
+    so each sample is an idle-system latency (durability included: under ``fsync`` a
+    message becomes visible once fsynced).
+    """
+    from gateway.client.tank import open_tank_client
 
-async def tank_latency(tank_client: object, figg_port: int, tank_port: int, samples: int,
-                       size: int) -> tuple[float, float] | None:
-    """Filled in once the Tank client's API is known (see bench_latency)."""
-    return None
+    topic = "latency"
+    pad = b"." * max(0, size - 8)
+    latencies: list[float] = []
+    async with open_figg_client("127.0.0.1", figg_port, **OPTIONS) as figg, \
+            open_tank_client("127.0.0.1", tank_port) as tank:
+        await figg.publish_and_wait(topic, b"warm-up")
+        [bounds] = await tank.discover_partitions(topic)
+        next_seq = bounds.high_water_mark + 1
+        for i in range(samples):
+            sent = time.perf_counter()
+            await figg.publish(topic, i.to_bytes(8, "big") + pad)
+            while True:
+                result = await tank.consume(topic, 0, next_seq, max_wait_ms=5000,
+                                            min_bytes=1)
+                next_seq = result.next_seq
+                if any(m.value[:8] == i.to_bytes(8, "big") for m in result.messages):
+                    break
+            latencies.append(time.perf_counter() - sent)
+    return statistics.median(latencies), percentile(latencies, 0.99)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -174,12 +195,19 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=256)
     parser.add_argument("--durability", choices=("fsync", "os"), default="fsync")
     parser.add_argument("--subscribers", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--publishers", type=int, nargs="+", default=[4],
+                        help="also measure this many publishers at once (aggregate)")
     parser.add_argument("--latency-samples", type=int, default=2000)
     parser.add_argument("--serve", metavar="DATA_DIR", help=argparse.SUPPRESS)
     parser.add_argument("--subscriber", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--publisher", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         trio.run(serve, args.serve, args.durability)
+        return
+    if args.publisher:
+        port, topic, count, size, window = args.publisher
+        print(trio.run(bench_publish, int(port), topic, int(count), int(size), int(window)))
         return
     if args.subscriber:
         port, topic, count = args.subscriber
@@ -192,22 +220,20 @@ def main() -> None:
         figg = ports["figg"]
         rate = trio.run(bench_publish, figg, "bench", args.messages, args.size, args.window)
         print(f"publish    {rate:12,.0f} msgs/s  ({rate * args.size / 1e6:.1f} MB/s of payload)")
+        for n in args.publishers:
+            total_rate = bench_publish_parallel(figg, f"bench-{n}", args.messages, args.size,
+                                                args.window, n)
+            print(f"publish    {total_rate:12,.0f} msgs/s total ({n} publishers at once, "
+                  f"one topic)")
         total = args.messages + 1
         for n in args.subscribers:
             rates = bench_subscribe(figg, "bench", total, n)
             print(f"subscribe  {statistics.mean(rates):12,.0f} msgs/s per subscriber, "
                   f"{sum(rates):,.0f} msgs/s total ({n} subscriber{'s' if n > 1 else ''})")
-        if "tank" in ports:
-            result = trio.run(bench_latency, figg, ports["tank"], args.latency_samples,
-                              args.size)
-            if result is not None:
-                median, p99 = result
-                print(f"latency    Figg publish -> Tank consumer: median "
-                      f"{median * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms")
-            else:
-                print("latency    (no Tank client yet)")
-        else:
-            print("latency    (no Tank listener yet)")
+        median, p99 = trio.run(bench_latency, figg, ports["tank"], args.latency_samples,
+                               args.size)
+        print(f"latency    Figg publish -> Tank consumer: median {median * 1e3:.2f} ms, "
+              f"p99 {p99 * 1e3:.2f} ms ({args.latency_samples} messages, one at a time)")
 
 
 if __name__ == "__main__":

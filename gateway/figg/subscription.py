@@ -119,10 +119,13 @@ class Subscription:
         if result.next_seq > self.next_seq:
             self.next_seq = result.next_seq
             return FETCH_SIZE
-        if result.partial_bundle_len:
+        if result.partial_bundle_len and result.partial_bundle_len > fetch_size:
             # A backend that cuts chunks (TANK 1 style): ask for the whole bundle.
-            return max(fetch_size, result.partial_bundle_len)
-        return fetch_size
+            return result.partial_bundle_len
+        # Data that does not move the position: asking again would spin.
+        raise SubscriptionError(
+            f"{self.figg_topic}: the backend returned no message at or after sequence "
+            f"{self.next_seq}")
 
     def _skip_to(self, first_available: int, high_water_mark: int) -> None:
         """Re-enter the log after retention (or a truncation) moved its bounds."""

@@ -63,6 +63,8 @@ class MemoryBackend:
         self.produce_delay = 0.0
         #: When set, fetches wait for this event first.
         self.fetch_gate: trio.Event | None = None
+        #: Cut chunks at the fetch size, leaving a partial last bundle (TANK 1 style).
+        self.cut_chunks = False
         self._changed = trio.Event()
 
     async def produce(self, batches: Sequence[ProduceBatch]) -> list[ProduceOutcome]:
@@ -131,6 +133,8 @@ class MemoryBackend:
         if not p.first <= seq <= p.hwm + 1:
             return FetchOutcome(FetchStatus.BOUNDARY, p.hwm, p.first)
         base, data = p.read(seq, r.fetch_size)
+        if self.cut_chunks:
+            data = data[:r.fetch_size]
         return FetchOutcome(FetchStatus.DATA, p.hwm, p.first, base if data else None,
                             BytesChunk(data))
 

@@ -177,3 +177,18 @@ async def test_subscription_skips_to_first_available_after_retention():
             backend.trim("r", 0, 8)  # messages 1..8 expire before the subscription reads
             gate.set()
             assert [(await sub.receive_one()).offset for _ in range(2)] == [9, 10]
+
+
+async def test_subscription_grows_its_fetch_for_cut_chunks():
+    backend = MemoryBackend()
+    backend.cut_chunks = True
+    big = [bytes([i]) * (300 * 1024 + i) for i in range(3)]  # each over the fetch size
+    with trio.fail_after(10):
+        async with figg_server(backend) as server:
+            peer = await RawPeer.connect(server)
+            await peer.send(*(publish("cut", i, v) for i, v in enumerate(big)))
+            await peer.receive(3)
+            await peer.send(attach("cut", 0))
+            assert await peer.receive_one() == Attached("cut", 0)
+            got = await peer.receive(3)
+            assert [(d.offset, d.data) for d in got] == [(i + 1, v) for i, v in enumerate(big)]

@@ -1,0 +1,128 @@
+"""The Figg listener on the embedded store: isolation between clients, restarts, limits."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from functools import partial
+
+import trio
+
+from gateway.config import Settings
+from gateway.figg_listener import FiggListener
+from gateway.metrics import Metrics
+from protocols.figg.messages import Ack, Attached, Data
+from tests.figg.helpers import (
+    RawPeer,
+    RunningServer,
+    attach,
+    figg_server,
+    open_test_backend,
+    publish,
+)
+from tests.figg.proxy import _reset
+
+
+async def test_one_subscriber_leaving_never_affects_another(tmp_path):
+    with trio.fail_after(10):
+        async with open_test_backend(tmp_path) as backend, figg_server(backend) as server:
+            stay = await RawPeer.connect(server)
+            leave = await RawPeer.connect(server)
+            for peer in (stay, leave):
+                await peer.send(attach("shared"))
+                assert await peer.receive_one() == Attached("shared", 0)
+            pub = await RawPeer.connect(server)
+            await pub.send(*(publish("shared", i, b"a%d" % i) for i in range(1, 51)))
+            await pub.receive(50)
+            await _reset(leave.stream)  # gone mid-stream, without a goodbye
+            await pub.send(*(publish("shared", i, b"b%d" % i) for i in range(51, 101)))
+            await pub.receive(50)
+            got = await stay.receive(100)
+            assert [d.offset for d in got] == list(range(1, 101))
+
+
+async def test_payloads_are_intact_under_concurrent_load(tmp_path):
+    """Many publishers, varied sizes: every DATA payload is exactly what was published
+    (the real Figg server corrupted live payloads by sharing its read buffer)."""
+    def body(k: int, i: int) -> bytes:
+        rnd = random.Random(k * 100_000 + i)
+        head = b"%d:%d:" % (k, i)
+        return head + hashlib.sha256(head).digest() * rnd.randrange(0, 200)
+
+    with trio.fail_after(20):
+        async with open_test_backend(tmp_path) as backend, figg_server(backend) as server:
+            sub = await RawPeer.connect(server)
+            await sub.send(attach("load"))
+            await sub.receive_one()
+
+            async def publisher(k: int) -> None:
+                peer = await RawPeer.connect(server)
+                for start in range(0, 200, 25):
+                    await peer.send(*(publish("load", i, body(k, i))
+                                      for i in range(start, start + 25)))
+                assert [a.seq_num for a in await peer.receive(200)] == list(range(200))
+
+            async with trio.open_nursery() as nursery:
+                for k in range(8):
+                    nursery.start_soon(publisher, k)
+            got = await sub.receive(1600)
+    assert [d.offset for d in got] == list(range(1, 1601))
+    seen = set()
+    for d in got:
+        k, i, _ = d.data.split(b":", 2)
+        assert d.data == body(int(k), int(i))
+        seen.add((int(k), int(i)))
+    assert len(seen) == 1600
+
+
+async def test_restart_keeps_data_and_positions(tmp_path):
+    with trio.fail_after(10):
+        async with open_test_backend(tmp_path) as backend, figg_server(backend) as server:
+            pub = await RawPeer.connect(server)
+            await pub.send(*(publish("keep", i, b"k%d" % i) for i in range(1, 21)))
+            assert (await pub.receive(20))[-1] == Ack(20)
+        async with open_test_backend(tmp_path) as backend, figg_server(backend) as server:
+            sub = await RawPeer.connect(server)
+            await sub.send(attach("keep", 12))  # an offset handed out before the restart
+            assert await sub.receive_one() == Attached("keep", 12)
+            assert await sub.receive(8) == [Data("keep", i, b"k%d" % i) for i in range(13, 21)]
+            await sub.send(attach("keep/0", 0))  # the same partition, by its other name
+            assert await sub.receive_one() == Attached("keep/0", 0)
+            assert (await sub.receive(20))[0] == Data("keep/0", 1, b"k1")
+
+
+async def test_handler_without_a_shared_publisher(tmp_path):
+    """``FiggListener.handle`` as a plain ``serve_tcp`` handler (how server.py runs it)."""
+    with trio.fail_after(10):
+        async with open_test_backend(tmp_path) as backend, trio.open_nursery() as nursery:
+            listener = FiggListener(backend, Settings(), Metrics())
+            [sock] = await nursery.start(partial(trio.serve_tcp, listener.handle, 0,
+                                                 host="127.0.0.1"))
+            server = RunningServer("127.0.0.1", sock.socket.getsockname()[1], backend,
+                                   listener.metrics, listener.settings)
+            peer = await RawPeer.connect(server)
+            await peer.send(*(publish("solo", i, b"s") for i in range(1, 101)), attach("solo", 0))
+            got = await peer.receive(201)
+            assert [e for e in got if isinstance(e, Ack)] == [Ack(i) for i in range(1, 101)]
+            assert len([e for e in got if isinstance(e, Data)]) == 100
+            nursery.cancel_scope.cancel()
+
+
+async def test_connections_over_the_limit_are_closed(tmp_path):
+    with trio.fail_after(10):
+        async with open_test_backend(tmp_path) as backend, \
+                figg_server(backend, max_connections=2) as server:
+            first = await RawPeer.connect(server)
+            second = await RawPeer.connect(server)
+            await first.send(publish("lim", 1, b"x"))
+            await first.receive_one()
+            await second.send(publish("lim", 1, b"x"))
+            await second.receive_one()
+            third = await RawPeer.connect(server)
+            await third.expect_closed()
+            await second.aclose()
+            while server.metrics.connections.labels("figg")._value.get() > 1:
+                await trio.sleep(0.01)
+            fourth = await RawPeer.connect(server)
+            await fourth.send(publish("lim", 1, b"x"))
+            assert await fourth.receive_one() == Ack(1)
