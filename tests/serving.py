@@ -1,0 +1,103 @@
+"""Run ``figtank serve`` as a real subprocess and learn where it listens."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class ServeProcess:
+    """A running ``figtank serve``: its process, addresses and captured log lines."""
+
+    process: subprocess.Popen
+    tank: tuple[str, int] | None
+    figg: tuple[str, int] | None
+    metrics: tuple[str, int] | None
+    log_lines: list[dict] = field(default_factory=list)
+    _drain: threading.Thread | None = None
+
+    def start_draining(self) -> None:
+        """Keep reading stderr into log_lines so a chatty server never blocks on the pipe."""
+        def drain() -> None:
+            assert self.process.stderr is not None
+            for line in self.process.stderr:
+                self.log_lines.extend(_parse_lines(line))
+        self._drain = threading.Thread(target=drain, daemon=True)
+        self._drain.start()
+
+    def events(self, name: str) -> list[dict]:
+        """Log lines whose event is ``name``."""
+        return [line for line in self.log_lines if line.get("event") == name]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        """Send ``sig`` and wait for the exit code (and the last log lines)."""
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+        if self._drain is not None:
+            self._drain.join(timeout=5)
+        return self.process.returncode
+
+
+def _parse_lines(text: str) -> list[dict]:
+    lines = []
+    for line in text.splitlines():
+        try:
+            lines.append(json.loads(line))
+        except json.JSONDecodeError:
+            lines.append({"raw": line})
+    return lines
+
+
+def _address(text: str | None) -> tuple[str, int] | None:
+    if not text:
+        return None
+    host, _, port = text.rpartition(":")
+    return host, int(port)
+
+
+@contextmanager
+def figtank_serve(*args: str, cwd: Path | None = None, timeout: float = 30
+                  ) -> Iterator[ServeProcess]:
+    """Start ``figtank serve`` with JSON logs; yield once it says it is serving."""
+    command = [sys.executable, "-m", "gateway.cli", "serve", "--log-format", "json", *args]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, cwd=cwd, env=env)
+    lines: list[dict] = []
+    deadline = time.monotonic() + timeout
+    try:
+        assert process.stderr is not None
+        while True:
+            if time.monotonic() > deadline:
+                raise TimeoutError("figtank serve did not start in time")
+            line = process.stderr.readline()
+            if not line:
+                raise RuntimeError(f"figtank serve exited early: {lines}")
+            lines.extend(_parse_lines(line))
+            event = lines[-1]
+            if event.get("event") == "figtank_serving":
+                break
+        served = ServeProcess(process, _address(event.get("tank")), _address(event.get("figg")),
+                              _address(event.get("metrics")), lines)
+        served.start_draining()
+        yield served
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
