@@ -296,6 +296,7 @@ class FiggClient:
         self._connected = ParkingLot()
         self._delivering = False
         self._closed = False
+        self._waiting: set[trio.Event] = set()
         self._run_scope: trio.CancelScope | None = None
 
     # ------------------------------------------------------------------ public API
@@ -340,11 +341,17 @@ class FiggClient:
     async def publish_and_wait(self, topic: str, data: bytes) -> int:
         """Publish ``data`` and wait for its ACK; returns its sequence number."""
         done = trio.Event()
-        seq = await self.publish(topic, data, lambda _: done.set())
-        while not done.is_set():
-            self._check_open()
-            with trio.move_on_after(1.0):  # wake now and then to notice aclose()
-                await done.wait()
+        acked = False
+
+        def on_ack(_: int) -> None:
+            nonlocal acked
+            acked = True
+            done.set()
+
+        seq = await self.publish(topic, data, on_ack)
+        await self._wait(done)
+        if not acked:
+            raise ClientClosed("the Figg client closed before the ACK")
         return seq
 
     async def wait_all_acked(self) -> None:
@@ -362,10 +369,9 @@ class FiggClient:
             done.set()
 
         last.on_ack = chained
-        while not done.is_set():
-            self._check_open()
-            with trio.move_on_after(1.0):
-                await done.wait()
+        await self._wait(done)
+        if self._unacked and self._unacked[0].seq <= last.seq:
+            raise ClientClosed("the Figg client closed before every ACK")
 
     async def subscribe(self, topic: str, *, from_offset: int | None = None,
                         wait: bool = True, buffer: int | None = None) -> Subscription:
@@ -405,10 +411,9 @@ class FiggClient:
         if self._link is not None:
             self._link.send(_encode_detach(topic.encode()))
         if wait:
-            while not done.is_set():
-                self._check_open()
-                with trio.move_on_after(1.0):
-                    await done.wait()
+            await self._wait(done)
+            if topic in self._detaching:
+                raise ClientClosed("the Figg client closed before DETACHED")
 
     async def aclose(self) -> None:
         """Close the connection and stop reconnecting; waiting calls raise ClientClosed."""
@@ -417,6 +422,8 @@ class FiggClient:
             self._run_scope.cancel()
         for sub in self._subs.values():
             sub._end()
+        for event in self._waiting:
+            event.set()
         self._window_space.unpark_all()
         self._connected.unpark_all()
         await trio.lowlevel.checkpoint()
@@ -490,6 +497,15 @@ class FiggClient:
                 self.on_state_change(state)
             except Exception:
                 log.exception("figg_state_callback_failed")
+
+    async def _wait(self, event: trio.Event) -> None:
+        """Wait for ``event``, which :meth:`aclose` also sets (callers check why)."""
+        self._check_open()
+        self._waiting.add(event)
+        try:
+            await event.wait()
+        finally:
+            self._waiting.discard(event)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -261,3 +261,32 @@ def test_backoff_is_pluggable():
     calls = itertools.count()
     client = FiggClient("127.0.0.1", 1, backoff=lambda a: float(next(calls)))
     assert client.backoff(5) == 0.0 and client.backoff(5) == 1.0
+
+
+async def test_aclose_wakes_waiting_calls():
+    server = RecordingServer()  # never answers
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run)
+            client = FiggClient("127.0.0.1", server.port, window=1, ping_interval=float("inf"))
+            await nursery.start(client.run)
+            errors: list[str] = []
+
+            async def expect_closed(name: str, call: Any) -> None:
+                try:
+                    await call()
+                except ClientClosed:
+                    errors.append(name)
+
+            nursery.start_soon(expect_closed, "publish_and_wait",
+                               lambda: client.publish_and_wait("t", b"x"))
+            await server.wait_for(0, 1)
+            nursery.start_soon(expect_closed, "publish", lambda: client.publish("t", b"y"))
+            nursery.start_soon(expect_closed, "subscribe", lambda: client.subscribe("s"))
+            await server.wait_for(0, 2)
+            await trio.sleep(0.05)
+            await client.aclose()
+            while len(errors) < 3:
+                await trio.sleep(0.01)
+            assert sorted(errors) == ["publish", "publish_and_wait", "subscribe"]
+            nursery.cancel_scope.cancel()
