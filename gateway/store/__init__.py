@@ -13,6 +13,14 @@ fileOffset`` entries) and an optional ``config``; ``<data>/<topic>/config`` appl
 every partition. A segment is a run of ``varint len | bundle``, byte-identical to a
 Tank Consume chunk, so a data directory is readable by the Tank broker and back.
 
+Store API, see :class:`LogStore`: ``open_store(data_dir, settings)`` (async context
+manager; recovers every partition in a worker thread, runs fsync rounds and the periodic
+maintenance in its own nursery), ``topics()``, ``topic(name)``, ``partition(topic, i)``
+(:class:`UnknownTopic` / :class:`UnknownPartition`), ``await create_topic(name,
+partitions, config_text)`` (atomic; :class:`TopicExists`, :class:`InvalidTopicName`,
+:class:`InvalidConfig`), ``await ensure_topic(name)`` (auto-create),
+``await reload_config(topic, i)`` (Tank's ReloadConf), ``await maintain()``.
+
 Partition API (what the listeners use), see :class:`Partition`:
 
 - ``first_available`` / ``high_water_mark``: bounds of what readers may see. Sequence
@@ -31,7 +39,9 @@ Partition API (what the listeners use), see :class:`Partition`:
   boundary, within one segment; 0 = first available, ``UINT64_MAX`` = tail. An empty
   result (``at_tail``) means "wait"; a sequence outside ``[first_available, hwm + 1]``
   raises :class:`OutOfRange`. The result owns a dup'ed fd (``fileno()``,
-  ``sendfile_source()``, ``read_bytes()``) and must be closed (``with``).
+  ``sendfile_source()``, ``read_bytes()``) and must be closed (``with``); it also
+  carries ``base_seq``, ``first_bundle_sparse`` (Tank's 0xfe flag), ``next_seq``,
+  ``high_water_mark`` and ``first_available``.
 - ``read_messages(seq, fetch_size) -> (messages, next_seq)``: the same, decoded.
 - ``await wait_for(seq, deadline) -> bool``: park until ``high_water_mark >= seq`` or
   the trio clock reaches ``deadline``; woken right after the append becomes visible.
