@@ -136,7 +136,11 @@ class FetchOutcome:
 
 @dataclass(frozen=True, slots=True)
 class PartitionInfo:
-    """Bounds of one partition: ``first_available`` > ``high_water_mark`` when empty."""
+    """Bounds of one partition, as Tank's DiscoverPartitions reports them.
+
+    A partition that never held a message is ``(0, 0)``; one whose messages retention
+    removed is ``(hwm + 1, hwm)``. Sequence numbers start at 1.
+    """
 
     first_available: int
     high_water_mark: int

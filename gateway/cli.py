@@ -38,9 +38,12 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 def _commands() -> dict[str, tuple[str, Command]]:
+    from gateway.cli_clients import COMMANDS
+
     return {
         "serve": ("run the gateway (Figg and Tank listeners over one log)",
                   (_add_serve_arguments, _run_serve)),
+        **COMMANDS,
     }
 
 
