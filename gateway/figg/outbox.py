@@ -6,6 +6,10 @@ and writes whatever is queued with one ``send_all``. The budget is what keeps a 
 reader from making the server buffer without bound: subscriptions call
 :meth:`Outbox.wait_writable` before reading the log, so they stop reading while the
 connection is behind.
+
+Two lanes: the ordered one (ATTACHED, DATA, DETACHED: DETACHED must follow the last DATA
+of its topic) and an urgent one for PONG and ACK, which may overtake DATA, so a client
+that is behind on a busy subscription still gets its PONGs (and keeps the connection).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class Outbox:
         self._stream = stream
         self._limit = limit
         self._items: deque[tuple[Owner | None, bytes]] = deque()
+        self._urgent: deque[bytes] = deque()
         self._queued = 0
         self._writer_idle = False
         self._has_items = ParkingLot()
@@ -84,6 +89,17 @@ class Outbox:
             self._writer_idle = False
             self._has_items.unpark_all()
 
+    def put_urgent(self, frames: bytes) -> None:
+        """Queue frames that may overtake queued DATA (PONG, ACK): in order among
+        themselves, ahead of the ordered queue, so a backlog of DATA never delays them."""
+        if not frames:
+            return
+        self._urgent.append(frames)
+        self._queued += len(frames)
+        if self._writer_idle:
+            self._writer_idle = False
+            self._has_items.unpark_all()
+
     def drop(self, owner: Owner) -> int:
         """Remove the frames of ``owner`` not yet handed to the socket; returns their size."""
         kept: deque[tuple[Owner | None, bytes]] = deque()
@@ -108,14 +124,18 @@ class Outbox:
         Raises ``trio.BrokenResourceError`` / ``trio.ClosedResourceError`` from the stream.
         """
         stream = self._stream
+        urgent = self._urgent
         while True:
-            items = self._items
-            while not items:
+            while not self._items and not urgent:
                 self._writer_idle = True
                 await self._has_items.park()
-                items = self._items
             parts = []
             size = 0
+            while urgent:
+                frames = urgent.popleft()
+                parts.append(frames)
+                size += len(frames)
+            items = self._items
             while items and (not size or size + len(items[0][1]) <= MAX_WRITE):
                 frames = items.popleft()[1]
                 parts.append(frames)

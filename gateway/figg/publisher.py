@@ -113,7 +113,7 @@ class AckQueue:
             seq_nums += run.seq_nums
             released += run.nbytes
         if seq_nums:
-            self._outbox.put_nowait(_encode_acks((s,) for s in seq_nums))
+            self._outbox.put_urgent(_encode_acks((s,) for s in seq_nums))
             self.acked += len(seq_nums)
             self._inflight -= released
             if self._inflight < self._limit:

@@ -193,7 +193,7 @@ class FiggSession:
                     continue
                 counts[kind.__name__] = counts.get(kind.__name__, 0) + 1
                 if kind is Ping:
-                    self._outbox.put_nowait(_encode_pong(event.timestamp))
+                    self._outbox.put_urgent(_encode_pong(event.timestamp))
                 elif kind is Attach:
                     self._submit(runs)
                     await self._attach(event)
