@@ -1,0 +1,117 @@
+"""The client subcommands of ``figtank``, each run as a real process against ``figtank serve``."""
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.serving import ServeProcess, figtank_serve
+
+
+def figtank(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def json_lines(result: subprocess.CompletedProcess) -> list[dict]:
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def addr(address: tuple[str, int] | None) -> str:
+    assert address is not None
+    return f"{address[0]}:{address[1]}"
+
+
+def metric(server: ServeProcess, line_start: str) -> float:
+    assert server.metrics is not None
+    with urllib.request.urlopen(f"http://{addr(server.metrics)}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no metric line starting with {line_start!r}")
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "figtank.toml"
+    path.write_text(f"""
+[store]
+data_dir = "{tmp_path / 'data'}"
+durability = "fsync"
+[listen]
+tank = "127.0.0.1:0"
+figg = "127.0.0.1:0"
+metrics = "127.0.0.1:0"
+""")
+    return path
+
+
+def test_publish_over_figg_consume_over_tank(config: Path, tmp_path: Path) -> None:
+    with figtank_serve("--config", str(config)) as server:
+        figg, tank = addr(server.figg), addr(server.tank)
+        published = figtank("publish", "--figg", figg, "--json", "orders", "a", "b", "c")
+        assert json_lines(published) == [{"topic": "orders", "published": 3}]
+
+        consumed = json_lines(figtank("consume", "--tank", tank, "--json", "orders"))
+        assert [(m["seq"], m["value"]) for m in consumed] == [(1, "a"), (2, "b"), (3, "c")]
+        # --from: the Tank consumer continues after a given position.
+        later = json_lines(figtank("consume", "--tank", tank, "--json", "orders", "--from", "3"))
+        assert [m["value"] for m in later] == ["c"]
+
+        produced = figtank("produce", "--tank", tank, "--json", "orders", "d", "--key", "k1")
+        assert json_lines(produced)[0]["high_water_mark"] == 4
+        subscribed = json_lines(figtank("subscribe", "--figg", figg, "--json", "orders",
+                                        "--from", "2", "--count", "2"))
+        assert [(m["offset"], m["data"]) for m in subscribed] == [(3, "c"), (4, "d")]
+
+        assert metric(server, 'figtank_messages_in_total{topic="orders"}') == 4
+        assert metric(server, 'figtank_requests_total{protocol="tank"') > 0
+        assert server.stop() == 0
+
+    # The store is intact after the restart, and inspect reads its files directly.
+    with figtank_serve("--config", str(config)) as server:
+        again = json_lines(figtank("consume", "--tank", addr(server.tank), "--json", "orders"))
+        assert [m["value"] for m in again] == ["a", "b", "c", "d"]
+        assert server.stop() == 0
+    inspected = json_lines(figtank("inspect", "--json", "--index",
+                                   str(tmp_path / "data" / "orders" / "0")))
+    kinds = [line["kind"] for line in inspected]
+    assert kinds[0] == "segment" and "index" in kinds
+    messages = [line for line in inspected if line["kind"] == "message"]
+    assert [(m["seq"], m["key"], m["size"]) for m in messages] == [
+        (1, None, 1), (2, None, 1), (3, None, 1), (4, "k1", 1)]
+
+
+def test_topics_and_status(config: Path) -> None:
+    with figtank_serve("--config", str(config)) as server:
+        tank = addr(server.tank)
+        created = figtank("topics", "--tank", tank, "create", "events", "--partitions", "3",
+                          "--config", "log.retention.secs=3600")
+        assert created.returncode == 0, created.stderr
+        assert "created events with 3 partitions" in created.stdout
+        assert json_lines(figtank("topics", "--tank", tank, "--json", "list")) == [
+            {"topic": "events", "partitions": 3}]
+        described = json_lines(figtank("topics", "--tank", tank, "--json", "describe", "events"))
+        assert [(d["partition"], d["high_water_mark"]) for d in described] == [
+            (0, 0), (1, 0), (2, 0)]
+        again = figtank("topics", "--tank", tank, "create", "events")
+        assert again.returncode == 1 and "events" in again.stderr
+        [status] = json_lines(figtank("status", "--tank", tank, "--json"))
+        assert (status["topics"], status["partitions"]) == (1, 3)
+        assert server.stop() == 0
+
+
+def test_client_errors_are_one_line(tmp_path: Path) -> None:
+    # Nothing listens on port 1: a clear error and exit status 1, no traceback.
+    result = figtank("consume", "--tank", "127.0.0.1:1", "orders")
+    assert result.returncode == 1
+    assert result.stderr.startswith("figtank: ") and "Traceback" not in result.stderr
+    bad = figtank("consume", "orders/x")
+    assert bad.returncode == 2 and "bad partition" in bad.stderr
+    missing = figtank("inspect", str(tmp_path / "nowhere"))
+    assert missing.returncode == 1 and missing.stderr.startswith("figtank: ")
