@@ -12,7 +12,6 @@ closed with chunks still queued.
 from __future__ import annotations
 
 import os
-import socket
 from collections import deque
 from collections.abc import Sequence
 
@@ -25,8 +24,6 @@ from gateway.backend import Chunk
 MAX_WRITE = 1024 * 1024
 #: Largest count handed to one ``os.sendfile`` call.
 _SENDFILE_STEP = 1 << 30
-# Tell the kernel the head is followed by the chunk (no half-empty segment in between).
-_MSG_MORE = getattr(socket, "MSG_MORE", 0)
 
 
 class ShortChunk(OSError):
@@ -161,7 +158,7 @@ class TankOutbox:
                 parts, size = [], 0
                 break
             if parts:
-                await self._send(parts, more=False)
+                await self._send(parts)
                 self._sent(size)
 
     async def _send_reply(self, parts: list[bytes], size: int, reply: _Reply) -> None:
@@ -175,14 +172,16 @@ class TankOutbox:
                     parts.append(chunk.read_bytes())
                     size += chunk.length
                     continue
-                await self._send(parts, more=True)
+                # No MSG_MORE on the head: Linux keeps the tail of the sendfile that
+                # follows corked (~200 ms per response).
+                await self._send(parts)
                 self._sent(size)
                 parts.clear()
                 size = 0
                 await self._sendfile(*source, chunk.length)
                 self._sent(chunk.length)
             if parts:
-                await self._send(parts, more=False)
+                await self._send(parts)
                 self._sent(size)
         finally:
             reply.close()
@@ -195,7 +194,7 @@ class TankOutbox:
             self.drained_at = trio.current_time()
             self._drained.unpark_all()
 
-    async def _send(self, parts: list[bytes], *, more: bool) -> None:
+    async def _send(self, parts: list[bytes]) -> None:
         if not parts:
             return
         data = parts[0] if len(parts) == 1 else b"".join(parts)
@@ -204,13 +203,12 @@ class TankOutbox:
             await self._stream.send_all(data)
             self.bytes_sent += len(data)
             return
-        flags = _MSG_MORE if more else 0
         with memoryview(data) as view:
             sent = 0
             total = len(data)
             while sent < total:
                 try:
-                    sent += await sock.send(view[sent:], flags)
+                    sent += await sock.send(view[sent:])
                 except OSError as exc:
                     raise trio.BrokenResourceError(f"send failed: {exc!r}") from exc
         self.bytes_sent += total

@@ -315,3 +315,4 @@ async def test_fsync_durability_end_to_end(tmp_path: Path) -> None:
             open_tank_client(server.host, server.port) as client:
         await client.produce({("d", 0): [b"durable"]})
         assert [m.value for m in (await client.consume("d", 0, 1)).messages] == [b"durable"]
+
