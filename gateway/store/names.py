@@ -1,23 +1,16 @@
-"""Tank's rules for topic names and partition counts, checked before any path is built."""
+"""Tank's rules for topic names and partition counts, checked before any path is built.
+
+The rule itself lives in :mod:`protocols.topics` (both protocols use it); this module
+turns a breach into the store's :class:`InvalidTopicName`.
+"""
 
 from __future__ import annotations
 
-import re
-from typing import Final
-
 from gateway.store.errors import InvalidTopicName
+from protocols.topics import MAX_PARTITIONS, is_valid_topic_name
 
-#: Tank refuses a topic with more partitions than this.
-MAX_PARTITIONS: Final = 65530
-MAX_TOPIC_NAME_LEN: Final = 64
-
-# 1-64 of [A-Za-z0-9_-], not starting or ending with '-' or '_'.
-_TOPIC_NAME: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62}[A-Za-z0-9])?")
-
-
-def is_valid_topic_name(name: str) -> bool:
-    """True when ``name`` follows Tank's topic-name rule."""
-    return isinstance(name, str) and _TOPIC_NAME.fullmatch(name) is not None
+__all__ = ["MAX_PARTITIONS", "is_valid_topic_name", "validate_partition_count",
+           "validate_topic_name"]
 
 
 def validate_topic_name(name: str) -> str:
