@@ -1,0 +1,194 @@
+"""The Tank connection state machine (sans-IO, after h11).
+
+A frame is ``u8 msgId | u32 payloadLen`` (little-endian), then the payload. A
+:class:`TankConnection` in the server role decodes requests and encodes responses; in the
+client role it encodes requests, remembers each one until it is answered, and decodes
+responses. Responses on one connection come in any order: the client role matches them to
+their requests by request id and returns a :class:`Reply` holding both.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Final
+
+from protocols.connection import CLOSED, DEFAULT_MAX_FRAME, NEED_DATA, FrameReader, Role
+from protocols.errors import ProtocolError
+from protocols.tank.messages import (
+    REQUEST_TYPES,
+    RESPONSE_CODECS,
+    RESPONSE_ID,
+    RESPONSE_TYPES,
+    ConsumePeerRequest,
+    ConsumePeerResponse,
+    ConsumeResponse,
+    MsgId,
+    decode_request,
+    decode_response,
+    encode_payload,
+)
+from protocols.tank.types import CUSTOM_TYPES
+from protocols.wire import U32LE
+
+#: ``u8 msgId | u32 payloadLen``, little-endian.
+FRAME_HEADER: Final = struct.Struct("<BI")
+
+_CONSUME_BODY: Final = CUSTOM_TYPES["ConsumeResponseBody"]
+_CONSUME_PEER_BODY: Final = CUSTOM_TYPES["ConsumePeerResponseBody"]
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Client role: a decoded response and the request it answers."""
+
+    request: Any
+    response: Any
+
+
+def frame(msg_id: int, payload: bytes) -> bytes:
+    """``u8 msgId | u32 payloadLen | payload``."""
+    return FRAME_HEADER.pack(msg_id, len(payload)) + payload
+
+
+def encode_consume_response_head(response: ConsumeResponse | ConsumePeerResponse) -> bytes:
+    """The frame header and response header of a Consume (or ConsumePeer) response.
+
+    Both lengths count the chunks, which the caller sends right after these bytes, in
+    header order (for example with ``os.sendfile`` from the segment files). Each partition
+    result gives its ``chunk_length``; chunk bytes are not needed (if present they only
+    decide the length).
+    """
+    msg_id, body = _consume_body(response)
+    head, chunks = body.encode_head(response)
+    return FRAME_HEADER.pack(msg_id, len(head) + chunks) + head
+
+
+def _consume_body(response: Any) -> tuple[MsgId, Any]:
+    if isinstance(response, ConsumeResponse):
+        return MsgId.CONSUME, _CONSUME_BODY
+    if isinstance(response, ConsumePeerResponse):
+        return MsgId.CONSUME_PEER, _CONSUME_PEER_BODY
+    raise TypeError(f"not a consume response: {response!r}")
+
+
+def _consume_frame(response: Any) -> bytes:
+    """A whole Consume(Peer) response frame, joined once (chunks can be megabytes)."""
+    msg_id, body = _consume_body(response)
+    head, length = body.encode_head(response)
+    return b"".join([FRAME_HEADER.pack(msg_id, len(head) + length), head,
+                     *body.chunks(response)])
+
+
+class TankConnection:
+    """One end of a Tank connection: bytes in, records out, records in, bytes out.
+
+    Server role: :meth:`next_event` returns request records (``ProduceRequest``,
+    ``ConsumeRequest``, ``Ping``, ...); :meth:`send` takes response records and ``Ping``
+    (send one on accept, as the broker does).
+
+    Client role: :meth:`send` takes request records and remembers those that get an answer;
+    :meth:`next_event` returns a :class:`Reply` for each response, or ``Ping``. Requests
+    still waiting are in :attr:`pending`.
+
+    ``next_event`` returns :data:`~protocols.connection.NEED_DATA` when it needs more bytes
+    and :data:`~protocols.connection.CLOSED` after a clean EOF. Bad input raises
+    :class:`~protocols.errors.ProtocolError` (a frame over ``max_frame_size``:
+    :class:`~protocols.errors.FrameTooLarge`, before its payload is buffered); the
+    connection is then unusable and every later ``next_event`` raises too.
+    """
+
+    def __init__(self, role: Role, *, max_frame_size: int = DEFAULT_MAX_FRAME) -> None:
+        self.role = role
+        self._frames = FrameReader(FRAME_HEADER, 1, max_frame_size)
+        self._pending: dict[int, Any] = {}
+        self._pending_peer: deque[Any] = deque()  # ConsumePeer has no request id
+        self._failure: ProtocolError | None = None
+
+    @property
+    def pending(self) -> Mapping[int, Any]:
+        """Client role: sent requests awaiting their response, by request id (read-only)."""
+        return MappingProxyType(self._pending)
+
+    @property
+    def max_frame_size(self) -> int:
+        """The largest payload accepted from the peer."""
+        return self._frames.max_payload
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Feed bytes received from the peer; ``b""`` means the peer closed."""
+        self._frames.feed(data)
+
+    def next_event(self) -> Any:
+        """The next request (server) or :class:`Reply`/``Ping`` (client), NEED_DATA or CLOSED."""
+        if self._failure is not None:
+            raise ProtocolError(f"connection already failed: {self._failure}")
+        try:
+            got = self._frames.next_frame()
+            if got is NEED_DATA or got is CLOSED:
+                return got
+            (msg_id, _), payload = got
+            if self.role is Role.SERVER:
+                return decode_request(msg_id, payload)
+            return self._decode_reply(msg_id, payload)
+        except ProtocolError as exc:
+            self._failure = exc
+            raise
+
+    def send(self, message: Any) -> bytes:
+        """The whole frame for ``message``; in the client role, also remember the request.
+
+        Raises TypeError for a record this role does not send, ValueError for values that
+        do not fit the wire or a request id that is already pending.
+        """
+        kind = type(message)
+        allowed = RESPONSE_TYPES if self.role is Role.SERVER else REQUEST_TYPES
+        if kind not in allowed:
+            raise TypeError(f"a {self.role.value} does not send {kind.__name__}")
+        if kind is ConsumeResponse or kind is ConsumePeerResponse:
+            return _consume_frame(message)
+        msg_id, payload = encode_payload(message)
+        if self.role is Role.CLIENT and kind in RESPONSE_ID:
+            if kind is ConsumePeerRequest:
+                self._pending_peer.append(message)
+            elif message.request_id in self._pending:
+                raise ValueError(f"request id {message.request_id} is already pending")
+            else:
+                self._pending[message.request_id] = message
+        return frame(msg_id, payload)
+
+    def _decode_reply(self, msg_id: int, payload: bytes) -> Any:
+        if msg_id not in RESPONSE_CODECS:
+            raise ProtocolError(f"unknown Tank response msgId 0x{msg_id:02x}")
+        if msg_id == MsgId.PING:
+            return decode_response(msg_id, payload)
+        if msg_id == MsgId.CONSUME_PEER:
+            if not self._pending_peer:
+                raise ProtocolError("ConsumePeer response without a pending request")
+            request = self._pending_peer.popleft()
+        else:
+            request = self._pop_pending(msg_id, payload)
+        return Reply(request, decode_response(msg_id, payload, request))
+
+    def _pop_pending(self, msg_id: int, payload: bytes) -> Any:
+        offset = 4 if msg_id == MsgId.CONSUME else 0  # after the Consume header length
+        if len(payload) < offset + 4:
+            raise ProtocolError(f"response 0x{msg_id:02x} too short for its request id")
+        request_id = U32LE.unpack_from(payload, offset)[0]
+        request = self._pending.get(request_id)
+        if request is None:
+            raise ProtocolError(f"response 0x{msg_id:02x} to unknown request id {request_id}")
+        if RESPONSE_ID[type(request)] != msg_id:
+            raise ProtocolError(f"response 0x{msg_id:02x} to request {request_id}, a "
+                                f"{type(request).__name__}")
+        del self._pending[request_id]
+        return request
+
+
+__all__ = [
+    "FRAME_HEADER", "Reply", "TankConnection", "encode_consume_response_head",
+    "frame",
+]
