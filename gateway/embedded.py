@@ -294,7 +294,9 @@ async def open_embedded_backend(settings: Settings, metrics: Metrics | None = No
     On exit, pending appends finish and are fsynced before the store closes.
     """
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    async with open_store(settings.data_dir, store_settings(settings)) as store:
+    observe = None if metrics is None else metrics.fsync_seconds.observe
+    async with open_store(settings.data_dir, store_settings(settings),
+                          observe_fsync=observe) as store:
         backend = EmbeddedBackend(store, auto_create_topics=settings.auto_create_topics,
                                   metrics=metrics)
         if metrics is not None:

@@ -173,9 +173,13 @@ async def test_admin_requests(backend: EmbeddedBackend) -> None:
 
 async def test_metrics_count_appends_and_sizes(tmp_path: Path) -> None:
     metrics = Metrics()
-    async with open_embedded_backend(Settings(data_dir=tmp_path, durability="os"),
+    async with open_embedded_backend(Settings(data_dir=tmp_path, durability="fsync"),
                                      metrics) as backend:
         await backend.produce([ProduceBatch("m", 0, bundle(b"a", b"b", b"c"))])
         text = metrics.render().decode()
     assert 'figtank_messages_in_total{topic="m"} 3.0' in text
     assert 'figtank_partition_bytes{partition="0",topic="m"}' in text
+    assert "figtank_append_seconds_count 1.0" in text
+    fsyncs = next(line for line in text.splitlines()
+                  if line.startswith("figtank_fsync_seconds_count"))
+    assert float(fsyncs.split()[1]) >= 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -95,8 +96,10 @@ class GroupCommit:
     def __init__(self, spawn: Callable[..., Any], limiter: trio.CapacityLimiter, *,
                  prepare: Callable[[bool], SyncJob],
                  on_durable: Callable[[Sequence[Any]], None],
-                 on_failure: Callable[[OSError, Sequence[Any]], None]) -> None:
+                 on_failure: Callable[[OSError, Sequence[Any]], None],
+                 observe: Callable[[float], None] | None = None) -> None:
         self._spawn = spawn
+        self._observe = observe
         self._limiter = limiter
         self._prepare = prepare
         self._on_durable = on_durable
@@ -162,7 +165,10 @@ class GroupCommit:
                 job: SyncJob | None = None
                 try:
                     job = self._prepare(count > 0)
+                    started = time.perf_counter()
                     await trio.to_thread.run_sync(job.run, limiter=self._limiter)
+                    if self._observe is not None:
+                        self._observe(time.perf_counter() - started)
                 except OSError as exc:
                     failed = list(self._pending)
                     self._pending.clear()

@@ -59,6 +59,8 @@ class PartitionEnv:
     limiter: trio.CapacityLimiter
     #: Wall-clock seconds (segment names, retention, rolling by age).
     clock: Callable[[], float]
+    #: Called with the seconds each group fsync took (metrics).
+    observe_fsync: Callable[[float], None] | None = None
 
 
 @dataclass(slots=True)
@@ -108,7 +110,8 @@ class Partition:
         self._changed = trio.Event()
         self._lock = trio.Lock()
         self._commit = GroupCommit(env.spawn, env.limiter, prepare=self._prepare_sync,
-                                   on_durable=self._on_durable, on_failure=self._on_sync_failed)
+                                   on_durable=self._on_durable, on_failure=self._on_sync_failed,
+                                   observe=env.observe_fsync)
         self._sync_extra: list[int] = []
         self._dir_dirty = False
         self._unflushed_msgs = 0

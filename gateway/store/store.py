@@ -85,7 +85,8 @@ class LogStore:
     """All topics of a data directory. Open it with :func:`open_store`."""
 
     def __init__(self, data_dir: str, settings: StoreSettings,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float],
+                 observe_fsync: Callable[[float], None] | None = None) -> None:
         self.data_dir = data_dir
         self.settings = settings
         self._clock = clock
@@ -101,6 +102,7 @@ class LogStore:
             spawn=self._spawn,
             limiter=self._limiter,
             clock=clock,
+            observe_fsync=observe_fsync,
         )
 
     # -- opening --------------------------------------------------------------------------------
@@ -315,14 +317,17 @@ class LogStore:
 @asynccontextmanager
 async def open_store(data_dir: str | os.PathLike[str], settings: StoreSettings | None = None,
                      *, clock: Callable[[], float] = time.time,
-                     maintenance: bool = True) -> AsyncIterator[LogStore]:
+                     maintenance: bool = True,
+                     observe_fsync: Callable[[float], None] | None = None
+                     ) -> AsyncIterator[LogStore]:
     """Open (and recover) the store in ``data_dir``; close it on exit.
 
     Recovery runs in a worker thread. While open, the store runs its background work
     (fsync rounds, and with ``maintenance`` the periodic retention pass) in its own
-    nursery. ``clock`` gives wall-clock seconds (segment names, retention).
+    nursery. ``clock`` gives wall-clock seconds (segment names, retention);
+    ``observe_fsync`` is called with the duration of every group fsync.
     """
-    store = LogStore(os.fspath(data_dir), settings or StoreSettings(), clock)
+    store = LogStore(os.fspath(data_dir), settings or StoreSettings(), clock, observe_fsync)
     try:
         await trio.to_thread.run_sync(store._load)
     except BaseException as exc:
