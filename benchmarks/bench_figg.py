@@ -95,58 +95,63 @@ def gateway(durability: str) -> Iterator[dict[str, int]]:
 
 
 async def bench_publish(port: int, topic: str, messages: int, size: int, window: int
-                        ) -> float:
-    """msgs/s for ``messages`` publishes of ``size`` bytes, until the last ACK."""
+                        ) -> tuple[float, float]:
+    """``(start, end)`` wall-clock times of ``messages`` publishes of ``size`` bytes, from
+    the first PUBLISH to the last ACK."""
     data = os.urandom(size)
     async with open_figg_client("127.0.0.1", port, window=window, **OPTIONS) as client:
         await client.wait_connected()
         await client.publish_and_wait(topic, data)  # creates the topic
-        start = time.perf_counter()
+        start = time.time()
         for _ in range(messages):
             await client.publish(topic, data)
         await client.wait_all_acked()
-        return messages / (time.perf_counter() - start)
+        return start, time.time()
 
 
 def bench_publish_parallel(port: int, topic: str, messages: int, size: int, window: int,
                            publishers: int) -> float:
-    """Total msgs/s of ``publishers`` processes each publishing ``messages // publishers``."""
+    """Total msgs/s of ``publishers`` processes each publishing ``messages // publishers``,
+    over the wall-clock span from the first start to the last end."""
     each = messages // publishers
     procs = [subprocess.Popen([sys.executable, __file__, "--publisher", str(port), topic,
                                str(each), str(size), str(window)],
                               stdout=subprocess.PIPE, text=True, cwd=ROOT)
              for _ in range(publishers)]
-    rates = []
-    for proc in procs:
-        out, _ = proc.communicate(timeout=600)
-        rates.append(float(out.strip()))
-    # Each rate is measured over its own run; they overlap, so the total is their sum.
-    return sum(rates)
+    spans = [_span(proc) for proc in procs]
+    return each * publishers / (max(e for _, e in spans) - min(s for s, _ in spans))
 
 
-async def read_all(port: int, topic: str, messages: int) -> float:
-    """``--subscriber``: read ``messages`` messages of ``topic`` from offset 0; msgs/s."""
+def _span(proc: subprocess.Popen[str]) -> tuple[float, float]:
+    out, _ = proc.communicate(timeout=600)
+    start, end = out.split()
+    return float(start), float(end)
+
+
+async def read_all(port: int, topic: str, messages: int) -> tuple[float, float]:
+    """``--subscriber``: read ``messages`` messages of ``topic`` from offset 0; returns
+    the wall-clock ``(start, end)``."""
     async with open_figg_client("127.0.0.1", port, **OPTIONS) as client:
         sub = await client.subscribe(topic, from_offset=0, buffer=65536)
-        start = time.perf_counter()
+        start = time.time()
         count = 0
         async for _ in sub:
             count += 1
             if count == messages:
                 break
-        return messages / (time.perf_counter() - start)
+        return start, time.time()
 
 
-def bench_subscribe(port: int, topic: str, messages: int, subscribers: int) -> list[float]:
-    """Start ``subscribers`` processes reading the whole topic at once; their msgs/s."""
+def bench_subscribe(port: int, topic: str, messages: int, subscribers: int
+                    ) -> tuple[list[float], float]:
+    """Start ``subscribers`` processes reading the whole topic at once: each one's msgs/s,
+    and the total over the span from the first start to the last end."""
     procs = [subprocess.Popen([sys.executable, __file__, "--subscriber", str(port), topic,
                                str(messages)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
              for _ in range(subscribers)]
-    rates = []
-    for proc in procs:
-        out, _ = proc.communicate(timeout=600)
-        rates.append(float(out.strip()))
-    return rates
+    spans = [_span(proc) for proc in procs]
+    total = messages * subscribers / (max(e for _, e in spans) - min(s for s, _ in spans))
+    return [messages / (e - s) for s, e in spans], total
 
 
 async def bench_latency(figg_port: int, tank_port: int, samples: int, size: int
@@ -207,18 +212,20 @@ def main() -> None:
         return
     if args.publisher:
         port, topic, count, size, window = args.publisher
-        print(trio.run(bench_publish, int(port), topic, int(count), int(size), int(window)))
+        print(*trio.run(bench_publish, int(port), topic, int(count), int(size), int(window)))
         return
     if args.subscriber:
         port, topic, count = args.subscriber
-        print(trio.run(read_all, int(port), topic, int(count)))
+        print(*trio.run(read_all, int(port), topic, int(count)))
         return
 
     print(f"figg bench: {args.messages} messages of {args.size} B, window {args.window}, "
           f"durability {args.durability}, {os.cpu_count()} CPUs")
     with gateway(args.durability) as ports:
         figg = ports["figg"]
-        rate = trio.run(bench_publish, figg, "bench", args.messages, args.size, args.window)
+        start, end = trio.run(bench_publish, figg, "bench", args.messages, args.size,
+                              args.window)
+        rate = args.messages / (end - start)
         print(f"publish    {rate:12,.0f} msgs/s  ({rate * args.size / 1e6:.1f} MB/s of payload)")
         for n in args.publishers:
             total_rate = bench_publish_parallel(figg, f"bench-{n}", args.messages, args.size,
@@ -227,9 +234,9 @@ def main() -> None:
                   f"one topic)")
         total = args.messages + 1
         for n in args.subscribers:
-            rates = bench_subscribe(figg, "bench", total, n)
+            rates, aggregate = bench_subscribe(figg, "bench", total, n)
             print(f"subscribe  {statistics.mean(rates):12,.0f} msgs/s per subscriber, "
-                  f"{sum(rates):,.0f} msgs/s total ({n} subscriber{'s' if n > 1 else ''})")
+                  f"{aggregate:,.0f} msgs/s total ({n} subscriber{'s' if n > 1 else ''})")
         median, p99 = trio.run(bench_latency, figg, ports["tank"], args.latency_samples,
                                args.size)
         print(f"latency    Figg publish -> Tank consumer: median {median * 1e3:.2f} ms, "
