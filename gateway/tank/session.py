@@ -179,8 +179,6 @@ class TankSession:
         outbox = self._outbox
         while True:
             await outbox.wait_writable()
-            while self._in_flight >= MAX_IN_FLIGHT or self._lane.queued_bytes >= LANE_LIMIT:
-                await self._settled.park()
             try:
                 data = await stream.receive_some(RECEIVE_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -197,6 +195,9 @@ class TankSession:
                     break
                 if event is CLOSED:
                     return
+                # One read can hold thousands of small requests: admit them as they fit.
+                while self._in_flight >= MAX_IN_FLIGHT or self._lane.queued_bytes >= LANE_LIMIT:
+                    await self._settled.park()
                 self._dispatch(event)
 
     def _dispatch(self, request: Any) -> None:

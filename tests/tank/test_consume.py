@@ -12,6 +12,7 @@ import pytest
 import trio
 
 import gateway.tank.outbox
+import gateway.tank.session
 from gateway.backend import BytesChunk, FetchOutcome, FetchRequest
 from gateway.client.errors import BoundaryError, UnknownPartitionError, UnknownTopicError
 from gateway.client.tank import TAIL, TankClient, open_tank_client
@@ -316,3 +317,21 @@ async def test_fsync_durability_end_to_end(tmp_path: Path) -> None:
         await client.produce({("d", 0): [b"durable"]})
         assert [m.value for m in (await client.consume("d", 0, 1)).messages] == [b"durable"]
 
+
+
+async def test_requests_in_flight_are_bounded_per_connection(
+        client: TankClient, server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gateway.tank.session, "MAX_IN_FLIGHT", 2)
+    await client.create_topic("bound", 1)
+    raw = await raw_client(server)
+    await raw.send(consume_request(1, [("bound", 0, TAIL)], max_wait_ms=20_000),
+                   consume_request(2, [("bound", 0, TAIL)], max_wait_ms=20_000),
+                   StatusRequest(3))
+    with trio.move_on_after(0.3) as held:
+        await raw.next()
+    assert held.cancelled_caught  # two consumes wait; the Status is not admitted yet
+    await client.produce({("bound", 0): [b"go"]})
+    with trio.fail_after(5):
+        ids = sorted([(await raw.next()).request.request_id for _ in range(3)])
+    assert ids == [1, 2, 3]
+    await raw.aclose()
