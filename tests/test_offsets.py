@@ -77,5 +77,5 @@ def test_attach_always_within_bounds(flags: int, offset: int, first: int, length
     hwm = first - 1 + length
     start = attach_start(flags, offset, first, hwm)
     assert first <= start.first_seq <= hwm + 1
-    if flags and 0 < offset and first <= offset + 1 <= hwm + 1:
+    if flags and offset > 0 and first <= offset + 1 <= hwm + 1:
         assert start.first_seq == offset + 1
