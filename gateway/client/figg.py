@@ -44,6 +44,7 @@ import structlog
 import trio
 from trio.lowlevel import ParkingLot, checkpoint_if_cancelled
 
+from gateway.client.errors import ClientClosed
 from protocols.connection import CLOSED, DEFAULT_MAX_FRAME, Role
 from protocols.errors import ProtocolError
 from protocols.figg.connection import FiggConnection
@@ -59,6 +60,11 @@ from protocols.figg.messages import (
 )
 
 log = structlog.get_logger("figtank.client.figg")
+
+__all__ = [
+    "Backoff", "ClientClosed", "ConnectionState", "ExponentialBackoff", "FiggClient",
+    "FiggMessage", "Subscription", "open_figg_client",
+]
 
 #: Bytes asked of the socket per read.
 RECEIVE_SIZE: Final = 256 * 1024
@@ -79,10 +85,6 @@ class ConnectionState(enum.Enum):
 
     CONNECTED = "connected"
     DISCONNECTED = "disconnected"
-
-
-class ClientClosed(Exception):
-    """The client was closed; the call can not complete."""
 
 
 class Backoff(Protocol):
