@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
 
-from gateway.client.errors import ClientError
+from gateway.client.errors import ClientError, ConnectError
 from gateway.client.figg import open_figg_client
 from gateway.client.tank import FIRST_AVAILABLE, open_tank_client
 from gateway.config import parse_address
@@ -83,6 +84,21 @@ def _common(parser: argparse.ArgumentParser, protocol: str) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object a line")
 
 
+#: How long a Figg subcommand waits for the server before giving up (the Figg client
+#: itself reconnects forever, which suits programs, not a person at a terminal).
+FIGG_CONNECT_TIMEOUT = 10.0
+
+
+@asynccontextmanager
+async def _figg_client(address: tuple[str, int]) -> AsyncIterator[Any]:
+    async with open_figg_client(*address) as client:
+        with trio.move_on_after(FIGG_CONNECT_TIMEOUT) as scope:
+            await client.wait_connected()
+        if scope.cancelled_caught:
+            raise ConnectError(f"no Figg server answered at {address[0]}:{address[1]}")
+        yield client
+
+
 def _run_async(fn: Callable[[argparse.Namespace, Output], Any]) -> Run:
     def run(args: argparse.Namespace) -> int:
         out = Output(args.json)
@@ -106,7 +122,7 @@ def _add_publish(parser: argparse.ArgumentParser) -> None:
 
 
 async def _publish(args: argparse.Namespace, out: Output) -> None:
-    async with open_figg_client(*args.address) as client:
+    async with _figg_client(args.address) as client:
         for i, text in enumerate(args.messages, 1):
             await client.publish(args.topic, text.encode())
             out.progress(f"published {i}/{len(args.messages)}")
@@ -127,7 +143,7 @@ def _add_subscribe(parser: argparse.ArgumentParser) -> None:
 
 
 async def _subscribe(args: argparse.Namespace, out: Output) -> None:
-    async with open_figg_client(*args.address) as client:
+    async with _figg_client(args.address) as client:
         subscription = await client.subscribe(args.topic, from_offset=args.from_offset)
         received = 0
         if args.count == 0:

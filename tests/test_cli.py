@@ -111,6 +111,8 @@ def test_client_errors_are_one_line(tmp_path: Path) -> None:
     result = figtank("consume", "--tank", "127.0.0.1:1", "orders")
     assert result.returncode == 1
     assert result.stderr.startswith("figtank: ") and "Traceback" not in result.stderr
+    figg = figtank("publish", "--figg", "127.0.0.1:1", "orders", "x")
+    assert figg.returncode == 1 and "no Figg server answered" in figg.stderr
     bad = figtank("consume", "orders/x")
     assert bad.returncode == 2 and "bad partition" in bad.stderr
     missing = figtank("inspect", str(tmp_path / "nowhere"))

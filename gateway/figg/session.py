@@ -283,7 +283,7 @@ class FiggSession:
         info = infos[where.partition]
         if info.first_available == UINT64_MAX:
             raise CloseConnection("unknown_partition", f"partition {name} can not be served")
-        return max(info.first_available, 1), info.high_water_mark
+        return info.first_available, info.high_water_mark
 
     def _detach(self, topic: str) -> None:
         sub = self._subs.pop(topic, None)
