@@ -17,9 +17,10 @@ import structlog
 import trio
 
 from gateway.backend import Backend
-from gateway.config import Settings, parse_address
+from gateway.config import Settings
 from gateway.figg.publisher import Publisher
 from gateway.figg.session import FiggSession
+from gateway.listening import ConnectionSlots, open_listeners
 from gateway.metrics import Metrics
 
 log = structlog.get_logger("figtank.figg")
@@ -50,8 +51,13 @@ class FiggListener:
         self._publisher: Publisher | None = None
         self._nursery_manager: Any = None
         self._nursery: trio.Nursery | None = None
-        #: Connections being served.
-        self.active = 0
+        self._slots = ConnectionSlots(PROTOCOL, settings.max_connections, metrics, log,
+                                      _ROUTINE)
+
+    @property
+    def active(self) -> int:
+        """Connections being served."""
+        return self._slots.active
 
     async def __aenter__(self) -> FiggListener:
         if self._nursery_manager is not None:
@@ -82,41 +88,13 @@ class FiggListener:
 
     async def handle(self, stream: trio.SocketStream) -> None:
         """Serve one accepted connection until it ends, then close it."""
-        metrics = self.metrics
-        peer = _peer(stream)
-        conn_log = log.bind(peer=peer, protocol=PROTOCOL)
-        metrics.connections_accepted.labels(PROTOCOL).inc()
-        if self.active >= self.settings.max_connections:
-            metrics.connections_closed.labels(PROTOCOL, "limit").inc()
-            conn_log.warning("connection_closed", kind="limit",
-                             reason=f"over {self.settings.max_connections} connections")
-            await trio.aclose_forcefully(stream)
-            return
-        self.active += 1
-        metrics.connections.labels(PROTOCOL).inc()
-        session = FiggSession(stream, backend=self.backend, settings=self.settings,
-                              metrics=metrics, publisher=self._publisher, log=conn_log)
-        kind, reason = "shutdown", "server shutting down"
-        try:
-            close = await session.run()
-            kind, reason = close.kind, close.reason
-        finally:
-            self.active -= 1
-            metrics.connections.labels(PROTOCOL).dec()
-            metrics.connections_closed.labels(PROTOCOL, kind).inc()
-            level = conn_log.info if kind in _ROUTINE else conn_log.warning
-            level("connection_closed", kind=kind, reason=reason,
-                  received=session.messages_received, acked=session.published,
-                  bytes_sent=session.bytes_sent)
-            await trio.aclose_forcefully(stream)
-
-
-def _peer(stream: trio.SocketStream) -> str:
-    try:
-        host, port, *_ = stream.socket.getpeername()
-    except (OSError, ValueError):
-        return "?"
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        await self._slots.serve(
+            stream,
+            lambda conn_log: FiggSession(stream, backend=self.backend, settings=self.settings,
+                                         metrics=self.metrics, publisher=self._publisher,
+                                         log=conn_log),
+            lambda session: {"received": session.messages_received, "acked": session.published,
+                             "bytes_sent": session.bytes_sent})
 
 
 async def serve_figg(backend: Backend, settings: Settings, metrics: Metrics, *,
@@ -130,9 +108,5 @@ async def serve_figg(backend: Backend, settings: Settings, metrics: Metrics, *,
     if not settings.figg_listen:
         task_status.started([])
         return
-    host, port = parse_address(settings.figg_listen)
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    for listener in listeners:
-        sock = listener.socket
-        log.info("listening", protocol=PROTOCOL, address=sock.getsockname()[:2])
+    listeners = await open_listeners(settings.figg_listen, PROTOCOL, log)
     await FiggListener(backend, settings, metrics).serve(listeners, task_status=task_status)

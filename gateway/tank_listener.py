@@ -15,7 +15,8 @@ import structlog
 import trio
 
 from gateway.backend import Backend
-from gateway.config import Settings, parse_address
+from gateway.config import Settings
+from gateway.listening import ConnectionSlots, open_listeners
 from gateway.metrics import Metrics
 from gateway.tank.session import RequestCounter, TankSession
 
@@ -34,8 +35,13 @@ class TankListener:
         self.settings = settings
         self.metrics = metrics
         self._counter = RequestCounter(metrics)
-        #: Connections being served.
-        self.active = 0
+        self._slots = ConnectionSlots(PROTOCOL, settings.max_connections, metrics, log,
+                                      _ROUTINE)
+
+    @property
+    def active(self) -> int:
+        """Connections being served."""
+        return self._slots.active
 
     async def serve(self, listeners: list[trio.SocketListener], *,
                     task_status: trio.TaskStatus[list[trio.SocketListener]]
@@ -46,42 +52,12 @@ class TankListener:
     async def handle(self, stream: trio.SocketStream) -> None:
         """Serve one accepted connection until it ends, then close it. Never raises
         (except Cancelled): a failing connection must not stop the accept loop."""
-        metrics = self.metrics
-        conn_log = log.bind(peer=_peer(stream), protocol=PROTOCOL)
-        metrics.connections_accepted.labels(PROTOCOL).inc()
-        if self.active >= self.settings.max_connections:
-            metrics.connections_closed.labels(PROTOCOL, "limit").inc()
-            conn_log.warning("connection_closed", kind="limit",
-                             reason=f"over {self.settings.max_connections} connections")
-            await trio.aclose_forcefully(stream)
-            return
-        self.active += 1
-        metrics.connections.labels(PROTOCOL).inc()
-        session = TankSession(stream, backend=self.backend, settings=self.settings,
-                              metrics=metrics, counter=self._counter, log=conn_log)
-        kind, reason = "shutdown", "server shutting down"
-        try:
-            close = await session.run()
-            kind, reason = close.kind, close.reason
-        except Exception as exc:
-            kind, reason = "internal_error", repr(exc)
-            conn_log.exception("tank_session_crashed")
-        finally:
-            self.active -= 1
-            metrics.connections.labels(PROTOCOL).dec()
-            metrics.connections_closed.labels(PROTOCOL, kind).inc()
-            level = conn_log.info if kind in _ROUTINE else conn_log.warning
-            level("connection_closed", kind=kind, reason=reason, requests=session.requests,
-                  bytes_sent=session.bytes_sent)
-            await trio.aclose_forcefully(stream)
-
-
-def _peer(stream: trio.SocketStream) -> str:
-    try:
-        host, port, *_ = stream.socket.getpeername()
-    except (OSError, ValueError, AttributeError):
-        return "?"
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        await self._slots.serve(
+            stream,
+            lambda conn_log: TankSession(stream, backend=self.backend, settings=self.settings,
+                                         metrics=self.metrics, counter=self._counter,
+                                         log=conn_log),
+            lambda session: {"requests": session.requests, "bytes_sent": session.bytes_sent})
 
 
 async def serve_tank(backend: Backend, settings: Settings, metrics: Metrics, *,
@@ -95,8 +71,5 @@ async def serve_tank(backend: Backend, settings: Settings, metrics: Metrics, *,
     if not settings.tank_listen:
         task_status.started([])
         return
-    host, port = parse_address(settings.tank_listen)
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    for listener in listeners:
-        log.info("listening", protocol=PROTOCOL, address=listener.socket.getsockname()[:2])
+    listeners = await open_listeners(settings.tank_listen, PROTOCOL, log)
     await TankListener(backend, settings, metrics).serve(listeners, task_status=task_status)
