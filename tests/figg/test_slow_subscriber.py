@@ -1,6 +1,6 @@
 """A subscriber that stops reading never makes the server buffer: its memory stays bounded.
 
-The server runs as its own process (``tests.figg.serve_main``) so its RSS can be read from
+The server runs as its own process (``figtank serve``) so its RSS can be read from
 ``/proc``. A publisher sends 200 MB while one subscriber has stopped reading; a second
 subscriber reads everything as it comes. The stalled subscriber afterwards resumes where
 it stopped, from the log.
@@ -9,9 +9,6 @@ it stopped, from the log.
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import trio
@@ -19,15 +16,13 @@ import trio
 from gateway.client.figg import open_figg_client
 from protocols.figg.messages import Attached
 from tests.figg.helpers import RawPeer, attach
+from tests.serving import figtank_serve
 
-ROOT = Path(__file__).resolve().parents[2]
 TOTAL = 200 * 1000 * 1000
 SIZE = 64 * 1024
 COUNT = TOTAL // SIZE
 #: Allowed RSS growth: far below the 200 MB a buffering server would need.
 RSS_BOUND = 64 * 1024 * 1024
-
-pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
 
 
 def rss_bytes(pid: int) -> int:
@@ -51,26 +46,13 @@ async def stalled_subscriber(port: int, topic: str) -> RawPeer:
 
 @pytest.mark.slow
 async def test_slow_subscriber_keeps_server_memory_bounded(tmp_path):
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "tests.figg.serve_main", str(tmp_path / "data"),
-         "durability=os", "log_level=warning"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT)
-    try:
+    with figtank_serve("--data-dir", str(tmp_path / "data"), "--durability", "os",
+                       "--figg-listen", "127.0.0.1:0", "--tank-listen", "",
+                       "--metrics-listen", "") as server:
+        assert server.figg is not None
         with trio.fail_after(60):
-            line = b""
-            while not line.endswith(b"\n"):
-                chunk = await proc.stdout.receive_some(100)
-                assert chunk, "the server did not start"
-                line += chunk
-            port = int(line.decode().strip().split("=")[1])
-            await run_scenario(proc.pid, port)
-    finally:
-        await proc.stdin.aclose()
-        with trio.move_on_after(10):
-            await proc.wait()
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+            await run_scenario(server.process.pid, server.figg[1])
+        assert server.stop() == 0
 
 
 async def run_scenario(pid: int, port: int) -> None:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,28 +10,17 @@ import pytest
 import trio
 
 from gateway.client.tank import Message, open_tank_client
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.serving import figtank_serve
 
 
 @pytest.fixture
 def server_port(tmp_path: Path) -> Iterator[int]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.tank.serve_main", str(tmp_path), "durability=os",
-         "log_level=warning"], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        text=True)
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        assert line.startswith("port="), line
-        yield int(line.split("=")[1])
-    finally:
-        assert process.stdin is not None
-        process.stdin.close()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    with figtank_serve("--data-dir", str(tmp_path), "--durability", "os",
+                       "--tank-listen", "127.0.0.1:0", "--figg-listen", "",
+                       "--metrics-listen", "") as server:
+        assert server.tank is not None
+        yield server.tank[1]
+        assert server.stop() == 0
 
 
 async def test_chunk_responses_are_not_held_back(server_port: int) -> None:
