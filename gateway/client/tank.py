@@ -21,6 +21,10 @@ What it does for you:
   TANK 1 broker cuts chunks at the fetch size), and raises :class:`BoundaryError` with
   the first available sequence when the requested one is gone.
 
+For gateways and tools that pass bundles on, :meth:`TankClient.produce_raw` and
+:meth:`TankClient.consume_raw` send encoded bundles and return the broker's per-partition
+answers (codes, bounds, raw chunks) without decoding or raising.
+
 There is no reconnect: when the connection ends every call raises
 :class:`ConnectionLost`; open a new client. Exceptions are in :mod:`gateway.client.errors`.
 """
@@ -57,6 +61,7 @@ from protocols.tank.bundle import Codec, Message, decode_chunk, encode_bundle
 from protocols.tank.connection import Reply, TankConnection
 from protocols.tank.messages import (
     ConsumePartition,
+    ConsumePartitionResult,
     ConsumeRequest,
     ConsumeTopic,
     CreateTopicRequest,
@@ -214,6 +219,11 @@ class TankClient:
     @property
     def connected(self) -> bool:
         return self._stream is not None and self._failure is None
+
+    @property
+    def failure(self) -> Exception | None:
+        """Why the connection ended (the exception calls raise), or None while it works."""
+        return self._failure
 
     async def connect(self) -> None:
         """Open the connection and wait for the broker's Ping (``connect_timeout``).
@@ -441,7 +451,82 @@ class TankClient:
 
         _raise_produce_errors(await self.request(build))
 
+    async def produce_raw(self, entries: Sequence[tuple[str, int, bytes, int | None]], *,
+                          required_acks: int = 1, ack_timeout_ms: int = 0) -> list[int]:
+        """Produce encoded bundles as given and return the broker's code for each entry.
+
+        ``entries`` are ``(topic, partition, bundle, first_seq)``: all with ``first_seq``
+        None (one Produce) or all with a sequence (one ProduceWithSeqnum); ValueError
+        otherwise. The same partition may appear more than once (appended in order). The
+        codes (0 ok, see :class:`~gateway.client.errors.ProduceFailed`) come back in entry
+        order; nothing is raised for them. For gateways and mirroring tools.
+        """
+        if not entries:
+            raise ValueError("produce needs at least one bundle")
+        with_seqnum = entries[0][3] is not None
+        if any((e[3] is not None) != with_seqnum for e in entries):
+            raise ValueError("either every entry has a first sequence number or none has")
+        order = _entries_by_topic(entries)
+
+        def build(request_id: int) -> Any:
+            if with_seqnum:
+                return ProduceWithSeqnumRequest(
+                    CLIENT_VERSION, request_id, self.client_id, required_acks, ack_timeout_ms,
+                    [ProduceWithSeqnumTopic(topic, [ProduceWithSeqnumPartition(
+                        entries[i][1], entries[i][3], entries[i][2]) for i in indexes])
+                     for topic, indexes in order.items()])
+            return ProduceRequest(
+                CLIENT_VERSION, request_id, self.client_id, required_acks, ack_timeout_ms,
+                [ProduceTopic(topic, [ProducePartition(entries[i][1], entries[i][2])
+                                      for i in indexes])
+                 for topic, indexes in order.items()])
+
+        response = await self.request(build)
+        codes = [0] * len(entries)
+        for topic, indexes in zip(response.topics, order.values(), strict=True):
+            for part, i in zip(topic.partitions, indexes, strict=True):
+                codes[i] = part.error
+        return codes
+
     # ------------------------------------------------------------------ consume
+    async def consume_raw(self, entries: Sequence[tuple[str, int, int, int]], *,
+                          max_wait_ms: int = 0, min_bytes: int = 0
+                          ) -> list[ConsumePartitionResult | None]:
+        """One Consume for ``(topic, partition, seq, fetch_size)`` entries, answered as the
+        broker sent it, without decoding a message.
+
+        Returns, in entry order, each partition's
+        :class:`~protocols.tank.messages.ConsumePartitionResult` (``flags``, ``base_seq_num``,
+        ``high_water_mark``, ``first_available_seq_num``, raw ``chunk`` bytes), or None where
+        the broker does not know the topic. No partial-bundle retry: for gateways and tools
+        that pass chunks on. Raises :class:`BadResponse` when the answer does not match.
+        """
+        if not entries:
+            raise ValueError("consume needs at least one partition")
+        order = _entries_by_topic(entries)
+
+        def build(request_id: int) -> Any:
+            return ConsumeRequest(CLIENT_VERSION, request_id, self.client_id, max_wait_ms,
+                                  min_bytes, 0, [
+                                      ConsumeTopic(topic, [ConsumePartition(
+                                          entries[i][1], entries[i][2], entries[i][3])
+                                          for i in indexes])
+                                      for topic, indexes in order.items()])
+
+        response = await self.request(build, extra_wait=max_wait_ms / 1000)
+        results: list[ConsumePartitionResult | None] = [None] * len(entries)
+        if [t.name for t in response.topics] != list(order):
+            raise BadResponse("the Consume response does not list the requested topics")
+        for topic, indexes in zip(response.topics, order.values(), strict=True):
+            if topic.unknown:
+                continue
+            if [p.partition for p in topic.partitions] != [entries[i][1] for i in indexes]:
+                raise BadResponse(f"{topic.name}: the Consume response does not list the "
+                                  "requested partitions")
+            for part, i in zip(topic.partitions, indexes, strict=True):
+                results[i] = part
+        return results
+
 
     async def consume(self, topic: str, partition: int, seq: int, *, max_wait_ms: int = 0,
                       min_bytes: int = 0, fetch_size: int = DEFAULT_FETCH_SIZE
@@ -567,6 +652,16 @@ class TankClient:
         r = await self.request(lambda rid: StatusRequest(rid))
         return BrokerStatus(r.topic_count, r.partition_count, r.open_partitions,
                             r.open_time_ms, r.startup_ts, r.version, bool(r.cluster_aware))
+
+
+def _entries_by_topic(entries: Sequence[tuple[Any, ...]]) -> dict[str, list[int]]:
+    """Entry indexes by topic, topics in order of first appearance (a request's layout)."""
+    order: dict[str, list[int]] = {}
+    for i, entry in enumerate(entries):
+        order.setdefault(entry[0], []).append(i)
+    if len(order) > 255 or any(len(i) > 255 for i in order.values()):
+        raise ValueError("a Tank request holds at most 255 topics of at most 255 partitions")
+    return order
 
 
 def _code_name(codes: Any, code: int) -> str:

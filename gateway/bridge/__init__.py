@@ -1,0 +1,59 @@
+"""Bridge mode: figtank in front of an existing Tank broker.
+
+``figtank serve --upstream HOST:PORT`` (repeatable; ``[upstream] brokers = [...]`` in the
+config file) serves the Figg and Tank listeners from an upstream Tank broker instead of
+the embedded store. The listeners do not know the difference: they talk to a
+:class:`BridgeBackend` through the same :class:`~gateway.backend.Backend` protocol.
+
+- :mod:`gateway.bridge.upstream`: the one connection to the broker, reconnected with
+  backoff across the addresses in order; outages logged and counted;
+- :mod:`gateway.bridge.produce`: appends merged into one upstream Produce per round;
+- :mod:`gateway.bridge.fetch`: one upstream Consume per fetch, shared by identical fetches;
+- :mod:`gateway.bridge.backend`: the backend itself.
+
+::
+
+    async with open_bridge_backend(settings, metrics) as backend:
+        ...  # hand it to TankListener / FiggListener
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from gateway.bridge.backend import BridgeBackend
+from gateway.bridge.upstream import Backoff, Upstream, UpstreamUnavailable
+from gateway.config import Settings
+from gateway.metrics import Metrics
+
+__all__ = ["Backoff", "BridgeBackend", "Upstream", "UpstreamUnavailable",
+           "open_bridge_backend"]
+
+
+@asynccontextmanager
+async def open_bridge_backend(settings: Settings, metrics: Metrics | None = None, *,
+                              upstream_options: dict[str, Any] | None = None,
+                              **backend_options: Any) -> AsyncIterator[BridgeBackend]:
+    """Connect to ``settings.upstream`` and serve it as a backend for the block.
+
+    Returns after the first round of connection attempts even if no broker answered (the
+    gateway starts and serves once the upstream comes). ``upstream_options`` go to
+    :class:`Upstream` (timeouts, backoff, keepalive), ``backend_options`` to
+    :class:`BridgeBackend` (``wait_secs``).
+    """
+    upstream = Upstream(settings.upstream, metrics=metrics, **(upstream_options or {}))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(upstream.run)
+        backend = BridgeBackend(
+            upstream, nursery, auto_create_topics=settings.auto_create_topics,
+            default_partitions=settings.default_partitions,
+            topic_config=settings.topic_config, max_bundle_bytes=settings.max_bundle_bytes,
+            metrics=metrics, **backend_options)
+        try:
+            yield backend
+        finally:
+            await backend.aclose()

@@ -1,0 +1,255 @@
+"""The bridge backend: both listeners served by an upstream Tank broker.
+
+:class:`BridgeBackend` implements :class:`~gateway.backend.Backend` request for request
+over the upstream connection (:class:`~gateway.bridge.upstream.Upstream`); figtank keeps no
+log of its own. Sequence numbers are the upstream's, so a position means the same through
+the bridge and at the broker.
+
+- produce: bundles are checked here first (size, framing), as the embedded store does, so
+  a bad one fails only its own batch and never reaches the broker; then one upstream
+  Produce (ProduceWithSeqnum for batches with a base sequence) for all the appends of a
+  scheduler round (:mod:`gateway.bridge.produce`). Missing topics are created upstream
+  when ``auto_create_topics`` is on. Tank's Produce response carries no sequence numbers,
+  so an OK outcome has them only where the batch named them (base sequence, sparse).
+- fetch: one upstream Consume with the caller's long-poll parameters; identical fetches in
+  flight share it (:mod:`gateway.bridge.fetch`).
+- admin: forwarded as the matching Tank request.
+
+While the upstream is away, calls wait for it for up to ``wait_secs`` (a fetch: its
+``max_wait``); then produce answers I/O fault, fetch FAULT, create_topic system error,
+reload_conf I/O error, and the discovery and status calls raise
+:class:`~gateway.bridge.upstream.UpstreamUnavailable`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import trio
+
+from gateway.backend import (
+    BackendStatus,
+    CreateTopicCode,
+    FetchOutcome,
+    FetchRequest,
+    FetchStatus,
+    PartitionInfo,
+    ProduceBatch,
+    ProduceCode,
+    ProduceOutcome,
+    ReloadConfCode,
+    TopicInfo,
+)
+from gateway.bridge.fetch import FetchForwarder
+from gateway.bridge.produce import Entry, ProduceForwarder
+from gateway.bridge.upstream import Upstream, UpstreamUnavailable
+from gateway.metrics import Metrics
+from protocols.errors import ProtocolError
+from protocols.tank.bundle import BundleInfo, validate_bundle
+from protocols.tank.messages import (
+    CreateTopicRequest,
+    DiscoverPartitionsRequest,
+    DiscoverTopicsRequest,
+    ReloadConfRequest,
+)
+from protocols.topics import MAX_PARTITIONS, is_valid_topic_name
+from protocols.wire import UINT64_MAX
+
+#: How long a produce or admin call waits for an absent upstream.
+DEFAULT_WAIT_SECS: Final = 5.0
+_MAX_U16: Final = 0xFFFF
+
+
+class BridgeBackend:
+    """Serves both listeners from an upstream Tank broker; see the module doc.
+
+    ``nursery`` runs the shared fetches and merged produce requests (it must outlive
+    every call). ``default_partitions`` and ``topic_config`` (Tank config keys) are used
+    for topics created upstream.
+    """
+
+    def __init__(self, upstream: Upstream, nursery: trio.Nursery, *,
+                 auto_create_topics: bool = True, default_partitions: int = 1,
+                 topic_config: Mapping[str, str] | None = None,
+                 max_bundle_bytes: int = 64 * 1024 * 1024,
+                 wait_secs: float = DEFAULT_WAIT_SECS, metrics: Metrics | None = None) -> None:
+        self.upstream = upstream
+        self.auto_create_topics = auto_create_topics
+        self.default_partitions = default_partitions
+        self.topic_config = dict(topic_config or {})
+        self.max_bundle_bytes = max_bundle_bytes
+        self.wait_secs = wait_secs
+        self._metrics = metrics
+        self._nursery = nursery
+        self.produces = ProduceForwarder(
+            upstream, nursery, wait_secs=wait_secs,
+            create_topic=self._auto_create if auto_create_topics else None)
+        self.fetches = FetchForwarder(upstream, nursery)
+
+    # -- produce -----------------------------------------------------------------------------
+
+    async def produce(self, batches: Sequence[ProduceBatch]) -> list[ProduceOutcome]:
+        """Append each batch upstream; outcomes in the same order."""
+        started = time.perf_counter()
+        outcomes: list[ProduceOutcome | None] = [None] * len(batches)
+        infos: list[BundleInfo | None] = [None] * len(batches)
+        entries: list[Entry] = []
+        sent: list[int] = []
+        for i, batch in enumerate(batches):
+            refused = self._check(batch)
+            if isinstance(refused, ProduceOutcome):
+                outcomes[i] = refused
+                continue
+            infos[i] = refused
+            entries.append((batch.topic, batch.partition, batch.bundle, batch.base_seq))
+            sent.append(i)
+        if entries:
+            codes = await self.produces.send(entries)
+            for i, code in zip(sent, codes, strict=True):
+                info = infos[i]
+                assert info is not None
+                outcomes[i] = self._outcome(batches[i], info, code)
+        if self._metrics is not None:
+            self._metrics.append_seconds.observe(time.perf_counter() - started)
+        return outcomes  # type: ignore[return-value]  # every slot filled above
+
+    def _check(self, batch: ProduceBatch) -> ProduceOutcome | BundleInfo:
+        """The bundle's header when it may go upstream, else the outcome refusing it."""
+        if not is_valid_topic_name(batch.topic):
+            return ProduceOutcome(ProduceCode.UNKNOWN_TOPIC,
+                                  reason=f"invalid topic name {batch.topic!r}")
+        if not 0 <= batch.partition <= _MAX_U16:
+            return ProduceOutcome(ProduceCode.UNKNOWN_PARTITION)
+        if batch.base_seq is not None and not 0 < batch.base_seq <= UINT64_MAX:
+            return ProduceOutcome(ProduceCode.INVALID_SEQUENCE)
+        if len(batch.bundle) > self.max_bundle_bytes:
+            return ProduceOutcome(ProduceCode.IO_FAULT, reason=(
+                f"bundle of {len(batch.bundle)} bytes is over {self.max_bundle_bytes}"))
+        try:
+            return validate_bundle(batch.bundle)
+        except ProtocolError as exc:
+            return ProduceOutcome(ProduceCode.IO_FAULT, reason=f"invalid bundle: {exc}")
+
+    def _outcome(self, batch: ProduceBatch, info: BundleInfo, code: int) -> ProduceOutcome:
+        if code != ProduceCode.OK:
+            try:
+                known = ProduceCode(code)
+            except ValueError:  # insufficient replicas, no leader, other leader
+                return ProduceOutcome(ProduceCode.IO_FAULT, reason=f"upstream code 0x{code:02x}")
+            return ProduceOutcome(known, reason="upstream")
+        if self._metrics is not None:
+            self._metrics.messages_in.labels(batch.topic).inc(info.msg_count)
+            self._metrics.bytes_in.labels(batch.topic).inc(len(batch.bundle))
+        if info.sparse:
+            return ProduceOutcome(ProduceCode.OK, info.first_seq or 0, info.last_seq or 0)
+        if batch.base_seq is not None:
+            return ProduceOutcome(ProduceCode.OK, batch.base_seq,
+                                  batch.base_seq + info.msg_count - 1)
+        return ProduceOutcome(ProduceCode.OK)
+
+    async def _auto_create(self, topic: str) -> CreateTopicCode:
+        return await self.create_topic(topic, self.default_partitions)
+
+    # -- fetch -------------------------------------------------------------------------------
+
+    async def fetch(self, requests: Sequence[FetchRequest], *, max_wait_ms: int,
+                    min_bytes: int) -> list[FetchOutcome]:
+        """Read each partition with one upstream Consume; the upstream long-polls."""
+        outcomes: list[FetchOutcome | None] = [None] * len(requests)
+        entries = []
+        asked = []
+        for i, r in enumerate(requests):
+            if not is_valid_topic_name(r.topic):
+                outcomes[i] = FetchOutcome(FetchStatus.UNKNOWN_TOPIC)
+            elif not 0 <= r.partition <= _MAX_U16:
+                outcomes[i] = FetchOutcome(FetchStatus.UNKNOWN_PARTITION)
+            else:
+                entries.append((r.topic, r.partition, min(max(r.seq, 0), UINT64_MAX),
+                                min(max(r.fetch_size, 0), 0xFFFFFFFF)))
+                asked.append(i)
+        if entries:
+            fetched = await self.fetches.fetch(entries, max_wait_ms=max_wait_ms,
+                                               min_bytes=min(max(min_bytes, 0), 0xFFFFFFFF))
+            for i, outcome in zip(asked, fetched, strict=True):
+                outcomes[i] = outcome
+        return outcomes  # type: ignore[return-value]  # every slot filled above
+
+    # -- admin -------------------------------------------------------------------------------
+
+    def _deadline(self) -> float:
+        return trio.current_time() + self.wait_secs
+
+    async def _request(self, what: str, build: Any) -> Any:
+        return await self.upstream.call(what, self._deadline(),
+                                        lambda client: client.request(build))
+
+    async def create_topic(self, name: str, partitions: int, config: str = ""
+                           ) -> CreateTopicCode:
+        """CreateTopic upstream, with the configured topic defaults for keys not given."""
+        if not is_valid_topic_name(name) or not 0 < partitions <= MAX_PARTITIONS:
+            return CreateTopicCode.INVALID
+        raw = _with_defaults(config, self.topic_config).encode()
+        try:
+            response = await self._request("create_topic", lambda rid: CreateTopicRequest(
+                rid, name, partitions, raw))
+        except UpstreamUnavailable:
+            return CreateTopicCode.SYSTEM_ERROR
+        try:
+            return CreateTopicCode(response.error)
+        except ValueError:
+            return CreateTopicCode.SYSTEM_ERROR
+
+    async def discover_partitions(self, topic: str) -> list[PartitionInfo] | None:
+        """The upstream's bounds; a partition it can not serve is ``(UINT64_MAX,) * 2``."""
+        if not is_valid_topic_name(topic):
+            return None
+        response = await self._request("discover_partitions",
+                                       lambda rid: DiscoverPartitionsRequest(rid, topic, []))
+        if not response.partitions:
+            return None
+        return [PartitionInfo(UINT64_MAX, UINT64_MAX) if p.error else
+                PartitionInfo(p.first_available_seq_num, p.high_water_mark)
+                for p in response.partitions]
+
+    async def discover_topics(self) -> list[TopicInfo]:
+        response = await self._request("discover_topics",
+                                       lambda rid: DiscoverTopicsRequest(rid, 0))
+        return [TopicInfo(t.name, t.partition_count, bool(t.enabled)) for t in response.topics]
+
+    async def reload_conf(self, topic: str, partition: int) -> ReloadConfCode:
+        if not is_valid_topic_name(topic):
+            return ReloadConfCode.UNKNOWN_TOPIC
+        if not 0 <= partition <= _MAX_U16:
+            return ReloadConfCode.UNKNOWN_PARTITION
+        try:
+            response = await self._request("reload_conf", lambda rid: ReloadConfRequest(
+                rid, topic, partition))
+        except UpstreamUnavailable:
+            return ReloadConfCode.IO_ERROR
+        try:
+            return ReloadConfCode(response.error)
+        except ValueError:  # 12: refused by a clustered broker
+            return ReloadConfCode.IO_ERROR
+
+    async def status(self) -> BackendStatus:
+        """The upstream broker's Status."""
+        s = await self.upstream.call("status", self._deadline(),
+                                     lambda client: client.status())
+        return BackendStatus(s.topics, s.partitions, s.open_partitions, s.open_time_ms,
+                             s.startup_ts, s.version)
+
+    async def aclose(self) -> None:
+        """Stop the shared requests and the upstream connection."""
+        self._nursery.cancel_scope.cancel()
+        await trio.lowlevel.checkpoint()
+
+
+def _with_defaults(config: str, defaults: Mapping[str, str]) -> str:
+    """``config`` (Tank ``key=value`` lines) plus each default whose key it does not set."""
+    given = {line.partition("=")[0].strip() for line in config.splitlines() if "=" in line}
+    extra = "".join(f"{k}={v}\n" for k, v in defaults.items() if k not in given)
+    if extra and config and not config.endswith("\n"):
+        config += "\n"
+    return config + extra

@@ -1,0 +1,241 @@
+"""The connection to the upstream Tank broker: one client at a time, reconnected forever.
+
+:class:`Upstream` owns the current :class:`~gateway.client.tank.TankClient` (which has no
+reconnect of its own). :meth:`Upstream.run` connects to the first address that answers,
+trying them in the configured order; when the connection ends it tries again at once, then
+with exponential backoff between rounds. It keeps an idle connection alive with a Status
+request (a Tank broker closes a connection that sends nothing for 16 s), and reports the
+upstream's state: the ``upstream_down`` / ``upstream_up`` log events, the
+``figtank_upstream_up`` gauge and the ``figtank_upstream_outages`` counter.
+
+Callers take the client with :meth:`Upstream.wait_client` (waiting, up to a deadline, while
+the upstream is away) and hand back one that misbehaved with :meth:`Upstream.discard`.
+:meth:`Upstream.call` wraps both: it retries a request on the next connection until a
+deadline, so a short outage is only a delay.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Final, TypeVar
+
+import structlog
+import trio
+
+from gateway.client.errors import (
+    BadResponse,
+    ClientClosed,
+    ConnectError,
+    ConnectionLost,
+    RequestTimeout,
+)
+from gateway.client.tank import DEFAULT_MAX_FRAME, TankClient
+from gateway.config import parse_address
+from gateway.metrics import Metrics
+
+log = structlog.get_logger("figtank.bridge")
+
+T = TypeVar("T")
+
+#: Failures after which a request is worth sending again on the next connection.
+RETRYABLE: Final = (ConnectionLost, ClientClosed, RequestTimeout, BadResponse)
+
+
+class UpstreamUnavailable(ConnectionError):
+    """The upstream broker could not be reached before the request's deadline."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Seconds before reconnect round ``attempt``: 0 for the first, then ``base * 2**(n-1)``
+    capped at ``cap``, times a jitter in ``[0.8, 1.2)``."""
+
+    base: float = 0.1
+    cap: float = 5.0
+
+    def __call__(self, attempt: int) -> float:
+        if attempt <= 0:
+            return 0.0
+        return min(self.base * 2.0 ** min(attempt - 1, 30), self.cap) * random.uniform(0.8, 1.2)
+
+
+class Upstream:
+    """The upstream broker as one always-reconnecting Tank connection; see the module doc.
+
+    ``addresses`` are ``HOST:PORT`` strings, tried in order. ``request_timeout`` bounds each
+    request (a long poll gets its wait on top); a request that times out drops the
+    connection, since a broker that stops answering is as good as gone.
+    """
+
+    def __init__(self, addresses: Sequence[str], *, metrics: Metrics | None = None,
+                 client_id: str = "figtank-bridge", connect_timeout: float = 5.0,
+                 request_timeout: float = 30.0, keepalive_secs: float = 5.0,
+                 backoff: Callable[[int], float] | None = None,
+                 max_frame_size: int = DEFAULT_MAX_FRAME) -> None:
+        if not addresses:
+            raise ValueError("bridge mode needs at least one upstream address")
+        self.addresses = tuple(addresses)
+        self._targets = [parse_address(a) for a in self.addresses]
+        self._metrics = metrics
+        self.client_id = client_id
+        self.connect_timeout = connect_timeout
+        self.request_timeout = request_timeout
+        self.keepalive_secs = keepalive_secs
+        self.backoff = backoff or Backoff()
+        self.max_frame_size = max_frame_size
+        self._client: TankClient | None = None
+        self._up_event = trio.Event()
+        self._up: bool | None = None  # None until the first connection attempt
+        self._down_since = 0.0
+        #: Times the upstream became unreachable (also counted in the metrics).
+        self.outages = 0
+        #: The address of the current connection (None while down).
+        self.address: str | None = None
+        if metrics is not None:
+            metrics.upstream_up.set(0)
+
+    @property
+    def upstream_up(self) -> bool:
+        """True while a connection to an upstream broker is established."""
+        client = self._client
+        return bool(self._up) and client is not None and client.connected
+
+    # ------------------------------------------------------------------ connection loop
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Keep a connection until cancelled. ``task_status.started()`` comes after the
+        first round of connection attempts, whether or not one succeeded."""
+        attempt = 0
+        started = False
+        self._down_since = trio.current_time()
+        try:
+            while True:
+                delay = self.backoff(attempt)
+                if delay > 0:
+                    await trio.sleep(delay)
+                client, reason = await self._connect_any()
+                if client is None:
+                    self._went_down(reason)
+                    attempt += 1
+                else:
+                    attempt = 0
+                    self._went_up(client)
+                if not started:
+                    task_status.started()
+                    started = True
+                if client is not None:
+                    await self._serve(client)
+                    self._went_down(repr(client.failure))
+        finally:
+            self._client = None
+
+    async def _connect_any(self) -> tuple[TankClient | None, str]:
+        reasons = []
+        for address, (host, port) in zip(self.addresses, self._targets, strict=True):
+            client = TankClient(host, port, client_id=self.client_id,
+                                connect_timeout=self.connect_timeout,
+                                request_timeout=self.request_timeout,
+                                max_frame_size=self.max_frame_size)
+            try:
+                await client.connect()
+            except ConnectError as exc:
+                reasons.append(str(exc))
+                continue
+            self.address = address
+            return client, ""
+        return None, "; ".join(reasons)
+
+    async def _serve(self, client: TankClient) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._keepalive, client)
+            await client.serve()
+            nursery.cancel_scope.cancel()
+
+    async def _keepalive(self, client: TankClient) -> None:
+        if not math.isfinite(self.keepalive_secs) or self.keepalive_secs <= 0:
+            return
+        while True:
+            await trio.sleep(self.keepalive_secs)
+            try:
+                await client.status()
+            except RequestTimeout:
+                await self.discard(client, "keepalive Status request timed out")
+                return
+            except RETRYABLE:
+                return  # the connection is ending; run() notices
+
+    def _went_up(self, client: TankClient) -> None:
+        self._client = client
+        down_for = trio.current_time() - self._down_since
+        self._up = True
+        if self._metrics is not None:
+            self._metrics.upstream_up.set(1)
+        log.info("upstream_up", address=self.address, down_secs=round(down_for, 3))
+        self._up_event.set()
+
+    def _went_down(self, reason: str) -> None:
+        self._client = None
+        if self._up is False:
+            log.debug("upstream_connect_failed", addresses=list(self.addresses), reason=reason)
+            return
+        self._up = False
+        self._up_event = trio.Event()
+        self._down_since = trio.current_time()
+        self.outages += 1
+        if self._metrics is not None:
+            self._metrics.upstream_up.set(0)
+            self._metrics.upstream_outages.inc()
+        log.warning("upstream_down", address=self.address or list(self.addresses),
+                    reason=reason, outages=self.outages)
+        self.address = None
+
+    # --------------------------------------------------------------------- for callers
+
+    async def wait_client(self, deadline: float) -> TankClient | None:
+        """The connected client, waiting for the upstream until ``deadline`` (trio time);
+        None if it is still away then."""
+        while True:
+            client = self._client
+            if client is not None and client.connected:
+                return client
+            if trio.current_time() >= deadline:
+                await trio.lowlevel.checkpoint()
+                return None
+            event = self._up_event
+            if event.is_set():
+                # The connection just ended and run() has not noticed yet.
+                await trio.sleep(0.005)
+                continue
+            with trio.move_on_at(deadline):
+                await event.wait()
+
+    async def discard(self, client: TankClient, reason: str) -> None:
+        """Drop ``client``'s connection (it timed out or answered nonsense); run() then
+        reconnects."""
+        if client is self._client and client.connected:
+            log.warning("upstream_connection_dropped", address=self.address, reason=reason)
+        await client.aclose()
+
+    async def call(self, what: str, deadline: float,
+                   request: Callable[[TankClient], Awaitable[T]]) -> T:
+        """``await request(client)`` on the current connection, again on the next one when
+        the connection fails, until ``deadline`` (trio time).
+
+        A request that was sent but not answered is sent again: callers use this only
+        where a repeat is harmless or at-least-once is the contract. Raises
+        :class:`UpstreamUnavailable` at the deadline.
+        """
+        while True:
+            client = await self.wait_client(deadline)
+            if client is None:
+                raise UpstreamUnavailable(f"{what}: the upstream broker is unreachable")
+            try:
+                return await request(client)
+            except (RequestTimeout, BadResponse) as exc:
+                await self.discard(client, f"{what}: {exc!r}")
+            except (ConnectionLost, ClientClosed):
+                pass
