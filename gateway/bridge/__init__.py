@@ -46,14 +46,22 @@ async def open_bridge_backend(settings: Settings, metrics: Metrics | None = None
     :class:`BridgeBackend` (``wait_secs``).
     """
     upstream = Upstream(settings.upstream, metrics=metrics, **(upstream_options or {}))
-    async with trio.open_nursery() as nursery:
-        await nursery.start(upstream.run)
-        backend = BridgeBackend(
-            upstream, nursery, auto_create_topics=settings.auto_create_topics,
-            default_partitions=settings.default_partitions,
-            topic_config=settings.topic_config, max_bundle_bytes=settings.max_bundle_bytes,
-            metrics=metrics, **backend_options)
-        try:
-            yield backend
-        finally:
-            await backend.aclose()
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(upstream.run)
+            backend = BridgeBackend(
+                upstream, nursery, auto_create_topics=settings.auto_create_topics,
+                default_partitions=settings.default_partitions,
+                topic_config=settings.topic_config, max_bundle_bytes=settings.max_bundle_bytes,
+                metrics=metrics, **backend_options)
+            try:
+                yield backend
+            finally:
+                # No checkpoint in here: a Cancelled raised now would be caught by the
+                # nursery's own (cancelled) scope and swallow the block's exception.
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # The background tasks never raise: a lone exception is the block's own.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise

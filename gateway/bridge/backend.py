@@ -243,7 +243,7 @@ class BridgeBackend:
     async def aclose(self) -> None:
         """Stop the shared requests and the upstream connection."""
         self._nursery.cancel_scope.cancel()
-        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.cancel_shielded_checkpoint()
 
 
 def _with_defaults(config: str, defaults: Mapping[str, str]) -> str:

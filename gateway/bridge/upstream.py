@@ -42,6 +42,8 @@ T = TypeVar("T")
 
 #: Failures after which a request is worth sending again on the next connection.
 RETRYABLE: Final = (ConnectionLost, ClientClosed, RequestTimeout, BadResponse)
+#: A connection that lasted this long is redialled at once when it ends.
+STABLE_SECS: Final = 1.0
 
 
 class UpstreamUnavailable(ConnectionError):
@@ -120,16 +122,21 @@ class Upstream:
                 client, reason = await self._connect_any()
                 if client is None:
                     self._went_down(reason)
-                    attempt += 1
                 else:
-                    attempt = 0
                     self._went_up(client)
                 if not started:
                     task_status.started()
                     started = True
-                if client is not None:
-                    await self._serve(client)
-                    self._went_down(repr(client.failure))
+                if client is None:
+                    attempt += 1
+                    continue
+                connected_at = trio.current_time()
+                await self._serve(client)
+                self._went_down(repr(client.failure))
+                # Redial at once after a connection that lasted; back off from a broker
+                # that accepts and then drops us.
+                lasted = trio.current_time() - connected_at >= STABLE_SECS
+                attempt = 0 if lasted else attempt + 1
         finally:
             self._client = None
 

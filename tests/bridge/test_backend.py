@@ -252,3 +252,27 @@ async def test_keepalive_holds_an_idle_connection(tmp_path: Path) -> None:
             await trio.sleep(1.0)
             assert backend.upstream.upstream_up
             assert backend.upstream.outages == 0
+
+
+async def test_a_broker_that_drops_every_connection_is_backed_off() -> None:
+    accepted = 0
+
+    async def greet_and_hang_up(stream: trio.SocketStream) -> None:
+        nonlocal accepted
+        accepted += 1
+        await stream.send_all(b"\x03\x00\x00\x00\x00")  # Tank's greeting Ping
+        await stream.aclose()
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            [listener] = await nursery.start(
+                lambda task_status: trio.serve_tcp(greet_and_hang_up, 0, host="127.0.0.1",
+                                                   task_status=task_status))
+            port = listener.socket.getsockname()[1]
+            async with open_bridge_backend(bridge_settings(f"127.0.0.1:{port}"),
+                                           Metrics()) as backend:
+                await trio.sleep(1.0)
+                # 0, 0.1, 0.2, 0.4 s (with jitter) apart: a handful, not a busy loop.
+                assert 2 <= accepted <= 6
+                assert not backend.upstream.upstream_up
+            nursery.cancel_scope.cancel()
