@@ -203,6 +203,10 @@ def _encode_plain_set(messages: Sequence[Message]) -> bytearray:
                 out += short_headers[n]
                 out += value
                 continue
+            if key is None and n < 0x4000:  # two-byte varint length, inline
+                out += bytes((USE_LAST_SPECIFIED_TS, (n & 0x7F) | 0x80, n >> 7))
+                out += value
+                continue
             out.append(USE_LAST_SPECIFIED_TS if key is None else USE_LAST_SPECIFIED_TS | HAVE_KEY)
         else:
             out.append(0 if key is None else HAVE_KEY)
