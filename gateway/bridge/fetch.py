@@ -122,7 +122,7 @@ class FetchForwarder:
             return await client.consume_raw(entries, max_wait_ms=wait_ms, min_bytes=min_bytes)
 
         try:
-            results = await self._upstream.call("consume", deadline, request)
+            results = await self._upstream.call("consume", deadline, request, long_poll=True)
         except UpstreamUnavailable:
             return _faults(len(entries)), True
         outcomes = [fetch_outcome(r) for r in results]

@@ -12,6 +12,13 @@ Callers take the client with :meth:`Upstream.wait_client` (waiting, up to a dead
 the upstream is away) and hand back one that misbehaved with :meth:`Upstream.discard`.
 :meth:`Upstream.call` wraps both: it retries a request on the next connection until a
 deadline, so a short outage is only a delay.
+
+Long polls do not travel on that connection. A broker serves a bounded number of requests
+per connection at once (figtank: 1024) and stops reading the connection beyond it, so
+thousands of parked Consumes would hold up every Produce behind them. ``call(...,
+long_poll=True)`` takes a connection from a pool of consume connections to the same
+broker instead, opened as needed (:data:`CONSUMES_PER_CONNECTION` long polls each) and
+closed with the main connection.
 """
 
 from __future__ import annotations
@@ -44,6 +51,10 @@ T = TypeVar("T")
 RETRYABLE: Final = (ConnectionLost, ClientClosed, RequestTimeout, BadResponse)
 #: A connection that lasted this long is redialled at once when it ends.
 STABLE_SECS: Final = 1.0
+#: Long polls in flight on one consume connection before another one is opened.
+CONSUMES_PER_CONNECTION: Final = 256
+#: Most consume connections; past it, the least loaded one takes more.
+MAX_CONSUME_CONNECTIONS: Final = 32
 
 
 class UpstreamUnavailable(ConnectionError):
@@ -76,7 +87,9 @@ class Upstream:
                  client_id: str = "figtank-bridge", connect_timeout: float = 5.0,
                  request_timeout: float = 30.0, keepalive_secs: float = 5.0,
                  backoff: Callable[[int], float] | None = None,
-                 max_frame_size: int = DEFAULT_MAX_FRAME) -> None:
+                 max_frame_size: int = DEFAULT_MAX_FRAME,
+                 consumes_per_connection: int = CONSUMES_PER_CONNECTION,
+                 max_consume_connections: int = MAX_CONSUME_CONNECTIONS) -> None:
         if not addresses:
             raise ValueError("bridge mode needs at least one upstream address")
         self.addresses = tuple(addresses)
@@ -88,7 +101,14 @@ class Upstream:
         self.keepalive_secs = keepalive_secs
         self.backoff = backoff or Backoff()
         self.max_frame_size = max_frame_size
+        self.consumes_per_connection = consumes_per_connection
+        self.max_consume_connections = max_consume_connections
         self._client: TankClient | None = None
+        # The main connection's lifetime: its keepalive and the consume connections.
+        self._session: trio.Nursery | None = None
+        self._pool: list[TankClient] = []
+        self._load: dict[TankClient, int] = {}
+        self._opening = trio.Lock()
         self._up_event = trio.Event()
         self._up: bool | None = None  # None until the first connection attempt
         self._down_since = 0.0
@@ -140,13 +160,16 @@ class Upstream:
         finally:
             self._client = None
 
+    def _new_client(self, host: str, port: int) -> TankClient:
+        return TankClient(host, port, client_id=self.client_id,
+                          connect_timeout=self.connect_timeout,
+                          request_timeout=self.request_timeout,
+                          max_frame_size=self.max_frame_size)
+
     async def _connect_any(self) -> tuple[TankClient | None, str]:
         reasons = []
         for address, (host, port) in zip(self.addresses, self._targets, strict=True):
-            client = TankClient(host, port, client_id=self.client_id,
-                                connect_timeout=self.connect_timeout,
-                                request_timeout=self.request_timeout,
-                                max_frame_size=self.max_frame_size)
+            client = self._new_client(host, port)
             try:
                 await client.connect()
             except ConnectError as exc:
@@ -157,10 +180,29 @@ class Upstream:
         return None, "; ".join(reasons)
 
     async def _serve(self, client: TankClient) -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._keepalive, client)
+        async with trio.open_nursery() as session:
+            self._session = session
+            session.start_soon(self._keepalive, client)
+            try:
+                await client.serve()
+            finally:
+                self._session = None
+                session.cancel_scope.cancel()  # the consume connections end with it
+
+    async def _pooled(self, host: str, port: int, *,
+                      task_status: trio.TaskStatus[TankClient] = trio.TASK_STATUS_IGNORED
+                      ) -> None:
+        """One consume connection, served until it or the main connection ends."""
+        client = self._new_client(host, port)
+        await client.connect()
+        self._pool.append(client)
+        self._load[client] = 0
+        try:
+            task_status.started(client)
             await client.serve()
-            nursery.cancel_scope.cancel()
+        finally:
+            self._pool.remove(client)
+            self._load.pop(client, None)
 
     async def _keepalive(self, client: TankClient) -> None:
         if not math.isfinite(self.keepalive_secs) or self.keepalive_secs <= 0:
@@ -220,6 +262,37 @@ class Upstream:
             with trio.move_on_at(deadline):
                 await event.wait()
 
+    async def _consume_client(self, deadline: float) -> TankClient | None:
+        """A consume connection with room for one more long poll, opening one if needed;
+        None if the upstream is away until ``deadline``."""
+        main = await self.wait_client(deadline)
+        if main is None:
+            return None
+        best = self._least_loaded()
+        if best is not None and self._load[best] < self.consumes_per_connection:
+            return best
+        async with self._opening:
+            best = self._least_loaded()  # another caller may have opened one meanwhile
+            if best is not None and self._load[best] < self.consumes_per_connection:
+                return best
+            session = self._session
+            if session is not None and len(self._pool) < self.max_consume_connections:
+                try:
+                    return await session.start(self._pooled, main.host, main.port)
+                except (ConnectError, RuntimeError) as exc:  # RuntimeError: session ended
+                    log.warning("upstream_consume_connection_failed", address=self.address,
+                                error=repr(exc))
+        return best or main
+
+    def _least_loaded(self) -> TankClient | None:
+        live = [c for c in self._pool if c.connected]
+        return min(live, key=self._load.__getitem__) if live else None
+
+    @property
+    def consume_connections(self) -> int:
+        """Consume connections open now."""
+        return len(self._pool)
+
     async def discard(self, client: TankClient, reason: str) -> None:
         """Drop ``client``'s connection (it timed out or answered nonsense); run() then
         reconnects."""
@@ -228,21 +301,30 @@ class Upstream:
         await client.aclose()
 
     async def call(self, what: str, deadline: float,
-                   request: Callable[[TankClient], Awaitable[T]]) -> T:
+                   request: Callable[[TankClient], Awaitable[T]], *,
+                   long_poll: bool = False) -> T:
         """``await request(client)`` on the current connection, again on the next one when
-        the connection fails, until ``deadline`` (trio time).
+        the connection fails, until ``deadline`` (trio time). ``long_poll`` requests go
+        on a consume connection.
 
         A request that was sent but not answered is sent again: callers use this only
         where a repeat is harmless or at-least-once is the contract. Raises
         :class:`UpstreamUnavailable` at the deadline.
         """
         while True:
-            client = await self.wait_client(deadline)
+            client = await (self._consume_client(deadline) if long_poll
+                            else self.wait_client(deadline))
             if client is None:
                 raise UpstreamUnavailable(f"{what}: the upstream broker is unreachable")
+            pooled = client in self._load
+            if pooled:
+                self._load[client] += 1
             try:
                 return await request(client)
             except (RequestTimeout, BadResponse) as exc:
                 await self.discard(client, f"{what}: {exc!r}")
             except (ConnectionLost, ClientClosed):
                 pass
+            finally:
+                if pooled and client in self._load:
+                    self._load[client] -= 1

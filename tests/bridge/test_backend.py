@@ -276,3 +276,41 @@ async def test_a_broker_that_drops_every_connection_is_backed_off() -> None:
                 assert 2 <= accepted <= 6
                 assert not backend.upstream.upstream_up
             nursery.cancel_scope.cancel()
+
+
+async def test_long_polls_travel_on_consume_connections(tmp_path: Path) -> None:
+    options = {"consumes_per_connection": 2, "max_consume_connections": 3}
+    with trio.fail_after(20):
+        async with upstream_server(tmp_path / "up") as up, \
+                open_bridge_backend(bridge_settings(address(up.tank)), Metrics(),
+                                    upstream_options=options) as backend:
+            await backend.create_topic("wide", 8)
+            upstream = backend.upstream
+            got: list[int] = []
+
+            async def park(partition: int) -> None:
+                [outcome] = await backend.fetch([FetchRequest("wide", partition, 1, 1024)],
+                                                max_wait_ms=10_000, min_bytes=1)
+                got.append(len(values_of(outcome)))
+
+            async with trio.open_nursery() as nursery:
+                for partition in range(8):
+                    nursery.start_soon(park, partition)
+                await trio.sleep(0.3)
+                # Two per connection; past three connections the least loaded takes more.
+                assert upstream.consume_connections == 3
+                assert sorted(upstream._load.values()) == [2, 3, 3]
+                # Appends are not queued behind the parked long polls.
+                started = trio.current_time()
+                outcomes = await backend.produce([ProduceBatch("wide", p, bundle(b"x"))
+                                                  for p in range(8)])
+                assert all(o.code is ProduceCode.OK for o in outcomes)
+                assert trio.current_time() - started < 1
+            assert got == [1] * 8
+            # The consume connections end with the main one.
+            client = await upstream.wait_client(trio.current_time() + 1)
+            assert client is not None
+            await upstream.discard(client, "test")
+            with trio.fail_after(5):
+                while upstream.consume_connections:
+                    await trio.sleep(0.01)
