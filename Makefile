@@ -27,5 +27,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+## Benchmark suite against a figtank started for it (fsync and os); writes
+## bench-results.json and bench-results.md. Another broker:
+## make bench BENCH_ARGS="--target tank-4.0 --tank HOST:PORT"
+bench: $(STAMP)
+	$(BIN)/python -m gateway.bench.suite $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

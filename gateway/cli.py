@@ -38,12 +38,14 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 def _commands() -> dict[str, tuple[str, Command]]:
+    from gateway.bench.cli import COMMAND as BENCH
     from gateway.cli_clients import COMMANDS
 
     return {
         "serve": ("run the gateway (Figg and Tank listeners over one log)",
                   (_add_serve_arguments, _run_serve)),
         **COMMANDS,
+        "bench": BENCH,
     }
 
 

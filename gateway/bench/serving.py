@@ -1,0 +1,87 @@
+"""Start ``figtank serve`` as a child process for a benchmark, and learn its ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+
+@dataclass
+class Served:
+    """A running figtank: its process and where it listens (``host:port``)."""
+
+    process: subprocess.Popen
+    tank: str
+    figg: str
+    data_dir: Path
+
+
+def _pump(stream: IO[str], lines: queue.Queue[str | None]) -> None:
+    """Hand the log lines over until the server says it is serving, then keep the pipe
+    empty so the server never blocks on its log."""
+    for line in stream:
+        if lines is not None:
+            lines.put(line)
+            if '"figtank_serving"' in line:
+                lines = None  # type: ignore[assignment]
+    if lines is not None:
+        lines.put(None)
+
+
+@contextmanager
+def serve_figtank(*flags: str, durability: str = "fsync", data_dir: Path | None = None,
+                  timeout: float = 30.0) -> Iterator[Served]:
+    """Run ``figtank serve`` on ephemeral loopback ports with its store in ``data_dir``
+    (a new temporary directory by default) until the block ends."""
+    with tempfile.TemporaryDirectory(prefix="figtank-bench-") as scratch:
+        where = data_dir or Path(scratch)
+        command = [sys.executable, "-m", "gateway.cli", "serve", "--log-format", "json",
+                   "--log-level", "info", "--data-dir", str(where), "--durability", durability,
+                   "--tank-listen", "127.0.0.1:0", "--figg-listen", "127.0.0.1:0",
+                   "--metrics-listen", "", *flags]
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        try:
+            event = _wait_serving(process, timeout)
+            yield Served(process, event["tank"], event["figg"], where)
+        finally:
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+
+def _wait_serving(process: subprocess.Popen, timeout: float) -> dict:
+    assert process.stderr is not None
+    lines: queue.Queue[str | None] = queue.Queue()
+    threading.Thread(target=_pump, args=(process.stderr, lines), daemon=True).start()
+    deadline = time.monotonic() + timeout
+    seen: list[str] = []
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise TimeoutError("figtank serve did not start in time") from None
+        if line is None:
+            raise RuntimeError(f"figtank serve exited early: {''.join(seen[-20:])}")
+        seen.append(line)
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if event.get("event") == "figtank_serving":
+            return event
