@@ -100,7 +100,12 @@ class ProduceBatch:
 
 @dataclass(frozen=True, slots=True)
 class ProduceOutcome:
-    """The result of one :class:`ProduceBatch`; sequences are set when ``code`` is OK."""
+    """The result of one :class:`ProduceBatch`.
+
+    ``first_seq``/``last_seq`` are set when ``code`` is OK and the backend knows them (the
+    embedded store always does; a Tank upstream's Produce response does not carry them,
+    so the bridge leaves them 0 unless the batch named its own sequence numbers).
+    """
 
     code: ProduceCode
     first_seq: int = 0
