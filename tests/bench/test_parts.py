@@ -54,7 +54,8 @@ def test_the_suite_against_a_running_broker(figtank) -> None:
     results = run_suite(scale=0.002, target="figtank-test", tank=figtank.tank,
                         figg=figtank.figg)
     cases = [run["case"] for run in results["runs"]]
-    assert cases[0] == "loopback" and "e2e 1000/s" in cases and len(cases) == 9
+    assert cases[0] == "loopback first" and cases[-1] == "loopback last"
+    assert "e2e 1000/s" in cases and len(cases) == 10
     assert all("report" in run and run["report"]["ok"] for run in results["runs"])
     table = markdown(results)
     assert "| tank-produce 100 B | - | produce |" in table
