@@ -1,0 +1,58 @@
+"""PySpark data sources for figtank topics (``figtank``) and segment files (``figtank-segments``).
+
+Install the extra (``pip install 'figtank[spark]'``: PySpark 4, PyArrow), then::
+
+    from gateway.spark import register
+    register(spark)
+
+    df = (spark.read.format("figtank")
+          .option("endpoint", "127.0.0.1:11011").option("topic", "orders").load())
+    history = spark.read.format("figtank-segments").option("topic", "orders").load("data")
+
+Both read rows ``topic string, partition int, sequence bigint, timestamp timestamp,
+key binary, value binary`` (``key`` null when the message has none).
+
+``figtank`` options (names are case-insensitive, values keep their case):
+
+==========================  =====================================================
+``endpoint``                Tank endpoint ``HOST:PORT`` (default 127.0.0.1:11011)
+``topic``                   the topic (required)
+``partitions``              ``"0,2"``: only these partitions (default all)
+``startingSequence``        ``earliest`` | ``latest`` | a sequence number | JSON per
+                            partition ``{"0": 17, "1": "earliest"}``; inclusive.
+                            Default ``earliest`` (batch), ``latest`` (stream)
+``endingSequence``          batch: ``latest`` | a number | JSON; exclusive
+``maxMessagesPerSplit``     sequence numbers per Spark task (default 250000)
+``maxMessagesPerTrigger``   stream: at most this many messages per micro-batch
+``failOnDataLoss``          raise when wanted messages were removed by retention
+                            (default true; false skips to the first available)
+``fetchBytes``              Consume fetch size (default 4 MiB)
+``requestTimeout``          seconds (default 60); ``clientId`` (figtank-spark)
+``arrow``                   return Arrow batches (default true) or tuples
+``batchMessages``           write: messages per Produce (default 4096)
+``batchBytes``              write: bytes per Produce (default 1 MiB)
+``compression``             write: ``auto`` (Tank's rule) | ``none`` | ``snappy``
+==========================  =====================================================
+
+Streaming offsets are the next sequence number of each partition, checkpointed by
+Spark: a restarted query resumes with no gap and no duplicate. ``Trigger.AvailableNow``
+reads what existed when the query started (in ``maxMessagesPerTrigger`` batches).
+Writing (:mod:`gateway.spark.sink`) takes ``value`` and optional ``key``,
+``partition``, ``timestamp`` columns. ``figtank-segments``: see
+:mod:`gateway.spark.segments`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(spark: Any) -> None:
+    """Register ``figtank`` and ``figtank-segments`` with a SparkSession."""
+    from gateway.spark.segments import FigtankSegmentsDataSource
+    from gateway.spark.source import FigtankDataSource
+
+    spark.dataSource.register(FigtankDataSource)
+    spark.dataSource.register(FigtankSegmentsDataSource)
