@@ -183,3 +183,37 @@ async def test_metrics_count_appends_and_sizes(tmp_path: Path) -> None:
     fsyncs = next(line for line in text.splitlines()
                   if line.startswith("figtank_fsync_seconds_count"))
     assert float(fsyncs.split()[1]) >= 1
+
+
+def fsync_count(metrics: Metrics) -> float:
+    line = next(line for line in metrics.render().decode().splitlines()
+                if line.startswith("figtank_fsync_seconds_count"))
+    return float(line.split()[1])
+
+
+async def test_bundles_of_one_partition_share_a_group_fsync(tmp_path: Path) -> None:
+    metrics = Metrics()
+    async with open_embedded_backend(Settings(data_dir=tmp_path, durability="fsync"),
+                                     metrics) as backend:
+        await backend.produce([ProduceBatch("g", 0, bundle(b"first"))])
+        before = fsync_count(metrics)
+        outcomes = await backend.produce(
+            [ProduceBatch("g", 0, bundle(f"m{i}".encode())) for i in range(8)])
+        assert [o.first_seq for o in outcomes] == list(range(2, 10))
+        # Eight bundles of one partition in one produce: written together, one fsync round.
+        assert fsync_count(metrics) - before == 1
+
+
+async def test_append_many_reports_each_entry(tmp_path: Path) -> None:
+    from gateway.store import AppendResult, InvalidBundle, InvalidSequence
+
+    async with open_embedded_backend(Settings(data_dir=tmp_path, durability="fsync")) as b:
+        await b.create_topic("e", 1)
+        partition = b.store.partition("e", 0)
+        results = await partition.append_many([
+            (bundle(b"a"), None), (b"\xff\xff", None), (bundle(b"b"), 1), (bundle(b"c"), None)])
+        assert isinstance(results[0], AppendResult) and results[0].first_seq == 1
+        assert isinstance(results[1], InvalidBundle)
+        assert isinstance(results[2], InvalidSequence)
+        assert isinstance(results[3], AppendResult) and results[3].first_seq == 2
+        assert partition.high_water_mark == 2

@@ -23,6 +23,7 @@ from gateway.store.errors import (
     InvalidSequence,
     OutOfRange,
     StoreClosed,
+    StoreError,
     StoreIOError,
 )
 from gateway.store.index import ENTRY_SIZE
@@ -246,31 +247,68 @@ class Partition:
         and leaves nothing visible. Returns once the bundle is durable in the
         partition's durability mode; it is then visible to readers and waiters.
         """
+        [outcome] = await self.append_many([(bundle, base_seq)])
+        if isinstance(outcome, StoreError):
+            raise outcome
+        return outcome
+
+    async def append_many(self, entries: Sequence[tuple[bytes, int | None]]
+                          ) -> list[AppendResult | StoreError]:
+        """Append ``(bundle, base_seq)`` entries in order; one fsync round covers them all.
+
+        Each entry behaves as :meth:`append` would, but a failing entry does not stop
+        the others: its error takes its place in the returned list. Returns once every
+        written entry is durable.
+        """
         self._check_usable()
+        checked = [self._check_bundle(bundle) for bundle, _ in entries]
+        outcomes: list[AppendResult | StoreError | None] = [None] * len(entries)
+        tickets: list[tuple[int, Ticket]] = []
+        async with self._lock:
+            for i, ((bundle, base_seq), info) in enumerate(zip(entries, checked, strict=True)):
+                if isinstance(info, StoreError):
+                    outcomes[i] = info
+                    continue
+                try:
+                    plan, ticket = await self._write_locked(info, bundle, base_seq)
+                except StoreError as exc:
+                    outcomes[i] = exc
+                    continue
+                outcomes[i] = AppendResult(plan.first, plan.last,
+                                           len(plan.data) + varint_size(len(plan.data)))
+                if ticket is not None:
+                    tickets.append((i, ticket))
+        for i, ticket in tickets:
+            try:
+                await self._commit.wait(ticket)
+            except StoreIOError as exc:
+                outcomes[i] = exc
+        return outcomes  # type: ignore[return-value]  # every slot filled above
+
+    def _check_bundle(self, bundle: bytes) -> BundleInfo | StoreError:
         if len(bundle) > self._env.max_bundle_size:
-            raise BundleTooLarge(f"bundle of {len(bundle)} bytes is over the "
-                                 f"{self._env.max_bundle_size} byte limit")
+            return BundleTooLarge(f"bundle of {len(bundle)} bytes is over the "
+                                  f"{self._env.max_bundle_size} byte limit")
         try:
-            info = validate_bundle(bundle)
+            return validate_bundle(bundle)
         except ProtocolError as exc:
-            raise InvalidBundle(str(exc)) from None
+            return InvalidBundle(str(exc))
+
+    async def _write_locked(self, info: BundleInfo, bundle: bytes, base_seq: int | None
+                            ) -> tuple[_Plan, Ticket | None]:
+        """Plan and write one bundle; the caller holds the partition lock."""
         if base_seq == 0:
             base_seq = None  # Tank: an explicit first sequence of 0 means "not given"
-        async with self._lock:
-            while True:
-                self._check_usable()
-                now = self._env.clock()
-                plan = self._plan(info, bytes(bundle), base_seq, now)
-                if plan.action and self._active is not None and self._commit.pending:
-                    # Never roll under bundles still waiting for their fsync: every
-                    # non-durable byte stays in the active segment.
-                    await self._commit.drain()
-                    continue
-                break
-            ticket = self._execute(plan, info.msg_count, now)
-        if ticket is not None:
-            await self._commit.wait(ticket)
-        return AppendResult(plan.first, plan.last, len(plan.data) + varint_size(len(plan.data)))
+        while True:
+            self._check_usable()
+            now = self._env.clock()
+            plan = self._plan(info, bytes(bundle), base_seq, now)
+            if plan.action and self._active is not None and self._commit.pending:
+                # Never roll under bundles still waiting for their fsync: every
+                # non-durable byte stays in the active segment.
+                await self._commit.drain()
+                continue
+            return plan, self._execute(plan, info.msg_count, now)
 
     async def append_messages(self, messages: Sequence[Message], *,
                               codec: Codec | None = None) -> AppendResult:
