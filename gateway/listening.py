@@ -19,6 +19,15 @@ class SessionEnd(Protocol):
     reason: str
 
 
+class CloseConnection(Exception):
+    """End the connection: ``kind`` is a short metric label, ``reason`` the logged text."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+
+
 def peer_name(stream: trio.SocketStream) -> str:
     """``host:port`` of the peer (``[v6]:port``), or ``?`` when the socket can not tell."""
     try:

@@ -21,6 +21,7 @@ from gateway.config import Settings
 from gateway.figg.outbox import Outbox
 from gateway.figg.publisher import AckQueue, Publisher, PublishRun
 from gateway.figg.subscription import Subscription, SubscriptionError
+from gateway.listening import CloseConnection
 from gateway.metrics import Metrics
 from gateway.offsets import InvalidTopic, TankPartition, attach_start, figg_to_tank
 from protocols.connection import CLOSED, Role
@@ -43,15 +44,6 @@ _DRAIN_ON: Final = frozenset({"protocol_error", "invalid_topic", "unknown_topic"
 _encode_attached = FAST[MessageType.ATTACHED].encode_frame
 _encode_detached = FAST[MessageType.DETACHED].encode_frame
 _encode_pong = FAST[MessageType.PONG].encode_frame
-
-
-class CloseConnection(Exception):
-    """End the connection: ``kind`` is a short metric label, ``reason`` the logged text."""
-
-    def __init__(self, kind: str, reason: str) -> None:
-        super().__init__(reason)
-        self.kind = kind
-        self.reason = reason
 
 
 class FiggSession:

@@ -28,6 +28,7 @@ from trio.lowlevel import ParkingLot
 
 from gateway.backend import Backend
 from gateway.config import Settings
+from gateway.listening import CloseConnection
 from gateway.metrics import Metrics
 from gateway.tank import admin
 from gateway.tank.consume import consume_reply, fetch_requests
@@ -86,15 +87,6 @@ _REFUSED: Final = {
     ConsumePeerRequest: "ConsumePeer is replication between clustered brokers; figtank is "
                         "standalone",
 }
-
-
-class CloseConnection(Exception):
-    """End the connection: ``kind`` is a short metric label, ``reason`` the logged text."""
-
-    def __init__(self, kind: str, reason: str) -> None:
-        super().__init__(reason)
-        self.kind = kind
-        self.reason = reason
 
 
 class RequestCounter:
