@@ -21,6 +21,38 @@ _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 
                     0.25, 0.5, 1.0, 2.5)
 
 
+class ReaderLag:
+    """How far each reader of a partition is behind its high-water mark.
+
+    Readers (Figg subscriptions, Tank consumers per connection and partition) report
+    the next sequence they will read and the high-water mark they last saw; a scrape
+    reports, per partition, the largest lag in messages and the number of readers.
+    """
+
+    def __init__(self) -> None:
+        self._readers: dict[object, tuple[str, str, int, int]] = {}
+
+    def update(self, reader: object, protocol: str, topic: str, partition: int,
+               next_seq: int, high_water_mark: int) -> None:
+        """Record ``reader``'s position (cheap: called once per fetch, not per message)."""
+        self._readers[reader] = (protocol, topic, partition,
+                                 max(high_water_mark - (next_seq - 1), 0))
+
+    def remove(self, reader: object) -> None:
+        self._readers.pop(reader, None)
+
+    def samples(self) -> tuple[list[tuple[list[str], float]], list[tuple[list[str], float]]]:
+        """(largest lag, reader count) per ``[protocol, topic, partition]``."""
+        worst: dict[tuple[str, str, int], int] = {}
+        count: dict[tuple[str, str, int], int] = {}
+        for protocol, topic, partition, lag in self._readers.values():
+            key = (protocol, topic, partition)
+            worst[key] = max(worst.get(key, 0), lag)
+            count[key] = count.get(key, 0) + 1
+        return ([([p, t, str(n)], float(v)) for (p, t, n), v in worst.items()],
+                [([p, t, str(n)], float(v)) for (p, t, n), v in count.items()])
+
+
 class Metrics:
     """The counters, gauges and histograms the gateway reports."""
 
@@ -56,6 +88,16 @@ class Metrics:
         self.upstream_outages = Counter("figtank_upstream_outages",
                                         "Bridge mode: times the upstream became unreachable.",
                                         registry=r)
+
+        self.reader_lag = ReaderLag()
+        labels = ["protocol", "topic", "partition"]
+        r.register(GaugeCollector(
+            "figtank_reader_lag_messages",
+            "Largest lag behind the high-water mark among a partition's readers "
+            "(Figg subscribers, Tank consumers), as of their last read.",
+            labels, lambda: self.reader_lag.samples()[0]))
+        r.register(GaugeCollector("figtank_readers", "Readers of a partition.", labels,
+                                  lambda: self.reader_lag.samples()[1]))
 
     def add_collector(self, collector: Collector) -> None:
         """Register a collector computed at scrape time (store sizes, lag)."""

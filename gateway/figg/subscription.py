@@ -49,6 +49,7 @@ class Subscription:
         self._topic_bytes = figg_topic.encode()
         self._backend = backend
         self._outbox = outbox
+        self._lag = metrics.reader_lag
         self._messages_out = metrics.messages_out.labels(where.topic)
         self._bytes_out = metrics.bytes_out.labels(where.topic)
         self._log = log
@@ -70,8 +71,11 @@ class Subscription:
 
         Raises :class:`SubscriptionError` when it can not go on.
         """
-        with self._scope:
-            await self._deliver()
+        try:
+            with self._scope:
+                await self._deliver()
+        finally:
+            self._lag.remove(self)
 
     async def _deliver(self) -> None:
         where = self.where
@@ -83,6 +87,8 @@ class Subscription:
             [outcome] = await self._backend.fetch([request], max_wait_ms=MAX_WAIT_MS,
                                                   min_bytes=1)
             status = outcome.status
+            self._lag.update(self, "figg", where.topic, where.partition, self.next_seq,
+                             outcome.high_water_mark)
             if status is FetchStatus.DATA:
                 chunk = outcome.chunk
                 try:
@@ -94,6 +100,8 @@ class Subscription:
                 finally:
                     chunk.close()
                 fetch_size = self._queue(data, outcome.base_seq, fetch_size)
+                self._lag.update(self, "figg", where.topic, where.partition, self.next_seq,
+                                 outcome.high_water_mark)
             elif status is FetchStatus.BOUNDARY:
                 self._skip_to(outcome.first_available, outcome.high_water_mark)
             elif status is FetchStatus.FAULT:

@@ -26,7 +26,7 @@ import structlog
 import trio
 from trio.lowlevel import ParkingLot
 
-from gateway.backend import Backend
+from gateway.backend import Backend, FetchStatus
 from gateway.config import Settings
 from gateway.listening import CloseConnection
 from gateway.metrics import Metrics
@@ -52,6 +52,7 @@ from protocols.tank.messages import (
     ReloadConfRequest,
     StatusRequest,
 )
+from protocols.wire import UINT64_MAX
 
 #: Bytes asked of the socket per read.
 RECEIVE_SIZE: Final = 256 * 1024
@@ -119,6 +120,8 @@ class TankSession:
         self._settings = settings
         self._metrics = metrics
         self._counter = counter
+        #: Partitions this connection consumed, for the reader-lag gauge.
+        self._read_partitions: set[tuple[str, int]] = set()
         self._log = log
         self._conn = TankConnection(Role.SERVER, max_frame_size=settings.max_frame_bytes)
         self._outbox = TankOutbox(stream, OUTBOX_LIMIT)
@@ -137,6 +140,13 @@ class TankSession:
 
     async def run(self) -> CloseConnection:
         """Serve the connection; returns why it ended. The caller closes the stream."""
+        try:
+            return await self._run()
+        finally:
+            for where in self._read_partitions:
+                self._metrics.reader_lag.remove((self, where))
+
+    async def _run(self) -> CloseConnection:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._write)
@@ -259,6 +269,15 @@ class TankSession:
                                              min_bytes=request.min_bytes)
         reply = consume_reply(request, outcomes)
         self._outbox.put_consume_nowait(reply.head, reply.chunks)
+        lag = self._metrics.reader_lag
+        for asked, outcome in zip(fetch_requests(request), outcomes, strict=True):
+            if outcome.status is FetchStatus.DATA:
+                where = (asked.topic, asked.partition)
+                self._read_partitions.add(where)
+                at = asked.seq if 0 < asked.seq < UINT64_MAX else (
+                    outcome.base_seq or outcome.first_available)
+                lag.update((self, where), "tank", asked.topic, asked.partition, at,
+                           outcome.high_water_mark)
         if reply.bytes_by_topic:
             bytes_out = self._metrics.bytes_out
             for topic, size in reply.bytes_by_topic.items():
