@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import structlog
 import trio
 
 from gateway.config import parse_address
 from gateway.metrics import Metrics
+from protocols.errors import FrameTooLarge, ProtocolError
+
+#: Bytes asked of the socket per read: read big, then parse every frame in the buffer.
+RECEIVE_SIZE: Final = 256 * 1024
+#: Seconds a closing connection gets to send what it still owes (ACKs, replies).
+DRAIN_SECS: Final = 5.0
 
 
 class SessionEnd(Protocol):
@@ -26,6 +32,20 @@ class CloseConnection(Exception):
         super().__init__(reason)
         self.kind = kind
         self.reason = reason
+
+
+async def receive_or_close(stream: trio.abc.ReceiveStream) -> bytes:
+    """The next bytes from the peer (``b""`` at EOF); a broken socket ends the connection."""
+    try:
+        return await stream.receive_some(RECEIVE_SIZE)
+    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        raise CloseConnection("reset", f"receive failed: {exc!r}") from None
+
+
+def protocol_close(exc: ProtocolError) -> CloseConnection:
+    """The close a peer's protocol violation calls for."""
+    kind = "frame_too_large" if isinstance(exc, FrameTooLarge) else "protocol_error"
+    return CloseConnection(kind, str(exc))
 
 
 def peer_name(stream: trio.SocketStream) -> str:

@@ -1,6 +1,6 @@
 """One Figg connection on the server: read big, parse every frame, dispatch in batches.
 
-The reader task receives up to :data:`RECEIVE_SIZE` bytes, drains every complete frame
+The reader task receives up to 256 KiB, drains every complete frame
 with :meth:`FiggConnection.next_events`, and handles the batch: PUBLISHes become runs for
 the :class:`~gateway.figg.publisher.Publisher` (submitted once per batch), PING is answered
 at once, ATTACH starts a :class:`~gateway.figg.subscription.Subscription`, DETACH stops
@@ -21,7 +21,12 @@ from gateway.config import Settings
 from gateway.figg.outbox import Outbox
 from gateway.figg.publisher import AckQueue, Publisher, PublishRun
 from gateway.figg.subscription import Subscription, SubscriptionError
-from gateway.listening import CloseConnection
+from gateway.listening import (
+    DRAIN_SECS,
+    CloseConnection,
+    protocol_close,
+    receive_or_close,
+)
 from gateway.metrics import Metrics
 from gateway.offsets import InvalidTopic, TankPartition, attach_start, figg_to_tank
 from protocols.connection import CLOSED, Role
@@ -31,14 +36,11 @@ from protocols.figg.messages import FAST, Attach, Detach, MessageType, Ping, Pub
 from protocols.wire import UINT64_MAX
 
 #: Bytes asked of the socket per read.
-RECEIVE_SIZE: Final = 256 * 1024
 #: Published bytes a connection may have waiting for their ACK before it stops reading.
 PUBLISH_INFLIGHT_BYTES: Final = 8 * 1024 * 1024
-#: After a clean EOF, how long pending ACKs and queued frames may take to go out.
-DRAIN_SECS: Final = 5.0
 
 #: Closes after which pending ACKs and replies are still sent (the socket works).
-_DRAIN_ON: Final = frozenset({"protocol_error", "invalid_topic", "unknown_topic",
+_DRAIN_ON: Final = frozenset({"protocol_error", "frame_too_large", "invalid_topic", "unknown_topic",
                               "unknown_partition"})
 
 _encode_attached = FAST[MessageType.ATTACHED].encode_frame
@@ -126,16 +128,12 @@ class FiggSession:
             # Backpressure: no more input while replies or publishes are piling up.
             await outbox.wait_writable()
             await acks.wait_below(PUBLISH_INFLIGHT_BYTES)
-            try:
-                data = await stream.receive_some(RECEIVE_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                raise CloseConnection("reset", f"receive failed: {exc!r}") from None
-            conn.receive_data(data)
+            conn.receive_data(await receive_or_close(stream))
             while True:
                 try:
                     events = conn.next_events()
                 except ProtocolError as exc:
-                    raise CloseConnection("protocol_error", str(exc)) from None
+                    raise protocol_close(exc) from None
                 if not events:
                     break
                 if await self._handle(events):

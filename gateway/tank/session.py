@@ -1,6 +1,6 @@
 """One Tank connection on the server: read big, parse every frame, serve requests concurrently.
 
-The reader task receives up to :data:`RECEIVE_SIZE` bytes and dispatches every complete
+The reader task receives up to 256 KiB and dispatches every complete
 request in the buffer:
 
 - Consume, Status, DiscoverPartitions and DiscoverTopics each run in their own task, so a
@@ -28,7 +28,12 @@ from trio.lowlevel import ParkingLot
 
 from gateway.backend import Backend, FetchStatus
 from gateway.config import Settings
-from gateway.listening import CloseConnection
+from gateway.listening import (
+    DRAIN_SECS,
+    CloseConnection,
+    protocol_close,
+    receive_or_close,
+)
 from gateway.metrics import Metrics
 from gateway.tank import admin
 from gateway.tank.consume import consume_reply, fetch_requests
@@ -36,7 +41,7 @@ from gateway.tank.lane import OrderedLane
 from gateway.tank.outbox import ShortChunk, TankOutbox
 from gateway.tank.produce import all_ok, produce_batches, produce_response
 from protocols.connection import CLOSED, NEED_DATA, Role
-from protocols.errors import FrameTooLarge, ProtocolError
+from protocols.errors import ProtocolError
 from protocols.tank.connection import TankConnection
 from protocols.tank.messages import (
     ConsumePeerRequest,
@@ -54,8 +59,6 @@ from protocols.tank.messages import (
 )
 from protocols.wire import UINT64_MAX
 
-#: Bytes asked of the socket per read.
-RECEIVE_SIZE: Final = 256 * 1024
 #: Response bytes (chunks included) queued for one connection before it stops being read.
 OUTBOX_LIMIT: Final = 8 * 1024 * 1024
 #: Requests served at once on one connection before it stops being read.
@@ -64,8 +67,6 @@ MAX_IN_FLIGHT: Final = 1024
 LANE_LIMIT: Final = 16 * 1024 * 1024
 #: Most produce bytes handed to the backend in one call.
 LANE_BATCH_BYTES: Final = 8 * 1024 * 1024
-#: After a clean EOF, how long requests in flight and queued responses may take.
-DRAIN_SECS: Final = 5.0
 
 _PRODUCES: Final = (ProduceRequest, ProduceWithSeqnumRequest)
 _NAMES: Final = {
@@ -181,18 +182,12 @@ class TankSession:
         outbox = self._outbox
         while True:
             await outbox.wait_writable()
-            try:
-                data = await stream.receive_some(RECEIVE_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                raise CloseConnection("reset", f"receive failed: {exc!r}") from None
-            conn.receive_data(data)
+            conn.receive_data(await receive_or_close(stream))
             while True:
                 try:
                     event = conn.next_event()
-                except FrameTooLarge as exc:
-                    raise CloseConnection("frame_too_large", str(exc)) from None
                 except ProtocolError as exc:
-                    raise CloseConnection("protocol_error", str(exc)) from None
+                    raise protocol_close(exc) from None
                 if event is NEED_DATA:
                     break
                 if event is CLOSED:

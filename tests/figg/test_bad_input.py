@@ -99,7 +99,7 @@ async def test_bad_frame_closes_only_its_connection(tmp_path, name):
             closed = server.metrics.connections_closed.collect()[0].samples
             kinds = {s.labels["reason"] for s in closed if s.value and
                      s.name.endswith("_total")}
-            assert kinds & {"protocol_error", "invalid_topic"}, kinds
+            assert kinds & {"protocol_error", "frame_too_large", "invalid_topic"}, kinds
 
 
 async def test_good_frames_before_a_bad_one_are_served(tmp_path):
