@@ -7,24 +7,23 @@
         sub = client.subscribe("orders", from_offset=0)
         message = sub.get(timeout=5)        # FiggMessage(topic, offset, data)
 
-A background thread runs trio and the async client; calls cross over with
-``trio.from_thread``. Received messages wait in a bounded ``queue.Queue`` per
-subscription; while it is full the client stops reading, as the async client does.
+A background thread runs trio and the async client
+(:class:`~gateway.client._portal.TrioPortal`); each call crosses over and blocks until
+answered. Received messages wait in a bounded ``queue.Queue`` per subscription; while it
+is full the client stops reading, as the async client does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import queue
-import threading
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import trio
 
+from gateway.client._portal import PortalClosed, TrioPortal
 from gateway.client.figg import ClientClosed, FiggClient, FiggMessage, Subscription
-
-T = TypeVar("T")
 
 #: How often a pump re-checks a full queue.
 _POLL_SECS = 0.005
@@ -102,43 +101,24 @@ class BlockingFiggClient:
 
     def __init__(self, host: str, port: int, **options: Any) -> None:
         self._client = FiggClient(host, port, **options)
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._nursery: trio.Nursery | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._thread_main, name="figg-client",
-                                        daemon=True)
-        self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
-            raise self._error
+        self._portal = TrioPortal("figg-client")
+        try:
+            self._portal.call(self._portal.nursery.start, self._client.run)
+        except BaseException:
+            self._portal.close()
+            raise
 
     @property
     def client(self) -> FiggClient:
         """The async client (touch it only from the client's thread)."""
         return self._client
 
-    def _thread_main(self) -> None:
-        try:
-            trio.run(self._main)
-        except BaseException as exc:
-            self._error = exc
-            self._ready.set()
-
-    async def _main(self) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            self._token = trio.lowlevel.current_trio_token()
-            await nursery.start(self._client.run)
-            self._ready.set()
-            # Runs until close() cancels the nursery.
-
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        if self._token is None or self._client.closed:
+        if self._client.closed:
             raise ClientClosed("the Figg client is closed")
         try:
-            return trio.from_thread.run(fn, *args, trio_token=self._token)
-        except trio.RunFinishedError:
+            return self._portal.call(fn, *args)
+        except PortalClosed:
             raise ClientClosed("the Figg client is closed") from None
 
     def wait_connected(self, timeout: float | None = None) -> None:
@@ -173,8 +153,7 @@ class BlockingFiggClient:
         async def attach() -> None:
             sub = await self._client.subscribe(topic, from_offset=from_offset)
             blocking.subscription = sub
-            assert self._nursery is not None
-            self._nursery.start_soon(blocking._pump, sub)
+            self._portal.nursery.start_soon(blocking._pump, sub)
 
         self._call(attach)
         return blocking
@@ -185,14 +164,9 @@ class BlockingFiggClient:
 
     def close(self) -> None:
         """Close the connection and stop the thread (idempotent)."""
-        if self._token is not None and self._thread.is_alive():
-            async def stop() -> None:
-                await self._client.aclose()
-                assert self._nursery is not None
-                self._nursery.cancel_scope.cancel()
-            with contextlib.suppress(trio.RunFinishedError):
-                trio.from_thread.run(stop, trio_token=self._token)
-        self._thread.join()
+        with contextlib.suppress(PortalClosed):
+            self._portal.call(self._client.aclose)
+        self._portal.close()
 
     def __enter__(self) -> BlockingFiggClient:
         return self
