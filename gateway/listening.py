@@ -7,6 +7,7 @@ from typing import Any, Final, Protocol
 
 import structlog
 import trio
+from trio.lowlevel import ParkingLot
 
 from gateway.config import parse_address
 from gateway.metrics import Metrics
@@ -46,6 +47,55 @@ def protocol_close(exc: ProtocolError) -> CloseConnection:
     """The close a peer's protocol violation calls for."""
     kind = "frame_too_large" if isinstance(exc, FrameTooLarge) else "protocol_error"
     return CloseConnection(kind, str(exc))
+
+
+class SendBudget:
+    """The bytes queued for one connection's socket, against the connection's limit.
+
+    The connection's outbox calls :meth:`add` when it queues and :meth:`release` once
+    bytes are written (or dropped); producers of output call :meth:`wait_writable` before
+    making more, so a peer that does not read stops being served instead of growing the
+    queue. :meth:`close` releases every waiter for good.
+    """
+
+    __slots__ = ("_drained", "_has_space", "closed", "limit", "queued")
+
+    def __init__(self, limit: int) -> None:
+        if limit <= 0:
+            raise ValueError("the outbox limit must be positive")
+        self.limit = limit
+        #: Bytes queued or being written.
+        self.queued = 0
+        self.closed = False
+        self._has_space = ParkingLot()
+        self._drained = ParkingLot()
+
+    def add(self, size: int) -> None:
+        self.queued += size
+
+    def release(self, size: int) -> None:
+        """``size`` bytes left the queue: wake whoever waits for space or for empty."""
+        self.queued -= size
+        if self.queued < self.limit:
+            self._has_space.unpark_all()
+            if not self.queued:
+                self._drained.unpark_all()
+
+    def close(self) -> None:
+        self.closed = True
+        self.queued = 0
+        self._has_space.unpark_all()
+        self._drained.unpark_all()
+
+    async def wait_writable(self) -> None:
+        """Wait until the queue is under its limit (no checkpoint when it already is)."""
+        while self.queued >= self.limit and not self.closed:
+            await self._has_space.park()
+
+    async def wait_empty(self) -> None:
+        """Wait until everything queued has been written."""
+        while self.queued and not self.closed:
+            await self._drained.park()
 
 
 def peer_name(stream: trio.SocketStream) -> str:

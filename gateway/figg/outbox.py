@@ -20,6 +20,8 @@ from typing import Protocol
 import trio
 from trio.lowlevel import ParkingLot
 
+from gateway.listening import SendBudget
+
 #: Largest write handed to the socket at once (items bigger than this go alone).
 MAX_WRITE = 1024 * 1024
 
@@ -39,42 +41,27 @@ class Outbox:
     """
 
     def __init__(self, stream: trio.abc.SendStream, limit: int) -> None:
-        if limit <= 0:
-            raise ValueError("the outbox limit must be positive")
         self._stream = stream
-        self._limit = limit
+        self._budget = SendBudget(limit)
         self._items: deque[tuple[Owner | None, bytes]] = deque()
         self._urgent: deque[bytes] = deque()
-        self._queued = 0
         self._writer_idle = False
         self._has_items = ParkingLot()
-        self._has_space = ParkingLot()
-        self._drained = ParkingLot()
         #: Bytes written to the socket so far.
         self.bytes_sent = 0
 
     @property
     def queued_bytes(self) -> int:
         """Bytes queued or being written."""
-        return self._queued
-
-    @property
-    def limit(self) -> int:
-        return self._limit
-
-    def writable(self) -> bool:
-        """True while the queue is under its budget."""
-        return self._queued < self._limit
+        return self._budget.queued
 
     async def wait_writable(self) -> None:
         """Wait until the queue is under its budget (no checkpoint when it already is)."""
-        while self._queued >= self._limit:
-            await self._has_space.park()
+        await self._budget.wait_writable()
 
     async def wait_empty(self) -> None:
         """Wait until everything queued has been written to the socket."""
-        while self._queued:
-            await self._drained.park()
+        await self._budget.wait_empty()
 
     def put_nowait(self, frames: bytes, owner: Owner | None = None) -> None:
         """Queue ``frames`` (one or more whole frames) behind everything queued so far.
@@ -84,7 +71,7 @@ class Outbox:
         if not frames or (owner is not None and owner.detached):
             return
         self._items.append((owner, frames))
-        self._queued += len(frames)
+        self._budget.add(len(frames))
         if self._writer_idle:
             self._writer_idle = False
             self._has_items.unpark_all()
@@ -95,7 +82,7 @@ class Outbox:
         if not frames:
             return
         self._urgent.append(frames)
-        self._queued += len(frames)
+        self._budget.add(len(frames))
         if self._writer_idle:
             self._writer_idle = False
             self._has_items.unpark_all()
@@ -111,11 +98,7 @@ class Outbox:
                 kept.append(item)
         if dropped:
             self._items = kept
-            self._queued -= dropped
-            if self._queued < self._limit:
-                self._has_space.unpark_all()
-                if not self._queued:
-                    self._drained.unpark_all()
+            self._budget.release(dropped)
         return dropped
 
     async def run(self) -> None:
@@ -142,8 +125,4 @@ class Outbox:
                 size += len(frames)
             await stream.send_all(parts[0] if len(parts) == 1 else b"".join(parts))
             self.bytes_sent += size
-            self._queued -= size
-            if self._queued < self._limit:
-                self._has_space.unpark_all()
-                if not self._queued:
-                    self._drained.unpark_all()
+            self._budget.release(size)

@@ -19,6 +19,7 @@ import trio
 from trio.lowlevel import ParkingLot
 
 from gateway.backend import Chunk
+from gateway.listening import SendBudget
 
 #: Largest run of queued frames joined into one write.
 MAX_WRITE = 1024 * 1024
@@ -55,18 +56,12 @@ class TankOutbox:
     """
 
     def __init__(self, stream: trio.abc.SendStream, limit: int) -> None:
-        if limit <= 0:
-            raise ValueError("the outbox limit must be positive")
         self._stream = stream
         # sendfile needs the socket itself; any other stream gets the chunks' bytes.
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
-        self._limit = limit
+        self._budget = SendBudget(limit)
         self._items: deque[bytes | _Reply] = deque()
-        self._queued = 0
-        self._closed = False
         self._has_items = ParkingLot()
-        self._has_space = ParkingLot()
-        self._drained = ParkingLot()
         #: Bytes written to the socket so far.
         self.bytes_sent = 0
         #: Set to ``trio.current_time()`` whenever the queue becomes empty.
@@ -75,7 +70,7 @@ class TankOutbox:
     @property
     def queued_bytes(self) -> int:
         """Bytes queued or being written."""
-        return self._queued
+        return self._budget.queued
 
     @property
     def uses_sendfile(self) -> bool:
@@ -84,44 +79,39 @@ class TankOutbox:
 
     async def wait_writable(self) -> None:
         """Wait until the queue is under its budget (no checkpoint when it already is)."""
-        while self._queued >= self._limit and not self._closed:
-            await self._has_space.park()
+        await self._budget.wait_writable()
 
     async def wait_empty(self) -> None:
         """Wait until everything queued has been written."""
-        while self._queued and not self._closed:
-            await self._drained.park()
+        await self._budget.wait_empty()
 
     def put_nowait(self, frame: bytes) -> None:
         """Queue one or more whole frames behind everything queued so far."""
-        if self._closed or not frame:
+        if self._budget.closed or not frame:
             return
         self._push(frame, len(frame))
 
     def put_consume_nowait(self, head: bytes, chunks: Sequence[Chunk]) -> None:
         """Queue a Consume response; the outbox now owns ``chunks`` and closes them."""
         reply = _Reply(head, chunks)
-        if self._closed:
+        if self._budget.closed:
             reply.close()
             return
         self._push(reply, reply.size)
 
     def _push(self, item: bytes | _Reply, size: int) -> None:
         self._items.append(item)
-        self._queued += size
+        self._budget.add(size)
         if len(self._items) == 1:
             self._has_items.unpark_all()
 
     def close(self) -> None:
         """Drop everything queued, closing its chunks; later puts are dropped too."""
-        self._closed = True
         for item in self._items:
             if type(item) is _Reply:
                 item.close()
         self._items.clear()
-        self._queued = 0
-        self._has_space.unpark_all()
-        self._drained.unpark_all()
+        self._budget.close()
 
     # ------------------------------------------------------------------------- writer
 
@@ -187,12 +177,9 @@ class TankOutbox:
             reply.close()
 
     def _sent(self, size: int) -> None:
-        self._queued -= size
-        if self._queued < self._limit:
-            self._has_space.unpark_all()
-        if not self._queued and not self._items:
+        self._budget.release(size)
+        if not self._budget.queued:
             self.drained_at = trio.current_time()
-            self._drained.unpark_all()
 
     async def _send(self, parts: list[bytes]) -> None:
         if not parts:
