@@ -72,9 +72,8 @@ async def test_sparse_and_explicit_base_sequences(tmp_path, mode):
                     lambda: p.append(sparse_bundle([5])),
                     lambda: p.append(bundle(1), base_seq=34),
                     lambda: p.append(sparse_bundle([50, 51]), base_seq=49)):
-            with pytest.raises(InvalidSequence) as exc:
+            with pytest.raises(InvalidSequence):
                 await bad()
-            assert exc.value.tank_code == 10
         assert p.high_water_mark == 34
         seqs = [m.seq for m in all_messages(p)]
         assert seqs == [1, 2, 10, 11, 15, 16, 17, 30, 31, 32, 33, 34]
@@ -251,9 +250,8 @@ async def test_unknown_topic_and_partition(tmp_path):
         await store.create_topic("t", 2)
         with pytest.raises(UnknownTopic):
             store.partition("nope", 0)
-        with pytest.raises(UnknownPartition) as exc:
+        with pytest.raises(UnknownPartition):
             store.partition("t", 2)
-        assert exc.value.tank_code == 1
 
 
 @MODES

@@ -230,9 +230,8 @@ async def test_disk_full_leaves_nothing_visible(tmp_path, monkeypatch, partial):
             raise OSError(errno.ENOSPC, "No space left on device")
 
         monkeypatch.setattr(segment_module, "_pwritev", full)
-        with pytest.raises(StoreIOError) as exc:
+        with pytest.raises(StoreIOError):
             await p.append(bundle(3, "lost"))
-        assert exc.value.tank_code == 2
         assert os.path.getsize(p._active.path) == size
         assert p.high_water_mark == 2
         monkeypatch.setattr(segment_module, "_pwritev", real)
