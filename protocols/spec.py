@@ -47,14 +47,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from operator import attrgetter
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from protocols.errors import ProtocolError
 from protocols.wire import Reader, encode_varint
 
-_FIXED_FORMATS = {"uint8": "B", "uint16": "H", "uint32": "I", "uint64": "Q"}
+#: The ``struct`` format letter of each fixed-width integer type.
+FIXED_FORMATS: Final = {"uint8": "B", "uint16": "H", "uint32": "I", "uint64": "Q"}
 _FIXED_LIMITS = {
-    name: (1 << (8 * struct.calcsize(fmt))) - 1 for name, fmt in _FIXED_FORMATS.items()}
+    name: (1 << (8 * struct.calcsize(fmt))) - 1 for name, fmt in FIXED_FORMATS.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +217,7 @@ class TypeRegistry:
         self.custom[name] = codec
 
     def fixed(self, type_name: str) -> struct.Struct | None:
-        fmt = _FIXED_FORMATS.get(type_name)
+        fmt = FIXED_FORMATS.get(type_name)
         return struct.Struct(self.prefix + fmt) if fmt else None
 
     # -- primitive readers and writers -------------------------------------------------
@@ -283,7 +284,7 @@ class TypeRegistry:
             return spec.default
         if spec.is_array:
             return None  # replaced by a fresh list (see _defaults)
-        if spec.type in _FIXED_FORMATS or spec.type == "varint":
+        if spec.type in FIXED_FORMATS or spec.type == "varint":
             return 0
         if spec.type in ("str8", "string"):
             return ""
@@ -411,7 +412,7 @@ def _group_fields(fields: Iterable[FieldSpec], registry: TypeRegistry
     """Runs of fixed-width fields with equal version ranges become one group."""
     groups: list[list[FieldSpec] | FieldSpec] = []
     for spec in fields:
-        is_fixed = not spec.is_array and spec.type in _FIXED_FORMATS
+        is_fixed = not spec.is_array and spec.type in FIXED_FORMATS
         if is_fixed and groups and isinstance(groups[-1], list) and \
                 groups[-1][0].versions == spec.versions:
             groups[-1].append(spec)
@@ -424,7 +425,7 @@ def _group_fields(fields: Iterable[FieldSpec], registry: TypeRegistry
 
 def _fixed_group_decoder(group: list[FieldSpec], registry: TypeRegistry, defaults: list,
                          fields: tuple[FieldSpec, ...]) -> _DecodeStep:
-    codec = struct.Struct(registry.prefix + "".join(_FIXED_FORMATS[f.type] for f in group))
+    codec = struct.Struct(registry.prefix + "".join(FIXED_FORMATS[f.type] for f in group))
     what = "/".join(f.name for f in group)
     versions = group[0].versions
     absent = [defaults[fields.index(f)] for f in group]
@@ -444,7 +445,7 @@ def _fixed_group_decoder(group: list[FieldSpec], registry: TypeRegistry, default
 
 
 def _fixed_group_encoder(group: list[FieldSpec], registry: TypeRegistry) -> _EncodeStep:
-    codec = struct.Struct(registry.prefix + "".join(_FIXED_FORMATS[f.type] for f in group))
+    codec = struct.Struct(registry.prefix + "".join(FIXED_FORMATS[f.type] for f in group))
     getter = attrgetter(*(f.name for f in group))
     single = len(group) == 1
     versions = group[0].versions

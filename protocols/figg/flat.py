@@ -19,9 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from protocols.errors import ProtocolError
-from protocols.spec import FieldSpec, MessageCodec
+from protocols.spec import FIXED_FORMATS, FieldSpec, MessageCodec
 
-_FIXED_FORMATS = {"uint8": "B", "uint16": "H", "uint32": "I", "uint64": "Q"}
 _VARIABLE_TYPES = ("string", "bytes")
 _LENGTH = "I"  # the u32 length prefix of a variable field
 
@@ -33,7 +32,7 @@ def _segments(fields: tuple[FieldSpec, ...]) -> list[_Segment]:
     segments: list[_Segment] = []
     run: list[FieldSpec] = []
     for spec in fields:
-        if spec.type in _FIXED_FORMATS:
+        if spec.type in FIXED_FORMATS:
             run.append(spec)
         else:
             segments.append((run, spec))
@@ -44,7 +43,7 @@ def _segments(fields: tuple[FieldSpec, ...]) -> list[_Segment]:
 
 
 def _format(run: list[FieldSpec], variable: FieldSpec | None) -> str:
-    return "".join(_FIXED_FORMATS[f.type] for f in run) + (_LENGTH if variable else "")
+    return "".join(FIXED_FORMATS[f.type] for f in run) + (_LENGTH if variable else "")
 
 
 def _is_variable(spec: FieldSpec) -> bool:
@@ -56,7 +55,7 @@ def _check_flat(codec: MessageCodec) -> None:
     if spec.version_field is not None:
         raise ValueError(f"{spec.name}: a flat message has no version field")
     for f in spec.fields:
-        if f.type not in _FIXED_FORMATS and not _is_variable(f):
+        if f.type not in FIXED_FORMATS and not _is_variable(f):
             raise ValueError(f"{spec.name}.{f.name}: type {f.type!r} is not flat")
         if not f.versions.covers(spec.valid_versions):
             raise ValueError(f"{spec.name}.{f.name}: a flat field is in every version")
@@ -165,7 +164,7 @@ class FlatCodec:
     def _header_values(self, lengths: list[str]) -> list[str]:
         """Source for ``type, version, payload length`` given the variable fields' lengths."""
         fixed = struct.calcsize(">" + "".join(
-            _LENGTH if _is_variable(f) else _FIXED_FORMATS[f.type] for f in self._fields))
+            _LENGTH if _is_variable(f) else FIXED_FORMATS[f.type] for f in self._fields))
         return [str(self.codec.api_key), str(self.version), " + ".join([str(fixed), *lengths])]
 
     def _encoder_source(self) -> list[str]:
@@ -220,7 +219,7 @@ class FlatCodec:
                 fmt_parts.append(f"'{_LENGTH}%ds' % {lengths[f.name]}")
                 values += [lengths[f.name], f.name]
             else:
-                fmt_parts.append(repr(_FIXED_FORMATS[f.type]))
+                fmt_parts.append(repr(FIXED_FORMATS[f.type]))
                 values.append(f.name)
         fmt_parts.append(repr(_format(list(packed_each), tail)))
         values += [f.name for f in packed_each] + ([lengths[tail.name]] if tail else [])
