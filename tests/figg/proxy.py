@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
+from functools import partial
 
 import trio
 
@@ -30,14 +31,6 @@ class DroppingProxy:
         """Cut every open connection (both directions at once)."""
         for scope in list(self._scopes):
             scope.cancel()
-
-    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
-                  ) -> None:
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        self.port = listeners[0].socket.getsockname()[1]
-        async with trio.open_nursery() as nursery:
-            await nursery.start(trio.serve_listeners, self._handle, listeners)
-            task_status.started(self.port)
 
     async def _handle(self, client: trio.SocketStream) -> None:
         if self.refuse:
@@ -81,6 +74,14 @@ class DroppingProxy:
         scope.cancel()
 
 
+async def serve_local(handler: Callable[[trio.SocketStream], Awaitable[None]], *,
+                      task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve ``handler`` on a free 127.0.0.1 port; ``task_status.started(port)``."""
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+        task_status.started(listeners[0].socket.getsockname()[1])
+
+
 async def _reset(stream: trio.SocketStream) -> None:
     """Close with RST, like a dropped network path, rather than a polite FIN."""
     with suppress(OSError):
@@ -92,6 +93,6 @@ async def _reset(stream: trio.SocketStream) -> None:
 async def dropping_proxy(host: str, port: int) -> AsyncIterator[DroppingProxy]:
     proxy = DroppingProxy(host, port)
     async with trio.open_nursery() as nursery:
-        await nursery.start(proxy.run)
+        proxy.port = await nursery.start(serve_local, proxy._handle)
         yield proxy
         nursery.cancel_scope.cancel()

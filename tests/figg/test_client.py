@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -29,6 +31,7 @@ from protocols.figg.messages import (
 )
 from tests.figg.helpers import RESUME, figg_server, frame
 from tests.figg.memory_backend import MemoryBackend
+from tests.figg.proxy import serve_local
 
 FAST = {"backoff": lambda attempt: 0.0 if attempt == 0 else 0.02, "ping_interval": 0.5}
 
@@ -118,14 +121,6 @@ class RecordingServer:
         self.new_frame = trio.Event()
         self.port = 0
 
-    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
-                  ) -> None:
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        self.port = listeners[0].socket.getsockname()[1]
-        async with trio.open_nursery() as nursery:
-            await nursery.start(trio.serve_listeners, self._handle, listeners)
-            task_status.started(self.port)
-
     async def _handle(self, stream: trio.SocketStream) -> None:
         conn = FiggConnection(Role.SERVER)
         received: list[Any] = []
@@ -149,14 +144,25 @@ class RecordingServer:
         await stream.send_all(b"".join(conn.send(e) for e in events))
 
 
-async def test_resend_order_after_reconnect():
+@asynccontextmanager
+async def recorded_client(**options: Any
+                          ) -> AsyncIterator[tuple[RecordingServer, FiggClient, trio.Nursery]]:
+    """A :class:`FiggClient` dialling a :class:`RecordingServer`, both running in the
+    yielded nursery (redial at once and no pings unless ``options`` say otherwise)."""
     server = RecordingServer()
+    async with trio.open_nursery() as nursery:
+        server.port = await nursery.start(serve_local, server._handle)
+        client = FiggClient("127.0.0.1", server.port, **{
+            "backoff": lambda a: 0.0, "ping_interval": float("inf"), **options})
+        await nursery.start(client.run)
+        yield server, client, nursery
+        await client.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_resend_order_after_reconnect():
     with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(server.run)
-            client = FiggClient("127.0.0.1", server.port, backoff=lambda a: 0.0,
-                                ping_interval=float("inf"))
-            await nursery.start(client.run)
+        async with recorded_client() as (server, client, nursery):
             await client.wait_connected()
             nursery.start_soon(lambda: client.subscribe("attached", from_offset=0))
             await server.wait_for(0, 1)
@@ -186,27 +192,18 @@ async def test_resend_order_after_reconnect():
             await server.reply(1, Detached("gone"), Ack(3))
             while client.unacked:
                 await trio.sleep(0.01)
-            await client.aclose()
-            nursery.cancel_scope.cancel()
 
 
 async def test_two_unanswered_pings_disconnect():
-    server = RecordingServer()
     states: list[ConnectionState] = []
     with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(server.run)
-            client = FiggClient("127.0.0.1", server.port, ping_interval=0.05,
-                                backoff=lambda a: 10.0 if a else 0.0,
-                                on_state_change=states.append)
-            await nursery.start(client.run)
+        async with recorded_client(ping_interval=0.05, backoff=lambda a: 10.0 if a else 0.0,
+                                   on_state_change=states.append) as (server, _, _):
             pings = await server.wait_for(0, 2)
             assert all(isinstance(p, Ping) for p in pings)
             while ConnectionState.DISCONNECTED not in states:
                 await trio.sleep(0.01)
             assert len(server.connections[0][2]) == 2  # 2 pings, no third
-            await client.aclose()
-            nursery.cancel_scope.cancel()
 
 
 async def test_answered_pings_keep_the_connection():
@@ -220,13 +217,8 @@ async def test_answered_pings_keep_the_connection():
 
 
 async def test_detach_resent_until_detached():
-    server = RecordingServer()
     with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(server.run)
-            client = FiggClient("127.0.0.1", server.port, backoff=lambda a: 0.0,
-                                ping_interval=float("inf"))
-            await nursery.start(client.run)
+        async with recorded_client() as (server, client, nursery):
             nursery.start_soon(lambda: client.subscribe("d"))
             await server.wait_for(0, 1)
             await server.reply(0, Attached("d", 0))
@@ -244,8 +236,6 @@ async def test_detach_resent_until_detached():
             assert not done.is_set()
             await server.reply(2, Detached("d"))
             await done.wait()
-            await client.aclose()
-            nursery.cancel_scope.cancel()
 
 
 async def test_subscribe_twice_is_refused():
@@ -264,12 +254,8 @@ def test_backoff_is_pluggable():
 
 
 async def test_aclose_wakes_waiting_calls():
-    server = RecordingServer()  # never answers
     with trio.fail_after(5):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(server.run)
-            client = FiggClient("127.0.0.1", server.port, window=1, ping_interval=float("inf"))
-            await nursery.start(client.run)
+        async with recorded_client(window=1) as (server, client, nursery):  # never answers
             errors: list[str] = []
 
             async def expect_closed(name: str, call: Any) -> None:
@@ -289,4 +275,3 @@ async def test_aclose_wakes_waiting_calls():
             while len(errors) < 3:
                 await trio.sleep(0.01)
             assert sorted(errors) == ["publish", "publish_and_wait", "subscribe"]
-            nursery.cancel_scope.cancel()
