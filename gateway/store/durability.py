@@ -87,14 +87,14 @@ def sync_directory(path: str) -> None:
 class GroupCommit:
     """Batches the fsyncs of one partition.
 
-    ``prepare(has_tickets)`` is called in the event loop at the start of a round and
+    ``prepare()`` is called in the event loop at the start of a round and
     returns the :class:`SyncJob`; ``on_durable(payloads)`` gets the payloads of the
     tickets the round made durable, ``on_failure(error, payloads)`` those of every
     pending ticket when the sync failed (all of them failed).
     """
 
     def __init__(self, spawn: Callable[..., Any], limiter: trio.CapacityLimiter, *,
-                 prepare: Callable[[bool], SyncJob],
+                 prepare: Callable[[], SyncJob],
                  on_durable: Callable[[Sequence[Any]], None],
                  on_failure: Callable[[OSError, Sequence[Any]], None],
                  observe: Callable[[float], None] | None = None) -> None:
@@ -164,7 +164,7 @@ class GroupCommit:
                 count = len(self._pending)
                 job: SyncJob | None = None
                 try:
-                    job = self._prepare(count > 0)
+                    job = self._prepare()
                     started = time.perf_counter()
                     await trio.to_thread.run_sync(job.run, limiter=self._limiter)
                     if self._observe is not None:

@@ -79,13 +79,6 @@ class SparseIndex:
             return None
         return self.rels[-1], self.offsets[-1]
 
-    def lookup(self, rel: int) -> tuple[int, int]:
-        """The entry with the greatest ``relSeq <= rel`` (the first entry if none is)."""
-        i = bisect_right(self.rels, rel) - 1
-        if i < 0:
-            i = 0
-        return self.rels[i], self.offsets[i]
-
     # -- the file (active segments only) ------------------------------------------------
 
     def open_file(self, *, truncate: bool) -> None:

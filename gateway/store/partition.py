@@ -505,7 +505,7 @@ class Partition:
 
     # -- durability --------------------------------------------------------------------------
 
-    def _prepare_sync(self, has_tickets: bool) -> SyncJob:
+    def _prepare_sync(self) -> SyncJob:
         job = SyncJob()
         job.fds, self._sync_extra = self._sync_extra, []
         seg = self._active
@@ -666,7 +666,7 @@ class Partition:
         async with self._lock:
             self._closed = True
             await self._commit.drain()
-            job = self._prepare_sync(False)
+            job = self._prepare_sync()
             try:
                 if self._active is not None and self._active.index().fd >= 0:
                     job.fds.append(os.dup(self._active.index().fd))
