@@ -33,13 +33,12 @@ _ROUTINE = frozenset({"eof", "reset", "send_failed", "shutdown"})
 class FiggListener:
     """Accepts Figg connections and serves each one.
 
-    ``handle(stream)`` serves one accepted connection (use it as a ``serve_tcp``
-    handler). Entered as an async context (``async with FiggListener(...) as figg``), the
-    listener runs one publisher for all its connections, so publishes that arrive
-    together on different connections share a bundle; without it each connection groups
-    only its own publishes (the store's group fsync still covers them all). The context
-    must outlive the connections: on exit it lets in-flight flushes finish (for at most
-    ``flush_grace`` seconds), then cancels them. :meth:`serve` does all of this.
+    Enter it as an async context (``async with FiggListener(...) as figg``), then use
+    ``figg.handle`` as a ``serve_tcp`` handler. The context runs the one publisher all
+    connections share, so publishes that arrive together on different connections go out
+    as one bundle per partition. It must outlive the connections: on exit it lets
+    in-flight flushes finish (for at most ``flush_grace`` seconds), then cancels them.
+    :meth:`serve` does all of this.
     """
 
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
@@ -88,6 +87,8 @@ class FiggListener:
 
     async def handle(self, stream: trio.SocketStream) -> None:
         """Serve one accepted connection until it ends, then close it."""
+        if self._publisher is None:
+            raise RuntimeError("enter the FiggListener (async with) before serving with it")
         await self._slots.serve(
             stream,
             lambda conn_log: FiggSession(stream, backend=self.backend, settings=self.settings,

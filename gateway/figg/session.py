@@ -52,7 +52,7 @@ class FiggSession:
     """Serves one accepted Figg connection until it closes; see :meth:`run`."""
 
     def __init__(self, stream: trio.SocketStream, *, backend: Backend, settings: Settings,
-                 metrics: Metrics, publisher: Publisher | None,
+                 metrics: Metrics, publisher: Publisher,
                  log: structlog.typing.FilteringBoundLogger) -> None:
         self._stream = stream
         self._backend = backend
@@ -79,14 +79,9 @@ class FiggSession:
         return self._acks.acked
 
     async def run(self) -> CloseConnection:
-        """Serve the connection; returns why it ended. The caller closes the stream.
-
-        Without a shared publisher the connection flushes its own publishes.
-        """
+        """Serve the connection; returns why it ended. The caller closes the stream."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            if self._publisher is None:
-                self._publisher = Publisher(self._backend, nursery)
             nursery.start_soon(self._write)
             try:
                 await self._read()
@@ -199,7 +194,6 @@ class FiggSession:
         return closed
 
     def _submit(self, runs: list[tuple[TankPartition, PublishRun]]) -> None:
-        assert self._publisher is not None
         for where, run in runs:
             run.nbytes = sum(map(len, run.values))
             self._acks.track(run)

@@ -6,6 +6,7 @@ import hashlib
 import random
 from functools import partial
 
+import pytest
 import trio
 
 from gateway.config import Settings
@@ -91,21 +92,25 @@ async def test_restart_keeps_data_and_positions(tmp_path):
             assert (await sub.receive(20))[0] == Data("keep/0", 1, b"k1")
 
 
-async def test_handler_without_a_shared_publisher(tmp_path):
+async def test_handler_of_an_entered_listener(tmp_path):
     """``FiggListener.handle`` as a plain ``serve_tcp`` handler (how server.py runs it)."""
     with trio.fail_after(10):
         async with open_test_backend(tmp_path) as backend, trio.open_nursery() as nursery:
             listener = FiggListener(backend, Settings(), Metrics())
-            [sock] = await nursery.start(partial(trio.serve_tcp, listener.handle, 0,
-                                                 host="127.0.0.1"))
-            server = RunningServer("127.0.0.1", sock.socket.getsockname()[1], backend,
-                                   listener.metrics, listener.settings)
-            peer = await RawPeer.connect(server)
-            await peer.send(*(publish("solo", i, b"s") for i in range(1, 101)), attach("solo", 0))
-            got = await peer.receive(201)
-            assert [e for e in got if isinstance(e, Ack)] == [Ack(i) for i in range(1, 101)]
-            assert len([e for e in got if isinstance(e, Data)]) == 100
-            nursery.cancel_scope.cancel()
+            with pytest.raises(RuntimeError, match="enter the FiggListener"):
+                await listener.handle(None)  # type: ignore[arg-type]
+            async with listener:
+                [sock] = await nursery.start(partial(trio.serve_tcp, listener.handle, 0,
+                                                     host="127.0.0.1"))
+                server = RunningServer("127.0.0.1", sock.socket.getsockname()[1], backend,
+                                       listener.metrics, listener.settings)
+                peer = await RawPeer.connect(server)
+                await peer.send(*(publish("solo", i, b"s") for i in range(1, 101)),
+                                attach("solo", 0))
+                got = await peer.receive(201)
+                assert [e for e in got if isinstance(e, Ack)] == [Ack(i) for i in range(1, 101)]
+                assert len([e for e in got if isinstance(e, Data)]) == 100
+                nursery.cancel_scope.cancel()
 
 
 async def test_connections_over_the_limit_are_closed(tmp_path):
