@@ -213,9 +213,6 @@ class TypeRegistry:
         self.custom: dict[str, CustomType] = dict(custom or {})
         self._u32 = struct.Struct(self.prefix + "I")
 
-    def register(self, name: str, codec: CustomType) -> None:
-        self.custom[name] = codec
-
     def fixed(self, type_name: str) -> struct.Struct | None:
         fmt = FIXED_FORMATS.get(type_name)
         return struct.Struct(self.prefix + fmt) if fmt else None
@@ -310,7 +307,6 @@ class MessageCodec:
 
     def __init__(self, spec: MessageSpec, registry: TypeRegistry) -> None:
         self.spec = spec
-        self.registry = registry
         self._codec = _compile_struct(spec.name, spec.fields, registry)
         self.record: type = self._codec.record
         if spec.version_field is not None and (

@@ -11,8 +11,6 @@ from protocols.wire import (
     UINT64_MAX,
     Reader,
     decode_varint,
-    encode_bytes32be,
-    encode_str8,
     encode_varint,
     varint_size,
 )
@@ -55,28 +53,25 @@ def test_varint_encode_range() -> None:
         encode_varint(UINT64_MAX + 1)
 
 
-def test_reader_fixed_ints_both_orders() -> None:
-    raw = struct.pack("<BHIQ", 1, 2, 3, 4) + struct.pack(">HIQ", 5, 6, 7)
-    r = Reader(raw)
-    assert [r.u8(), r.u16le(), r.u32le(), r.u64le(), r.u16be(), r.u32be(), r.u64be()] == [
-        1, 2, 3, 4, 5, 6, 7]
+def test_reader_fixed_ints() -> None:
+    r = Reader(struct.pack("<BHIQ", 1, 2, 3, 4))
+    assert [r.u8(), r.u16le(), r.u32le(), r.u64le()] == [1, 2, 3, 4]
     assert r.at_end()
     r.expect_end("test")
 
 
 def test_reader_length_prefixed() -> None:
-    raw = encode_str8("héllo") + encode_bytes32be(b"\x00\x01") + encode_varint(3) + b"abc"
+    raw = b"\x06" + "héllo".encode() + b"\x02\x00\x01" + encode_varint(3) + b"abc"
     r = Reader(raw)
     assert r.str8() == "héllo"
-    assert r.bytes32be() == b"\x00\x01"
+    assert r.bytes8() == b"\x00\x01"
     assert r.take(r.varint()) == b"abc"
     assert r.at_end()
 
 
 @pytest.mark.parametrize("read", [
     lambda r: r.u8(), lambda r: r.u16le(), lambda r: r.u32le(), lambda r: r.u64le(),
-    lambda r: r.u16be(), lambda r: r.u32be(), lambda r: r.u64be(), lambda r: r.varint(),
-    lambda r: r.str8(), lambda r: r.bytes32be(), lambda r: r.take(5),
+    lambda r: r.varint(), lambda r: r.str8(), lambda r: r.bytes8(), lambda r: r.take(5),
 ])
 def test_reader_raises_protocol_error_when_input_runs_out(read) -> None:
     with pytest.raises(ProtocolError):
@@ -84,11 +79,9 @@ def test_reader_raises_protocol_error_when_input_runs_out(read) -> None:
 
 
 def test_reader_lying_lengths_and_bounds() -> None:
-    # A str8 claiming 10 bytes with 2 present, a u32 length past the end.
+    # A str8 claiming 10 bytes with 2 present.
     with pytest.raises(ProtocolError, match="truncated"):
         Reader(b"\x0aab").str8()
-    with pytest.raises(ProtocolError):
-        Reader(b"\x00\x00\x00\x09abc").bytes32be()
     # The reader never reads past its own end, even when the buffer goes on.
     r = Reader(b"\x01\x02\x03\x04", 0, 2)
     assert r.u16le() == 0x0201
@@ -107,11 +100,6 @@ def test_reader_take_copies() -> None:
     assert taken == b"abc"
 
 
-def test_str8_too_long() -> None:
-    with pytest.raises(ValueError):
-        encode_str8("x" * 256)
-
-
 @given(st.binary(max_size=64))
 def test_reader_never_raises_anything_but_protocol_error(data: bytes) -> None:
     r = Reader(data)
@@ -119,6 +107,6 @@ def test_reader_never_raises_anything_but_protocol_error(data: bytes) -> None:
         while True:
             r.varint()
             r.str8()
-            r.u32be()
+            r.u32le()
     except ProtocolError:
         pass
