@@ -261,54 +261,50 @@ class Partition:
         written entry is durable.
         """
         self._check_usable()
-        checked = [self._check_bundle(bundle) for bundle, _ in entries]
-        outcomes: list[AppendResult | StoreError | None] = [None] * len(entries)
+        outcomes: list[AppendResult | StoreError] = []
         tickets: list[tuple[int, Ticket]] = []
         async with self._lock:
-            for i, ((bundle, base_seq), info) in enumerate(zip(entries, checked, strict=True)):
-                if isinstance(info, StoreError):
-                    outcomes[i] = info
-                    continue
+            for bundle, base_seq in entries:
                 try:
-                    plan, ticket = await self._write_locked(info, bundle, base_seq)
+                    result, ticket = await self._write_locked(bundle, base_seq)
                 except StoreError as exc:
-                    outcomes[i] = exc
+                    outcomes.append(exc)
                     continue
-                outcomes[i] = AppendResult(plan.first, plan.last,
-                                           len(plan.data) + varint_size(len(plan.data)))
                 if ticket is not None:
-                    tickets.append((i, ticket))
+                    tickets.append((len(outcomes), ticket))
+                outcomes.append(result)
         for i, ticket in tickets:
             try:
                 await self._commit.wait(ticket)
             except StoreIOError as exc:
                 outcomes[i] = exc
-        return outcomes  # type: ignore[return-value]  # every slot filled above
+        return outcomes
 
-    def _check_bundle(self, bundle: bytes) -> BundleInfo | StoreError:
+    def _check_bundle(self, bundle: bytes) -> BundleInfo:
         if len(bundle) > self._env.max_bundle_size:
-            return BundleTooLarge(f"bundle of {len(bundle)} bytes is over the "
-                                  f"{self._env.max_bundle_size} byte limit")
+            raise BundleTooLarge(f"bundle of {len(bundle)} bytes is over the "
+                                 f"{self._env.max_bundle_size} byte limit")
         try:
             return validate_bundle(bundle)
         except ProtocolError as exc:
-            return InvalidBundle(str(exc))
+            raise InvalidBundle(str(exc)) from None
 
-    async def _write_locked(self, info: BundleInfo, bundle: bytes, base_seq: int | None
-                            ) -> tuple[_Plan, Ticket | None]:
-        """Plan and write one bundle; the caller holds the partition lock."""
+    async def _write_locked(self, bundle: bytes, base_seq: int | None
+                            ) -> tuple[AppendResult, Ticket | None]:
+        """Validate, plan and write one bundle; the caller holds the partition lock."""
+        info = self._check_bundle(bundle)
         if base_seq == 0:
             base_seq = None  # Tank: an explicit first sequence of 0 means "not given"
         while True:
             self._check_usable()
             now = self._env.clock()
-            plan = self._plan(info, bytes(bundle), base_seq, now)
+            plan = self._plan(info, bundle, base_seq, now)
             if plan.action and self._active is not None and self._commit.pending:
                 # Never roll under bundles still waiting for their fsync: every
                 # non-durable byte stays in the active segment.
                 await self._commit.drain()
                 continue
-            return plan, self._execute(plan, info.msg_count, now)
+            return self._execute(plan, info.msg_count, now)
 
     async def append_messages(self, messages: Sequence[Message], *,
                               codec: Codec | None = None) -> AppendResult:
@@ -372,7 +368,8 @@ class Partition:
             raise BundleTooLarge("bundle over the size limit once stored sparse")
         return data
 
-    def _execute(self, plan: _Plan, msg_count: int, now: float) -> Ticket | None:
+    def _execute(self, plan: _Plan, msg_count: int, now: float
+                 ) -> tuple[AppendResult, Ticket | None]:
         """The synchronous part of an append: segment changes and the write."""
         try:
             if plan.action == "replace":
@@ -395,11 +392,12 @@ class Partition:
             raise StoreIOError(f"write failed: {exc}") from exc
         self._written_hwm = plan.last
         size = len(prefix) + len(plan.data)
+        result = AppendResult(plan.first, plan.last, size)
         if self._fsync:
-            return self._commit.add(_Written(seg.size, plan.last, size))
+            return result, self._commit.add(_Written(seg.size, plan.last, size))
         self._publish(seg.size, plan.last, size)
         self._count_unflushed(msg_count, now)
-        return None
+        return result, None
 
     def _count_unflushed(self, msg_count: int, now: float) -> None:
         if self._dirty_since is None:
