@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,33 +13,20 @@ from gateway.backend import Backend
 from gateway.config import Settings
 from gateway.embedded import open_embedded_backend
 from gateway.figg_listener import serve_figg
-from gateway.metrics import Metrics
 from protocols.connection import CLOSED, NEED_DATA, Role
 from protocols.figg.connection import FiggConnection
 from protocols.figg.messages import ATTACH_FROM_OFFSET, FAST, MessageType
+from tests.listeners import RunningServer, listening
 
 RESUME = ATTACH_FROM_OFFSET
-
-
-@dataclass
-class RunningServer:
-    host: str
-    port: int
-    backend: Any
-    metrics: Metrics
-    settings: Settings
 
 
 @asynccontextmanager
 async def figg_server(backend: Backend, **settings: Any) -> AsyncIterator[RunningServer]:
     """Serve Figg over ``backend`` on 127.0.0.1 with an ephemeral port."""
-    config = Settings(figg_listen="127.0.0.1:0", **settings)
-    metrics = Metrics()
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(serve_figg, backend, config, metrics)
-        port = listeners[0].socket.getsockname()[1]
-        yield RunningServer("127.0.0.1", port, backend, metrics, config)
-        nursery.cancel_scope.cancel()
+    async with listening(serve_figg, backend,
+                         Settings(figg_listen="127.0.0.1:0", **settings)) as server:
+        yield server
 
 
 def frame(kind: MessageType, *fields: Any) -> bytes:

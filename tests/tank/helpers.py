@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,34 +16,15 @@ from gateway.metrics import Metrics
 from gateway.tank_listener import serve_tank
 from protocols.connection import CLOSED, NEED_DATA, Role
 from protocols.tank.connection import TankConnection
-
-
-@dataclass
-class RunningServer:
-    host: str
-    port: int
-    backend: Any
-    metrics: Metrics
-    settings: Settings
-
-    def metric(self, text: str) -> float | None:
-        """The value of the exposition line starting with ``text`` (None: absent)."""
-        for line in self.metrics.render().decode().splitlines():
-            if line.startswith(text + " "):
-                return float(line.rsplit(" ", 1)[1])
-        return None
+from tests.listeners import RunningServer, listening
 
 
 @asynccontextmanager
 async def serving(backend: Backend, settings: Settings,
                   metrics: Metrics | None = None) -> AsyncIterator[RunningServer]:
     """Serve Tank over ``backend`` on 127.0.0.1 with an ephemeral port."""
-    metrics = metrics or Metrics()
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(serve_tank, backend, settings, metrics)
-        port = listeners[0].socket.getsockname()[1]
-        yield RunningServer("127.0.0.1", port, backend, metrics, settings)
-        nursery.cancel_scope.cancel()
+    async with listening(serve_tank, backend, settings, metrics) as server:
+        yield server
 
 
 @asynccontextmanager
