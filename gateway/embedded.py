@@ -92,10 +92,10 @@ class EmbeddedBackend:
     async def _append_in_order(self, batches: Sequence[ProduceBatch], indexes: list[int],
                                outcomes: list[ProduceOutcome | None]) -> None:
         first = batches[indexes[0]]
-        partition, failure = await self._writable_partition(first.topic, first.partition)
-        if partition is None:
+        partition = await self._writable_partition(first.topic, first.partition)
+        if isinstance(partition, ProduceOutcome):
             for i in indexes:
-                outcomes[i] = failure
+                outcomes[i] = partition
             return
         # One call writes them all and waits once: they share a group fsync.
         results = await partition.append_many(
@@ -110,18 +110,18 @@ class EmbeddedBackend:
             self._metrics.messages_in.labels(first.topic).inc(appended)
             self._metrics.bytes_in.labels(first.topic).inc(appended_bytes)
 
-    async def _writable_partition(self, topic: str, index: int
-                                  ) -> tuple[Partition | None, ProduceOutcome | None]:
+    async def _writable_partition(self, topic: str, index: int) -> Partition | ProduceOutcome:
+        """The partition to append to (its topic auto-created if allowed), or why not."""
         try:
-            if self.store.topic(topic) is None and self.auto_create_topics:
-                await self.store.ensure_topic(topic)
-            return self.store.partition(topic, index), None
+            if self.auto_create_topics:
+                await self.store.ensure_topic(topic)  # returns at once if the topic exists
+            return self.store.partition(topic, index)
         except (UnknownTopic, InvalidTopicName) as exc:
-            return None, ProduceOutcome(ProduceCode.UNKNOWN_TOPIC, reason=str(exc))
+            return ProduceOutcome(ProduceCode.UNKNOWN_TOPIC, reason=str(exc))
         except UnknownPartition as exc:
-            return None, ProduceOutcome(ProduceCode.UNKNOWN_PARTITION, reason=str(exc))
+            return ProduceOutcome(ProduceCode.UNKNOWN_PARTITION, reason=str(exc))
         except StoreError as exc:
-            return None, ProduceOutcome(ProduceCode.IO_FAULT, reason=str(exc))
+            return ProduceOutcome(ProduceCode.IO_FAULT, reason=str(exc))
 
     # -- fetch -------------------------------------------------------------------------------------
 
