@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Protocol
 
 
 class ProduceCode(enum.IntEnum):
@@ -44,7 +44,6 @@ class FetchStatus(enum.Enum):
     FAULT = "fault"                # the partition could not be read (I/O error, upstream down)
 
 
-@runtime_checkable
 class Chunk(Protocol):
     """A run of ``varint len | bundle`` bytes, in memory or in a segment file.
 
@@ -187,15 +186,6 @@ class ReloadConfCode(enum.IntEnum):
     PARSE_ERROR = 3
     UNKNOWN_PARTITION = 10
     UNKNOWN_TOPIC = 11
-
-
-@dataclass(frozen=True, slots=True)
-class BackendEvent:
-    """An outage or recovery a backend reports (bridge mode)."""
-
-    kind: str
-    detail: str = ""
-    extra: dict = field(default_factory=dict)
 
 
 class Backend(Protocol):

@@ -72,11 +72,6 @@ class TankOutbox:
         """Bytes queued or being written."""
         return self._budget.queued
 
-    @property
-    def uses_sendfile(self) -> bool:
-        """True when file-backed chunks go out with ``os.sendfile``."""
-        return self._socket is not None
-
     async def wait_writable(self) -> None:
         """Wait until the queue is under its budget (no checkpoint when it already is)."""
         await self._budget.wait_writable()

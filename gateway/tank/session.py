@@ -259,19 +259,20 @@ class TankSession:
     # ------------------------------------------------------------------------ handlers
 
     async def _consume(self, request: Any) -> None:
-        outcomes = await self._backend.fetch(fetch_requests(request),
+        asked = fetch_requests(request)
+        outcomes = await self._backend.fetch(asked,
                                              max_wait_ms=request.max_wait_ms,
                                              min_bytes=request.min_bytes)
         reply = consume_reply(request, outcomes)
         self._outbox.put_consume_nowait(reply.head, reply.chunks)
         lag = self._metrics.reader_lag
-        for asked, outcome in zip(fetch_requests(request), outcomes, strict=True):
+        for fetch, outcome in zip(asked, outcomes, strict=True):
             if outcome.status is FetchStatus.DATA:
-                where = (asked.topic, asked.partition)
+                where = (fetch.topic, fetch.partition)
                 self._read_partitions.add(where)
-                at = asked.seq if 0 < asked.seq < UINT64_MAX else (
+                at = fetch.seq if 0 < fetch.seq < UINT64_MAX else (
                     outcome.base_seq or outcome.first_available)
-                lag.update((self, where), "tank", asked.topic, asked.partition, at,
+                lag.update((self, where), "tank", fetch.topic, fetch.partition, at,
                            outcome.high_water_mark)
         if reply.bytes_by_topic:
             bytes_out = self._metrics.bytes_out
