@@ -551,47 +551,26 @@ class TankClient:
         partition that got an error (nothing is consumed server-side: just retry)."""
         if not positions:
             raise ValueError("consume needs at least one partition")
-        _by_topic(positions)
         sizes = dict.fromkeys(positions, max(fetch_size, 1))
         results: dict[TopicPartition, ConsumeResult] = {}
         pending = dict(positions)
         while pending:
-            response = await self._consume_once(pending, sizes, max_wait_ms, min_bytes)
+            parts = await self.consume_raw(
+                [(*key, seq, sizes[key]) for key, seq in pending.items()],
+                max_wait_ms=max_wait_ms, min_bytes=min_bytes)
             retry: dict[TopicPartition, int] = {}
-            for topic in response.topics:
-                if topic.unknown:
-                    raise UnknownTopicError(topic.name)
-                for part in topic.partitions:
-                    key = (topic.name, part.partition)
-                    if key not in pending:
-                        raise BadResponse(f"answer for {key}, which was not asked for")
-                    result, partial = _decode_partition(key, pending[key], part)
-                    if partial:
-                        sizes[key] = _grown(key, sizes[key], partial)
-                        retry[key] = pending[key]
-                    else:
-                        results[key] = result
-            missing = [key for key in pending if key not in results and key not in retry]
-            if missing:
-                raise BadResponse(f"no answer for {missing}")
+            for (key, seq), part in zip(pending.items(), parts, strict=True):
+                if part is None:
+                    raise UnknownTopicError(key[0])
+                result, partial = _decode_partition(key, seq, part)
+                if partial:
+                    sizes[key] = _grown(key, sizes[key], partial)
+                    retry[key] = seq
+                else:
+                    results[key] = result
             pending = retry
             max_wait_ms = min_bytes = 0  # a retry only completes what was found
         return {key: results[key] for key in positions}
-
-    async def _consume_once(self, positions: Mapping[TopicPartition, int],
-                            sizes: Mapping[TopicPartition, int], max_wait_ms: int,
-                            min_bytes: int) -> Any:
-        grouped = _by_topic(positions)
-
-        def build(request_id: int) -> Any:
-            return ConsumeRequest(CLIENT_VERSION, request_id, self.client_id, max_wait_ms,
-                                  min_bytes, 0, [
-                                      ConsumeTopic(topic, [ConsumePartition(
-                                          p, positions[(topic, p)], sizes[(topic, p)])
-                                          for p in partitions])
-                                      for topic, partitions in grouped.items()])
-
-        return await self.request(build, extra_wait=max_wait_ms / 1000)
 
     # -------------------------------------------------------------------- admin
 
