@@ -626,16 +626,13 @@ def decode_chunk(
                 raise ProtocolError("sparse bundle goes back in sequence numbers")
             sparse_first = first
         if last >= min_seq:
-            if first >= min_seq:
-                _decode_into(
-                    buf, mpos, bend, codec, count, sparse_first, last, first, out, max_uncompressed
-                )
-            else:
-                held: list[Message] = []
-                _decode_into(
-                    buf, mpos, bend, codec, count, sparse_first, last, first, held, max_uncompressed
-                )
-                out += [m for m in held if m.seq >= min_seq]
+            # A bundle straddling min_seq is decoded aside, then trimmed.
+            into = out if first >= min_seq else []
+            _decode_into(
+                buf, mpos, bend, codec, count, sparse_first, last, first, into, max_uncompressed
+            )
+            if into is not out:
+                out += [m for m in into if m.seq >= min_seq]
         prev_last = last
         pos = bend
     after = (base_seq or 0) if prev_last is None else prev_last + 1
