@@ -30,6 +30,7 @@ from gateway.bridge.upstream import Upstream, UpstreamUnavailable
 from gateway.client.tank import TankClient
 from protocols.tank.messages import ConsumePartitionResult
 from protocols.tank.types import ConsumeFlags
+from protocols.wire import UINT64_MAX
 
 log = structlog.get_logger("figtank.bridge")
 
@@ -37,7 +38,6 @@ log = structlog.get_logger("figtank.bridge")
 Entry: TypeAlias = tuple[str, int, int, int]
 _Key: TypeAlias = tuple[tuple[Entry, ...], int]
 
-_UINT64_MAX: Final = 2**64 - 1
 #: A wait shorter than this is over (clock granularity, rounding to milliseconds).
 _EPSILON: Final = 0.001
 
@@ -118,7 +118,7 @@ class FetchForwarder:
 
         async def request(client: TankClient) -> list[ConsumePartitionResult | None]:
             left = max(deadline - trio.current_time(), 0.0)
-            wait_ms = min(math.ceil(left * 1000), _UINT64_MAX)
+            wait_ms = min(math.ceil(left * 1000), UINT64_MAX)
             return await client.consume_raw(entries, max_wait_ms=wait_ms, min_bytes=min_bytes)
 
         try:
