@@ -50,7 +50,13 @@ from operator import attrgetter
 from typing import Any, Final, Protocol
 
 from protocols.errors import ProtocolError
-from protocols.wire import Reader, encode_varint
+from protocols.wire import (
+    Reader,
+    encode_bytes32be,
+    encode_bytes32le,
+    encode_str8,
+    encode_varint,
+)
 
 #: The ``struct`` format letter of each fixed-width integer type.
 FIXED_FORMATS: Final = {"uint8": "B", "uint16": "H", "uint32": "I", "uint64": "Q"}
@@ -211,7 +217,9 @@ class TypeRegistry:
         self.byteorder = byteorder
         self.prefix = "<" if byteorder == "little" else ">"
         self.custom: dict[str, CustomType] = dict(custom or {})
-        self._u32 = struct.Struct(self.prefix + "I")
+        little = byteorder == "little"
+        self._read_bytes32 = Reader.bytes32le if little else Reader.bytes32be
+        self._encode_bytes32 = encode_bytes32le if little else encode_bytes32be
 
     def fixed(self, type_name: str) -> struct.Struct | None:
         fmt = FIXED_FORMATS.get(type_name)
@@ -224,13 +232,13 @@ class TypeRegistry:
         fixed = self.fixed(type_name)
         if fixed is not None:
             return lambda r, v, c: r.unpack(fixed, what)[0]
-        u32 = self._u32
+        read_bytes32 = self._read_bytes32
         simple: dict[str, Callable[[Reader, int, Any], Any]] = {
             "varint": lambda r, v, c: r.varint(what),
             "str8": lambda r, v, c: r.str8(what),
             "bytes8": lambda r, v, c: r.bytes8(what),
-            "bytes": lambda r, v, c: r.take(r.unpack(u32, what)[0], what),
-            "string": lambda r, v, c: _utf8(r.take(r.unpack(u32, what)[0], what), what),
+            "bytes": lambda r, v, c: read_bytes32(r, what),
+            "string": lambda r, v, c: _utf8(read_bytes32(r, what), what),
             "varbytes": lambda r, v, c: r.take(r.varint(what), what),
             "rest": lambda r, v, c: r.rest(),
         }
@@ -252,20 +260,13 @@ class TypeRegistry:
                     raise ValueError(f"{what}={value} does not fit {type_name}")
                 out += fixed.pack(value)
             return write_fixed
-        u32 = self._u32
-
-        def write_len_u8(raw: bytes, out: bytearray) -> None:
-            if len(raw) > 0xFF:
-                raise ValueError(f"{what} longer than 255 bytes")
-            out.append(len(raw))
-            out += raw
-
+        encode_bytes32 = self._encode_bytes32
         simple: dict[str, Callable[[Any, int, bytearray, Any], None]] = {
             "varint": lambda x, v, out, c: out.extend(encode_varint(x)),
-            "str8": lambda x, v, out, c: write_len_u8(x.encode(), out),
-            "bytes8": lambda x, v, out, c: write_len_u8(x, out),
-            "bytes": lambda x, v, out, c: out.extend(u32.pack(len(x)) + x),
-            "string": lambda x, v, out, c: out.extend(u32.pack(len(b := x.encode())) + b),
+            "str8": lambda x, v, out, c: out.extend(encode_str8(x)),
+            "bytes8": lambda x, v, out, c: out.extend(encode_str8(x)),
+            "bytes": lambda x, v, out, c: out.extend(encode_bytes32(x)),
+            "string": lambda x, v, out, c: out.extend(encode_bytes32(x.encode())),
             "varbytes": lambda x, v, out, c: out.extend(encode_varint(len(x)) + x),
             "rest": lambda x, v, out, c: out.extend(x),
         }

@@ -1,10 +1,10 @@
-"""Primitive encodings: fixed-width ints, varints, str8; a bounded reader.
+"""Primitive encodings shared by Tank (little-endian) and Figg (big-endian).
 
-Writers are plain functions returning ``bytes``; reading goes through
+Fixed-width ints in both byte orders, unsigned LEB128 varints, ``str8`` and u32-length
+bytes. Writers are plain functions returning ``bytes``; reading goes through
 :class:`Reader`, a cursor over a bounded buffer that raises
-:class:`~protocols.errors.ProtocolError` when the input runs out or lies. The declared
-messages get their byte order from :class:`protocols.spec.TypeRegistry`; the readers
-here are the little-endian ones Tank's hand-written codecs use.
+:class:`~protocols.errors.ProtocolError` when the input runs out or lies. The spec
+engine (:mod:`protocols.spec`) builds its field codecs on these.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ U8: Final = struct.Struct("<B")
 U16LE: Final = struct.Struct("<H")
 U32LE: Final = struct.Struct("<I")
 U64LE: Final = struct.Struct("<Q")
+U16BE: Final = struct.Struct(">H")
+U32BE: Final = struct.Struct(">I")
+U64BE: Final = struct.Struct(">Q")
 
 UINT64_MAX: Final = (1 << 64) - 1
 #: A u64 varint never needs more than 10 bytes.
@@ -72,6 +75,24 @@ def decode_varint(buf: bytes | bytearray | memoryview, pos: int = 0, end: int | 
     return None
 
 
+def encode_str8(value: str | bytes) -> bytes:
+    """``u8 len | bytes``; a str is encoded as UTF-8."""
+    raw = value.encode() if isinstance(value, str) else value
+    if len(raw) > 0xFF:
+        raise ValueError(f"str8 longer than 255 bytes: {len(raw)}")
+    return bytes((len(raw),)) + raw
+
+
+def encode_bytes32le(value: bytes) -> bytes:
+    """``u32 len (little-endian) | bytes``."""
+    return U32LE.pack(len(value)) + value
+
+
+def encode_bytes32be(value: bytes) -> bytes:
+    """``u32 len (big-endian) | bytes``: Figg's variable-size field."""
+    return U32BE.pack(len(value)) + value
+
+
 class Reader:
     """A cursor over ``buf[pos:end]`` that never reads past ``end``.
 
@@ -124,6 +145,15 @@ class Reader:
     def u64le(self, what: str = "u64") -> int:
         return self._fixed(U64LE, what)
 
+    def u16be(self, what: str = "u16") -> int:
+        return self._fixed(U16BE, what)
+
+    def u32be(self, what: str = "u32") -> int:
+        return self._fixed(U32BE, what)
+
+    def u64be(self, what: str = "u64") -> int:
+        return self._fixed(U64BE, what)
+
     def unpack(self, codec: struct.Struct, what: str) -> tuple:
         """Read several fixed fields at once with a precompiled ``struct.Struct``."""
         pos = self._need(codec.size, what)
@@ -159,6 +189,12 @@ class Reader:
 
     def bytes8(self, what: str = "bytes8") -> bytes:
         return self.take(self.u8(f"{what} length"), what)
+
+    def bytes32le(self, what: str = "bytes") -> bytes:
+        return self.take(self.u32le(f"{what} length"), what)
+
+    def bytes32be(self, what: str = "bytes") -> bytes:
+        return self.take(self.u32be(f"{what} length"), what)
 
     def expect_end(self, what: str) -> None:
         """Raise if bytes remain: a message must fill its payload exactly."""

@@ -11,6 +11,9 @@ from protocols.wire import (
     UINT64_MAX,
     Reader,
     decode_varint,
+    encode_bytes32be,
+    encode_bytes32le,
+    encode_str8,
     encode_varint,
     varint_size,
 )
@@ -110,3 +113,20 @@ def test_reader_never_raises_anything_but_protocol_error(data: bytes) -> None:
             r.u32le()
     except ProtocolError:
         pass
+
+
+def test_big_endian_ints_and_u32_length_bytes() -> None:
+    raw = (struct.pack(">HIQ", 5, 6, 7) + encode_bytes32be(b"fig")
+           + encode_bytes32le(b"tank") + encode_str8("hé"))
+    r = Reader(raw)
+    assert [r.u16be(), r.u32be(), r.u64be()] == [5, 6, 7]
+    assert r.bytes32be() == b"fig"
+    assert r.bytes32le() == b"tank"
+    assert r.str8() == "hé"
+    assert r.at_end()
+    assert encode_bytes32be(b"ab") == b"\x00\x00\x00\x02ab"
+    assert encode_bytes32le(b"ab") == b"\x02\x00\x00\x00ab"
+    with pytest.raises(ProtocolError):
+        Reader(b"\x00\x00\x00\x09abc").bytes32be()
+    with pytest.raises(ValueError):
+        encode_str8("x" * 256)
