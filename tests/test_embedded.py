@@ -1,5 +1,6 @@
 """The embedded backend over a real store in a temp dir: produce, fetch, long poll, admin."""
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from gateway.backend import (
     ProduceCode,
     ReloadConfCode,
 )
+from gateway.bridge.backend import BridgeBackend
 from gateway.config import Settings
 from gateway.embedded import EmbeddedBackend, open_embedded_backend
 from gateway.metrics import Metrics
@@ -41,10 +43,18 @@ async def backend(tmp_path: Path):
         yield backend
 
 
-def test_embedded_backend_satisfies_the_protocol() -> None:
-    def accepts(b: Backend) -> None:
-        del b
-    accepts(EmbeddedBackend.__new__(EmbeddedBackend))
+@pytest.mark.parametrize("implementation", [EmbeddedBackend, BridgeBackend])
+def test_backends_implement_every_call_of_the_protocol(implementation: type) -> None:
+    # The listeners only know the Backend protocol: both logs must answer all of it alike.
+    calls = [name for name in vars(Backend) if not name.startswith("_")]
+    assert {"produce", "fetch", "create_topic", "discover_partitions", "aclose"} <= set(calls)
+    for name in calls:
+        if name == "auto_create_topics":
+            continue
+        wanted = inspect.signature(getattr(Backend, name))
+        got = inspect.signature(getattr(implementation, name))
+        assert list(got.parameters) == list(wanted.parameters), name
+        assert inspect.iscoroutinefunction(getattr(implementation, name)), name
 
 
 async def test_produce_then_fetch(backend: EmbeddedBackend) -> None:
