@@ -1,4 +1,5 @@
-"""Read a partition directory's segment and index files for operators (``figtank inspect``).
+"""Read a partition directory's segment and index files: ``figtank inspect`` and the
+``figtank-segments`` Spark source.
 
 This reads the files as they are on disk, without opening the store: it works on a
 data directory in use (it only reads) and on one copied from a Tank broker.
@@ -9,12 +10,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Final
 
 from gateway.store.index import read_index_file
 from gateway.store.segment import SegmentName, index_name, parse_segment_name
 from protocols.errors import ProtocolError
-from protocols.tank.bundle import decode_bundle, iter_framed_bundles
-from protocols.wire import decode_varint
+from protocols.tank.bundle import Message, bundle_last_seq, decode_chunk, iter_framed_bundles
+from protocols.wire import UINT64_MAX
+
+#: Bytes of segment file read (and decoded) at a time.
+WINDOW: Final = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +46,17 @@ class MessageRecord:
     size: int
 
 
+@dataclass(frozen=True, slots=True)
+class SegmentBatch:
+    """The messages decoded from one window of a segment file."""
+
+    messages: list[Message]
+    #: ``(file offset, first seq)`` of each bundle the messages came from, in order.
+    bundles: list[tuple[int, int]]
+    #: File offset just past the window's last whole bundle.
+    end: int
+
+
 def list_segments(directory: str) -> list[SegmentFile]:
     """The partition's segments in sequence order, with their index entries."""
     segments = []
@@ -56,31 +72,103 @@ def list_segments(directory: str) -> list[SegmentFile]:
     return sorted(segments, key=lambda s: s.base_seq)
 
 
+def read_segment(path: str, base_seq: int, start: int, end: int, *, min_seq: int = 0,
+                 end_seq: int = UINT64_MAX + 1, torn_tail_ok: bool = False
+                 ) -> Iterator[SegmentBatch]:
+    """The messages with ``min_seq <= seq < end_seq`` in bytes ``[start, end)`` of a
+    segment file (``start`` a bundle boundary, whose bundle starts at ``base_seq`` if
+    plain), read and decoded a window of bundles at a time.
+
+    A corrupt bundle is a ProtocolError naming its offset, after the messages before it;
+    so is a partial bundle at ``end`` unless ``torn_tail_ok`` (the active segment's tail
+    may still be being written).
+    """
+    seq = base_seq
+    carry = b""
+    pos = start  # file offset of the first byte not yet decoded
+    with open(path, "rb") as f:
+        f.seek(start)
+        remaining = end - start
+        while remaining > 0 or carry:
+            data = f.read(min(WINDOW, remaining)) if remaining > 0 else b""
+            remaining -= len(data)
+            if not data:
+                if carry and not torn_tail_ok:
+                    raise ProtocolError(f"{path}: {len(carry)} bytes of a partial bundle "
+                                        f"at offset {pos}")
+                return
+            data = carry + data if carry else data
+            batch, consumed, seq, done, bad = _decode_window(data, pos, seq, min_seq, end_seq)
+            if batch.messages:
+                yield batch
+            if bad is not None:
+                raise ProtocolError(f"{path}: bundle at offset {bad[0]}: {bad[1]}")
+            if done:
+                return
+            carry = data[consumed:]
+            pos += consumed
+
+
+def _decode_window(data: bytes, pos: int, seq: int, lo: int, hi: int
+                   ) -> tuple[SegmentBatch, int, int, bool, tuple[int, ProtocolError] | None]:
+    """Decode the whole bundles of ``data`` (read from file offset ``pos``) holding
+    sequence numbers in ``[lo, hi)``: ``(batch, bytes of whole bundles, next plain
+    bundle's first seq, past hi, (file offset, error) of a corrupt bundle)``; a batch
+    ending before a corrupt bundle holds the messages of the bundles before it."""
+    bundles: list[tuple[int, int]] = []  # (file offset, first seq) of the wanted ones
+    wanted_end = consumed = 0
+    done = False
+    bad = None
+    try:
+        for offset, length, info in iter_framed_bundles(data):
+            first = info.first_seq if info.sparse else seq
+            assert first is not None
+            if first >= hi:
+                done = True
+                break
+            last = bundle_last_seq(info, seq)
+            if last >= lo:
+                bundles.append((pos + offset, first))
+                wanted_end = offset + length
+            seq = last + 1
+            consumed = offset + length
+    except ProtocolError as exc:
+        bad = (pos + consumed, exc)
+    if not bundles:
+        return SegmentBatch([], [], pos + consumed), consumed, seq, done, bad
+    try:
+        messages = decode_chunk(data[bundles[0][0] - pos:wanted_end], bundles[0][1], lo).messages
+    except ProtocolError:  # rare: find the bad bundle, keep the messages before it
+        messages = []
+        stops = [offset - pos for offset, _ in bundles[1:]] + [wanted_end]
+        for (offset, first), stop in zip(bundles, stops, strict=True):
+            try:
+                messages += decode_chunk(data[offset - pos:stop], first, lo).messages
+            except ProtocolError as exc:
+                bad = (offset, exc)
+                break
+    if messages and messages[-1].seq >= hi:
+        messages = [m for m in messages if m.seq < hi]
+    return SegmentBatch(messages, bundles, pos + consumed), consumed, seq, done, bad
+
+
 def iter_messages(directory: str, segment: SegmentFile,
                   progress: Callable[[int, int], None] | None = None
                   ) -> Iterator[MessageRecord]:
-    """Every message of one segment file; ``progress(done_bytes, total_bytes)`` per bundle.
+    """Every message of one segment file (up to its listed size); ``progress(done_bytes,
+    total_bytes)`` per window read.
 
     A torn or corrupt tail ends the listing with a ProtocolError naming its offset.
     """
-    with open(os.path.join(directory, segment.name), "rb") as f:
-        data = f.read()
-    next_seq = segment.base_seq
-    end = 0
-    for offset, framed_len, info in iter_framed_bundles(data):
-        decoded = decode_varint(data, offset)
-        assert decoded is not None  # iter_framed_bundles yields whole bundles only
-        _, body = decoded
-        messages = decode_bundle(data[body:offset + framed_len],
-                                 None if info.sparse else next_seq)
-        for message in messages:
-            yield MessageRecord(segment.name, offset, message.seq, message.timestamp,
-                                message.key, len(message.value))
-        if messages:
-            next_seq = messages[-1].seq + 1
-        end = offset + framed_len
+    path = os.path.join(directory, segment.name)
+    for batch in read_segment(path, segment.base_seq, 0, segment.size):
+        bundles = iter(batch.bundles)
+        offset, _ = next(bundles)
+        next_offset, next_first = next(bundles, (0, UINT64_MAX + 1))
+        for m in batch.messages:
+            while m.seq >= next_first:
+                offset = next_offset
+                next_offset, next_first = next(bundles, (0, UINT64_MAX + 1))
+            yield MessageRecord(segment.name, offset, m.seq, m.timestamp, m.key, len(m.value))
         if progress is not None:
-            progress(end, len(data))
-    if end != len(data):
-        raise ProtocolError(f"{segment.name}: {len(data) - end} bytes of a partial bundle "
-                            f"at offset {end}")
+            progress(batch.end, segment.size)

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from gateway import inspect
+from protocols.errors import ProtocolError
+from protocols.tank.bundle import Message, encode_bundle, frame_bundle
 from tests.serving import ServeProcess, figtank_serve
 
 
@@ -117,3 +120,19 @@ def test_client_errors_are_one_line(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "bad partition" in bad.stderr
     missing = figtank("inspect", str(tmp_path / "nowhere"))
     assert missing.returncode == 1 and missing.stderr.startswith("figtank: ")
+
+
+def test_inspect_lists_bundles_across_windows_up_to_a_corrupt_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(inspect, "WINDOW", 40)  # a few bundles a window, some carried over
+    bundle = frame_bundle(encode_bundle([Message(b"x" * 9, b"k", 1), Message(b"y", None, 2)]))
+    corrupt = bytearray(bundle)
+    corrupt[2] = 0xFF  # the first message's flags
+    (tmp_path / "1_1700000000.log").write_bytes(bundle * 5 + corrupt + bundle)
+    [segment] = inspect.list_segments(str(tmp_path))
+    seen = []
+    with pytest.raises(ProtocolError, match=f"bundle at offset {5 * len(bundle)}: invalid"):
+        seen.extend((m.seq, m.offset, m.key, m.size)
+                    for m in inspect.iter_messages(str(tmp_path), segment))
+    assert seen == [(1 + 2 * i + j, i * len(bundle), b"k" if j == 0 else None, 9 if j == 0 else 1)
+                    for i in range(5) for j in (0, 1)]

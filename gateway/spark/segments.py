@@ -23,23 +23,19 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from gateway.inspect import SegmentFile, list_segments
+from gateway.inspect import SegmentFile, list_segments, read_segment
 from gateway.spark.options import Position, SegmentOptions, segment_options
 from gateway.spark.rows import SCHEMA, to_record_batch, to_tuples
 from gateway.store.index import entries_are_sane
 from gateway.store.segment import MAX_REL_SEQ
-from protocols.errors import ProtocolError
-from protocols.tank.bundle import Message, bundle_last_seq, decode_chunk, iter_framed_bundles
+from protocols.tank.bundle import Message
 from protocols.topics import is_valid_topic_name
 from protocols.wire import UINT64_MAX
-
-#: Bytes of segment file read (and decoded) at a time.
-WINDOW: Final = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -131,58 +127,10 @@ def plan_segments(options: SegmentOptions) -> list[SegmentSplit]:
 
 def read_split(split: SegmentSplit) -> Iterator[list[Message]]:
     """The messages of a split, a window of bundles at a time."""
-    seq = split.base_seq
-    carry = b""
-    with open(split.path, "rb") as f:
-        f.seek(split.start_offset)
-        remaining = split.end_offset - split.start_offset
-        while remaining > 0 or carry:
-            data = f.read(min(WINDOW, remaining)) if remaining > 0 else b""
-            remaining -= len(data)
-            if not data:
-                if carry and split.rolled:
-                    raise ProtocolError(f"{split.path}: {len(carry)} bytes of a partial bundle "
-                                        "at its end")
-                return  # the active segment's tail is still being written
-            data = carry + data if carry else data
-            try:
-                messages, consumed, seq, done = _decode_window(data, seq, split)
-            except ProtocolError as exc:
-                raise ProtocolError(f"{split.path}: {exc}") from None
-            if messages:
-                yield messages
-            if done:
-                return
-            carry = data[consumed:]
-
-
-def _decode_window(data: bytes, seq: int, split: SegmentSplit
-                   ) -> tuple[list[Message], int, int, bool]:
-    """Decode the wanted whole bundles of ``data``: ``(messages, bytes of whole bundles,
-    next plain bundle's first seq, past the end)``."""
-    lo, hi = split.min_seq, split.end_seq
-    first_wanted = wanted_end = consumed = 0
-    first_wanted_seq: int | None = None
-    done = False
-    for offset, length, info in iter_framed_bundles(data):
-        first = info.first_seq if info.sparse else seq
-        assert first is not None
-        if first >= hi:
-            done = True
-            break
-        last = bundle_last_seq(info, seq)
-        if last >= lo:
-            if first_wanted_seq is None:
-                first_wanted, first_wanted_seq = offset, first
-            wanted_end = offset + length
-        seq = last + 1
-        consumed = offset + length
-    if first_wanted_seq is None:
-        return [], consumed, seq, done
-    messages = decode_chunk(data[first_wanted:wanted_end], first_wanted_seq, lo).messages
-    if messages and messages[-1].seq >= hi:
-        messages = [m for m in messages if m.seq < hi]
-    return messages, consumed, seq, done
+    for batch in read_segment(split.path, split.base_seq, split.start_offset, split.end_offset,
+                              min_seq=split.min_seq, end_seq=split.end_seq,
+                              torn_tail_ok=not split.rolled):
+        yield batch.messages
 
 
 class FigtankSegmentsReader(DataSourceReader):
