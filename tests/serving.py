@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gateway.bench.serving import start_serve
 
 
 @dataclass
@@ -25,15 +24,6 @@ class ServeProcess:
     metrics: tuple[str, int] | None
     log_lines: list[dict] = field(default_factory=list)
     _drain: threading.Thread | None = None
-
-    def start_draining(self) -> None:
-        """Keep reading stderr into log_lines so a chatty server never blocks on the pipe."""
-        def drain() -> None:
-            assert self.process.stderr is not None
-            for line in self.process.stderr:
-                self.log_lines.extend(_parse_lines(line))
-        self._drain = threading.Thread(target=drain, daemon=True)
-        self._drain.start()
 
     def events(self, name: str) -> list[dict]:
         """Log lines whose event is ``name``."""
@@ -74,29 +64,14 @@ def _address(text: str | None) -> tuple[str, int] | None:
 @contextmanager
 def figtank_serve(*args: str, cwd: Path | None = None, timeout: float = 30
                   ) -> Iterator[ServeProcess]:
-    """Start ``figtank serve`` with JSON logs; yield once it says it is serving."""
-    command = [sys.executable, "-m", "gateway.cli", "serve", "--log-format", "json", *args]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, cwd=cwd, env=env)
+    """Start ``figtank serve`` with JSON logs; yield once it says it is serving. Its log
+    lines keep being read into ``log_lines`` (so a chatty server never blocks on the pipe)."""
     lines: list[dict] = []
-    deadline = time.monotonic() + timeout
+    process, event, drain = start_serve(args, timeout=timeout, cwd=cwd,
+                                        on_line=lambda line: lines.extend(_parse_lines(line)))
     try:
-        assert process.stderr is not None
-        while True:
-            if time.monotonic() > deadline:
-                raise TimeoutError("figtank serve did not start in time")
-            line = process.stderr.readline()
-            if not line:
-                raise RuntimeError(f"figtank serve exited early: {lines}")
-            lines.extend(_parse_lines(line))
-            event = lines[-1]
-            if event.get("event") == "figtank_serving":
-                break
-        served = ServeProcess(process, _address(event.get("tank")), _address(event.get("figg")),
-                              _address(event.get("metrics")), lines)
-        served.start_draining()
-        yield served
+        yield ServeProcess(process, _address(event.get("tank")), _address(event.get("figg")),
+                           _address(event.get("metrics")), lines, drain)
     finally:
         if process.poll() is None:
             process.kill()

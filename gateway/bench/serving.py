@@ -1,4 +1,5 @@
-"""Start ``figtank serve`` as a child process for a benchmark, and learn its ports."""
+"""Start ``figtank serve`` as a child process (benchmarks, and tests/serving.py), and learn
+its ports."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,16 +28,40 @@ class Served:
     data_dir: Path
 
 
-def _pump(stream: IO[str], lines: queue.Queue[str | None]) -> None:
+def _pump(stream: IO[str], lines: queue.Queue[str | None] | None,
+          on_line: Callable[[str], None]) -> None:
     """Hand the log lines over until the server says it is serving, then keep the pipe
-    empty so the server never blocks on its log."""
+    empty so the server never blocks on its log; every line also goes to ``on_line``."""
     for line in stream:
+        on_line(line)
         if lines is not None:
             lines.put(line)
             if '"figtank_serving"' in line:
-                lines = None  # type: ignore[assignment]
+                lines = None
     if lines is not None:
         lines.put(None)
+
+
+def start_serve(args: Sequence[str], *, timeout: float = 30.0, cwd: Path | None = None,
+                on_line: Callable[[str], None] = lambda line: None
+                ) -> tuple[subprocess.Popen, dict, threading.Thread]:
+    """Start ``figtank serve --log-format json *args`` and wait until it logs that it is
+    serving: ``(process, that log event, the thread reading its log until it exits)``.
+    Every log line goes to ``on_line`` (from that thread). Killed if it does not start."""
+    command = [sys.executable, "-m", "gateway.cli", "serve", "--log-format", "json", *args]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True, cwd=cwd, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        assert process.stderr is not None
+        lines: queue.Queue[str | None] = queue.Queue()
+        reader = threading.Thread(target=_pump, args=(process.stderr, lines, on_line),
+                                  daemon=True)
+        reader.start()
+        return process, _wait_serving(lines, timeout), reader
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
 
 
 @contextmanager
@@ -46,14 +71,11 @@ def serve_figtank(*flags: str, durability: str = "fsync", data_dir: Path | None 
     (a new temporary directory by default) until the block ends."""
     with tempfile.TemporaryDirectory(prefix="figtank-bench-") as scratch:
         where = data_dir or Path(scratch)
-        command = [sys.executable, "-m", "gateway.cli", "serve", "--log-format", "json",
-                   "--log-level", "info", "--data-dir", str(where), "--durability", durability,
-                   "--tank-listen", "127.0.0.1:0", "--figg-listen", "127.0.0.1:0",
-                   "--metrics-listen", "", *flags]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                   text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        process, event, _ = start_serve(
+            ["--log-level", "info", "--data-dir", str(where), "--durability", durability,
+             "--tank-listen", "127.0.0.1:0", "--figg-listen", "127.0.0.1:0",
+             "--metrics-listen", "", *flags], timeout=timeout)
         try:
-            event = _wait_serving(process, timeout)
             yield Served(process, event["tank"], event["figg"], where)
         finally:
             if process.poll() is None:
@@ -65,10 +87,7 @@ def serve_figtank(*flags: str, durability: str = "fsync", data_dir: Path | None 
                     process.wait()
 
 
-def _wait_serving(process: subprocess.Popen, timeout: float) -> dict:
-    assert process.stderr is not None
-    lines: queue.Queue[str | None] = queue.Queue()
-    threading.Thread(target=_pump, args=(process.stderr, lines), daemon=True).start()
+def _wait_serving(lines: queue.Queue[str | None], timeout: float) -> dict:
     deadline = time.monotonic() + timeout
     seen: list[str] = []
     while True:
