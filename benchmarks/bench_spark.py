@@ -15,15 +15,10 @@ cached in Spark and written to a new topic (rows/s of the ``figtank`` sink).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,38 +28,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from gateway.bench.serving import serve_figtank  # noqa: E402
 from gateway.client.tank import open_tank_client  # noqa: E402
 from protocols.tank.bundle import Message  # noqa: E402
 
 TOPIC = "bench"
 MB = 1_000_000
-
-
-@contextlib.contextmanager
-def figtank_serve(data_dir: str) -> Iterator[str]:
-    """``figtank serve`` in a child process; yields its Tank endpoint."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--data-dir", data_dir,
-         "--durability", "os", "--tank-listen", "127.0.0.1:0", "--figg-listen", "",
-         "--metrics-listen", "", "--log-format", "json"],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=ROOT)
-    try:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            with contextlib.suppress(json.JSONDecodeError):
-                event = json.loads(line)
-                if event.get("event") == "figtank_serving":
-                    break
-        else:
-            raise RuntimeError("figtank serve did not start")
-        threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe empty
-        yield event["tank"]
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 async def fill(endpoint: str, messages: int, size: int, partitions: int) -> None:
@@ -126,7 +95,8 @@ def main() -> None:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench-spark-") as data_dir, \
-            figtank_serve(data_dir) as endpoint:
+            serve_figtank(durability="os", data_dir=Path(data_dir)) as served:
+        endpoint = served.tank
         start = time.perf_counter()
         trio.run(fill, endpoint, args.messages, args.size, args.partitions)
         print(f"produced {args.messages:,} x {args.size} B to {args.partitions} partition(s) "
