@@ -10,7 +10,8 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml
+# setup.py builds protocols._speedups (Cython) in place: edits to it rebuild.
+$(STAMP): $(BIN)/python pyproject.toml setup.py protocols/_speedups.pyx
 	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
 	touch $(STAMP)
 

@@ -1,0 +1,759 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Compiled twins of the protocol layer's hot loops (see :mod:`protocols.native`).
+
+Each function here has a pure-Python reference that defines it:
+
+- :func:`validate_bundle`: ``protocols.tank.bundle.validate_bundle_py``;
+- :func:`decode_chunk`: ``protocols.tank.bundle.decode_chunk_py``;
+- :func:`scan_publishes`: ``protocols.translate.scan_publishes_py``;
+- :func:`data_frames`: ``protocols.translate.data_frames_py``.
+
+They give the same results and raise the same :class:`ProtocolError` (same class, same
+text) for the same input; ``tests/protocols/test_speedups.py`` holds them to that. Every
+read is checked against the end of its buffer by hand (raw pointers, no Cython bounds
+checks): no input can make them read or write outside a buffer. They keep no state
+between calls and hold the GIL except while cramjam decompresses.
+"""
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.mem cimport PyMem_Free, PyMem_Realloc
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
+from libc.string cimport memcmp, memcpy
+
+import cramjam
+
+from protocols.errors import FrameTooLarge, ProtocolError
+
+cdef uint64_t U64_MAX = 0xFFFFFFFFFFFFFFFF
+#: Values of the Python ``UINT64_MAX``, for comparisons with Python ints.
+cdef object PY_U64_MAX = (1 << 64) - 1
+#: The snappy crate refuses larger outputs; the reference hears that from cramjam.
+cdef uint64_t SNAPPY_MAX_OUTPUT = 0xFFFFFFFF
+
+# Bundle and message flags (protocols/tank/bundle.py).
+cdef enum:
+    HAVE_KEY = 1
+    USE_LAST_SPECIFIED_TS = 2
+    SEQ_NUM_PREV_PLUS_ONE = 4
+    MSG_FLAGS_MAX = 7
+    SPARSE_BIT = 0x40
+    RESERVED_BIT = 0x80
+
+# Figg (protocols/figg/messages.py).
+cdef enum:
+    FIGG_HEADER = 8
+    FIGG_VERSION = 1
+    FIGG_ATTACH = 1
+    FIGG_DETACH = 3
+    FIGG_PUBLISH = 5
+    FIGG_ACK = 6
+    FIGG_DATA = 7
+    FIGG_PING = 8
+    ACK_FRAME = 16
+    # DATA: header, u32 topic length, topic, u64 seq, u32 value length, value.
+    DATA_OVERHEAD = 24
+    DATA_FIXED_PAYLOAD = 16
+
+
+# ------------------------------------------------------------------------ byte access
+
+
+cdef inline uint16_t _be16(const uint8_t* p) noexcept nogil:
+    return <uint16_t>((<uint16_t>p[0] << 8) | p[1])
+
+
+cdef inline uint32_t _be32(const uint8_t* p) noexcept nogil:
+    return ((<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8)
+            | <uint32_t>p[3])
+
+
+cdef inline uint64_t _be64(const uint8_t* p) noexcept nogil:
+    return (<uint64_t>_be32(p) << 32) | _be32(p + 4)
+
+
+cdef inline uint64_t _le64(const uint8_t* p) noexcept nogil:
+    cdef uint64_t value = 0
+    cdef int i
+    for i in range(7, -1, -1):
+        value = (value << 8) | p[i]
+    return value
+
+
+cdef inline void _put_be16(uint8_t* p, uint16_t v) noexcept nogil:
+    p[0] = <uint8_t>(v >> 8)
+    p[1] = <uint8_t>v
+
+
+cdef inline void _put_be32(uint8_t* p, uint32_t v) noexcept nogil:
+    p[0] = <uint8_t>(v >> 24)
+    p[1] = <uint8_t>(v >> 16)
+    p[2] = <uint8_t>(v >> 8)
+    p[3] = <uint8_t>v
+
+
+cdef inline void _put_be64(uint8_t* p, uint64_t v) noexcept nogil:
+    _put_be32(p, <uint32_t>(v >> 32))
+    _put_be32(p + 4, <uint32_t>v)
+
+
+cdef inline void _put_le64(uint8_t* p, uint64_t v) noexcept nogil:
+    cdef int i
+    for i in range(8):
+        p[i] = <uint8_t>(v >> (8 * i))
+
+
+cdef inline Py_ssize_t _varint_size(uint64_t v) noexcept nogil:
+    cdef Py_ssize_t n = 1
+    while v >= 0x80:
+        v >>= 7
+        n += 1
+    return n
+
+
+cdef inline Py_ssize_t _put_varint(uint8_t* p, uint64_t v) noexcept nogil:
+    cdef Py_ssize_t n = 0
+    while v >= 0x80:
+        p[n] = <uint8_t>((v & 0x7F) | 0x80)
+        v >>= 7
+        n += 1
+    p[n] = <uint8_t>v
+    return n + 1
+
+
+cdef int _read_varint(const uint8_t* buf, Py_ssize_t pos, Py_ssize_t end, uint64_t* value,
+                      Py_ssize_t* next_pos) except -1:
+    """``protocols.wire.decode_varint``: 1 and the value, or 0 when ``buf[pos:end]`` ends
+    inside the varint; raises on an overflowing or over-long one."""
+    cdef uint64_t result = 0
+    cdef int shift = 0
+    cdef uint8_t byte
+    while pos < end:
+        byte = buf[pos]
+        pos += 1
+        if shift == 63 and byte > 1:
+            raise ProtocolError("varint overflows 64 bits")
+        result |= <uint64_t>(byte & 0x7F) << shift
+        if byte < 0x80:
+            if byte == 0 and shift > 0:
+                raise ProtocolError("over-long varint (redundant zero group)")
+            value[0] = result
+            next_pos[0] = pos
+            return 1
+        shift += 7
+        if shift >= 70:
+            raise ProtocolError("varint longer than 10 bytes")
+    return 0
+
+
+cdef object _truncated_at(str what, Py_ssize_t pos):
+    return ProtocolError(f"truncated {what} at offset {pos}")
+
+
+cdef object _truncated_message():
+    return ProtocolError("truncated message in bundle message set")
+
+
+cdef uint64_t _limit(object value, str name) except? 0:
+    """A size limit as a u64 (a larger one limits nothing more)."""
+    if value < 0:
+        raise ValueError(f"{name} must not be negative")
+    return U64_MAX if value > PY_U64_MAX else <uint64_t>value
+
+
+# ----------------------------------------------------------------------- output buffer
+
+
+cdef struct OutBuf:
+    uint8_t* data
+    size_t length
+    size_t capacity
+
+
+cdef int _reserve(OutBuf* out, size_t extra) except -1:
+    """Make room for ``extra`` more bytes, growing geometrically."""
+    cdef size_t need = out.length + extra
+    cdef size_t capacity
+    cdef void* grown
+    if need <= out.capacity:
+        return 0
+    capacity = out.capacity * 2
+    if capacity < need:
+        capacity = need
+    if capacity < 4096:
+        capacity = 4096
+    grown = PyMem_Realloc(out.data, capacity)
+    if grown == NULL:
+        raise MemoryError()
+    out.data = <uint8_t*>grown
+    out.capacity = capacity
+    return 0
+
+
+# ----------------------------------------------------------------------------- bundles
+
+
+cdef struct Header:
+    int codec
+    uint64_t count
+    bint sparse
+    uint64_t first
+    uint64_t last
+    Py_ssize_t pos  # where the message set starts
+
+
+cdef int _parse_header(const uint8_t* buf, Py_ssize_t pos, Py_ssize_t end,
+                       Header* h) except -1:
+    """``bundle._parse_header`` of the bundle at ``buf[pos:end]``."""
+    cdef uint8_t flags
+    cdef uint64_t gap
+    cdef Py_ssize_t after
+    if pos >= end:
+        raise ProtocolError("empty bundle")
+    flags = buf[pos]
+    pos += 1
+    if flags & RESERVED_BIT:
+        raise ProtocolError(f"bundle flags {<int>flags:#04x}: bit 7 is not supported")
+    h.codec = flags & 3
+    if h.codec > 1:
+        raise ProtocolError(f"unknown bundle codec {h.codec}")
+    h.count = (flags >> 2) & 0xF
+    if h.count == 0:
+        if not _read_varint(buf, pos, end, &h.count, &after):
+            raise _truncated_at("bundle message count", pos)
+        pos = after
+        if h.count == 0:
+            raise ProtocolError("bundle with no messages")
+    h.sparse = (flags & SPARSE_BIT) != 0
+    h.first = h.last = 0
+    if h.sparse:
+        if end - pos < 8:
+            raise ProtocolError("truncated sparse bundle first sequence number")
+        h.first = h.last = _le64(buf + pos)
+        pos += 8
+        if h.count > 1:
+            if not _read_varint(buf, pos, end, &gap, &after):
+                raise _truncated_at("sparse bundle last sequence number", pos)
+            pos = after
+            if h.first == U64_MAX or gap > U64_MAX - h.first - 1:
+                raise ProtocolError("sparse bundle last sequence number overflows u64")
+            h.last = h.first + gap + 1
+            if gap < h.count - 2:  # spans gap + 2 sequence numbers
+                raise ProtocolError(f"sparse bundle spans {<object>gap + 2} sequence numbers "
+                                    f"for {h.count} messages")
+    # Every message takes at least 2 bytes.
+    if h.codec == 0 and h.count > <uint64_t>((end - pos) // 2):
+        raise ProtocolError(f"bundle claims {h.count} messages in {end - pos} bytes")
+    h.pos = pos
+    return 0
+
+
+cdef bytearray _snappy_plain(object source, const uint8_t* buf, Py_ssize_t pos,
+                             Py_ssize_t end, object max_uncompressed):
+    """``bundle._message_set`` for a Snappy bundle: its message set, decompressed.
+
+    ``buf[pos:end]`` is the compressed set inside the buffer of ``source``.
+    """
+    cdef uint64_t size
+    cdef Py_ssize_t after
+    cdef bytearray plain
+    if not _read_varint(buf, pos, end, &size, &after):
+        raise _truncated_at("snappy uncompressed length", pos)
+    if size > max_uncompressed:
+        raise ProtocolError(f"snappy message set of {size} bytes is over the "
+                            f"{max_uncompressed} byte limit")
+    if size <= SNAPPY_MAX_OUTPUT:
+        # A fresh buffer of the announced size per bundle: cramjam releases the GIL.
+        plain = PyByteArray_FromStringAndSize(NULL, <Py_ssize_t>size)
+    compressed = memoryview(source)[pos:end]
+    try:
+        if size > SNAPPY_MAX_OUTPUT:  # refused by the decompressor: let it say so
+            plain = bytearray(cramjam.snappy.decompress_raw(compressed))
+        else:
+            written = cramjam.snappy.decompress_raw_into(compressed, plain)
+            if written != size:
+                del plain[written:]
+    except Exception as exc:  # whatever the decompressor says, the input is corrupt
+        raise ProtocolError(f"corrupt snappy message set: {exc.__cause__ or exc}") from None
+    finally:
+        compressed.release()
+    if <uint64_t>len(plain) != size:
+        raise ProtocolError("snappy message set length differs from its preamble")
+    return plain
+
+
+cdef struct Sink:
+    # What a walk makes of each message with seq >= min_seq: with ``data``, a DATA frame
+    # for ``topic`` appended to ``out``; else (decode_chunk) a Message.
+    uint64_t min_seq
+    bint data
+    const uint8_t* topic
+    Py_ssize_t topic_len
+    OutBuf out
+    Py_ssize_t frames
+
+
+cdef int _walk(const uint8_t* buf, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t buf_len,
+               uint64_t count, bint sparse, uint64_t first, uint64_t last, bint plain_decode,
+               Sink* sink, list messages, object message_class) except -1:
+    """Check every message of the message set ``buf[pos:end]``; with a sink, deliver them.
+
+    ``bundle._walk`` (sparse bundles, and validation), or with ``plain_decode``
+    ``bundle._decode_plain`` (plain bundles: numbered from ``first``, their count checked
+    only at the end). ``buf_len`` is the length of the whole buffer: where the reference
+    reads a message length just past ``end`` it gets the byte of the next bundle, which
+    decides its error message, so this does too.
+    """
+    cdef uint64_t idx = 0
+    cdef uint64_t seq = first
+    cdef uint64_t ts = 0
+    cdef uint64_t n
+    cdef uint64_t gap
+    cdef uint8_t flags
+    cdef uint8_t byte
+    cdef Py_ssize_t key_pos = 0
+    cdef Py_ssize_t key_len = -1
+    cdef Py_ssize_t after
+    cdef uint8_t* w
+    while pos < end:
+        if idx == count and not plain_decode:
+            raise ProtocolError(f"message set holds more than the {count} messages counted")
+        flags = buf[pos]
+        pos += 1
+        if flags > MSG_FLAGS_MAX:
+            raise ProtocolError(f"invalid message flags {<int>flags:#04x}")
+        if plain_decode:
+            seq = first + idx  # wraps only past the count, which is an error at the end
+        elif sparse and idx != 0:  # the first message's seq is the header's first
+            # Here seq < last: the header has first < last, and each step checks it.
+            if idx == count - 1:
+                if flags & SEQ_NUM_PREV_PLUS_ONE and seq + 1 != last:
+                    raise ProtocolError("sparse sequence numbers disagree with the header")
+                seq = last
+            else:
+                if flags & SEQ_NUM_PREV_PLUS_ONE:
+                    seq += 1
+                else:
+                    if not _read_varint(buf, pos, end, &gap, &after):
+                        raise _truncated_at("sparse sequence delta", pos)
+                    pos = after
+                    if gap >= last - seq - 1:
+                        raise ProtocolError("sparse sequence numbers disagree with the header")
+                    seq += gap + 1
+                if seq >= last:
+                    raise ProtocolError("sparse sequence numbers disagree with the header")
+        if not flags & USE_LAST_SPECIFIED_TS:
+            if end - pos < 8:
+                raise _truncated_message()
+            ts = _le64(buf + pos)
+            pos += 8
+        key_len = -1
+        if flags & HAVE_KEY:
+            if pos >= end:
+                raise _truncated_message()
+            key_len = buf[pos]
+            key_pos = pos + 1
+            if key_len > end - key_pos:
+                raise _truncated_message()
+            pos = key_pos + key_len
+        if pos >= buf_len:  # pos <= end here; see the docstring for pos == end
+            raise _truncated_message()
+        byte = buf[pos]
+        if byte < 0x80:
+            n = byte
+            pos += 1
+        else:
+            if not _read_varint(buf, pos, end, &n, &after):
+                raise _truncated_at("message length", pos)
+            pos = after
+        if pos > end or n > <uint64_t>(end - pos):
+            raise _truncated_message()
+        if sink != NULL and seq >= sink.min_seq:
+            if sink.data:
+                if n > 0xFFFFFFFF - DATA_FIXED_PAYLOAD - <uint64_t>sink.topic_len:
+                    raise ValueError("DATA frame payload over 4 GiB")
+                _reserve(&sink.out, DATA_OVERHEAD + sink.topic_len + n)
+                w = sink.out.data + sink.out.length
+                _put_be16(w, FIGG_DATA)
+                _put_be16(w + 2, FIGG_VERSION)
+                _put_be32(w + 4, <uint32_t>(sink.topic_len + n + DATA_FIXED_PAYLOAD))
+                _put_be32(w + 8, <uint32_t>sink.topic_len)
+                memcpy(w + 12, sink.topic, sink.topic_len)
+                w += 12 + sink.topic_len
+                _put_be64(w, seq)
+                _put_be32(w + 8, <uint32_t>n)
+                memcpy(w + 12, buf + pos, n)
+                sink.out.length += DATA_OVERHEAD + sink.topic_len + n
+            else:
+                messages.append(message_class(
+                    PyBytes_FromStringAndSize(<const char*>buf + pos, <Py_ssize_t>n),
+                    None if key_len < 0
+                    else PyBytes_FromStringAndSize(<const char*>buf + key_pos, key_len),
+                    ts, seq))
+            sink.frames += 1
+        pos += n
+        idx += 1
+    if idx != count:
+        if plain_decode:
+            raise ProtocolError(
+                f"bundle header says {count} messages, message set holds more or less")
+        raise ProtocolError(f"bundle header says {count} messages, message set holds {idx}")
+    return 0
+
+
+cdef int _walk_body(object source, const uint8_t* buf, Py_ssize_t end, Py_ssize_t buf_len,
+                    Header* h, uint64_t first, uint64_t last, bint plain_decode,
+                    object max_uncompressed, Sink* sink, list messages,
+                    object message_class) except -1:
+    """Walk the message set of the bundle ``buf[h.pos:end]``, decompressing it first if
+    needed."""
+    cdef bytearray plain
+    cdef Py_ssize_t size
+    if h.codec == 0:
+        return _walk(buf, h.pos, end, buf_len, h.count, h.sparse, first, last, plain_decode,
+                     sink, messages, message_class)
+    plain = _snappy_plain(source, buf, h.pos, end, max_uncompressed)
+    size = len(plain)
+    return _walk(<const uint8_t*>PyByteArray_AS_STRING(plain), 0, size, size, h.count,
+                 h.sparse, first, last, plain_decode, sink, messages, message_class)
+
+
+def validate_bundle(bundle, max_uncompressed):
+    """Check a whole bundle (no length prefix) like ``validate_bundle_py``.
+
+    ``bundle`` is any contiguous bytes-like object. Returns ``(count, codec, first,
+    last)``; ``first``/``last`` are ``None`` for a plain bundle. Raises ``ProtocolError``.
+    """
+    cdef Py_buffer view
+    cdef Header h
+    cdef const uint8_t* buf
+    PyObject_GetBuffer(bundle, &view, PyBUF_SIMPLE)
+    try:
+        buf = <const uint8_t*>view.buf
+        _parse_header(buf, 0, view.len, &h)
+        _walk_body(bundle, buf, view.len, view.len, &h, h.first, h.last, False,
+                   max_uncompressed, NULL, None, None)
+    finally:
+        PyBuffer_Release(&view)
+    if h.sparse:
+        return h.count, h.codec, h.first, h.last
+    return h.count, h.codec, None, None
+
+
+# ------------------------------------------------------------------------------ chunks
+
+
+cdef object _partial_prefix(const uint8_t* buf, Py_ssize_t pos, Py_ssize_t end,
+                            object max_bundle_size):
+    """``bundle._frame_at`` when the chunk ends inside a length prefix: a lower bound of
+    the framed length (the varint has at least one more, non-zero, group)."""
+    cdef Py_ssize_t have = end - pos
+    cdef Py_ssize_t i
+    partial = 0  # Python ints from here: the bound may pass 2**64
+    for i in range(have):
+        partial += <object>(buf[pos + i] & 0x7F) << (7 * i)
+    need = have + 1 + partial + (<object>1 << (7 * have))
+    if need > max_bundle_size:
+        raise ProtocolError(f"bundle length prefix at offset {pos} over the limit")
+    return need
+
+
+cdef tuple _walk_chunk(object chunk, object base_seq, object min_seq, object max_bundle_size,
+                       object max_uncompressed, Sink* sink, list messages,
+                       object message_class):
+    """``bundle.decode_chunk``: deliver every message of the framed bundles in ``chunk``
+    to ``sink``; returns ``(next_seq, consumed, partial_bundle_len)``."""
+    cdef Py_buffer view
+    cdef Header h
+    cdef const uint8_t* buf
+    cdef Py_ssize_t end
+    cdef Py_ssize_t pos = 0
+    cdef Py_ssize_t start
+    cdef Py_ssize_t bundle_end
+    cdef uint64_t length
+    cdef uint64_t first
+    cdef uint64_t last
+    cdef uint64_t prev_last = 0
+    cdef bint have_prev = False
+    cdef uint64_t limit = _limit(max_bundle_size, "max_bundle_size")
+    # Messages are wanted from min_seq on: none when it is past every u64.
+    cdef bint none_wanted = min_seq > PY_U64_MAX
+    sink.min_seq = 0 if min_seq <= 0 or none_wanted else <uint64_t>min_seq
+    partial = None
+    PyObject_GetBuffer(chunk, &view, PyBUF_SIMPLE)
+    try:
+        buf = <const uint8_t*>view.buf
+        end = view.len
+        while pos < end:
+            if buf[pos] < 0x80:
+                length = buf[pos]
+                start = pos + 1
+            elif not _read_varint(buf, pos, end, &length, &start):
+                partial = _partial_prefix(buf, pos, end, max_bundle_size)
+                break
+            if length == 0:
+                raise ProtocolError(f"zero-length bundle at offset {pos}")
+            if length > limit:
+                raise ProtocolError(f"bundle of {length} bytes at offset {pos} is over the limit")
+            if length > <uint64_t>(end - start):
+                partial = (start - pos) + <object>length
+                break
+            bundle_end = start + <Py_ssize_t>length
+            _parse_header(buf, start, bundle_end, &h)
+            if h.sparse:
+                if have_prev and h.first <= prev_last:
+                    raise ProtocolError("sparse bundle goes back in sequence numbers")
+                first, last = h.first, h.last
+            else:
+                if have_prev:
+                    if prev_last == U64_MAX or h.count - 1 > U64_MAX - (prev_last + 1):
+                        raise ProtocolError("bundle sequence numbers overflow u64")
+                    first = prev_last + 1
+                else:
+                    if base_seq is None:
+                        raise ProtocolError(
+                            "chunk starts with a plain bundle but no base sequence")
+                    if base_seq + h.count - 1 > PY_U64_MAX:
+                        raise ProtocolError("bundle sequence numbers overflow u64")
+                    first = base_seq
+                last = first + h.count - 1
+            # Bundles entirely below min_seq are skipped unread.
+            if not none_wanted and last >= sink.min_seq:
+                _walk_body(chunk, buf, bundle_end, end, &h, first, last, not h.sparse,
+                           max_uncompressed, sink, messages, message_class)
+            prev_last = last
+            have_prev = True
+            pos = bundle_end
+    finally:
+        PyBuffer_Release(&view)
+    after = (<object>prev_last + 1) if have_prev else (base_seq or 0)
+    return max(min_seq, after), pos, partial
+
+
+def data_frames(topic, chunk, base_seq, min_seq, max_bundle_size, max_uncompressed):
+    """``data_frames_py``: the Figg DATA frames for ``topic`` (UTF-8 bytes) of the messages
+    in the framed bundles of ``chunk`` with ``seq >= min_seq``, without a Python object
+    per message.
+
+    Returns ``(frames, count, next_seq, consumed, partial_bundle_len)`` and raises the
+    errors of ``decode_chunk_py``.
+    """
+    cdef Py_buffer name
+    cdef Sink sink
+    sink.out.data = NULL
+    sink.out.length = sink.out.capacity = 0
+    sink.frames = 0
+    PyObject_GetBuffer(topic, &name, PyBUF_SIMPLE)
+    try:
+        if name.len > 0xFFFFFFFF - DATA_FIXED_PAYLOAD:
+            raise ValueError("topic too long for a DATA frame")
+        sink.data = True
+        sink.topic = <const uint8_t*>name.buf
+        sink.topic_len = name.len
+        # Enough for values of about 100 bytes and a short topic, grown when needed.
+        _reserve(&sink.out, <size_t>len(chunk) + len(chunk) // 4)
+        next_seq, consumed, partial = _walk_chunk(chunk, base_seq, min_seq, max_bundle_size,
+                                                  max_uncompressed, &sink, None, None)
+        frames = PyBytes_FromStringAndSize(<const char*>sink.out.data,
+                                           <Py_ssize_t>sink.out.length)
+    finally:
+        PyMem_Free(sink.out.data)
+        PyBuffer_Release(&name)
+    return frames, sink.frames, next_seq, consumed, partial
+
+
+def decode_chunk(chunk, base_seq, min_seq, max_bundle_size, max_uncompressed):
+    """``decode_chunk_py``, returning ``(messages, next_seq, consumed,
+    partial_bundle_len)`` (the fields of ``ChunkResult``). Same errors."""
+    cdef Sink sink
+    cdef list messages = []
+    sink.data = False
+    sink.frames = 0
+    from protocols.tank.bundle import Message  # not at import: bundle imports this module
+
+    next_seq, consumed, partial = _walk_chunk(chunk, base_seq, min_seq, max_bundle_size,
+                                              max_uncompressed, &sink, messages, Message)
+    return messages, next_seq, consumed, partial
+
+
+# ----------------------------------------------------------------------------- PUBLISH
+
+
+cdef struct Publish:
+    Py_ssize_t data_pos  # in the scanned buffer
+    uint32_t data_len
+    uint64_t seq
+
+
+cdef object _publish_error(const uint8_t* topic, Py_ssize_t topic_len, object error):
+    """The reference decodes the topic before reading on: a PUBLISH that is bad after a
+    topic that is not UTF-8 fails on the topic."""
+    try:
+        PyUnicode_DecodeUTF8(<const char*>topic, topic_len, NULL)
+    except UnicodeDecodeError:
+        return ProtocolError("Publish.topic is not UTF-8")
+    return error
+
+
+cdef object _parse_publish(const uint8_t* p, Py_ssize_t size, Py_ssize_t* topic_pos,
+                           Py_ssize_t* topic_len, Publish* record):
+    """Decode the PUBLISH payload ``p[:size]`` like the generated ``Publish`` decoder
+    (but for the topic's UTF-8 check). Positions are relative to ``p``. Returns ``None``
+    or the error."""
+    cdef Py_ssize_t pos = 0
+    cdef uint32_t n
+    if size < 4:
+        return ProtocolError(f"truncated Publish.topic length: payload ends {size} bytes "
+                             f"after offset 0")
+    n = _be32(p)
+    pos = 4
+    if n > size - pos:
+        return ProtocolError(f"Publish.topic: length {n} overruns the payload "
+                             f"({size - pos} bytes left)")
+    topic_pos[0] = pos
+    topic_len[0] = n
+    pos += n
+    if size - pos < 12:
+        return _publish_error(p + 4, n, ProtocolError(
+            f"truncated Publish.seq_num/data length: payload ends {size - pos} bytes "
+            f"after offset {pos}"))
+    record.seq = _be64(p + pos)
+    record.data_len = _be32(p + pos + 8)
+    pos += 12
+    if record.data_len > size - pos:
+        return _publish_error(p + 4, n, ProtocolError(
+            f"Publish.data: length {record.data_len} overruns the payload "
+            f"({size - pos} bytes left)"))
+    record.data_pos = pos
+    pos += record.data_len
+    if pos != size:
+        return _publish_error(p + 4, n, ProtocolError(
+            f"{size - pos} unexpected trailing bytes in Publish"))
+    return None
+
+
+cdef tuple _publish_run(const uint8_t* buf, Py_ssize_t topic_pos, Py_ssize_t topic_len,
+                        const Publish* run, Py_ssize_t count, uint64_t timestamp):
+    """``(topic, count, message_set, acks)`` of consecutive PUBLISHes to one topic."""
+    cdef Py_ssize_t size = 8 + count  # the timestamp, a flags byte per message
+    cdef Py_ssize_t i
+    cdef uint8_t* w
+    for i in range(count):
+        size += _varint_size(run[i].data_len) + run[i].data_len
+    message_set = PyBytes_FromStringAndSize(NULL, size)
+    w = <uint8_t*>PyBytes_AS_STRING(message_set)
+    w[0] = 0  # the first message carries the timestamp
+    _put_le64(w + 1, timestamp)
+    w += 9
+    for i in range(count):
+        if i:
+            w[0] = USE_LAST_SPECIFIED_TS
+            w += 1
+        w += _put_varint(w, run[i].data_len)
+        memcpy(w, buf + run[i].data_pos, run[i].data_len)
+        w += run[i].data_len
+    acks = PyBytes_FromStringAndSize(NULL, count * ACK_FRAME)
+    w = <uint8_t*>PyBytes_AS_STRING(acks)
+    for i in range(count):
+        _put_be16(w, FIGG_ACK)
+        _put_be16(w + 2, FIGG_VERSION)
+        _put_be32(w + 4, 8)
+        _put_be64(w + 8, run[i].seq)
+        w += ACK_FRAME
+    topic = PyBytes_FromStringAndSize(<const char*>buf + topic_pos, topic_len)
+    return topic, count, message_set, acks
+
+
+cdef object _refusal(uint16_t message_type, uint16_t version):
+    from protocols.translate import refusal  # not at import: translate imports this module
+
+    return refusal(message_type, version)
+
+
+def scan_publishes(buf, Py_ssize_t pos, Py_ssize_t end, max_payload, timestamp):
+    """``scan_publishes_py`` over the Figg frames in ``buf[pos:end]``, without a Python
+    object per PUBLISH.
+
+    Returns ``(items, pos, error)`` like the reference, except that a run of PUBLISHes to
+    one topic is ``(topic_bytes, count, message_set, acks)``: the caller checks that the
+    topic is UTF-8 (once per run) and makes the ``PublishBatch``.
+    """
+    cdef Py_buffer view
+    cdef const uint8_t* p
+    cdef uint64_t ts = timestamp
+    # payloadLen is a u32: a larger limit is no limit, a negative one refuses every frame.
+    cdef long long limit = (-1 if max_payload < 0 else
+                            0xFFFFFFFF if max_payload > 0xFFFFFFFF else max_payload)
+    cdef uint16_t message_type
+    cdef uint16_t version
+    cdef uint32_t length
+    cdef Py_ssize_t start
+    cdef Py_ssize_t topic_pos = 0
+    cdef Py_ssize_t topic_len = 0
+    cdef Py_ssize_t run_topic_pos = 0
+    cdef Py_ssize_t run_topic_len = 0
+    cdef Publish record
+    cdef Publish* run = NULL
+    cdef Py_ssize_t run_count = 0
+    cdef Py_ssize_t run_capacity = 0
+    cdef void* grown
+    cdef list items = []
+    error = None
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        if pos < 0 or end < 0 or end > view.len:
+            raise ValueError("scan bounds outside the buffer")
+        p = <const uint8_t*>view.buf
+        while end - pos >= FIGG_HEADER:
+            message_type = _be16(p + pos)
+            version = _be16(p + pos + 2)
+            length = _be32(p + pos + 4)
+            if <long long>length > limit:
+                error = FrameTooLarge(f"frame payload of {length} bytes exceeds the maximum "
+                                      f"of {max_payload}")
+                break
+            start = pos + FIGG_HEADER
+            if end - start < length:
+                break
+            if version != FIGG_VERSION or not (
+                    message_type == FIGG_PUBLISH or message_type == FIGG_ATTACH
+                    or message_type == FIGG_DETACH or message_type == FIGG_PING):
+                error = _refusal(message_type, version)
+                break
+            if message_type == FIGG_PUBLISH:
+                error = _parse_publish(p + start, length, &topic_pos, &topic_len, &record)
+                if error is not None:
+                    break
+                topic_pos += start
+                record.data_pos += start
+                if run_count and (topic_len != run_topic_len or memcmp(
+                        p + topic_pos, p + run_topic_pos, topic_len) != 0):
+                    items.append(_publish_run(p, run_topic_pos, run_topic_len, run,
+                                              run_count, ts))
+                    run_count = 0
+                if run_count == 0:
+                    run_topic_pos, run_topic_len = topic_pos, topic_len
+                if run_count == run_capacity:
+                    run_capacity = 2 * run_capacity if run_capacity else 64
+                    grown = PyMem_Realloc(run, run_capacity * sizeof(Publish))
+                    if grown == NULL:
+                        raise MemoryError()
+                    run = <Publish*>grown
+                run[run_count] = record
+                run_count += 1
+            else:
+                if run_count:
+                    items.append(_publish_run(p, run_topic_pos, run_topic_len, run,
+                                              run_count, ts))
+                    run_count = 0
+                items.append((message_type, PyBytes_FromStringAndSize(
+                    <const char*>p + start, length)))
+            pos = start + length
+        if run_count:
+            items.append(_publish_run(p, run_topic_pos, run_topic_len, run, run_count, ts))
+    finally:
+        PyMem_Free(run)
+        PyBuffer_Release(&view)
+    return items, pos, error

@@ -1,0 +1,52 @@
+"""Builds the optional compiled inner loops, ``protocols._speedups`` (Cython).
+
+Everything else is declared in ``pyproject.toml``. Without a C compiler (or with a
+failing build) the install goes on with a warning and the package runs its pure-Python
+code, which is the reference anyway (see ``protocols/native.py``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+EXTENSION = "protocols._speedups"
+
+
+def _warn(exc: BaseException) -> None:
+    print(f"WARNING: {EXTENSION} not built ({exc}); figtank runs its pure-Python code",
+          file=sys.stderr)
+
+
+class OptionalBuildExt(build_ext):
+    """``build_ext`` that warns and goes on when the extension does not compile."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:
+            _warn(exc)
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as exc:
+            _warn(exc)
+
+
+def _extensions() -> list[Extension]:
+    try:
+        from Cython.Build import cythonize
+
+        return cythonize(
+            [Extension(EXTENSION, ["protocols/_speedups.pyx"])],
+            compiler_directives={"language_level": "3"},
+        )
+    except Exception as exc:  # no Cython, or it refused the source
+        _warn(exc)
+        return []
+
+
+setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})
