@@ -22,12 +22,17 @@ as Tank does, except that on a sparse bundle's last message it must agree with t
 
 Everything here is pure: bytes in, values out. Bad input raises ``ProtocolError`` and
 nothing else; bad arguments to the encoder raise ``ValueError``.
+
+:func:`validate_bundle` and :func:`decode_chunk` are the compiled twins in
+``protocols._speedups`` when the extension is in use (:mod:`protocols.native`), else the
+pure-Python references ``validate_bundle_py`` and ``decode_chunk_py``; the differential
+tests hold the two to the same results and the same errors.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Final
@@ -35,6 +40,7 @@ from typing import Final
 import snappy
 
 from protocols.errors import ProtocolError
+from protocols.native import speedups
 from protocols.wire import U64LE, UINT64_MAX, decode_varint, encode_varint
 
 __all__ = [
@@ -48,11 +54,13 @@ __all__ = [
     "choose_codec",
     "decode_bundle",
     "decode_chunk",
+    "decode_chunk_py",
     "encode_bundle",
     "frame_bundle",
     "iter_framed_bundles",
     "parse_bundle_header",
     "validate_bundle",
+    "validate_bundle_py",
 ]
 
 #: A Snappy message set announcing a larger uncompressed size is refused unread.
@@ -499,7 +507,7 @@ def _as_bytes(buf: bytes | bytearray | memoryview) -> bytes:
     return buf if type(buf) is bytes else bytes(buf)
 
 
-def validate_bundle(
+def validate_bundle_py(
     bundle: bytes | memoryview, *, max_uncompressed: int = MAX_UNCOMPRESSED_SIZE
 ) -> BundleInfo:
     """Check a whole bundle (no length prefix) without building messages.
@@ -513,6 +521,19 @@ def validate_bundle(
         bundle, pos, end = _message_set(bundle, pos, end, codec, max_uncompressed)
     _walk(bundle, pos, end, count, first, last, None)
     return _info(codec, count, first, last)
+
+
+def _validate_bundle_native(
+    bundle: bytes | memoryview, *, max_uncompressed: int = MAX_UNCOMPRESSED_SIZE
+) -> BundleInfo:
+    """:func:`validate_bundle_py`, compiled: same arguments, results and errors."""
+    assert speedups is not None
+    count, codec, first, last = speedups.validate_bundle(bundle, max_uncompressed)
+    return _info(codec, count, first, last)
+
+
+validate_bundle: Callable[..., BundleInfo] = (
+    validate_bundle_py if speedups is None else _validate_bundle_native)
 
 
 def decode_bundle(
@@ -586,7 +607,7 @@ def _frame_at(buf: bytes | memoryview, pos: int, end: int, max_bundle_size: int)
     return start, start + length
 
 
-def decode_chunk(
+def decode_chunk_py(
     chunk: bytes | memoryview,
     base_seq: int | None,
     min_seq: int = 0,
@@ -638,6 +659,24 @@ def decode_chunk(
     after = (base_seq or 0) if prev_last is None else prev_last + 1
     next_seq = max(min_seq, after)
     return ChunkResult(out, next_seq, pos, partial)
+
+
+def _decode_chunk_native(
+    chunk: bytes | memoryview,
+    base_seq: int | None,
+    min_seq: int = 0,
+    *,
+    max_bundle_size: int = MAX_BUNDLE_SIZE,
+    max_uncompressed: int = MAX_UNCOMPRESSED_SIZE,
+) -> ChunkResult:
+    """:func:`decode_chunk_py`, compiled: same arguments, results and errors."""
+    assert speedups is not None
+    return ChunkResult(*speedups.decode_chunk(chunk, base_seq, min_seq, max_bundle_size,
+                                              max_uncompressed))
+
+
+decode_chunk: Callable[..., ChunkResult] = (
+    decode_chunk_py if speedups is None else _decode_chunk_native)
 
 
 def iter_framed_bundles(
