@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import enum
 import struct
-from typing import Final
+from collections.abc import Callable
+from typing import Any, Final
 
 from protocols.errors import FrameTooLarge, ProtocolError
 
@@ -39,6 +40,10 @@ class Role(enum.Enum):
 
     CLIENT = "client"
     SERVER = "server"
+
+
+#: ``reader(buf, pos, end) -> (items, pos, error)``: see :meth:`FrameReader.scan`.
+FrameScanner = Callable[[bytearray, int, int], tuple[list[Any], int, ProtocolError | None]]
 
 
 class FrameReader:
@@ -108,6 +113,30 @@ class FrameReader:
             buf.clear()
             self._pos = 0
         return fields, payload
+
+    def scan(self, reader: FrameScanner) -> tuple[list[Any], ProtocolError | None]:
+        """Let ``reader`` take every complete frame buffered, in one pass.
+
+        ``reader(buf, pos, end)`` returns ``(items, pos, error)``: what it made of the
+        frames, where the first incomplete one starts, and the error that stopped it (if
+        any, ``pos`` is ignored). Returns ``(items, error)``; after a clean EOF the items
+        end with :data:`CLOSED`, and an EOF in the middle of a frame is the error.
+        """
+        buf = self._buf
+        items, pos, error = reader(buf, self._pos, len(buf))
+        if error is not None:
+            return items, error
+        if pos == len(buf):
+            buf.clear()
+            self._pos = 0
+        else:
+            self._pos = pos
+        if self._eof:
+            try:
+                items.append(self._end_of_input(len(buf) - self._pos))
+            except ProtocolError as exc:
+                return items, exc
+        return items, None
 
     def _end_of_input(self, available: int) -> _Sentinel:
         if not self._eof:

@@ -46,6 +46,7 @@ from protocols.wire import U64LE, UINT64_MAX, decode_varint, encode_varint
 __all__ = [
     "MAX_BUNDLE_SIZE",
     "MAX_UNCOMPRESSED_SIZE",
+    "SPARSE_FLAG",
     "BundleInfo",
     "ChunkResult",
     "Codec",
@@ -73,7 +74,9 @@ USE_LAST_SPECIFIED_TS: Final = 2
 SEQ_NUM_PREV_PLUS_ONE: Final = 4
 _MSG_FLAGS_MAX: Final = 7
 
-_SPARSE_BIT: Final = 0x40
+#: Bundle flags bit 6: the bundle names its own sequence numbers.
+SPARSE_FLAG: Final = 0x40
+_SPARSE_BIT: Final = SPARSE_FLAG
 _RESERVED_BIT: Final = 0x80
 _MAX_INLINE_COUNT: Final = 15
 #: The smallest message: flags byte and a one-byte value length (empty value).

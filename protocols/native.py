@@ -1,0 +1,35 @@
+"""The compiled inner loops (``protocols._speedups``), when built and not disabled.
+
+The extension is built by ``pip install`` when a C compiler is there. Every function in it
+has a pure-Python reference next to the code that uses it, and the two are held to the same
+results by the differential tests. ``FIGTANK_PURE_PYTHON=1`` in the environment makes the
+package ignore the extension (``make test`` runs the suite both ways).
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+from typing import Final
+
+#: Set to anything but ``""`` or ``"0"`` to use the pure-Python code only.
+PURE_PYTHON_ENV: Final = "FIGTANK_PURE_PYTHON"
+
+
+def _load() -> ModuleType | None:
+    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+        return None
+    try:
+        from protocols import _speedups
+    except ImportError:
+        return None
+    return _speedups
+
+
+#: The extension module, or None when the pure-Python code is in use.
+speedups: Final[ModuleType | None] = _load()
+
+
+def implementation() -> str:
+    """``"compiled"`` or ``"pure-python"``: what the hot paths run (logged at start-up)."""
+    return "compiled" if speedups is not None else "pure-python"
