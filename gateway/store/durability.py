@@ -1,28 +1,32 @@
 """Group commit: one fsync, run in a worker thread, covers every append waiting at that moment.
 
 Each partition owns a :class:`GroupCommit`. An append writes its bundle (to the page
-cache, in the event loop), queues a :class:`Ticket` and waits. When no sync is running
-a background task starts one: it asks the partition what to sync, runs ``fdatasync``
-in a worker thread (the event loop keeps serving), then resolves every ticket that was
-queued before it started and lets the partition publish them. Appends that arrive
-during a sync are covered by the next one. One partition's sync never waits for
-another's.
+cache, in the event loop) and queues a :class:`Ticket`. When no sync is running one starts
+at once: the partition says what to sync, a :class:`~gateway.store.syncer.Syncer` thread
+runs ``fdatasync`` (the event loop keeps serving), and when it returns every ticket queued
+before it started is resolved in the trio thread, the partition publishes them and the
+tickets' callbacks run. Appends that arrive during a sync are covered by the next one. One
+partition's sync never waits for another's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import partial
 from typing import Any, Final
 
+import structlog
 import trio
 
-from gateway.store.errors import StoreClosed, StoreIOError
+from gateway.store.errors import StoreIOError
+from gateway.store.syncer import Syncer
+
+log = structlog.get_logger("gateway.store")
 
 
 class Durability(StrEnum):
@@ -42,12 +46,18 @@ _FAILED: Final = 2
 class Ticket:
     """One append waiting for its fsync."""
 
-    __slots__ = ("error", "payload", "state")
+    __slots__ = ("error", "on_resolved", "payload", "state")
 
-    def __init__(self, payload: Any) -> None:
+    def __init__(self, payload: Any, on_resolved: Callable[[Ticket], None] | None = None
+                 ) -> None:
         self.payload = payload
+        self.on_resolved = on_resolved
         self.state = _PENDING
         self.error: BaseException | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.state == _FAILED
 
 
 @dataclass(slots=True)
@@ -87,20 +97,22 @@ def sync_directory(path: str) -> None:
 class GroupCommit:
     """Batches the fsyncs of one partition.
 
-    ``prepare()`` is called in the event loop at the start of a round and
-    returns the :class:`SyncJob`; ``on_durable(payloads)`` gets the payloads of the
-    tickets the round made durable, ``on_failure(error, payloads)`` those of every
-    pending ticket when the sync failed (all of them failed).
+    ``prepare()`` is called in the event loop at the start of a round and returns the
+    :class:`SyncJob`, which a :class:`~gateway.store.syncer.Syncer` thread runs. When it
+    returns, the round is finished in the trio thread without a task in between:
+    ``on_durable(payloads)`` gets the payloads of the tickets the round made durable (or
+    ``on_failure(error, payloads)`` those of every pending ticket when the sync failed:
+    all of them failed), then each resolved ticket's callback runs, and the next round
+    starts at once if appends arrived meanwhile. One round at a time per partition.
     """
 
-    def __init__(self, spawn: Callable[..., Any], limiter: trio.CapacityLimiter, *,
+    def __init__(self, syncer: Syncer, *,
                  prepare: Callable[[], SyncJob],
                  on_durable: Callable[[Sequence[Any]], None],
                  on_failure: Callable[[OSError, Sequence[Any]], None],
                  observe: Callable[[float], None] | None = None) -> None:
-        self._spawn = spawn
+        self._syncer = syncer
         self._observe = observe
-        self._limiter = limiter
         self._prepare = prepare
         self._on_durable = on_durable
         self._on_failure = on_failure
@@ -115,22 +127,39 @@ class GroupCommit:
         """Appends waiting for a sync."""
         return len(self._pending)
 
-    def add(self, payload: Any) -> Ticket:
-        """Queue an append that was just written and start a sync if none is running."""
-        ticket = Ticket(payload)
+    def add(self, payload: Any, on_resolved: Callable[[Ticket], None] | None = None) -> Ticket:
+        """Queue an append that was just written; call :meth:`start` once the appends
+        written together are all added, so that one round covers them.
+
+        ``on_resolved(ticket)`` is called in the trio thread once the ticket is durable or
+        failed (check ``ticket.error``).
+        """
+        ticket = Ticket(payload, on_resolved)
         self._pending.append(ticket)
-        self._start()
         return ticket
 
     def request(self) -> None:
         """Ask for a sync round even with no ticket (rolls, ``flush.*``, shutdown)."""
         self._requested = True
+        self.start()
+
+    def start(self) -> None:
+        """Start a round for what is pending, unless one is running (the next round,
+        started the moment it ends, covers it then)."""
         self._start()
 
     def _start(self) -> None:
-        if not self._running:
-            self._running = True
-            self._spawn(self._run)
+        if self._running or not (self._pending or self._requested):
+            return
+        self._running = True
+        self._requested = False
+        count = len(self._pending)
+        try:
+            job = self._prepare()
+        except OSError as exc:
+            self._finish(count, None, exc, 0.0)
+            return
+        self._syncer.submit(job, partial(self._finish, count, job))
 
     async def wait(self, ticket: Ticket) -> None:
         """Return once ``ticket`` is durable; raise :class:`StoreIOError` if its sync failed."""
@@ -140,54 +169,44 @@ class GroupCommit:
             raise StoreIOError(f"fsync failed: {ticket.error}") from ticket.error
 
     async def drain(self) -> None:
-        """Wait until no ticket is pending (each resolved durable or failed)."""
-        while self._pending:
+        """Wait until no ticket is pending and no round is running."""
+        while self._pending or self._running:
             self._start()
             await self._round_done.wait()
 
-    def fail_all(self, error: BaseException) -> None:
-        """Fail every pending ticket (used when the store closes under them)."""
-        while self._pending:
-            ticket = self._pending.popleft()
-            ticket.state = _FAILED
-            ticket.error = error
-        self._signal()
+    def _finish(self, count: int, job: SyncJob | None, error: OSError | None,
+                seconds: float) -> None:
+        """The end of a round, in the trio thread (a ``run_sync_soon`` callback: it must
+        not raise)."""
+        if job is not None:
+            job.close()
+        if error is None and self._observe is not None:
+            self._observe(seconds)
+        if error is not None:
+            done = list(self._pending)
+            self._pending.clear()
+            for ticket in done:
+                ticket.state = _FAILED
+                ticket.error = error
+            _guarded(self._on_failure, error, [t.payload for t in done])
+        else:
+            done = [self._pending.popleft() for _ in range(count)]
+            for ticket in done:
+                ticket.state = _DONE
+            _guarded(self._on_durable, [t.payload for t in done])
+        for ticket in done:
+            if ticket.on_resolved is not None:
+                _guarded(ticket.on_resolved, ticket)
+        self.rounds += 1
+        self._running = False
+        done_event, self._round_done = self._round_done, trio.Event()
+        done_event.set()
+        self._start()
 
-    def _signal(self) -> None:
-        done, self._round_done = self._round_done, trio.Event()
-        done.set()
 
-    async def _run(self) -> None:
-        try:
-            while self._pending or self._requested:
-                self._requested = False
-                count = len(self._pending)
-                job: SyncJob | None = None
-                try:
-                    job = self._prepare()
-                    started = time.perf_counter()
-                    await trio.to_thread.run_sync(job.run, limiter=self._limiter)
-                    if self._observe is not None:
-                        self._observe(time.perf_counter() - started)
-                except OSError as exc:
-                    failed = list(self._pending)
-                    self._pending.clear()
-                    for ticket in failed:
-                        ticket.state = _FAILED
-                        ticket.error = exc
-                    self._on_failure(exc, [t.payload for t in failed])
-                else:
-                    done = [self._pending.popleft() for _ in range(count)]
-                    for ticket in done:
-                        ticket.state = _DONE
-                    self._on_durable([t.payload for t in done])
-                finally:
-                    if job is not None:
-                        job.close()
-                    self.rounds += 1
-                    self._signal()
-        finally:
-            self._running = False
-            if self._pending:
-                # Cancelled (the store is closing): nobody will sync these any more.
-                self.fail_all(StoreClosed("store closed before the append was synced"))
+def _guarded(fn: Callable[..., None], *args: Any) -> None:
+    """Call ``fn``; log what it raises (a callback must never break the round)."""
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("sync_callback_failed", callback=getattr(fn, "__qualname__", repr(fn)))

@@ -30,8 +30,11 @@ from gateway.store.index import ENTRY_SIZE
 from gateway.store.results import AppendResult, ReadResult
 from gateway.store.scan import ScanError
 from gateway.store.segment import MAX_REL_SEQ, LogSegment, Recovery, parse_segment_name
+from gateway.store.syncer import Syncer
+from gateway.store.tail import TailCache, TailEntry
 from protocols.errors import ProtocolError
 from protocols.tank.bundle import (
+    SPARSE_FLAG,
     BundleInfo,
     Codec,
     Message,
@@ -58,10 +61,14 @@ class PartitionEnv:
     #: Starts a background task in the store's nursery.
     spawn: Callable[..., Any]
     limiter: trio.CapacityLimiter
+    #: Runs the fsyncs.
+    syncer: Syncer
     #: Wall-clock seconds (segment names, retention, rolling by age).
     clock: Callable[[], float]
     #: Called with the seconds each group fsync took (metrics).
     observe_fsync: Callable[[float], None] | None = None
+    #: Keeps the newest bundles in memory for the readers at the tail (None: off).
+    tail: TailCache | None = None
 
 
 @dataclass(slots=True)
@@ -71,6 +78,20 @@ class _Written:
     end: int
     last_seq: int
     size: int
+
+
+#: ``(bundle, base_seq)``, or ``(bundle, base_seq, info)`` for a bundle the caller built.
+AppendEntry = tuple[bytes, int | None] | tuple[bytes, int | None, BundleInfo | None]
+AppendOutcome = AppendResult | StoreError
+
+
+class _MustWait(Exception):
+    """The next bundle needs the pending fsyncs drained first (a segment roll)."""
+
+    def __init__(self) -> None:
+        super().__init__("the pending fsyncs must finish first")
+        self.outcomes: list[AppendOutcome] = []
+        self.tickets: list[tuple[int, Ticket]] = []
 
 
 @dataclass(slots=True)
@@ -109,8 +130,12 @@ class Partition:
         #: Framed bytes made visible since the store opened (for Tank's minBytes).
         self.appended_bytes = 0
         self._changed = trio.Event()
+        self._waiters: set[trio.Event] = set()
+        self._tail = env.tail.partition() if env.tail is not None and env.tail.budget else None
         self._lock = trio.Lock()
-        self._commit = GroupCommit(env.spawn, env.limiter, prepare=self._prepare_sync,
+        #: Tasks of append_nowait spawned and not yet holding the lock.
+        self._queued = 0
+        self._commit = GroupCommit(env.syncer, prepare=self._prepare_sync,
                                    on_durable=self._on_durable, on_failure=self._on_sync_failed,
                                    observe=env.observe_fsync)
         self._sync_extra: list[int] = []
@@ -252,33 +277,131 @@ class Partition:
             raise outcome
         return outcome
 
-    async def append_many(self, entries: Sequence[tuple[bytes, int | None]]
-                          ) -> list[AppendResult | StoreError]:
-        """Append ``(bundle, base_seq)`` entries in order; one fsync round covers them all.
+    async def append_many(self, entries: Sequence[AppendEntry]) -> list[AppendOutcome]:
+        """Append ``(bundle, base_seq[, info])`` entries in order; one fsync round covers
+        them all.
 
         Each entry behaves as :meth:`append` would, but a failing entry does not stop
-        the others: its error takes its place in the returned list. Returns once every
-        written entry is durable.
+        the others: its error takes its place in the returned list. An entry's third
+        item, when given, is the header of a bundle the caller built itself: it is
+        trusted, not validated again. Returns once every written entry is durable.
         """
         self._check_usable()
-        outcomes: list[AppendResult | StoreError] = []
-        tickets: list[tuple[int, Ticket]] = []
         async with self._lock:
-            for bundle, base_seq in entries:
-                try:
-                    result, ticket = await self._write_locked(bundle, base_seq)
-                except StoreError as exc:
-                    outcomes.append(exc)
-                    continue
-                if ticket is not None:
-                    tickets.append((len(outcomes), ticket))
-                outcomes.append(result)
+            outcomes, tickets = await self._write_all(entries)
         for i, ticket in tickets:
             try:
                 await self._commit.wait(ticket)
             except StoreIOError as exc:
                 outcomes[i] = exc
         return outcomes
+
+    def append_nowait(self, entries: Sequence[AppendEntry],
+                      on_done: Callable[[list[AppendOutcome]], None]) -> None:
+        """Append like :meth:`append_many`, without waiting: ``on_done(outcomes)`` is
+        called in the trio thread once every entry is durable or failed.
+
+        The bundles are written before this returns whenever nothing else holds the
+        partition (the usual case), so appends made one after the other land in that
+        order; ``on_done`` runs the moment their fsync returns, or before this returns
+        when no fsync is needed. Otherwise (an async append in progress, a segment roll
+        that must wait for pending fsyncs) a task of the store finishes the job, still in
+        call order.
+        """
+        if self._lock.locked() or self._queued:
+            self._append_later(entries, on_done)
+            return
+        try:
+            self._check_usable()
+            outcomes, tickets = self._write_all_now(entries)
+        except _MustWait as wait:
+            self._append_later(entries, on_done, wait.outcomes, wait.tickets)
+            return
+        except StoreError as exc:
+            on_done([exc] * len(entries))
+            return
+        if not tickets:
+            on_done(outcomes)
+            return
+        # The tickets were queued together, so one round resolves them all.
+        def resolved(last: Ticket) -> None:
+            for i, ticket in tickets:
+                if ticket.failed:
+                    outcomes[i] = StoreIOError(f"fsync failed: {ticket.error}")
+            on_done(outcomes)
+
+        tickets[-1][1].on_resolved = resolved
+
+    def _append_later(self, entries: Sequence[AppendEntry],
+                      on_done: Callable[[list[AppendOutcome]], None],
+                      written: list[AppendOutcome] | None = None,
+                      tickets: list[tuple[int, Ticket]] | None = None) -> None:
+        """Finish :meth:`append_nowait` in a task: the entries after ``written`` wait for
+        the lock, and appends that come meanwhile queue behind them."""
+        self._queued += 1
+        self._env.spawn(self._append_in_task, entries, on_done, written or [], tickets or [])
+
+    async def _append_in_task(self, entries: Sequence[AppendEntry],
+                              on_done: Callable[[list[AppendOutcome]], None],
+                              outcomes: list[AppendOutcome],
+                              tickets: list[tuple[int, Ticket]]) -> None:
+        try:
+            async with self._lock:
+                self._queued -= 1
+                self._check_usable()
+                rest, rest_tickets = await self._write_all(entries[len(outcomes):])
+        except StoreError as exc:
+            rest, rest_tickets = [exc] * (len(entries) - len(outcomes)), []
+        tickets = tickets + [(i + len(outcomes), t) for i, t in rest_tickets]
+        outcomes = outcomes + rest
+        for i, ticket in tickets:
+            try:
+                await self._commit.wait(ticket)
+            except StoreIOError as exc:
+                outcomes[i] = exc
+        on_done(outcomes)
+
+    async def _write_all(self, entries: Sequence[AppendEntry]
+                         ) -> tuple[list[AppendOutcome], list[tuple[int, Ticket]]]:
+        """Write every entry (the caller holds the lock), draining the pending fsyncs
+        first where a segment must roll."""
+        outcomes: list[AppendOutcome] = []
+        tickets: list[tuple[int, Ticket]] = []
+        while True:
+            try:
+                done, more = self._write_all_now(entries[len(outcomes):])
+            except _MustWait as wait:
+                done, more = wait.outcomes, wait.tickets
+                await self._commit.drain()
+                self._check_usable()
+            tickets += [(i + len(outcomes), t) for i, t in more]
+            outcomes += done
+            if len(outcomes) == len(entries):
+                return outcomes, tickets
+
+    def _write_all_now(self, entries: Sequence[AppendEntry]
+                       ) -> tuple[list[AppendOutcome], list[tuple[int, Ticket]]]:
+        """Write entries until one needs the pending fsyncs drained first (then raise
+        :class:`_MustWait` carrying what was written so far)."""
+        outcomes: list[AppendOutcome] = []
+        tickets: list[tuple[int, Ticket]] = []
+        try:
+            for entry in entries:
+                try:
+                    result, ticket = self._write_now(*entry)
+                except StoreError as exc:
+                    outcomes.append(exc)
+                    continue
+                except _MustWait as wait:
+                    wait.outcomes, wait.tickets = outcomes, tickets
+                    raise
+                if ticket is not None:
+                    tickets.append((len(outcomes), ticket))
+                outcomes.append(result)
+        finally:
+            if tickets:
+                self._commit.start()  # one round for everything written here
+        return outcomes, tickets
 
     def _check_bundle(self, bundle: bytes) -> BundleInfo:
         if len(bundle) > self._env.max_bundle_size:
@@ -289,22 +412,26 @@ class Partition:
         except ProtocolError as exc:
             raise InvalidBundle(str(exc)) from None
 
-    async def _write_locked(self, bundle: bytes, base_seq: int | None
-                            ) -> tuple[AppendResult, Ticket | None]:
-        """Validate, plan and write one bundle; the caller holds the partition lock."""
-        info = self._check_bundle(bundle)
+    def _write_now(self, bundle: bytes, base_seq: int | None, info: BundleInfo | None = None
+                   ) -> tuple[AppendResult, Ticket | None]:
+        """Validate (unless ``info`` vouches for the bundle), plan and write one bundle.
+
+        Raises :class:`_MustWait` when the bundle needs a new segment while appends still
+        wait for their fsync: every non-durable byte stays in the active segment.
+        """
+        if info is None:
+            info = self._check_bundle(bundle)
+        elif len(bundle) > self._env.max_bundle_size:
+            raise BundleTooLarge(f"bundle of {len(bundle)} bytes is over the "
+                                 f"{self._env.max_bundle_size} byte limit")
         if base_seq == 0:
             base_seq = None  # Tank: an explicit first sequence of 0 means "not given"
-        while True:
-            self._check_usable()
-            now = self._env.clock()
-            plan = self._plan(info, bundle, base_seq, now)
-            if plan.action and self._active is not None and self._commit.pending:
-                # Never roll under bundles still waiting for their fsync: every
-                # non-durable byte stays in the active segment.
-                await self._commit.drain()
-                continue
-            return self._execute(plan, info.msg_count, now)
+        self._check_usable()
+        now = self._env.clock()
+        plan = self._plan(info, bundle, base_seq, now)
+        if plan.action and self._active is not None and self._commit.pending:
+            raise _MustWait()
+        return self._execute(plan, info.msg_count, now)
 
     async def append_messages(self, messages: Sequence[Message], *,
                               codec: Codec | None = None) -> AppendResult:
@@ -386,12 +513,16 @@ class Partition:
         assert seg is not None
         prefix = encode_varint(len(plan.data))
         try:
-            seg.append(prefix, plan.data, plan.first, plan.last, self.config.index_interval_bytes)
+            offset = seg.append(prefix, plan.data, plan.first, plan.last,
+                                self.config.index_interval_bytes)
         except OSError as exc:
             self._log.error("append_failed", segment=seg.name, error=str(exc))
             raise StoreIOError(f"write failed: {exc}") from exc
         self._written_hwm = plan.last
         size = len(prefix) + len(plan.data)
+        if self._tail is not None:
+            self._tail.add(TailEntry(plan.first, plan.last, bool(plan.data[0] & SPARSE_FLAG),
+                                     seg, offset, prefix + plan.data))
         result = AppendResult(plan.first, plan.last, size)
         if self._fsync:
             return result, self._commit.add(_Written(seg.size, plan.last, size))
@@ -420,6 +551,10 @@ class Partition:
     def _notify(self) -> None:
         changed, self._changed = self._changed, trio.Event()
         changed.set()
+        if self._waiters:
+            waiters, self._waiters = self._waiters, set()
+            for event in waiters:
+                event.set()
 
     # -- segments ---------------------------------------------------------------------------------
 
@@ -526,6 +661,8 @@ class Partition:
             return
         seg = self._active
         assert seg is not None
+        if self._tail is not None:
+            self._tail.clear()
         try:
             seg.truncate(seg.visible_size, self._hwm if seg.visible_size else None)
         except OSError as exc:
@@ -560,6 +697,10 @@ class Partition:
                               next_seq=seq)
         if seq > hwm + 1 or seq < first_available:
             raise OutOfRange(seq, first_available, hwm)
+        cached = self._tail.find(seq, hwm) if self._tail is not None else None
+        if cached is not None:
+            return self._read_cached(seq, cached, max(fetch_size, MIN_FETCH), hwm,
+                                     first_available)
         for attempt in (0, 1):
             i = max(bisect_right(self._bases, seq) - 1, 0)
             while i < len(self._segments) - 1 and (self._segments[i].last_seq or 0) < seq:
@@ -595,6 +736,23 @@ class Partition:
                               fd=fd, offset=offset, length=end - offset, next_seq=next_seq)
         raise AssertionError("unreachable")  # pragma: no cover
 
+    @staticmethod
+    def _read_cached(seq: int, entries: list[TailEntry], target: int, hwm: int,
+                     first_available: int) -> ReadResult:
+        """A read served from the tail cache: the same range :meth:`read` would give."""
+        parts = []
+        size = 0
+        for entry in entries:
+            parts.append(entry.framed)
+            size += len(entry.framed)
+            if size >= target:
+                break
+        first = entries[0]
+        return ReadResult(seq=seq, base_seq=first.first_seq, first_bundle_sparse=first.sparse,
+                          high_water_mark=hwm, first_available=first_available,
+                          offset=first.offset, length=size, next_seq=entry.last_seq + 1,
+                          parts=parts)
+
     def read_messages(self, seq: int, fetch_size: int) -> tuple[list[Message], int]:
         """Decoded messages from ``seq`` on (see :meth:`read`) and the next sequence to read.
 
@@ -627,8 +785,18 @@ class Partition:
         return self._hwm >= seq
 
     def changed_event(self) -> trio.Event:
-        """An event set at the next visible append (or close): to wait on many partitions."""
+        """An event set at the next visible append (or close), shared by every reader of
+        this partition that waits for it."""
         return self._changed
+
+    def add_waiter(self, event: trio.Event) -> None:
+        """Set ``event`` at the next visible append (or close). One event can wait on many
+        partitions this way, with no task per partition; see :meth:`remove_waiter`."""
+        self._waiters.add(event)
+
+    def remove_waiter(self, event: trio.Event) -> None:
+        """Forget ``event`` (after a wait that ended otherwise)."""
+        self._waiters.discard(event)
 
     # -- maintenance and closing -------------------------------------------------------------------
 

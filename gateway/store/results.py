@@ -23,19 +23,22 @@ class ReadResult:
     """A range of whole framed bundles in one segment file, plus the partition's bounds.
 
     The range is ``[offset, offset + length)`` of the file behind :meth:`fileno`: hand
-    those to ``os.sendfile`` or call :meth:`read_bytes`. The result owns a duplicate of
+    those to ``os.sendfile`` or call :meth:`read_bytes`. A range served from the tail
+    cache has its bytes in memory (no descriptor; ``sendfile_source()`` is None). A
+    file-backed result owns a duplicate of
     the segment's file descriptor, so the range stays readable even if the segment is
     rolled (renamed) or deleted by retention meanwhile. Close it (or use ``with``)
     when done. ``length == 0`` means the read was at the tail (``high_water_mark + 1``):
     nothing to send yet, wait for an append.
     """
 
-    __slots__ = ("_fd", "base_seq", "first_available", "first_bundle_sparse",
+    __slots__ = ("_fd", "_parts", "base_seq", "first_available", "first_bundle_sparse",
                  "high_water_mark", "length", "next_seq", "offset", "seq")
 
     def __init__(self, *, seq: int, base_seq: int, first_bundle_sparse: bool,
                  high_water_mark: int, first_available: int, fd: int = -1,
-                 offset: int = 0, length: int = 0, next_seq: int = 0) -> None:
+                 offset: int = 0, length: int = 0, next_seq: int = 0,
+                 parts: list[bytes] | None = None) -> None:
         #: The sequence number the read was for (0 and UINT64_MAX resolved).
         self.seq = seq
         #: Sequence number of the first message of the first bundle in the range (the
@@ -52,6 +55,8 @@ class ReadResult:
         #: bundle (``seq`` itself for an empty range).
         self.next_seq = next_seq
         self._fd = fd
+        #: The range's bytes when it was served from memory (the tail cache).
+        self._parts = parts
 
     def __repr__(self) -> str:
         return (f"<ReadResult seq={self.seq} base={self.base_seq} "
@@ -68,13 +73,17 @@ class ReadResult:
         return self._fd
 
     def sendfile_source(self) -> tuple[int, int] | None:
-        """``(fd, offset)`` for ``os.sendfile(out, fd, offset, length)``; None when empty."""
+        """``(fd, offset)`` for ``os.sendfile(out, fd, offset, length)``; None when empty
+        or held in memory."""
         return (self._fd, self.offset) if self.length and self._fd >= 0 else None
 
     def read_bytes(self) -> bytes:
-        """The range's bytes (``pread``)."""
+        """The range's bytes (``pread``, or from memory)."""
         if self.length == 0:
             return b""
+        parts = self._parts
+        if parts is not None:
+            return parts[0] if len(parts) == 1 else b"".join(parts)
         if self._fd < 0:
             raise ValueError("read from a closed ReadResult")
         data = os.pread(self._fd, self.length, self.offset)

@@ -26,6 +26,8 @@ from gateway.store.errors import (
 )
 from gateway.store.names import is_valid_topic_name, validate_partition_count, validate_topic_name
 from gateway.store.partition import Partition, PartitionEnv
+from gateway.store.syncer import Syncer
+from gateway.store.tail import TailCache
 from protocols.tank.bundle import MAX_BUNDLE_SIZE
 
 log = structlog.get_logger("gateway.store")
@@ -53,6 +55,8 @@ class StoreSettings:
     recovery_check_bytes: int = 64 * MIB
     #: Worker threads for fsyncs at a time (across all partitions).
     sync_threads: int = 8
+    #: Bytes of the newest bundles (of all partitions) kept in memory for tail readers.
+    tail_cache_bytes: int = 16 * MIB
 
     def __post_init__(self) -> None:
         Durability(self.durability)  # raises ValueError for anything else
@@ -94,20 +98,26 @@ class LogStore:
         self._creating: dict[str, trio.Event] = {}
         self._nursery: trio.Nursery | None = None
         self._limiter = trio.CapacityLimiter(settings.sync_threads)
+        self._syncer = Syncer(settings.sync_threads)
+        #: The newest bundles of every partition, for the readers at the tail.
+        self.tail_cache = TailCache(settings.tail_cache_bytes)
         self._closed = False
         self._env = PartitionEnv(
             durability=Durability(settings.durability),
             max_bundle_size=settings.max_bundle_size,
             recovery_check_bytes=settings.recovery_check_bytes,
-            spawn=self._spawn,
+            spawn=self.spawn,
             limiter=self._limiter,
+            syncer=self._syncer,
+            tail=self.tail_cache,
             clock=clock,
             observe_fsync=observe_fsync,
         )
 
     # -- opening --------------------------------------------------------------------------------
 
-    def _spawn(self, fn: Callable[..., object], *args: object) -> None:
+    def spawn(self, fn: Callable[..., object], *args: object) -> None:
+        """Run ``fn(*args)`` as a task of the store (it must outlive its callers)."""
         if self._nursery is None:
             raise StoreClosed("the store is not running (use open_store)")
         self._nursery.start_soon(fn, *args)
@@ -294,6 +304,7 @@ class LogStore:
 
     def _close_now(self) -> None:
         self._closed = True
+        self._syncer.close()
         for topic in self._topics.values():
             for partition in topic.partitions:
                 if not partition.closed:

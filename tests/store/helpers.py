@@ -36,19 +36,24 @@ def sparse_bundle(seqs: list[int], tag: str = "s", codec: Codec = Codec.NONE) ->
     return encode_bundle(msgs, codec=codec, sparse=True)
 
 
-def settings(durability: str = "fsync", **topic: Any) -> StoreSettings:
-    """Store settings with a tiny maintenance footprint and ``topic`` config overrides."""
+def settings(durability: str = "fsync", *, tail_cache_bytes: int = 0, **topic: Any
+             ) -> StoreSettings:
+    """Store settings with a tiny maintenance footprint and ``topic`` config overrides.
+
+    The tail cache is off unless asked for, so reads exercise the segment files.
+    """
     return StoreSettings(durability=durability, topic_defaults=TopicConfig(**topic),
-                         maintenance_interval=float("inf"))
+                         maintenance_interval=float("inf"), tail_cache_bytes=tail_cache_bytes)
 
 
 @asynccontextmanager
 async def store_at(path: str | os.PathLike[str], durability: str = "fsync", *,
-                   clock: Any = None, **topic: Any) -> AsyncIterator[LogStore]:
+                   clock: Any = None, tail_cache_bytes: int = 0, **topic: Any
+                   ) -> AsyncIterator[LogStore]:
     """Open a store without the periodic maintenance task."""
     kwargs = {"clock": clock} if clock is not None else {}
-    async with open_store(path, settings(durability, **topic), maintenance=False,
-                          **kwargs) as store:
+    async with open_store(path, settings(durability, tail_cache_bytes=tail_cache_bytes,
+                                         **topic), maintenance=False, **kwargs) as store:
         yield store
 
 

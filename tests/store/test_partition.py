@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 import trio
@@ -315,11 +316,11 @@ async def test_many_idle_waiters(tmp_path):
 async def test_fsync_mode_shows_nothing_before_the_fsync(tmp_path, monkeypatch):
     import gateway.store.durability as durability
 
-    gate = trio.Event()
+    gate = threading.Event()
     real_run = durability.SyncJob.run
 
     def gated_run(self):
-        trio.from_thread.run(gate.wait)
+        assert gate.wait(10)
         real_run(self)
 
     monkeypatch.setattr(durability.SyncJob, "run", gated_run)
@@ -359,14 +360,14 @@ async def test_group_commit_one_fsync_covers_concurrent_appends(tmp_path):
 async def test_appends_to_other_partitions_do_not_wait(tmp_path, monkeypatch):
     import gateway.store.durability as durability
 
-    gate = trio.Event()
+    gate = threading.Event()
     real_run = durability.SyncJob.run
 
     def slow_run(self):  # partition 0's fsync hangs until released
         if self.fds and any(os.readlink(f"/proc/self/fd/{fd}").find("/t/0/") >= 0
                             for fd in self.fds):
-            trio.from_thread.run_sync(lambda: None)  # proves we are in a worker thread
-            trio.from_thread.run(gate.wait)
+            assert threading.current_thread() is not threading.main_thread()
+            assert gate.wait(10)
         real_run(self)
 
     monkeypatch.setattr(durability.SyncJob, "run", slow_run)
