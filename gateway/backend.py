@@ -17,9 +17,13 @@ two protocols and a Tank broker must be able to serve them one to one:
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+import trio
+
+from protocols.tank.bundle import BundleInfo
 
 
 class ProduceCode(enum.IntEnum):
@@ -89,12 +93,18 @@ EMPTY_CHUNK = BytesChunk(b"")
 
 @dataclass(frozen=True, slots=True)
 class ProduceBatch:
-    """One bundle for one partition. ``base_seq`` is set for ProduceWithSeqnum."""
+    """One bundle for one partition. ``base_seq`` is set for ProduceWithSeqnum.
+
+    ``info`` is the bundle's header when the gateway built the bundle itself (Figg
+    publishes): such a bundle is trusted, not validated again. A bundle from a client
+    comes without it and is validated in full.
+    """
 
     topic: str
     partition: int
     bundle: bytes
     base_seq: int | None = None
+    info: BundleInfo | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +198,10 @@ class ReloadConfCode(enum.IntEnum):
     UNKNOWN_TOPIC = 11
 
 
+#: Called with the outcomes of a :meth:`Backend.produce_nowait`, in batch order.
+ProduceDone = Callable[[list[ProduceOutcome]], None]
+
+
 class Backend(Protocol):
     """The log both listeners serve. Implementations: embedded store, upstream broker."""
 
@@ -201,6 +215,16 @@ class Backend(Protocol):
         Unknown topics are created first when ``auto_create_topics`` is on.
         """
 
+    def produce_nowait(self, batches: Sequence[ProduceBatch], on_done: ProduceDone) -> None:
+        """Start :meth:`produce` and return at once; ``on_done(outcomes)`` is called once,
+        in the trio thread, when every batch has its outcome.
+
+        What the listeners use: the embedded store writes the bundles before this
+        returns (so calls made one after the other are appended in that order) and calls
+        ``on_done`` the moment their fsync returns, or before returning when there is no
+        fsync to wait for. ``on_done`` must not raise.
+        """
+
     async def fetch(self, requests: Sequence[FetchRequest], *, max_wait_ms: int,
                     min_bytes: int) -> list[FetchOutcome]:
         """Read each partition; long-poll when none has data, per Tank's rules.
@@ -208,6 +232,11 @@ class Backend(Protocol):
         Returns at once when any requested partition has data or an error. Otherwise
         waits until the bundles appended since the call total at least ``min_bytes``
         or ``max_wait_ms`` passes, then answers with whatever is there.
+        """
+
+    def fetch_nowait(self, requests: Sequence[FetchRequest]) -> list[FetchOutcome] | None:
+        """What :meth:`fetch` would answer at once (some partition has data or an
+        error), without waiting; None when it would have to wait or go elsewhere to know.
         """
 
     async def create_topic(self, name: str, partitions: int, config: str = ""
@@ -224,3 +253,34 @@ class Backend(Protocol):
 
     async def aclose(self) -> None:
         """Finish in-flight appends, make them durable, release files and connections."""
+
+
+async def produce_and_wait(backend: Backend, batches: Sequence[ProduceBatch]
+                           ) -> list[ProduceOutcome]:
+    """:meth:`Backend.produce` made of :meth:`Backend.produce_nowait`.
+
+    Cancelling the wait does not cancel the appends (they may still be acknowledged to
+    nobody: both protocols' clients resend what was not acknowledged).
+    """
+    done = trio.Event()
+    box: list[list[ProduceOutcome]] = []
+
+    def finished(outcomes: list[ProduceOutcome]) -> None:
+        box.append(outcomes)
+        done.set()
+
+    backend.produce_nowait(batches, finished)
+    await done.wait()
+    return box[0]
+
+
+async def produce_in_task(backend: Backend, batches: Sequence[ProduceBatch],
+                          on_done: ProduceDone) -> None:
+    """:meth:`Backend.produce_nowait` for a backend whose appends are async by nature
+    (run this in a task): await ``backend.produce`` and report; a failure fails every
+    batch with I/O fault."""
+    try:
+        outcomes = await backend.produce(batches)
+    except Exception as exc:
+        outcomes = [ProduceOutcome(ProduceCode.IO_FAULT, reason=repr(exc))] * len(batches)
+    on_done(outcomes)

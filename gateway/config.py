@@ -64,6 +64,15 @@ def _positive_int(value: Any) -> int:
     return number
 
 
+def _non_negative_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError("expected an integer >= 0")
+    number = int(value)
+    if number < 0:
+        raise ValueError("expected an integer >= 0")
+    return number
+
+
 def _non_negative_float(value: Any) -> float:
     if isinstance(value, bool):
         raise ValueError("expected a number")
@@ -124,6 +133,9 @@ OPTIONS: tuple[Option, ...] = (
            "Largest bundle accepted for one partition.", "--max-bundle-bytes"),
     Option("store.retention_check_secs", "retention_check_secs", _non_negative_float, 30.0,
            "How often retention and age-based rolling run.", None),
+    Option("store.tail_cache_bytes", "tail_cache_bytes", _non_negative_int, 16 * MIB,
+           "Memory for the newest bundles of all partitions, read by the readers at the "
+           "tail instead of the files (0: off).", None),
     Option("listen.tank", "tank_listen", _optional_address, "127.0.0.1:11011",
            "Tank protocol listener (empty: off).", "--tank-listen"),
     Option("listen.figg", "figg_listen", _optional_address, "127.0.0.1:8119",
@@ -151,6 +163,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("limits.subscriber_buffer_bytes", "subscriber_buffer_bytes", _positive_int, 4 * MIB,
            "Bytes queued for one Figg connection before its subscriptions stop reading "
            "the log and wait for the socket.", None),
+    Option("figg.data_cache_bytes", "figg_data_cache_bytes", _non_negative_int, 8 * MIB,
+           "Memory for the DATA frames shared by Figg subscribers at the same position "
+           "(0: off).", None),
     Option("log.level", "log_level", _choice("debug", "info", "warning", "error"), "info",
            "Lowest level logged.", "--log-level"),
     Option("log.format", "log_format", _choice("auto", "json", "console"), "auto",
@@ -167,6 +182,7 @@ class Settings:
     durability: str = "fsync"
     max_bundle_bytes: int = 64 * MIB
     retention_check_secs: float = 30.0
+    tail_cache_bytes: int = 16 * MIB
     tank_listen: str = "127.0.0.1:11011"
     figg_listen: str = "127.0.0.1:8119"
     metrics_listen: str = "127.0.0.1:9464"
@@ -178,6 +194,7 @@ class Settings:
     max_connections: int = 10_000
     idle_timeout_secs: float = 16.0
     subscriber_buffer_bytes: int = 4 * MIB
+    figg_data_cache_bytes: int = 8 * MIB
     log_level: str = "info"
     log_format: str = "auto"
 

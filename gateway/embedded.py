@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 
 import structlog
@@ -24,6 +25,7 @@ from gateway.backend import (
     ProduceOutcome,
     ReloadConfCode,
     TopicInfo,
+    produce_and_wait,
 )
 from gateway.config import Settings
 from gateway.metrics import GaugeCollector, Metrics
@@ -43,8 +45,10 @@ from gateway.store import (
     TopicExists,
     UnknownPartition,
     UnknownTopic,
+    is_valid_topic_name,
     open_store,
 )
+from gateway.store.partition import AppendEntry
 
 log = structlog.get_logger("figtank.embedded")
 
@@ -68,69 +72,87 @@ class EmbeddedBackend:
         self.auto_create_topics = auto_create_topics
         self._metrics = metrics
         self._opened_at = time.time()
+        #: Appends to topics being created, by topic, in arrival order.
+        self._awaiting_topic: dict[str, list[tuple[int, list[AppendEntry], _Report]]] = {}
 
     # -- produce -----------------------------------------------------------------------------------
 
     async def produce(self, batches: Sequence[ProduceBatch]) -> list[ProduceOutcome]:
         """Append every batch; partitions proceed in parallel, one partition in order."""
-        started = time.perf_counter()
-        outcomes: list[ProduceOutcome | None] = [None] * len(batches)
+        return await produce_and_wait(self, batches)
+
+    def produce_nowait(self, batches: Sequence[ProduceBatch],
+                       on_done: Callable[[list[ProduceOutcome]], None]) -> None:
+        """Append every batch now (one partition's batches in order, one fsync round for
+        them); ``on_done(outcomes)`` runs in the trio thread once all are durable, possibly
+        before this returns. A topic that must be created first is appended to by a task
+        of the store."""
+        call = _ProduceCall(len(batches), on_done, self._metrics)
         by_partition: dict[tuple[str, int], list[int]] = {}
         for i, batch in enumerate(batches):
             by_partition.setdefault((batch.topic, batch.partition), []).append(i)
-        groups = list(by_partition.values())
-        if len(groups) == 1:
-            await self._append_in_order(batches, groups[0], outcomes)
-        else:
-            async with trio.open_nursery() as nursery:
-                for indexes in groups:
-                    nursery.start_soon(self._append_in_order, batches, indexes, outcomes)
-        if self._metrics is not None:
-            self._metrics.append_seconds.observe(time.perf_counter() - started)
-        return outcomes  # type: ignore[return-value]  # every slot filled above
+        for (topic, index), indexes in by_partition.items():
+            call.expect()
+            entries = [(batches[i].bundle, batches[i].base_seq, batches[i].info)
+                       for i in indexes]
+            report = partial(call.partition_done, batches, indexes)
+            waiting = self._awaiting_topic.get(topic)
+            if waiting is not None:  # behind appends that wait for the topic's creation
+                waiting.append((index, entries, report))
+                continue
+            partition = self._writable_partition_nowait(topic, index)
+            if partition is None:  # the topic must be created first
+                self._awaiting_topic[topic] = [(index, entries, report)]
+                self.store.spawn(self._create_then_append, topic)
+            elif isinstance(partition, ProduceOutcome):
+                call.refused(indexes, partition)
+            else:
+                partition.append_nowait(entries, report)
+        call.release()
 
-    async def _append_in_order(self, batches: Sequence[ProduceBatch], indexes: list[int],
-                               outcomes: list[ProduceOutcome | None]) -> None:
-        first = batches[indexes[0]]
-        partition = await self._writable_partition(first.topic, first.partition)
-        if isinstance(partition, ProduceOutcome):
-            for i in indexes:
-                outcomes[i] = partition
-            return
-        # One call writes them all and waits once: they share a group fsync.
-        results = await partition.append_many(
-            [(batches[i].bundle, batches[i].base_seq) for i in indexes])
-        appended = appended_bytes = 0
-        for i, result in zip(indexes, results, strict=True):
-            outcomes[i] = _outcome(first, result)
-            if isinstance(result, AppendResult):
-                appended += result.last_seq - result.first_seq + 1
-                appended_bytes += result.size
-        if self._metrics is not None and appended:
-            self._metrics.messages_in.labels(first.topic).inc(appended)
-            self._metrics.bytes_in.labels(first.topic).inc(appended_bytes)
-
-    async def _writable_partition(self, topic: str, index: int) -> Partition | ProduceOutcome:
-        """The partition to append to (its topic auto-created if allowed), or why not."""
+    def _writable_partition_nowait(self, topic: str, index: int
+                                   ) -> Partition | ProduceOutcome | None:
+        """The partition to append to, why not, or None when its topic must be created."""
         try:
-            if self.auto_create_topics:
-                await self.store.ensure_topic(topic)  # returns at once if the topic exists
             return self.store.partition(topic, index)
-        except (UnknownTopic, InvalidTopicName) as exc:
+        except UnknownTopic as exc:
+            if self.auto_create_topics and is_valid_topic_name(topic):
+                return None
             return ProduceOutcome(ProduceCode.UNKNOWN_TOPIC, reason=str(exc))
         except UnknownPartition as exc:
             return ProduceOutcome(ProduceCode.UNKNOWN_PARTITION, reason=str(exc))
+
+    async def _create_then_append(self, topic: str) -> None:
+        """Create ``topic``, then append what waited for it, in arrival order."""
+        error: StoreError | None = None
+        try:
+            await self.store.ensure_topic(topic)  # returns at once if the topic exists
         except StoreError as exc:
-            return ProduceOutcome(ProduceCode.IO_FAULT, reason=str(exc))
+            error = exc
+        waiting = self._awaiting_topic.pop(topic)
+        for index, entries, report in waiting:
+            try:
+                if error is not None:
+                    raise error
+                partition = self.store.partition(topic, index)
+            except StoreError as exc:
+                report([exc] * len(entries))
+                continue
+            partition.append_nowait(entries, report)
 
     # -- fetch -------------------------------------------------------------------------------------
+
+    def fetch_nowait(self, requests: Sequence[FetchRequest]) -> list[FetchOutcome] | None:
+        """What :meth:`fetch` answers at once, or None when every partition is at its tail."""
+        outcomes = self._read_all(requests)[1]
+        if any(_answers_now(o) for o in outcomes):
+            return outcomes
+        return None  # empty chunks: nothing to close
 
     async def fetch(self, requests: Sequence[FetchRequest], *, max_wait_ms: int,
                     min_bytes: int) -> list[FetchOutcome]:
         """Read each partition; long-poll per Tank's rules when all are at their tail."""
-        partitions = [self._readable_partition(r) for r in requests]
-        outcomes = [self._read(p, r.seq, r.fetch_size) for p, r in zip(partitions, requests,
-                                                                      strict=True)]
+        partitions, outcomes = self._read_all(requests)
         if max_wait_ms <= 0 or any(_answers_now(o) for o in outcomes):
             return outcomes
         # Every partition is at its tail: wait from the sequences just resolved (a
@@ -150,6 +172,12 @@ class EmbeddedBackend:
         resolved = iter(seq for _, seq in waiting)
         return [self._read(p, next(resolved), r.fetch_size) if isinstance(p, Partition) else o
                 for p, r, o in zip(partitions, requests, outcomes, strict=True)]
+
+    def _read_all(self, requests: Sequence[FetchRequest]
+                  ) -> tuple[list[Partition | FetchOutcome], list[FetchOutcome]]:
+        partitions = [self._readable_partition(r) for r in requests]
+        return partitions, [self._read(p, r.seq, r.fetch_size)
+                            for p, r in zip(partitions, requests, strict=True)]
 
     def _readable_partition(self, request: FetchRequest) -> Partition | FetchOutcome:
         try:
@@ -263,24 +291,75 @@ def _answers_now(outcome: FetchOutcome) -> bool:
 
 
 async def _wait_any_change(partitions: list[Partition], deadline: float) -> bool:
-    """Park until any partition makes an append visible; False once the deadline passes."""
+    """Park until any partition makes an append visible; False once the deadline passes.
+
+    No task per partition: one partition's readers share its event, and a wait on several
+    registers one event with each of them.
+    """
     if not partitions:
         await trio.sleep_until(deadline)
         return False
-    events = [p.changed_event() for p in partitions]
-    with trio.move_on_at(deadline) as scope:
-        if len(events) == 1:
-            await events[0].wait()
-        else:
-            async with trio.open_nursery() as nursery:
-                for event in events:
-                    nursery.start_soon(_wait_then_cancel, event, nursery.cancel_scope)
+    if len(partitions) == 1:
+        event = partitions[0].changed_event()
+    else:
+        event = trio.Event()
+        for p in partitions:
+            p.add_waiter(event)
+    try:
+        with trio.move_on_at(deadline) as scope:
+            await event.wait()
+    finally:
+        if len(partitions) > 1:
+            for p in partitions:
+                p.remove_waiter(event)
     return not scope.cancelled_caught
 
 
-async def _wait_then_cancel(event: trio.Event, scope: trio.CancelScope) -> None:
-    await event.wait()
-    scope.cancel()
+_Report = Callable[[list[AppendResult | StoreError]], None]
+
+
+class _ProduceCall:
+    """The outcomes of one :meth:`EmbeddedBackend.produce_nowait`, partition by partition."""
+
+    __slots__ = ("_metrics", "_on_done", "_outcomes", "_started", "_waiting")
+
+    def __init__(self, size: int, on_done: Callable[[list[ProduceOutcome]], None],
+                 metrics: Metrics | None) -> None:
+        self._outcomes: list[ProduceOutcome | None] = [None] * size
+        self._on_done = on_done
+        self._metrics = metrics
+        self._started = time.perf_counter()
+        self._waiting = 1  # released by release(), once every partition is under way
+
+    def expect(self) -> None:
+        self._waiting += 1
+
+    def refused(self, indexes: list[int], outcome: ProduceOutcome) -> None:
+        for i in indexes:
+            self._outcomes[i] = outcome
+        self.release()
+
+    def partition_done(self, batches: Sequence[ProduceBatch], indexes: list[int],
+                       results: list[AppendResult | StoreError]) -> None:
+        appended = appended_bytes = 0
+        for i, result in zip(indexes, results, strict=True):
+            self._outcomes[i] = _outcome(batches[i], result)
+            if isinstance(result, AppendResult):
+                appended += result.last_seq - result.first_seq + 1
+                appended_bytes += result.size
+        if self._metrics is not None and appended:
+            topic = batches[indexes[0]].topic
+            self._metrics.messages_in.labels(topic).inc(appended)
+            self._metrics.bytes_in.labels(topic).inc(appended_bytes)
+        self.release()
+
+    def release(self) -> None:
+        self._waiting -= 1
+        if self._waiting:
+            return
+        if self._metrics is not None:
+            self._metrics.append_seconds.observe(time.perf_counter() - self._started)
+        self._on_done(self._outcomes)  # type: ignore[arg-type]  # every slot filled
 
 
 def store_settings(settings: Settings) -> StoreSettings:
@@ -291,6 +370,7 @@ def store_settings(settings: Settings) -> StoreSettings:
         default_partitions=settings.default_partitions,
         topic_defaults=TopicConfig().with_keys(settings.topic_config),
         maintenance_interval=settings.retention_check_secs or math.inf,
+        tail_cache_bytes=settings.tail_cache_bytes,
     )
 
 
@@ -311,6 +391,10 @@ async def open_embedded_backend(settings: Settings, metrics: Metrics | None = No
             metrics.add_collector(GaugeCollector(
                 "figtank_partition_bytes", "Bytes held by each partition's segments.",
                 ["topic", "partition"], backend.partition_sizes))
+            metrics.add_collector(GaugeCollector(
+                "figtank_tail_cache_bytes",
+                "Bytes of the newest bundles held in memory for the readers at the tail.",
+                [], lambda: [([], float(store.tail_cache.size))]))
         try:
             yield backend
         finally:

@@ -54,7 +54,8 @@ def test_backends_implement_every_call_of_the_protocol(implementation: type) -> 
         wanted = inspect.signature(getattr(Backend, name))
         got = inspect.signature(getattr(implementation, name))
         assert list(got.parameters) == list(wanted.parameters), name
-        assert inspect.iscoroutinefunction(getattr(implementation, name)), name
+        assert inspect.iscoroutinefunction(getattr(implementation, name)) == \
+            inspect.iscoroutinefunction(getattr(Backend, name)), name
 
 
 async def test_produce_then_fetch(backend: EmbeddedBackend) -> None:

@@ -38,9 +38,11 @@ from gateway.backend import (
     PartitionInfo,
     ProduceBatch,
     ProduceCode,
+    ProduceDone,
     ProduceOutcome,
     ReloadConfCode,
     TopicInfo,
+    produce_in_task,
 )
 from gateway.bridge.fetch import FetchForwarder
 from gateway.bridge.produce import Entry, ProduceForwarder
@@ -115,6 +117,10 @@ class BridgeBackend:
             self._metrics.append_seconds.observe(time.perf_counter() - started)
         return outcomes  # type: ignore[return-value]  # every slot filled above
 
+    def produce_nowait(self, batches: Sequence[ProduceBatch], on_done: ProduceDone) -> None:
+        """:meth:`produce` in a task of the bridge; ``on_done`` gets the outcomes."""
+        self._nursery.start_soon(produce_in_task, self, batches, on_done)
+
     def _check(self, batch: ProduceBatch) -> ProduceOutcome | BundleInfo:
         """The bundle's header when it may go upstream, else the outcome refusing it."""
         if not is_valid_topic_name(batch.topic):
@@ -127,6 +133,8 @@ class BridgeBackend:
         if len(batch.bundle) > self.max_bundle_bytes:
             return ProduceOutcome(ProduceCode.IO_FAULT, reason=(
                 f"bundle of {len(batch.bundle)} bytes is over {self.max_bundle_bytes}"))
+        if batch.info is not None:  # built by the gateway itself
+            return batch.info
         try:
             return validate_bundle(batch.bundle)
         except ProtocolError as exc:
@@ -153,6 +161,10 @@ class BridgeBackend:
         return await self.create_topic(topic, self.default_partitions)
 
     # -- fetch -------------------------------------------------------------------------------
+
+    def fetch_nowait(self, requests: Sequence[FetchRequest]) -> None:
+        """Always None: only the upstream knows (see :meth:`fetch`)."""
+        return None
 
     async def fetch(self, requests: Sequence[FetchRequest], *, max_wait_ms: int,
                     min_bytes: int) -> list[FetchOutcome]:

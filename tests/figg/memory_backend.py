@@ -21,9 +21,11 @@ from gateway.backend import (
     PartitionInfo,
     ProduceBatch,
     ProduceCode,
+    ProduceDone,
     ProduceOutcome,
     ReloadConfCode,
     TopicInfo,
+    produce_in_task,
 )
 from protocols.errors import ProtocolError
 from protocols.tank.bundle import bundle_last_seq, frame_bundle, validate_bundle
@@ -99,6 +101,9 @@ class MemoryBackend:
         self._notify()
         return outcomes
 
+    def produce_nowait(self, batches: Sequence[ProduceBatch], on_done: ProduceDone) -> None:
+        trio.lowlevel.spawn_system_task(produce_in_task, self, batches, on_done)
+
     def _notify(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
@@ -108,6 +113,9 @@ class MemoryBackend:
         p = self.topics[topic][partition]
         del p.bundles[:bundles]
         p.first = p.bundles[0][0] if p.bundles else p.hwm + 1
+
+    def fetch_nowait(self, requests: Sequence[FetchRequest]) -> None:
+        return None  # everything goes through fetch (with its gate and checkpoints)
 
     async def fetch(self, requests: Sequence[FetchRequest], *, max_wait_ms: int,
                     min_bytes: int) -> list[FetchOutcome]:
