@@ -1,9 +1,8 @@
 """The Figg listener: serves the Figg protocol over a :class:`~gateway.backend.Backend`.
 
 :func:`serve_figg` binds ``settings.figg_listen`` and serves until cancelled. Each
-connection is a :class:`~gateway.figg.session.FiggSession`; publishes from all of them
-share one :class:`~gateway.figg.publisher.Publisher`. The listener knows nothing of the
-log behind the backend: the embedded store and an upstream broker serve it alike.
+connection is a :class:`~gateway.figg.session.FiggSession`. The listener knows nothing of
+the log behind the backend: the embedded store and an upstream broker serve it alike.
 
 Topics: Figg ``name`` is Tank (``name``, 0), ``name/p`` is (``name``, p); offsets are Tank
 sequence numbers (:mod:`gateway.offsets`).
@@ -11,17 +10,15 @@ sequence numbers (:mod:`gateway.offsets`).
 
 from __future__ import annotations
 
-from typing import Any
-
 import structlog
 import trio
 
 from gateway.backend import Backend
 from gateway.config import Settings
-from gateway.figg.publisher import Publisher
+from gateway.figg.frames import DataFrameCache
 from gateway.figg.session import FiggSession
 from gateway.listening import ConnectionSlots, open_listeners
-from gateway.metrics import Metrics
+from gateway.metrics import GaugeCollector, Metrics
 
 log = structlog.get_logger("figtank.figg")
 
@@ -31,25 +28,19 @@ _ROUTINE = frozenset({"eof", "reset", "send_failed", "shutdown"})
 
 
 class FiggListener:
-    """Accepts Figg connections and serves each one.
+    """Accepts Figg connections and serves each one (``handle`` is a ``serve_tcp``
+    handler). Its connections share one :class:`DataFrameCache`, so subscribers of a topic
+    at the same position get the DATA frames made once."""
 
-    Enter it as an async context (``async with FiggListener(...) as figg``), then use
-    ``figg.handle`` as a ``serve_tcp`` handler. The context runs the one publisher all
-    connections share, so publishes that arrive together on different connections go out
-    as one bundle per partition. It must outlive the connections: on exit it lets
-    in-flight flushes finish (for at most ``flush_grace`` seconds), then cancels them.
-    :meth:`serve` does all of this.
-    """
-
-    def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
-                 flush_grace: float = 5.0) -> None:
+    def __init__(self, backend: Backend, settings: Settings, metrics: Metrics) -> None:
         self.backend = backend
         self.settings = settings
         self.metrics = metrics
-        self.flush_grace = flush_grace
-        self._publisher: Publisher | None = None
-        self._nursery_manager: Any = None
-        self._nursery: trio.Nursery | None = None
+        self.frames = DataFrameCache(settings.figg_data_cache_bytes)
+        metrics.add_collector(GaugeCollector(
+            "figtank_figg_data_cache_bytes",
+            "Bytes of DATA frames held for the Figg subscribers at the same position.",
+            [], lambda: [([], float(self.frames.size))]))
         self._slots = ConnectionSlots(PROTOCOL, settings.max_connections, metrics, log,
                                       _ROUTINE)
 
@@ -58,41 +49,19 @@ class FiggListener:
         """Connections being served."""
         return self._slots.active
 
-    async def __aenter__(self) -> FiggListener:
-        if self._nursery_manager is not None:
-            raise RuntimeError("this FiggListener is already running")
-        self._nursery_manager = trio.open_nursery()
-        self._nursery = await self._nursery_manager.__aenter__()
-        self._publisher = Publisher(self.backend, self._nursery)
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> bool | None:
-        publisher, manager, nursery = self._publisher, self._nursery_manager, self._nursery
-        self._publisher = self._nursery_manager = self._nursery = None
-        assert publisher is not None and manager is not None and nursery is not None
-        with trio.move_on_after(self.flush_grace) as scope:
-            scope.shield = True
-            while not publisher.idle:
-                await trio.sleep(0.01)
-        nursery.cancel_scope.cancel()
-        return await manager.__aexit__(*exc_info)
-
     async def serve(self, listeners: list[trio.SocketListener], *,
                     task_status: trio.TaskStatus[list[trio.SocketListener]]
                     = trio.TASK_STATUS_IGNORED) -> None:
         """Serve on ``listeners`` (closed when done) until cancelled."""
-        async with self, trio.open_nursery() as nursery:
-            await nursery.start(trio.serve_listeners, self.handle, listeners)
-            task_status.started(listeners)
+        await trio.serve_listeners(self.handle, listeners, task_status=task_status)
 
     async def handle(self, stream: trio.SocketStream) -> None:
-        """Serve one accepted connection until it ends, then close it."""
-        if self._publisher is None:
-            raise RuntimeError("enter the FiggListener (async with) before serving with it")
+        """Serve one accepted connection until it ends, then close it. Never raises
+        (except Cancelled): a failing connection must not stop the accept loop."""
         await self._slots.serve(
             stream,
             lambda conn_log: FiggSession(stream, backend=self.backend, settings=self.settings,
-                                         metrics=self.metrics, publisher=self._publisher,
+                                         metrics=self.metrics, frames=self.frames,
                                          log=conn_log),
             lambda session: {"received": session.messages_received, "acked": session.published,
                              "bytes_sent": session.bytes_sent})

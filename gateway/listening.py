@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
@@ -41,6 +42,27 @@ async def receive_or_close(stream: trio.abc.ReceiveStream) -> bytes:
         return await stream.receive_some(RECEIVE_SIZE)
     except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
         raise CloseConnection("reset", f"receive failed: {exc!r}") from None
+
+
+def socket_fd(stream: object) -> int:
+    """The descriptor of a plain TCP stream, for :func:`send_now`; -1 for anything else
+    (TLS, memory streams in tests)."""
+    if isinstance(stream, trio.SocketStream):
+        return stream.socket.fileno()
+    return -1
+
+
+def send_now(fd: int, data: bytes) -> int:
+    """Write what the socket takes at once, without waiting; returns the bytes written.
+
+    An outbox whose writer task is idle uses this to send a reply the moment it is made,
+    instead of waking the task. Any failure (a full buffer, a broken connection) writes
+    nothing here: the writer task sends the rest and meets the error itself.
+    """
+    try:
+        return os.write(fd, data)
+    except OSError:
+        return 0
 
 
 def protocol_close(exc: ProtocolError) -> CloseConnection:

@@ -83,11 +83,8 @@ async def run_server(settings: Settings, *, grace: float = 2.0,
             info.metrics = metrics_listeners[0].socket.getsockname()[:2]
         async with open_backend(settings, metrics) as backend:
             info.backend = backend
-            # The Figg listener's context runs the publisher all its connections share (so
-            # publishes arriving together on many connections become one bundle); it must
-            # outlive the connections, and lets in-flight flushes finish when it ends.
             figg = FiggListener(backend, settings, metrics)
-            async with figg, trio.open_nursery() as connections:
+            async with trio.open_nursery() as connections:
                 async with trio.open_nursery() as accepting:
                     if settings.tank_listen:
                         tank = TankListener(backend, settings, metrics)

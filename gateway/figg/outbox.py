@@ -20,7 +20,7 @@ from typing import Protocol
 import trio
 from trio.lowlevel import ParkingLot
 
-from gateway.listening import SendBudget
+from gateway.listening import SendBudget, send_now, socket_fd
 
 #: Largest write handed to the socket at once (items bigger than this go alone).
 MAX_WRITE = 1024 * 1024
@@ -42,6 +42,7 @@ class Outbox:
 
     def __init__(self, stream: trio.abc.SendStream, limit: int) -> None:
         self._stream = stream
+        self._fd = socket_fd(stream)
         self._budget = SendBudget(limit)
         self._items: deque[tuple[Owner | None, bytes]] = deque()
         self._urgent: deque[bytes] = deque()
@@ -70,6 +71,10 @@ class Outbox:
         """
         if not frames or (owner is not None and owner.detached):
             return
+        if self._writer_idle:
+            frames = self._send_now(frames)
+            if not frames:
+                return
         self._items.append((owner, frames))
         self._budget.add(len(frames))
         if self._writer_idle:
@@ -81,11 +86,24 @@ class Outbox:
         themselves, ahead of the ordered queue, so a backlog of DATA never delays them."""
         if not frames:
             return
+        if self._writer_idle:
+            frames = self._send_now(frames)
+            if not frames:
+                return
         self._urgent.append(frames)
         self._budget.add(len(frames))
         if self._writer_idle:
             self._writer_idle = False
             self._has_items.unpark_all()
+
+    def _send_now(self, frames: bytes) -> bytes:
+        """With nothing queued and the writer idle: write what the socket takes at once
+        (no task hand-off on the way of an ACK); returns the rest, for the writer."""
+        sent = send_now(self._fd, frames) if self._fd >= 0 else 0
+        if not sent:
+            return frames
+        self.bytes_sent += sent
+        return frames[sent:]
 
     def drop(self, owner: Owner) -> int:
         """Remove the frames of ``owner`` not yet handed to the socket; returns their size."""

@@ -1,79 +1,66 @@
-"""Group commit for PUBLISH: one bundle per partition per flush, ACKs in publish order.
+"""PUBLISH on one Figg connection: one append per partition per read, ACKs in publish order.
 
-A connection turns the PUBLISHes of one read into :class:`PublishRun` objects (a run is
-consecutive publishes to one partition) and hands them to the shared :class:`Publisher`.
-Per partition, one flush is in flight at a time; runs that arrive meanwhile, from any
-connection, wait and go out together in the next flush as one bundle
-(:meth:`Backend.produce`). When a flush is durable its runs are marked done and each
-connection's :class:`AckQueue` writes the ACKs it can now send, in publish order, as one
-write. A failed flush fails its runs: their connections close without acknowledging, and
-the clients resend (Figg has no error message).
+The connection's reader turns every complete frame of a read into events in one pass
+(:meth:`~protocols.figg.connection.FiggConnection.next_batch`); consecutive PUBLISHes to a
+topic arrive as one :class:`~protocols.translate.PublishBatch`, already laid out as a Tank
+message set with its ACK frames ready. :class:`Publishing` gathers the batches of a read
+into one bundle per partition and hands them to the backend at once
+(:meth:`~gateway.backend.Backend.produce_nowait`): the embedded store writes them before the
+reader looks at the next read, and one group fsync covers every connection's bundles
+written meanwhile. When the backend reports the appends durable, the connection's
+:class:`AckQueue` sends the ACKs that became sendable, in publish order, as one write. A
+failed append fails its PUBLISHes: the connection closes without acknowledging them, and
+the client resends them (Figg has no error message).
 """
 
 from __future__ import annotations
 
-import enum
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Final
 
-import structlog
-import trio
 from trio.lowlevel import ParkingLot
 
-from gateway.backend import Backend, ProduceBatch, ProduceCode
+from gateway.backend import Backend, ProduceBatch, ProduceCode, ProduceOutcome
 from gateway.figg.outbox import Outbox
 from gateway.offsets import TankPartition
-from protocols.figg.messages import FAST, MessageType
-from protocols.tank.bundle import Codec, Message, encode_bundle
+from protocols.tank.bundle import BundleInfo, Codec
+from protocols.translate import PublishBatch, plain_bundle_head
 
-log = structlog.get_logger("figtank.figg")
-
-#: Values per bundle: a flush larger than this becomes several bundles (one produce call).
+#: Message-set bytes per bundle: more publishes to one partition in one read become
+#: several bundles (of one append call).
 BUNDLE_VALUE_BYTES: Final = 1024 * 1024
 
-_encode_acks = FAST[MessageType.ACK].batch_encoder(shared=0)
+_PENDING: Final = 0
+_DONE: Final = 1
+_FAILED: Final = 2
 
 
-class RunState(enum.Enum):
-    PENDING = "pending"
-    DONE = "done"
-    FAILED = "failed"
+class PublishCall:
+    """The PUBLISHes of one read, appended together and acknowledged together."""
 
+    __slots__ = ("acks", "count", "nbytes", "reason", "state")
 
-class PublishRun:
-    """Consecutive PUBLISHes of one connection to one partition, acknowledged together."""
-
-    __slots__ = ("nbytes", "owner", "reason", "seq_nums", "state", "values")
-
-    def __init__(self, owner: AckQueue) -> None:
-        self.owner = owner
-        self.seq_nums: list[int] = []
-        self.values: list[bytes] = []
-        self.nbytes = 0
-        self.state = RunState.PENDING
+    def __init__(self, acks: bytes, count: int, nbytes: int) -> None:
+        self.acks = acks
+        self.count = count
+        self.nbytes = nbytes
+        self.state = _PENDING
         self.reason = ""
-
-    def add(self, seq_num: int, value: bytes) -> None:
-        """Append one publish (the session fills the lists directly on its hot path and
-        sets ``nbytes`` before submitting)."""
-        self.seq_nums.append(seq_num)
-        self.values.append(value)
-        self.nbytes += len(value)
 
 
 class AckQueue:
     """One connection's publishes in flight, in the order they arrived.
 
-    ACKs leave in that order even when partitions finish out of order; a failed run stops
-    the queue (nothing after it is acknowledged) and calls ``on_failure`` once.
+    ACKs leave in that order even when appends finish out of order (a Figg client takes
+    ACK(n) as acknowledging everything up to n); a failed call stops the queue (nothing
+    after it is acknowledged) and calls ``on_failure`` once.
     """
 
     def __init__(self, outbox: Outbox, on_failure: Callable[[str], None]) -> None:
         self._outbox = outbox
         self._on_failure = on_failure
-        self._runs: deque[PublishRun] = deque()
+        self._calls: deque[PublishCall] = deque()
         self._inflight = 0
         self._below = ParkingLot()
         self._limit = 0
@@ -83,13 +70,13 @@ class AckQueue:
 
     @property
     def inflight_bytes(self) -> int:
-        """Value bytes published on this connection and not yet acknowledged."""
+        """Published bytes on this connection not yet acknowledged."""
         return self._inflight
 
-    def track(self, run: PublishRun) -> None:
-        """Remember ``run`` (in publish order) before it is submitted."""
-        self._runs.append(run)
-        self._inflight += run.nbytes
+    def track(self, call: PublishCall) -> None:
+        """Remember ``call`` (in publish order) before it is handed to the backend."""
+        self._calls.append(call)
+        self._inflight += call.nbytes
 
     async def wait_below(self, limit: int) -> None:
         """Wait until the bytes in flight are under ``limit``."""
@@ -97,24 +84,25 @@ class AckQueue:
             self._limit = limit
             await self._below.park()
 
-    def run_finished(self) -> None:
-        """Send the ACKs that became sendable (called after a flush marks its runs)."""
+    def call_finished(self) -> None:
+        """Send the ACKs that became sendable (after an append call got its outcome)."""
         if self.closed:
             return
-        runs = self._runs
-        seq_nums: list[int] = []
-        released = 0
-        while runs and runs[0].state is not RunState.PENDING:
-            run = runs.popleft()
-            if run.state is RunState.FAILED:
+        calls = self._calls
+        acks: list[bytes] = []
+        released = count = 0
+        while calls and calls[0].state != _PENDING:
+            call = calls.popleft()
+            if call.state == _FAILED:
                 self.close()
-                self._on_failure(run.reason)
+                self._on_failure(call.reason)
                 return
-            seq_nums += run.seq_nums
-            released += run.nbytes
-        if seq_nums:
-            self._outbox.put_urgent(_encode_acks((s,) for s in seq_nums))
-            self.acked += len(seq_nums)
+            acks.append(call.acks)
+            released += call.nbytes
+            count += call.count
+        if acks:
+            self._outbox.put_urgent(acks[0] if len(acks) == 1 else b"".join(acks))
+            self.acked += count
             self._inflight -= released
             if self._inflight < self._limit:
                 self._below.unpark_all()
@@ -125,86 +113,78 @@ class AckQueue:
         self._below.unpark_all()
 
 
-class Publisher:
-    """Flushes the runs of every connection, one bundle per partition per flush.
+class Publishing:
+    """Gathers the :class:`PublishBatch`\\ es of one read and appends them in one call."""
 
-    Flush tasks run in ``nursery`` (the listener's), not in a connection's, so a client
-    that leaves never cancels a flush that carries other clients' messages. (Counting
-    appended messages is the backend's job: it sees every protocol's appends.)
-    """
+    __slots__ = ("_acks", "_backend", "_batches", "_by_partition")
 
-    def __init__(self, backend: Backend, nursery: trio.Nursery) -> None:
+    def __init__(self, backend: Backend, acks: AckQueue) -> None:
         self._backend = backend
-        self._nursery = nursery
-        self._pending: dict[TankPartition, list[PublishRun]] = {}
+        self._acks = acks
+        self._batches: list[PublishBatch] = []
+        self._by_partition: dict[TankPartition, list[PublishBatch]] = {}
 
-    @property
-    def idle(self) -> bool:
-        """No flush in flight or waiting."""
-        return not self._pending
+    def add(self, where: TankPartition, batch: PublishBatch) -> None:
+        """Publish ``batch`` to ``where`` with the next :meth:`submit`."""
+        self._batches.append(batch)
+        group = self._by_partition.get(where)
+        if group is None:
+            self._by_partition[where] = [batch]
+        else:
+            group.append(batch)
 
-    def submit(self, where: TankPartition, run: PublishRun) -> None:
-        """Queue ``run`` for the next flush of ``where``."""
-        pending = self._pending.get(where)
-        if pending is None:
-            pending = self._pending[where] = []
-            self._nursery.start_soon(self._flush_loop, where, pending)
-        pending.append(run)
+    def submit(self) -> int:
+        """Append everything added since the last call; returns the PUBLISHes submitted."""
+        batches = self._batches
+        if not batches:
+            return 0
+        by_partition = self._by_partition
+        self._batches, self._by_partition = [], {}
+        count = sum(b.count for b in batches)
+        call = PublishCall(batches[0].acks if len(batches) == 1 else
+                           b"".join(b.acks for b in batches), count,
+                           sum(len(b.message_set) for b in batches))
+        self._acks.track(call)
+        produce = [ProduceBatch(where.topic, where.partition, bundle, info=info)
+                   for where, group in by_partition.items()
+                   for bundle, info in _bundles(group)]
+        self._backend.produce_nowait(produce, lambda outcomes: self._done(call, produce,
+                                                                         outcomes))
+        return count
 
-    async def _flush_loop(self, where: TankPartition, pending: list[PublishRun]) -> None:
-        while pending:
-            runs = pending[:]
-            pending.clear()
-            await self._flush(where, runs)
-        # No checkpoint since the check: nothing was submitted in between.
-        del self._pending[where]
-
-    async def _flush(self, where: TankPartition, runs: list[PublishRun]) -> None:
-        groups = _group(runs)
-        ts = int(time.time() * 1000)
-        batches = [
-            ProduceBatch(where.topic, where.partition, encode_bundle(
-                [Message(v, None, ts) for r in group for v in r.values], codec=Codec.NONE))
-            for group in groups]
-        try:
-            outcomes = await self._backend.produce(batches)
-        except trio.Cancelled:
-            raise
-        except Exception as exc:  # a backend fault fails these publishes, not the listener
-            log.error("figg_publish_failed", topic=where.topic, partition=where.partition,
-                      error=repr(exc))
-            outcomes = None
-        owners: dict[int, AckQueue] = {}
-        for i, group in enumerate(groups):
-            outcome = outcomes[i] if outcomes is not None and i < len(outcomes) else None
-            ok = outcome is not None and outcome.code is ProduceCode.OK
-            reason = "" if ok else _failure(where, outcome)
-            for run in group:
-                run.state = RunState.DONE if ok else RunState.FAILED
-                run.reason = reason
-                owners[id(run.owner)] = run.owner
-        for owner in owners.values():
-            owner.run_finished()
+    def _done(self, call: PublishCall, batches: list[ProduceBatch],
+              outcomes: list[ProduceOutcome]) -> None:
+        for batch, outcome in zip(batches, outcomes, strict=True):
+            if outcome.code is not ProduceCode.OK:
+                call.state = _FAILED
+                call.reason = _failure(batch, outcome)
+                break
+        else:
+            call.state = _DONE
+        self._acks.call_finished()
 
 
-def _group(runs: list[PublishRun]) -> list[list[PublishRun]]:
-    """Split runs into bundles of about :data:`BUNDLE_VALUE_BYTES` (a run is never split)."""
-    groups: list[list[PublishRun]] = [[]]
-    size = 0
-    for run in runs:
-        if size and size + run.nbytes > BUNDLE_VALUE_BYTES:
-            groups.append([])
-            size = 0
-        groups[-1].append(run)
-        size += run.nbytes
-    return groups
+def _bundles(group: list[PublishBatch]) -> list[tuple[bytes, BundleInfo]]:
+    """One partition's batches as bundles of about :data:`BUNDLE_VALUE_BYTES` (a batch is
+    never split), each with the header the store then trusts."""
+    out = []
+    start = size = 0
+    for i, batch in enumerate(group):
+        if size and size + len(batch.message_set) > BUNDLE_VALUE_BYTES:
+            out.append(_bundle(group[start:i]))
+            start, size = i, 0
+        size += len(batch.message_set)
+    out.append(_bundle(group[start:]))
+    return out
 
 
-def _failure(where: TankPartition, outcome: object) -> str:
-    target = f"{where.topic}/{where.partition}"
-    if outcome is None:
-        return f"publish to {target} failed: backend error"
-    code = getattr(outcome, "code", None)
-    name = code.name.lower() if isinstance(code, ProduceCode) else str(code)
-    detail = getattr(outcome, "reason", "")
-    return f"publish to {target} failed: {name}" + (f" ({detail})" if detail else "")
+def _bundle(batches: list[PublishBatch]) -> tuple[bytes, BundleInfo]:
+    count = sum(b.count for b in batches)
+    bundle = b"".join([plain_bundle_head(count), *(b.message_set for b in batches)])
+    return bundle, BundleInfo(count, Codec.NONE, False, None, None)
+
+
+def _failure(batch: ProduceBatch, outcome: ProduceOutcome) -> str:
+    detail = f" ({outcome.reason})" if outcome.reason else ""
+    return (f"publish to {batch.topic}/{batch.partition} failed: "
+            f"{outcome.code.name.lower()}{detail}")

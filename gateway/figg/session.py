@@ -1,16 +1,17 @@
-"""One Figg connection on the server: read big, parse every frame, dispatch in batches.
+r"""One Figg connection on the server: read big, parse every frame, dispatch in batches.
 
-The reader task receives up to 256 KiB, drains every complete frame
-with :meth:`FiggConnection.next_events`, and handles the batch: PUBLISHes become runs for
-the :class:`~gateway.figg.publisher.Publisher` (submitted once per batch), PING is answered
-at once, ATTACH starts a :class:`~gateway.figg.subscription.Subscription`, DETACH stops
-one. Everything sent goes through the connection's one
-:class:`~gateway.figg.outbox.Outbox`. Bad input closes this connection only, with the
-reason logged (Figg has no error message).
+The reader task receives up to 256 KiB, turns every complete frame into events in one pass
+with :meth:`FiggConnection.next_batch`, and handles them: PUBLISHes (already grouped into
+:class:`~protocols.translate.PublishBatch`\ es) become one append per partition for the whole
+read (:class:`~gateway.figg.publisher.Publishing`), PING is answered at once, ATTACH starts
+a :class:`~gateway.figg.subscription.Subscription`, DETACH stops one. Everything sent goes
+through the connection's one :class:`~gateway.figg.outbox.Outbox`. Bad input closes this
+connection only, with the reason logged (Figg has no error message).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Final
 
 import structlog
@@ -18,8 +19,9 @@ import trio
 
 from gateway.backend import Backend, CreateTopicCode
 from gateway.config import Settings
+from gateway.figg.frames import DataFrameCache
 from gateway.figg.outbox import Outbox
-from gateway.figg.publisher import AckQueue, Publisher, PublishRun
+from gateway.figg.publisher import AckQueue, Publishing
 from gateway.figg.subscription import Subscription, SubscriptionError
 from gateway.listening import (
     DRAIN_SECS,
@@ -32,7 +34,8 @@ from gateway.offsets import InvalidTopic, TankPartition, attach_start, figg_to_t
 from protocols.connection import CLOSED, Role
 from protocols.errors import ProtocolError
 from protocols.figg.connection import FiggConnection
-from protocols.figg.messages import FAST, Attach, Detach, MessageType, Ping, Publish
+from protocols.figg.messages import FAST, Attach, Detach, MessageType, Ping
+from protocols.translate import PublishBatch
 from protocols.wire import UINT64_MAX
 
 #: Bytes asked of the socket per read.
@@ -52,21 +55,23 @@ class FiggSession:
     """Serves one accepted Figg connection until it closes; see :meth:`run`."""
 
     def __init__(self, stream: trio.SocketStream, *, backend: Backend, settings: Settings,
-                 metrics: Metrics, publisher: Publisher,
+                 metrics: Metrics, frames: DataFrameCache,
                  log: structlog.typing.FilteringBoundLogger) -> None:
         self._stream = stream
         self._backend = backend
         self._settings = settings
         self._metrics = metrics
-        self._publisher = publisher
+        self._frames = frames
         self._log = log
         self._outbox = Outbox(stream, settings.subscriber_buffer_bytes)
         self._acks = AckQueue(self._outbox, self._publish_failed)
+        self._publishing = Publishing(backend, self._acks)
         self._subs: dict[str, Subscription] = {}
         self._partitions: dict[str, TankPartition] = {}
         self._nursery: trio.Nursery | None = None
         self._close: CloseConnection | None = None
         self._requests = metrics.requests
+        self._published_ok = metrics.requests.labels("figg", "publish", "ok")
         self.messages_received = 0
 
     @property
@@ -124,9 +129,9 @@ class FiggSession:
             await outbox.wait_writable()
             await acks.wait_below(PUBLISH_INFLIGHT_BYTES)
             conn.receive_data(await receive_or_close(stream))
-            while True:
+            while True:  # once more after events: a bad frame after them raises then
                 try:
-                    events = conn.next_events()
+                    events = conn.next_batch(int(time.time() * 1000))
                 except ProtocolError as exc:
                     raise protocol_close(exc) from None
                 if not events:
@@ -147,32 +152,18 @@ class FiggSession:
 
     async def _handle(self, events: list[Any]) -> bool:
         """Handle a batch of events in order; True when the peer closed after them."""
-        self.messages_received += len(events)
-        runs: list[tuple[TankPartition, PublishRun]] = []
-        run: PublishRun | None = None
-        last_topic = None
-        where: TankPartition | None = None
+        publishing = self._publishing
+        published = 0
         counts: dict[str, int] = {}
         closed = False
         try:
             for event in events:
                 kind = type(event)
-                if kind is Publish:
-                    if event.topic != last_topic:
-                        new_where = self._partition_of(event.topic)
-                        last_topic = event.topic
-                        if new_where != where:
-                            where = new_where
-                            run = None
-                    if run is None:
-                        run = PublishRun(self._acks)
-                        runs.append((where, run))
-                        add_seq = run.seq_nums.append
-                        add_value = run.values.append
-                    add_seq(event.seq_num)
-                    add_value(event.data)
+                if kind is PublishBatch:
+                    self.messages_received += event.count
+                    publishing.add(self._partition_of(event.topic), event)
                     continue
-                run = None  # publishes after another message start a new run
+                self.messages_received += 1
                 if event is CLOSED:
                     closed = True
                     continue
@@ -180,25 +171,17 @@ class FiggSession:
                 if kind is Ping:
                     self._outbox.put_urgent(_encode_pong(event.timestamp))
                 elif kind is Attach:
-                    self._submit(runs)
+                    published += publishing.submit()  # what came before is appended first
                     await self._attach(event)
                 elif kind is Detach:
                     self._detach(event.topic)
         finally:
-            self._submit(runs)
-            published = sum(len(r.seq_nums) for _, r in runs)
+            published += publishing.submit()
             if published:
-                self._requests.labels("figg", "publish", "ok").inc(published)
+                self._published_ok.inc(published)
             for name, n in counts.items():
                 self._requests.labels("figg", name.lower(), "ok").inc(n)
         return closed
-
-    def _submit(self, runs: list[tuple[TankPartition, PublishRun]]) -> None:
-        for where, run in runs:
-            run.nbytes = sum(map(len, run.values))
-            self._acks.track(run)
-            self._publisher.submit(where, run)
-        runs.clear()
 
     def _partition_of(self, figg_topic: str) -> TankPartition:
         where = self._partitions.get(figg_topic)
@@ -222,7 +205,8 @@ class FiggSession:
         first_available, high_water_mark = await self._bounds(where)
         start = attach_start(event.flags, event.offset, first_available, high_water_mark)
         sub = Subscription(topic, where, start.first_seq, backend=self._backend,
-                           outbox=self._outbox, metrics=self._metrics, log=self._log)
+                           outbox=self._outbox, frames=self._frames, metrics=self._metrics,
+                           log=self._log)
         self._subs[topic] = sub
         self._outbox.put_nowait(_encode_attached(topic.encode(), start.attached_offset))
         assert self._nursery is not None

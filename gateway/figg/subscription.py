@@ -1,8 +1,10 @@
 """One Figg subscription: a reader of the log at its own position.
 
 A :class:`Subscription` fetches from the backend starting at its next sequence number,
-long-polling at the end of the log, decodes the chunk, and queues the DATA frames on the
-connection's :class:`~gateway.figg.outbox.Outbox`. It waits for the outbox to be under
+long-polling at the end of the log, turns the chunk into DATA frames (or takes them from
+the listener's :class:`~gateway.figg.frames.DataFrameCache`, when another subscriber at the
+same position made them) and queues them on the connection's
+:class:`~gateway.figg.outbox.Outbox`. It waits for the outbox to be under
 its budget before reading, so a slow client makes its subscriptions lag in the log, never
 makes the server buffer. History and live messages come from the same loop, so the switch
 between them has no gap and no duplicate.
@@ -15,13 +17,13 @@ from typing import Final
 import structlog
 import trio
 
-from gateway.backend import Backend, FetchRequest, FetchStatus
+from gateway.backend import Backend, Chunk, FetchRequest, FetchStatus
+from gateway.figg.frames import DataFrameCache
 from gateway.figg.outbox import Outbox
 from gateway.metrics import Metrics
 from gateway.offsets import TankPartition
 from protocols.errors import ProtocolError
-from protocols.figg.connection import encode_data_frames
-from protocols.tank.bundle import decode_chunk
+from protocols.translate import DataFrames, data_frames
 
 #: Bytes asked for per fetch (the backend returns whole bundles, so possibly more).
 FETCH_SIZE: Final = 256 * 1024
@@ -39,7 +41,7 @@ class Subscription:
     """Delivers ``figg_topic`` from sequence ``first_seq`` on, until detached or cancelled."""
 
     def __init__(self, figg_topic: str, where: TankPartition, first_seq: int, *,
-                 backend: Backend, outbox: Outbox, metrics: Metrics,
+                 backend: Backend, outbox: Outbox, frames: DataFrameCache, metrics: Metrics,
                  log: structlog.typing.FilteringBoundLogger) -> None:
         self.figg_topic = figg_topic
         self.where = where
@@ -49,6 +51,7 @@ class Subscription:
         self._topic_bytes = figg_topic.encode()
         self._backend = backend
         self._outbox = outbox
+        self._cache = frames
         self._lag = metrics.reader_lag
         self._messages_out = metrics.messages_out.labels(where.topic)
         self._bytes_out = metrics.bytes_out.labels(where.topic)
@@ -96,10 +99,10 @@ class Subscription:
                         continue
                     # The outbox may have filled while we waited for data.
                     await outbox.wait_writable()
-                    data = chunk.read_bytes()
+                    frames = self._frames_of(chunk, outcome.base_seq)
                 finally:
                     chunk.close()
-                fetch_size = self._queue(data, outcome.base_seq, fetch_size)
+                fetch_size = self._queue(frames, fetch_size)
                 self._lag.update(self, "figg", where.topic, where.partition, self.next_seq,
                                  outcome.high_water_mark)
             elif status is FetchStatus.BOUNDARY:
@@ -110,26 +113,36 @@ class Subscription:
                 raise SubscriptionError(
                     f"{self.figg_topic}: {status.value} while reading sequence {self.next_seq}")
 
-    def _queue(self, data: bytes, base_seq: int | None, fetch_size: int) -> int:
+    def _frames_of(self, chunk: Chunk, base_seq: int | None) -> DataFrames:
+        """The DATA frames of ``chunk`` from ``next_seq`` on: made here, or shared by a
+        subscriber that was at the same position."""
+        where = self.where
+        key = (self._topic_bytes, where.topic, where.partition, self.next_seq, base_seq,
+               chunk.length)
+        frames = self._cache.get(key)
+        if frames is None:
+            try:
+                frames = data_frames(self._topic_bytes, chunk.read_bytes(), base_seq,
+                                     self.next_seq)
+            except ProtocolError as exc:
+                raise SubscriptionError(
+                    f"{self.figg_topic}: undecodable chunk at sequence {self.next_seq}: {exc}"
+                ) from None
+            self._cache.put(key, frames)
+        return frames
+
+    def _queue(self, frames: DataFrames, fetch_size: int) -> int:
         """Queue the DATA frames of a chunk; returns the fetch size to use next."""
-        try:
-            result = decode_chunk(data, base_seq, self.next_seq)
-        except ProtocolError as exc:
-            raise SubscriptionError(
-                f"{self.figg_topic}: undecodable chunk at sequence {self.next_seq}: {exc}"
-            ) from None
-        messages = result.messages
-        if messages:
-            frames = encode_data_frames(self._topic_bytes, [(m.seq, m.value) for m in messages])
-            self._outbox.put_nowait(frames, self)
-            self._messages_out.inc(len(messages))
-            self._bytes_out.inc(len(frames))
-        if result.next_seq > self.next_seq:
-            self.next_seq = result.next_seq
+        if frames.count:
+            self._outbox.put_nowait(frames.frames, self)
+            self._messages_out.inc(frames.count)
+            self._bytes_out.inc(len(frames.frames))
+        if frames.next_seq > self.next_seq:
+            self.next_seq = frames.next_seq
             return FETCH_SIZE
-        if result.partial_bundle_len and result.partial_bundle_len > fetch_size:
+        if frames.partial_bundle_len and frames.partial_bundle_len > fetch_size:
             # A backend that cuts chunks (TANK 1 style): ask for the whole bundle.
-            return result.partial_bundle_len
+            return frames.partial_bundle_len
         # Data that does not move the position: asking again would spin.
         raise SubscriptionError(
             f"{self.figg_topic}: the backend returned no message at or after sequence "

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import random
+import threading
 from functools import partial
+from pathlib import Path
 
-import pytest
 import trio
 
+import gateway.store.durability as durability
 from gateway.config import Settings
 from gateway.figg_listener import FiggListener
 from gateway.metrics import Metrics
 from protocols.figg.messages import Ack, Attached, Data
+from protocols.tank.bundle import iter_framed_bundles
 from tests.figg.helpers import (
     RawPeer,
     RunningServer,
@@ -92,25 +96,22 @@ async def test_restart_keeps_data_and_positions(tmp_path):
             assert (await sub.receive(20))[0] == Data("keep/0", 1, b"k1")
 
 
-async def test_handler_of_an_entered_listener(tmp_path):
+async def test_handler_as_a_plain_serve_tcp_handler(tmp_path):
     """``FiggListener.handle`` as a plain ``serve_tcp`` handler (how server.py runs it)."""
     with trio.fail_after(10):
         async with open_test_backend(tmp_path) as backend, trio.open_nursery() as nursery:
             listener = FiggListener(backend, Settings(), Metrics())
-            with pytest.raises(RuntimeError, match="enter the FiggListener"):
-                await listener.handle(None)  # type: ignore[arg-type]
-            async with listener:
-                [sock] = await nursery.start(partial(trio.serve_tcp, listener.handle, 0,
-                                                     host="127.0.0.1"))
-                server = RunningServer("127.0.0.1", sock.socket.getsockname()[1], backend,
-                                       listener.metrics, listener.settings)
-                peer = await RawPeer.connect(server)
-                await peer.send(*(publish("solo", i, b"s") for i in range(1, 101)),
-                                attach("solo", 0))
-                got = await peer.receive(201)
-                assert [e for e in got if isinstance(e, Ack)] == [Ack(i) for i in range(1, 101)]
-                assert len([e for e in got if isinstance(e, Data)]) == 100
-                nursery.cancel_scope.cancel()
+            [sock] = await nursery.start(partial(trio.serve_tcp, listener.handle, 0,
+                                                 host="127.0.0.1"))
+            server = RunningServer("127.0.0.1", sock.socket.getsockname()[1], backend,
+                                   listener.metrics, listener.settings)
+            peer = await RawPeer.connect(server)
+            await peer.send(*(publish("solo", i, b"s") for i in range(1, 101)),
+                            attach("solo", 0))
+            got = await peer.receive(201)
+            assert [e for e in got if isinstance(e, Ack)] == [Ack(i) for i in range(1, 101)]
+            assert len([e for e in got if isinstance(e, Data)]) == 100
+            nursery.cancel_scope.cancel()
 
 
 async def test_connections_over_the_limit_are_closed(tmp_path):
@@ -131,3 +132,37 @@ async def test_connections_over_the_limit_are_closed(tmp_path):
             fourth = await RawPeer.connect(server)
             await fourth.send(publish("lim", 1, b"x"))
             assert await fourth.receive_one() == Ack(1)
+
+
+async def test_publishes_of_many_connections_share_an_fsync(tmp_path, monkeypatch):
+    """Each read's publishes are written at once; one fsync covers every connection's."""
+    gate = threading.Event()
+    rounds = []
+    real_run = durability.SyncJob.run
+
+    def gated_run(self):
+        if self.fds:
+            rounds.append(len(rounds))
+            assert gate.wait(10)
+        real_run(self)
+
+    monkeypatch.setattr(durability.SyncJob, "run", gated_run)
+    with trio.fail_after(10):
+        async with open_test_backend(tmp_path) as backend, figg_server(backend) as server:
+            peers = [await RawPeer.connect(server) for _ in range(5)]
+            await peers[0].send(publish("g", 1, b"first"))
+            while not rounds:  # the first round is under way, held at the gate
+                await trio.sleep(0.005)
+            for tag, peer in enumerate(peers[1:]):
+                await peer.send(*(publish("g", i, b"%d" % tag) for i in range(10)))
+            partition = backend.store.partition("g", 0)
+            segment = os.path.join(partition.directory, partition.segment_names()[0])
+            while len(list(iter_framed_bundles(Path(segment).read_bytes()))) < 5:
+                await trio.sleep(0.005)  # every bundle written, none acknowledged yet
+            assert partition.high_water_mark == 0
+            gate.set()
+            assert await peers[0].receive(1) == [Ack(1)]
+            for peer in peers[1:]:
+                assert await peer.receive(10) == [Ack(i) for i in range(10)]
+            assert partition.high_water_mark == 41
+            assert len(rounds) == 2  # five bundles, two fsync rounds

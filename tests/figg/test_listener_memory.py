@@ -79,30 +79,6 @@ async def test_detach_unknown_topic_is_answered():
             assert await peer.receive_one() == Detached("never")
 
 
-async def test_publishes_of_many_connections_share_a_bundle():
-    backend = MemoryBackend()
-    backend.produce_delay = 0.05
-    with trio.fail_after(10):
-        async with figg_server(backend) as server:
-            peers = [await RawPeer.connect(server) for _ in range(4)]
-
-            async def burst(peer: RawPeer, tag: int) -> None:
-                for round_ in range(5):
-                    await peer.send(*(publish("g", round_ * 10 + i, b"%d" % tag)
-                                      for i in range(10)))
-                    await trio.sleep(0.01)
-                acks = await peer.receive(50)
-                assert [a.seq_num for a in acks] == list(range(50))
-
-            async with trio.open_nursery() as nursery:
-                for tag, peer in enumerate(peers):
-                    nursery.start_soon(burst, peer, tag)
-    calls = backend.produce_calls
-    assert sum(len(c) for c in calls) < 20  # 4 x 5 writes, grouped
-    assert all(len({(b.topic, b.partition) for b in c}) == 1 for c in calls)
-    assert backend.topics["g"][0].hwm == 200
-
-
 async def test_acks_follow_publish_order_across_partitions():
     backend = MemoryBackend(default_partitions=3)
     with trio.fail_after(10):

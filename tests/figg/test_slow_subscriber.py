@@ -21,7 +21,8 @@ from tests.serving import figtank_serve
 TOTAL = 200 * 1000 * 1000
 SIZE = 64 * 1024
 COUNT = TOTAL // SIZE
-#: Allowed RSS growth: far below the 200 MB a buffering server would need.
+#: Allowed RSS growth: far below the 200 MB a buffering server would need. It includes the
+#: bounded caches a busy server fills (tail cache 16 MiB, DATA frame cache 8 MiB by default).
 RSS_BOUND = 64 * 1024 * 1024
 
 
