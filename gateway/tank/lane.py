@@ -23,11 +23,18 @@ class OrderedLane:
         self._items: deque[tuple[Any, int, bool]] = deque()
         self._max_batch_bytes = max_batch_bytes
         self._has_items = ParkingLot()
+        self._serving = 0
         #: Bytes of requests queued or being served.
         self.queued_bytes = 0
 
     def __len__(self) -> int:
         return len(self._items)
+
+    @property
+    def busy(self) -> bool:
+        """Requests are queued or being served (a request that must follow them in order
+        has to queue too)."""
+        return bool(self._items) or self._serving > 0
 
     def put_nowait(self, request: Any, size: int, *, batchable: bool) -> None:
         """Queue ``request`` (``size`` bytes); ``batchable`` ones may share a batch."""
@@ -43,6 +50,7 @@ class OrderedLane:
         while not items:
             await self._has_items.park()
         request, size, batchable = items.popleft()
+        self._serving += 1
         batch = [request]
         if batchable:
             while items and items[0][2] and size + items[0][1] <= self._max_batch_bytes:
@@ -54,3 +62,4 @@ class OrderedLane:
     def done(self, size: int) -> None:
         """A batch of ``size`` bytes has been served."""
         self.queued_bytes -= size
+        self._serving -= 1

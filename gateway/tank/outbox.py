@@ -19,7 +19,7 @@ import trio
 from trio.lowlevel import ParkingLot
 
 from gateway.backend import Chunk
-from gateway.listening import SendBudget
+from gateway.listening import SendBudget, send_now, socket_fd
 
 #: Largest run of queued frames joined into one write.
 MAX_WRITE = 1024 * 1024
@@ -59,6 +59,8 @@ class TankOutbox:
         self._stream = stream
         # sendfile needs the socket itself; any other stream gets the chunks' bytes.
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
+        self._fd = socket_fd(stream)
+        self._writer_idle = False
         self._budget = SendBudget(limit)
         self._items: deque[bytes | _Reply] = deque()
         self._has_items = ParkingLot()
@@ -84,10 +86,26 @@ class TankOutbox:
         """Queue one or more whole frames behind everything queued so far."""
         if self._budget.closed or not frame:
             return
+        if self._writer_idle and self._fd >= 0:
+            # Nothing queued and the writer parked: write now, no task hand-off.
+            sent = send_now(self._fd, frame)
+            self.bytes_sent += sent
+            if sent == len(frame):
+                return
+            frame = frame[sent:]
         self._push(frame, len(frame))
 
     def put_consume_nowait(self, head: bytes, chunks: Sequence[Chunk]) -> None:
         """Queue a Consume response; the outbox now owns ``chunks`` and closes them."""
+        if self._socket is not None and all(c.sendfile_source() is None for c in chunks):
+            # Held in memory (the tail cache): one write of head and chunks.
+            try:
+                frame = b"".join([head, *(c.read_bytes() for c in chunks)])
+            finally:
+                for chunk in chunks:
+                    chunk.close()
+            self.put_nowait(frame)
+            return
         reply = _Reply(head, chunks)
         if self._budget.closed:
             reply.close()
@@ -96,6 +114,7 @@ class TankOutbox:
 
     def _push(self, item: bytes | _Reply, size: int) -> None:
         self._items.append(item)
+        self._writer_idle = False
         self._budget.add(size)
         if len(self._items) == 1:
             self._has_items.unpark_all()
@@ -126,6 +145,7 @@ class TankOutbox:
         items = self._items
         while True:
             while not items:
+                self._writer_idle = True
                 await self._has_items.park()
             parts: list[bytes] = []
             size = 0

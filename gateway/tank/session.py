@@ -3,11 +3,15 @@
 The reader task receives up to 256 KiB and dispatches every complete
 request in the buffer:
 
-- Consume, Status, DiscoverPartitions and DiscoverTopics each run in their own task, so a
+- a Consume that finds data (or an error) is answered at once; one that must wait, and
+  Status, DiscoverPartitions and DiscoverTopics, each run in their own task, so a
   long-polling Consume holds up nothing else; responses go out as they are ready, matched
   by request id on the client;
-- Produce, ProduceWithSeqnum, CreateTopic and ReloadConf go through the connection's
-  :class:`~gateway.tank.lane.OrderedLane`, served in arrival order;
+- Produce and ProduceWithSeqnum are handed to the backend at once
+  (:meth:`~gateway.backend.Backend.produce_nowait`: written before the next request is
+  read, answered when durable); CreateTopic and ReloadConf go through the connection's
+  :class:`~gateway.tank.lane.OrderedLane`, and Produces that arrive while one is pending
+  queue behind it, so every request that changes the log is served in arrival order;
 - DiscoverTopology is answered at once; a client's Ping gets no answer (as in Tank);
 - RegReplica and ConsumePeer (broker-to-broker) and a Consume without topics close the
   connection, as the Tank broker does, with the reason logged.
@@ -26,7 +30,7 @@ import structlog
 import trio
 from trio.lowlevel import ParkingLot
 
-from gateway.backend import Backend, FetchStatus
+from gateway.backend import Backend, FetchOutcome, FetchRequest, FetchStatus, ProduceOutcome
 from gateway.config import Settings
 from gateway.listening import (
     DRAIN_SECS,
@@ -63,8 +67,8 @@ from protocols.wire import UINT64_MAX
 OUTBOX_LIMIT: Final = 8 * 1024 * 1024
 #: Requests served at once on one connection before it stops being read.
 MAX_IN_FLIGHT: Final = 1024
-#: Produce bytes waiting in the ordered lane before the connection stops being read.
-LANE_LIMIT: Final = 16 * 1024 * 1024
+#: Produce bytes not yet answered before the connection stops being read.
+PRODUCE_LIMIT: Final = 16 * 1024 * 1024
 #: Most produce bytes handed to the backend in one call.
 LANE_BATCH_BYTES: Final = 8 * 1024 * 1024
 
@@ -128,6 +132,8 @@ class TankSession:
         self._outbox = TankOutbox(stream, OUTBOX_LIMIT)
         self._lane = OrderedLane(LANE_BATCH_BYTES)
         self._in_flight = 0
+        #: Bytes of Produce requests handed to the backend and not yet answered.
+        self._produce_bytes = 0
         self._settled = ParkingLot()
         self._last_activity = trio.current_time()
         self._nursery: trio.Nursery | None = None
@@ -193,7 +199,8 @@ class TankSession:
                 if event is CLOSED:
                     return
                 # One read can hold thousands of small requests: admit them as they fit.
-                while self._in_flight >= MAX_IN_FLIGHT or self._lane.queued_bytes >= LANE_LIMIT:
+                while (self._in_flight >= MAX_IN_FLIGHT
+                       or self._lane.queued_bytes + self._produce_bytes >= PRODUCE_LIMIT):
                     await self._settled.park()
                 self._dispatch(event)
 
@@ -205,10 +212,19 @@ class TankSession:
             if not request.topics:
                 raise CloseConnection("refused", "Consume without topics (the Tank broker "
                                       "closes the connection too)")
-            self._start(self._consume, request)
+            asked = fetch_requests(request)
+            outcomes = self._backend.fetch_nowait(asked)
+            if outcomes is None:  # every partition at its tail: long-poll in a task
+                self._start(self._consume, request, asked)
+            else:
+                self._reply_consume(request, asked, outcomes)
         elif kind in _PRODUCES:
             self._begin()
-            self._lane.put_nowait(request, _produce_size(request), batchable=True)
+            size = _produce_size(request)
+            if self._lane.busy:  # behind a CreateTopic or ReloadConf: keep the order
+                self._lane.put_nowait(request, size, batchable=True)
+            else:
+                self._produce_now(request, size)
         elif kind is CreateTopicRequest or kind is ReloadConfRequest:
             self._begin()
             self._lane.put_nowait(request, 0, batchable=False)
@@ -237,14 +253,14 @@ class TankSession:
         while self._in_flight:
             await self._settled.park()
 
-    def _start(self, handler: Any, request: Any) -> None:
+    def _start(self, handler: Any, request: Any, *args: Any) -> None:
         assert self._nursery is not None
         self._begin()
-        self._nursery.start_soon(self._guarded, handler, request)
+        self._nursery.start_soon(self._guarded, handler, request, *args)
 
-    async def _guarded(self, handler: Any, request: Any) -> None:
+    async def _guarded(self, handler: Any, request: Any, *args: Any) -> None:
         try:
-            await handler(request)
+            await handler(request, *args)
         except Exception as exc:  # a backend failure ends this connection, not the server
             self._failed(request, exc)
         finally:
@@ -258,11 +274,14 @@ class TankSession:
 
     # ------------------------------------------------------------------------ handlers
 
-    async def _consume(self, request: Any) -> None:
-        asked = fetch_requests(request)
+    async def _consume(self, request: Any, asked: list[FetchRequest]) -> None:
         outcomes = await self._backend.fetch(asked,
                                              max_wait_ms=request.max_wait_ms,
                                              min_bytes=request.min_bytes)
+        self._reply_consume(request, asked, outcomes)
+
+    def _reply_consume(self, request: Any, asked: list[FetchRequest],
+                       outcomes: list[FetchOutcome]) -> None:
         reply = consume_reply(request, outcomes)
         self._outbox.put_consume_nowait(reply.head, reply.chunks)
         lag = self._metrics.reader_lag
@@ -301,8 +320,25 @@ class TankSession:
                 lane.done(size)
                 self._end(len(batch))
 
+    def _produce_now(self, request: Any, size: int) -> None:
+        """Hand a Produce to the backend at once (written before the next request is
+        read); it is answered when the backend reports its outcomes."""
+        self._produce_bytes += size
+
+        def done(outcomes: list[ProduceOutcome]) -> None:
+            self._produce_bytes -= size
+            self._answer_produce(request, outcomes)
+            self._end()
+
+        self._backend.produce_nowait(produce_batches(request), done)
+
+    def _answer_produce(self, request: Any, outcomes: list[ProduceOutcome]) -> None:
+        self._outbox.put_nowait(self._conn.send(produce_response(request, outcomes)))
+        self._counter.inc(_NAMES[type(request)], all_ok(outcomes))
+
     async def _produce(self, requests: list[Any]) -> None:
-        """Append consecutive Produce requests with one backend call, answer each."""
+        """Append consecutive Produce requests (that waited in the lane) with one backend
+        call, answer each."""
         spans = []
         batches = []
         for request in requests:
@@ -312,10 +348,8 @@ class TankSession:
         outcomes = await self._backend.produce(batches) if batches else []
         start = 0
         for request, n in zip(requests, spans, strict=True):
-            mine = outcomes[start:start + n]
+            self._answer_produce(request, outcomes[start:start + n])
             start += n
-            self._outbox.put_nowait(self._conn.send(produce_response(request, mine)))
-            self._counter.inc(_NAMES[type(request)], all_ok(mine))
 
     # --------------------------------------------------------------------- background
 

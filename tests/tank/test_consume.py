@@ -232,6 +232,9 @@ class ChunkCuttingBackend:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
+    def fetch_nowait(self, requests: Sequence[FetchRequest]) -> None:
+        return None  # every Consume goes through fetch, which cuts the chunks
+
     async def fetch(self, requests: Sequence[FetchRequest], *, max_wait_ms: int,
                     min_bytes: int) -> list[FetchOutcome]:
         self.fetch_sizes.append([r.fetch_size for r in requests])
@@ -267,8 +270,11 @@ async def test_client_retries_a_partial_bundle_with_a_larger_fetch(tmp_path: Pat
             assert backend.fetch_sizes[1][0] >= 20 * 1024
 
 
-async def test_chunks_go_out_with_sendfile(client: TankClient,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("tail_cache", [0, 1 << 20])
+async def test_chunks_go_out_with_sendfile_unless_cached(tmp_path: Path, tail_cache: int,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """File ranges go out with sendfile; the newest bundles come from the tail cache."""
     calls: list[int] = []
     real = os.sendfile
 
@@ -278,11 +284,13 @@ async def test_chunks_go_out_with_sendfile(client: TankClient,
 
     monkeypatch.setattr(gateway.tank.outbox.os, "sendfile", counting)
     values = [os.urandom(1000) for _ in range(300)]
-    await client.produce({("sf", 0): values[:150]})
-    await client.produce({("sf", 0): values[150:]})
-    result = await client.consume("sf", 0, 1, fetch_size=1 << 20)
+    async with tank_server(tmp_path / "data", tail_cache_bytes=tail_cache) as server, \
+            open_tank_client(server.host, server.port, request_timeout=10) as client:
+        await client.produce({("sf", 0): values[:150]})
+        await client.produce({("sf", 0): values[150:]})
+        result = await client.consume("sf", 0, 1, fetch_size=1 << 20)
     assert [m.value for m in result.messages] == values
-    assert sum(calls) >= 300_000
+    assert sum(calls) >= 300_000 if not tail_cache else calls == []
 
 
 async def test_sparse_first_bundle_is_flagged(client: TankClient,
