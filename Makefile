@@ -19,10 +19,11 @@ $(STAMP): $(BIN)/python pyproject.toml setup.py protocols/_speedups.pyx
 run: $(STAMP)
 	$(BIN)/figtank serve --data-dir ./data
 
-## Set everything up and run the whole suite.
+## Set everything up and run the whole suite: with the compiled extension, then pure Python.
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+	FIGTANK_PURE_PYTHON=1 $(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
