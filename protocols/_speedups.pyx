@@ -552,8 +552,9 @@ def data_frames(topic, chunk, base_seq, min_seq, max_bundle_size, max_uncompress
         sink.data = True
         sink.topic = <const uint8_t*>name.buf
         sink.topic_len = name.len
-        # Enough for values of about 100 bytes and a short topic, grown when needed.
-        _reserve(&sink.out, <size_t>len(chunk) + len(chunk) // 4)
+        # Enough for values of about 100 bytes and a short topic (grown when needed), but
+        # not a large chunk's worth up front: min_seq may skip most of it.
+        _reserve(&sink.out, min(<size_t>len(chunk) + len(chunk) // 4, 4 << 20))
         next_seq, consumed, partial = _walk_chunk(chunk, base_seq, min_seq, max_bundle_size,
                                                   max_uncompressed, &sink, None, None)
         frames = PyBytes_FromStringAndSize(<const char*>sink.out.data,

@@ -504,10 +504,10 @@ def test_scan_publishes_malformed(buf: bytes, timestamp: int, data: st.DataObjec
 
 
 def test_scan_publishes_errors_match() -> None:
-    topics_ok = _PUBLISH.encode_frame(b"t", 1, b"x")
+    good = _PUBLISH.encode_frame(b"t", 1, b"x")
     for topic in TOPICS:
         for payload in bad_publish_payloads(topic):
-            buf = topics_ok + frame(5, payload)
+            buf = good + frame(5, payload)
             result = same_scan(buf, 0, len(buf), 1 << 20, 5)[1]
             assert len(result[0]) == 1 and result[2] is not None
     for message_type in range(12):
