@@ -32,6 +32,9 @@ lint: $(STAMP)
 ## Benchmark suite against a figtank started for it (fsync and os); writes
 ## bench-results.json and bench-results.md. Another broker:
 ## make bench BENCH_ARGS="--target tank-4.0 --tank HOST:PORT"
+## figtank beside a running peer (medians of 3 alternating rounds, ratio figtank/peer):
+## make bench BENCH_ARGS="--peer tank-4.0 --peer-tank 127.0.0.1:11311"
+## (or --peer-figg HOST:PORT; --rounds N)
 bench: $(STAMP)
 	$(BIN)/python -m gateway.bench.suite $(BENCH_ARGS)
 

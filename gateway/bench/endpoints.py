@@ -9,7 +9,12 @@ from typing import Any, Final
 
 import trio
 
-from gateway.client.errors import TopicExistsError, UnknownTopicError
+from gateway.client.errors import (
+    PartitionFault,
+    TopicExistsError,
+    UnknownPartitionError,
+    UnknownTopicError,
+)
 from gateway.client.figg import FiggClient, open_figg_client
 from gateway.client.tank import TankClient, open_tank_client
 from gateway.config import parse_address
@@ -61,11 +66,22 @@ async def ensure_topic(client: TankClient, topic: str) -> None:
 
 async def bounds(client: TankClient, topic: str) -> tuple[int, int]:
     """``(first_available, high_water_mark)`` of partition 0; ``(1, 0)`` when empty or
-    unknown."""
+    unknown.
+
+    Asks for every partition of the topic rather than for partition 0 by id: a standalone
+    Tank broker answers a DiscoverPartitions that lists partitions with "no leader" for
+    each of them (it looks for the partition's cluster leader), and answers the unlisted
+    form with the real bounds.
+    """
     try:
-        [part] = await client.discover_partitions(topic, [0])
+        parts = await client.discover_partitions(topic)
     except UnknownTopicError:
         return 1, 0
+    part = next((p for p in parts if p.partition == 0), None)
+    if part is None:
+        raise UnknownPartitionError(topic, 0)
+    if part.error:
+        raise PartitionFault(topic, 0, part.error)
     if part.high_water_mark == 0:
         return 1, 0
     return max(part.first_available, 1), part.high_water_mark
