@@ -72,9 +72,12 @@ class Outbox:
         if not frames or (owner is not None and owner.detached):
             return
         if self._writer_idle:
-            frames = self._send_now(frames)
-            if not frames:
+            rest = self._send_now(frames)
+            if not rest:
                 return
+            if len(rest) < len(frames):
+                owner = None  # the rest of a frame already begun: never dropped
+            frames = rest
         self._items.append((owner, frames))
         self._budget.add(len(frames))
         if self._writer_idle:
