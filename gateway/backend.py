@@ -17,7 +17,7 @@ two protocols and a Tank broker must be able to serve them one to one:
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -274,13 +274,44 @@ async def produce_and_wait(backend: Backend, batches: Sequence[ProduceBatch]
     return box[0]
 
 
-async def produce_in_task(backend: Backend, batches: Sequence[ProduceBatch],
-                          on_done: ProduceDone) -> None:
-    """:meth:`Backend.produce_nowait` for a backend whose appends are async by nature
-    (run this in a task): await ``backend.produce`` and report; a failure fails every
-    batch with I/O fault."""
-    try:
-        outcomes = await backend.produce(batches)
-    except Exception as exc:
-        outcomes = [ProduceOutcome(ProduceCode.IO_FAULT, reason=repr(exc))] * len(batches)
-    on_done(outcomes)
+class ProduceQueue:
+    """:meth:`Backend.produce_nowait` for a backend whose appends are async by nature (an
+    upstream broker, a test backend).
+
+    Calls reach ``produce`` in call order, one at a time: the calls queued while one is
+    under way go together in the next (group commit, and one connection's publishes
+    keep their order, which independent tasks would not guarantee). A failure fails the
+    batches of that round with I/O fault.
+    """
+
+    def __init__(self, produce: Callable[[Sequence[ProduceBatch]],
+                                         Awaitable[list[ProduceOutcome]]],
+                 spawn: Callable[..., object]) -> None:
+        self._produce = produce
+        self._spawn = spawn
+        self._queue: list[tuple[Sequence[ProduceBatch], ProduceDone]] = []
+        self._running = False
+
+    def submit(self, batches: Sequence[ProduceBatch], on_done: ProduceDone) -> None:
+        """Queue a call; ``on_done`` gets its outcomes."""
+        self._queue.append((batches, on_done))
+        if not self._running:
+            self._running = True
+            self._spawn(self._drain)
+
+    async def _drain(self) -> None:
+        try:
+            while self._queue:
+                calls, self._queue = self._queue, []
+                merged = [batch for batches, _ in calls for batch in batches]
+                try:
+                    outcomes = await self._produce(merged)
+                except Exception as exc:
+                    outcomes = [ProduceOutcome(ProduceCode.IO_FAULT, reason=repr(exc))
+                                ] * len(merged)
+                start = 0
+                for batches, on_done in calls:
+                    on_done(outcomes[start:start + len(batches)])
+                    start += len(batches)
+        finally:
+            self._running = False

@@ -40,9 +40,9 @@ from gateway.backend import (
     ProduceCode,
     ProduceDone,
     ProduceOutcome,
+    ProduceQueue,
     ReloadConfCode,
     TopicInfo,
-    produce_in_task,
 )
 from gateway.bridge.fetch import FetchForwarder
 from gateway.bridge.produce import Entry, ProduceForwarder
@@ -89,6 +89,7 @@ class BridgeBackend:
             upstream, nursery, wait_secs=wait_secs,
             create_topic=self._auto_create if auto_create_topics else None)
         self.fetches = FetchForwarder(upstream, nursery)
+        self._produce_queue = ProduceQueue(self.produce, nursery.start_soon)
 
     # -- produce -----------------------------------------------------------------------------
 
@@ -118,8 +119,9 @@ class BridgeBackend:
         return outcomes  # type: ignore[return-value]  # every slot filled above
 
     def produce_nowait(self, batches: Sequence[ProduceBatch], on_done: ProduceDone) -> None:
-        """:meth:`produce` in a task of the bridge; ``on_done`` gets the outcomes."""
-        self._nursery.start_soon(produce_in_task, self, batches, on_done)
+        """:meth:`produce` in a task of the bridge, in call order; ``on_done`` gets the
+        outcomes."""
+        self._produce_queue.submit(batches, on_done)
 
     def _check(self, batch: ProduceBatch) -> ProduceOutcome | BundleInfo:
         """The bundle's header when it may go upstream, else the outcome refusing it."""

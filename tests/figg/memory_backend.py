@@ -23,9 +23,9 @@ from gateway.backend import (
     ProduceCode,
     ProduceDone,
     ProduceOutcome,
+    ProduceQueue,
     ReloadConfCode,
     TopicInfo,
-    produce_in_task,
 )
 from protocols.errors import ProtocolError
 from protocols.tank.bundle import bundle_last_seq, frame_bundle, validate_bundle
@@ -68,6 +68,7 @@ class MemoryBackend:
         #: Cut chunks at the fetch size, leaving a partial last bundle (TANK 1 style).
         self.cut_chunks = False
         self._changed = trio.Event()
+        self._produce_queue: ProduceQueue | None = None
 
     async def produce(self, batches: Sequence[ProduceBatch]) -> list[ProduceOutcome]:
         self.produce_calls.append(list(batches))
@@ -102,7 +103,9 @@ class MemoryBackend:
         return outcomes
 
     def produce_nowait(self, batches: Sequence[ProduceBatch], on_done: ProduceDone) -> None:
-        trio.lowlevel.spawn_system_task(produce_in_task, self, batches, on_done)
+        if self._produce_queue is None:
+            self._produce_queue = ProduceQueue(self.produce, trio.lowlevel.spawn_system_task)
+        self._produce_queue.submit(batches, on_done)
 
     def _notify(self) -> None:
         self._changed.set()
