@@ -81,7 +81,8 @@ def read_segment(path: str, base_seq: int, start: int, end: int, *, min_seq: int
 
     A corrupt bundle is a ProtocolError naming its offset, after the messages before it;
     so is a partial bundle at ``end`` unless ``torn_tail_ok`` (the active segment's tail
-    may still be being written).
+    may still be being written). A zero where a bundle length belongs ends the data: in
+    ``fsync`` durability figtank writes zeros ahead of the active segment's appends.
     """
     seq = base_seq
     carry = b""
@@ -133,7 +134,10 @@ def _decode_window(data: bytes, pos: int, seq: int, lo: int, hi: int
             seq = last + 1
             consumed = offset + length
     except ProtocolError as exc:
-        bad = (pos + consumed, exc)
+        if data[consumed] == 0:  # a zero bundle length: the end of the data (zeros
+            done = True          # written ahead of an active segment's appends)
+        else:
+            bad = (pos + consumed, exc)
     if not bundles:
         return SegmentBatch([], [], pos + consumed), consumed, seq, done, bad
     try:

@@ -30,7 +30,7 @@ from gateway.store.index import ENTRY_SIZE
 from gateway.store.results import AppendResult, ReadResult
 from gateway.store.scan import ScanError
 from gateway.store.segment import MAX_REL_SEQ, LogSegment, Recovery, parse_segment_name
-from gateway.store.syncer import Syncer
+from gateway.store.syncer import NativeSyncer, Syncer
 from gateway.store.tail import TailCache, TailEntry
 from protocols.errors import ProtocolError
 from protocols.tank.bundle import (
@@ -49,6 +49,10 @@ log = structlog.get_logger("gateway.store")
 
 #: Tank's minimum read: a Consume reads on to the bundle boundary past max(fetch_size, 32).
 MIN_FETCH: Final = 32
+#: In fsync durability, zeros are written this far ahead of the active segment's data
+#: (topped up whenever fewer than PREFILL_LOW bytes are left); see LogSegment.prefill.
+PREFILL_AHEAD: Final = 4 * 1024 * 1024
+PREFILL_LOW: Final = 2 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +66,7 @@ class PartitionEnv:
     spawn: Callable[..., Any]
     limiter: trio.CapacityLimiter
     #: Runs the fsyncs.
-    syncer: Syncer
+    syncer: Syncer | NativeSyncer
     #: Wall-clock seconds (segment names, retention, rolling by age).
     clock: Callable[[], float]
     #: Called with the seconds each group fsync took (metrics).
@@ -245,6 +249,9 @@ class Partition:
         return int(os.stat(os.path.join(self.directory, name)).st_mtime)
 
     def _report_recovery(self, name: str, report: Recovery) -> None:
+        if report.prefill_trimmed:
+            self._log.info("segment_prefill_trimmed", segment=name,
+                           bytes=report.prefill_trimmed)
         if report.bytes_dropped:
             self._log.warning("segment_tail_truncated", segment=name,
                               bytes_dropped=report.bytes_dropped, reason=report.reason,
@@ -520,6 +527,8 @@ class Partition:
             raise StoreIOError(f"write failed: {exc}") from exc
         self._written_hwm = plan.last
         size = len(prefix) + len(plan.data)
+        if self._fsync and seg.prefilled - seg.size < PREFILL_LOW:
+            self._prefill(seg)
         if self._tail is not None:
             self._tail.add(TailEntry(plan.first, plan.last, bool(plan.data[0] & SPARSE_FLAG),
                                      seg, offset, prefix + plan.data))
@@ -529,6 +538,15 @@ class Partition:
         self._publish(seg.size, plan.last, size)
         self._count_unflushed(msg_count, now)
         return result, None
+
+    def _prefill(self, seg: LogSegment) -> None:
+        """Keep zeros :data:`PREFILL_AHEAD` bytes ahead of the active segment's data (up to
+        its roll size): the fsyncs of appends into them need no journal commit."""
+        up_to = min(seg.size + PREFILL_AHEAD, max(self.config.segment_bytes, seg.size))
+        try:
+            seg.prefill(up_to)
+        except OSError as exc:  # only a missed speed-up: appends work without it
+            self._log.warning("segment_prefill_failed", segment=seg.name, error=str(exc))
 
     def _count_unflushed(self, msg_count: int, now: float) -> None:
         if self._dirty_since is None:
@@ -832,6 +850,7 @@ class Partition:
         async with self._lock:
             self._closed = True
             await self._commit.drain()
+            self._trim_active()
             job = self._prepare_sync()
             try:
                 if self._active is not None and self._active.index().fd >= 0:
@@ -849,9 +868,20 @@ class Partition:
     def close_now(self) -> None:
         """Close the files without syncing (after a failed open, or in tests)."""
         self._closed = True
+        self._trim_active()
         for seg in self._segments:
             seg.close()
         self._notify()
+
+
+    def _trim_active(self) -> None:
+        """Leave the active segment ending with its data (a Tank broker reads it so)."""
+        if self._active is not None and self._active.fd >= 0:
+            try:
+                self._active.trim()
+            except OSError as exc:  # recovery trims the zeros at the next start
+                self._log.warning("segment_trim_failed", segment=self._active.name,
+                                  error=str(exc))
 
 
 def _unlink_quietly(path: str) -> None:

@@ -10,6 +10,9 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
+from protocols.tank.bundle import iter_framed_bundles
 from tests.store.helpers import store_at
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,10 +24,10 @@ CHILD = textwrap.dedent("""
     from gateway.store import StoreSettings, open_store
     from protocols.tank.bundle import Message, encode_bundle
 
-    async def main(path):
+    async def main(path, segment_bytes):
         settings = StoreSettings(durability="fsync", maintenance_interval=float("inf"))
         async with open_store(path, settings, maintenance=False) as store:
-            await store.create_topic("k", 2, "log.segment.bytes=4096\\n")
+            await store.create_topic("k", 2, f"log.segment.bytes={segment_bytes}\\n")
             deadline = trio.current_time() + 20  # stops by itself if nobody kills it
 
             async def producer(pid):
@@ -43,14 +46,18 @@ CHILD = textwrap.dedent("""
                     nursery.start_soon(producer, pid)
 
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    trio.run(main, sys.argv[1])
+    trio.run(main, sys.argv[1], int(sys.argv[2]))
 """)
 
 
-async def test_sigkill_loses_no_acknowledged_append(tmp_path):
+# Small segments: the kill comes while segments roll. Large ones: it leaves megabytes of the
+# zeros written ahead of the active segment's appends, which recovery trims.
+@pytest.mark.parametrize("segment_bytes", [4096, 64 * 1024 * 1024])
+async def test_sigkill_loses_no_acknowledged_append(tmp_path, segment_bytes):
     data = tmp_path / "data"
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(data)], cwd=REPO, env=env,
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(data), str(segment_bytes)],
+                             cwd=REPO, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     acked: list[tuple[int, ...]] = []
     try:
@@ -70,6 +77,9 @@ async def test_sigkill_loses_no_acknowledged_append(tmp_path):
         if line.endswith(b"\n"):  # a line cut by the kill is not counted
             acked.append(tuple(int(x) for x in line.split()[1:]))
     assert len(acked) >= 100, "the child did not get going"
+    actives = sorted(data.glob("k/*/*.log"))
+    if segment_bytes > 4096:  # zeros were written ahead of the data in the active segments
+        assert all(path.stat().st_size >= 4 << 20 for path in actives)
     async with store_at(data) as store:
         for part in (0, 1):
             p = store.partition("k", part)
@@ -85,6 +95,10 @@ async def test_sigkill_loses_no_acknowledged_append(tmp_path):
                 assert last - first + 1 == n
                 for j in range(n):
                     assert values[first + j] == b"%d:%d:%d" % (pid, i, j) * 8
-            assert p.segment_count > 1  # the kill came while segments were rolling
+            if segment_bytes == 4096:
+                assert p.segment_count > 1  # the kill came while segments were rolling
             r = await p.append(b"\x04\x00" + bytes(8) + b"\x01x")
             assert r.first_seq == p.high_water_mark == max(values) + 1
+    for path in data.glob("k/*/*.log"):  # recovery cut the zeros; close left none either
+        content = path.read_bytes()
+        assert sum(length for _, length, _ in iter_framed_bundles(content)) == len(content)
