@@ -10,8 +10,8 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# setup.py builds protocols._speedups (Cython) in place: edits to it rebuild.
-$(STAMP): $(BIN)/python pyproject.toml setup.py protocols/_speedups.pyx
+# setup.py builds the Cython extensions in place: edits to them rebuild.
+$(STAMP): $(BIN)/python pyproject.toml setup.py protocols/_speedups.pyx gateway/store/_fsync.pyx
 	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
 	touch $(STAMP)
 

@@ -1,4 +1,6 @@
-"""Builds the optional compiled inner loops, ``protocols._speedups`` (Cython).
+"""Builds the optional compiled parts (Cython): ``protocols._speedups``, the inner loops
+of the protocol hot paths, and ``gateway.store._fsync``, the fsync workers that run without
+the GIL.
 
 Everything else is declared in ``pyproject.toml``. Without a C compiler (or with a
 failing build) the install goes on with a warning and the package runs its pure-Python
@@ -12,11 +14,14 @@ import sys
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-EXTENSION = "protocols._speedups"
+EXTENSIONS = {
+    "protocols._speedups": "protocols/_speedups.pyx",
+    "gateway.store._fsync": "gateway/store/_fsync.pyx",
+}
 
 
-def _warn(exc: BaseException) -> None:
-    print(f"WARNING: {EXTENSION} not built ({exc}); figtank runs its pure-Python code",
+def _warn(exc: BaseException, name: str = "the compiled extensions") -> None:
+    print(f"WARNING: {name} not built ({exc}); figtank runs its pure-Python code",
           file=sys.stderr)
 
 
@@ -33,7 +38,7 @@ class OptionalBuildExt(build_ext):
         try:
             super().build_extension(ext)
         except Exception as exc:
-            _warn(exc)
+            _warn(exc, ext.name)
 
 
 def _extensions() -> list[Extension]:
@@ -41,7 +46,7 @@ def _extensions() -> list[Extension]:
         from Cython.Build import cythonize
 
         return cythonize(
-            [Extension(EXTENSION, ["protocols/_speedups.pyx"])],
+            [Extension(name, [source]) for name, source in EXTENSIONS.items()],
             compiler_directives={"language_level": "3"},
         )
     except Exception as exc:  # no Cython, or it refused the source

@@ -24,7 +24,7 @@ import structlog
 import trio
 
 from gateway.store.errors import StoreIOError
-from gateway.store.syncer import Syncer
+from gateway.store.syncer import NativeSyncer, Syncer
 
 log = structlog.get_logger("gateway.store")
 
@@ -106,7 +106,7 @@ class GroupCommit:
     starts at once if appends arrived meanwhile. One round at a time per partition.
     """
 
-    def __init__(self, syncer: Syncer, *,
+    def __init__(self, syncer: Syncer | NativeSyncer, *,
                  prepare: Callable[[], SyncJob],
                  on_durable: Callable[[Sequence[Any]], None],
                  on_failure: Callable[[OSError, Sequence[Any]], None],

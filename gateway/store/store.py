@@ -26,7 +26,7 @@ from gateway.store.errors import (
 )
 from gateway.store.names import is_valid_topic_name, validate_partition_count, validate_topic_name
 from gateway.store.partition import Partition, PartitionEnv
-from gateway.store.syncer import Syncer
+from gateway.store.syncer import open_syncer
 from gateway.store.tail import TailCache
 from protocols.tank.bundle import MAX_BUNDLE_SIZE
 
@@ -98,7 +98,7 @@ class LogStore:
         self._creating: dict[str, trio.Event] = {}
         self._nursery: trio.Nursery | None = None
         self._limiter = trio.CapacityLimiter(settings.sync_threads)
-        self._syncer = Syncer(settings.sync_threads)
+        self._syncer = open_syncer(settings.sync_threads)
         #: The newest bundles of every partition, for the readers at the tail.
         self.tail_cache = TailCache(settings.tail_cache_bytes)
         self._closed = False
@@ -349,6 +349,7 @@ async def open_store(data_dir: str | os.PathLike[str], settings: StoreSettings |
     try:
         async with trio.open_nursery() as nursery:
             store._attach(nursery)
+            nursery.start_soon(store._syncer.run)
             if maintenance and math.isfinite(store.settings.maintenance_interval):
                 nursery.start_soon(store.run_maintenance)
             try:

@@ -2,22 +2,40 @@
 
 ``trio.to_thread.run_sync`` wakes the task that waits for it, and that task then wakes the
 tasks waiting for the appends: each hand-off is a scheduler round on the path of every
-acknowledgement. A :class:`Syncer` runs a job on one of its threads and calls the job's
-completion callback in the trio thread itself (``TrioToken.run_sync_soon``), so whatever
-was waiting for the fsync (visibility, ACKs, produce responses) happens in that callback,
-the moment the fsync returns.
+acknowledgement. A syncer runs a job on one of its threads and calls the job's completion
+callback in the trio thread itself, so whatever was waiting for the fsync (visibility,
+ACKs, produce responses) happens in that callback, the moment the fsync returns.
+
+Two implementations with one interface (``submit``, ``run``, ``close``):
+
+- :class:`NativeSyncer` (when the compiled ``gateway.store._fsync`` is built): workers in C
+  that never take the GIL, fed and answered through pipes the event loop watches. A Python
+  worker needs the GIL to pick up each job and again after each ``fdatasync``, so its
+  rounds wait for the event loop's thread to let go of the GIL;
+- :class:`Syncer`, the pure-Python reference: Python threads reporting with
+  ``TrioToken.run_sync_soon``.
+
+:func:`open_syncer` picks one.
 """
 
 from __future__ import annotations
 
+import errno
+import itertools
+import os
 import queue
+import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from types import ModuleType
 from typing import Final, Protocol
 
 import structlog
 import trio
+
+from protocols.native import PURE_PYTHON_ENV
 
 log = structlog.get_logger("gateway.store")
 
@@ -28,6 +46,11 @@ _STOP: Final = None
 
 
 class Job(Protocol):
+    #: Descriptors to fdatasync (owned by the job).
+    fds: list[int]
+    #: A directory to fsync as well, or None.
+    directory: str | None
+
     def run(self) -> None:
         """Blocking work (fdatasync); raises OSError on failure."""
 
@@ -70,6 +93,9 @@ class Syncer:
             thread.start()
         self._jobs.put((job, on_done))
 
+    async def run(self) -> None:
+        """Nothing to watch: reports come through the trio token."""
+
     def close(self) -> None:
         """Stop the threads once the jobs before this call are done."""
         if self._closed:
@@ -99,3 +125,135 @@ class Syncer:
                 self._token.run_sync_soon(on_done, error, elapsed)
             except trio.RunFinishedError:
                 log.warning("sync_report_lost", reason="the trio run has finished")
+
+
+def _load_native() -> ModuleType | None:
+    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+        return None
+    try:
+        from gateway.store import _fsync
+    except ImportError:
+        return None
+    return _fsync
+
+
+_native = _load_native()
+_RESULT: Final = struct.Struct("=QiiQ")
+#: Jobs written to the workers' pipe at once (well within a pipe's buffer); more wait here.
+_MAX_QUEUED_JOBS: Final = 64
+
+
+class NativeSyncer:
+    """Syncs on C worker threads (``gateway.store._fsync``) that never take the GIL.
+
+    Create it in the trio thread; :meth:`run` (a task of the store) delivers the reports.
+    """
+
+    def __init__(self, max_threads: int, module: ModuleType) -> None:
+        if max_threads <= 0:
+            raise ValueError("a syncer needs at least one thread")
+        self._module = module
+        self._job = struct.Struct(f"=Qii{module.MAX_FDS}i{module.MAX_FDS}i")
+        assert self._job.size == module.JOB_SIZE and _RESULT.size == module.RESULT_SIZE
+        self._jobs_r, self._jobs_w = os.pipe()
+        self._results_r, self._results_w = os.pipe()
+        os.set_blocking(self._results_r, False)
+        self._ids = itertools.count(1)
+        #: Jobs with the workers: id -> (job, on_done, descriptors opened for it).
+        self._running: dict[int, tuple[Job, Done, list[int]]] = {}
+        self._waiting: deque[tuple[Job, Done]] = deque()
+        self._closed = False
+        self._threads = [threading.Thread(target=module.run_worker,
+                                          args=(self._jobs_r, self._results_w),
+                                          name="figtank-fsync", daemon=True)
+                         for _ in range(max_threads)]
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def threads(self) -> int:
+        return len(self._threads)
+
+    def submit(self, job: Job, on_done: Done) -> None:
+        """Have a worker sync ``job``; ``on_done`` is then called in the trio thread."""
+        if self._closed:
+            raise RuntimeError("the syncer is closed")
+        if len(self._running) >= _MAX_QUEUED_JOBS:
+            self._waiting.append((job, on_done))
+            return
+        self._send(job, on_done)
+
+    def _send(self, job: Job, on_done: Done) -> None:
+        fds = list(job.fds)
+        flags = [0] * len(fds)
+        opened = []
+        try:
+            if job.directory is not None:
+                opened.append(os.open(job.directory, os.O_RDONLY | os.O_DIRECTORY))
+                fds.append(opened[-1])
+                flags.append(1)  # fsync, not fdatasync
+        except OSError as exc:
+            on_done(exc, 0.0)
+            return
+        if len(fds) > self._module.MAX_FDS:  # rare: many rolls in one round
+            for fd in opened:
+                os.close(fd)
+            self._run_here(job, on_done)
+            return
+        job_id = next(self._ids)
+        pad = self._module.MAX_FDS - len(fds)
+        record = self._job.pack(job_id, len(fds), 0, *flags, *([0] * pad), *fds, *([0] * pad))
+        self._running[job_id] = (job, on_done, opened)
+        os.write(self._jobs_w, record)  # whole records under PIPE_BUF: never split
+
+    @staticmethod
+    def _run_here(job: Job, on_done: Done) -> None:
+        started = time.perf_counter()
+        try:
+            job.run()
+        except OSError as exc:
+            on_done(exc, time.perf_counter() - started)
+            return
+        on_done(None, time.perf_counter() - started)
+
+    async def run(self) -> None:
+        """Deliver the workers' reports until cancelled (run it in the store's nursery)."""
+        size = _RESULT.size
+        while True:
+            await trio.lowlevel.wait_readable(self._results_r)
+            try:
+                data = os.read(self._results_r, size * 256)
+            except BlockingIOError:
+                continue
+            for job_id, code, _, nanoseconds in _RESULT.iter_unpack(data):
+                _, on_done, opened = self._running.pop(job_id)
+                for fd in opened:
+                    os.close(fd)
+                error = OSError(code, os.strerror(code)) if code else None
+                on_done(error, nanoseconds / 1e9)
+            while self._waiting and len(self._running) < _MAX_QUEUED_JOBS:
+                self._send(*self._waiting.popleft())
+
+    def close(self) -> None:
+        """Stop the workers (after the jobs already handed to them)."""
+        if self._closed:
+            return
+        self._closed = True
+        stop = self._job.pack(0, 0, 0, *([0] * (2 * self._module.MAX_FDS)))
+        for _ in self._threads:
+            try:
+                os.write(self._jobs_w, stop)
+            except OSError as exc:
+                if exc.errno != errno.EPIPE:
+                    raise
+        for thread in self._threads:
+            thread.join(timeout=5)
+        for fd in (self._jobs_r, self._jobs_w, self._results_r, self._results_w):
+            os.close(fd)
+
+
+def open_syncer(max_threads: int) -> Syncer | NativeSyncer:
+    """The native syncer when it is built (and not disabled), else the Python one."""
+    if _native is not None:
+        return NativeSyncer(max_threads, _native)
+    return Syncer(max_threads)

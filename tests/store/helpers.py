@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -34,6 +35,47 @@ def sparse_bundle(seqs: list[int], tag: str = "s", codec: Codec = Codec.NONE) ->
     for m, seq in zip(msgs, seqs, strict=True):
         m.seq = seq
     return encode_bundle(msgs, codec=codec, sparse=True)
+
+
+#: A descriptor number no test process has open: syncing it fails with EBADF.
+NO_SUCH_FD = 1 << 20
+
+
+def hold_fsyncs(monkeypatch: Any, when: Callable[[Any], bool] = lambda job: bool(job.fds)
+                ) -> tuple[threading.Event, list[Any]]:
+    """Hold back every fsync round whose job ``when`` picks until the returned event is
+    set; the list records the held jobs. Uses the Python fsync threads (the C workers of
+    ``gateway.store._fsync`` can not be held from Python): open the store after this."""
+    import gateway.store.durability as durability
+    import gateway.store.syncer as syncer
+
+    gate = threading.Event()
+    held: list[Any] = []
+    real_run = durability.SyncJob.run
+
+    def gated_run(job: Any) -> None:
+        if when(job):
+            held.append(job)
+            assert gate.wait(10), "an fsync was held for 10 s"
+        real_run(job)
+
+    monkeypatch.setattr(syncer, "_native", None)
+    monkeypatch.setattr(durability.SyncJob, "run", gated_run)
+    return gate, held
+
+
+def fail_fsyncs(partition: Any, monkeypatch: Any) -> None:
+    """Make ``partition``'s fsync rounds fail (EBADF) until the monkeypatch is undone:
+    every round then also syncs a descriptor that does not exist."""
+    commit = partition._commit
+    real = commit._prepare
+
+    def broken() -> Any:
+        job = real()
+        job.fds.append(NO_SUCH_FD)
+        return job
+
+    monkeypatch.setattr(commit, "_prepare", broken)
 
 
 def settings(durability: str = "fsync", *, tail_cache_bytes: int = 0, **topic: Any

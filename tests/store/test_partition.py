@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 import trio
@@ -26,6 +25,7 @@ from tests.store.helpers import (
     as_tuples,
     bundle,
     chunk_messages,
+    hold_fsyncs,
     messages,
     sparse_bundle,
     store_at,
@@ -314,16 +314,7 @@ async def test_many_idle_waiters(tmp_path):
 
 
 async def test_fsync_mode_shows_nothing_before_the_fsync(tmp_path, monkeypatch):
-    import gateway.store.durability as durability
-
-    gate = threading.Event()
-    real_run = durability.SyncJob.run
-
-    def gated_run(self):
-        assert gate.wait(10)
-        real_run(self)
-
-    monkeypatch.setattr(durability.SyncJob, "run", gated_run)
+    gate, _ = hold_fsyncs(monkeypatch)
     async with store_at(tmp_path) as store:
         await store.create_topic("t", 1)
         p = store.partition("t", 0)
@@ -358,19 +349,9 @@ async def test_group_commit_one_fsync_covers_concurrent_appends(tmp_path):
 
 
 async def test_appends_to_other_partitions_do_not_wait(tmp_path, monkeypatch):
-    import gateway.store.durability as durability
-
-    gate = threading.Event()
-    real_run = durability.SyncJob.run
-
-    def slow_run(self):  # partition 0's fsync hangs until released
-        if self.fds and any(os.readlink(f"/proc/self/fd/{fd}").find("/t/0/") >= 0
-                            for fd in self.fds):
-            assert threading.current_thread() is not threading.main_thread()
-            assert gate.wait(10)
-        real_run(self)
-
-    monkeypatch.setattr(durability.SyncJob, "run", slow_run)
+    # partition 0's fsync hangs until released (on a worker thread)
+    gate, held = hold_fsyncs(monkeypatch, lambda job: any(
+        os.readlink(f"/proc/self/fd/{fd}").find("/t/0/") >= 0 for fd in job.fds))
     async with store_at(tmp_path) as store:
         await store.create_topic("t", 2)
         p0, p1 = store.partition("t", 0), store.partition("t", 1)
@@ -379,7 +360,7 @@ async def test_appends_to_other_partitions_do_not_wait(tmp_path, monkeypatch):
             await trio.testing.wait_all_tasks_blocked()
             with trio.fail_after(5):
                 r = await p1.append(bundle(1))
-            assert r.first_seq == 1 and p0.high_water_mark == 0
+            assert r.first_seq == 1 and p0.high_water_mark == 0 and held
             gate.set()
         assert p0.high_water_mark == 1
 

@@ -10,11 +10,17 @@ from pathlib import Path
 
 import pytest
 
-import gateway.store.durability as durability
 import gateway.store.segment as segment_module
 from gateway.store import StoreIOError
 from protocols.tank.bundle import Codec
-from tests.store.helpers import all_messages, as_tuples, bundle, sparse_bundle, store_at
+from tests.store.helpers import (
+    all_messages,
+    as_tuples,
+    bundle,
+    fail_fsyncs,
+    sparse_bundle,
+    store_at,
+)
 
 
 async def build(path: Path, last: bytes, **topic) -> tuple[list, int]:
@@ -247,18 +253,12 @@ async def test_failed_fsync_fails_the_waiting_appends_and_cuts_them(tmp_path, mo
         p = store.partition("t", 0)
         await p.append(bundle(2))
         size = p._active.size
-        real = durability.SyncJob.run
-
-        def broken(self):
-            self.close()
-            raise OSError(errno.EIO, "I/O error")
-
-        monkeypatch.setattr(durability.SyncJob, "run", broken)
-        with pytest.raises(StoreIOError):
-            await p.append(bundle(3, "lost"))
+        with monkeypatch.context() as patch:
+            fail_fsyncs(p, patch)
+            with pytest.raises(StoreIOError):
+                await p.append(bundle(3, "lost"))
         assert p.high_water_mark == 2
         assert os.path.getsize(p._active.path) == size
-        monkeypatch.setattr(durability.SyncJob, "run", real)
         r = await p.append(bundle(1, "ok"))
         assert (r.first_seq, r.last_seq) == (3, 3)
         assert [m.value for m in all_messages(p)] == [b"m0", b"m1", b"ok0"]
