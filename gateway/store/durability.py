@@ -98,27 +98,38 @@ class GroupCommit:
     """Batches the fsyncs of one partition.
 
     ``prepare()`` is called in the event loop at the start of a round and returns the
-    :class:`SyncJob`, which a :class:`~gateway.store.syncer.Syncer` thread runs. When it
-    returns, the round is finished in the trio thread without a task in between:
-    ``on_durable(payloads)`` gets the payloads of the tickets the round made durable (or
-    ``on_failure(error, payloads)`` those of every pending ticket when the sync failed:
-    all of them failed), then each resolved ticket's callback runs, and the next round
-    starts at once if appends arrived meanwhile. One round at a time per partition.
+    :class:`SyncJob`, which a syncer thread runs. When it returns, the round is finished
+    in the trio thread without a task in between: ``on_durable(payloads)`` gets the
+    payloads of the tickets the round made durable (or ``on_failure(error, payloads)``
+    those of every pending ticket when the sync failed: all of them failed), then each
+    resolved ticket's callback runs.
+
+    Up to ``max_rounds`` rounds run at once: appends written while a round is under way
+    start the next round at once, instead of waiting for it to finish. An fdatasync
+    covers everything written before it began, so a round that finishes resolves every
+    ticket queued before it started, even if an earlier round is still running.
     """
 
     def __init__(self, syncer: Syncer | NativeSyncer, *,
                  prepare: Callable[[], SyncJob],
                  on_durable: Callable[[Sequence[Any]], None],
                  on_failure: Callable[[OSError, Sequence[Any]], None],
-                 observe: Callable[[float], None] | None = None) -> None:
+                 observe: Callable[[float], None] | None = None,
+                 max_rounds: int = 2) -> None:
         self._syncer = syncer
         self._observe = observe
         self._prepare = prepare
         self._on_durable = on_durable
         self._on_failure = on_failure
+        self._max_rounds = max_rounds
         self._pending: deque[Ticket] = deque()
+        #: Tickets ever added, and how many of them the newest running round covers.
+        self._added = 0
+        self._covered = 0
         self._requested = False
-        self._running = False
+        self._running = 0
+        #: Bumped by a failed round: rounds started before it prove nothing any more.
+        self._generation = 0
         self._round_done = trio.Event()
         self.rounds = 0
 
@@ -136,6 +147,7 @@ class GroupCommit:
         """
         ticket = Ticket(payload, on_resolved)
         self._pending.append(ticket)
+        self._added += 1
         return ticket
 
     def request(self) -> None:
@@ -144,22 +156,21 @@ class GroupCommit:
         self.start()
 
     def start(self) -> None:
-        """Start a round for what is pending, unless one is running (the next round,
-        started the moment it ends, covers it then)."""
-        self._start()
-
-    def _start(self) -> None:
-        if self._running or not (self._pending or self._requested):
+        """Start a round for the appends no running round covers (when fewer than
+        ``max_rounds`` run; else the next round to start covers them)."""
+        if self._running >= self._max_rounds:
             return
-        self._running = True
+        if self._added == self._covered and not self._requested:
+            return
+        self._running += 1
         self._requested = False
-        count = len(self._pending)
+        self._covered = mark = self._added
         try:
             job = self._prepare()
         except OSError as exc:
-            self._finish(count, None, exc, 0.0)
+            self._finish(mark, self._generation, None, exc, 0.0)
             return
-        self._syncer.submit(job, partial(self._finish, count, job))
+        self._syncer.submit(job, partial(self._finish, mark, self._generation, job))
 
     async def wait(self, ticket: Ticket) -> None:
         """Return once ``ticket`` is durable; raise :class:`StoreIOError` if its sync failed."""
@@ -171,37 +182,46 @@ class GroupCommit:
     async def drain(self) -> None:
         """Wait until no ticket is pending and no round is running."""
         while self._pending or self._running:
-            self._start()
+            self.start()
             await self._round_done.wait()
 
-    def _finish(self, count: int, job: SyncJob | None, error: OSError | None,
-                seconds: float) -> None:
-        """The end of a round, in the trio thread (a ``run_sync_soon`` callback: it must
-        not raise)."""
+    def _finish(self, mark: int, generation: int, job: SyncJob | None,
+                error: OSError | None, seconds: float) -> None:
+        """The end of a round, in the trio thread (a callback from the syncer: it must not
+        raise). ``mark`` is how many tickets had been added when the round started."""
         if job is not None:
             job.close()
-        if error is None and self._observe is not None:
-            self._observe(seconds)
+        self._running -= 1
+        self.rounds += 1
+        done: list[Ticket] = []
         if error is not None:
+            # Everything not yet durable failed: after a failed fsync, a later one may
+            # succeed without the lost pages, so the rounds still running prove nothing.
+            self._generation += 1
             done = list(self._pending)
             self._pending.clear()
+            self._covered = self._added
             for ticket in done:
                 ticket.state = _FAILED
                 ticket.error = error
             _guarded(self._on_failure, error, [t.payload for t in done])
-        else:
-            done = [self._pending.popleft() for _ in range(count)]
+        elif generation == self._generation:
+            if self._observe is not None:
+                self._observe(seconds)
+            first_pending = self._added - len(self._pending)
+            while self._pending and first_pending < mark:
+                done.append(self._pending.popleft())
+                first_pending += 1
             for ticket in done:
                 ticket.state = _DONE
-            _guarded(self._on_durable, [t.payload for t in done])
+            if done:
+                _guarded(self._on_durable, [t.payload for t in done])
         for ticket in done:
             if ticket.on_resolved is not None:
                 _guarded(ticket.on_resolved, ticket)
-        self.rounds += 1
-        self._running = False
         done_event, self._round_done = self._round_done, trio.Event()
         done_event.set()
-        self._start()
+        self.start()
 
 
 def _guarded(fn: Callable[..., None], *args: Any) -> None:
