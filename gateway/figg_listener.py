@@ -15,6 +15,7 @@ import trio
 
 from gateway.backend import Backend
 from gateway.config import Settings
+from gateway.figg.feed import TailFeeds
 from gateway.figg.frames import DataFrameCache
 from gateway.figg.session import FiggSession
 from gateway.listening import ConnectionSlots, open_listeners
@@ -29,14 +30,16 @@ _ROUTINE = frozenset({"eof", "reset", "send_failed", "shutdown"})
 
 class FiggListener:
     """Accepts Figg connections and serves each one (``handle`` is a ``serve_tcp``
-    handler). Its connections share one :class:`DataFrameCache`, so subscribers of a topic
-    at the same position get the DATA frames made once."""
+    handler). Its connections share one :class:`DataFrameCache` and the topics'
+    :class:`TailFeeds`, so subscribers of a topic at the same position get the DATA frames
+    made once, and those at the tail share one reader of the log."""
 
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics) -> None:
         self.backend = backend
         self.settings = settings
         self.metrics = metrics
         self.frames = DataFrameCache(settings.figg_data_cache_bytes)
+        self.feeds = TailFeeds()
         metrics.add_collector(GaugeCollector(
             "figtank_figg_data_cache_bytes",
             "Bytes of DATA frames held for the Figg subscribers at the same position.",
@@ -62,7 +65,7 @@ class FiggListener:
             stream,
             lambda conn_log: FiggSession(stream, backend=self.backend, settings=self.settings,
                                          metrics=self.metrics, frames=self.frames,
-                                         log=conn_log),
+                                         feeds=self.feeds, log=conn_log),
             lambda session: {"received": session.messages_received, "acked": session.published,
                              "bytes_sent": session.bytes_sent})
 

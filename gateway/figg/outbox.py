@@ -56,6 +56,11 @@ class Outbox:
         """Bytes queued or being written."""
         return self._budget.queued
 
+    @property
+    def full(self) -> bool:
+        """At or over the budget: whoever produces frames should wait."""
+        return self._budget.queued >= self._budget.limit
+
     async def wait_writable(self) -> None:
         """Wait until the queue is under its budget (no checkpoint when it already is)."""
         await self._budget.wait_writable()

@@ -19,6 +19,7 @@ import trio
 
 from gateway.backend import Backend, CreateTopicCode
 from gateway.config import Settings
+from gateway.figg.feed import TailFeeds
 from gateway.figg.frames import DataFrameCache
 from gateway.figg.outbox import Outbox
 from gateway.figg.publisher import AckQueue, Publishing
@@ -55,13 +56,14 @@ class FiggSession:
     """Serves one accepted Figg connection until it closes; see :meth:`run`."""
 
     def __init__(self, stream: trio.SocketStream, *, backend: Backend, settings: Settings,
-                 metrics: Metrics, frames: DataFrameCache,
+                 metrics: Metrics, frames: DataFrameCache, feeds: TailFeeds,
                  log: structlog.typing.FilteringBoundLogger) -> None:
         self._stream = stream
         self._backend = backend
         self._settings = settings
         self._metrics = metrics
         self._frames = frames
+        self._feeds = feeds
         self._log = log
         self._outbox = Outbox(stream, settings.subscriber_buffer_bytes)
         self._acks = AckQueue(self._outbox, self._publish_failed)
@@ -205,8 +207,8 @@ class FiggSession:
         first_available, high_water_mark = await self._bounds(where)
         start = attach_start(event.flags, event.offset, first_available, high_water_mark)
         sub = Subscription(topic, where, start.first_seq, backend=self._backend,
-                           outbox=self._outbox, frames=self._frames, metrics=self._metrics,
-                           log=self._log)
+                           outbox=self._outbox, frames=self._frames, feeds=self._feeds,
+                           metrics=self._metrics, log=self._log)
         self._subs[topic] = sub
         self._outbox.put_nowait(_encode_attached(topic.encode(), start.attached_offset))
         assert self._nursery is not None

@@ -1,13 +1,14 @@
 """One Figg subscription: a reader of the log at its own position.
 
 A :class:`Subscription` fetches from the backend starting at its next sequence number,
-long-polling at the end of the log, turns the chunk into DATA frames (or takes them from
-the listener's :class:`~gateway.figg.frames.DataFrameCache`, when another subscriber at the
-same position made them) and queues them on the connection's
-:class:`~gateway.figg.outbox.Outbox`. It waits for the outbox to be under
-its budget before reading, so a slow client makes its subscriptions lag in the log, never
-makes the server buffer. History and live messages come from the same loop, so the switch
-between them has no gap and no duplicate.
+turns the chunk into DATA frames (or takes them from the listener's
+:class:`~gateway.figg.frames.DataFrameCache`, when another subscriber at the same position
+made them) and queues them on the connection's :class:`~gateway.figg.outbox.Outbox`. At
+the tail of the log it follows the topic's :class:`~gateway.figg.feed.TailFeed` (or leads
+it: one long poll and one conversion for every subscriber that keeps up). It waits for the
+outbox to be under its budget before reading, so a slow client makes its subscriptions lag
+in the log, never makes the server buffer. History and live messages come from the same
+loop, so the switch between them has no gap and no duplicate.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Final
 import structlog
 import trio
 
-from gateway.backend import Backend, Chunk, FetchRequest, FetchStatus
+from gateway.backend import Backend, Chunk, FetchOutcome, FetchRequest, FetchStatus
+from gateway.figg.feed import TailFeeds
 from gateway.figg.frames import DataFrameCache
 from gateway.figg.outbox import Outbox
 from gateway.metrics import Metrics
@@ -33,6 +35,10 @@ MAX_WAIT_MS: Final = 30_000
 FAULT_RETRY_SECS: Final = 0.5
 
 
+#: What ``_lead_if_first`` returns when the topic has a feed elsewhere.
+_NO_FEED: Final = object()
+
+
 class SubscriptionError(Exception):
     """The subscription can not continue (its topic or partition is gone, corrupt data)."""
 
@@ -41,8 +47,8 @@ class Subscription:
     """Delivers ``figg_topic`` from sequence ``first_seq`` on, until detached or cancelled."""
 
     def __init__(self, figg_topic: str, where: TankPartition, first_seq: int, *,
-                 backend: Backend, outbox: Outbox, frames: DataFrameCache, metrics: Metrics,
-                 log: structlog.typing.FilteringBoundLogger) -> None:
+                 backend: Backend, outbox: Outbox, frames: DataFrameCache, feeds: TailFeeds,
+                 metrics: Metrics, log: structlog.typing.FilteringBoundLogger) -> None:
         self.figg_topic = figg_topic
         self.where = where
         #: The sequence number of the next message to queue.
@@ -52,6 +58,7 @@ class Subscription:
         self._backend = backend
         self._outbox = outbox
         self._cache = frames
+        self._feeds = feeds
         self._lag = metrics.reader_lag
         self._messages_out = metrics.messages_out.labels(where.topic)
         self._bytes_out = metrics.bytes_out.labels(where.topic)
@@ -81,37 +88,107 @@ class Subscription:
             self._lag.remove(self)
 
     async def _deliver(self) -> None:
-        where = self.where
         fetch_size = FETCH_SIZE
         outbox = self._outbox
         while True:
             await outbox.wait_writable()
-            request = FetchRequest(where.topic, where.partition, self.next_seq, fetch_size)
-            [outcome] = await self._backend.fetch([request], max_wait_ms=MAX_WAIT_MS,
-                                                  min_bytes=1)
-            status = outcome.status
+            request = FetchRequest(self.where.topic, self.where.partition, self.next_seq,
+                                   fetch_size)
+            outcomes = self._backend.fetch_nowait([request])
+            if outcomes is not None:
+                [outcome] = outcomes
+            else:  # at the tail: follow the feed there, lead one, or wait on our own
+                feed = self._feeds.at(self._topic_bytes, self.next_seq)
+                if feed is not None:
+                    await feed.follow(self)
+                    continue
+                led = await self._lead_if_first()
+                if led is None:
+                    continue
+                if led is _NO_FEED:
+                    [led] = await self._backend.fetch([request], max_wait_ms=MAX_WAIT_MS,
+                                                      min_bytes=1)
+                outcome = led
+            fetch_size = await self._handle(outcome, fetch_size)
+
+    async def _handle(self, outcome: FetchOutcome, fetch_size: int) -> int:
+        """Deliver what one fetch found; returns the fetch size to use next."""
+        where = self.where
+        status = outcome.status
+        self._lag.update(self, "figg", where.topic, where.partition, self.next_seq,
+                         outcome.high_water_mark)
+        if status is FetchStatus.DATA:
+            chunk = outcome.chunk
+            try:
+                if not chunk.length:
+                    return fetch_size
+                # The outbox may have filled while we waited for data.
+                await self._outbox.wait_writable()
+                frames = self._frames_of(chunk, outcome.base_seq)
+            finally:
+                chunk.close()
+            fetch_size = self._queue(frames, fetch_size)
             self._lag.update(self, "figg", where.topic, where.partition, self.next_seq,
                              outcome.high_water_mark)
-            if status is FetchStatus.DATA:
+        elif status is FetchStatus.BOUNDARY:
+            self._skip_to(outcome.first_available, outcome.high_water_mark)
+        elif status is FetchStatus.FAULT:
+            await trio.sleep(FAULT_RETRY_SECS)
+        else:
+            raise SubscriptionError(
+                f"{self.figg_topic}: {status.value} while reading sequence {self.next_seq}")
+        return fetch_size
+
+    async def _lead_if_first(self) -> FetchOutcome | object | None:
+        """Lead a feed of this topic from here, if it has none: read for every subscriber
+        that keeps up until something else than data comes (returned, for us to handle)
+        or we fall behind (None). :data:`_NO_FEED` when another feed reads elsewhere."""
+        feed = self._feeds.lead(self._topic_bytes, self.next_seq)
+        if feed is None:
+            return _NO_FEED
+        where = self.where
+        fetch_size = FETCH_SIZE
+        try:
+            while True:
+                request = FetchRequest(where.topic, where.partition, self.next_seq, fetch_size)
+                [outcome] = await self._backend.fetch([request], max_wait_ms=MAX_WAIT_MS,
+                                                      min_bytes=1)
                 chunk = outcome.chunk
+                if outcome.status is not FetchStatus.DATA:
+                    return outcome
                 try:
                     if not chunk.length:
                         continue
-                    # The outbox may have filled while we waited for data.
-                    await outbox.wait_writable()
                     frames = self._frames_of(chunk, outcome.base_seq)
                 finally:
                     chunk.close()
-                fetch_size = self._queue(frames, fetch_size)
-                self._lag.update(self, "figg", where.topic, where.partition, self.next_seq,
-                                 outcome.high_water_mark)
-            elif status is FetchStatus.BOUNDARY:
-                self._skip_to(outcome.first_available, outcome.high_water_mark)
-            elif status is FetchStatus.FAULT:
-                await trio.sleep(FAULT_RETRY_SECS)
-            else:
-                raise SubscriptionError(
-                    f"{self.figg_topic}: {status.value} while reading sequence {self.next_seq}")
+                fetch_size = self._next_fetch_size(frames, fetch_size)
+                if frames.next_seq <= self.next_seq:
+                    continue  # no whole message (a cut chunk): ask for more
+                hwm = outcome.high_water_mark
+                feed.deliver(frames.frames, frames.count, frames.next_seq, hwm)
+                self._put(frames.frames, frames.count, frames.next_seq, hwm)
+                if self._outbox.full:
+                    return None
+        finally:
+            self._feeds.end(self._topic_bytes, feed)
+
+    def take(self, frames: bytes, count: int, next_seq: int, high_water_mark: int) -> bool:
+        """A feed's frames for this follower; False (nothing queued) when the connection
+        is too far behind to take them."""
+        if self._outbox.full:
+            return False
+        self._put(frames, count, next_seq, high_water_mark)
+        return True
+
+    def _put(self, frames: bytes, count: int, next_seq: int, high_water_mark: int) -> None:
+        if count:
+            self._outbox.put_nowait(frames, self)
+            self._messages_out.inc(count)
+            self._bytes_out.inc(len(frames))
+        self.next_seq = next_seq
+        where = self.where
+        self._lag.update(self, "figg", where.topic, where.partition, next_seq, high_water_mark)
 
     def _frames_of(self, chunk: Chunk, base_seq: int | None) -> DataFrames:
         """The DATA frames of ``chunk`` from ``next_seq`` on: made here, or shared by a
@@ -133,12 +210,17 @@ class Subscription:
 
     def _queue(self, frames: DataFrames, fetch_size: int) -> int:
         """Queue the DATA frames of a chunk; returns the fetch size to use next."""
+        fetch_size = self._next_fetch_size(frames, fetch_size)
         if frames.count:
             self._outbox.put_nowait(frames.frames, self)
             self._messages_out.inc(frames.count)
             self._bytes_out.inc(len(frames.frames))
+        self.next_seq = frames.next_seq
+        return fetch_size
+
+    def _next_fetch_size(self, frames: DataFrames, fetch_size: int) -> int:
+        """The fetch size after ``frames``; raises when the chunk made no progress."""
         if frames.next_seq > self.next_seq:
-            self.next_seq = frames.next_seq
             return FETCH_SIZE
         if frames.partial_bundle_len and frames.partial_bundle_len > fetch_size:
             # A backend that cuts chunks (TANK 1 style): ask for the whole bundle.
