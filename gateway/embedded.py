@@ -300,18 +300,18 @@ async def _wait_any_change(partitions: list[Partition], deadline: float) -> bool
         await trio.sleep_until(deadline)
         return False
     if len(partitions) == 1:
-        event = partitions[0].changed_event()
-    else:
-        event = trio.Event()
-        for p in partitions:
-            p.add_waiter(event)
+        with trio.move_on_at(deadline) as scope:
+            await partitions[0].wait_changed()
+        return not scope.cancelled_caught
+    event = trio.Event()
+    for p in partitions:
+        p.add_waiter(event)
     try:
         with trio.move_on_at(deadline) as scope:
             await event.wait()
     finally:
-        if len(partitions) > 1:
-            for p in partitions:
-                p.remove_waiter(event)
+        for p in partitions:
+            p.remove_waiter(event)
     return not scope.cancelled_caught
 
 
@@ -349,8 +349,7 @@ class _ProduceCall:
                 appended_bytes += result.size
         if self._metrics is not None and appended:
             topic = batches[indexes[0]].topic
-            self._metrics.messages_in.labels(topic).inc(appended)
-            self._metrics.bytes_in.labels(topic).inc(appended_bytes)
+            self._metrics.appended(topic, appended, appended_bytes)
         self.release()
 
     def release(self) -> None:

@@ -8,6 +8,7 @@ counts. Hot paths count per batch (``inc(n)``), never per message.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import structlog
 import trio
@@ -98,6 +99,18 @@ class Metrics:
             labels, lambda: self.reader_lag.samples()[0]))
         r.register(GaugeCollector("figtank_readers", "Readers of a partition.", labels,
                                   lambda: self.reader_lag.samples()[1]))
+
+        self._appended: dict[str, tuple[Any, Any]] = {}
+
+    def appended(self, topic: str, messages: int, size: int) -> None:
+        """Count an append of ``messages`` messages in ``size`` bytes to ``topic`` (the
+        topic's two counters are looked up once, not per append)."""
+        counters = self._appended.get(topic)
+        if counters is None:
+            counters = self._appended[topic] = (self.messages_in.labels(topic),
+                                                self.bytes_in.labels(topic))
+        counters[0].inc(messages)
+        counters[1].inc(size)
 
     def add_collector(self, collector: Collector) -> None:
         """Register a collector computed at scrape time (store sizes, lag)."""

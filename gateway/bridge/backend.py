@@ -150,8 +150,7 @@ class BridgeBackend:
                 return ProduceOutcome(ProduceCode.IO_FAULT, reason=f"upstream code 0x{code:02x}")
             return ProduceOutcome(known, reason="upstream")
         if self._metrics is not None:
-            self._metrics.messages_in.labels(batch.topic).inc(info.msg_count)
-            self._metrics.bytes_in.labels(batch.topic).inc(len(batch.bundle))
+            self._metrics.appended(batch.topic, info.msg_count, len(batch.bundle))
         if info.sparse:
             return ProduceOutcome(ProduceCode.OK, info.first_seq or 0, info.last_seq or 0)
         if batch.base_seq is not None:

@@ -45,7 +45,8 @@ Partition API (what the listeners use), see :class:`Partition`:
 - ``read_messages(seq, fetch_size) -> (messages, next_seq)``: the same, decoded.
 - ``await wait_for(seq, deadline) -> bool``: park until ``high_water_mark >= seq`` or
   the trio clock reaches ``deadline``; woken right after the append becomes visible.
-  ``changed_event()`` gives the event of the next visible append (multi-partition waits).
+  ``await wait_changed()`` parks until the next visible append; ``add_waiter(event)`` sets
+  an event then instead (one event waits on many partitions).
 - ``appended_bytes``: framed bytes made visible so far (Tank's ``minBytes``).
 
 Durability (``StoreSettings.durability``): ``"fsync"`` acknowledges after a group-commit

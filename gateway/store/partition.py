@@ -14,6 +14,7 @@ from typing import Any, Final
 
 import structlog
 import trio
+from trio.lowlevel import ParkingLot
 
 from gateway.store.config import TopicConfig
 from gateway.store.durability import Durability, GroupCommit, SyncJob, Ticket
@@ -133,7 +134,7 @@ class Partition:
         self._written_hwm = 0
         #: Framed bytes made visible since the store opened (for Tank's minBytes).
         self.appended_bytes = 0
-        self._changed = trio.Event()
+        self._changed = ParkingLot()
         self._waiters: set[trio.Event] = set()
         self._tail = env.tail.partition() if env.tail is not None and env.tail.budget else None
         self._lock = trio.Lock()
@@ -531,7 +532,7 @@ class Partition:
             self._prefill(seg)
         if self._tail is not None:
             self._tail.add(TailEntry(plan.first, plan.last, bool(plan.data[0] & SPARSE_FLAG),
-                                     seg, offset, prefix + plan.data))
+                                     seg, offset, prefix, plan.data))
         result = AppendResult(plan.first, plan.last, size)
         if self._fsync:
             return result, self._commit.add(_Written(seg.size, plan.last, size))
@@ -567,8 +568,7 @@ class Partition:
         self._notify()
 
     def _notify(self) -> None:
-        changed, self._changed = self._changed, trio.Event()
-        changed.set()
+        self._changed.unpark_all()
         if self._waiters:
             waiters, self._waiters = self._waiters, set()
             for event in waiters:
@@ -761,8 +761,8 @@ class Partition:
         parts = []
         size = 0
         for entry in entries:
-            parts.append(entry.framed)
-            size += len(entry.framed)
+            parts += (entry.prefix, entry.bundle)
+            size += entry.size
             if size >= target:
                 break
         first = entries[0]
@@ -799,13 +799,13 @@ class Partition:
         """
         with trio.move_on_at(deadline):
             while self._hwm < seq and not self._closed:
-                await self._changed.wait()
+                await self._changed.park()
         return self._hwm >= seq
 
-    def changed_event(self) -> trio.Event:
-        """An event set at the next visible append (or close), shared by every reader of
-        this partition that waits for it."""
-        return self._changed
+    async def wait_changed(self) -> None:
+        """Park until the next visible append (or close). Every reader of the partition
+        that waits parks in one lot, woken together."""
+        await self._changed.park()
 
     def add_waiter(self, event: trio.Event) -> None:
         """Set ``event`` at the next visible append (or close). One event can wait on many

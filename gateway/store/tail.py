@@ -19,21 +19,25 @@ _COMPACT_AT: Final = 64
 
 
 class TailEntry:
-    """One framed bundle (``varint len | bundle``) at ``offset`` in ``segment``."""
+    """One framed bundle (``prefix | bundle``: ``varint len | bundle``) at ``offset`` in
+    ``segment``. The two parts stay apart: joining them is left to a reader, if any."""
 
-    __slots__ = ("first_seq", "framed", "last_seq", "offset", "segment", "sparse")
+    __slots__ = ("bundle", "first_seq", "last_seq", "offset", "prefix", "segment", "size",
+                 "sparse")
 
     def __init__(self, first_seq: int, last_seq: int, sparse: bool, segment: Any,
-                 offset: int, framed: bytes) -> None:
+                 offset: int, prefix: bytes, bundle: bytes) -> None:
         self.first_seq = first_seq
         self.last_seq = last_seq
         self.sparse = sparse
         self.segment = segment
         self.offset = offset
-        self.framed = framed
+        self.prefix = prefix
+        self.bundle = bundle
+        self.size = len(prefix) + len(bundle)
 
 
-_GONE: Final = TailEntry(0, 0, False, None, 0, b"")
+_GONE: Final = TailEntry(0, 0, False, None, 0, b"", b"")
 
 
 class PartitionTail:
@@ -59,11 +63,11 @@ class PartitionTail:
         """Cache the bundle just appended (it follows the last one cached)."""
         self._entries.append(entry)
         self._firsts.append(entry.first_seq)
-        self._cache._added(self, len(entry.framed))
+        self._cache._added(self, entry.size)
 
     def clear(self) -> None:
         """Forget every entry (the log was cut back, or the partition closes)."""
-        self._cache._forget(self, sum(len(e.framed) for e in self._entries[self._dropped:]))
+        self._cache._forget(self, sum(e.size for e in self._entries[self._dropped:]))
         self._entries.clear()
         self._firsts.clear()
         self._dropped = 0
@@ -94,7 +98,7 @@ class PartitionTail:
             del self._entries[:self._dropped]
             del self._firsts[:self._dropped]
             self._dropped = 0
-        return len(entry.framed)
+        return entry.size
 
 
 class TailCache:

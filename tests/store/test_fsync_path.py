@@ -132,7 +132,7 @@ def test_tail_cache_keeps_the_newest_bundles_of_all_partitions_within_its_budget
 
     def add(tail, size: int) -> None:
         first = seq[id(tail)]
-        tail.add(TailEntry(first, first + 1, False, "seg", 0, bytes(size)))
+        tail.add(TailEntry(first, first + 1, False, "seg", 0, b"", bytes(size)))
         seq[id(tail)] = first + 2
 
     for _ in range(5):

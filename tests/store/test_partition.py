@@ -288,10 +288,20 @@ async def test_wait_for_times_out_and_returns_at_once_when_already_there(tmp_pat
         assert trio.current_time() - start >= 0.05
         await p.append(bundle(1))
         assert await p.wait_for(1, start)  # past deadline, but already visible
-        event = p.changed_event()
-        assert not event.is_set()
-        await p.append(bundle(1))
-        assert event.is_set()
+        woken = trio.Event()
+        event = trio.Event()  # one event waiting on the partition, with no task of its own
+        p.add_waiter(event)
+
+        async def wait_changed() -> None:
+            await p.wait_changed()
+            woken.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait_changed)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not woken.is_set() and not event.is_set()
+            await p.append(bundle(1))
+        assert woken.is_set() and event.is_set()
 
 
 async def test_many_idle_waiters(tmp_path):
@@ -330,7 +340,8 @@ async def test_fsync_mode_shows_nothing_before_the_fsync(tmp_path, monkeypatch):
         assert p.high_water_mark == 2
 
 
-async def test_group_commit_one_fsync_covers_concurrent_appends(tmp_path):
+async def test_group_commit_one_fsync_covers_concurrent_appends(tmp_path, monkeypatch):
+    gate, held = hold_fsyncs(monkeypatch)
     async with store_at(tmp_path) as store:
         await store.create_topic("t", 1)
         p = store.partition("t", 0)
@@ -342,9 +353,12 @@ async def test_group_commit_one_fsync_covers_concurrent_appends(tmp_path):
         async with trio.open_nursery() as nursery:
             for i in range(200):
                 nursery.start_soon(produce, i)
-        rounds = p._commit.rounds
+            await trio.testing.wait_all_tasks_blocked()
+            # Every append written; two rounds run (held), the rest wait for the next.
+            assert len(held) == 2 and p.high_water_mark == 0
+            gate.set()
         assert sorted(r.first_seq for r in results) == list(range(1, 201))
-        assert rounds < 50, rounds  # far fewer fsyncs than appends
+        assert p._commit.rounds == 3  # one round for the 198 appends made meanwhile
         assert sorted(m.value for m in all_messages(p)) == sorted(b"g%d0" % i for i in range(200))
 
 
