@@ -77,6 +77,10 @@ class TailFeeds:
     def __len__(self) -> int:
         return len(self._feeds)
 
+    def get(self, topic: bytes) -> TailFeed | None:
+        """The feed of ``topic``, if it has one."""
+        return self._feeds.get(topic)
+
     def at(self, topic: bytes, seq: int) -> TailFeed | None:
         """The feed of ``topic`` reading at ``seq``, to follow; None when there is none
         there."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import socket
 from functools import partial
 from pathlib import Path
 
@@ -167,3 +168,47 @@ async def test_publishes_of_many_connections_share_an_fsync(tmp_path, monkeypatc
             # Five bundles, three rounds: the held one, one started beside it (two run at
             # once) and one for the three bundles written while both were held.
             assert len(rounds) == 3
+
+
+async def slow_reader(server: RunningServer) -> RawPeer:
+    """A peer with a small receive buffer (it reads only when told to)."""
+    sock = trio.socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+    await sock.connect((server.host, server.port))
+    return RawPeer(trio.SocketStream(sock))
+
+
+async def test_subscribers_at_the_tail_share_one_feed_and_a_slow_one_drops_out(tmp_path):
+    """Live subscribers follow one reader of the log; one whose client stops reading is
+    released from the feed (the others go on), then catches up on its own, in order."""
+    with trio.fail_after(20):
+        async with open_test_backend(tmp_path) as backend, trio.open_nursery() as nursery:
+            settings = Settings(subscriber_buffer_bytes=64 * 1024)
+            listener = FiggListener(backend, settings, Metrics())
+            [sock] = await nursery.start(partial(trio.serve_tcp, listener.handle, 0,
+                                                 host="127.0.0.1"))
+            server = RunningServer("127.0.0.1", sock.socket.getsockname()[1], backend,
+                                   listener.metrics, settings)
+            pub = await RawPeer.connect(server)
+            await pub.send(publish("feed", 1, b"first"))
+            await pub.receive(1)
+            fast = [await RawPeer.connect(server) for _ in range(3)]
+            slow = await slow_reader(server)
+            for peer in [*fast, slow]:
+                await peer.send(attach("feed", 1))
+                assert await peer.receive_one() == Attached("feed", 1)
+            await trio.testing.wait_all_tasks_blocked()
+            feed = listener.feeds.get(b"feed")
+            assert feed is not None and feed.followers == 3  # one leads, three follow
+            payload = b"p" * 2000
+            for start in range(2, 2002, 100):
+                await pub.send(*(publish("feed", i, payload) for i in range(start, start + 100)))
+                await pub.receive(100)
+                for peer in fast:
+                    got = await peer.receive(100)
+                    assert [d.offset for d in got] == list(range(start, start + 100))
+            # 4 MB published while the slow client read nothing: it left the feed
+            assert listener.feeds.get(b"feed").followers == 2
+            offsets = [d.offset for d in await slow.receive(2000)]
+            assert offsets == list(range(2, 2002))  # all of it, in order, on its own
+            nursery.cancel_scope.cancel()
