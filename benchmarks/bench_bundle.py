@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 import random
-import time
 from collections.abc import Callable
 
+from gateway.bench.stats import best_rate
 from protocols.tank.bundle import (
     Codec,
     Message,
@@ -34,22 +34,6 @@ def payload(rng: random.Random, size: int, compressible: bool) -> bytes:
         return rng.randbytes(size)
     text = b" ".join(rng.choice(WORDS) for _ in range(size // 4 + 1))
     return text[:size]
-
-
-def best_rate(fn: Callable[[], object], min_seconds: float, repeat: int) -> float:
-    """Calls per second of ``fn``: best of ``repeat`` runs of at least ``min_seconds``."""
-    best = 0.0
-    for _ in range(repeat):
-        calls = 0
-        start = time.perf_counter()
-        while True:
-            fn()
-            calls += 1
-            elapsed = time.perf_counter() - start
-            if elapsed >= min_seconds:
-                break
-        best = max(best, calls / elapsed)
-    return best
 
 
 def main() -> None:

@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-import time
 from collections.abc import Callable
 from unittest import mock
 
+from gateway.bench.stats import best_rate
 from protocols import native, translate
 from protocols.figg.messages import FAST, MessageType
 from protocols.tank import bundle as B
@@ -27,22 +27,6 @@ TS = 1_700_000_000_000
 TOPIC = b"orders"
 CHUNK_BYTES = 256 * 1024
 VALUE_SIZE = 128
-
-
-def best_rate(fn: Callable[[], object], min_seconds: float, repeat: int) -> float:
-    """Calls per second of ``fn``: best of ``repeat`` runs of at least ``min_seconds``."""
-    best = 0.0
-    for _ in range(repeat):
-        calls = 0
-        start = time.perf_counter()
-        while True:
-            fn()
-            calls += 1
-            elapsed = time.perf_counter() - start
-            if elapsed >= min_seconds:
-                break
-        best = max(best, calls / elapsed)
-    return best
 
 
 def values(rng: random.Random, count: int, size: int) -> list[bytes]:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
 #: Percentiles every latency summary holds, by name.
@@ -34,3 +35,20 @@ def summarize(samples: Iterable[float]) -> dict[str, float] | None:
 def stride(total: int, cap: int) -> int:
     """Keep every ``stride``-th of ``total`` events to hold at most about ``cap`` samples."""
     return max(1, math.ceil(total / cap)) if cap > 0 else max(1, total)
+
+
+def best_rate(fn: Callable[[], object], min_seconds: float, repeat: int) -> float:
+    """Calls per second of ``fn``: best of ``repeat`` runs of at least ``min_seconds``
+    (the micro-benchmarks under ``benchmarks/``)."""
+    best = 0.0
+    for _ in range(repeat):
+        calls = 0
+        start = time.perf_counter()
+        while True:
+            fn()
+            calls += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_seconds:
+                break
+        best = max(best, calls / elapsed)
+    return best
