@@ -8,6 +8,7 @@ package ignore the extension (``make test`` runs the suite both ways).
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 from typing import Final
@@ -16,18 +17,19 @@ from typing import Final
 PURE_PYTHON_ENV: Final = "FIGTANK_PURE_PYTHON"
 
 
-def _load() -> ModuleType | None:
+def compiled(name: str) -> ModuleType | None:
+    """The compiled module ``name`` (dotted), or None when it is not built or
+    :data:`PURE_PYTHON_ENV` asks for the pure-Python code."""
     if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
         return None
     try:
-        from protocols import _speedups
+        return importlib.import_module(name)
     except ImportError:
         return None
-    return _speedups
 
 
 #: The extension module, or None when the pure-Python code is in use.
-speedups: Final[ModuleType | None] = _load()
+speedups: Final[ModuleType | None] = compiled("protocols._speedups")
 
 
 def implementation() -> str:

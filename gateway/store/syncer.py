@@ -35,7 +35,7 @@ from typing import Final, Protocol
 import structlog
 import trio
 
-from protocols.native import PURE_PYTHON_ENV
+from protocols.native import compiled
 
 log = structlog.get_logger("gateway.store")
 
@@ -127,17 +127,7 @@ class Syncer:
                 log.warning("sync_report_lost", reason="the trio run has finished")
 
 
-def _load_native() -> ModuleType | None:
-    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
-        return None
-    try:
-        from gateway.store import _fsync
-    except ImportError:
-        return None
-    return _fsync
-
-
-_native = _load_native()
+_native = compiled("gateway.store._fsync")
 _RESULT: Final = struct.Struct("=QiiQ")
 #: Jobs written to the workers' pipe at once (well within a pipe's buffer); more wait here.
 _MAX_QUEUED_JOBS: Final = 64
