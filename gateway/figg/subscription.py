@@ -19,7 +19,7 @@ import structlog
 import trio
 
 from gateway.backend import Backend, Chunk, FetchOutcome, FetchRequest, FetchStatus
-from gateway.figg.feed import TailFeeds
+from gateway.figg.feed import TailFeed, TailFeeds
 from gateway.figg.frames import DataFrameCache
 from gateway.figg.outbox import Outbox
 from gateway.metrics import Metrics
@@ -33,10 +33,6 @@ FETCH_SIZE: Final = 256 * 1024
 MAX_WAIT_MS: Final = 30_000
 #: Pause before retrying a partition the backend could not read (bridge outage).
 FAULT_RETRY_SECS: Final = 0.5
-
-
-#: What ``_lead_if_first`` returns when the topic has a feed elsewhere.
-_NO_FEED: Final = object()
 
 
 class SubscriptionError(Exception):
@@ -102,13 +98,15 @@ class Subscription:
                 if feed is not None:
                     await feed.follow(self)
                     continue
-                led = await self._lead_if_first()
-                if led is None:
-                    continue
-                if led is _NO_FEED:
-                    [led] = await self._backend.fetch([request], max_wait_ms=MAX_WAIT_MS,
-                                                      min_bytes=1)
-                outcome = led
+                feed = self._feeds.lead(self._topic_bytes, self.next_seq)
+                if feed is not None:
+                    led = await self._lead(feed)
+                    if led is None:
+                        continue
+                    outcome = led
+                else:  # the topic's feed reads elsewhere
+                    [outcome] = await self._backend.fetch([request], max_wait_ms=MAX_WAIT_MS,
+                                                          min_bytes=1)
             fetch_size = await self._handle(outcome, fetch_size)
 
     async def _handle(self, outcome: FetchOutcome, fetch_size: int) -> int:
@@ -127,9 +125,8 @@ class Subscription:
                 frames = self._frames_of(chunk, outcome.base_seq)
             finally:
                 chunk.close()
-            fetch_size = self._queue(frames, fetch_size)
-            self._lag.update(self, "figg", where.topic, where.partition, self.next_seq,
-                             outcome.high_water_mark)
+            fetch_size = self._next_fetch_size(frames, fetch_size)
+            self._put(frames.frames, frames.count, frames.next_seq, outcome.high_water_mark)
         elif status is FetchStatus.BOUNDARY:
             self._skip_to(outcome.first_available, outcome.high_water_mark)
         elif status is FetchStatus.FAULT:
@@ -139,13 +136,9 @@ class Subscription:
                 f"{self.figg_topic}: {status.value} while reading sequence {self.next_seq}")
         return fetch_size
 
-    async def _lead_if_first(self) -> FetchOutcome | object | None:
-        """Lead a feed of this topic from here, if it has none: read for every subscriber
-        that keeps up until something else than data comes (returned, for us to handle)
-        or we fall behind (None). :data:`_NO_FEED` when another feed reads elsewhere."""
-        feed = self._feeds.lead(self._topic_bytes, self.next_seq)
-        if feed is None:
-            return _NO_FEED
+    async def _lead(self, feed: TailFeed) -> FetchOutcome | None:
+        """Lead ``feed``: read for every subscriber that keeps up until something else than
+        data comes (returned, for us to handle) or we fall behind (None)."""
         where = self.where
         fetch_size = FETCH_SIZE
         try:
@@ -207,16 +200,6 @@ class Subscription:
                 ) from None
             self._cache.put(key, frames)
         return frames
-
-    def _queue(self, frames: DataFrames, fetch_size: int) -> int:
-        """Queue the DATA frames of a chunk; returns the fetch size to use next."""
-        fetch_size = self._next_fetch_size(frames, fetch_size)
-        if frames.count:
-            self._outbox.put_nowait(frames.frames, self)
-            self._messages_out.inc(frames.count)
-            self._bytes_out.inc(len(frames.frames))
-        self.next_seq = frames.next_seq
-        return fetch_size
 
     def _next_fetch_size(self, frames: DataFrames, fetch_size: int) -> int:
         """The fetch size after ``frames``; raises when the chunk made no progress."""
