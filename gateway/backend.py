@@ -21,8 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import trio
-
+from gateway.completion import completed
 from protocols.tank.bundle import BundleInfo
 
 
@@ -262,16 +261,7 @@ async def produce_and_wait(backend: Backend, batches: Sequence[ProduceBatch]
     Cancelling the wait does not cancel the appends (they may still be acknowledged to
     nobody: both protocols' clients resend what was not acknowledged).
     """
-    done = trio.Event()
-    box: list[list[ProduceOutcome]] = []
-
-    def finished(outcomes: list[ProduceOutcome]) -> None:
-        box.append(outcomes)
-        done.set()
-
-    backend.produce_nowait(batches, finished)
-    await done.wait()
-    return box[0]
+    return await completed(lambda report: backend.produce_nowait(batches, report))
 
 
 class ProduceQueue:

@@ -23,7 +23,6 @@ from typing import Any, Final
 import structlog
 import trio
 
-from gateway.store.errors import StoreIOError
 from gateway.store.syncer import NativeSyncer, Syncer
 
 log = structlog.get_logger("gateway.store")
@@ -171,13 +170,6 @@ class GroupCommit:
             self._finish(mark, self._generation, None, exc, 0.0)
             return
         self._syncer.submit(job, partial(self._finish, mark, self._generation, job))
-
-    async def wait(self, ticket: Ticket) -> None:
-        """Return once ``ticket`` is durable; raise :class:`StoreIOError` if its sync failed."""
-        while ticket.state == _PENDING:
-            await self._round_done.wait()
-        if ticket.state == _FAILED:
-            raise StoreIOError(f"fsync failed: {ticket.error}") from ticket.error
 
     async def drain(self) -> None:
         """Wait until no ticket is pending and no round is running."""

@@ -16,6 +16,7 @@ import structlog
 import trio
 from trio.lowlevel import ParkingLot
 
+from gateway.completion import completed
 from gateway.store.config import TopicConfig
 from gateway.store.durability import Durability, GroupCommit, SyncJob, Ticket
 from gateway.store.errors import (
@@ -295,14 +296,7 @@ class Partition:
         trusted, not validated again. Returns once every written entry is durable.
         """
         self._check_usable()
-        async with self._lock:
-            outcomes, tickets = await self._write_all(entries)
-        for i, ticket in tickets:
-            try:
-                await self._commit.wait(ticket)
-            except StoreIOError as exc:
-                outcomes[i] = exc
-        return outcomes
+        return await completed(lambda report: self.append_nowait(entries, report))
 
     def append_nowait(self, entries: Sequence[AppendEntry],
                       on_done: Callable[[list[AppendOutcome]], None]) -> None:
@@ -320,25 +314,11 @@ class Partition:
             self._append_later(entries, on_done)
             return
         try:
-            self._check_usable()
             outcomes, tickets = self._write_all_now(entries)
         except _MustWait as wait:
             self._append_later(entries, on_done, wait.outcomes, wait.tickets)
             return
-        except StoreError as exc:
-            on_done([exc] * len(entries))
-            return
-        if not tickets:
-            on_done(outcomes)
-            return
-        # The tickets were queued together, so one round resolves them all.
-        def resolved(last: Ticket) -> None:
-            for i, ticket in tickets:
-                if ticket.failed:
-                    outcomes[i] = StoreIOError(f"fsync failed: {ticket.error}")
-            on_done(outcomes)
-
-        tickets[-1][1].on_resolved = resolved
+        _report_when_durable(outcomes, tickets, on_done)
 
     def _append_later(self, entries: Sequence[AppendEntry],
                       on_done: Callable[[list[AppendOutcome]], None],
@@ -353,21 +333,11 @@ class Partition:
                               on_done: Callable[[list[AppendOutcome]], None],
                               outcomes: list[AppendOutcome],
                               tickets: list[tuple[int, Ticket]]) -> None:
-        try:
-            async with self._lock:
-                self._queued -= 1
-                self._check_usable()
-                rest, rest_tickets = await self._write_all(entries[len(outcomes):])
-        except StoreError as exc:
-            rest, rest_tickets = [exc] * (len(entries) - len(outcomes)), []
+        async with self._lock:
+            self._queued -= 1
+            rest, rest_tickets = await self._write_all(entries[len(outcomes):])
         tickets = tickets + [(i + len(outcomes), t) for i, t in rest_tickets]
-        outcomes = outcomes + rest
-        for i, ticket in tickets:
-            try:
-                await self._commit.wait(ticket)
-            except StoreIOError as exc:
-                outcomes[i] = exc
-        on_done(outcomes)
+        _report_when_durable(outcomes + rest, tickets, on_done)
 
     async def _write_all(self, entries: Sequence[AppendEntry]
                          ) -> tuple[list[AppendOutcome], list[tuple[int, Ticket]]]:
@@ -381,7 +351,6 @@ class Partition:
             except _MustWait as wait:
                 done, more = wait.outcomes, wait.tickets
                 await self._commit.drain()
-                self._check_usable()
             tickets += [(i + len(outcomes), t) for i, t in more]
             outcomes += done
             if len(outcomes) == len(entries):
@@ -882,6 +851,24 @@ class Partition:
             except OSError as exc:  # recovery trims the zeros at the next start
                 self._log.warning("segment_trim_failed", segment=self._active.name,
                                   error=str(exc))
+
+
+def _report_when_durable(outcomes: list[AppendOutcome], tickets: list[tuple[int, Ticket]],
+                         on_done: Callable[[list[AppendOutcome]], None]) -> None:
+    """Call ``on_done(outcomes)`` once the appends behind ``tickets`` are durable, with a
+    failed fsync's error in their place. Rounds resolve tickets in order, so the last
+    ticket resolving means they all have."""
+    if not tickets:
+        on_done(outcomes)
+        return
+
+    def resolved(last: Ticket) -> None:
+        for i, ticket in tickets:
+            if ticket.failed:
+                outcomes[i] = StoreIOError(f"fsync failed: {ticket.error}")
+        on_done(outcomes)
+
+    tickets[-1][1].on_resolved = resolved
 
 
 def _unlink_quietly(path: str) -> None:
