@@ -52,17 +52,21 @@ def socket_fd(stream: object) -> int:
     return -1
 
 
-def send_now(fd: int, data: bytes) -> int:
-    """Write what the socket takes at once, without waiting; returns the bytes written.
+def send_now(fd: int, data: bytes) -> bytes:
+    """Write what the socket ``fd`` takes at once, without waiting; returns the rest.
 
     An outbox whose writer task is idle uses this to send a reply the moment it is made,
-    instead of waking the task. Any failure (a full buffer, a broken connection) writes
-    nothing here: the writer task sends the rest and meets the error itself.
+    instead of waking the task. Any failure (a full buffer, a broken connection, no plain
+    socket: ``fd`` -1) writes nothing here: the writer task sends the rest and meets the
+    error itself.
     """
+    if fd < 0:
+        return data
     try:
-        return os.write(fd, data)
+        sent = os.write(fd, data)
     except OSError:
-        return 0
+        return data
+    return data[sent:] if sent else data
 
 
 def protocol_close(exc: ProtocolError) -> CloseConnection:

@@ -1,7 +1,7 @@
 """Produce through the upstream: concurrent appends merged into one request, topics created.
 
-Every :meth:`ProduceForwarder.send` made in the same scheduler round (the Figg publisher's
-flushes of several partitions, Tank connections' produce lanes) goes upstream in one Produce
+Every :meth:`ProduceForwarder.send` made in the same scheduler round (the bridge backend's
+produce queue, admin-ordered Tank produces) goes upstream in one Produce
 request, entries in call order; a call made while a request is in flight starts the next
 request at once (requests are pipelined, not queued behind each other). One caller's
 entries stay in order, so one partition's bundles are appended in the order given.

@@ -77,7 +77,8 @@ class Outbox:
         if not frames or (owner is not None and owner.detached):
             return
         if self._writer_idle:
-            rest = self._send_now(frames)
+            rest = send_now(self._fd, frames)
+            self.bytes_sent += len(frames) - len(rest)
             if not rest:
                 return
             if len(rest) < len(frames):
@@ -95,23 +96,16 @@ class Outbox:
         if not frames:
             return
         if self._writer_idle:
-            frames = self._send_now(frames)
-            if not frames:
+            rest = send_now(self._fd, frames)
+            self.bytes_sent += len(frames) - len(rest)
+            if not rest:
                 return
+            frames = rest
         self._urgent.append(frames)
         self._budget.add(len(frames))
         if self._writer_idle:
             self._writer_idle = False
             self._has_items.unpark_all()
-
-    def _send_now(self, frames: bytes) -> bytes:
-        """With nothing queued and the writer idle: write what the socket takes at once
-        (no task hand-off on the way of an ACK); returns the rest, for the writer."""
-        sent = send_now(self._fd, frames) if self._fd >= 0 else 0
-        if not sent:
-            return frames
-        self.bytes_sent += sent
-        return frames[sent:]
 
     def drop(self, owner: Owner) -> int:
         """Remove the frames of ``owner`` not yet handed to the socket; returns their size."""

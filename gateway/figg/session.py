@@ -39,7 +39,6 @@ from protocols.figg.messages import FAST, Attach, Detach, MessageType, Ping
 from protocols.translate import PublishBatch
 from protocols.wire import UINT64_MAX
 
-#: Bytes asked of the socket per read.
 #: Published bytes a connection may have waiting for their ACK before it stops reading.
 PUBLISH_INFLIGHT_BYTES: Final = 8 * 1024 * 1024
 

@@ -73,11 +73,6 @@ class Syncer:
         self._lock = threading.Lock()
         self._closed = False
 
-    @property
-    def threads(self) -> int:
-        """Worker threads started so far."""
-        return len(self._threads)
-
     def submit(self, job: Job, on_done: Done) -> None:
         """Run ``job`` on a worker thread; ``on_done`` is then called in the trio thread."""
         if self._closed:
@@ -159,10 +154,6 @@ class NativeSyncer:
                          for _ in range(max_threads)]
         for thread in self._threads:
             thread.start()
-
-    @property
-    def threads(self) -> int:
-        return len(self._threads)
 
     def submit(self, job: Job, on_done: Done) -> None:
         """Have a worker sync ``job``; ``on_done`` is then called in the trio thread."""

@@ -1,11 +1,11 @@
-"""The ordered lane of one connection: requests that change the log, in arrival order.
+"""The ordered lane of one connection: admin requests that change the log, in arrival order.
 
-A Tank client may pipeline Produces to one partition and expects them appended in the order
-sent, and a CreateTopic followed by a Produce to expect the topic to be there. Such
-requests go through one :class:`OrderedLane` per connection, served one batch at a time.
-Consecutive Produces form one batch, so every Produce that arrived while the previous
-append was waiting for its fsync goes to the backend in one call (group commit across
-requests). Read-only requests (Consume, Status, Discover*) do not wait in the lane.
+A Tank client that sends a CreateTopic (or ReloadConf) and then a Produce expects the
+topic to be there. Such requests go through one :class:`OrderedLane` per connection, served
+one batch at a time, and Produces that arrive while one is queued or served queue behind it
+(consecutive ones form one batch, one backend call). Otherwise a Produce does not wait
+here: it is handed to the backend when it is read, which keeps pipelined Produces in order.
+Read-only requests (Consume, Status, Discover*) never wait in the lane.
 """
 
 from __future__ import annotations

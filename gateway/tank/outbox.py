@@ -86,13 +86,13 @@ class TankOutbox:
         """Queue one or more whole frames behind everything queued so far."""
         if self._budget.closed or not frame:
             return
-        if self._writer_idle and self._fd >= 0:
+        if self._writer_idle:
             # Nothing queued and the writer parked: write now, no task hand-off.
-            sent = send_now(self._fd, frame)
-            self.bytes_sent += sent
-            if sent == len(frame):
+            rest = send_now(self._fd, frame)
+            self.bytes_sent += len(frame) - len(rest)
+            if not rest:
                 return
-            frame = frame[sent:]
+            frame = rest
         self._push(frame, len(frame))
 
     def put_consume_nowait(self, head: bytes, chunks: Sequence[Chunk]) -> None:
