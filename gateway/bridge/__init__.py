@@ -27,6 +27,7 @@ import trio
 
 from gateway.bridge.backend import BridgeBackend
 from gateway.bridge.upstream import Backoff, Upstream, UpstreamUnavailable
+from gateway.client.lone import raise_lone
 from gateway.config import Settings
 from gateway.metrics import Metrics
 
@@ -61,7 +62,4 @@ async def open_bridge_backend(settings: Settings, metrics: Metrics | None = None
                 # nursery's own (cancelled) scope and swallow the block's exception.
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
-        # The background tasks never raise: a lone exception is the block's own.
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise
+        raise_lone(group)  # the background tasks never raise

@@ -2,14 +2,16 @@
 
 Every exception a client raises on purpose is a :class:`ClientError`. Connection-level
 failures (:class:`ConnectError`, :class:`ConnectionLost`, :class:`RequestTimeout`,
-:class:`ClientClosed`, :class:`BadResponse`) are shared; :class:`TankError` and its
-subclasses carry what a Tank broker answered.
+:class:`ClientClosed`, :class:`BadResponse`) are shared; :class:`RequestRefused` is how a
+Figg server says no; :class:`TankError` and its subclasses carry what a Tank broker
+answered.
 
 They pickle with their fields (Spark ships exceptions from executors to the driver).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,6 +45,28 @@ class RequestTimeout(ClientError, TimeoutError):
 
 class BadResponse(ClientError):
     """The server sent bytes the protocol does not allow (the connection is dropped)."""
+
+
+class RequestRefused(ClientError):
+    """The server closed the connection on the same request, connection after connection.
+
+    A Figg server has no error message: it closes the connection on a request it
+    refuses (an invalid topic name, a partition the topic does not have). The client
+    gives up once ``attempts`` connections in a row ended that way without an answer;
+    ``operation`` (``publish``, ``subscribe`` or ``unsubscribe``) and ``topic`` name the
+    first request left unanswered.
+    """
+
+    def __init__(self, operation: str, topic: str, server: str, attempts: int) -> None:
+        super().__init__(f"{server} closed the connection {attempts} times in a row without "
+                         f"answering {operation} {topic!r}: it refuses the request (is the "
+                         f"topic name valid, does the partition exist?); the server's log "
+                         f"says why")
+        self.operation = operation
+        self.topic = topic
+        self.server = server
+        self.attempts = attempts
+        self._ctor = (operation, topic, server, attempts)
 
 
 class TankError(ClientError):
@@ -99,6 +123,26 @@ class PartitionFault(TankError):
         self._ctor = (topic, partition, code)
 
 
+#: What each Produce code means, for people (codes from Tank's protocol).
+PRODUCE_CODES: Mapping[int, str] = {
+    1: "the topic has no such partition",
+    2: "the broker could not store it (an I/O fault, an invalid bundle, or a bridge "
+       "without its upstream broker)",
+    3: "the broker timed out waiting for acknowledgements",
+    4: "not enough replicas",
+    10: "invalid sequence numbers",
+    0xFC: "another broker leads this partition",
+    0xFD: "the partition has no leader",
+    0xFE: "the broker is read-only",
+    0xFF: "no such topic",
+}
+
+
+def produce_code_text(code: int) -> str:
+    """``code`` (a Produce response code) in words, with the number."""
+    return f"{PRODUCE_CODES.get(code, 'error')} (code {code})"
+
+
 class ProduceFailed(TankError):
     """Some partitions of a Produce were not appended.
 
@@ -108,8 +152,9 @@ class ProduceFailed(TankError):
     """
 
     def __init__(self, errors: Mapping[tuple[str, int], int]) -> None:
-        shown = ", ".join(f"{t}/{p}: {c}" for (t, p), c in list(errors.items())[:5])
-        more = f" and {len(errors) - 5} more" if len(errors) > 5 else ""
+        shown = "; ".join(f"{t}/{p}: {produce_code_text(c)}"
+                          for (t, p), c in list(errors.items())[:5])
+        more = f"; and {len(errors) - 5} more" if len(errors) > 5 else ""
         super().__init__(f"produce failed for {shown}{more}")
         self.errors = dict(errors)
         self._ctor = (self.errors,)
@@ -133,3 +178,23 @@ class RequestFailed(TankError):
         self.code = code
         self.detail = detail
         self._ctor = (request, code, detail)
+
+
+def os_reason(exc: OSError) -> str:
+    """Why a connection attempt failed, in words ("Connection refused").
+
+    trio wraps the attempts' errors (each naming the address again) in a group under a
+    generic message; the first attempt's ``strerror`` is what a person needs.
+    """
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno:
+            return os.strerror(cause.errno)
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror
+        group = cause.__cause__
+        if isinstance(group, BaseExceptionGroup) and group.exceptions:
+            cause = group.exceptions[0]
+        else:
+            cause = group
+    return str(exc)

@@ -13,13 +13,21 @@ What it does for you:
 
 - reconnects forever with a pluggable backoff (default: first redial immediate, then
   1, 2, 4, 8, 16 s capped at 30 s, each times a jitter in [0.8, 1.2)) and reports
-  :class:`ConnectionState` changes to ``on_state_change``;
+  :class:`ConnectionState` changes to ``on_state_change``. The backoff starts over only
+  after a connection proved useful (an ACK, DATA, a first ATTACHED, DETACHED, PONGs);
+- gives up when the server keeps refusing a request: ``max_refusals`` connections in a
+  row on which the server answered the opening PING, then closed before answering the
+  first request, raise
+  :class:`~gateway.client.errors.RequestRefused` from every waiting call (a Figg
+  server closes the connection on a request it refuses); a server that sends bytes
+  that are not Figg raises :class:`~gateway.client.errors.BadResponse` at once;
 - sends PING every ``ping_interval`` seconds and drops the connection when
   ``max_missed_pings`` in a row are unanswered;
 - keeps a window of ``window`` unacknowledged publishes (:meth:`FiggClient.publish`
   waits while it is full); ACK(n) releases every publish up to n;
-- after a reconnect it sends, in order: pending ATTACHes, ATTACH(resume, last offset) for
-  attached topics, pending DETACHes, then every unacknowledged PUBLISH (at-least-once);
+- on every connection it sends, in order: a PING (unless ``max_refusals`` is None),
+  pending ATTACHes, ATTACH(resume, last offset) for attached topics, pending DETACHes,
+  then every unacknowledged PUBLISH (at-least-once);
 - DETACH is resent until DETACHED arrives.
 
 Offsets are opaque: the client only hands the last one it received back to the server.
@@ -44,7 +52,15 @@ import structlog
 import trio
 from trio.lowlevel import ParkingLot, checkpoint_if_cancelled
 
-from gateway.client.errors import ClientClosed
+from gateway.client.errors import (
+    BadResponse,
+    ClientClosed,
+    ClientError,
+    ConnectError,
+    RequestRefused,
+    os_reason,
+)
+from gateway.client.lone import raise_lone
 from protocols.connection import CLOSED, DEFAULT_MAX_FRAME, Role
 from protocols.errors import ProtocolError
 from protocols.figg.connection import FiggConnection
@@ -62,8 +78,9 @@ from protocols.figg.messages import (
 log = structlog.get_logger("figtank.client.figg")
 
 __all__ = [
-    "Backoff", "ClientClosed", "ConnectionState", "ExponentialBackoff", "FiggClient",
-    "FiggMessage", "Subscription", "open_figg_client",
+    "Backoff", "BadResponse", "ClientClosed", "ClientError", "ConnectionState",
+    "ExponentialBackoff", "FiggClient", "FiggMessage", "RequestRefused", "Subscription",
+    "open_figg_client",
 ]
 
 #: Bytes asked of the socket per read.
@@ -71,6 +88,8 @@ RECEIVE_SIZE: Final = 256 * 1024
 DEFAULT_WINDOW: Final = 256
 DEFAULT_PING_INTERVAL: Final = 2.0
 DEFAULT_MAX_MISSED_PINGS: Final = 2
+#: Connections in a row the server may end without answering before the client gives up.
+DEFAULT_MAX_REFUSALS: Final = 3
 #: Messages a subscription iterator hands out from its buffer before it yields.
 _CHECKPOINT_EVERY: Final = 256
 
@@ -179,14 +198,23 @@ class Subscription:
         self._attached.set()
 
     async def receive(self) -> FiggMessage:
-        """The next message; ``trio.EndOfChannel`` once the subscription has ended."""
-        message = await self._receive.receive()
+        """The next message; ``trio.EndOfChannel`` once the subscription has ended (the
+        client's failure instead, when the client gave up)."""
+        try:
+            message = await self._receive.receive()
+        except trio.EndOfChannel:
+            self._client._raise_failure()
+            raise
         self.last_offset = message.offset
         return message
 
     def receive_nowait(self) -> FiggMessage:
         """The next buffered message, or ``trio.WouldBlock``."""
-        message = self._receive.receive_nowait()
+        try:
+            message = self._receive.receive_nowait()
+        except trio.EndOfChannel:
+            self._client._raise_failure()
+            raise
         self.last_offset = message.offset
         return message
 
@@ -206,11 +234,13 @@ class Subscription:
             except trio.WouldBlock:
                 pass
             except (trio.EndOfChannel, trio.ClosedResourceError):
+                self._client._raise_failure()
                 raise StopAsyncIteration from None
         self._streak = 0
         try:
             message = await self._receive.receive()
         except (trio.EndOfChannel, trio.ClosedResourceError):
+            self._client._raise_failure()
             raise StopAsyncIteration from None
         self.last_offset = message.offset
         return message
@@ -223,10 +253,12 @@ class Subscription:
 class _Pending:
     """One unacknowledged publish."""
 
-    __slots__ = ("frame", "on_ack", "seq")
+    __slots__ = ("frame", "on_ack", "seq", "topic")
 
-    def __init__(self, seq: int, frame: bytes, on_ack: Callable[[int], Any] | None) -> None:
+    def __init__(self, seq: int, topic: str, frame: bytes,
+                 on_ack: Callable[[int], Any] | None) -> None:
         self.seq = seq
+        self.topic = topic
         self.frame = frame
         self.on_ack = on_ack
 
@@ -243,7 +275,17 @@ class _Link:
         self.out: list[bytes] = []
         self.wake = ParkingLot()
         self.missed_pings = 0
-        self.received_frames = 0
+        #: Whether the server answered something new: an ACK, DATA, the first ATTACHED
+        #: of a subscription, DETACHED, or a PONG after the first (re-ATTACHED after a
+        #: reconnect is not).
+        self.useful = False
+        self.pongs = 0
+        #: Topics whose ATTACH(resume) this connection answered.
+        self.reattached: set[str] = set()
+        #: Set when the server sent bytes that are not Figg.
+        self.bad_frame: ProtocolError | None = None
+        #: Set when the server stopped answering PINGs (it did not refuse anything).
+        self.silent = False
         self.reason = ""
         self.scope: trio.CancelScope | None = None
 
@@ -265,6 +307,11 @@ class FiggClient:
     Every timing parameter is injectable so tests run fast: ``ping_interval``,
     ``max_missed_pings``, ``backoff`` (any callable ``attempt -> seconds``),
     ``connect_timeout``. ``on_state_change`` is called with a :class:`ConnectionState`.
+    ``max_refusals`` (None: never give up) bounds the connections in a row the server
+    may end without answering anything while requests wait. ``first_connect_attempts``
+    (None: forever) bounds the attempts to connect the first time, after which waiting
+    calls raise :class:`~gateway.client.errors.ConnectError`; once connected, the client
+    reconnects forever.
     """
 
     def __init__(self, host: str, port: int, *, window: int = DEFAULT_WINDOW,
@@ -273,7 +320,9 @@ class FiggClient:
                  backoff: Backoff | None = None,
                  on_state_change: Callable[[ConnectionState], Any] | None = None,
                  connect_timeout: float = 10.0, subscription_buffer: int = 4096,
-                 max_frame_size: int = DEFAULT_MAX_FRAME) -> None:
+                 max_frame_size: int = DEFAULT_MAX_FRAME,
+                 max_refusals: int | None = DEFAULT_MAX_REFUSALS,
+                 first_connect_attempts: int | None = None) -> None:
         if window < 1:
             raise ValueError("window must be at least 1")
         self.host = host
@@ -286,9 +335,15 @@ class FiggClient:
         self.connect_timeout = connect_timeout
         self.subscription_buffer = subscription_buffer
         self.max_frame_size = max_frame_size
+        self.max_refusals = max_refusals
+        self.first_connect_attempts = first_connect_attempts
+        #: Why the last connection attempt failed (None after a success).
+        self.last_connect_error: str | None = None
         self.state = ConnectionState.DISCONNECTED
         #: Successful connections so far.
         self.connections = 0
+        #: Whether the server ever sent a frame (a Figg server answers PINGs at least).
+        self.answered = False
         self._link: _Link | None = None
         self._seq = 0
         self._unacked: deque[_Pending] = deque()
@@ -298,6 +353,7 @@ class FiggClient:
         self._connected = ParkingLot()
         self._delivering = False
         self._closed = False
+        self._failure: ClientError | None = None
         self._waiting: set[trio.Event] = set()
         self._run_scope: trio.CancelScope | None = None
 
@@ -311,6 +367,11 @@ class FiggClient:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def failure(self) -> ClientError | None:
+        """Why the client gave up (:class:`RequestRefused`, :class:`BadResponse`), if it did."""
+        return self._failure
 
     async def wait_connected(self) -> None:
         """Wait until the client is connected."""
@@ -335,7 +396,7 @@ class FiggClient:
         self._seq += 1
         seq = self._seq
         frame = _encode_publish(topic.encode(), seq, data)
-        self._unacked.append(_Pending(seq, frame, on_ack))
+        self._unacked.append(_Pending(seq, topic, frame, on_ack))
         if self._link is not None:
             self._link.send(frame)
         return seq
@@ -353,6 +414,7 @@ class FiggClient:
         seq = await self.publish(topic, data, on_ack)
         await self._wait(done)
         if not acked:
+            self._raise_failure()
             raise ClientClosed("the Figg client closed before the ACK")
         return seq
 
@@ -373,6 +435,7 @@ class FiggClient:
         last.on_ack = chained
         await self._wait(done)
         if self._unacked and self._unacked[0].seq <= last.seq:
+            self._raise_failure()
             raise ClientClosed("the Figg client closed before every ACK")
 
     async def subscribe(self, topic: str, *, from_offset: int | None = None,
@@ -415,10 +478,15 @@ class FiggClient:
         if wait:
             await self._wait(done)
             if topic in self._detaching:
+                self._raise_failure()
                 raise ClientClosed("the Figg client closed before DETACHED")
 
     async def aclose(self) -> None:
         """Close the connection and stop reconnecting; waiting calls raise ClientClosed."""
+        self._close()
+        await trio.lowlevel.checkpoint()
+
+    def _close(self) -> None:
         self._closed = True
         if self._run_scope is not None:
             self._run_scope.cancel()
@@ -428,7 +496,12 @@ class FiggClient:
             event.set()
         self._window_space.unpark_all()
         self._connected.unpark_all()
-        await trio.lowlevel.checkpoint()
+
+    def _give_up(self, failure: ClientError) -> None:
+        """Close the client because of ``failure``, which waiting calls then raise."""
+        log.info("figg_client_gave_up", host=self.host, port=self.port, error=str(failure))
+        self._failure = failure
+        self._close()
 
     # ------------------------------------------------------------- connection loop
 
@@ -438,7 +511,7 @@ class FiggClient:
         with trio.CancelScope() as scope:
             self._run_scope = scope
             task_status.started()
-            attempt = 0
+            attempt = refusals = 0
             while not self._closed:
                 delay = self.backoff(attempt)
                 if delay > 0:
@@ -448,15 +521,55 @@ class FiggClient:
                     with trio.fail_after(self.connect_timeout):
                         stream = await trio.open_tcp_stream(self.host, self.port)
                 except (OSError, trio.TooSlowError) as exc:
+                    self.last_connect_error = (os_reason(exc) if isinstance(exc, OSError)
+                                               else f"no answer within {self.connect_timeout:g} s")
                     log.debug("figg_connect_failed", host=self.host, port=self.port,
-                              error=repr(exc), attempt=attempt)
+                              error=self.last_connect_error, attempt=attempt)
+                    if (not self.connections and self.first_connect_attempts is not None
+                            and attempt >= self.first_connect_attempts):
+                        self._give_up(ConnectError(f"could not connect to {self._server}: "
+                                                   f"{self.last_connect_error}"))
                     continue
+                self.last_connect_error = None
                 link = await self._serve(stream)
-                if link.received_frames:
-                    attempt = 0  # the server served us: redial at once next time
-                log.info("figg_disconnected", host=self.host, port=self.port,
-                         reason=link.reason)
+                if self._closed:
+                    break
+                # A working connection lost is worth a warning; a refused one is not
+                # (the client reports refusals as RequestRefused).
+                (log.warning if link.useful else log.info)(
+                    "figg_disconnected", host=self.host, port=self.port, reason=link.reason)
+                if link.bad_frame is not None:
+                    self._give_up(BadResponse(
+                        f"{self._server} sent bytes that are not Figg ({link.bad_frame}): "
+                        f"is it a Figg port?"))
+                elif link.useful:
+                    attempt = refusals = 0  # the server served us: redial at once
+                elif (link.pongs and not link.silent
+                      and (unanswered := self._unanswered(link)) is not None):
+                    refusals += 1
+                    if self.max_refusals is not None and refusals >= self.max_refusals:
+                        self._give_up(RequestRefused(*unanswered, self._server, refusals))
         self._closed = True
+
+    @property
+    def _server(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def _unanswered(self, link: _Link) -> tuple[str, str] | None:
+        """The first request (in the order a connection sends them) ``link`` left
+        unanswered, as (operation, topic); None when nothing was asked."""
+        subs = self._subs.values()
+        for sub in subs:
+            if not sub.attached:
+                return "subscribe", sub.topic
+        for sub in subs:
+            if sub.topic not in link.reattached:
+                return "subscribe", sub.topic
+        for topic in self._detaching:
+            return "unsubscribe", topic
+        if self._unacked:
+            return "publish", self._unacked[0].topic
+        return None
 
     async def _serve(self, stream: trio.SocketStream) -> _Link:
         link = _Link(stream)
@@ -484,7 +597,11 @@ class FiggClient:
 
     def _resume_frames(self) -> list[bytes]:
         subs = list(self._subs.values())
-        frames = [s._attach_frame() for s in subs if not s.attached]
+        # With refusal detection on, a PING goes first: a server that answers it is up
+        # and speaks Figg, so closing before answering what follows is a refusal; a
+        # proxy whose server is down never answers it (an outage: keep redialling).
+        frames = [] if self.max_refusals is None else [_encode_ping(time.time_ns())]
+        frames += [s._attach_frame() for s in subs if not s.attached]
         frames += [s._attach_frame() for s in subs if s.attached]
         frames += [_encode_detach(t.encode()) for t in self._detaching]
         frames += [p.frame for p in self._unacked]
@@ -511,7 +628,12 @@ class FiggClient:
 
     def _check_open(self) -> None:
         if self._closed:
+            self._raise_failure()
             raise ClientClosed("the Figg client is closed")
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
 
     # ----------------------------------------------------------------------- tasks
 
@@ -531,6 +653,7 @@ class FiggClient:
             if self._delivering:
                 continue  # our reader is waiting on the application, not on the server
             if link.missed_pings >= self.max_missed_pings:
+                link.silent = True
                 link.fail(f"{link.missed_pings} pings unanswered")
                 return
             link.missed_pings += 1
@@ -543,16 +666,18 @@ class FiggClient:
                 data = await link.stream.receive_some(RECEIVE_SIZE)
                 conn.receive_data(data)
                 while events := conn.next_events():
-                    link.received_frames += len(events)
                     await self._handle(link, events)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             link.fail(f"receive failed: {exc!r}")
         except ProtocolError as exc:
+            link.bad_frame = exc
             link.fail(f"bad frame from the server: {exc}")
         except _Disconnect as exc:
             link.fail(str(exc))
 
     async def _handle(self, link: _Link, events: list[Any]) -> None:
+        if events[0] is not CLOSED:
+            self.answered = True
         acked = 0
         for event in events:
             kind = type(event)
@@ -577,23 +702,33 @@ class FiggClient:
                 except (trio.ClosedResourceError, trio.BrokenResourceError):
                     continue
                 sub._received_offset = event.offset
+                link.useful = True
             elif kind is Ack:
                 acked = max(acked, event.seq_num)
             elif kind is Pong:
                 link.missed_pings = 0
+                link.pongs += 1
+                if link.pongs > 1:
+                    link.useful = True
             elif kind is Attached:
                 sub = self._subs.get(event.topic)
                 if sub is not None:
+                    if sub.attached:
+                        link.reattached.add(event.topic)
+                    else:
+                        link.useful = True
                     sub._on_attached(event.offset)
             elif kind is Detached:
                 if event.topic not in self._subs:
                     done = self._detaching.pop(event.topic, None)
                     if done is not None:
+                        link.useful = True
                         done.set()
             elif event is CLOSED:
                 raise _Disconnect("server closed the connection")
         if acked:
             self._release(acked)
+            link.useful = True
 
     def _release(self, seq_num: int) -> None:
         """ACK(n): every publish up to n is stored."""
@@ -619,10 +754,13 @@ async def open_figg_client(host: str, port: int, **options: Any) -> AsyncIterato
     need the connection up. ``options`` are :class:`FiggClient`'s keyword arguments.
     """
     client = FiggClient(host, port, **options)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(client.run)
-        try:
-            yield client
-        finally:
-            await client.aclose()
-            nursery.cancel_scope.cancel()
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(client.run)
+            try:
+                yield client
+            finally:
+                await client.aclose()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        raise_lone(group)  # run() never raises

@@ -54,7 +54,9 @@ from gateway.client.errors import (
     TopicExistsError,
     UnknownPartitionError,
     UnknownTopicError,
+    os_reason,
 )
+from gateway.client.lone import raise_lone
 from protocols.connection import CLOSED, NEED_DATA, Role
 from protocols.errors import ProtocolError
 from protocols.tank.bundle import Codec, Message, decode_chunk, encode_bundle
@@ -275,10 +277,11 @@ class TankClient:
                     await trio.aclose_forcefully(stream)
                     raise
         except trio.TooSlowError:
-            raise ConnectError(f"{self.host}:{self.port}: no greeting from the broker within "
-                               f"{self.connect_timeout:g} s") from None
+            raise ConnectError(f"{self.host}:{self.port} did not greet as a Tank broker within "
+                               f"{self.connect_timeout:g} s (is it a Tank port?)") from None
         except OSError as exc:
-            raise ConnectError(f"{self.host}:{self.port}: {exc}") from exc
+            raise ConnectError(f"could not connect to {self.host}:{self.port}: "
+                               f"{os_reason(exc)}") from exc
         return stream
 
     async def _await_greeting(self, stream: trio.SocketStream) -> None:
@@ -347,7 +350,10 @@ class TankClient:
                     return
                 conn.receive_data(data)
             elif event is CLOSED:
-                self._fail(ConnectionLost("the broker closed the connection"))
+                self._fail(ConnectionLost(
+                    f"{self.host}:{self.port} closed the connection without answering (its "
+                    f"log says why; a figtank bridge does so while its upstream broker is "
+                    f"unreachable)"))
                 return
             elif type(event) is Reply:
                 waiter = waiters.pop(event.request.request_id, None)
@@ -716,7 +722,4 @@ async def open_tank_client(host: str, port: int, **options: Any) -> AsyncIterato
                 await client.aclose()
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
-        # serve() never raises: a lone exception is the caller's own, give it back as is.
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise
+        raise_lone(group)  # serve() never raises

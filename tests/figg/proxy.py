@@ -25,6 +25,8 @@ class DroppingProxy:
         self.cut_upstream_after: int | None = None
         self.cut_downstream_after: int | None = None
         self.refuse = False
+        #: Connections accepted and reset at once while ``refuse`` was set.
+        self.refused = 0
         self._scopes: set[trio.CancelScope] = set()
 
     def drop(self) -> None:
@@ -34,6 +36,7 @@ class DroppingProxy:
 
     async def _handle(self, client: trio.SocketStream) -> None:
         if self.refuse:
+            self.refused += 1
             await _reset(client)
             return
         try:

@@ -10,11 +10,14 @@ from typing import Any
 import pytest
 import trio
 
+from gateway.client.errors import ConnectError
 from gateway.client.figg import (
+    BadResponse,
     ClientClosed,
     ConnectionState,
     ExponentialBackoff,
     FiggClient,
+    RequestRefused,
     open_figg_client,
 )
 from protocols.connection import Role
@@ -31,7 +34,7 @@ from protocols.figg.messages import (
 )
 from tests.figg.helpers import RESUME, figg_server, frame
 from tests.figg.memory_backend import MemoryBackend
-from tests.figg.proxy import serve_local
+from tests.figg.proxy import dropping_proxy, serve_local
 
 FAST = {"backoff": lambda attempt: 0.0 if attempt == 0 else 0.02, "ping_interval": 0.5}
 
@@ -98,7 +101,9 @@ async def test_state_callbacks_and_reconnect_after_server_restart():
             stream = await listeners[0].accept()
             conn = FiggConnection(Role.SERVER)
             conn.receive_data(await stream.receive_some(65536))
-            assert conn.next_events() == [Publish("r", seq, b"queued while down")]
+            # A PING comes first: it tells a server that refuses from one that is down.
+            ping, publish = conn.next_events()
+            assert isinstance(ping, Ping) and publish == Publish("r", seq, b"queued while down")
             await stream.send_all(conn.send(Ack(seq)))
             while client.unacked:
                 await trio.sleep(0.01)
@@ -148,12 +153,14 @@ class RecordingServer:
 async def recorded_client(**options: Any
                           ) -> AsyncIterator[tuple[RecordingServer, FiggClient, trio.Nursery]]:
     """A :class:`FiggClient` dialling a :class:`RecordingServer`, both running in the
-    yielded nursery (redial at once and no pings unless ``options`` say otherwise)."""
+    yielded nursery (redial at once, no pings and no refusal detection unless ``options``
+    say otherwise)."""
     server = RecordingServer()
     async with trio.open_nursery() as nursery:
         server.port = await nursery.start(serve_local, server._handle)
         client = FiggClient("127.0.0.1", server.port, **{
-            "backoff": lambda a: 0.0, "ping_interval": float("inf"), **options})
+            "backoff": lambda a: 0.0, "ping_interval": float("inf"), "max_refusals": None,
+            **options})
         await nursery.start(client.run)
         yield server, client, nursery
         await client.aclose()
@@ -275,3 +282,87 @@ async def test_aclose_wakes_waiting_calls():
             while len(errors) < 3:
                 await trio.sleep(0.01)
             assert sorted(errors) == ["publish", "publish_and_wait", "subscribe"]
+
+
+# -- refusals and outages ----------------------------------------------------------------------
+
+REDIAL_AT_ONCE = {"backoff": lambda attempt: 0.0, "ping_interval": float("inf")}
+
+
+@pytest.mark.parametrize("operation", ["publish", "subscribe"])
+async def test_a_refused_request_raises_instead_of_redialling(operation: str):
+    # The server closes the connection on an invalid topic name; even redialling at once,
+    # the client stops after max_refusals connections and says which request it was.
+    with trio.fail_after(10):
+        async with figg_server(MemoryBackend()) as server, \
+                dropping_proxy(server.host, server.port) as proxy, \
+                open_figg_client("127.0.0.1", proxy.port, max_refusals=3,
+                                 **REDIAL_AT_ONCE) as client:
+            await client.publish_and_wait("fine", b"accepted first")
+            with pytest.raises(RequestRefused) as refused:
+                if operation == "publish":
+                    await client.publish_and_wait("bad name", b"x")
+                else:
+                    await client.subscribe("bad name")
+            assert (refused.value.operation, refused.value.topic) == (operation, "bad name")
+            connections = proxy.connections
+            assert connections == 1 + 3  # the first served one, then three refused
+            await trio.sleep(0.3)
+            assert proxy.connections == connections  # and no more
+            assert client.failure is refused.value
+            with pytest.raises(RequestRefused):
+                await client.publish("fine", b"after giving up")
+
+
+async def test_an_outage_behind_a_proxy_is_redialled_not_refused():
+    # A proxy whose server is down accepts and resets: the opening PING is never
+    # answered, so that is an outage, redialled (with backoff) for as long as it lasts.
+    attempts: list[int] = []
+
+    def backoff(attempt: int) -> float:
+        attempts.append(attempt)
+        return 0.0 if attempt == 0 else 0.01
+
+    with trio.fail_after(10):
+        async with figg_server(MemoryBackend()) as server, \
+                dropping_proxy(server.host, server.port) as proxy, \
+                open_figg_client("127.0.0.1", proxy.port, max_refusals=2, backoff=backoff,
+                                 ping_interval=float("inf")) as client:
+            await client.publish_and_wait("outage", b"before")  # the proxy is connected
+            proxy.refuse = True
+            proxy.drop()
+            seq = await client.publish("outage", b"kept")
+            while proxy.refused < 10:
+                await trio.sleep(0.01)
+            assert client.failure is None
+            # Connections that proved nothing do not start the backoff over.
+            assert attempts[-5:] == sorted(attempts[-5:]) and attempts[-1] >= 10
+            proxy.refuse = False
+            acked = trio.Event()
+            client._unacked[-1].on_ack = lambda _: acked.set()
+            await acked.wait()
+            assert client.unacked == 0 and seq == 2
+
+
+async def test_a_server_that_does_not_speak_figg_fails_at_once():
+    async def garbage(stream: trio.SocketStream) -> None:
+        await stream.send_all(b"\xff" * 64)
+        await trio.sleep_forever()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(serve_local, garbage)
+            async with open_figg_client("127.0.0.1", port, **REDIAL_AT_ONCE) as client:
+                with pytest.raises(BadResponse, match="not Figg"):
+                    await client.publish_and_wait("t", b"x")
+            nursery.cancel_scope.cancel()
+
+
+async def test_first_connect_attempts_bound_an_unreachable_server():
+    with trio.fail_after(10):
+        async with figg_server(MemoryBackend()) as server:
+            port = server.port  # closed once the block ends
+        async with open_figg_client("127.0.0.1", port, first_connect_attempts=2,
+                                    **REDIAL_AT_ONCE) as client:
+            with pytest.raises(ConnectError, match="Connection refused"):
+                await client.wait_connected()
