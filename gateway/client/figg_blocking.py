@@ -23,7 +23,13 @@ from typing import Any
 import trio
 
 from gateway.client._portal import PortalClosed, TrioPortal
-from gateway.client.figg import ClientClosed, FiggClient, FiggMessage, Subscription
+from gateway.client.figg import (
+    ClientClosed,
+    ClientError,
+    FiggClient,
+    FiggMessage,
+    Subscription,
+)
 
 #: How often a pump re-checks a full queue.
 _POLL_SECS = 0.005
@@ -38,6 +44,7 @@ class BlockingSubscription:
         self._queue: queue.Queue[FiggMessage | None] = queue.Queue(maxsize)
         self.subscription: Subscription | None = None
         self._last_offset: int | None = None
+        self._failure: ClientError | None = None
 
     @property
     def last_offset(self) -> int | None:
@@ -52,10 +59,13 @@ class BlockingSubscription:
         return None if self.subscription is None else self.subscription.start_offset
 
     def get(self, timeout: float | None = None) -> FiggMessage:
-        """The next message; ``queue.Empty`` after ``timeout``, ``EOFError`` once ended."""
+        """The next message; ``queue.Empty`` after ``timeout``, ``EOFError`` once ended
+        (the client's failure, such as RequestRefused, when it gave up)."""
         message = self._queue.get(timeout=timeout)
         if message is None:
             self._queue.put(None)  # stay ended for later calls
+            if self._failure is not None:
+                raise self._failure
             raise EOFError(f"subscription to {self.topic!r} ended")
         self._last_offset = message.offset
         return message
@@ -81,6 +91,8 @@ class BlockingSubscription:
                         break
                     except queue.Full:
                         await trio.sleep(_POLL_SECS)
+        except ClientError as exc:
+            self._failure = exc  # the client gave up: get() raises it after the rest
         finally:
             while True:
                 try:
@@ -115,7 +127,7 @@ class BlockingFiggClient:
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         if self._client.closed:
-            raise ClientClosed("the Figg client is closed")
+            raise self._client.failure or ClientClosed("the Figg client is closed")
         try:
             return self._portal.call(fn, *args)
         except PortalClosed:

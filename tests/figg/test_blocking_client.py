@@ -7,6 +7,7 @@ import queue
 import pytest
 import trio
 
+from gateway.client.errors import RequestRefused
 from gateway.client.figg_blocking import BlockingFiggClient
 from tests.figg.helpers import figg_server
 from tests.figg.memory_backend import MemoryBackend
@@ -33,3 +34,16 @@ async def test_blocking_client_from_a_thread():
         async with figg_server(MemoryBackend()) as server:
             got = await trio.to_thread.run_sync(script, server.port)
     assert got == [(i + 1, b"%d" % i) for i in range(20)] + [(21, b"end")]
+
+
+async def test_blocking_client_raises_a_refusal_instead_of_looping():
+    def script(port: int) -> None:
+        with BlockingFiggClient("127.0.0.1", port, backoff=lambda attempt: 0.0) as client:
+            with pytest.raises(RequestRefused, match="bad name"):
+                client.subscribe("bad name")
+            with pytest.raises(RequestRefused):
+                client.publish("fine", b"after giving up")
+
+    with trio.fail_after(15):
+        async with figg_server(MemoryBackend()) as server:
+            await trio.to_thread.run_sync(script, server.port)
