@@ -108,7 +108,20 @@ def _path(value: Any) -> Path:
 def _topic_config(value: Any) -> dict[str, str]:
     if not isinstance(value, Mapping):
         raise ValueError("expected a table of Tank config keys")
-    return {str(k): str(v) for k, v in value.items()}
+    from gateway.store.config import CONFIG_KEYS, parse_value  # the store's own rules
+    from gateway.store.errors import InvalidConfig
+
+    config = {str(k): str(v) for k, v in value.items()}
+    for key, text in config.items():
+        name = key.strip().lower()
+        if name not in CONFIG_KEYS:
+            raise ConfigError(f"topics.config: unknown Tank config key {key!r} "
+                              f"(known: {', '.join(CONFIG_KEYS)})")
+        try:
+            parse_value(name, text.strip())
+        except InvalidConfig as exc:
+            raise ConfigError(f"topics.config: bad value {text!r} for {key!r}: {exc}") from None
+    return config
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +229,8 @@ class Settings:
 def _parse_option(option: Option, value: Any) -> Any:
     try:
         return option.parse(value)
+    except ConfigError:
+        raise  # already names the key (and the entry of a table)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{option.key}: {exc} (got {value!r})") from None
 

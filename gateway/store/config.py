@@ -177,17 +177,27 @@ def parse_config(text: str) -> dict[str, Any]:
         value = value.strip()
         if not sep or not key:
             raise InvalidConfig(f"config line {lineno}: expected key=value, got {raw!r}")
-        spec = _KEYS.get(key)
-        if spec is None:
+        if key not in _KEYS:
             raise InvalidConfig(f"config line {lineno}: unknown key {key!r}")
-        field, parser, valid, allowed = spec
-        if not 1 <= len(value) <= 128:
-            raise InvalidConfig(f"config line {lineno}: {key} needs a value of 1-128 characters")
         try:
-            parsed = parser(value)
-        except ValueError as exc:
+            field, parsed = parse_value(key, value)
+        except InvalidConfig as exc:
             raise InvalidConfig(f"config line {lineno}: {key}: {exc}") from None
-        if not valid(parsed):
-            raise InvalidConfig(f"config line {lineno}: {key}={value} out of range ({allowed})")
         values[field] = parsed
     return values
+
+
+def parse_value(key: str, value: str) -> tuple[str, Any]:
+    """``(TopicConfig field, parsed value)`` of a known Tank config key (lower case, one of
+    :data:`CONFIG_KEYS`) and its value; raises :class:`InvalidConfig` saying what is wrong
+    with the value (the caller names the key)."""
+    field, parser, valid, allowed = _KEYS[key]
+    if not 1 <= len(value) <= 128:
+        raise InvalidConfig("needs a value of 1-128 characters")
+    try:
+        parsed = parser(value)
+    except ValueError as exc:
+        raise InvalidConfig(str(exc)) from None
+    if not valid(parsed):
+        raise InvalidConfig(f"{value} is out of range ({allowed})")
+    return field, parsed
