@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+import traceback
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
 from gateway.config import ConfigError, Settings, add_setting_flags, flag_overrides, load_settings
 from gateway.logs import configure_logging
+
+if TYPE_CHECKING:
+    from gateway.server import ServerInfo
 
 #: Subcommand name -> (function that adds its arguments, function that runs it).
 Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
@@ -18,18 +25,72 @@ Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Na
 
 def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="TOML config file (flags override it)")
-    parser.add_argument("--grace", type=float, default=2.0,
-                        help="seconds open connections get to finish at shutdown")
+    # Checked by _run_serve, so a bad value is one configuration error line.
+    parser.add_argument("--grace", default="2", metavar="SECONDS",
+                        help="seconds open connections get to finish what is in flight at "
+                             "shutdown (a second SIGINT/SIGTERM cuts it short) [2]")
     add_setting_flags(parser)
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    """``figtank serve``: 0 after a signal-initiated shutdown; a setting that is wrong or
+    that the machine refuses (a port in use, an unusable data directory) raises
+    ConfigError (exit 2); any other failure is one line and exit 1. Tracebacks only with
+    ``--log-level debug``."""
     from gateway.server import serve_until_signalled
 
+    grace = _grace_secs(args.grace)
     settings = settings_from_args(args)
     configure_logging(settings.log_level, settings.log_format)
-    trio.run(lambda: serve_until_signalled(settings, grace=args.grace))
+    try:
+        trio.run(partial(serve_until_signalled, settings, grace=grace,
+                         on_serving=_announce if sys.stderr.isatty() else None))
+    except (Exception, KeyboardInterrupt, BaseExceptionGroup) as exc:
+        leaves = _leaves(exc)
+        if all(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+            raise KeyboardInterrupt from None
+        if settings.log_level == "debug":
+            traceback.print_exception(exc)
+        for leaf in leaves:
+            if isinstance(leaf, ConfigError):
+                raise leaf from None
+        failure = next((leaf for leaf in leaves if not isinstance(leaf, KeyboardInterrupt)),
+                       exc)
+        print(f"figtank: serve failed: {_describe(failure)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _announce(info: ServerInfo) -> None:
+    """Where the server listens, in one plain line for a person at a terminal (the
+    ``figtank_serving`` log line has it for programs)."""
+    where = [f"{name} on {address[0]}:{address[1]}" for name, address in
+             (("Figg", info.figg), ("Tank", info.tank)) if address is not None]
+    if info.metrics is not None:
+        where.append(f"metrics on http://{info.metrics[0]}:{info.metrics[1]}/metrics")
+    print(f"figtank: serving {', '.join(where) or 'nothing'} (Ctrl-C stops)", file=sys.stderr)
+
+
+def _grace_secs(text: str) -> float:
+    try:
+        grace = float(text)
+    except ValueError:
+        grace = math.nan
+    if not grace >= 0:  # also NaN
+        raise ConfigError(f"--grace: expected a number of seconds >= 0 (got {text!r})")
+    return grace
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, or ``exc`` alone."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:

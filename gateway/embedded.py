@@ -387,6 +387,7 @@ async def open_embedded_backend(settings: Settings, metrics: Metrics | None = No
         backend = EmbeddedBackend(store, auto_create_topics=settings.auto_create_topics,
                                   metrics=metrics)
         if metrics is not None:
+            metrics.include(metrics.fsync_seconds)
             metrics.add_collector(GaugeCollector(
                 "figtank_partition_bytes", "Bytes held by each partition's segments.",
                 ["topic", "partition"], backend.partition_sizes))

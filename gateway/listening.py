@@ -149,7 +149,8 @@ class ConnectionSlots:
 
     :meth:`serve` runs one session and never raises (except Cancelled): a failing
     connection must not stop the accept loop. Every connection ends with one
-    ``connection_closed`` log line naming its peer, kind and reason.
+    ``connection_closed`` log line naming its peer, kind and reason. :meth:`shutdown`
+    tells every session (and any that starts later) that the server is stopping.
     """
 
     def __init__(self, protocol: str, limit: int, metrics: Metrics,
@@ -162,11 +163,21 @@ class ConnectionSlots:
         self.routine_kinds = routine_kinds
         #: Connections being served.
         self.active = 0
+        self._sessions: set[Any] = set()
+        self._closing = False
+
+    def shutdown(self) -> None:
+        """Call ``shutdown()`` on every session, now and as each later one starts: they
+        stop reading, finish what is in flight and close."""
+        self._closing = True
+        for session in list(self._sessions):
+            session.shutdown()
 
     async def serve(self, stream: trio.SocketStream,
                     start: Callable[[Any], Any],
                     stats: Callable[[Any], dict[str, Any]]) -> None:
-        """Serve ``stream`` with the session ``start(conn_log)`` builds.
+        """Serve ``stream`` with the session ``start(conn_log)`` builds (it has ``run()``
+        and ``shutdown()``).
 
         ``stats(session)`` gives the fields added to the closing log line.
         """
@@ -182,6 +193,9 @@ class ConnectionSlots:
         self.active += 1
         metrics.connections.labels(protocol).inc()
         session = start(conn_log)
+        self._sessions.add(session)
+        if self._closing:
+            session.shutdown()
         kind, reason = "shutdown", "server shutting down"
         try:
             end = await session.run()
@@ -190,6 +204,7 @@ class ConnectionSlots:
             kind, reason = "internal_error", repr(exc)
             conn_log.exception("session_crashed")
         finally:
+            self._sessions.discard(session)
             self.active -= 1
             metrics.connections.labels(protocol).dec()
             metrics.connections_closed.labels(protocol, kind).inc()

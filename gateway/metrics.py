@@ -81,14 +81,16 @@ class Metrics:
         self.append_seconds = Histogram(
             "figtank_append_seconds", "Time from append request to acknowledgement.",
             buckets=_LATENCY_BUCKETS, registry=r)
+        # Exported only by the backend they describe (see include()).
         self.fsync_seconds = Histogram("figtank_fsync_seconds", "Duration of one group fsync.",
-                                       buckets=_LATENCY_BUCKETS, registry=r)
+                                       buckets=_LATENCY_BUCKETS, registry=None)
         self.upstream_up = Gauge("figtank_upstream_up",
                                  "Bridge mode: 1 while the upstream broker is reachable.",
-                                 registry=r)
+                                 registry=None)
         self.upstream_outages = Counter("figtank_upstream_outages",
                                         "Bridge mode: times the upstream became unreachable.",
-                                        registry=r)
+                                        registry=None)
+        self._included: set[int] = set()
 
         self.reader_lag = ReaderLag()
         labels = ["protocol", "topic", "partition"]
@@ -111,6 +113,14 @@ class Metrics:
                                                 self.bytes_in.labels(topic))
         counters[0].inc(messages)
         counters[1].inc(size)
+
+    def include(self, *metrics: Collector) -> None:
+        """Export metrics created without a registry (those of one backend: the store's
+        ``fsync_seconds``, the bridge's ``upstream_*``); a second call is harmless."""
+        for metric in metrics:
+            if id(metric) not in self._included:
+                self._included.add(id(metric))
+                self.registry.register(metric)
 
     def add_collector(self, collector: Collector) -> None:
         """Register a collector computed at scrape time (store sizes, lag)."""
@@ -145,7 +155,7 @@ _MAX_REQUEST_HEAD = 8192
 
 
 async def _answer(stream: trio.SocketStream, metrics: Metrics,
-                  is_ready: Callable[[], bool]) -> None:
+                  not_ready: Callable[[], str | None]) -> None:
     head = b""
     with trio.move_on_after(5):
         while b"\r\n\r\n" not in head and len(head) < _MAX_REQUEST_HEAD:
@@ -162,9 +172,9 @@ async def _answer(stream: trio.SocketStream, metrics: Metrics,
         status, body = "200 OK", metrics.render()
         ctype = "text/plain; version=0.0.4; charset=utf-8"
     elif path in ("/health", "/health/ready", "/ready"):
-        ready = is_ready()
-        status = "200 OK" if ready else "503 Service Unavailable"
-        body, ctype = (b"ready\n" if ready else b"starting\n"), "text/plain"
+        reason = not_ready()
+        status = "200 OK" if reason is None else "503 Service Unavailable"
+        body, ctype = f"{reason or 'ready'}\n".encode(), "text/plain; charset=utf-8"
     elif path == "/health/live":
         status, body, ctype = "200 OK", b"live\n", "text/plain"
     else:
@@ -174,18 +184,22 @@ async def _answer(stream: trio.SocketStream, metrics: Metrics,
     await stream.send_all(response)
 
 
-async def serve_metrics(metrics: Metrics, host: str, port: int,
-                        is_ready: Callable[[], bool], *,
+async def serve_metrics(metrics: Metrics, listeners: list[trio.SocketListener],
+                        not_ready: Callable[[], str | None], *,
                         task_status: trio.TaskStatus[list[trio.SocketListener]]
                         = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve ``/metrics`` and ``/health`` (200 only once ``is_ready()``) over HTTP."""
+    """Serve ``/metrics`` and ``/health`` over HTTP on ``listeners`` (closed when done).
+
+    ``/health`` answers 200 ``ready`` when ``not_ready()`` is None, else 503 with the
+    reason it returned (``starting``, ``stopping``, an unreachable upstream).
+    """
 
     async def handle(stream: trio.SocketStream) -> None:
         try:
-            await _answer(stream, metrics, is_ready)
+            await _answer(stream, metrics, not_ready)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
             await stream.aclose()
 
-    await trio.serve_tcp(handle, port, host=host, task_status=task_status)
+    await trio.serve_listeners(handle, listeners, task_status=task_status)

@@ -43,6 +43,11 @@ class TankListener:
         """Connections being served."""
         return self._slots.active
 
+    def shutdown(self) -> None:
+        """The server is stopping: every connection stops reading, finishes what is in
+        flight and closes (idle ones at once)."""
+        self._slots.shutdown()
+
     async def serve(self, listeners: list[trio.SocketListener], *,
                     task_status: trio.TaskStatus[list[trio.SocketListener]]
                     = trio.TASK_STATUS_IGNORED) -> None:

@@ -91,6 +91,13 @@ class BridgeBackend:
         self.fetches = FetchForwarder(upstream, nursery)
         self._produce_queue = ProduceQueue(self.produce, nursery.start_soon)
 
+    def unavailable(self) -> str | None:
+        """Why the bridge can not serve now (no connection to an upstream broker), or
+        None while it can."""
+        if self.upstream.upstream_up:
+            return None
+        return f"upstream unreachable: no connection to {', '.join(self.upstream.addresses)}"
+
     # -- produce -----------------------------------------------------------------------------
 
     async def produce(self, batches: Sequence[ProduceBatch]) -> list[ProduceOutcome]:

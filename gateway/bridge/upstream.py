@@ -117,6 +117,7 @@ class Upstream:
         #: The address of the current connection (None while down).
         self.address: str | None = None
         if metrics is not None:
+            metrics.include(metrics.upstream_up, metrics.upstream_outages)
             metrics.upstream_up.set(0)
 
     @property

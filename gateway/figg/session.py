@@ -71,6 +71,8 @@ class FiggSession:
         self._partitions: dict[str, TankPartition] = {}
         self._nursery: trio.Nursery | None = None
         self._close: CloseConnection | None = None
+        #: Around the reads from the client: cancelled by shutdown().
+        self._reading = trio.CancelScope()
         self._requests = metrics.requests
         self._published_ok = metrics.requests.labels("figg", "publish", "ok")
         self.messages_received = 0
@@ -90,17 +92,27 @@ class FiggSession:
             self._nursery = nursery
             nursery.start_soon(self._write)
             try:
-                await self._read()
+                with self._reading:
+                    await self._read()
             except CloseConnection as close:
                 self._close = self._close or close
                 if close.kind in _DRAIN_ON:
                     # The client misbehaved but its earlier publishes still get their ACK.
                     await self._drain()
+            if self._reading.cancelled_caught:
+                self._close = self._close or CloseConnection("shutdown", "server shutting down")
+                await self._drain()
             nursery.cancel_scope.cancel()
         self._acks.close()
         for sub in self._subs.values():
             sub.detached = True
         return self._close or CloseConnection("eof", "peer closed the connection")
+
+    def shutdown(self) -> None:
+        """The server is stopping: read nothing more from the client, stop delivery, send
+        the ACKs of the publishes already read (once durable) and what is queued, then
+        close. An idle connection closes at once."""
+        self._reading.cancel()
 
     def _closing(self, close: CloseConnection) -> None:
         """Record the first reason to close and stop every task of the connection."""

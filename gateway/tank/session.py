@@ -138,6 +138,10 @@ class TankSession:
         self._last_activity = trio.current_time()
         self._nursery: trio.Nursery | None = None
         self._close: CloseConnection | None = None
+        #: Around the reads from the client, and each long poll: cancelled by shutdown().
+        self._reading = trio.CancelScope()
+        self._polls: set[trio.CancelScope] = set()
+        self._stopping = False
         #: Requests received on this connection.
         self.requests = 0
 
@@ -163,7 +167,11 @@ class TankSession:
                 nursery.start_soon(self._watch_idle, timeout)
             self._outbox.put_nowait(self._conn.send(Ping()))
             try:
-                await self._read()
+                with self._reading:
+                    await self._read()
+                if self._reading.cancelled_caught:
+                    self._close = self._close or CloseConnection("shutdown",
+                                                                 "server shutting down")
                 with trio.move_on_after(DRAIN_SECS):
                     await self._wait_settled()
                     await self._outbox.wait_empty()
@@ -171,6 +179,15 @@ class TankSession:
                 self._closing(close)
             nursery.cancel_scope.cancel()
         return self._close or CloseConnection("eof", "peer closed the connection")
+
+    def shutdown(self) -> None:
+        """The server is stopping: read no more requests and drop the parked long polls
+        (unanswered: the connection closes); the requests in flight are answered, then
+        the connection closes. An idle connection closes at once."""
+        self._stopping = True
+        self._reading.cancel()
+        for poll in self._polls:
+            poll.cancel()
 
     def _closing(self, close: CloseConnection) -> None:
         """Record the first reason to close and stop every task of the connection."""
@@ -275,10 +292,17 @@ class TankSession:
     # ------------------------------------------------------------------------ handlers
 
     async def _consume(self, request: Any, asked: list[FetchRequest]) -> None:
-        outcomes = await self._backend.fetch(asked,
-                                             max_wait_ms=request.max_wait_ms,
-                                             min_bytes=request.min_bytes)
-        self._reply_consume(request, asked, outcomes)
+        with trio.CancelScope() as poll:
+            if self._stopping:
+                poll.cancel()
+            self._polls.add(poll)
+            try:
+                outcomes = await self._backend.fetch(asked,
+                                                     max_wait_ms=request.max_wait_ms,
+                                                     min_bytes=request.min_bytes)
+            finally:
+                self._polls.discard(poll)
+            self._reply_consume(request, asked, outcomes)
 
     def _reply_consume(self, request: Any, asked: list[FetchRequest],
                        outcomes: list[FetchOutcome]) -> None:
