@@ -8,8 +8,9 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from functools import partial
+from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import trio
 
@@ -110,9 +111,24 @@ def _commands() -> dict[str, tuple[str, Command]]:
     }
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes are one line on stderr (with where to read more) and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+
+
+def _version() -> str:
+    try:
+        return metadata.version("figtank")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="figtank", description="A pub/sub gateway: Figg and Tank clients over one log.")
+    parser.add_argument("--version", action="version", version=f"figtank {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, (add_arguments, run)) in _commands().items():
         command = sub.add_parser(name, help=help_text, description=help_text)
@@ -122,15 +138,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``figtank`` console script."""
+    """Entry point of the ``figtank`` console script.
+
+    Exit status: 0 done, 1 a runtime failure, 2 a usage or configuration mistake, 130
+    after Ctrl-C. A failure is one line on stderr; ``--log-level debug`` adds the
+    traceback.
+    """
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
     except ConfigError as exc:
         print(f"figtank: configuration error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
+    except (Exception, KeyboardInterrupt, BaseExceptionGroup) as exc:
+        # trio hands a Ctrl-C over in a group when several tasks were running.
+        if all(isinstance(leaf, KeyboardInterrupt | trio.Cancelled) for leaf in _leaves(exc)):
+            return 130
+        if getattr(args, "log_level", None) == "debug":
+            traceback.print_exception(exc)
+        print(f"figtank {args.command}: unexpected {_describe(exc)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,65 +1,49 @@
 """Client subcommands of ``figtank`` for people at a terminal (and, with --json, programs).
 
 Figg: ``publish``, ``subscribe``. Tank: ``produce``, ``consume``, ``topics``, ``status``.
-Files: ``inspect``. Results go to stdout; progress and errors to stderr.
+Files: ``inspect``. Results go to stdout, one record a line (see :mod:`gateway.cli_output`);
+notes, log lines and errors go to stderr. A failure is one line,
+``figtank COMMAND: what failed``, and exit status 1 (2 for usage mistakes).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import trio
 
-from gateway.client.errors import ClientError, ConnectError
-from gateway.client.figg import open_figg_client
-from gateway.client.tank import FIRST_AVAILABLE, open_tank_client
+from gateway.cli_output import Output, escaped, json_payload, plural
+from gateway.client.errors import ClientError, RequestTimeout
+from gateway.client.figg import ExponentialBackoff, FiggClient, open_figg_client
+from gateway.client.tank import FIRST_AVAILABLE, TankClient, open_tank_client
 from gateway.config import parse_address
 from gateway.inspect import iter_messages, list_segments
+from gateway.logs import configure_logging
 from gateway.offsets import InvalidTopic, figg_to_tank
+from gateway.store.config import CONFIG_KEYS, parse_value
+from gateway.store.errors import InvalidConfig
 from protocols.errors import ProtocolError
 from protocols.tank.bundle import Message
+from protocols.topics import MAX_PARTITIONS
 
 Run = Callable[[argparse.Namespace], int]
 
+#: Seconds a command waits for a server to connect or to answer, unless --timeout.
+DEFAULT_TIMEOUT = 10.0
+#: Connection attempts a Figg command makes before it reports the server unreachable.
+FIGG_CONNECT_ATTEMPTS = 3
+#: Messages read from stdin and sent as one Produce.
+STDIN_BATCH = 1024
+#: How long one Consume waits for new messages with --follow (ms).
+FOLLOW_WAIT_MS = 5000
 
-class Output:
-    """Writes results for a person, or one JSON object a line with ``--json``."""
-
-    def __init__(self, as_json: bool) -> None:
-        self.as_json = as_json
-        self._progress_shown = False
-
-    def record(self, text: str, **fields: Any) -> None:
-        if self.as_json:
-            print(json.dumps(fields), flush=True)
-        else:
-            print(text, flush=True)
-
-    def progress(self, text: str) -> None:
-        """A progress line on stderr, rewritten in place, only on a terminal."""
-        if sys.stderr.isatty():
-            print(f"\r{text}", end="", file=sys.stderr, flush=True)
-            self._progress_shown = True
-
-    def end_progress(self) -> None:
-        if self._progress_shown:
-            print(file=sys.stderr)
-            self._progress_shown = False
-
-
-def _text(data: bytes | None) -> str | None:
-    """Bytes shown as text when they are UTF-8, else as hex."""
-    if data is None:
-        return None
-    try:
-        return data.decode()
-    except UnicodeDecodeError:
-        return "0x" + data.hex()
+# -- argument types --------------------------------------------------------------------------
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -67,6 +51,14 @@ def _address(text: str) -> tuple[str, int]:
         return parse_address(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _figg_topic(text: str) -> str:
+    try:
+        figg_to_tank(text)
+    except InvalidTopic as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _topic_partition(text: str) -> tuple[str, int]:
@@ -77,129 +69,297 @@ def _topic_partition(text: str) -> tuple[str, int]:
     return where.topic, where.partition
 
 
-def _common(parser: argparse.ArgumentParser, protocol: str) -> None:
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = _non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return value
+
+
+def _partitions(text: str) -> int:
+    value = _positive(text)
+    if value > MAX_PARTITIONS:
+        raise argparse.ArgumentTypeError(f"a topic has at most {MAX_PARTITIONS} partitions")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
+
+
+def _tank_config(text: str) -> str:
+    key, sep, value = text.partition("=")
+    key, value = key.strip().lower(), value.strip()
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    if key not in CONFIG_KEYS:
+        raise argparse.ArgumentTypeError(f"unknown Tank config key {key!r} "
+                                         f"(known: {', '.join(CONFIG_KEYS)})")
+    try:
+        parse_value(key, value)
+    except InvalidConfig as exc:
+        raise argparse.ArgumentTypeError(f"bad value {value!r} for {key}: {exc}") from None
+    return f"{key}={value}"
+
+
+# -- options every client command takes ------------------------------------------------------
+
+
+def _common(parser: argparse.ArgumentParser, protocol: str, *, nested: bool = False) -> None:
+    """The endpoint, output and logging options.
+
+    ``nested`` adds them to an action of ``topics`` as well, so that they may follow
+    the action; there they leave the value given before the action alone.
+    """
     default = "127.0.0.1:8119" if protocol == "figg" else "127.0.0.1:11011"
-    parser.add_argument(f"--{protocol}", dest="address", type=_address, default=default,
-                        metavar="HOST:PORT", help=f"{protocol.title()} endpoint [{default}]")
-    parser.add_argument("--json", action="store_true", help="one JSON object a line")
+
+    def given(value: Any) -> Any:
+        return argparse.SUPPRESS if nested else value
+
+    parser.add_argument(f"--{protocol}", dest="address", type=_address,
+                        default=given(_address(default)), metavar="HOST:PORT",
+                        help=f"{protocol.title()} endpoint [{default}]")
+    parser.add_argument("--json", action="store_true", default=given(False),
+                        help="one JSON object a line (payloads: UTF-8 text, else null and "
+                             "FIELD_base64)")
+    parser.add_argument("--timeout", type=_seconds, default=given(DEFAULT_TIMEOUT),
+                        metavar="SECONDS",
+                        help=f"give up when the server does not connect or answer for this "
+                             f"long [{DEFAULT_TIMEOUT:g}]")
+    _logging_options(parser, nested=nested)
 
 
-#: How long a Figg subcommand waits for the server before giving up (the Figg client
-#: itself reconnects forever, which suits programs, not a person at a terminal).
-FIGG_CONNECT_TIMEOUT = 10.0
+def _logging_options(parser: argparse.ArgumentParser, *, nested: bool = False) -> None:
+    parser.add_argument("-v", "--verbose", action="count",
+                        default=argparse.SUPPRESS if nested else 0,
+                        help="log more on stderr (-v info, -vv debug)")
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
+                        default=argparse.SUPPRESS if nested else None,
+                        help="log level on stderr [warning]; debug also shows tracebacks")
 
 
-@asynccontextmanager
-async def _figg_client(address: tuple[str, int]) -> AsyncIterator[Any]:
-    async with open_figg_client(*address) as client:
-        with trio.move_on_after(FIGG_CONNECT_TIMEOUT) as scope:
-            await client.wait_connected()
-        if scope.cancelled_caught:
-            raise ConnectError(f"no Figg server answered at {address[0]}:{address[1]}")
-        yield client
+def configure_client_logging(args: argparse.Namespace) -> None:
+    """Logs on stderr, at ``warning`` unless ``-v`` or ``--log-level`` ask for more."""
+    level = args.log_level or ("warning", "info", "debug")[min(args.verbose, 2)]
+    args.log_level = level
+    configure_logging(level, "auto")
+
+
+def _failed(command: str, reason: object) -> int:
+    """Report a runtime failure as its one line; returns the exit status (1)."""
+    print(f"figtank {command}: {reason}", file=sys.stderr, flush=True)
+    return 1
 
 
 def _run_async(fn: Callable[[argparse.Namespace, Output], Any]) -> Run:
     def run(args: argparse.Namespace) -> int:
+        configure_client_logging(args)
         out = Output(args.json)
         try:
-            result = trio.run(fn, args, out)
+            trio.run(fn, args, out)
         except (ClientError, OSError, ProtocolError) as exc:
             out.end_progress()
-            print(f"figtank: {exc}", file=sys.stderr)
-            return 1
+            return _failed(args.command, exc)
         out.end_progress()
-        return 0 if result is None else int(result)
+        return 0
     return run
+
+
+@asynccontextmanager
+async def _stall_limit(seconds: float, what: Callable[[], str]
+                       ) -> AsyncIterator[Callable[[], None]]:
+    """Yields ``progress()``; raises RequestTimeout when ``seconds`` pass without a call.
+
+    ``what()`` says what was being waited for.
+    """
+    with trio.CancelScope(deadline=trio.current_time() + seconds) as scope:
+        def progress() -> None:
+            scope.deadline = trio.current_time() + seconds
+        yield progress
+    if scope.cancelled_caught:
+        raise RequestTimeout(f"{what()}: no answer for {seconds:g} s")
+
+
+def _read_lines(stream: BinaryIO) -> Iterator[bytes]:
+    """Lines of ``stream`` without their line ending (kcat -P style: one message a line)."""
+    for line in stream:
+        yield line[:-1] if line.endswith(b"\n") else line
+
+
+def _payloads(messages: list[str]) -> Iterator[bytes]:
+    """The messages given on the command line, or stdin's lines for ``-``."""
+    if messages == ["-"]:
+        return _read_lines(sys.stdin.buffer)
+    return (m.encode() for m in messages)
 
 
 # -- Figg ------------------------------------------------------------------------------------
 
+
+@asynccontextmanager
+async def _figg_client(args: argparse.Namespace) -> AsyncIterator[FiggClient]:
+    host, port = args.address
+    async with open_figg_client(
+            host, port, connect_timeout=args.timeout, first_connect_attempts=FIGG_CONNECT_ATTEMPTS,
+            backoff=ExponentialBackoff(base=0.25, cap=5.0)) as client:
+        with trio.move_on_after(args.timeout) as scope:
+            await client.wait_connected()
+        if scope.cancelled_caught:
+            raise RequestTimeout(f"{host}:{port} did not accept a connection within "
+                                 f"{args.timeout:g} s")
+        yield client
+
+
 def _add_publish(parser: argparse.ArgumentParser) -> None:
     _common(parser, "figg")
-    parser.add_argument("topic", help="Figg topic (name or name/partition)")
-    parser.add_argument("messages", nargs="+", help="message payloads")
+    parser.add_argument("topic", type=_figg_topic, help="Figg topic (name or name/partition)")
+    parser.add_argument("messages", nargs="+", metavar="MESSAGE",
+                        help="message payloads, or - to publish stdin's lines")
 
 
 async def _publish(args: argparse.Namespace, out: Output) -> None:
-    async with _figg_client(args.address) as client:
-        for i, text in enumerate(args.messages, 1):
-            await client.publish(args.topic, text.encode())
-            out.progress(f"published {i}/{len(args.messages)}")
+    acked = published = 0
+
+    def stalled() -> str:
+        hint = ("its log says why" if client.answered
+                else f"is {args.address[0]}:{args.address[1]} a Figg server?")
+        return (f"publish to {args.topic}: {acked} of {plural(published, 'message')} "
+                f"acknowledged ({hint})")
+
+    async with _figg_client(args) as client, \
+            _stall_limit(args.timeout, stalled) as progress:
+        def on_ack(_: int) -> None:
+            nonlocal acked
+            acked += 1
+            progress()
+
+        for data in _payloads(args.messages):
+            await client.publish(args.topic, data, on_ack)
+            published += 1
+            out.progress(f"published {published}, acknowledged {acked}")
         await client.wait_all_acked()
-    out.end_progress()
-    out.record(f"{len(args.messages)} messages published to {args.topic} and acknowledged",
-               topic=args.topic, published=len(args.messages))
+    out.record(f"{plural(published, 'message')} published to {args.topic} and acknowledged",
+               topic=args.topic, published=published)
 
 
 def _add_subscribe(parser: argparse.ArgumentParser) -> None:
     _common(parser, "figg")
-    parser.add_argument("topic", help="Figg topic (name or name/partition)")
-    parser.add_argument("--from", dest="from_offset", type=int, default=None,
+    parser.add_argument("topic", type=_figg_topic, help="Figg topic (name or name/partition)")
+    parser.add_argument("--from", dest="from_offset", type=_non_negative, default=None,
                         metavar="OFFSET",
                         help="resume after OFFSET (0: from the beginning; omitted: new only)")
-    parser.add_argument("--count", type=int, default=None,
+    parser.add_argument("--count", type=_positive, default=None,
                         help="stop after this many messages")
+    parser.add_argument("--idle", type=_seconds, default=None, metavar="SECONDS",
+                        help="stop after this long without a message")
 
 
 async def _subscribe(args: argparse.Namespace, out: Output) -> None:
-    async with _figg_client(args.address) as client:
+    async with _figg_client(args) as client:
         subscription = await client.subscribe(args.topic, from_offset=args.from_offset)
+        start = subscription.start_offset
+        if args.from_offset is not None and start != args.from_offset:
+            out.note(f"{args.topic}: starting after offset {start} "
+                     f"(asked for after {args.from_offset})")
         received = 0
-        if args.count == 0:
-            return
-        async for message in subscription:
-            out.record(f"{message.offset}\t{_text(message.data)}", topic=message.topic,
-                       offset=message.offset, data=_text(message.data))
+        while args.count is None or received < args.count:
+            message = None
+            with trio.move_on_after(args.idle or math.inf):
+                try:
+                    message = await subscription.receive()
+                except trio.EndOfChannel:
+                    return
+            if message is None:
+                return  # idle for --idle seconds
+            out.record(f"{message.offset}\t{escaped(message.data)}", topic=message.topic,
+                       offset=message.offset, **json_payload("data", message.data))
             received += 1
-            if args.count is not None and received >= args.count:
-                break
 
 
 # -- Tank ------------------------------------------------------------------------------------
 
+
+@asynccontextmanager
+async def _tank_client(args: argparse.Namespace) -> AsyncIterator[TankClient]:
+    async with open_tank_client(*args.address, connect_timeout=args.timeout,
+                                request_timeout=args.timeout) as client:
+        yield client
+
+
 def _add_produce(parser: argparse.ArgumentParser) -> None:
     _common(parser, "tank")
     parser.add_argument("target", type=_topic_partition, metavar="TOPIC[/P]")
-    parser.add_argument("messages", nargs="+", help="message payloads")
+    parser.add_argument("messages", nargs="+", metavar="MESSAGE",
+                        help="message payloads, or - to produce stdin's lines")
     parser.add_argument("--key", default=None, help="key for every message")
+
+
+def _batches(payloads: Iterator[bytes], size: int) -> Iterator[list[bytes]]:
+    batch: list[bytes] = []
+    for payload in payloads:
+        batch.append(payload)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 async def _produce(args: argparse.Namespace, out: Output) -> None:
     topic, partition = args.target
     key = None if args.key is None else args.key.encode()
-    async with open_tank_client(*args.address) as client:
-        await client.produce({(topic, partition): [Message(m.encode(), key=key)
-                                                   for m in args.messages]})
+    produced = 0
+    async with _tank_client(args) as client:
+        for batch in _batches(_payloads(args.messages), STDIN_BATCH):
+            await client.produce({(topic, partition): [Message(m, key=key) for m in batch]})
+            produced += len(batch)
+            out.progress(f"produced {produced}")
         [bounds] = await client.discover_partitions(topic, [partition])
-    out.record(f"{len(args.messages)} messages produced to {topic}/{partition} "
+    out.record(f"{plural(produced, 'message')} produced to {topic}/{partition} "
                f"(high-water mark {bounds.high_water_mark})", topic=topic,
-               partition=partition, produced=len(args.messages),
+               partition=partition, produced=produced,
                high_water_mark=bounds.high_water_mark)
 
 
 def _add_consume(parser: argparse.ArgumentParser) -> None:
     _common(parser, "tank")
     parser.add_argument("target", type=_topic_partition, metavar="TOPIC[/P]")
-    parser.add_argument("--from", dest="seq", type=int, default=FIRST_AVAILABLE,
+    parser.add_argument("--from", dest="seq", type=_non_negative, default=FIRST_AVAILABLE,
                         metavar="SEQ", help="first sequence number (default: first available)")
     parser.add_argument("--follow", action="store_true",
                         help="keep waiting for new messages (like tail -f)")
-    parser.add_argument("--count", type=int, default=None, help="stop after this many")
+    parser.add_argument("--count", type=_positive, default=None, help="stop after this many")
 
 
 async def _consume(args: argparse.Namespace, out: Output) -> None:
     topic, partition = args.target
     seq, shown = args.seq, 0
-    async with open_tank_client(*args.address) as client:
+    async with _tank_client(args) as client:
         while args.count is None or shown < args.count:
             result = await client.consume(topic, partition, seq,
-                                          max_wait_ms=5000 if args.follow else 0)
+                                          max_wait_ms=FOLLOW_WAIT_MS if args.follow else 0)
             for message in result.messages:
-                out.record(f"{message.seq}\t{message.timestamp}\t{_text(message.key) or ''}\t"
-                           f"{_text(message.value)}", topic=topic, partition=partition,
+                out.record(f"{message.seq}\t{message.timestamp}\t{escaped(message.key)}\t"
+                           f"{escaped(message.value)}", topic=topic, partition=partition,
                            seq=message.seq, timestamp=message.timestamp,
-                           key=_text(message.key), value=_text(message.value))
+                           **json_payload("key", message.key),
+                           **json_payload("value", message.value))
                 shown += 1
                 if args.count is not None and shown >= args.count:
                     return
@@ -207,7 +367,8 @@ async def _consume(args: argparse.Namespace, out: Output) -> None:
                 return
             seq = result.next_seq
             if not args.follow:
-                out.progress(f"{shown} messages, at {seq - 1} of {result.high_water_mark}")
+                out.progress(f"{plural(shown, 'message')}, at {seq - 1} of "
+                             f"{result.high_water_mark}")
 
 
 def _add_topics(parser: argparse.ArgumentParser) -> None:
@@ -215,24 +376,26 @@ def _add_topics(parser: argparse.ArgumentParser) -> None:
     action = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = action.add_parser("create", help="create a topic")
     create.add_argument("name")
-    create.add_argument("--partitions", type=int, default=1)
-    create.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
-                        help="Tank config key for the topic (repeatable)")
-    action.add_parser("list", help="list topics")
+    create.add_argument("--partitions", type=_partitions, default=1)
+    create.add_argument("--config", type=_tank_config, action="append", default=[],
+                        metavar="KEY=VALUE", help="Tank config key for the topic (repeatable)")
+    listing = action.add_parser("list", help="list topics")
     describe = action.add_parser("describe", help="partitions and their sequence bounds")
     describe.add_argument("name")
+    for each in (create, listing, describe):
+        _common(each, "tank", nested=True)
 
 
 async def _topics(args: argparse.Namespace, out: Output) -> None:
-    async with open_tank_client(*args.address) as client:
+    async with _tank_client(args) as client:
         if args.action == "create":
             await client.create_topic(args.name, args.partitions, "\n".join(args.config))
-            out.record(f"created {args.name} with {args.partitions} partitions",
+            out.record(f"created {args.name} with {plural(args.partitions, 'partition')}",
                        topic=args.name, partitions=args.partitions)
         elif args.action == "list":
             for topic in await client.discover_topics():
-                out.record(f"{topic.name}\t{topic.partitions} partitions", topic=topic.name,
-                           partitions=topic.partitions)
+                out.record(f"{topic.name}\t{plural(topic.partitions, 'partition')}",
+                           topic=topic.name, partitions=topic.partitions)
         else:
             for bounds in await client.discover_partitions(args.name):
                 out.record(f"{args.name}/{bounds.partition}\tfirst {bounds.first_available}"
@@ -246,9 +409,9 @@ def _add_status(parser: argparse.ArgumentParser) -> None:
 
 
 async def _status(args: argparse.Namespace, out: Output) -> None:
-    async with open_tank_client(*args.address) as client:
+    async with _tank_client(args) as client:
         status = await client.status()
-    out.record(f"topics {status.topics}, partitions {status.partitions} "
+    out.record(f"{plural(status.topics, 'topic')}, {plural(status.partitions, 'partition')} "
                f"({status.open_partitions} open), up {status.open_time_ms / 1000:.1f} s, "
                f"version {status.version}", topics=status.topics,
                partitions=status.partitions, open_partitions=status.open_partitions,
@@ -258,24 +421,37 @@ async def _status(args: argparse.Namespace, out: Output) -> None:
 
 # -- files -----------------------------------------------------------------------------------
 
+
 def _add_inspect(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("directory", metavar="DATA_DIR/TOPIC/P",
                         help="a partition directory")
     parser.add_argument("--json", action="store_true", help="one JSON object a line")
     parser.add_argument("--index", action="store_true", help="also list the index entries")
+    _logging_options(parser)
+
+
+def _not_a_partition(directory: str) -> str:
+    """The error for a directory without segment files, naming partitions below it."""
+    below = sorted({str(path.parent) for pattern in ("*/*.log", "*/*/*.log")
+                    for path in Path(directory).glob(pattern)})
+    hint = f" such as {', '.join(below[:3])}" if below else ""
+    return (f"{directory} holds no segment files: give a partition directory "
+            f"(DATA_DIR/TOPIC/PARTITION){hint}")
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    configure_client_logging(args)
     out = Output(args.json)
     try:
         segments = list_segments(args.directory)
     except OSError as exc:
-        print(f"figtank: {exc}", file=sys.stderr)
-        return 1
+        return _failed("inspect", f"{args.directory}: {exc.strerror or exc}")
+    if not segments:
+        return _failed("inspect", _not_a_partition(args.directory))
     status = 0
     for segment in segments:
         out.record(f"# {segment.name}: base {segment.base_seq}, {segment.size} bytes, "
-                   f"{len(segment.index_entries)} index entries",
+                   f"{plural(len(segment.index_entries), 'index entry')}",
                    kind="segment", segment=segment.name, base_seq=segment.base_seq,
                    last_seq=segment.last_seq, rolled=segment.rolled, size=segment.size,
                    index_entries=len(segment.index_entries))
@@ -284,18 +460,18 @@ def _inspect(args: argparse.Namespace) -> int:
                 out.record(f"  index seq {segment.base_seq + rel} -> offset {offset}",
                            kind="index", segment=segment.name, seq=segment.base_seq + rel,
                            offset=offset)
+
         def show_progress(done: int, total: int, name: str = segment.name) -> None:
             out.progress(f"{name}: {done * 100 // max(total, 1)}%")
 
         try:
             for m in iter_messages(args.directory, segment, show_progress):
-                out.record(f"{m.seq}\t{m.timestamp}\t{_text(m.key) or ''}\t{m.size}",
+                out.record(f"{m.seq}\t{m.timestamp}\t{escaped(m.key)}\t{m.size}",
                            kind="message", segment=m.segment, offset=m.offset, seq=m.seq,
-                           timestamp=m.timestamp, key=_text(m.key), size=m.size)
+                           timestamp=m.timestamp, **json_payload("key", m.key), size=m.size)
         except ProtocolError as exc:
             out.end_progress()
-            print(f"figtank: {exc}", file=sys.stderr)
-            status = 1
+            status = _failed("inspect", str(exc))
         out.end_progress()
     return status
 

@@ -65,7 +65,7 @@ async def test_connect_waits_for_the_greeting() -> None:
         await trio.sleep_forever()
 
     async with fake_broker(silent) as port:
-        with pytest.raises(ConnectError, match="no greeting"), trio.fail_after(5):
+        with pytest.raises(ConnectError, match="did not greet"), trio.fail_after(5):
             async with open_tank_client("127.0.0.1", port, connect_timeout=0.2):
                 pass
 
