@@ -122,7 +122,11 @@ class FiggSession:
             self._nursery.cancel_scope.cancel()
 
     def _publish_failed(self, reason: str) -> None:
-        self._closing(CloseConnection("publish_failed", reason))
+        # Read nothing more, but let what is queued before the failed publish go out (its
+        # ACKs, a PONG): a client tells a refused publish from an outage by that PONG.
+        if self._close is None:
+            self._close = CloseConnection("publish_failed", reason)
+        self._reading.cancel()
 
     # ------------------------------------------------------------------------- tasks
 
