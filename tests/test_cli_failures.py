@@ -154,16 +154,20 @@ def test_errors_name_the_cause(server: ServeProcess) -> None:
 
 def test_bridge_without_upstream_says_so(tmp_path: Path) -> None:
     with figtank_serve("--upstream", f"127.0.0.1:{free_port()}", "--tank-listen",
-                       "127.0.0.1:0", "--figg-listen", "", "--metrics-listen", "") as bridge:
+                       "127.0.0.1:0", "--figg-listen", "127.0.0.1:0", "--metrics-listen",
+                       "") as bridge:
         tank = addr(bridge.tank)
         # The bridge waits a few seconds for its upstream on each request: both at once.
         with ThreadPoolExecutor() as pool:
             produced = pool.submit(figtank, "produce", "--tank", tank, "orders", "x")
             status = pool.submit(figtank, "status", "--tank", tank)
+            published = pool.submit(figtank, "publish", "--figg", addr(bridge.figg),
+                                    "--timeout", "3", "orders", "x")
         failed(produced.result(), 1,
                "figtank produce:", "orders/0", "a bridge without its upstream broker")
         failed(status.result(), 1,
                "figtank status:", "closed the connection without answering")
+        failed(published.result(), 1, "figtank publish:", "0 of 1 message acknowledged")
 
 
 # -- stdout carries data only ----------------------------------------------------------------
@@ -298,3 +302,9 @@ def test_inspect_wants_a_partition_directory(server: ServeProcess, tmp_path: Pat
     failed(figtank("inspect", str(tmp_path / "nowhere")), 1, "figtank inspect:", "nowhere")
     shown = figtank("inspect", str(data / "inspected" / "0"))
     assert shown.returncode == 0 and shown.stdout.decode().splitlines()[-1].startswith("1\t")
+
+
+def test_bench_failures_are_one_line() -> None:
+    failed(figtank("bench", "figg-publish", "--messages", "-3"), 2, "--messages")
+    failed(figtank("bench", "tank-produce", "--tank", f"127.0.0.1:{free_port()}",
+                   "--messages", "10"), 1, "figtank bench:", "Connection refused")

@@ -2,8 +2,8 @@
 
 Every scenario takes the common options (endpoints, ``--target``, ``--procs``, ``--json``,
 ``--seed``, ...) and its own. It prints a table (or one JSON object with ``--json``) and
-exits 0 when every message arrived exactly once, 1 when some were lost or duplicated,
-2 when the run could not be made (bad options, endpoint unreachable, a worker failed).
+exits 0 when every message arrived exactly once, 1 when some were lost or duplicated or
+the run could not be made (endpoint unreachable, a worker failed), 2 for bad options.
 """
 
 from __future__ import annotations
@@ -129,10 +129,15 @@ def run(args: argparse.Namespace) -> int:
     """Run the scenario the parsed ``args`` name; print its report; the exit code."""
     configure_logging("warning")  # on stderr: stdout holds the report
     try:
-        report = run_scenario(params_from_args(args))
+        params = params_from_args(args)
     except (BenchError, ValueError) as exc:
         print(f"figtank bench: {exc}", file=sys.stderr)
         return 2
+    try:
+        report = run_scenario(params)
+    except (BenchError, ValueError) as exc:
+        print(f"figtank bench: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(report.to_dict()) if args.json else report.table(), flush=True)
     if not report.ok:
         print("figtank bench: messages were lost or duplicated (see the checks)",
