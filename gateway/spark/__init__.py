@@ -5,6 +5,11 @@ Install the extra (``pip install 'figtank[spark]'``: PySpark 4, PyArrow), then::
     from gateway.spark import register
     register(spark)
 
+With a local master and neither ``PYSPARK_PYTHON`` nor ``spark.pyspark.python`` set,
+``register`` also makes Spark's Python workers run this interpreter (``sys.executable``,
+e.g. the virtualenv's, where figtank is installed) instead of a bare ``python3``; see
+:func:`register`.
+
     df = (spark.read.format("figtank")
           .option("endpoint", "127.0.0.1:11011").option("topic", "orders").load())
     history = spark.read.format("figtank-segments").option("topic", "orders").load("data")
@@ -44,15 +49,39 @@ Writing (:mod:`gateway.spark.sink`) takes ``value`` and optional ``key``,
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 __all__ = ["register"]
 
 
 def register(spark: Any) -> None:
-    """Register ``figtank`` and ``figtank-segments`` with a SparkSession."""
+    """Register ``figtank`` and ``figtank-segments`` with a SparkSession.
+
+    Spark starts its Python workers with ``PYSPARK_PYTHON``, else a bare ``python3`` from
+    ``PATH``, which usually lacks figtank (and often PySpark). So with a local master
+    (the workers run on this machine) and neither ``PYSPARK_PYTHON`` nor
+    ``spark.pyspark.python`` set, the workers of Python functions defined from now on,
+    these data sources included, run ``sys.executable`` instead. A cluster's workers
+    need figtank installed in the Python their ``PYSPARK_PYTHON`` names.
+    """
     from gateway.spark.segments import FigtankSegmentsDataSource
     from gateway.spark.source import FigtankDataSource
 
+    _local_workers_run_this_python(spark)
     spark.dataSource.register(FigtankDataSource)
     spark.dataSource.register(FigtankSegmentsDataSource)
+
+
+def _local_workers_run_this_python(spark: Any) -> None:
+    """Point a local SparkContext's Python workers at ``sys.executable`` unless the user
+    chose a Python. PySpark reads ``PYSPARK_PYTHON`` once, into ``pythonExec``, when the
+    context starts, and wraps every Python function (a data source when it is
+    registered) with the value it has then: setting it here is early enough."""
+    context = getattr(spark, "_sc", None)  # None with Spark Connect: the server decides
+    if context is None or not context.master.startswith("local"):
+        return
+    if "PYSPARK_PYTHON" in os.environ or context.getConf().contains("spark.pyspark.python"):
+        return
+    context.pythonExec = sys.executable

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,9 +21,7 @@ if (importlib.util.find_spec("pyspark") is None or importlib.util.find_spec("pya
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
-    # Python workers must run this interpreter (the venv with figtank installed).
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    # register() points the Python workers at this interpreter (the venv with figtank).
     from pyspark.sql import SparkSession
 
     from gateway.spark import register

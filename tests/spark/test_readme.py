@@ -1,0 +1,41 @@
+"""The README's Spark snippet, run as it is under this interpreter (the venv's) with
+``PYSPARK_PYTHON`` unset: ``register`` must make the workers run this Python."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.spark.helpers import BackgroundServer, produce
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def readme_snippet() -> str:
+    """The first Python block of the README's Spark section."""
+    section = (ROOT / "README.md").read_text().split("\n## Spark\n", 1)[1]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match is not None
+    return match.group(1)
+
+
+def test_readme_snippet_runs_without_pyspark_python(server: BackgroundServer) -> None:
+    produce(server, "orders", {0: 3}, tag="readme")
+    code = readme_snippet()
+    assert '"127.0.0.1:11011"' in code
+    code = code.replace('"127.0.0.1:11011"', repr(server.endpoint))  # the test's server
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_CONF_DIR")}
+    env["PYTHONPATH"] = str(ROOT)
+    # In the server's data directory's parent: the snippet reads the segments of ./data.
+    result = subprocess.run([sys.executable, "-c", code], cwd=server.data_dir.parent,
+                            env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "readme-0-2" in result.stdout  # df.show(): read by a Python worker
+    [count] = re.findall(r"^(\d+) messages in the segment files", result.stdout, re.M)
+    assert int(count) >= 3
+    with server.client() as client:  # the snippet's write went through
+        assert client.discover_partitions("copy")[0].high_water_mark >= 3
