@@ -7,6 +7,9 @@ window of unacknowledged messages is full); ``wait_all_acked`` then waits for th
 An ACK means the message is in the log (fsynced with the default ``durability``).
 If the connection drops, the client reconnects and resends what was not acknowledged:
 delivery is at-least-once, so subscribers should dedupe by offset.
+
+A server that is not there, or one that refuses the topic (an invalid name, a partition
+the topic does not have), ends it with one line on stderr and exit status 1.
 """
 
 from __future__ import annotations
@@ -14,11 +17,14 @@ from __future__ import annotations
 import argparse
 import time
 
+from run_example import run_example, wait_figg_connected
+
 from gateway.client.figg_blocking import BlockingFiggClient
 from gateway.config import parse_address
 
 
 def main() -> None:
+    """Publish ``--count`` messages and wait for their ACKs."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--figg", type=parse_address, default="127.0.0.1:8119",
                         help="Figg address HOST:PORT")
@@ -35,7 +41,7 @@ def main() -> None:
 
     started = time.monotonic()
     with BlockingFiggClient(*args.figg) as client:
-        client.wait_connected(timeout=10)  # fail fast when nothing listens
+        wait_figg_connected(client, args.figg)  # fail fast when nothing listens
         for i in range(1, args.count + 1):
             client.publish(args.topic, f"{args.prefix}-{i}".encode(), on_ack=on_ack)
         client.wait_all_acked()
@@ -44,4 +50,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_example(main)

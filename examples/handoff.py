@@ -11,17 +11,18 @@ Tank topic "name", partition P). So a position moves between the protocols uncha
    a Figg subscriber ATTACHes with offset Y and the gateway resumes at Y + 1.
 
 Both runs read the ``--count`` messages this program first produces, and it checks that
-each was read exactly once (exit status 1 if not).
+each was read exactly once (exit status 1 if not). A server that is not there ends it
+with one line on stderr and exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 import trio
+from run_example import Failed, run_example
 
-from gateway.client.figg import FiggClient, open_figg_client
+from gateway.client.figg import ConnectionState, FiggClient, open_figg_client
 from gateway.client.tank import TankClient, open_tank_client
 from gateway.config import parse_address
 from gateway.offsets import tank_to_figg
@@ -68,6 +69,12 @@ async def handoff(args: argparse.Namespace) -> bool:
     topic, partition = args.topic, args.partition
     figg_topic = tank_to_figg(topic, partition)  # "handoff", or "handoff/P" for P > 0
     async with open_tank_client(*args.tank) as tank, open_figg_client(*args.figg) as figg:
+        with trio.move_on_after(10):  # the Figg client itself would keep redialling
+            await figg.wait_connected()
+        if figg.state is not ConnectionState.CONNECTED:
+            host, port = args.figg
+            raise Failed(f"no Figg server answered at {host}:{port} within 10 s "
+                         f"(is figtank serve running?)")
         await tank.produce({(topic, partition): [
             f"message-{i}".encode() for i in range(1, args.count + 1)]})
         [bounds] = await tank.discover_partitions(topic, [partition])
@@ -91,11 +98,15 @@ async def handoff(args: argparse.Namespace) -> bool:
 
 async def main_async(args: argparse.Namespace) -> bool:
     """:func:`handoff`, but never hanging: a demo gives up after 30 s."""
-    with trio.fail_after(30):
-        return await handoff(args)
+    try:
+        with trio.fail_after(30):
+            return await handoff(args)
+    except trio.TooSlowError:
+        raise Failed("gave up after 30 s") from None
 
 
-def main() -> None:
+def main() -> int:
+    """Parse the arguments and hand off both ways; 0 when both check out."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--figg", type=parse_address, default="127.0.0.1:8119",
                         help="Figg address HOST:PORT")
@@ -109,8 +120,8 @@ def main() -> None:
     args = parser.parse_args()
     if not 1 <= args.split < args.count:
         parser.error("--split must be between 1 and --count - 1")
-    sys.exit(0 if trio.run(main_async, args) else 1)
+    return 0 if trio.run(main_async, args) else 1
 
 
 if __name__ == "__main__":
-    main()
+    run_example(main)

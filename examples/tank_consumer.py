@@ -9,7 +9,8 @@ the time is up): a long poll, so following the tail costs no busy loop.
 
 ``--from 0`` starts at the first available message. A Figg offset is the same number as
 a Tank sequence: to continue after Figg offset X, pass ``--from X+1``.
-It stops after ``--count`` messages, or when none arrive for ``--idle`` seconds.
+It stops after ``--count`` messages, or when none arrive for ``--idle`` seconds. A
+broker that is not there ends it with one line on stderr and exit status 1.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import datetime
 import sys
 
 import trio
+from run_example import run_example
 
 from gateway.client.errors import BoundaryError, UnknownTopicError
 from gateway.client.tank import open_tank_client
@@ -65,6 +67,7 @@ async def follow(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    """Parse the arguments and follow the partition."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tank", type=parse_address, default="127.0.0.1:11011",
                         help="Tank address HOST:PORT")
@@ -83,4 +86,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_example(main)

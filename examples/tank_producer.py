@@ -5,6 +5,8 @@
 Each ``produce`` call appends one bundle per partition and returns once the gateway has
 acknowledged it. A message is a value, ``(key, value)``, or a ``Message`` with an explicit
 timestamp in milliseconds (messages without one get the current time).
+A broker that is not there or refuses the produce ends it with one line on stderr and
+exit status 1.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ from __future__ import annotations
 import argparse
 import time
 
+from run_example import run_example
+
 from gateway.client.tank import Message
 from gateway.client.tank_blocking import BlockingTankClient
 from gateway.config import parse_address
 
 
 def main() -> None:
+    """Produce ``--count`` messages, ``--batch`` per call."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tank", type=parse_address, default="127.0.0.1:11011",
                         help="Tank address HOST:PORT")
@@ -44,4 +49,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_example(main)

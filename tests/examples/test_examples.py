@@ -1,12 +1,20 @@
-"""Every program in examples/ run as a real process against a ``figtank serve`` process."""
+"""Every program in examples/ run as a real process against a ``figtank serve`` process.
+
+Each runs in an empty working directory of its own, with ``XDG_STATE_HOME`` in the test's
+temporary directory, and must leave that working directory empty.
+"""
 
 from __future__ import annotations
 
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -40,13 +48,57 @@ def address(where: tuple[str, int] | None) -> str:
     return f"{where[0]}:{where[1]}"
 
 
-def example(name: str, *args: str, timeout: float = 20) -> subprocess.CompletedProcess:
-    """Run examples/``name`` to completion; it must exit 0."""
-    result = subprocess.run([sys.executable, str(EXAMPLES / name), *args], cwd=ROOT,
-                            capture_output=True, text=True, timeout=timeout,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert result.returncode == 0, result.stderr
-    return result
+@dataclass
+class Examples:
+    """Runs examples in ``cwd`` with ``XDG_STATE_HOME`` = ``state``."""
+
+    cwd: Path
+    state: Path
+
+    def env(self) -> dict[str, str]:
+        return dict(os.environ, PYTHONPATH=str(ROOT), XDG_STATE_HOME=str(self.state))
+
+    def run(self, name: str, *args: str, timeout: float = 20, status: int = 0
+            ) -> subprocess.CompletedProcess:
+        """Run examples/``name`` to completion; it must exit with ``status``."""
+        result = subprocess.run([sys.executable, str(EXAMPLES / name), *args], cwd=self.cwd,
+                                capture_output=True, text=True, timeout=timeout,
+                                env=self.env())
+        assert result.returncode == status, result.stderr
+        return result
+
+    def start(self, name: str, *args: str) -> subprocess.Popen:
+        """Start examples/``name`` (stdout and stderr piped)."""
+        return subprocess.Popen([sys.executable, str(EXAMPLES / name), *args],
+                                cwd=self.cwd, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=self.env())
+
+
+@pytest.fixture
+def examples(tmp_path: Path) -> Iterator[Examples]:
+    """An :class:`Examples`; afterwards the working directory must still be empty (no
+    offset file, nothing)."""
+    cwd, state = tmp_path / "cwd", tmp_path / "state"
+    cwd.mkdir()
+    yield Examples(cwd, state)
+    assert list(cwd.iterdir()) == []
+
+
+def stopped(process: subprocess.Popen, timeout: float = 15) -> tuple[str, str]:
+    """Wait for ``process`` (killed if it does not end in time); its stdout and stderr."""
+    try:
+        return process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (just released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def fields(line: str) -> dict[str, str]:
@@ -54,18 +106,19 @@ def fields(line: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in line.split() if "=" in part)
 
 
-def test_publisher_then_resuming_subscriber(server: ServeProcess, tmp_path: Path) -> None:
+def test_publisher_then_resuming_subscriber(server: ServeProcess, examples: Examples,
+                                             tmp_path: Path) -> None:
     figg = ("--figg", address(server.figg), "--topic", "resume")
-    published = example("figg_publisher.py", *figg, "--count", "5")
+    published = examples.run("figg_publisher.py", *figg, "--count", "5")
     assert "published 5 messages to 'resume', 5 acknowledged" in published.stdout
 
     state = str(tmp_path / "resume.offset")
     subscriber = ("figg_resuming_subscriber.py", *figg, "--state", state, "--idle", "1")
-    first = example(*subscriber, "--count", "3").stdout.splitlines()
+    first = examples.run(*subscriber, "--count", "3").stdout.splitlines()
     assert (tmp_path / "resume.offset").read_text().strip() == "3"
-    example("figg_publisher.py", *figg, "--count", "2", "--prefix", "late")
-    second = example(*subscriber, "--count", "100").stdout.splitlines()
-    third = example(*subscriber).stdout.splitlines()  # nothing new: stops when idle
+    examples.run("figg_publisher.py", *figg, "--count", "2", "--prefix", "late")
+    second = examples.run(*subscriber, "--count", "100").stdout.splitlines()
+    third = examples.run(*subscriber).stdout.splitlines()  # nothing new: stops when idle
 
     seen = [(int(fields(line)["offset"]), fields(line)["data"]) for line in first + second]
     assert seen == [(1, "order-1"), (2, "order-2"), (3, "order-3"), (4, "order-4"),
@@ -73,12 +126,13 @@ def test_publisher_then_resuming_subscriber(server: ServeProcess, tmp_path: Path
     assert third == []
 
 
-def test_tank_producer_and_following_consumer(server: ServeProcess) -> None:
+def test_tank_producer_and_following_consumer(server: ServeProcess,
+                                             examples: Examples) -> None:
     tank = ("--tank", address(server.tank), "--topic", "follow")
-    produced = example("tank_producer.py", *tank, "--count", "7", "--batch", "3")
+    produced = examples.run("tank_producer.py", *tank, "--count", "7", "--batch", "3")
     assert "produced 7 messages to follow/0; high-water mark 7" in produced.stdout
 
-    read = [fields(line) for line in example("tank_consumer.py", *tank, "--from", "2",
+    read = [fields(line) for line in examples.run("tank_consumer.py", *tank, "--from", "2",
                                              "--count", "4").stdout.splitlines()]
     assert [(m["seq"], m["key"], m["value"]) for m in read] == [
         ("2", "customer-2", "order-2"), ("3", "customer-0", "order-3"),
@@ -86,26 +140,21 @@ def test_tank_producer_and_following_consumer(server: ServeProcess) -> None:
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT[\d:.]+Z", m["time"]) for m in read)
 
     # A consumer at the tail long-polls until the producer appends.
-    follower = subprocess.Popen(
-        [sys.executable, str(EXAMPLES / "tank_consumer.py"), *tank, "--from", "8",
-         "--count", "2", "--idle", "15"], cwd=ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    follower = examples.start("tank_consumer.py", *tank, "--from", "8", "--count", "2",
+                              "--idle", "15")
     try:
-        assert follower.stdout is not None
-        example("tank_producer.py", *tank, "--count", "2")
-        out, err = follower.communicate(timeout=15)
+        examples.run("tank_producer.py", *tank, "--count", "2")
     finally:
-        if follower.poll() is None:
-            follower.kill()
-            follower.wait()
+        out, err = stopped(follower)
     assert follower.returncode == 0, err
     assert [fields(line)["seq"] for line in out.splitlines()] == ["8", "9"]
     assert "received 2 messages; next sequence 10" in err
 
 
 @pytest.mark.parametrize("split", ["1", "4"])
-def test_handoff_has_no_gap_and_no_duplicate(server: ServeProcess, split: str) -> None:
-    result = example("handoff.py", "--figg", address(server.figg), "--tank",
+def test_handoff_has_no_gap_and_no_duplicate(server: ServeProcess, examples: Examples,
+                                             split: str) -> None:
+    result = examples.run("handoff.py", "--figg", address(server.figg), "--tank",
                      address(server.tank), "--topic", f"handoff{split}", "--count", "8",
                      "--split", split)
     lines = result.stdout.splitlines()
@@ -121,11 +170,84 @@ def test_handoff_has_no_gap_and_no_duplicate(server: ServeProcess, split: str) -
     assert f"tank stopped at sequence {k}: figg attaches with offset {k}" in lines
 
 
-def test_handoff_runs_again_on_a_used_topic(server: ServeProcess) -> None:
+def test_handoff_runs_again_on_a_used_topic(server: ServeProcess, examples: Examples
+                                            ) -> None:
     # Older messages in the partition: the hand-off uses the sequences it produced.
     args = ("--figg", address(server.figg), "--tank", address(server.tank),
             "--topic", "again", "--count", "3", "--split", "2")
-    example("handoff.py", *args)
-    lines = example("handoff.py", *args).stdout.splitlines()
+    examples.run("handoff.py", *args)
+    lines = examples.run("handoff.py", *args).stdout.splitlines()
     assert "figg stopped at offset 5: tank continues at sequence 6" in lines
     assert lines[-1] == "tank -> figg: no gap, no duplicate"
+
+
+def test_resuming_subscriber_keeps_its_offset_out_of_the_working_directory(
+        server: ServeProcess, examples: Examples) -> None:
+    figg = ("--figg", address(server.figg), "--topic", "kept/0")
+    examples.run("figg_publisher.py", *figg, "--count", "3")
+    subscriber = ("figg_resuming_subscriber.py", *figg, "--idle", "1", "--count", "2")
+    first = examples.run(*subscriber)
+    # By default the offset goes to $XDG_STATE_HOME/figtank/, one file per topic.
+    state = examples.state / "figtank" / "figg-kept-0.offset"
+    assert state.read_text().strip() == "2"
+    assert str(state) in first.stderr
+    second = examples.run(*subscriber).stdout.splitlines()
+    assert [fields(line)["offset"] for line in second] == ["3"]
+    # (the fixture checks that the working directory stayed empty)
+
+
+def one_line_failure(result: subprocess.CompletedProcess, name: str) -> str:
+    """The single stderr line ``<name>: ...`` of a failed example (nothing on stdout)."""
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"{name}: ")
+    return lines[0]
+
+
+@pytest.mark.parametrize("name, flags", [
+    ("tank_producer.py", ("--tank",)),
+    ("tank_consumer.py", ("--tank",)),
+    ("handoff.py", ("--tank", "--figg")),
+    ("figg_publisher.py", ("--figg",)),  # waits 10 s for a connection, then gives up
+    ("figg_resuming_subscriber.py", ("--figg",)),
+])
+def test_example_against_a_closed_port_fails_with_one_line(
+        examples: Examples, name: str, flags: tuple[str, ...]) -> None:
+    nowhere = f"127.0.0.1:{closed_port()}"
+    args = [arg for flag in flags for arg in (flag, nowhere)]
+    result = examples.run(name, *args, timeout=30, status=1)
+    line = one_line_failure(result, name.removesuffix(".py"))
+    assert nowhere in line
+
+
+def test_figg_publisher_refused_topic_fails_with_one_line(server: ServeProcess,
+                                                          examples: Examples) -> None:
+    # The server closes the connection on an invalid topic name; the client gives up
+    # after a few refusals instead of reconnecting forever.
+    started = time.monotonic()
+    result = examples.run("figg_publisher.py", "--figg", address(server.figg), "--topic",
+                          "bad name", timeout=30, status=1)
+    assert time.monotonic() - started < 20
+    assert "bad name" in one_line_failure(result, "figg_publisher")
+
+
+@pytest.mark.parametrize("name, args", [
+    ("figg_publisher.py", ("--figg", "nonsense")),
+    ("handoff.py", ("--count", "3", "--split", "3")),
+])
+def test_example_with_bad_arguments_exits_2(examples: Examples, name: str,
+                                            args: tuple[str, ...]) -> None:
+    result = examples.run(name, *args, status=2)
+    assert result.stdout == "" and "Traceback" not in result.stderr
+
+
+def test_ctrl_c_ends_an_example_quietly_with_130(server: ServeProcess,
+                                                 examples: Examples) -> None:
+    follower = examples.start("tank_consumer.py", "--tank", address(server.tank), "--topic",
+                              "quiet", "--idle", "60")
+    time.sleep(2)  # started and long-polling
+    follower.send_signal(signal.SIGINT)
+    out, err = stopped(follower)
+    assert follower.returncode == 130
+    assert (out, err) == ("", "")
