@@ -5,25 +5,34 @@ Run in the directory of ``make run`` (its data directory is ``./data``)::
 
     python examples/spark_batch_history.py [--data-dir data] [--topic events] [--json out]
 
-Prints the aggregates; ``--json DIR`` also writes them as JSON lines with Spark.
+Prints the aggregates; ``--json DIR`` also writes them as JSON lines with Spark. Ctrl-C
+cancels the jobs, stops Spark and exits with status 130; a failure (no such directory,
+...) is one line on stderr and exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
-from spark_events import per_key_minute, spark_session
+from spark_events import add_spark_log_argument, per_key_minute, run_spark
 
 
 def main() -> None:
+    """Parse the arguments and run the batch job."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", default="data")
     parser.add_argument("--topic", default="events")
     parser.add_argument("--json", help="also write the aggregates to this directory")
     parser.add_argument("--rows", type=int, default=50, help="rows to print")
+    add_spark_log_argument(parser)
     args = parser.parse_args()
+    run_spark("figtank-batch-history", lambda spark: history(spark, args),
+              args.spark_log)
 
-    spark = spark_session("figtank-batch-history")
+
+def history(spark: Any, args: argparse.Namespace) -> None:
+    """Aggregate the topic's history; print the rows (and write them with ``--json``)."""
     messages = (spark.read.format("figtank-segments").option("topic", args.topic)
                 .load(args.data_dir))
     stats = per_key_minute(messages).orderBy("minute", "key").cache()
@@ -31,7 +40,6 @@ def main() -> None:
     print(f"{stats.count()} (minute, key) rows from {messages.count()} messages")
     if args.json:
         stats.write.mode("overwrite").json(args.json)
-    spark.stop()
 
 
 if __name__ == "__main__":

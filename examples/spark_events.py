@@ -1,5 +1,6 @@
-"""Shared by the Spark examples: the JSON events, their per-key-and-minute aggregate, and a
-Figg publisher and subscriber to feed and watch the pipeline.
+"""Shared by the Spark examples: the JSON events, their per-key-and-minute aggregate, how a
+Spark example runs and stops (:func:`run_spark`), and a Figg publisher and subscriber to
+feed and watch the pipeline.
 
 Events are JSON objects published by Figg clients: ``{"key": "sensor-3", "amount": 1.5}``.
 The event time is when the gateway appended the message (the Tank timestamp).
@@ -14,36 +15,70 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import re
+import signal
+import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, NoReturn
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from run_example import EXPECTED, fail, run_example, wait_figg_connected  # noqa: E402
+
+from gateway.config import parse_address  # noqa: E402
+from gateway.logs import configure_logging  # noqa: E402
+
 EVENT_SCHEMA = "key string, amount double"
+LOG4J_CONFIG = Path(__file__).resolve().with_name("log4j2.properties")
+SPARK_LOG_LEVELS = ("off", "error", "warn")
 
 
-def spark_session(app: str) -> Any:
-    """A local Spark session (2 cores) with the figtank sources registered."""
-    import os
+def spark_session(app: str, log: str = "off") -> Any:
+    """A local Spark session (2 cores) with the figtank sources registered (which also
+    makes Spark's Python workers run this interpreter: see ``gateway.spark.register``).
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    The JVM runs in a session of its own, so that a Ctrl-C in the terminal reaches this
+    process only, not the JVM's Python workers in the middle of a task (see
+    :class:`SparkInterrupt`). Spark's log goes to stderr from level ``log``
+    (``log4j2.properties`` here); with ``off``, the default, the JVM's stderr (and its
+    workers') is dropped, so that what an example says is all there is: failures reach
+    the driver as exceptions, and ``--spark-log warn`` shows the details."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
     from pyspark.sql import SparkSession
 
     from gateway.spark import register
 
-    spark = (SparkSession.builder.master("local[2]").appName(app)
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.sql.session.timeZone", "UTC").getOrCreate())
-    spark.sparkContext.setLogLevel("WARN")
+    conf = (SparkConf().setMaster("local[2]").setAppName(app)
+            .set("spark.driver.extraJavaOptions",
+                 f"-Dlog4j2.configurationFile={LOG4J_CONFIG} "
+                 f"-Dfigtank.examples.sparkLog={log}")
+            .set("spark.ui.showConsoleProgress", "false")
+            .set("spark.sql.shuffle.partitions", "2")
+            .set("spark.sql.session.timeZone", "UTC"))
+    launch: dict[str, Any] = {"start_new_session": True}
+    if log == "off":
+        launch["stderr"] = subprocess.DEVNULL
+    context = SparkContext(conf=conf, gateway=launch_gateway(conf, popen_kwargs=launch))
+    spark = SparkSession(context)
     register(spark)
     return spark
+
+
+def add_spark_log_argument(parser: argparse.ArgumentParser) -> None:
+    """``--spark-log LEVEL``: how much of Spark's own log to show (see :func:`spark_session`)."""
+    parser.add_argument("--spark-log", choices=SPARK_LOG_LEVELS, default="off",
+                        help="Spark's own log on stderr from this level (default: off)")
 
 
 def per_key_minute(messages: Any) -> Any:
@@ -78,13 +113,133 @@ def as_messages(stats: Any) -> Any:
                            "key", "events", "total")).alias("value"))
 
 
+# ------------------------------------------------------------------ running and stopping
+
+
+class SparkInterrupt:
+    """Ctrl-C for a Spark driver, in place of PySpark's own handler.
+
+    PySpark's handler cancels the jobs and raises ``KeyboardInterrupt`` wherever the main
+    thread is: nearly always inside a py4j call (``awaitTermination``, an action), which
+    py4j reports with pages of tracebacks. This one only records the request and, from
+    another thread, stops the streaming queries and then Spark; the main thread's call
+    returns (or fails), and :func:`run_spark` exits 130. A Ctrl-C while Spark is still
+    starting, or a second one, exits at once (the JVM exits when this process does). The
+    JVM and its workers run in a session of their own (:func:`spark_session`): a Ctrl-C in
+    the terminal reaches this process only.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.spark: Any = None
+        self.stopping: threading.Thread | None = None
+
+    def install(self) -> None:
+        """Take over SIGINT."""
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, _signum: int, _frame: FrameType | None) -> None:
+        if self.requested or self.spark is None:
+            os._exit(130)  # nothing to stop yet, or no more waiting
+        self.requested = True
+        self.stopping = threading.Thread(target=self._stop, name="ctrl-c", daemon=True)
+        self.stopping.start()
+
+    def _stop(self) -> None:
+        """Stop the streaming queries, then Spark (py4j calls, so not in the handler: the
+        main thread may be in the middle of one). ``query.stop()`` lets a running
+        ``foreachBatch`` call finish; stopping Spark cancels the jobs still running."""
+        try:
+            self.spark.sparkContext.setLogLevel("OFF")  # what it stops is not news
+            for query in self.spark.streams.active:
+                query.stop()
+        except Exception:  # Spark is going down anyway; a second Ctrl-C exits at once
+            pass
+        stop_spark(self.spark)
+
+
+def run_spark(app: str, job: Callable[[Any], None], log: str = "off") -> NoReturn:
+    """Run ``job(spark)`` with :func:`spark_session` and exit: 0 when it returns, 1 after
+    one line on stderr when it fails, 130 after Ctrl-C (see :class:`SparkInterrupt`).
+    Spark is stopped in every case."""
+    configure_logging("error")  # as run_example: figtank clients' lines, errors only
+    interrupt = SparkInterrupt()
+    interrupt.install()
+    spark: Any = None
+    status = 0
+    try:
+        # Started in another thread, the SparkContext leaves SIGINT alone (PySpark
+        # installs its handler from the main thread only).
+        with ThreadPoolExecutor(1) as starting:
+            spark = interrupt.spark = starting.submit(spark_session, app, log).result()
+        job(spark)
+    except Exception as exc:
+        if not interrupt.requested:  # after a Ctrl-C, failing calls are expected
+            if not _expected(exc):
+                raise
+            hidden = spark is None and log == "off"  # e.g. the JVM did not start: why?
+            fail(spark_error_line(exc)
+                 + (" (--spark-log warn shows Spark's own output)" if hidden else ""))
+            status = 1
+    finally:
+        if interrupt.stopping is not None:
+            interrupt.stopping.join()
+        if spark is not None:
+            stop_spark(spark)
+    sys.exit(130 if interrupt.requested else status)
+
+
+def stop_spark(spark: Any) -> None:
+    """``spark.stop()`` (again: a no-op), without a traceback from PySpark's accumulator
+    server.
+
+    ``SparkContext.stop`` stops the JVM first, and the JVM's end of the accumulator
+    connection closing under the server's handler prints an ``EOFError`` traceback (a
+    race: often after a streaming query was stopped). Shutting that server down first
+    (its handler leaves within a second) closes the connection from this side instead;
+    ``stop`` then finds it shut down.
+    """
+    server = getattr(spark.sparkContext, "_accumulatorServer", None)  # PySpark internals
+    if server is not None:
+        server.shutdown()
+    spark.stop()
+
+
+def _expected(exc: BaseException) -> bool:
+    """A failure worth one line: Spark's (an analysis error, a failed query or task, the
+    JVM's), or a client's or the operating system's."""
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    return isinstance(exc, (PySparkException, Py4JError, *EXPECTED))
+
+
+def spark_error_line(exc: BaseException) -> str:
+    """One line for a failure that went through Spark: the message of what a Python
+    worker raised (a figtank client's error, a bad option: Spark quotes the worker's
+    traceback in its own message), else the first line of Spark's message."""
+    text = str(exc).strip()
+    if PYTHON_TRACEBACK in text:  # the last one's first line not indented: what it raised
+        tail = text.rsplit(PYTHON_TRACEBACK, 1)[1]
+        for line in tail.splitlines():
+            if raised := RAISED.match(line):
+                return raised.group(1)
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+PYTHON_TRACEBACK = "Traceback (most recent call last):"
+RAISED = re.compile(r"^[A-Za-z_][\w.]*: (.+)$")  # "module.SomeError: message"
+
+
 # ------------------------------------------------------------------ Figg clients
 
 
-def publish(host: str, port: int, topic: str, rate: float, keys: int, count: int) -> None:
+def publish(figg: tuple[str, int], topic: str, rate: float, keys: int, count: int) -> None:
+    """Publish random events at ``rate`` a second (``count`` of them, or until Ctrl-C)."""
     from gateway.client.figg_blocking import BlockingFiggClient
 
-    with BlockingFiggClient(host, port) as client:
+    with BlockingFiggClient(*figg) as client:
+        wait_figg_connected(client, figg)
         sent = 0
         while count <= 0 or sent < count:
             event = {"key": f"sensor-{random.randrange(keys)}",
@@ -97,19 +252,23 @@ def publish(host: str, port: int, topic: str, rate: float, keys: int, count: int
         client.wait_all_acked()
 
 
-def subscribe(host: str, port: int, topic: str, from_start: bool) -> None:
+def subscribe(figg: tuple[str, int], topic: str, from_start: bool) -> None:
+    """Print every message of ``topic`` until Ctrl-C."""
     from gateway.client.figg_blocking import BlockingFiggClient
 
-    with BlockingFiggClient(host, port) as client:
+    with BlockingFiggClient(*figg) as client:
+        wait_figg_connected(client, figg)
         subscription = client.subscribe(topic, from_offset=0 if from_start else None)
-        print(f"waiting for {topic} (Ctrl-C to stop)", flush=True)
+        print(f"waiting for {topic} (Ctrl-C to stop)", file=sys.stderr, flush=True)
         for message in subscription:
             print(message.data.decode(errors="replace"), flush=True)
 
 
 def main() -> None:
+    """The Figg publisher or subscriber of the pipeline."""
     parser = argparse.ArgumentParser(description="Figg publisher/subscriber of JSON events")
-    parser.add_argument("--figg", default="127.0.0.1:8119", help="Figg listener HOST:PORT")
+    parser.add_argument("--figg", type=parse_address, default="127.0.0.1:8119",
+                        help="Figg listener HOST:PORT")
     commands = parser.add_subparsers(dest="command", required=True)
     pub = commands.add_parser("publish", help="publish random JSON events")
     pub.add_argument("--topic", default="events")
@@ -120,15 +279,11 @@ def main() -> None:
     sub.add_argument("--topic", default="event-stats")
     sub.add_argument("--from-start", action="store_true")
     args = parser.parse_args()
-    host, _, port = args.figg.rpartition(":")
-    try:
-        if args.command == "publish":
-            publish(host, int(port), args.topic, args.rate, args.keys, args.count)
-        else:
-            subscribe(host, int(port), args.topic, args.from_start)
-    except KeyboardInterrupt:
-        pass
+    if args.command == "publish":
+        publish(args.figg, args.topic, args.rate, args.keys, args.count)
+    else:
+        subscribe(args.figg, args.topic, args.from_start)
 
 
 if __name__ == "__main__":
-    main()
+    run_example(main)

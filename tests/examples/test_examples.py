@@ -235,6 +235,7 @@ def test_figg_publisher_refused_topic_fails_with_one_line(server: ServeProcess,
 @pytest.mark.parametrize("name, args", [
     ("figg_publisher.py", ("--figg", "nonsense")),
     ("handoff.py", ("--count", "3", "--split", "3")),
+    ("spark_events.py", ("--figg", "nonsense", "publish")),
 ])
 def test_example_with_bad_arguments_exits_2(examples: Examples, name: str,
                                             args: tuple[str, ...]) -> None:
