@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from run_example import run_example, wait_figg_connected
+from run_example import FIGG_OPTIONS, run_example, wait_figg_connected
 
 from gateway.client.figg_blocking import BlockingFiggClient
 from gateway.config import parse_address
@@ -40,7 +40,7 @@ def main() -> None:
         acked += 1
 
     started = time.monotonic()
-    with BlockingFiggClient(*args.figg) as client:
+    with BlockingFiggClient(*args.figg, **FIGG_OPTIONS) as client:
         wait_figg_connected(client, args.figg)  # fail fast when nothing listens
         for i in range(1, args.count + 1):
             client.publish(args.topic, f"{args.prefix}-{i}".encode(), on_ack=on_ack)

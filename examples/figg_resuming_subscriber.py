@@ -26,7 +26,7 @@ import queue
 import sys
 from pathlib import Path
 
-from run_example import run_example, wait_figg_connected
+from run_example import FIGG_OPTIONS, run_example, wait_figg_connected
 
 from gateway.client.figg_blocking import BlockingFiggClient
 from gateway.config import parse_address
@@ -71,7 +71,7 @@ def main() -> None:
 
     last = load_offset(state)
     processed = 0
-    with BlockingFiggClient(*args.figg) as client:
+    with BlockingFiggClient(*args.figg, **FIGG_OPTIONS) as client:
         wait_figg_connected(client, args.figg)
         subscription = client.subscribe(args.topic, from_offset=last)
         print(f"resuming after offset {last} (from {state}); the gateway starts after "

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 
 import trio
-from run_example import Failed, run_example
+from run_example import FIGG_OPTIONS, Failed, run_example
 
 from gateway.client.figg import ConnectionState, FiggClient, open_figg_client
 from gateway.client.tank import TankClient, open_tank_client
@@ -68,8 +68,9 @@ async def handoff(args: argparse.Namespace) -> bool:
     """Produce the messages, then hand off both ways; True when both check out."""
     topic, partition = args.topic, args.partition
     figg_topic = tank_to_figg(topic, partition)  # "handoff", or "handoff/P" for P > 0
-    async with open_tank_client(*args.tank) as tank, open_figg_client(*args.figg) as figg:
-        with trio.move_on_after(10):  # the Figg client itself would keep redialling
+    async with (open_tank_client(*args.tank) as tank,
+                open_figg_client(*args.figg, **FIGG_OPTIONS) as figg):
+        with trio.move_on_after(10):  # a server that neither accepts nor refuses
             await figg.wait_connected()
         if figg.state is not ConnectionState.CONNECTED:
             host, port = args.figg

@@ -13,13 +13,17 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from gateway.client.errors import ClientError
 from gateway.client.figg_blocking import BlockingFiggClient
 from gateway.logs import configure_logging
 
 EXPECTED: tuple[type[BaseException], ...] = (ClientError, OSError)
+
+#: Options of the examples' Figg clients: give up connecting after 3 attempts (a few
+#: seconds, then ``ConnectError``) rather than redial a server that is not there forever.
+FIGG_OPTIONS: dict[str, Any] = {"first_connect_attempts": 3}
 
 
 class Failed(Exception):
@@ -67,8 +71,9 @@ def _leaves(exc: BaseException) -> Iterator[BaseException]:
 
 def wait_figg_connected(client: BlockingFiggClient, address: tuple[str, int],
                         timeout: float = 10) -> None:
-    """Wait until ``client`` is connected; :class:`Failed` after ``timeout`` seconds (the
-    Figg client itself would keep redialling a server that is not there)."""
+    """Wait until ``client`` is connected; :class:`Failed` after ``timeout`` seconds (a
+    server that accepts no connection and refuses none), ``ConnectError`` sooner when
+    the client gives up (see :data:`FIGG_OPTIONS`)."""
     try:
         client.wait_connected(timeout=timeout)
     except TimeoutError:

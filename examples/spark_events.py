@@ -33,7 +33,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from run_example import EXPECTED, fail, run_example, wait_figg_connected  # noqa: E402
+from run_example import (  # noqa: E402
+    EXPECTED,
+    FIGG_OPTIONS,
+    fail,
+    run_example,
+    wait_figg_connected,
+)
 
 from gateway.config import parse_address  # noqa: E402
 from gateway.logs import configure_logging  # noqa: E402
@@ -238,7 +244,7 @@ def publish(figg: tuple[str, int], topic: str, rate: float, keys: int, count: in
     """Publish random events at ``rate`` a second (``count`` of them, or until Ctrl-C)."""
     from gateway.client.figg_blocking import BlockingFiggClient
 
-    with BlockingFiggClient(*figg) as client:
+    with BlockingFiggClient(*figg, **FIGG_OPTIONS) as client:
         wait_figg_connected(client, figg)
         sent = 0
         while count <= 0 or sent < count:
@@ -256,7 +262,7 @@ def subscribe(figg: tuple[str, int], topic: str, from_start: bool) -> None:
     """Print every message of ``topic`` until Ctrl-C."""
     from gateway.client.figg_blocking import BlockingFiggClient
 
-    with BlockingFiggClient(*figg) as client:
+    with BlockingFiggClient(*figg, **FIGG_OPTIONS) as client:
         wait_figg_connected(client, figg)
         subscription = client.subscribe(topic, from_offset=0 if from_start else None)
         print(f"waiting for {topic} (Ctrl-C to stop)", file=sys.stderr, flush=True)

@@ -209,7 +209,7 @@ def one_line_failure(result: subprocess.CompletedProcess, name: str) -> str:
     ("tank_producer.py", ("--tank",)),
     ("tank_consumer.py", ("--tank",)),
     ("handoff.py", ("--tank", "--figg")),
-    ("figg_publisher.py", ("--figg",)),  # waits 10 s for a connection, then gives up
+    ("figg_publisher.py", ("--figg",)),
     ("figg_resuming_subscriber.py", ("--figg",)),
 ])
 def test_example_against_a_closed_port_fails_with_one_line(
