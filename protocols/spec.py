@@ -32,36 +32,35 @@ Field types:
 (Tank's ``client_version``), the version is read from that leading field; otherwise
 the caller passes it (Figg carries it in the frame header).
 
-Each message and inline struct becomes a slotted dataclass (``codec.record``); a
-field absent from a version decodes to its default. Runs of fixed-width fields
-present in the same versions are read and written with one precompiled
-``struct.Struct``.
+The declarations are compiled ahead of time: :mod:`protocols.generate` writes each
+protocol's record classes (frozen, slotted, typed dataclasses) and straight-line codec
+functions into a checked-in module (``protocols/tank/records.py``,
+``protocols/figg/records.py``), as Kafka generates its message classes from its JSON. A
+field absent from a version decodes to its default. This module holds what the generator
+reads (:func:`parse_spec`, :class:`TypeRegistry`) and what its output calls at run time
+(:class:`MessageCodec`, :class:`FlatCodec`, the error helpers).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import struct
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from importlib import resources
-from operator import attrgetter
-from typing import Any, Final, Protocol
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from protocols.errors import ProtocolError
-from protocols.wire import (
-    Reader,
-    encode_bytes32be,
-    encode_bytes32le,
-    encode_str8,
-    encode_varint,
-)
+from protocols.wire import Reader, decode_varint
 
 #: The ``struct`` format letter of each fixed-width integer type.
 FIXED_FORMATS: Final = {"uint8": "B", "uint16": "H", "uint32": "I", "uint64": "Q"}
-_FIXED_LIMITS = {
-    name: (1 << (8 * struct.calcsize(fmt))) - 1 for name, fmt in FIXED_FORMATS.items()}
+#: Types whose values are ``str`` and ``bytes``.
+TEXT_TYPES: Final = frozenset(("str8", "string"))
+BYTES_TYPES: Final = frozenset(("bytes8", "bytes", "varbytes", "rest"))
+#: Every type the engine knows without a custom codec.
+PRIMITIVE_TYPES: Final = frozenset(FIXED_FORMATS) | {"varint"} | TEXT_TYPES | BYTES_TYPES
+
+Buffer = bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +91,11 @@ class VersionRange:
         """True when every version of ``other`` is in this range."""
         return self.low <= other.low and (
             self.high is None or (other.high is not None and other.high <= self.high))
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{self.low}+"
+        return str(self.low) if self.low == self.high else f"{self.low}-{self.high}"
 
 
 ALL_VERSIONS = VersionRange(0, None)
@@ -129,15 +133,19 @@ class MessageSpec:
     fields: tuple[FieldSpec, ...]
     version_field: str | None = None
     about: str = ""
+    comment: str = ""  # the ``//`` lines before the declaration
 
 
 class CustomType(Protocol):
     """A hand-written codec a declaration refers to by name.
 
     ``context`` is whatever the caller of :meth:`MessageCodec.decode` passed: for
-    example the request a Tank Produce response answers.
+    example the request a Tank Produce response answers. ``annotation`` is the Python type
+    of its values as the generated records declare it (names from the module that defines
+    the custom type); ``default`` the value of a field absent from a version.
     """
 
+    annotation: str
     default: Any
 
     def decode(self, reader: Reader, version: int, context: Any) -> Any: ...
@@ -160,12 +168,12 @@ def _parse_field(raw: Mapping[str, Any]) -> FieldSpec:
     )
 
 
-def parse_spec(raw: Mapping[str, Any]) -> MessageSpec:
+def parse_spec(raw: Mapping[str, Any], comment: str = "") -> MessageSpec:
     """Build a :class:`MessageSpec` from a decoded JSON declaration."""
     kind = raw["type"]
     if kind not in ("request", "response"):
         raise ValueError(f"{raw['name']}: type must be request or response, not {kind!r}")
-    return MessageSpec(
+    spec = MessageSpec(
         name=raw["name"],
         api_key=int(raw["apiKey"]),
         kind=kind,
@@ -173,7 +181,13 @@ def parse_spec(raw: Mapping[str, Any]) -> MessageSpec:
         fields=tuple(_parse_field(f) for f in raw["fields"]),
         version_field=raw.get("versionField"),
         about=raw.get("about", ""),
+        comment=comment,
     )
+    if spec.version_field is not None and (
+            not spec.fields or spec.fields[0].name != spec.version_field
+            or spec.fields[0].type not in FIXED_FORMATS):
+        raise ValueError(f"{spec.name}: versionField must be the first field, fixed-width")
+    return spec
 
 
 def load_json_with_comments(text: str) -> Any:
@@ -182,34 +196,20 @@ def load_json_with_comments(text: str) -> Any:
     return json.loads("\n".join(lines))
 
 
-# A decode step reads one or more fields and appends their values.
-_DecodeStep = Callable[[Reader, int, Any, list], None]
-# An encode step writes one or more fields of a record.
-_EncodeStep = Callable[[Any, int, bytearray, Any], None]
-
-
-@dataclass(slots=True)
-class _StructCodec:
-    """The compiled codec of one message or inline struct."""
-
-    record: type
-    decode_steps: list[_DecodeStep] = field(default_factory=list)
-    encode_steps: list[_EncodeStep] = field(default_factory=list)
-    children: dict[str, _StructCodec] = field(default_factory=dict)
-
-    def decode(self, reader: Reader, version: int, context: Any) -> Any:
-        values: list = []
-        for step in self.decode_steps:
-            step(reader, version, context, values)
-        return self.record(*values)
-
-    def encode(self, value: Any, version: int, out: bytearray, context: Any) -> None:
-        for step in self.encode_steps:
-            step(value, version, out, context)
+def leading_comment(text: str) -> str:
+    """The ``//`` lines before the declaration, without the slashes."""
+    lines = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped.startswith("//"):
+            break
+        lines.append(stripped[2:].strip())
+    return "\n".join(lines)
 
 
 class TypeRegistry:
-    """Primitive codecs for one byte order, plus a protocol's custom types."""
+    """What the generator needs to know besides the declarations: the protocol's byte
+    order and its custom types by name."""
 
     def __init__(self, byteorder: str, custom: Mapping[str, CustomType] | None = None) -> None:
         if byteorder not in ("little", "big"):
@@ -217,104 +217,71 @@ class TypeRegistry:
         self.byteorder = byteorder
         self.prefix = "<" if byteorder == "little" else ">"
         self.custom: dict[str, CustomType] = dict(custom or {})
-        little = byteorder == "little"
-        self._read_bytes32 = Reader.bytes32le if little else Reader.bytes32be
-        self._encode_bytes32 = encode_bytes32le if little else encode_bytes32be
 
-    def fixed(self, type_name: str) -> struct.Struct | None:
-        fmt = FIXED_FORMATS.get(type_name)
-        return struct.Struct(self.prefix + fmt) if fmt else None
-
-    # -- primitive readers and writers -------------------------------------------------
-
-    def reader_for(self, type_name: str, what: str) -> Callable[[Reader, int, Any], Any]:
-        """A function reading one value of a primitive or custom type."""
-        fixed = self.fixed(type_name)
-        if fixed is not None:
-            return lambda r, v, c: r.unpack(fixed, what)[0]
-        read_bytes32 = self._read_bytes32
-        simple: dict[str, Callable[[Reader, int, Any], Any]] = {
-            "varint": lambda r, v, c: r.varint(what),
-            "str8": lambda r, v, c: r.str8(what),
-            "bytes8": lambda r, v, c: r.bytes8(what),
-            "bytes": lambda r, v, c: read_bytes32(r, what),
-            "string": lambda r, v, c: _utf8(read_bytes32(r, what), what),
-            "varbytes": lambda r, v, c: r.take(r.varint(what), what),
-            "rest": lambda r, v, c: r.rest(),
-        }
-        if type_name in simple:
-            return simple[type_name]
-        custom = self.custom.get(type_name)
-        if custom is None:
+    def check(self, type_name: str, what: str) -> None:
+        """Raise ValueError for a type that is neither primitive nor registered."""
+        if type_name not in PRIMITIVE_TYPES and type_name not in self.custom:
             raise ValueError(f"unknown type {type_name!r} in {what}")
-        return custom.decode
-
-    def writer_for(self, type_name: str, what: str) -> Callable[[Any, int, bytearray, Any], None]:
-        """A function appending one value of a primitive or custom type to ``out``."""
-        fixed = self.fixed(type_name)
-        if fixed is not None:
-            limit = _FIXED_LIMITS[type_name]
-
-            def write_fixed(value: int, v: int, out: bytearray, c: Any) -> None:
-                if not 0 <= value <= limit:
-                    raise ValueError(f"{what}={value} does not fit {type_name}")
-                out += fixed.pack(value)
-            return write_fixed
-        encode_bytes32 = self._encode_bytes32
-        simple: dict[str, Callable[[Any, int, bytearray, Any], None]] = {
-            "varint": lambda x, v, out, c: out.extend(encode_varint(x)),
-            "str8": lambda x, v, out, c: out.extend(encode_str8(x)),
-            "bytes8": lambda x, v, out, c: out.extend(encode_str8(x)),
-            "bytes": lambda x, v, out, c: out.extend(encode_bytes32(x)),
-            "string": lambda x, v, out, c: out.extend(encode_bytes32(x.encode())),
-            "varbytes": lambda x, v, out, c: out.extend(encode_varint(len(x)) + x),
-            "rest": lambda x, v, out, c: out.extend(x),
-        }
-        if type_name in simple:
-            return simple[type_name]
-        custom = self.custom.get(type_name)
-        if custom is None:
-            raise ValueError(f"unknown type {type_name!r} in {what}")
-        return custom.encode
 
     def default_for(self, spec: FieldSpec) -> Any:
+        """The value of a field a version does not carry (arrays: an empty list)."""
         if spec.default is not None:
             return spec.default
         if spec.is_array:
-            return None  # replaced by a fresh list (see _defaults)
+            return []
         if spec.type in FIXED_FORMATS or spec.type == "varint":
             return 0
-        if spec.type in ("str8", "string"):
+        if spec.type in TEXT_TYPES:
             return ""
-        if spec.type in ("bytes", "bytes8", "varbytes", "rest"):
+        if spec.type in BYTES_TYPES:
             return b""
         custom = self.custom.get(spec.type)
         return None if custom is None else custom.default
 
 
-def _utf8(raw: bytes, what: str) -> str:
-    try:
-        return raw.decode()
-    except UnicodeDecodeError as exc:
-        raise ProtocolError(f"{what} is not UTF-8") from exc
+def load_package_specs(package: str) -> dict[str, MessageSpec]:
+    """Every ``*.json`` declaration in ``package``'s ``specs`` folder, by message name."""
+    specs: dict[str, MessageSpec] = {}
+    folder = resources.files(package).joinpath("specs")
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".json"):
+            continue
+        text = entry.read_text(encoding="utf-8")
+        spec = parse_spec(load_json_with_comments(text), leading_comment(text))
+        if spec.name in specs:
+            raise ValueError(f"message {spec.name} declared twice")
+        specs[spec.name] = spec
+    return specs
 
 
-def _snake_to_camel(name: str) -> str:
-    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
+# -- what the generated codecs use at run time ---------------------------------------------
+
+R = TypeVar("R")
 
 
-class MessageCodec:
-    """Encoder and decoder of one declared message's payload."""
+class MessageCodec(Generic[R]):
+    """One declared message's payload codec: its declaration, its generated record class
+    and generated functions.
 
-    def __init__(self, spec: MessageSpec, registry: TypeRegistry) -> None:
+    ``decode(payload, version=None, context=None)`` turns one whole payload (no frame
+    header) into a record: every byte must belong to the message, bad input raises
+    :class:`ProtocolError`. ``encode(record, version=None, context=None)`` is the
+    reverse; values that do not fit raise ``ValueError``. A message with a
+    ``versionField`` reads and writes its version there; otherwise the caller passes it
+    (default: the lowest valid one).
+    """
+
+    __slots__ = ("_decode", "_encode", "_nested", "record", "spec")
+
+    def __init__(self, spec: MessageSpec, record: type[R],
+                 decode: Callable[[Buffer, int | None, Any], R],
+                 encode: Callable[[R, int | None, Any], bytes],
+                 nested: Mapping[str, type] | None = None) -> None:
         self.spec = spec
-        self._codec = _compile_struct(spec.name, spec.fields, registry)
-        self.record: type = self._codec.record
-        if spec.version_field is not None and (
-                not spec.fields or spec.fields[0].name != spec.version_field):
-            raise ValueError(f"{spec.name}: versionField must be the first field")
-        self._version_codec = (
-            registry.fixed(spec.fields[0].type) if spec.version_field else None)
+        self.record = record
+        self._decode = decode
+        self._encode = encode
+        self._nested = dict(nested or {})
 
     @property
     def name(self) -> str:
@@ -324,21 +291,14 @@ class MessageCodec:
     def api_key(self) -> int:
         return self.spec.api_key
 
-    def decode(self, payload: bytes | bytearray | memoryview, *, version: int | None = None,
-               context: Any = None) -> Any:
+    def decode(self, payload: Buffer, *, version: int | None = None,
+               context: Any = None) -> R:
         """Decode one whole payload; every byte of it must belong to the message."""
-        reader = Reader(payload)
-        if self._version_codec is not None:
-            if reader.remaining < self._version_codec.size:
-                raise ProtocolError(f"{self.spec.name}: payload too short for its version")
-            version = self._version_codec.unpack_from(payload, 0)[0]
-        elif version is None:
-            version = self.spec.valid_versions.low
-        if version not in self.spec.valid_versions:
-            raise ProtocolError(f"{self.spec.name}: unsupported version {version}")
-        record = self._codec.decode(reader, version, context)
-        reader.expect_end(self.spec.name)
-        return record
+        return self._decode(payload, version, context)
+
+    def encode(self, record: R, *, version: int | None = None, context: Any = None) -> bytes:
+        """Encode a record's payload (no frame header)."""
+        return self._encode(record, version, context)
 
     def nested(self, *path: str) -> type:
         """The record class of an inline struct, reached by field names.
@@ -346,199 +306,69 @@ class MessageCodec:
         ``produce.nested("topics", "partitions")`` is the class of one partition entry
         of a Produce request.
         """
-        codec = self._codec
-        for name in path:
-            if name not in codec.children:
-                raise KeyError(f"{self.spec.name}: no inline struct at {'.'.join(path)}")
-            codec = codec.children[name]
-        return codec.record
-
-    def encode(self, record: Any, *, version: int | None = None, context: Any = None) -> bytes:
-        """Encode a record's payload (no frame header)."""
-        if self.spec.version_field is not None:
-            version = getattr(record, self.spec.version_field)
-        elif version is None:
-            version = self.spec.valid_versions.low
-        if version not in self.spec.valid_versions:
-            raise ValueError(f"{self.spec.name}: unsupported version {version}")
-        out = bytearray()
-        self._codec.encode(record, version, out, context)
-        return bytes(out)
-
-
-def _compile_struct(name: str, fields: tuple[FieldSpec, ...], registry: TypeRegistry
-                    ) -> _StructCodec:
-    defaults = [registry.default_for(f) for f in fields]
-    record = dataclasses.make_dataclass(
-        name,
-        [(f.name, Any, _field_default(f, d)) for f, d in zip(fields, defaults, strict=True)],
-        slots=True,
-        eq=True,
-        repr=True,
-    )
-    record.__doc__ = f"{name}: decoded from and encoded to the wire by its declaration."
-    record.__module__ = "protocols.messages"
-    codec = _StructCodec(record)
-    for group in _group_fields(fields, registry):
-        if isinstance(group, list):
-            codec.decode_steps.append(_fixed_group_decoder(group, registry, defaults, fields))
-            codec.encode_steps.append(_fixed_group_encoder(group, registry))
-        else:
-            nested = None
-            if group.fields:
-                nested = _compile_struct(
-                    _snake_to_camel(group.element_type), group.fields, registry)
-                codec.children[group.name] = nested
-            index = fields.index(group)
-            codec.decode_steps.append(
-                _field_decoder(name, group, registry, defaults[index], nested))
-            codec.encode_steps.append(_field_encoder(name, group, registry, nested))
-    return codec
-
-
-def _field_default(spec: FieldSpec, default: Any) -> Any:
-    if spec.is_array:
-        return dataclasses.field(default_factory=list)
-    if isinstance(default, (list, dict, bytearray)):
-        return dataclasses.field(default_factory=lambda: type(default)(default))
-    return default
-
-
-def _group_fields(fields: Iterable[FieldSpec], registry: TypeRegistry
-                  ) -> list[list[FieldSpec] | FieldSpec]:
-    """Runs of fixed-width fields with equal version ranges become one group."""
-    groups: list[list[FieldSpec] | FieldSpec] = []
-    for spec in fields:
-        is_fixed = not spec.is_array and spec.type in FIXED_FORMATS
-        if is_fixed and groups and isinstance(groups[-1], list) and \
-                groups[-1][0].versions == spec.versions:
-            groups[-1].append(spec)
-        elif is_fixed:
-            groups.append([spec])
-        else:
-            groups.append(spec)
-    return groups
-
-
-def _fixed_group_decoder(group: list[FieldSpec], registry: TypeRegistry, defaults: list,
-                         fields: tuple[FieldSpec, ...]) -> _DecodeStep:
-    codec = struct.Struct(registry.prefix + "".join(FIXED_FORMATS[f.type] for f in group))
-    what = "/".join(f.name for f in group)
-    versions = group[0].versions
-    absent = [defaults[fields.index(f)] for f in group]
-    size = codec.size
-
-    def decode(reader: Reader, version: int, context: Any, values: list) -> None:
-        if version not in versions:
-            values.extend(absent)
-            return
-        pos = reader.pos
-        if reader.end - pos < size:
-            raise ProtocolError(f"truncated {what}: need {size} bytes at offset {pos}")
-        reader.pos = pos + size
-        values.extend(codec.unpack_from(reader.buf, pos))
-
-    return decode
-
-
-def _fixed_group_encoder(group: list[FieldSpec], registry: TypeRegistry) -> _EncodeStep:
-    codec = struct.Struct(registry.prefix + "".join(FIXED_FORMATS[f.type] for f in group))
-    getter = attrgetter(*(f.name for f in group))
-    single = len(group) == 1
-    versions = group[0].versions
-    names = ", ".join(f.name for f in group)
-
-    def encode(record: Any, version: int, out: bytearray, context: Any) -> None:
-        if version not in versions:
-            return
-        values = getter(record)
         try:
-            out += codec.pack(values) if single else codec.pack(*values)
-        except struct.error as exc:
-            raise ValueError(f"{names}: {exc}") from None
+            return self._nested[".".join(path)]
+        except KeyError:
+            raise KeyError(f"{self.spec.name}: no inline struct at {'.'.join(path)}") from None
 
-    return encode
-
-
-def _field_decoder(owner: str, spec: FieldSpec, registry: TypeRegistry, default: Any,
-                   nested: _StructCodec | None) -> _DecodeStep:
-    what = f"{owner}.{spec.name}"
-    versions = spec.versions
-    read_one = (nested.decode if nested is not None
-                else registry.reader_for(spec.element_type, what))
-    if spec.is_array:
-        read_one = _array_reader(spec, registry, read_one, what)
-
-    def decode(reader: Reader, version: int, context: Any, values: list) -> None:
-        if version not in versions:
-            values.append([] if spec.is_array else default)
-            return
-        values.append(read_one(reader, version, context))
-
-    return decode
+    def __repr__(self) -> str:
+        return f"<MessageCodec {self.spec.name}>"
 
 
-def _array_reader(spec: FieldSpec, registry: TypeRegistry,
-                  read_element: Callable[[Reader, int, Any], Any], what: str
-                  ) -> Callable[[Reader, int, Any], list]:
-    count_type = spec.count or "uint32"
-    if count_type == "rest":
-        def read_until_end(reader: Reader, version: int, context: Any) -> list:
-            items = []
-            while not reader.at_end():
-                items.append(read_element(reader, version, context))
-            return items
-        return read_until_end
-    read_count = registry.reader_for(count_type, f"{what} count")
-
-    def read_array(reader: Reader, version: int, context: Any) -> list:
-        count = read_count(reader, version, context)
-        # Every element takes at least one byte: a count above what is left is a lie,
-        # refused before any list is built for it.
-        if count > reader.remaining:
-            raise ProtocolError(f"{what}: count {count} exceeds the {reader.remaining} "
-                                "bytes left")
-        return [read_element(reader, version, context) for _ in range(count)]
-
-    return read_array
+#: What a generated module lists for each message: the record class, the payload decoder
+#: and encoder, and the record classes of its inline structs by dotted field path.
+PayloadFunctions = tuple[type[Any], Callable[[Buffer, int | None, Any], Any],
+                         Callable[[Any, int | None, Any], bytes], dict[str, type[Any]]]
 
 
-def _field_encoder(owner: str, spec: FieldSpec, registry: TypeRegistry,
-                   nested: _StructCodec | None) -> _EncodeStep:
-    what = f"{owner}.{spec.name}"
-    versions = spec.versions
-    getter = attrgetter(spec.name)
-    write_one: Callable[[Any, int, bytearray, Any], None] = (
-        nested.encode if nested is not None else registry.writer_for(spec.element_type, what))
-    if spec.is_array:
-        count_type = spec.count or "uint32"
-        write_count = (None if count_type == "rest"
-                       else registry.writer_for(count_type, f"{what} count"))
+@dataclass(frozen=True, slots=True)
+class FlatCodec(Generic[R]):
+    """The generated codec of one flat message in a ``type | version | length`` frame.
 
-        def write(value: Any, version: int, out: bytearray, context: Any) -> None:
-            if write_count is not None:
-                write_count(len(value), version, out, context)
-            for item in value:
-                write_one(item, version, out, context)
-    else:
-        write = write_one
+    - ``decode(payload: bytes) -> record``: the payload must be ``bytes`` (the variable
+      fields are slices of it, so never a view of a reused buffer).
+    - ``encode_frame(*fields) -> bytes``: the whole frame, header included. ``string``
+      fields are passed already UTF-8 encoded, so a caller sending many frames for one
+      topic encodes the name once. Values that do not fit raise ``ValueError``.
+    - ``encode_record(record) -> bytes``: the same from a record (``str`` strings).
+    """
 
-    def encode(record: Any, version: int, out: bytearray, context: Any) -> None:
-        if version in versions:
-            write(getter(record), version, out, context)
-
-    return encode
+    record: type[R]
+    decode: Callable[[bytes], R]
+    encode_frame: Callable[..., bytes]
+    encode_record: Callable[[R], bytes]
 
 
-def load_package_specs(package: str, registry: TypeRegistry) -> dict[str, MessageCodec]:
-    """Compile every ``*.json`` declaration in ``package``'s ``specs`` folder."""
-    codecs: dict[str, MessageCodec] = {}
-    folder = resources.files(package).joinpath("specs")
-    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
-        if not entry.name.endswith(".json"):
-            continue
-        spec = parse_spec(load_json_with_comments(entry.read_text(encoding="utf-8")))
-        if spec.name in codecs:
-            raise ValueError(f"message {spec.name} declared twice")
-        codecs[spec.name] = MessageCodec(spec, registry)
-    return codecs
+def truncated(what: str, pos: int, end: int) -> ProtocolError:
+    return ProtocolError(f"truncated {what}: payload ends {end - pos} bytes after offset {pos}")
+
+
+def overrun(what: str, length: int, left: int) -> ProtocolError:
+    return ProtocolError(f"{what}: length {length} overruns the payload ({left} bytes left)")
+
+
+def count_overrun(what: str, count: int, left: int) -> ProtocolError:
+    # Every element takes at least one byte: a count above what is left is a lie,
+    # refused before any list is built for it.
+    return ProtocolError(f"{what}: count {count} exceeds the {left} bytes left")
+
+
+def trailing(what: str, left: int) -> ProtocolError:
+    return ProtocolError(f"{left} unexpected trailing bytes in {what}")
+
+
+def not_utf8(what: str) -> ProtocolError:
+    return ProtocolError(f"{what} is not UTF-8")
+
+
+def read_varint(buf: bytes, pos: int, end: int, what: str) -> tuple[int, int]:
+    """``(value, next position)`` of the varint at ``pos``; ProtocolError if cut short."""
+    decoded = decode_varint(buf, pos, end)
+    if decoded is None:
+        raise truncated(what, pos, end)
+    return decoded
+
+
+def cannot_encode(name: str, exc: Exception) -> ValueError:
+    return ValueError(f"{name}: {exc}")
+

@@ -21,6 +21,7 @@ from protocols.figg.messages import (
     VERSION,
     MessageType,
 )
+from protocols.figg.records import encode_data_frames as _encode_data_frames
 from protocols.translate import refusal, scan_publishes
 
 _LENGTH_INDEX: Final = 2  # payloadLen in HEADER
@@ -34,8 +35,6 @@ encode_data: Final[Callable[[bytes, int, bytes], bytes]] = (
 
 encode_ack: Final[Callable[[int], bytes]] = FAST[MessageType.ACK].encode_frame
 """``encode_ack(seq_num) -> bytes``: one whole ACK frame."""
-
-_encode_data_frames = FAST[MessageType.DATA].batch_encoder(shared=1)
 
 
 def encode_data_frames(topic: bytes, items: Iterable[tuple[int, bytes]]) -> bytes:

@@ -5,9 +5,10 @@ A frame is ``u16 type | u16 version | u32 payloadLen`` (big-endian, :data:`HEADE
 topic names included, is ``u32 len | bytes``. Topics are declared ``string``: a topic that
 is not UTF-8 is a :class:`~protocols.errors.ProtocolError`.
 
-Each message has a record class (``Attach``, ``Attached``, ...: slotted dataclasses with
-snake_case fields), its engine codec in :data:`CODECS` (the reference) and a generated
-fast codec in :data:`FAST` (what connections use).
+Each message has a record class (``Attach``, ``Attached``, ...: frozen, slotted
+dataclasses with snake_case fields), its payload codec in :data:`CODECS` and its frame
+codec in :data:`FAST` (what connections use). Both are generated from the declarations
+into :mod:`protocols.figg.records` (``python -m protocols.generate``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,20 @@ import enum
 import struct
 from typing import Any, Final
 
-from protocols.figg.flat import FlatCodec
-from protocols.spec import MessageCodec, TypeRegistry, load_package_specs
+from protocols.figg.records import (
+    FLAT_CODECS,
+    PAYLOAD_CODECS,
+    Ack,
+    Attach,
+    Attached,
+    Data,
+    Detach,
+    Detached,
+    Ping,
+    Pong,
+    Publish,
+)
+from protocols.spec import FlatCodec, MessageCodec, load_package_specs
 
 #: ``type | version | payloadLen``, big-endian; the length excludes the header.
 HEADER: Final = struct.Struct(">HHI")
@@ -41,10 +54,14 @@ class MessageType(enum.IntEnum):
     PONG = 9
 
 
-REGISTRY: Final = TypeRegistry("big")
-#: Engine codecs by message name ("Attach", ...), compiled from ``specs/*.json``.
-CODECS: Final[dict[str, MessageCodec]] = load_package_specs("protocols.figg", REGISTRY)
-#: Engine codecs by message type.
+_SPECS: Final = load_package_specs("protocols.figg")
+if set(_SPECS) != set(PAYLOAD_CODECS):
+    raise ImportError("protocols.figg.records does not match specs/: run "
+                      "python -m protocols.generate")
+#: Payload codecs by message name ("Attach", ...), generated from ``specs/*.json``.
+CODECS: Final[dict[str, MessageCodec[Any]]] = {
+    name: MessageCodec(spec, *PAYLOAD_CODECS[name]) for name, spec in _SPECS.items()}
+#: Payload codecs by message type.
 CODEC_BY_TYPE: Final = {MessageType(c.api_key): c for c in CODECS.values()}
 if sorted(CODEC_BY_TYPE) != list(MessageType) or len(CODECS) != len(MessageType):
     raise ImportError("the Figg declarations do not match MessageType")
@@ -52,20 +69,11 @@ for _codec in CODECS.values():
     if VERSION not in _codec.spec.valid_versions:
         raise ImportError(f"{_codec.name} is not declared for Figg version {VERSION}")
 
-#: Generated fast codecs by message type, derived from the same declarations.
-FAST: Final = {t: FlatCodec(c, HEADER, VERSION) for t, c in CODEC_BY_TYPE.items()}
+#: Frame codecs by message type (``decode``, ``encode_frame``, ``encode_record``).
+FAST: Final[dict[MessageType, FlatCodec[Any]]] = {
+    t: FLAT_CODECS[c.name] for t, c in CODEC_BY_TYPE.items()}
 #: The message type of each record class.
 TYPE_OF: Final[dict[type, MessageType]] = {c.record: t for t, c in CODEC_BY_TYPE.items()}
-
-Attach: Final[type[Any]] = CODECS["Attach"].record
-Attached: Final[type[Any]] = CODECS["Attached"].record
-Detach: Final[type[Any]] = CODECS["Detach"].record
-Detached: Final[type[Any]] = CODECS["Detached"].record
-Publish: Final[type[Any]] = CODECS["Publish"].record
-Ack: Final[type[Any]] = CODECS["Ack"].record
-Data: Final[type[Any]] = CODECS["Data"].record
-Ping: Final[type[Any]] = CODECS["Ping"].record
-Pong: Final[type[Any]] = CODECS["Pong"].record
 
 #: Messages a client sends (declared ``"request"``) and a server sends (``"response"``).
 REQUESTS: Final = frozenset(t for t, c in CODEC_BY_TYPE.items() if c.spec.kind == "request")

@@ -147,6 +147,7 @@ class ProduceWithSeqnumPartitionType:
     ``firstSeq`` sits between the length and the bundle and is not counted in the length.
     """
 
+    annotation = "ProduceWithSeqnumPartition"
     default = None
 
     def decode(self, reader: Reader, version: int, context: Any) -> ProduceWithSeqnumPartition:
@@ -192,6 +193,7 @@ class ProduceResultsType:
     bytes at all.
     """
 
+    annotation = "list[ProduceTopicResult]"
     default: list = []  # the engine copies it per record
 
     def decode(self, reader: Reader, version: int, context: Any) -> list[ProduceTopicResult]:
@@ -325,9 +327,12 @@ class ConsumeResponseBodyType:
     """
 
     default = None
+    #: The message's whole payload: the generated codec returns this type's record.
+    whole_payload = True
 
     def __init__(self, *, peer: bool) -> None:
         self.peer = peer
+        self.annotation = "ConsumePeerResponse" if peer else "ConsumeResponse"
         self._count = U16LE if peer else U8
 
     # -- decoding (the client's hot path) ------------------------------------------------------
@@ -521,6 +526,7 @@ _FAULT_BOUNDS: Final = _BOUNDS.pack(UINT64_MAX, UINT64_MAX)
 class DiscoveredPartitionType:
     """``u64 firstAvailable | u64 hwm``, or ``u64 MAX | u64 MAX | u8 reason [| endpoint]``."""
 
+    annotation = "DiscoveredPartition"
     default = None
 
     def decode(self, reader: Reader, version: int, context: Any) -> DiscoveredPartition:
@@ -567,6 +573,7 @@ _STATUS_TAIL: Final = 16
 class StatusClusterType:
     """``u8 flags | str8 name | u32 availableNodes``, present iff more than the tail follows."""
 
+    annotation = "StatusCluster | None"
     default = None
 
     def decode(self, reader: Reader, version: int, context: Any) -> StatusCluster | None:
@@ -606,6 +613,7 @@ class DiscoveredTopicsType:
     Encoded as cluster-aware when the topics carry a replication factor (all or none).
     """
 
+    annotation = "list[DiscoveredTopic]"
     default: list = []  # the engine copies it per record
 
     def decode(self, reader: Reader, version: int, context: Any) -> list[DiscoveredTopic]:
@@ -663,6 +671,7 @@ _NODE_HAS_ENDPOINT: Final = 1
 class ClusterTopologyType:
     """``u16 0xFFFF`` (standalone: None), or ``u16 n | str8 name | n x node``."""
 
+    annotation = "ClusterTopology | None"
     default = None
 
     def decode(self, reader: Reader, version: int, context: Any) -> ClusterTopology | None:

@@ -1,6 +1,14 @@
-"""The spec engine: declarations compile to codecs with versions, arrays and custom types."""
+"""The spec engine: declarations generate codecs with versions, arrays and custom types.
 
+The generator's output for a sample declaration is loaded here as a module, the way
+``protocols/*/records.py`` are generated and imported.
+"""
+
+import dataclasses
 import struct
+import sys
+import types
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -8,7 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocols.errors import ProtocolError
+from protocols.generate import Target, generate
 from protocols.spec import (
+    CustomType,
     MessageCodec,
     TypeRegistry,
     VersionRange,
@@ -44,6 +54,7 @@ DECLARATION = """
 class Doubled:
     """A custom type: a u8 stored doubled, to check custom types are wired in."""
 
+    annotation = "int"
     default = 0
 
     def decode(self, reader: Reader, version: int, context: Any) -> int:
@@ -53,9 +64,25 @@ class Doubled:
         out.append(value // 2)
 
 
+#: The custom types the generated sample module imports from here.
+CUSTOM_TYPES: dict[str, CustomType] = {"Doubled": Doubled()}
+
+
+def compile_codec(raw: Mapping[str, Any], byteorder: str = "little") -> MessageCodec[Any]:
+    """Generate the module of one declaration, load it, and return its codec."""
+    spec = parse_spec(raw)
+    name = f"_generated_{spec.name.lower()}"
+    target = Target("tests", name, "Sample", TypeRegistry(byteorder, CUSTOM_TYPES),
+                    custom_module=__name__)
+    module = types.ModuleType(name)
+    sys.modules[name] = module  # dataclasses look their module up
+    exec(compile(generate(target, [spec]), f"<{name}>", "exec"), module.__dict__)
+    return MessageCodec(spec, *module.PAYLOAD_CODECS[spec.name])
+
+
 @pytest.fixture(scope="module")
-def codec() -> MessageCodec:
-    return MessageCodec(parse_spec(load_json_with_comments(DECLARATION)), TypeRegistry("little"))
+def codec() -> MessageCodec[Any]:
+    return compile_codec(load_json_with_comments(DECLARATION))
 
 
 def sample(codec: MessageCodec, version: int = 3) -> Any:
@@ -101,18 +128,17 @@ def test_count_larger_than_payload_is_refused_early(codec: MessageCodec) -> None
 
 
 def test_encode_rejects_out_of_range_values(codec: MessageCodec) -> None:
-    bad = sample(codec)
-    bad.request_id = 1 << 32
+    bad = dataclasses.replace(sample(codec), request_id=1 << 32)
     with pytest.raises(ValueError):
         codec.encode(bad)
 
 
 def test_custom_type_and_big_endian() -> None:
-    spec = parse_spec({
+    spec = ({
         "name": "Custom", "apiKey": 1, "type": "response", "validVersions": "1",
         "fields": [{"name": "value", "type": "Doubled"}, {"name": "n", "type": "uint32"},
                    {"name": "topic", "type": "string"}, {"name": "blob", "type": "bytes"}]})
-    codec = MessageCodec(spec, TypeRegistry("big", {"Doubled": Doubled()}))
+    codec = compile_codec(spec, "big")
     record = codec.record(value=10, n=258, topic="tö", blob=b"\x00")
     raw = codec.encode(record)
     assert raw == (b"\x05" + b"\x00\x00\x01\x02" + b"\x00\x00\x00\x03t\xc3\xb6"
@@ -127,10 +153,8 @@ def test_declaration_errors() -> None:
         parse_spec({"name": "X", "apiKey": 1, "type": "request", "validVersions": "0",
                     "fields": [{"name": "a", "type": "uint8", "typo": 1}]})
     with pytest.raises(ValueError, match="unknown type"):
-        MessageCodec(parse_spec({"name": "X", "apiKey": 1, "type": "request",
-                                 "validVersions": "0",
-                                 "fields": [{"name": "a", "type": "Nope"}]}),
-                     TypeRegistry("little"))
+        compile_codec({"name": "X", "apiKey": 1, "type": "request", "validVersions": "0",
+                       "fields": [{"name": "a", "type": "Nope"}]})
 
 
 @pytest.mark.parametrize(("text", "inside", "outside"), [
