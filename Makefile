@@ -34,11 +34,14 @@ RUN_FLAGS = $(strip $(call serve_flag,CONFIG,--config) $(call serve_flag,DATA,--
 ## Set everything up and run the whole suite: with the compiled extension, then pure Python.
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 	FIGTANK_PURE_PYTHON=1 $(BIN)/python -m pytest -q
 
+# mypy checks what [tool.mypy] in pyproject.toml lists (protocols/, gateway/store/), strictly.
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/ruff format --check .
 
 ## Benchmark suite against a figtank started for it (fsync and os); writes

@@ -90,7 +90,7 @@ class FrameReader:
             self._pos = 0
         self._buf += data
 
-    def next_frame(self) -> tuple[tuple, bytes] | _Sentinel:
+    def next_frame(self) -> tuple[tuple[int, ...], bytes] | _Sentinel:
         """The next complete ``(header_fields, payload)``, NEED_DATA or CLOSED."""
         buf = self._buf
         pos = self._pos

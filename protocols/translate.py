@@ -195,7 +195,7 @@ def data_frames_py(topic: bytes, chunk: bytes | memoryview, base_seq: int | None
                           max_uncompressed=max_uncompressed)
     head, tail = _DATA_HEAD.pack, _DATA_TAIL.pack
     n = len(topic)
-    parts = []
+    parts: list[bytes] = []
     for m in result.messages:
         value = m.value
         parts += (head(MessageType.DATA, VERSION, n + len(value) + 16, n), topic,

@@ -10,7 +10,7 @@ engine (:mod:`protocols.spec`) builds its field codecs on these.
 from __future__ import annotations
 
 import struct
-from typing import Final
+from typing import Any, Final
 
 from protocols.errors import ProtocolError
 
@@ -130,7 +130,8 @@ class Reader:
 
     def _fixed(self, codec: struct.Struct, what: str) -> int:
         pos = self._need(codec.size, what)
-        return codec.unpack_from(self.buf, pos)[0]
+        value: int = codec.unpack_from(self.buf, pos)[0]
+        return value
 
     def u8(self, what: str = "u8") -> int:
         pos = self._need(1, what)
@@ -154,7 +155,7 @@ class Reader:
     def u64be(self, what: str = "u64") -> int:
         return self._fixed(U64BE, what)
 
-    def unpack(self, codec: struct.Struct, what: str) -> tuple:
+    def unpack(self, codec: struct.Struct, what: str) -> tuple[Any, ...]:
         """Read several fixed fields at once with a precompiled ``struct.Struct``."""
         pos = self._need(codec.size, what)
         return codec.unpack_from(self.buf, pos)

@@ -20,7 +20,7 @@ ENTRY_SIZE: Final = ENTRY.size
 U32_MAX: Final = 0xFFFFFFFF
 
 
-def read_index_file(path: str) -> tuple[array, array, int]:
+def read_index_file(path: str) -> tuple[array[int], array[int], int]:
     """Entries of an index file: ``(rels, offsets, trailing_bytes)``.
 
     A missing file reads as empty. ``trailing_bytes`` counts bytes of a torn last
@@ -40,7 +40,7 @@ def read_index_file(path: str) -> tuple[array, array, int]:
     return pairs[0::2], pairs[1::2], len(data) - whole
 
 
-def entries_are_sane(rels: array, offsets: array, file_size: int, max_rel: int) -> bool:
+def entries_are_sane(rels: array[int], offsets: array[int], file_size: int, max_rel: int) -> bool:
     """Cheap structural check: starts at (0, 0), both columns strictly increase, in bounds."""
     n = len(rels)
     if n == 0:
@@ -57,8 +57,8 @@ class SparseIndex:
 
     __slots__ = ("_fd", "offsets", "path", "rels")
 
-    def __init__(self, path: str, rels: array | None = None, offsets: array | None = None
-                 ) -> None:
+    def __init__(self, path: str, rels: array[int] | None = None,
+                 offsets: array[int] | None = None) -> None:
         self.path = path
         self.rels = rels if rels is not None else array("I")
         self.offsets = offsets if offsets is not None else array("I")
@@ -114,7 +114,7 @@ class SparseIndex:
         if self._fd >= 0:
             os.ftruncate(self._fd, keep * ENTRY_SIZE)
 
-    def rewrite(self, rels: array, offsets: array) -> None:
+    def rewrite(self, rels: array[int], offsets: array[int]) -> None:
         """Replace every entry (in memory, and the file if open)."""
         self.rels = rels
         self.offsets = offsets

@@ -705,16 +705,17 @@ class Partition:
                                               (limit_last or 0) + 1)
                 fd = os.dup(seg.fd)
             except ScanError as exc:
+                failure: Exception = exc
                 if attempt == 0:
                     self._log.error("segment_index_suspect", segment=seg.name, error=str(exc))
                     try:
                         seg.rebuild_index(self.config.index_interval_bytes)
                     except (ScanError, OSError) as again:
-                        exc = again
+                        failure = again
                     else:
                         continue
-                self._log.error("segment_read_failed", segment=seg.name, error=str(exc))
-                raise StoreIOError(f"{seg.name}: {exc}") from None
+                self._log.error("segment_read_failed", segment=seg.name, error=str(failure))
+                raise StoreIOError(f"{seg.name}: {failure}") from None
             except OSError as exc:
                 self._log.error("segment_read_failed", segment=seg.name, error=str(exc))
                 raise StoreIOError(f"{seg.name}: {exc}") from exc
@@ -727,7 +728,7 @@ class Partition:
     def _read_cached(seq: int, entries: list[TailEntry], target: int, hwm: int,
                      first_available: int) -> ReadResult:
         """A read served from the tail cache: the same range :meth:`read` would give."""
-        parts = []
+        parts: list[bytes] = []
         size = 0
         for entry in entries:
             parts += (entry.prefix, entry.bundle)

@@ -6,7 +6,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Final
@@ -116,7 +116,7 @@ class LogStore:
 
     # -- opening --------------------------------------------------------------------------------
 
-    def spawn(self, fn: Callable[..., object], *args: object) -> None:
+    def spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
         """Run ``fn(*args)`` as a task of the store (it must outlive its callers)."""
         if self._nursery is None:
             raise StoreClosed("the store is not running (use open_store)")

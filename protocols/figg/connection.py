@@ -135,7 +135,7 @@ class FiggConnection:
                 if frame is CLOSED:
                     append(CLOSED)
                     break
-                (message_type, version, _), payload = frame
+                (message_type, version, _), payload = frame  # type: ignore[misc]  # a frame
                 decode = decoders.get(message_type)
                 if decode is None or version != VERSION:
                     raise self._refusal(message_type, version)

@@ -450,6 +450,7 @@ def _walk(
     sparse = first is not None
     final = count - 1
     seq = first or 0
+    last_seq = 0 if last is None else last  # set whenever sparse
     ts = 0
     idx = 0
     unpack_u64 = _unpack_u64
@@ -463,16 +464,16 @@ def _walk(
                 raise ProtocolError(f"invalid message flags {flags:#04x}")
             if sparse and idx:  # the first message's seq is the header's first
                 if idx == final:
-                    if last <= seq or (flags & SEQ_NUM_PREV_PLUS_ONE and seq + 1 != last):
+                    if last_seq <= seq or (flags & SEQ_NUM_PREV_PLUS_ONE and seq + 1 != last_seq):
                         raise ProtocolError("sparse sequence numbers disagree with the header")
-                    seq = last
+                    seq = last_seq
                 else:
                     if flags & SEQ_NUM_PREV_PLUS_ONE:
                         seq += 1
                     else:
                         gap, pos = _varint(buf, pos, end, "sparse sequence delta")
                         seq += gap + 1
-                    if seq >= last:
+                    if seq >= last_seq:
                         raise ProtocolError("sparse sequence numbers disagree with the header")
             if not flags & USE_LAST_SPECIFIED_TS:
                 if pos + 8 > end:
@@ -496,7 +497,8 @@ def _walk(
             if vend > end:
                 raise _truncated()
             if out is not None:
-                out.append(Message(buf[pos:vend], key, ts, seq))
+                # Decoding has bytes (see the docstring): the slices are bytes.
+                out.append(Message(buf[pos:vend], key, ts, seq))  # type: ignore[arg-type]
             pos = vend
             idx += 1
     except IndexError:
@@ -569,7 +571,8 @@ def _decode_into(
     out: list[Message],
     max_uncompressed: int,
 ) -> None:
-    buf, pos, end = _message_set(buf, pos, end, codec, max_uncompressed)
+    buf, pos, end = _message_set(  # type: ignore[assignment]  # bytes in, bytes out
+        buf, pos, end, codec, max_uncompressed)
     if first is not None:
         _walk(buf, pos, end, count, first, last, out)
         return
@@ -648,6 +651,7 @@ def decode_chunk_py(
         else:
             if prev_last is not None and first <= prev_last:
                 raise ProtocolError("sparse bundle goes back in sequence numbers")
+            assert last is not None  # a sparse header has both
             sparse_first = first
         if last >= min_seq:
             # A bundle straddling min_seq is decoded aside, then trimmed.

@@ -31,14 +31,18 @@ from protocols.tank.messages import (
     decode_response,
     encode_payload,
 )
-from protocols.tank.types import CUSTOM_TYPES
+from protocols.tank.types import (
+    CONSUME_PEER_RESPONSE_BODY,
+    CONSUME_RESPONSE_BODY,
+    ConsumeResponseBodyType,
+)
 from protocols.wire import U32LE
 
 #: ``u8 msgId | u32 payloadLen``, little-endian.
 FRAME_HEADER: Final = struct.Struct("<BI")
 
-_CONSUME_BODY: Final = CUSTOM_TYPES["ConsumeResponseBody"]
-_CONSUME_PEER_BODY: Final = CUSTOM_TYPES["ConsumePeerResponseBody"]
+_CONSUME_BODY: Final = CONSUME_RESPONSE_BODY
+_CONSUME_PEER_BODY: Final = CONSUME_PEER_RESPONSE_BODY
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +71,7 @@ def encode_consume_response_head(response: ConsumeResponse | ConsumePeerResponse
     return FRAME_HEADER.pack(msg_id, len(head) + chunks) + head
 
 
-def _consume_body(response: Any) -> tuple[MsgId, Any]:
+def _consume_body(response: Any) -> tuple[MsgId, ConsumeResponseBodyType]:
     if isinstance(response, ConsumeResponse):
         return MsgId.CONSUME, _CONSUME_BODY
     if isinstance(response, ConsumePeerResponse):
@@ -130,7 +134,7 @@ class TankConnection:
             got = self._frames.next_frame()
             if got is NEED_DATA or got is CLOSED:
                 return got
-            (msg_id, _), payload = got
+            (msg_id, _), payload = got  # type: ignore[misc]  # a frame, not a sentinel
             if self.role is Role.SERVER:
                 return decode_request(msg_id, payload)
             return self._decode_reply(msg_id, payload)

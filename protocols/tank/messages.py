@@ -51,6 +51,8 @@ from protocols.tank.records import (
     decode_produce_request,
 )
 from protocols.tank.types import (
+    CONSUME_PEER_RESPONSE_BODY,
+    CONSUME_RESPONSE_BODY,
     CUSTOM_TYPES,
     ClusterNode,
     ClusterTopology,
@@ -103,21 +105,24 @@ CODECS: Final[dict[str, MessageCodec[Any]]] = {
 #: Codecs of what a client sends, by msgId (every msgId; Ping has no payload).
 REQUEST_CODECS: Final = {MsgId(c.api_key): c for c in CODECS.values() if c.spec.kind == "request"}
 #: Codecs of what a broker sends, by msgId (no RegReplica, ProduceWithSeqnum: they have none).
-RESPONSE_CODECS: Final = {
+RESPONSE_CODECS: Final[dict[MsgId, MessageCodec[Any]]] = {
     MsgId(c.api_key): c for c in CODECS.values() if c.spec.kind == "response"}
 RESPONSE_CODECS[MsgId.PING] = CODECS["Ping"]
 if sorted(REQUEST_CODECS) != list(MsgId):
     raise ImportError("the Tank request declarations do not cover every MsgId")
 
 def _encoder(codec: MessageCodec[Any]) -> Callable[[Any], bytes]:
-    if codec.record not in (ConsumeResponse, ConsumePeerResponse):
+    if codec.record is ConsumeResponse:
+        body = CONSUME_RESPONSE_BODY
+    elif codec.record is ConsumePeerResponse:
+        body = CONSUME_PEER_RESPONSE_BODY
+    else:
         return codec.encode
-    body = REGISTRY.custom[codec.spec.fields[0].type]
 
     def encode_joined(message: Any) -> bytes:
         # Chunks can be megabytes: join once instead of growing a bytearray.
-        head, _ = body.encode_head(message)  # type: ignore[attr-defined]
-        return b"".join([head, *body.chunks(message)])  # type: ignore[attr-defined]
+        head, _ = body.encode_head(message)
+        return b"".join([head, *body.chunks(message)])
     return encode_joined
 
 
@@ -153,7 +158,7 @@ def encode_payload(message: Any) -> tuple[MsgId, bytes]:
 
 
 #: The server's hot path: decodes a ProduceRequest payload (generated, like every codec).
-_DECODE_REQUEST: Final[dict[int, Callable[[Buffer], Any]]] = {
+_DECODE_REQUEST: Final[dict[int, Callable[[Buffer, int | None, Any], Any]]] = {
     msg_id: PAYLOAD_CODECS[c.name][1] for msg_id, c in REQUEST_CODECS.items()}
 
 
@@ -162,7 +167,11 @@ def decode_request(msg_id: int, payload: bytes) -> Any:
     decode = _DECODE_REQUEST.get(msg_id)
     if decode is None:
         raise ProtocolError(f"unknown Tank request msgId 0x{msg_id:02x}")
-    return decode(payload)
+    return decode(payload, None, None)
+
+
+_RESPONSE_BY_ID: Final[dict[int, MessageCodec[Any]]] = {
+    int(m): c for m, c in RESPONSE_CODECS.items()}
 
 
 def decode_response(msg_id: int, payload: bytes, request: Any = None) -> Any:
@@ -171,7 +180,7 @@ def decode_response(msg_id: int, payload: bytes, request: Any = None) -> Any:
     Only a Produce response needs the request (it repeats no topics or partitions).
     ProtocolError for a msgId no broker sends or a bad payload.
     """
-    codec = RESPONSE_CODECS.get(msg_id)
+    codec = _RESPONSE_BY_ID.get(msg_id)
     if codec is None:
         raise ProtocolError(f"unknown Tank response msgId 0x{msg_id:02x}")
     return codec.decode(payload, context=request)

@@ -13,11 +13,12 @@ from __future__ import annotations
 import enum
 import ipaddress
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from protocols.errors import ProtocolError
+from protocols.spec import CustomType
 from protocols.wire import U8, U16LE, U32LE, U64LE, UINT64_MAX, Reader, encode_varint
 
 
@@ -79,7 +80,7 @@ _ENDPOINT = struct.Struct("<4sH")
 _U16_SENTINEL: Final = b"\xff\xff"
 
 
-def _packer(codec: struct.Struct) -> Any:
+def _packer(codec: struct.Struct) -> Callable[..., bytes]:
     """``codec.pack`` that raises ValueError (not struct.error) for out-of-range values."""
     pack = codec.pack
 
@@ -127,7 +128,8 @@ def _read_endpoint(reader: Reader) -> Endpoint:
 def _endpoint_bytes(endpoint: Endpoint | None) -> bytes:
     if endpoint is None:
         raise ValueError("OTHER_LEADER needs the leader's endpoint")
-    return ipaddress.IPv4Address(endpoint.host).packed + _pack_u16(endpoint.port)
+    packed: bytes = ipaddress.IPv4Address(endpoint.host).packed + _pack_u16(endpoint.port)
+    return packed
 
 
 # -- ProduceWithSeqnum partition entry ---------------------------------------------------------
@@ -194,7 +196,7 @@ class ProduceResultsType:
     """
 
     annotation = "list[ProduceTopicResult]"
-    default: list = []  # the engine copies it per record
+    default: list[Any] = []  # the generated records make a fresh list each
 
     def decode(self, reader: Reader, version: int, context: Any) -> list[ProduceTopicResult]:
         topics = getattr(context, "topics", None)
@@ -365,7 +367,8 @@ class ConsumeResponseBodyType:
         return response
 
     def _decode_header(self, head: bytes
-                       ) -> tuple[ConsumeResponse | ConsumePeerResponse, list]:
+                       ) -> tuple[ConsumeResponse | ConsumePeerResponse,
+                                  list[ConsumePartitionResult]]:
         """Parse the header; struct.error/IndexError mean it was cut short."""
         if self.peer:
             request_id = 0
@@ -451,7 +454,8 @@ class ConsumeResponseBodyType:
         if self.peer:
             out += U16LE.pack(len(value.topics))
         else:
-            out += _TOPIC_COUNT.pack(value.request_id, len(value.topics))
+            out += _TOPIC_COUNT.pack(value.request_id,  # type: ignore[union-attr]
+                                     len(value.topics))
         chunks = 0
         for topic in value.topics:
             _put_str8(out, topic.name)
@@ -614,7 +618,7 @@ class DiscoveredTopicsType:
     """
 
     annotation = "list[DiscoveredTopic]"
-    default: list = []  # the engine copies it per record
+    default: list[Any] = []  # the generated records make a fresh list each
 
     def decode(self, reader: Reader, version: int, context: Any) -> list[DiscoveredTopic]:
         count = reader.u32le("topic count")
@@ -640,7 +644,7 @@ class DiscoveredTopicsType:
         for topic in value:
             _put_str8(out, topic.name)
             out += pack_info(bool(topic.enabled), topic.partition_count)
-            if cluster_aware:
+            if topic.replication_factor is not None:  # cluster_aware: every topic has one
                 out.append(topic.replication_factor)
 
 
@@ -707,12 +711,16 @@ class ClusterTopologyType:
             out += _pack_u16(node.replica_for)
 
 
+#: The whole payload of a Consume and of a ConsumePeer response.
+CONSUME_RESPONSE_BODY: Final = ConsumeResponseBodyType(peer=False)
+CONSUME_PEER_RESPONSE_BODY: Final = ConsumeResponseBodyType(peer=True)
+
 #: One instance of each custom type, by the name the declarations use.
-CUSTOM_TYPES: Final = {
+CUSTOM_TYPES: Final[dict[str, CustomType]] = {
     "ProduceWithSeqnumPartition": ProduceWithSeqnumPartitionType(),
     "ProduceResults": ProduceResultsType(),
-    "ConsumeResponseBody": ConsumeResponseBodyType(peer=False),
-    "ConsumePeerResponseBody": ConsumeResponseBodyType(peer=True),
+    "ConsumeResponseBody": CONSUME_RESPONSE_BODY,
+    "ConsumePeerResponseBody": CONSUME_PEER_RESPONSE_BODY,
     "DiscoveredPartition": DiscoveredPartitionType(),
     "StatusCluster": StatusClusterType(),
     "DiscoveredTopics": DiscoveredTopicsType(),
