@@ -354,6 +354,9 @@ async def test_group_commit_one_fsync_covers_concurrent_appends(tmp_path, monkey
             for i in range(200):
                 nursery.start_soon(produce, i)
             await trio.testing.wait_all_tasks_blocked()
+            with trio.fail_after(5):  # the fsync threads reach the gate in their own time
+                while len(held) < 2:
+                    await trio.sleep(0.01)
             # Every append written; two rounds run (held), the rest wait for the next.
             assert len(held) == 2 and p.high_water_mark == 0
             gate.set()
@@ -371,10 +374,11 @@ async def test_appends_to_other_partitions_do_not_wait(tmp_path, monkeypatch):
         p0, p1 = store.partition("t", 0), store.partition("t", 1)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(p0.append, bundle(1))
-            await trio.testing.wait_all_tasks_blocked()
             with trio.fail_after(5):
+                while not held:  # partition 0's fsync thread is at the gate
+                    await trio.sleep(0.01)
                 r = await p1.append(bundle(1))
-            assert r.first_seq == 1 and p0.high_water_mark == 0 and held
+            assert r.first_seq == 1 and p0.high_water_mark == 0
             gate.set()
         assert p0.high_water_mark == 1
 
