@@ -9,9 +9,9 @@ from typing import Any
 
 import trio
 
-from gateway.backend import Backend
-from gateway.config import Settings
-from gateway.metrics import Metrics
+from gateway.backend.contract import Backend
+from gateway.server.config import Settings
+from gateway.server.metrics import Metrics
 
 
 @dataclass

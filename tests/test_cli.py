@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway import inspect
+from gateway.store import inspect
 from protocols.errors import ProtocolError
 from protocols.tank.bundle import Message, encode_bundle, frame_bundle
 from tests.serving import ServeProcess, figtank_serve

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import (
+from gateway.server.config import (
     OPTIONS,
     ConfigError,
     Settings,

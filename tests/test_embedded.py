@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from gateway.backend import (
+from gateway.backend.bridge.backend import BridgeBackend
+from gateway.backend.contract import (
     Backend,
     CreateTopicCode,
     FetchRequest,
@@ -15,10 +16,9 @@ from gateway.backend import (
     ProduceCode,
     ReloadConfCode,
 )
-from gateway.bridge.backend import BridgeBackend
-from gateway.config import Settings
-from gateway.embedded import EmbeddedBackend, open_embedded_backend
-from gateway.metrics import Metrics
+from gateway.backend.embedded import EmbeddedBackend, open_embedded_backend
+from gateway.server.config import Settings
+from gateway.server.metrics import Metrics
 from protocols.tank.bundle import Message, decode_chunk, encode_bundle
 from protocols.wire import UINT64_MAX
 

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.offsets import InvalidTopic, attach_start, figg_to_tank, tank_to_figg
+from gateway.figg.offsets import InvalidTopic, attach_start, figg_to_tank, tank_to_figg
 from protocols.figg.messages import ATTACH_FROM_OFFSET
 from protocols.topics import is_valid_topic_name
 

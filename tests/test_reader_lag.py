@@ -6,8 +6,8 @@ import trio
 
 from gateway.client.figg import open_figg_client
 from gateway.client.tank import open_tank_client
-from gateway.config import Settings
-from gateway.server import ServerInfo, run_server
+from gateway.server.config import Settings
+from gateway.server.run import ServerInfo, run_server
 
 
 def gauge(info: ServerInfo, name: str, protocol: str, topic: str) -> float | None:

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from gateway.cli import build_parser
-from gateway.config import reference_table
+from gateway.cli.main import build_parser
+from gateway.server.config import reference_table
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -20,7 +20,7 @@ def test_configuration_reference_matches_the_code() -> None:
     between = text.split("<!-- config-reference:start -->\n", 1)[1]
     documented = between.split("\n<!-- config-reference:end -->", 1)[0]
     assert documented == reference_table(), (
-        "README's configuration table is stale: paste gateway.config.reference_table()")
+        "README's configuration table is stale: paste gateway.server.config.reference_table()")
 
 
 def test_subcommands_shown_in_the_readme_exist() -> None:

@@ -39,7 +39,7 @@ def stride(total: int, cap: int) -> int:
 
 def best_rate(fn: Callable[[], object], min_seconds: float, repeat: int) -> float:
     """Calls per second of ``fn``: best of ``repeat`` runs of at least ``min_seconds``
-    (the micro-benchmarks under ``benchmarks/``)."""
+    (the micro-benchmarks in ``gateway.bench.micro``)."""
     best = 0.0
     for _ in range(repeat):
         calls = 0

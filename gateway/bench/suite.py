@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from gateway.bench.cli import BenchError, _address, bench
 from gateway.bench.report import describe_machine, figtank_version, machine_info
 from gateway.bench.scenario import get_scenario
 from gateway.bench.serving import serve_figtank
-from gateway.logs import configure_logging
+from gateway.cli.bench import BenchError, _address, bench
+from gateway.server.logs import configure_logging
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import trio
 
 from gateway.bench.procs import PipeBarrier, Share, send_event
 from gateway.bench.scenario import get_scenario
-from gateway.logs import configure_logging
+from gateway.server.logs import configure_logging
 
 
 def main() -> None:

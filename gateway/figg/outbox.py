@@ -20,7 +20,7 @@ from typing import Protocol
 import trio
 from trio.lowlevel import ParkingLot
 
-from gateway.listening import SendBudget, send_now, socket_fd
+from gateway.server.listening import SendBudget, send_now, socket_fd
 
 #: Largest write handed to the socket at once (items bigger than this go alone).
 MAX_WRITE = 1024 * 1024

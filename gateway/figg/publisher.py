@@ -5,8 +5,8 @@ The connection's reader turns every complete frame of a read into events in one 
 topic arrive as one :class:`~protocols.translate.PublishBatch`, already laid out as a Tank
 message set with its ACK frames ready. :class:`Publishing` gathers the batches of a read
 into one bundle per partition and hands them to the backend at once
-(:meth:`~gateway.backend.Backend.produce_nowait`): the embedded store writes them before the
-reader looks at the next read, and one group fsync covers every connection's bundles
+(:meth:`~gateway.backend.contract.Backend.produce_nowait`): the embedded store writes
+them before the reader looks at the next read, and one group fsync covers every connection's bundles
 written meanwhile. When the backend reports the appends durable, the connection's
 :class:`AckQueue` sends the ACKs that became sendable, in publish order, as one write. A
 failed append fails its PUBLISHes: the connection closes without acknowledging them, and
@@ -21,9 +21,9 @@ from typing import Final
 
 from trio.lowlevel import ParkingLot
 
-from gateway.backend import Backend, ProduceBatch, ProduceCode, ProduceOutcome
+from gateway.backend.contract import Backend, ProduceBatch, ProduceCode, ProduceOutcome
+from gateway.figg.offsets import TankPartition
 from gateway.figg.outbox import Outbox
-from gateway.offsets import TankPartition
 from protocols.tank.bundle import BundleInfo, Codec
 from protocols.translate import PublishBatch, plain_bundle_head
 

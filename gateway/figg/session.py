@@ -17,21 +17,21 @@ from typing import Any, Final
 import structlog
 import trio
 
-from gateway.backend import Backend, CreateTopicCode
-from gateway.config import Settings
+from gateway.backend.contract import Backend, CreateTopicCode
 from gateway.figg.feed import TailFeeds
 from gateway.figg.frames import DataFrameCache
+from gateway.figg.offsets import InvalidTopic, TankPartition, attach_start, figg_to_tank
 from gateway.figg.outbox import Outbox
 from gateway.figg.publisher import AckQueue, Publishing
 from gateway.figg.subscription import Subscription, SubscriptionError
-from gateway.listening import (
+from gateway.server.config import Settings
+from gateway.server.listening import (
     DRAIN_SECS,
     CloseConnection,
     protocol_close,
     receive_or_close,
 )
-from gateway.metrics import Metrics
-from gateway.offsets import InvalidTopic, TankPartition, attach_start, figg_to_tank
+from gateway.server.metrics import Metrics
 from protocols.connection import CLOSED, Role
 from protocols.errors import ProtocolError
 from protocols.figg.connection import FiggConnection

@@ -18,12 +18,12 @@ from typing import Final
 import structlog
 import trio
 
-from gateway.backend import Backend, Chunk, FetchOutcome, FetchRequest, FetchStatus
+from gateway.backend.contract import Backend, Chunk, FetchOutcome, FetchRequest, FetchStatus
 from gateway.figg.feed import TailFeed, TailFeeds
 from gateway.figg.frames import DataFrameCache
+from gateway.figg.offsets import TankPartition
 from gateway.figg.outbox import Outbox
-from gateway.metrics import Metrics
-from gateway.offsets import TankPartition
+from gateway.server.metrics import Metrics
 from protocols.errors import ProtocolError
 from protocols.translate import DataFrames, data_frames
 

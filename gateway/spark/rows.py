@@ -5,7 +5,7 @@ value binary``. Only ``key`` may be null. Tank timestamps are milliseconds; Spar
 microseconds (UTC).
 
 Arrow batches are the default: Spark takes them as they are, where tuples cost a Python
-conversion per value (a ``datetime`` per timestamp); see ``benchmarks/bench_spark.py``.
+conversion per value (a ``datetime`` per timestamp); see ``gateway/bench/micro/spark.py``.
 """
 
 from __future__ import annotations

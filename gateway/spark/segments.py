@@ -28,10 +28,10 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from gateway.inspect import SegmentFile, list_segments, read_segment
 from gateway.spark.options import Position, SegmentOptions, segment_options
 from gateway.spark.rows import SCHEMA, to_record_batch, to_tuples
 from gateway.store.index import entries_are_sane
+from gateway.store.inspect import SegmentFile, list_segments, read_segment
 from gateway.store.segment import MAX_REL_SEQ
 from protocols.tank.bundle import Message
 from protocols.topics import is_valid_topic_name

@@ -1,6 +1,6 @@
 """Errors the log store raises to its callers.
 
-They say what went wrong in store terms; the backend (:mod:`gateway.embedded`) maps
+They say what went wrong in store terms; the backend (:mod:`gateway.backend.embedded`) maps
 them to each protocol's codes.
 """
 

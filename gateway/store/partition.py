@@ -16,7 +16,7 @@ import structlog
 import trio
 from trio.lowlevel import ParkingLot
 
-from gateway.completion import completed
+from gateway.backend.completion import completed
 from gateway.store.config import TopicConfig
 from gateway.store.durability import Durability, GroupCommit, SyncJob, Ticket
 from gateway.store.errors import (

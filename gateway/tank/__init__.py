@@ -1,5 +1,5 @@
 """The Tank listener's parts: one session per connection, its outbox, lane and handlers.
 
-:mod:`gateway.tank_listener` accepts connections and runs a
+:mod:`gateway.tank.listener` accepts connections and runs a
 :class:`~gateway.tank.session.TankSession` for each.
 """

@@ -1,7 +1,7 @@
 """Consume: the request to backend fetches, the fetch outcomes to a response head and chunks.
 
 The long poll (maxWait, minBytes) happens inside :meth:`Backend.fetch`; this module only
-translates. Per partition, by :class:`~gateway.backend.FetchStatus`:
+translates. Per partition, by :class:`~gateway.backend.contract.FetchStatus`:
 
 - DATA: flag 0x00 with the first bundle's base sequence, or 0xfe when that bundle is sparse
   (it names its own sequences). An empty chunk after a timed-out wait carries, as its base
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gateway.backend import Chunk, FetchOutcome, FetchRequest, FetchStatus
+from gateway.backend.contract import Chunk, FetchOutcome, FetchRequest, FetchStatus
 from protocols.tank.connection import encode_consume_response_head
 from protocols.tank.messages import ConsumePartitionResult, ConsumeResponse, ConsumeTopicResult
 from protocols.tank.types import ConsumeFlags

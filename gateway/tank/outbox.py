@@ -2,7 +2,8 @@
 
 Every frame the listener sends on a connection goes through one :class:`TankOutbox`,
 drained by one writer task, so responses never interleave. A Consume response is queued
-as its head (frame header and response header) plus its :class:`~gateway.backend.Chunk`\\ s;
+as its head (frame header and response header) plus its
+:class:`~gateway.backend.contract.Chunk`\\ s;
 the writer sends the head and then each file-backed chunk with ``os.sendfile`` straight
 from the segment file, or the chunk's bytes when it is held in memory or the stream is not
 a plain socket (TLS, tests). Every chunk is closed once sent, and also when the outbox is
@@ -18,8 +19,8 @@ from collections.abc import Sequence
 import trio
 from trio.lowlevel import ParkingLot
 
-from gateway.backend import Chunk
-from gateway.listening import SendBudget, send_now, socket_fd
+from gateway.backend.contract import Chunk
+from gateway.server.listening import SendBudget, send_now, socket_fd
 
 #: Largest run of queued frames joined into one write.
 MAX_WRITE = 1024 * 1024

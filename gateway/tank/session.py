@@ -8,7 +8,7 @@ request in the buffer:
   long-polling Consume holds up nothing else; responses go out as they are ready, matched
   by request id on the client;
 - Produce and ProduceWithSeqnum are handed to the backend at once
-  (:meth:`~gateway.backend.Backend.produce_nowait`: written before the next request is
+  (:meth:`~gateway.backend.contract.Backend.produce_nowait`: written before the next request is
   read, answered when durable); CreateTopic and ReloadConf go through the connection's
   :class:`~gateway.tank.lane.OrderedLane`, and Produces that arrive while one is pending
   queue behind it, so every request that changes the log is served in arrival order;
@@ -30,15 +30,21 @@ import structlog
 import trio
 from trio.lowlevel import ParkingLot
 
-from gateway.backend import Backend, FetchOutcome, FetchRequest, FetchStatus, ProduceOutcome
-from gateway.config import Settings
-from gateway.listening import (
+from gateway.backend.contract import (
+    Backend,
+    FetchOutcome,
+    FetchRequest,
+    FetchStatus,
+    ProduceOutcome,
+)
+from gateway.server.config import Settings
+from gateway.server.listening import (
     DRAIN_SECS,
     CloseConnection,
     protocol_close,
     receive_or_close,
 )
-from gateway.metrics import Metrics
+from gateway.server.metrics import Metrics
 from gateway.tank import admin
 from gateway.tank.consume import consume_reply, fetch_requests
 from gateway.tank.lane import OrderedLane

@@ -1,10 +1,9 @@
 """Comparing figtank with a peer: the suite's ``--peer`` mode (medians, ratios, the table,
-and a run against a second figtank) and ``benchmarks/compare_peers.py`` (parsing the
+and a run against a second figtank) and ``gateway/bench/peers.py`` (parsing the
 peers' clients, its tables, and a run with stand-in clients)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -12,15 +11,9 @@ from typing import Any
 
 import pytest
 
+from gateway.bench import peers as cp
 from gateway.bench.serving import Served
 from gateway.bench.suite import _for_protocols, compare, comparison_markdown, main
-
-_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "compare_peers.py"
-_spec = importlib.util.spec_from_file_location("compare_peers", _SCRIPT)
-assert _spec is not None and _spec.loader is not None
-cp = importlib.util.module_from_spec(_spec)
-sys.modules["compare_peers"] = cp
-_spec.loader.exec_module(cp)
 
 # ------------------------------------------------------------------ suite: medians, table
 

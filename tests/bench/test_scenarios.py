@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from gateway.bench.cli import BenchError, bench
 from gateway.bench.report import Report
-from gateway.cli import main
+from gateway.cli.bench import BenchError, bench
+from gateway.cli.main import main
 
 
 def check_report(report: Report, scenario: str, rows: int) -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from gateway.backend import (
+from gateway.backend.bridge import BridgeBackend, UpstreamUnavailable, open_bridge_backend
+from gateway.backend.contract import (
     Backend,
     CreateTopicCode,
     FetchRequest,
@@ -17,11 +18,10 @@ from gateway.backend import (
     ProduceCode,
     ReloadConfCode,
 )
-from gateway.bridge import BridgeBackend, UpstreamUnavailable, open_bridge_backend
 from gateway.client.figg import open_figg_client
 from gateway.client.tank import open_tank_client
-from gateway.config import Settings
-from gateway.metrics import Metrics
+from gateway.server.config import Settings
+from gateway.server.metrics import Metrics
 from protocols.tank.bundle import Message, decode_chunk, encode_bundle
 from tests.bridge.helpers import address, bridge_server, free_port, upstream_server
 

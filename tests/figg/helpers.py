@@ -9,10 +9,10 @@ from typing import Any
 
 import trio
 
-from gateway.backend import Backend
-from gateway.config import Settings
-from gateway.embedded import open_embedded_backend
-from gateway.figg_listener import serve_figg
+from gateway.backend.contract import Backend
+from gateway.backend.embedded import open_embedded_backend
+from gateway.figg.listener import serve_figg
+from gateway.server.config import Settings
 from protocols.connection import CLOSED, NEED_DATA, Role
 from protocols.figg.connection import FiggConnection
 from protocols.figg.messages import ATTACH_FROM_OFFSET, FAST, MessageType

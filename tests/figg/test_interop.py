@@ -15,10 +15,10 @@ import trio
 
 from gateway.client.figg import FiggClient, open_figg_client
 from gateway.client.tank import FIRST_AVAILABLE, TankClient, open_tank_client
-from gateway.config import Settings
-from gateway.figg_listener import serve_figg
-from gateway.metrics import Metrics
-from gateway.tank_listener import serve_tank
+from gateway.figg.listener import serve_figg
+from gateway.server.config import Settings
+from gateway.server.metrics import Metrics
+from gateway.tank.listener import serve_tank
 from protocols.tank.bundle import Codec, Message
 from tests.figg.helpers import open_test_backend
 

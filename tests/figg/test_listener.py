@@ -11,9 +11,9 @@ from pathlib import Path
 
 import trio
 
-from gateway.config import Settings
-from gateway.figg_listener import FiggListener
-from gateway.metrics import Metrics
+from gateway.figg.listener import FiggListener
+from gateway.server.config import Settings
+from gateway.server.metrics import Metrics
 from protocols.figg.messages import Ack, Attached, Data
 from protocols.tank.bundle import iter_framed_bundles
 from tests.figg.helpers import (

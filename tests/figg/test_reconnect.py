@@ -11,7 +11,7 @@ import random
 import pytest
 import trio
 
-from gateway.backend import Backend, FetchRequest
+from gateway.backend.contract import Backend, FetchRequest
 from gateway.client.figg import FiggMessage, open_figg_client
 from protocols.tank.bundle import decode_chunk
 from tests.figg.helpers import figg_server, open_test_backend

@@ -11,8 +11,8 @@ from typing import Any
 import trio
 
 from gateway.client.tank_blocking import BlockingTankClient
-from gateway.config import Settings
-from gateway.server import ServerInfo, run_server
+from gateway.server.config import Settings
+from gateway.server.run import ServerInfo, run_server
 from protocols.tank.bundle import Message
 
 

@@ -13,8 +13,8 @@ import trio
 from structlog.testing import capture_logs
 
 import gateway.store.syncer as syncer_module
-from gateway.inspect import iter_messages, list_segments
 from gateway.store.durability import SyncJob
+from gateway.store.inspect import iter_messages, list_segments
 from gateway.store.partition import PREFILL_AHEAD, PREFILL_LOW
 from gateway.store.syncer import NativeSyncer, Syncer
 from gateway.store.tail import TailCache, TailEntry

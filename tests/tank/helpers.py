@@ -9,11 +9,11 @@ from typing import Any
 
 import trio
 
-from gateway.backend import Backend
-from gateway.config import Settings
-from gateway.embedded import open_embedded_backend
-from gateway.metrics import Metrics
-from gateway.tank_listener import serve_tank
+from gateway.backend.contract import Backend
+from gateway.backend.embedded import open_embedded_backend
+from gateway.server.config import Settings
+from gateway.server.metrics import Metrics
+from gateway.tank.listener import serve_tank
 from protocols.connection import CLOSED, NEED_DATA, Role
 from protocols.tank.connection import TankConnection
 from tests.listeners import RunningServer, listening

@@ -14,7 +14,7 @@ import structlog
 import trio
 from structlog.testing import LogCapture
 
-import gateway.tank_listener
+import gateway.tank.listener
 from gateway.client.tank import open_tank_client
 from tests.tank.helpers import RunningServer, read_until_closed, tank_server
 
@@ -32,7 +32,7 @@ def closes(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """The listener's ``connection_closed`` log events."""
     capture = LogCapture()
     logger = structlog.wrap_logger(structlog.PrintLogger(), processors=[capture])
-    monkeypatch.setattr(gateway.tank_listener, "log", logger)
+    monkeypatch.setattr(gateway.tank.listener, "log", logger)
     return capture.entries
 
 

@@ -13,11 +13,11 @@ import trio
 
 import gateway.tank.outbox
 import gateway.tank.session
-from gateway.backend import BytesChunk, FetchOutcome, FetchRequest
+from gateway.backend.contract import BytesChunk, FetchOutcome, FetchRequest
+from gateway.backend.embedded import open_embedded_backend
 from gateway.client.errors import BoundaryError, UnknownPartitionError, UnknownTopicError
 from gateway.client.tank import TAIL, TankClient, open_tank_client
-from gateway.config import Settings
-from gateway.embedded import open_embedded_backend
+from gateway.server.config import Settings
 from protocols.tank.bundle import Message
 from protocols.tank.connection import Reply
 from protocols.tank.messages import (

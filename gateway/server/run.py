@@ -1,7 +1,7 @@
 """One trio nursery that runs the listeners, the metrics endpoint and the shutdown.
 
 Start-up binds every listener before the backend opens; a listener or a data directory
-the machine refuses is a :class:`~gateway.config.ConfigError` naming the setting.
+the machine refuses is a :class:`~gateway.server.config.ConfigError` naming the setting.
 
 Shutdown is graceful in three steps: stop accepting connections and tell every open
 connection to stop reading (idle ones close at once), give them ``grace`` seconds to finish
@@ -26,13 +26,13 @@ from typing import Protocol
 import structlog
 import trio
 
-from gateway.backend import Backend
-from gateway.config import OPTIONS, ConfigError, Settings, parse_address
-from gateway.embedded import open_embedded_backend
-from gateway.figg_listener import FiggListener
-from gateway.metrics import Metrics, serve_metrics
+from gateway.backend.contract import Backend
+from gateway.backend.embedded import open_embedded_backend
+from gateway.figg.listener import FiggListener
+from gateway.server.config import OPTIONS, ConfigError, Settings, parse_address
+from gateway.server.metrics import Metrics, serve_metrics
 from gateway.store import StoreError
-from gateway.tank_listener import TankListener
+from gateway.tank.listener import TankListener
 
 log = structlog.get_logger("figtank.server")
 
@@ -149,7 +149,7 @@ async def open_backend(settings: Settings, metrics: Metrics
     and what says why it can not serve now. A data directory that can not be opened is a
     ConfigError naming ``store.data_dir``."""
     if settings.bridge_mode:
-        from gateway.bridge import open_bridge_backend  # bridge mode only
+        from gateway.backend.bridge import open_bridge_backend  # bridge mode only
 
         async with open_bridge_backend(settings, metrics) as bridge:
             yield bridge, bridge.unavailable
@@ -172,7 +172,7 @@ async def run_server(settings: Settings, *, grace: float = 2.0,
                      ) -> None:
     """Serve until :meth:`ServerInfo.request_shutdown` (or cancellation), then stop cleanly.
 
-    Raises :class:`~gateway.config.ConfigError` before serving when a listener can not be
+    Raises :class:`~gateway.server.config.ConfigError` before serving when a listener can not be
     bound or the data directory can not be used.
     """
     info = ServerInfo()

@@ -1,11 +1,11 @@
-"""The Figg listener: serves the Figg protocol over a :class:`~gateway.backend.Backend`.
+"""The Figg listener: serves the Figg protocol over a :class:`~gateway.backend.contract.Backend`.
 
 :func:`serve_figg` binds ``settings.figg_listen`` and serves until cancelled. Each
 connection is a :class:`~gateway.figg.session.FiggSession`. The listener knows nothing of
 the log behind the backend: the embedded store and an upstream broker serve it alike.
 
 Topics: Figg ``name`` is Tank (``name``, 0), ``name/p`` is (``name``, p); offsets are Tank
-sequence numbers (:mod:`gateway.offsets`).
+sequence numbers (:mod:`gateway.figg.offsets`).
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from __future__ import annotations
 import structlog
 import trio
 
-from gateway.backend import Backend
-from gateway.config import Settings
+from gateway.backend.contract import Backend
 from gateway.figg.feed import TailFeeds
 from gateway.figg.frames import DataFrameCache
 from gateway.figg.session import FiggSession
-from gateway.listening import ConnectionSlots, open_listeners
-from gateway.metrics import GaugeCollector, Metrics
+from gateway.server.config import Settings
+from gateway.server.listening import ConnectionSlots, open_listeners
+from gateway.server.metrics import GaugeCollector, Metrics
 
 log = structlog.get_logger("figtank.figg")
 

@@ -1,6 +1,6 @@
 """Figg framing speed: PUBLISH parsing on the server, DATA encoding and parsing.
 
-Run: ``python benchmarks/bench_figg_frames.py [--frames N] [--repeat R] [--sizes 128 1024]``.
+Run: ``python -m gateway.bench.micro.figg_frames [--frames N] [--repeat R] [--sizes 128 1024]``.
 Each figure is the best of ``--repeat`` runs over a buffer of ``--frames`` frames;
 MB/s counts wire bytes (headers included), 1 MB = 10**6 bytes.
 """

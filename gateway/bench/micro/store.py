@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/bench_store.py [--seconds 2] [--dir /path/on/the/disk/to/test]
+    .venv/bin/python -m gateway.bench.micro.store [--seconds 2] [--dir /path/on/the/disk/to/test]
 
 Appends: 1 KiB messages in bundles of 1, 100 and 1000 messages, in both durability
 modes, by one producer and by ``--producers`` concurrent producers (where group commit

@@ -1,7 +1,7 @@
 """Client subcommands of ``figtank`` for people at a terminal (and, with --json, programs).
 
 Figg: ``publish``, ``subscribe``. Tank: ``produce``, ``consume``, ``topics``, ``status``.
-Files: ``inspect``. Results go to stdout, one record a line (see :mod:`gateway.cli_output`);
+Files: ``inspect``. Results go to stdout, one record a line (see :mod:`gateway.cli.output`);
 notes, log lines and errors go to stderr. A failure is one line,
 ``figtank COMMAND: what failed``, and exit status 1 (2 for usage mistakes).
 """
@@ -18,16 +18,16 @@ from typing import Any, BinaryIO
 
 import trio
 
-from gateway.cli_output import Output, escaped, json_payload, plural
+from gateway.cli.output import Output, escaped, json_payload, plural
 from gateway.client.errors import ClientError, RequestTimeout
 from gateway.client.figg import ExponentialBackoff, FiggClient, open_figg_client
 from gateway.client.tank import FIRST_AVAILABLE, TankClient, open_tank_client
-from gateway.config import parse_address
-from gateway.inspect import iter_messages, list_segments
-from gateway.logs import configure_logging
-from gateway.offsets import InvalidTopic, figg_to_tank
+from gateway.figg.offsets import InvalidTopic, figg_to_tank
+from gateway.server.config import parse_address
+from gateway.server.logs import configure_logging
 from gateway.store.config import CONFIG_KEYS, parse_value
 from gateway.store.errors import InvalidConfig
+from gateway.store.inspect import iter_messages, list_segments
 from protocols.errors import ProtocolError
 from protocols.tank.bundle import Message
 from protocols.topics import MAX_PARTITIONS

@@ -25,8 +25,8 @@ from typing import Final, TypeAlias
 import structlog
 import trio
 
-from gateway.backend import EMPTY_CHUNK, BytesChunk, FetchOutcome, FetchStatus
-from gateway.bridge.upstream import Upstream, UpstreamUnavailable
+from gateway.backend.bridge.upstream import Upstream, UpstreamUnavailable
+from gateway.backend.contract import EMPTY_CHUNK, BytesChunk, FetchOutcome, FetchStatus
 from gateway.client.tank import TankClient
 from protocols.tank.messages import ConsumePartitionResult
 from protocols.tank.types import ConsumeFlags

@@ -12,7 +12,7 @@ from importlib.metadata import PackageNotFoundError, version
 import structlog
 import trio
 
-from gateway.backend import (
+from gateway.backend.contract import (
     EMPTY_CHUNK,
     BackendStatus,
     CreateTopicCode,
@@ -27,8 +27,8 @@ from gateway.backend import (
     TopicInfo,
     produce_and_wait,
 )
-from gateway.config import Settings
-from gateway.metrics import GaugeCollector, Metrics
+from gateway.server.config import Settings
+from gateway.server.metrics import GaugeCollector, Metrics
 from gateway.store import (
     AppendResult,
     BundleTooLarge,

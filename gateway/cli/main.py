@@ -14,11 +14,17 @@ from typing import TYPE_CHECKING, NoReturn
 
 import trio
 
-from gateway.config import ConfigError, Settings, add_setting_flags, flag_overrides, load_settings
-from gateway.logs import configure_logging
+from gateway.server.config import (
+    ConfigError,
+    Settings,
+    add_setting_flags,
+    flag_overrides,
+    load_settings,
+)
+from gateway.server.logs import configure_logging
 
 if TYPE_CHECKING:
-    from gateway.server import ServerInfo
+    from gateway.server.run import ServerInfo
 
 #: Subcommand name -> (function that adds its arguments, function that runs it).
 Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
@@ -38,7 +44,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     that the machine refuses (a port in use, an unusable data directory) raises
     ConfigError (exit 2); any other failure is one line and exit 1. Tracebacks only with
     ``--log-level debug``."""
-    from gateway.server import serve_until_signalled
+    from gateway.server.run import serve_until_signalled
 
     grace = _grace_secs(args.grace)
     settings = settings_from_args(args)
@@ -100,8 +106,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 def _commands() -> dict[str, tuple[str, Command]]:
-    from gateway.bench.cli import COMMAND as BENCH
-    from gateway.cli_clients import COMMANDS
+    from gateway.cli.bench import COMMAND as BENCH
+    from gateway.cli.clients import COMMANDS
 
     return {
         "serve": ("run the gateway (Figg and Tank listeners over one log)",

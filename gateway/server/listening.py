@@ -10,8 +10,8 @@ import structlog
 import trio
 from trio.lowlevel import ParkingLot
 
-from gateway.config import parse_address
-from gateway.metrics import Metrics
+from gateway.server.config import parse_address
+from gateway.server.metrics import Metrics
 from protocols.errors import FrameTooLarge, ProtocolError
 
 #: Bytes asked of the socket per read: read big, then parse every frame in the buffer.

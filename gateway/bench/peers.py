@@ -1,6 +1,6 @@
 """figtank beside a peer broker, measured by the peer's OWN benchmark clients.
 
-Run: ``python benchmarks/compare_peers.py --figg-bench PATH --tank-cli PATH
+Run: ``python -m gateway.bench.peers --figg-bench PATH --tank-cli PATH
 --peer-figg HOST:PORT --peer-tank HOST:PORT (--figtank-figg HOST:PORT --figtank-tank
 HOST:PORT | --start-figtank fsync|os) [--rounds 3] [--scale 1] [--json]``
 
@@ -43,12 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from gateway.bench.report import describe_machine, figtank_version, machine_info  # noqa: E402
-from gateway.bench.serving import serve_figtank  # noqa: E402
+from gateway.bench.report import describe_machine, figtank_version, machine_info
+from gateway.bench.serving import serve_figtank
 
 FIGG_MSGS = 200_000
 FIGG_MSG_SIZE = 128

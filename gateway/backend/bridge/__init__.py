@@ -3,13 +3,13 @@
 ``figtank serve --upstream HOST:PORT`` (repeatable; ``[upstream] brokers = [...]`` in the
 config file) serves the Figg and Tank listeners from an upstream Tank broker instead of
 the embedded store. The listeners do not know the difference: they talk to a
-:class:`BridgeBackend` through the same :class:`~gateway.backend.Backend` protocol.
+:class:`BridgeBackend` through the same :class:`~gateway.backend.contract.Backend` protocol.
 
-- :mod:`gateway.bridge.upstream`: the one connection to the broker, reconnected with
+- :mod:`gateway.backend.bridge.upstream`: the one connection to the broker, reconnected with
   backoff across the addresses in order; outages logged and counted;
-- :mod:`gateway.bridge.produce`: appends merged into one upstream Produce per round;
-- :mod:`gateway.bridge.fetch`: one upstream Consume per fetch, shared by identical fetches;
-- :mod:`gateway.bridge.backend`: the backend itself.
+- :mod:`gateway.backend.bridge.produce`: appends merged into one upstream Produce per round;
+- :mod:`gateway.backend.bridge.fetch`: one upstream Consume per fetch, shared by identical fetches;
+- :mod:`gateway.backend.bridge.backend`: the backend itself.
 
 ::
 
@@ -25,11 +25,11 @@ from typing import Any
 
 import trio
 
-from gateway.bridge.backend import BridgeBackend
-from gateway.bridge.upstream import Backoff, Upstream, UpstreamUnavailable
+from gateway.backend.bridge.backend import BridgeBackend
+from gateway.backend.bridge.upstream import Backoff, Upstream, UpstreamUnavailable
 from gateway.client.lone import raise_lone
-from gateway.config import Settings
-from gateway.metrics import Metrics
+from gateway.server.config import Settings
+from gateway.server.metrics import Metrics
 
 __all__ = ["Backoff", "BridgeBackend", "Upstream", "UpstreamUnavailable",
            "open_bridge_backend"]

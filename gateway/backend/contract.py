@@ -1,7 +1,7 @@
 """What both listeners need from a log, whichever log serves them.
 
 The Tank and Figg listeners speak only to a :class:`Backend`. Two implementations
-exist: the embedded store (``gateway.embedded``) and, in bridge mode, an upstream
+exist: the embedded store (``gateway.backend.embedded``) and, in bridge mode, an upstream
 Tank broker. A listener never asks which one it has.
 
 The calls are shaped after Tank's own requests, because Tank is the richer of the
@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.completion import completed
+from gateway.backend.completion import completed
 from protocols.tank.bundle import BundleInfo
 
 

@@ -1,4 +1,4 @@
-"""The Tank listener: serves the Tank protocol over a :class:`~gateway.backend.Backend`.
+"""The Tank listener: serves the Tank protocol over a :class:`~gateway.backend.contract.Backend`.
 
 :func:`serve_tank` binds ``settings.tank_listen`` and serves until cancelled. Each
 connection is a :class:`~gateway.tank.session.TankSession`. The listener knows nothing of
@@ -14,10 +14,10 @@ from __future__ import annotations
 import structlog
 import trio
 
-from gateway.backend import Backend
-from gateway.config import Settings
-from gateway.listening import ConnectionSlots, open_listeners
-from gateway.metrics import Metrics
+from gateway.backend.contract import Backend
+from gateway.server.config import Settings
+from gateway.server.listening import ConnectionSlots, open_listeners
+from gateway.server.metrics import Metrics
 from gateway.tank.session import RequestCounter, TankSession
 
 log = structlog.get_logger("figtank.tank")

@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/bench_bundle.py [--compressible] [--sizes 100,1024]
+    .venv/bin/python -m gateway.bench.micro.bundle [--compressible] [--sizes 100,1024]
 
 Each row encodes or decodes bundles of ``--per-bundle`` messages and reports the best of
 ``--repeat`` timed runs. MB/s counts message payload bytes (values), not bundle bytes.

@@ -1,6 +1,6 @@
 """Spark batch-read throughput of the ``figtank`` and ``figtank-segments`` sources.
 
-Run: ``python benchmarks/bench_spark.py [--messages 1000000] [--size 100]
+Run: ``python -m gateway.bench.micro.spark [--messages 1000000] [--size 100]
 [--partitions 1] [--repeat 3] [--master local[2]]`` (needs the spark extra and Java).
 
 A ``figtank serve`` child process (durability ``os``) on a temporary data directory gets
@@ -24,13 +24,9 @@ from typing import Any
 
 import trio
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from gateway.bench.serving import serve_figtank  # noqa: E402
-from gateway.client.tank import open_tank_client  # noqa: E402
-from protocols.tank.bundle import Message  # noqa: E402
+from gateway.bench.serving import serve_figtank
+from gateway.client.tank import open_tank_client
+from protocols.tank.bundle import Message
 
 TOPIC = "bench"
 MB = 1_000_000

@@ -21,8 +21,8 @@ from gateway.bench.procs import WorkerFailed, run_workers
 from gateway.bench.report import Report
 from gateway.bench.scenario import Params, all_scenarios, get_scenario
 from gateway.client.errors import ClientError
-from gateway.config import parse_address
-from gateway.logs import configure_logging
+from gateway.server.config import parse_address
+from gateway.server.logs import configure_logging
 
 HELP = "measure figtank or any Tank/Figg endpoint under load (scenarios: see --help)"
 

@@ -40,8 +40,8 @@ from gateway.client.errors import (
     RequestTimeout,
 )
 from gateway.client.tank import DEFAULT_MAX_FRAME, TankClient
-from gateway.config import parse_address
-from gateway.metrics import Metrics
+from gateway.server.config import parse_address
+from gateway.server.metrics import Metrics
 
 log = structlog.get_logger("figtank.bridge")
 

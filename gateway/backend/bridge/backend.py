@@ -1,24 +1,24 @@
 """The bridge backend: both listeners served by an upstream Tank broker.
 
-:class:`BridgeBackend` implements :class:`~gateway.backend.Backend` request for request
-over the upstream connection (:class:`~gateway.bridge.upstream.Upstream`); figtank keeps no
+:class:`BridgeBackend` implements :class:`~gateway.backend.contract.Backend` request for request
+over the upstream connection (:class:`~gateway.backend.bridge.upstream.Upstream`); figtank keeps no
 log of its own. Sequence numbers are the upstream's, so a position means the same through
 the bridge and at the broker.
 
 - produce: bundles are checked here first (size, framing), as the embedded store does, so
   a bad one fails only its own batch and never reaches the broker; then one upstream
   Produce (ProduceWithSeqnum for batches with a base sequence) for all the appends of a
-  scheduler round (:mod:`gateway.bridge.produce`). Missing topics are created upstream
+  scheduler round (:mod:`gateway.backend.bridge.produce`). Missing topics are created upstream
   when ``auto_create_topics`` is on. Tank's Produce response carries no sequence numbers,
   so an OK outcome has them only where the batch named them (base sequence, sparse).
 - fetch: one upstream Consume with the caller's long-poll parameters; identical fetches in
-  flight share it (:mod:`gateway.bridge.fetch`).
+  flight share it (:mod:`gateway.backend.bridge.fetch`).
 - admin: forwarded as the matching Tank request.
 
 While the upstream is away, calls wait for it for up to ``wait_secs`` (a fetch: its
 ``max_wait``); then produce answers I/O fault, fetch FAULT, create_topic system error,
 reload_conf I/O error, and the discovery and status calls raise
-:class:`~gateway.bridge.upstream.UpstreamUnavailable`.
+:class:`~gateway.backend.bridge.upstream.UpstreamUnavailable`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ from typing import Any, Final
 
 import trio
 
-from gateway.backend import (
+from gateway.backend.bridge.fetch import FetchForwarder
+from gateway.backend.bridge.produce import Entry, ProduceForwarder
+from gateway.backend.bridge.upstream import Upstream, UpstreamUnavailable
+from gateway.backend.contract import (
     BackendStatus,
     CreateTopicCode,
     FetchOutcome,
@@ -44,10 +47,7 @@ from gateway.backend import (
     ReloadConfCode,
     TopicInfo,
 )
-from gateway.bridge.fetch import FetchForwarder
-from gateway.bridge.produce import Entry, ProduceForwarder
-from gateway.bridge.upstream import Upstream, UpstreamUnavailable
-from gateway.metrics import Metrics
+from gateway.server.metrics import Metrics
 from protocols.errors import ProtocolError
 from protocols.tank.bundle import BundleInfo, validate_bundle
 from protocols.tank.messages import (

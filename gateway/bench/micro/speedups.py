@@ -2,7 +2,7 @@
 
 Run from the repository root (the extension must be built: ``make .venv/.installed``)::
 
-    .venv/bin/python benchmarks/bench_speedups.py [--min-seconds 0.5] [--repeat 3]
+    .venv/bin/python -m gateway.bench.micro.speedups [--min-seconds 0.5] [--repeat 3]
 
 Each row times one call on the same input through the pure function and through the
 compiled one (best of ``--repeat`` runs of at least ``--min-seconds``), and prints

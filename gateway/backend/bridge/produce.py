@@ -22,8 +22,8 @@ from typing import Final, TypeAlias
 import structlog
 import trio
 
-from gateway.backend import CreateTopicCode, ProduceCode
-from gateway.bridge.upstream import Upstream, UpstreamUnavailable
+from gateway.backend.bridge.upstream import Upstream, UpstreamUnavailable
+from gateway.backend.contract import CreateTopicCode, ProduceCode
 
 log = structlog.get_logger("figtank.bridge")
 

@@ -4,7 +4,7 @@ Starts an embedded figtank (the upstream) and a bridge in front of it, both as
 processes on loopback, then runs the same ``figtank bench`` scenarios against each
 endpoint in alternating rounds and prints the two side by side::
 
-    .venv/bin/python benchmarks/bench_bridge.py [--durability os] [--messages 100000]
+    .venv/bin/python -m gateway.bench.micro.bridge [--durability os] [--messages 100000]
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Micro-benchmarks of single parts (codecs, store, bridge, Spark), run as scripts."""

@@ -1,0 +1,1 @@
+"""The ``figtank`` command: ``serve``, the client subcommands, ``bench``."""

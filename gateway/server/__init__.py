@@ -1,0 +1,1 @@
+"""The server shell: settings, logs, metrics and health, sockets, one process's run."""
