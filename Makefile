@@ -31,12 +31,20 @@ RUN_FLAGS = $(strip $(call serve_flag,CONFIG,--config) $(call serve_flag,DATA,--
 	$(call serve_flag,FIGG,--figg-listen) $(call serve_flag,TANK,--tank-listen) \
 	$(call serve_flag,METRICS,--metrics-listen))
 
-## Set everything up and run the whole suite: with the compiled extension, then pure Python.
+## Set everything up and run the whole suite with the compiled extension, then again in
+## pure Python the tests whose code paths the extension replaces (PURE_TESTS).
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
-	FIGTANK_PURE_PYTHON=1 $(BIN)/python -m pytest -q
+	FIGTANK_PURE_PYTHON=1 $(BIN)/python -m pytest -q $(PURE_TESTS)
+
+# The protocol codecs, both listeners, the store, the bridge and the whole-process runs:
+# everything the compiled loops (protocols/_speedups.pyx, gateway/store/_fsync.pyx) sit
+# under. Spark, the examples, the bench and the CLI's failure lines do not depend on them.
+PURE_TESTS = tests/protocols tests/figg tests/tank tests/store tests/bridge \
+	tests/test_embedded.py tests/test_bundle.py tests/test_reader_lag.py tests/test_cli.py \
+	tests/test_serve.py tests/test_shutdown.py
 
 # mypy checks what [tool.mypy] in pyproject.toml lists (protocols/, gateway/store/), strictly.
 lint: $(STAMP)
