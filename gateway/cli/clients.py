@@ -226,11 +226,15 @@ async def _figg_client(args: argparse.Namespace) -> AsyncIterator[FiggClient]:
         yield client
 
 
+def _add_messages(parser: argparse.ArgumentParser, verb: str) -> None:
+    parser.add_argument("messages", nargs="+", metavar="MESSAGE",
+                        help=f"message payloads, or - to {verb} stdin's lines")
+
+
 def _add_publish(parser: argparse.ArgumentParser) -> None:
     _common(parser, "figg")
     parser.add_argument("topic", type=_figg_topic, help="Figg topic (name or name/partition)")
-    parser.add_argument("messages", nargs="+", metavar="MESSAGE",
-                        help="message payloads, or - to publish stdin's lines")
+    _add_messages(parser, "publish")
 
 
 async def _publish(args: argparse.Namespace, out: Output) -> None:
@@ -305,8 +309,7 @@ async def _tank_client(args: argparse.Namespace) -> AsyncIterator[TankClient]:
 def _add_produce(parser: argparse.ArgumentParser) -> None:
     _common(parser, "tank")
     parser.add_argument("target", type=_topic_partition, metavar="TOPIC[/P]")
-    parser.add_argument("messages", nargs="+", metavar="MESSAGE",
-                        help="message payloads, or - to produce stdin's lines")
+    _add_messages(parser, "produce")
     parser.add_argument("--key", default=None, help="key for every message")
 
 
