@@ -239,6 +239,18 @@ class TypeRegistry:
         return None if custom is None else custom.default
 
 
+def load_package_codecs(package: str, generated: Mapping[str, PayloadFunctions]
+                        ) -> dict[str, MessageCodec[Any]]:
+    """The codecs of every declaration in ``package``'s ``specs`` folder, by message name,
+    with the record classes and functions generated from them (``PAYLOAD_CODECS`` of the
+    package's ``records`` module). ImportError when that module is out of date."""
+    specs = load_package_specs(package)
+    if set(specs) != set(generated):
+        raise ImportError(f"{package}.records does not match specs/: run "
+                          f"python -m protocols.generate")
+    return {name: MessageCodec(spec, *generated[name]) for name, spec in specs.items()}
+
+
 def load_package_specs(package: str) -> dict[str, MessageSpec]:
     """Every ``*.json`` declaration in ``package``'s ``specs`` folder, by message name."""
     specs: dict[str, MessageSpec] = {}

@@ -30,7 +30,7 @@ from protocols.figg.records import (
     Pong,
     Publish,
 )
-from protocols.spec import FlatCodec, MessageCodec, load_package_specs
+from protocols.spec import FlatCodec, load_package_codecs
 
 #: ``type | version | payloadLen``, big-endian; the length excludes the header.
 HEADER: Final = struct.Struct(">HHI")
@@ -54,13 +54,8 @@ class MessageType(enum.IntEnum):
     PONG = 9
 
 
-_SPECS: Final = load_package_specs("protocols.figg")
-if set(_SPECS) != set(PAYLOAD_CODECS):
-    raise ImportError("protocols.figg.records does not match specs/: run "
-                      "python -m protocols.generate")
 #: Payload codecs by message name ("Attach", ...), generated from ``specs/*.json``.
-CODECS: Final[dict[str, MessageCodec[Any]]] = {
-    name: MessageCodec(spec, *PAYLOAD_CODECS[name]) for name, spec in _SPECS.items()}
+CODECS: Final = load_package_codecs("protocols.figg", PAYLOAD_CODECS)
 #: Payload codecs by message type.
 CODEC_BY_TYPE: Final = {MessageType(c.api_key): c for c in CODECS.values()}
 if sorted(CODEC_BY_TYPE) != list(MessageType) or len(CODECS) != len(MessageType):

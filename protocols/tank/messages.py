@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from protocols.errors import ProtocolError
-from protocols.spec import Buffer, MessageCodec, TypeRegistry, load_package_specs
+from protocols.spec import Buffer, MessageCodec, TypeRegistry, load_package_codecs
 from protocols.tank.records import (
     PAYLOAD_CODECS,
     ConsumePartition,
@@ -93,13 +93,8 @@ class MsgId(enum.IntEnum):
 
 #: The byte order and custom types the generated codecs were made with.
 REGISTRY: Final = TypeRegistry("little", CUSTOM_TYPES)
-_SPECS: Final = load_package_specs("protocols.tank")
-if set(_SPECS) != set(PAYLOAD_CODECS):
-    raise ImportError("protocols.tank.records does not match specs/: run "
-                      "python -m protocols.generate")
 #: Payload codecs by message name ("ProduceRequest", ...), generated from ``specs/*.json``.
-CODECS: Final[dict[str, MessageCodec[Any]]] = {
-    name: MessageCodec(spec, *PAYLOAD_CODECS[name]) for name, spec in _SPECS.items()}
+CODECS: Final = load_package_codecs("protocols.tank", PAYLOAD_CODECS)
 
 # -- dispatch tables -----------------------------------------------------------------------------
 #: Codecs of what a client sends, by msgId (every msgId; Ping has no payload).
