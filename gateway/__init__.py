@@ -1,0 +1,1 @@
+"""figtank: Figg and Tank listeners over one log, its backends, clients, command and tools."""

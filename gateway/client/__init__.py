@@ -1,0 +1,1 @@
+"""Client libraries for the Figg and Tank protocols (trio, with blocking facades)."""

@@ -1,0 +1,1 @@
+"""Tank: message declarations (``specs/``), records and codecs, bundles, the connection."""
