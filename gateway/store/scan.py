@@ -3,7 +3,8 @@
 Reads go through a read-ahead window, so walking many small bundles costs one
 ``pread`` per window, not one per bundle. Only bundle headers are looked at (the
 length prefix, flags, message count and a sparse bundle's first/last sequence
-numbers); a bundle larger than the window is skipped without reading its body.
+numbers, read by the bundle codec's :func:`~protocols.tank.bundle.read_framed_header`);
+a bundle larger than the window is skipped without reading its body.
 """
 
 from __future__ import annotations
@@ -12,15 +13,13 @@ import os
 from collections.abc import Iterator
 from typing import Final
 
-from protocols.wire import U64LE, UINT64_MAX, decode_varint
+from protocols.errors import ProtocolError
+from protocols.tank.bundle import read_framed_header
 
 #: Longest possible prefix before a bundle's message set: a 10-byte length varint,
 #: flags, a 10-byte count varint, the sparse u64 first and a 10-byte gap varint.
 MAX_HEADER_PEEK: Final = 10 + 1 + 10 + 8 + 10
 DEFAULT_WINDOW: Final = 64 * 1024
-
-_SPARSE: Final = 0x40
-_RESERVED: Final = 0x80
 
 
 class ScanError(Exception):
@@ -30,49 +29,6 @@ class ScanError(Exception):
         super().__init__(f"at offset {offset}: {reason}")
         self.offset = offset
         self.reason = reason
-
-
-def peek_framed(buf: bytes, pos: int, end: int) -> tuple[int, int, int, int, int]:
-    """Parse the length prefix and header of the framed bundle at ``buf[pos:end]``.
-
-    ``buf`` needs to hold only the header, not the whole bundle. Returns
-    ``(framed_len, count, sparse, first, last)`` where ``sparse`` is 0/1 and
-    ``first``/``last`` are 0 for a plain bundle. Raises ``ValueError`` when the
-    header is malformed or cut short.
-    """
-    decoded = decode_varint(buf, pos, end)
-    if decoded is None:
-        raise ValueError("truncated bundle length")
-    length, hpos = decoded
-    if length == 0:
-        raise ValueError("zero-length bundle")
-    framed_len = hpos - pos + length
-    hend = min(end, hpos + length)
-    if hpos >= hend:
-        raise ValueError("truncated bundle header")
-    flags = buf[hpos]
-    hpos += 1
-    if flags & _RESERVED or flags & 3 > 1:
-        raise ValueError(f"bad bundle flags {flags:#04x}")
-    count = (flags >> 2) & 0xF
-    if count == 0:
-        decoded = decode_varint(buf, hpos, hend)
-        if decoded is None or decoded[0] == 0:
-            raise ValueError("bad bundle message count")
-        count, hpos = decoded
-    if not flags & _SPARSE:
-        return framed_len, count, 0, 0, 0
-    if hend - hpos < 8:
-        raise ValueError("truncated sparse header")
-    first = last = U64LE.unpack_from(buf, hpos)[0]
-    if count > 1:
-        decoded = decode_varint(buf, hpos + 8, hend)
-        if decoded is None:
-            raise ValueError("truncated sparse header")
-        last = first + decoded[0] + 1
-        if last > UINT64_MAX or last - first + 1 < count:
-            raise ValueError("bad sparse sequence range")
-    return framed_len, count, 1, first, last
 
 
 class Scanner:
@@ -116,18 +72,21 @@ class Scanner:
         while offset < end:
             rel = self._ensure(offset, min(MAX_HEADER_PEEK, end - offset))
             try:
-                framed_len, count, sparse, first, last = peek_framed(
+                framed_len, count, first, last = read_framed_header(
                     self._buf, rel, min(len(self._buf), rel + end - offset))
-            except ValueError as exc:
+            except ProtocolError as exc:
                 raise ScanError(offset, str(exc)) from None
             if offset + framed_len > end:
                 raise ScanError(offset, f"bundle of {framed_len} bytes runs past {end}")
-            if sparse:
-                if first < next_seq:
-                    raise ScanError(offset, f"sparse bundle starts at {first} < {next_seq}")
-            else:
+            if first is None:
                 first = next_seq
                 last = first + count - 1
+                sparse = 0
+            elif first < next_seq:
+                raise ScanError(offset, f"sparse bundle starts at {first} < {next_seq}")
+            else:
+                assert last is not None  # a sparse header names both
+                sparse = 1
             yield offset, framed_len, first, last, sparse
             next_seq = last + 1
             offset += framed_len

@@ -60,6 +60,7 @@ __all__ = [
     "frame_bundle",
     "iter_framed_bundles",
     "parse_bundle_header",
+    "read_framed_header",
     "validate_bundle",
     "validate_bundle_py",
 ]
@@ -287,12 +288,13 @@ def _varint(buf: bytes | memoryview, pos: int, end: int, what: str) -> tuple[int
 
 
 def _parse_header(
-    buf: bytes | memoryview, pos: int, end: int
+    buf: bytes | memoryview, pos: int, end: int, whole: bool = True
 ) -> tuple[int, int, int | None, int | None, int]:
     """Parse the header of the bundle at ``buf[pos:end]``.
 
     Returns ``(codec, count, first_seq, last_seq, message_set_offset)``; the sequence
-    numbers are ``None`` for a plain bundle.
+    numbers are ``None`` for a plain bundle. With ``whole`` false, ``buf`` may end after
+    the header (the message set is not looked at).
     """
     if pos >= end:
         raise ProtocolError("empty bundle")
@@ -323,7 +325,7 @@ def _parse_header(
                 raise ProtocolError(
                     f"sparse bundle spans {last - first + 1} sequence numbers for {count} messages"
                 )
-    if codec == Codec.NONE and count * _MIN_MESSAGE_SIZE > end - pos:
+    if whole and codec == Codec.NONE and count * _MIN_MESSAGE_SIZE > end - pos:
         raise ProtocolError(f"bundle claims {count} messages in {end - pos} bytes")
     return codec, count, first, last, pos
 
@@ -336,6 +338,36 @@ def parse_bundle_header(bundle: bytes | memoryview) -> BundleInfo:
     """Read a bundle's header only (cheap). Raises ``ProtocolError`` on a bad or short header."""
     codec, count, first, last, _ = _parse_header(bundle, 0, len(bundle))
     return _info(codec, count, first, last)
+
+
+def read_framed_header(
+    buf: bytes | memoryview, pos: int, end: int
+) -> tuple[int, int, int | None, int | None]:
+    """Read the length prefix and header of the framed bundle at ``buf[pos:end]``.
+
+    ``buf`` needs to hold only those, not the message set (a read-ahead window over a
+    segment file). Returns ``(framed_length, count, first_seq, last_seq)``, the sequence
+    numbers ``None`` for a plain bundle. Raises ``ProtocolError`` on a prefix or header
+    that is malformed or cut short.
+    """
+    # Inline fast paths for the common case (recovery walks whole segments with this):
+    # a one-byte length, a plain bundle with its count in the flags.
+    length = buf[pos] if pos < end else 0x80
+    if length < 0x80:
+        hpos = pos + 1
+    else:
+        decoded = decode_varint(buf, pos, end)
+        if decoded is None:
+            raise ProtocolError("truncated bundle length")
+        length, hpos = decoded
+    if length == 0:
+        raise ProtocolError("zero-length bundle")
+    if hpos < end:
+        flags = buf[hpos]
+        if flags < _SPARSE_BIT and flags & 3 < 2 and flags >> 2:
+            return hpos - pos + length, flags >> 2, None, None
+    _, count, first, last, _ = _parse_header(buf, hpos, min(end, hpos + length), False)
+    return hpos - pos + length, count, first, last
 
 
 def bundle_last_seq(info: BundleInfo, base_seq: int | None) -> int:
