@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -121,18 +122,17 @@ class Share:
                             server_cpu)
 
 
-def run_workers(scenario: str, params: dict[str, Any], procs: int,
-                timeout: float) -> list[WorkerResult]:
-    """Run ``scenario``'s work in ``procs`` workers (1: in this process); their results.
+def run_workers(scenario: str, work: Callable[[dict[str, Any], Share], Awaitable[WorkerResult]],
+                params: dict[str, Any], procs: int, timeout: float) -> list[WorkerResult]:
+    """Run ``work``, the work of the scenario called ``scenario``, in ``procs`` workers
+    (1: in this process); their results.
 
-    Workers are ``python -m gateway.bench.worker`` processes: the parent sends each its
-    part as a pickle on stdin, answers every "ready" once all workers sent one (the
-    barrier), and reads the pickled result from stdout.
+    Workers are ``python -m gateway.bench.worker`` processes (they find the work by the
+    scenario's name): the parent sends each its part as a pickle on stdin, answers every
+    "ready" once all workers sent one (the barrier), and reads the pickled result from
+    stdout.
     """
     if procs <= 1:
-        from gateway.bench.scenario import get_scenario
-
-        work = get_scenario(scenario).work
         return [trio.run(work, params, Share(0, 1, None, params.get("server_pid")))]
     workers = [subprocess.Popen([sys.executable, "-m", "gateway.bench.worker"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)

@@ -1,10 +1,11 @@
-"""What a scenario is, and the registry of them.
+"""What a scenario is, and what the scenarios share (reports, counts, samples).
 
 A scenario runs in three steps: ``prepare`` (in the parent: create topics, fill them,
 learn where they end), ``work`` (in each worker: the timed load, see
 :mod:`gateway.bench.procs`) and ``finish`` (in the parent: merge the workers' results,
 check the counts, build the :class:`~gateway.bench.report.Report`). Parameters travel as a
-plain dict so they pickle to workers and go into the report unchanged.
+plain dict so they pickle to workers and go into the report unchanged. The scenarios
+themselves are listed in :mod:`gateway.bench.scenarios`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.bench.procs import Share, WorkerResult
+from gateway.bench.procs import Share, WorkerResult, generator_load, server_load
 from gateway.bench.report import Report
 
 Params = dict[str, Any]
@@ -41,25 +42,10 @@ class Scenario:
     needs: frozenset[str] = frozenset()
 
 
-def all_scenarios() -> dict[str, Scenario]:
-    """Every scenario by name, in the order ``figtank bench --help`` lists them."""
-    from gateway.bench import e2e, figg, loopback, tank
-
-    found = (*tank.SCENARIOS, *figg.SCENARIOS, e2e.SCENARIO, loopback.SCENARIO)
-    return {scenario.name: scenario for scenario in found}
-
-
-def get_scenario(name: str) -> Scenario:
-    """The scenario called ``name``; KeyError when there is none."""
-    return all_scenarios()[name]
-
-
 def make_report(scenario: str, params: Params, results: list[WorkerResult],
                 rows: list[Any], checks: list[Any], notes: list[str] | None = None
                 ) -> Report:
     """A report with the generator's (and the server's) load filled in."""
-    from gateway.bench.procs import generator_load, server_load
-
     return Report(scenario, params.get("target", ""), public_params(params), rows, checks,
                   generator_load(results), server_load(results), notes or [])
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from gateway.bench.report import describe_machine, figtank_version, machine_info
-from gateway.bench.scenario import get_scenario
+from gateway.bench.scenarios import get_scenario
 from gateway.bench.serving import serve_figtank
 from gateway.cli.bench import BenchError, _address, bench
 from gateway.server.logs import configure_logging

@@ -15,7 +15,7 @@ import traceback
 import trio
 
 from gateway.bench.procs import PipeBarrier, Share, send_event
-from gateway.bench.scenario import get_scenario
+from gateway.bench.scenarios import get_scenario
 from gateway.server.logs import configure_logging
 
 

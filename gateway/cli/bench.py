@@ -19,7 +19,8 @@ import trio
 from gateway.bench.endpoints import DEFAULT_FIGG, DEFAULT_TANK, new_run_id
 from gateway.bench.procs import WorkerFailed, run_workers
 from gateway.bench.report import Report
-from gateway.bench.scenario import Params, all_scenarios, get_scenario
+from gateway.bench.scenario import Params
+from gateway.bench.scenarios import SCENARIOS, get_scenario
 from gateway.client.errors import ClientError
 from gateway.server.config import parse_address
 from gateway.server.logs import configure_logging
@@ -72,7 +73,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the scenario subcommands to ``figtank bench``'s parser."""
     sub = parser.add_subparsers(dest="scenario", required=True, metavar="SCENARIO")
-    for name, scenario in all_scenarios().items():
+    for name, scenario in SCENARIOS.items():
         command = sub.add_parser(name, help=scenario.help, description=scenario.help,
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         scenario.add_arguments(command)
@@ -98,7 +99,8 @@ def run_scenario(params: Params) -> Report:
     scenario = get_scenario(params["scenario"])
     try:
         params = trio.run(scenario.prepare, params)
-        results = run_workers(scenario.name, params, params["procs"], params["timeout"])
+        results = run_workers(scenario.name, scenario.work, params, params["procs"],
+                              params["timeout"])
         return trio.run(scenario.finish, params, results)
     except BaseException as exc:  # groups from nurseries hold the interesting one
         reason = _leaf(exc)
