@@ -1,8 +1,9 @@
 """One frozen settings object, from a TOML file and command-line flags.
 
-Every option is declared once in :data:`OPTIONS`: its key in the TOML file, its
-flag, its type, default and help. The CLI flags, the config-file parser and the
-README's configuration reference all derive from that table.
+Every option is declared once, as a field of :class:`Settings`: its key in the TOML
+file, its flag, its type, default and help. :data:`OPTIONS` (one row a setting), the
+CLI flags, the config-file parser and the README's configuration reference all derive
+from those fields.
 """
 
 from __future__ import annotations
@@ -55,31 +56,27 @@ def _addresses(value: Any) -> tuple[str, ...]:
     return tuple(_address(v.strip()) for v in value)
 
 
-def _positive_int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError("expected a positive integer")
-    number = int(value)
-    if number <= 0:
-        raise ValueError("expected a positive integer")
-    return number
+def _number(kind: type[int] | type[float], *, positive: bool) -> Callable[[Any], Any]:
+    """A parser of ints (from TOML integers or digits) or floats, over 0 or from 0."""
+    if kind is int:
+        expected = "a positive integer" if positive else "an integer >= 0"
+    else:
+        expected = "a number > 0" if positive else "a number >= 0"
+
+    def parse(value: Any) -> int | float:
+        if isinstance(value, bool) or (kind is int and not isinstance(value, (int, str))):
+            raise ValueError(f"expected {expected}")
+        number = kind(value)
+        if number < 0 or (positive and number == 0):
+            raise ValueError(f"expected {expected}")
+        return number
+    return parse
 
 
-def _non_negative_int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError("expected an integer >= 0")
-    number = int(value)
-    if number < 0:
-        raise ValueError("expected an integer >= 0")
-    return number
-
-
-def _non_negative_float(value: Any) -> float:
-    if isinstance(value, bool):
-        raise ValueError("expected a number")
-    number = float(value)
-    if number < 0:
-        raise ValueError("expected a number >= 0")
-    return number
+_positive_int = _number(int, positive=True)
+_non_negative_int = _number(int, positive=False)
+_positive_float = _number(float, positive=True)
+_non_negative_float = _number(float, positive=False)
 
 
 def _boolean(value: Any) -> bool:
@@ -94,7 +91,7 @@ def _choice(*allowed: str) -> Callable[[Any], str]:
     def parse(value: Any) -> str:
         if value not in allowed:
             raise ValueError(f"expected one of {', '.join(allowed)}")
-        return value
+        return str(value)
     parse.choices = allowed  # type: ignore[attr-defined]
     return parse
 
@@ -136,80 +133,96 @@ class Option:
     flag: str | None = None
 
 
-OPTIONS: tuple[Option, ...] = (
-    Option("store.data_dir", "data_dir", _path, Path("data"),
-           "Directory of the embedded log (Tank's on-disk layout).", "--data-dir"),
-    Option("store.durability", "durability", _choice("fsync", "os"), "fsync",
-           "fsync: acknowledge after the bundle is fsynced (group commit); "
-           "os: after write(), like the Tank broker.", "--durability"),
-    Option("store.max_bundle_bytes", "max_bundle_bytes", _positive_int, 64 * MIB,
-           "Largest bundle accepted for one partition.", "--max-bundle-bytes"),
-    Option("store.retention_check_secs", "retention_check_secs", _non_negative_float, 30.0,
-           "How often retention and age-based rolling run.", None),
-    Option("store.tail_cache_bytes", "tail_cache_bytes", _non_negative_int, 16 * MIB,
-           "Memory for the newest bundles of all partitions, read by the readers at the "
-           "tail instead of the files (0: off).", None),
-    Option("listen.tank", "tank_listen", _optional_address, "127.0.0.1:11011",
-           "Tank protocol listener (empty: off).", "--tank-listen"),
-    Option("listen.figg", "figg_listen", _optional_address, "127.0.0.1:8119",
-           "Figg protocol listener (empty: off).", "--figg-listen"),
-    Option("listen.metrics", "metrics_listen", _optional_address, "127.0.0.1:9464",
-           "Prometheus metrics and health endpoint (empty: off).", "--metrics-listen"),
-    Option("upstream.brokers", "upstream", _addresses, (),
-           "Bridge mode: upstream Tank brokers, tried in order (empty: embedded store).",
-           "--upstream"),
-    Option("topics.auto_create", "auto_create_topics", _boolean, True,
-           "Create a topic on first produce, publish or attach.", "--auto-create-topics"),
-    Option("topics.default_partitions", "default_partitions", _positive_int, 1,
-           "Partitions of an auto-created topic.", "--default-partitions"),
-    Option("topics.config", "topic_config", _topic_config, {},
-           "Tank config keys for new topics, e.g. {\"log.segment.bytes\" = \"1073741824\"}.",
-           None),
-    Option("limits.max_frame_bytes", "max_frame_bytes", _positive_int, 64 * MIB,
-           "Largest frame a client may send; larger closes the connection.",
-           "--max-frame-bytes"),
-    Option("limits.max_connections", "max_connections", _positive_int, 10_000,
-           "Connections served at once per listener; more are closed on accept.",
-           "--max-connections"),
-    Option("limits.idle_timeout_secs", "idle_timeout_secs", _non_negative_float, 16.0,
-           "A Tank connection that sends no request for this long is closed.", None),
-    Option("limits.subscriber_buffer_bytes", "subscriber_buffer_bytes", _positive_int, 4 * MIB,
-           "Bytes queued for one Figg connection before its subscriptions stop reading "
-           "the log and wait for the socket.", None),
-    Option("figg.data_cache_bytes", "figg_data_cache_bytes", _non_negative_int, 8 * MIB,
-           "Memory for the DATA frames shared by Figg subscribers at the same position "
-           "(0: off).", None),
-    Option("log.level", "log_level", _choice("debug", "info", "warning", "error"), "info",
-           "Lowest level logged.", "--log-level"),
-    Option("log.format", "log_format", _choice("auto", "json", "console"), "auto",
-           "json: one JSON object a line; console: for people; auto: console on a terminal.",
-           "--log-format"),
-)
+def _setting(key: str, default: Any, parse: Callable[[Any], Any], help: str,
+             flag: str | None = None) -> Any:
+    """A field of :class:`Settings` with everything else said of it: its TOML ``key``, the
+    parser of its values, its help and its command-line ``flag`` (None: file only)."""
+    meta = {"key": key, "parse": parse, "help": help, "flag": flag}
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """Everything the gateway is configured with. Build it with :func:`load_settings`."""
+    """Everything the gateway is configured with. Build it with :func:`load_settings`.
 
-    data_dir: Path = Path("data")
-    durability: str = "fsync"
-    max_bundle_bytes: int = 64 * MIB
-    retention_check_secs: float = 30.0
-    tail_cache_bytes: int = 16 * MIB
-    tank_listen: str = "127.0.0.1:11011"
-    figg_listen: str = "127.0.0.1:8119"
-    metrics_listen: str = "127.0.0.1:9464"
-    upstream: tuple[str, ...] = ()
-    auto_create_topics: bool = True
-    default_partitions: int = 1
-    topic_config: dict[str, str] = field(default_factory=dict)
-    max_frame_bytes: int = 64 * MIB
-    max_connections: int = 10_000
-    idle_timeout_secs: float = 16.0
-    subscriber_buffer_bytes: int = 4 * MIB
-    figg_data_cache_bytes: int = 8 * MIB
-    log_level: str = "info"
-    log_format: str = "auto"
+    Each field is the one declaration of a setting: :data:`OPTIONS`, the config-file
+    parser, the command-line flags and the README's reference are made from them."""
+
+    data_dir: Path = _setting(  # noqa: RUF009 (a field, made by _setting)
+        "store.data_dir", Path("data"), _path,
+        "Directory of the embedded log (Tank's on-disk layout).", "--data-dir")
+    durability: str = _setting(
+        "store.durability", "fsync", _choice("fsync", "os"),
+        "fsync: acknowledge after the bundle is fsynced (group commit); "
+        "os: after write(), like the Tank broker.", "--durability")
+    max_bundle_bytes: int = _setting(
+        "store.max_bundle_bytes", 64 * MIB, _positive_int,
+        "Largest bundle accepted for one partition.", "--max-bundle-bytes")
+    retention_check_secs: float = _setting(
+        "store.retention_check_secs", 30.0, _non_negative_float,
+        "How often retention and age-based rolling run.")
+    tail_cache_bytes: int = _setting(
+        "store.tail_cache_bytes", 16 * MIB, _non_negative_int,
+        "Memory for the newest bundles of all partitions, read by the readers at the "
+        "tail instead of the files (0: off).")
+    tank_listen: str = _setting(
+        "listen.tank", "127.0.0.1:11011", _optional_address,
+        "Tank protocol listener (empty: off).", "--tank-listen")
+    figg_listen: str = _setting(
+        "listen.figg", "127.0.0.1:8119", _optional_address,
+        "Figg protocol listener (empty: off).", "--figg-listen")
+    metrics_listen: str = _setting(
+        "listen.metrics", "127.0.0.1:9464", _optional_address,
+        "Prometheus metrics and health endpoint (empty: off).", "--metrics-listen")
+    upstream: tuple[str, ...] = _setting(
+        "upstream.brokers", (), _addresses,
+        "Bridge mode: upstream Tank brokers, tried in order (empty: embedded store).",
+        "--upstream")
+    auto_create_topics: bool = _setting(
+        "topics.auto_create", True, _boolean,
+        "Create a topic on first produce, publish or attach.", "--auto-create-topics")
+    default_partitions: int = _setting(
+        "topics.default_partitions", 1, _positive_int,
+        "Partitions of an auto-created topic.", "--default-partitions")
+    topic_config: dict[str, str] = _setting(  # noqa: RUF009 (a field, made by _setting)
+        "topics.config", {}, _topic_config,
+        "Tank config keys for new topics, e.g. {\"log.segment.bytes\" = \"1073741824\"}.")
+    max_frame_bytes: int = _setting(
+        "limits.max_frame_bytes", 64 * MIB, _positive_int,
+        "Largest frame a client may send; larger closes the connection.",
+        "--max-frame-bytes")
+    max_connections: int = _setting(
+        "limits.max_connections", 10_000, _positive_int,
+        "Connections served at once per listener; more are closed on accept.",
+        "--max-connections")
+    idle_timeout_secs: float = _setting(
+        "limits.idle_timeout_secs", 16.0, _non_negative_float,
+        "A Tank connection that sends no request for this long is closed.")
+    subscriber_buffer_bytes: int = _setting(
+        "limits.subscriber_buffer_bytes", 4 * MIB, _positive_int,
+        "Bytes queued for one Figg connection before its subscriptions stop reading "
+        "the log and wait for the socket.")
+    http_max_connections: int = _setting(
+        "limits.http_max_connections", 32, _positive_int,
+        "Connections the metrics and health endpoint serves at once; more are closed on "
+        "accept.")
+    http_timeout_secs: float = _setting(
+        "limits.http_timeout_secs", 5.0, _positive_float,
+        "The metrics and health endpoint closes a connection that takes longer than this "
+        "to send a request and read the answer (an idle keep-alive connection too).")
+    figg_data_cache_bytes: int = _setting(
+        "figg.data_cache_bytes", 8 * MIB, _non_negative_int,
+        "Memory for the DATA frames shared by Figg subscribers at the same position "
+        "(0: off).")
+    log_level: str = _setting(
+        "log.level", "info", _choice("debug", "info", "warning", "error"),
+        "Lowest level logged.", "--log-level")
+    log_format: str = _setting(
+        "log.format", "auto", _choice("auto", "json", "console"),
+        "json: one JSON object a line; console: for people; auto: console on a terminal.",
+        "--log-format")
 
     @property
     def bridge_mode(self) -> bool:
@@ -217,13 +230,22 @@ class Settings:
 
     def with_overrides(self, **changes: Any) -> Settings:
         """A copy with some settings changed (each parsed like the config file's)."""
-        by_attr = {o.attr: o for o in OPTIONS}
         parsed = {}
         for attr, value in changes.items():
-            if attr not in by_attr:
+            if attr not in _BY_ATTR:
                 raise ConfigError(f"unknown setting {attr!r}")
-            parsed[attr] = _parse_option(by_attr[attr], value)
+            parsed[attr] = _parse_option(_BY_ATTR[attr], value)
         return replace(self, **parsed)
+
+
+#: Every setting, in the order of :class:`Settings`' fields (made from them).
+OPTIONS: tuple[Option, ...] = tuple(
+    Option(f.metadata["key"], f.name, f.metadata["parse"],
+           f.default_factory() if callable(f.default_factory) else f.default,
+           f.metadata["help"], f.metadata["flag"])
+    for f in fields(Settings))
+_BY_ATTR = {option.attr: option for option in OPTIONS}
+_BY_KEY = {option.key: option for option in OPTIONS}
 
 
 def _parse_option(option: Option, value: Any) -> Any:
@@ -249,10 +271,9 @@ def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def settings_from_mapping(table: Mapping[str, Any]) -> Settings:
     """Settings from a decoded TOML document; unknown keys are errors."""
-    by_key = {o.key: o for o in OPTIONS}
     values: dict[str, Any] = {}
     for key, value in _flatten(table).items():
-        option = by_key.get(key)
+        option = _BY_KEY.get(key)
         if option is None:
             raise ConfigError(f"{key}: unknown setting")
         values[option.attr] = _parse_option(option, value)
@@ -310,17 +331,3 @@ def reference_table() -> str:
         rows.append(f"| `{option.key}` | {f'`{option.flag}`' if option.flag else ''} "
                     f"| {shown} | {option.help} |")
     return "\n".join(rows)
-
-
-def _check_table_matches_settings() -> None:
-    # The table and the dataclass must agree; checked at import so drift fails fast.
-    defaults = Settings()
-    declared = {o.attr for o in OPTIONS}
-    if declared != {f.name for f in fields(Settings)}:
-        raise RuntimeError("Settings and OPTIONS declare different settings")
-    for option in OPTIONS:
-        if getattr(defaults, option.attr) != option.default:
-            raise RuntimeError(f"{option.key}: default differs between Settings and OPTIONS")
-
-
-_check_table_matches_settings()
