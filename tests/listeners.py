@@ -1,17 +1,20 @@
-"""A listener of the project served on an ephemeral loopback port, for in-process tests."""
+"""The real server (:func:`gateway.server.run.open_server`) with one protocol listener on an
+ephemeral loopback port, for in-process tests."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any
-
-import trio
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from gateway.backend.contract import Backend
 from gateway.server.config import Settings
 from gateway.server.metrics import Metrics
+from gateway.server.run import open_server
+
+#: Seconds the tests' servers give open connections at the end of a block.
+GRACE = 0.2
 
 
 @dataclass
@@ -23,6 +26,8 @@ class RunningServer:
     backend: Any
     metrics: Metrics
     settings: Settings
+    #: The protocol listener serving (a FiggListener or a TankListener).
+    listener: Any
 
     def metric(self, text: str) -> float | None:
         """The value of the exposition line starting with ``text`` (None: absent)."""
@@ -33,12 +38,15 @@ class RunningServer:
 
 
 @asynccontextmanager
-async def listening(serve: Callable[..., Any], backend: Backend, settings: Settings,
-                    metrics: Metrics | None = None) -> AsyncIterator[RunningServer]:
-    """Run ``serve`` (``serve_tank`` or ``serve_figg``) until the block ends."""
-    metrics = metrics or Metrics()
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(serve, backend, settings, metrics)
-        port = listeners[0].socket.getsockname()[1]
-        yield RunningServer("127.0.0.1", port, backend, metrics, settings)
-        nursery.cancel_scope.cancel()
+async def listening(protocol: Literal["figg", "tank"], backend: Backend | None,
+                    settings: Settings, metrics: Metrics | None = None
+                    ) -> AsyncIterator[RunningServer]:
+    """Serve ``protocol`` on 127.0.0.1 (an ephemeral port) until the block ends, then stop
+    gracefully; the other listeners are off. Over ``backend`` when given (``metrics``
+    the registry it counts in), else over the one ``settings`` select."""
+    listen = {"figg_listen": "", "tank_listen": "", "metrics_listen": ""}
+    settings = replace(settings, **{**listen, f"{protocol}_listen": "127.0.0.1:0"})
+    async with open_server(settings, backend=backend, metrics=metrics, grace=GRACE) as server:
+        host, port = getattr(server, protocol)
+        yield RunningServer(host, port, server.backend, server.metrics_registry, settings,
+                            server.listeners[protocol])

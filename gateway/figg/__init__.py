@@ -8,5 +8,5 @@
 - :mod:`.frames`: DATA frames shared by subscribers at the same position;
 - :mod:`.session`: one connection: read, parse, dispatch.
 
-:mod:`gateway.figg.listener` puts them together behind :func:`~gateway.figg.listener.serve_figg`.
+:mod:`gateway.figg.listener` puts them together in :class:`~gateway.figg.listener.FiggListener`.
 """

@@ -1,4 +1,4 @@
-"""Prometheus metrics of one gateway, and the HTTP endpoint that serves them.
+"""Prometheus metrics of one gateway (served over HTTP by :mod:`gateway.server.endpoint`).
 
 Each server owns a :class:`Metrics` with its own registry, so several servers in
 one process (tests, a bridge in front of an embedded upstream) keep separate
@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import structlog
-import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -149,57 +148,3 @@ class GaugeCollector(Collector):
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
         yield GaugeMetricFamily(self._name, self._documentation, labels=self._labels)
-
-
-_MAX_REQUEST_HEAD = 8192
-
-
-async def _answer(stream: trio.SocketStream, metrics: Metrics,
-                  not_ready: Callable[[], str | None]) -> None:
-    head = b""
-    with trio.move_on_after(5):
-        while b"\r\n\r\n" not in head and len(head) < _MAX_REQUEST_HEAD:
-            data = await stream.receive_some(4096)
-            if not data:
-                break
-            head += data
-    request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
-    parts = request_line.split()
-    path = parts[1] if len(parts) >= 2 else ""
-    if len(parts) < 2 or parts[0] != "GET":
-        status, body, ctype = "405 Method Not Allowed", b"GET only\n", "text/plain"
-    elif path == "/metrics":
-        status, body = "200 OK", metrics.render()
-        ctype = "text/plain; version=0.0.4; charset=utf-8"
-    elif path in ("/health", "/health/ready", "/ready"):
-        reason = not_ready()
-        status = "200 OK" if reason is None else "503 Service Unavailable"
-        body, ctype = f"{reason or 'ready'}\n".encode(), "text/plain; charset=utf-8"
-    elif path == "/health/live":
-        status, body, ctype = "200 OK", b"live\n", "text/plain"
-    else:
-        status, body, ctype = "404 Not Found", b"not found\n", "text/plain"
-    response = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
-    await stream.send_all(response)
-
-
-async def serve_metrics(metrics: Metrics, listeners: list[trio.SocketListener],
-                        not_ready: Callable[[], str | None], *,
-                        task_status: trio.TaskStatus[list[trio.SocketListener]]
-                        = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve ``/metrics`` and ``/health`` over HTTP on ``listeners`` (closed when done).
-
-    ``/health`` answers 200 ``ready`` when ``not_ready()`` is None, else 503 with the
-    reason it returned (``starting``, ``stopping``, an unreachable upstream).
-    """
-
-    async def handle(stream: trio.SocketStream) -> None:
-        try:
-            await _answer(stream, metrics, not_ready)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            await stream.aclose()
-
-    await trio.serve_listeners(handle, listeners, task_status=task_status)

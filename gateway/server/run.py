@@ -1,4 +1,14 @@
-"""One trio nursery that runs the listeners, the metrics endpoint and the shutdown.
+"""Starting and stopping one server: the listeners, the HTTP endpoint and the backend.
+
+:func:`open_server` is the one way to start them, used by ``figtank serve``
+(:func:`serve_until_signalled`) and by the tests alike::
+
+    async with open_server(settings) as server:
+        ...  # server.figg, server.tank, server.metrics: where it listens
+    # the end of the block stops it gracefully
+
+``open_server(settings, backend=...)`` serves a backend the caller opened (and closes)
+instead of the one the settings select; :func:`run_server` is the same as a task.
 
 Start-up binds every listener before the backend opens; a listener or a data directory
 the machine refuses is a :class:`~gateway.server.config.ConfigError` naming the setting.
@@ -18,10 +28,8 @@ import signal
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Protocol
 
 import structlog
 import trio
@@ -30,7 +38,9 @@ from gateway.backend.contract import Backend
 from gateway.backend.embedded import open_embedded_backend
 from gateway.figg.listener import FiggListener
 from gateway.server.config import OPTIONS, ConfigError, Settings, parse_address
-from gateway.server.metrics import Metrics, serve_metrics
+from gateway.server.endpoint import Endpoint, serve_endpoint
+from gateway.server.listener import ProtocolListener
+from gateway.server.metrics import Metrics
 from gateway.store import StoreError
 from gateway.tank.listener import TankListener
 
@@ -41,20 +51,26 @@ Address = tuple[str, int]
 Unavailable = Callable[[], str | None]
 
 _FLAGS = {option.key: option.flag for option in OPTIONS}
+#: The protocol listeners, by the setting that says where each listens.
+_LISTENERS: dict[str, type[ProtocolListener]] = {"listen.tank": TankListener,
+                                                 "listen.figg": FiggListener}
 
 
-@dataclass(slots=True)
 class ServerInfo:
-    """Where a started server listens (ports resolved when 0 was asked for)."""
+    """A started server: where it listens (ports resolved when 0 was asked for), what it
+    serves with, and how to stop it."""
 
-    tank: Address | None = None
-    figg: Address | None = None
-    metrics: Address | None = None
-    backend: Backend | None = None
-    metrics_registry: Metrics = field(default_factory=Metrics)
-    _stop: trio.Event = field(default_factory=trio.Event)
-    _grace: trio.CancelScope = field(default_factory=trio.CancelScope)
-    _grace_cut: bool = False
+    def __init__(self, metrics: Metrics) -> None:
+        self.tank: Address | None = None
+        self.figg: Address | None = None
+        self.metrics: Address | None = None
+        self.backend: Backend | None = None
+        #: The protocol listeners serving, by protocol (``"figg"``, ``"tank"``).
+        self.listeners: dict[str, ProtocolListener] = {}
+        self.metrics_registry = metrics
+        self._stop = trio.Event()
+        self._grace = trio.CancelScope()
+        self._grace_cut = False
 
     @property
     def stopping(self) -> bool:
@@ -65,6 +81,10 @@ class ServerInfo:
         """Begin the graceful shutdown (what the first SIGINT or SIGTERM does)."""
         self._stop.set()
 
+    async def wait_shutdown_requested(self) -> None:
+        """Return once :meth:`request_shutdown` (or :meth:`cut_grace`) was called."""
+        await self._stop.wait()
+
     def cut_grace(self) -> None:
         """End the grace period now (what a second signal does): open connections are
         cancelled; the backend still closes cleanly and fsyncs what it holds."""
@@ -72,11 +92,23 @@ class ServerInfo:
         self._grace_cut = True
         self._grace.cancel()
 
-
-class _Listener(Protocol):
-    async def handle(self, stream: trio.SocketStream) -> None: ...
-
-    def shutdown(self) -> None: ...
+    async def _hold_connections(self, grace: float, drain: trio.Event, *,
+                               task_status: trio.TaskStatus[trio.Nursery]
+                               = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the connections' handlers in a nursery (given to ``task_status``) until
+        ``drain`` is set, then give them ``grace`` seconds to end (less after
+        :meth:`cut_grace`) and cancel those still open."""
+        with self._grace:
+            async with trio.open_nursery() as connections:
+                task_status.started(connections)
+                await drain.wait()
+                if connections.child_tasks:
+                    log.info("figtank_stopping", step="finish_in_flight",
+                             connections=len(connections.child_tasks), grace_secs=grace)
+                self._grace.deadline = min(self._grace.deadline, trio.current_time() + grace)
+        if self._grace.cancelled_caught:
+            log.warning("figtank_stopping", step="cancel_connections",
+                        why="grace cut short" if self._grace_cut else "grace period over")
 
 
 # ------------------------------------------------------------------------------- start-up
@@ -97,26 +129,20 @@ async def bind(key: str, address: str) -> list[trio.SocketListener]:
                           f"with {_FLAGS[key]} HOST:PORT") from None
 
 
-async def _bind_all(settings: Settings) -> dict[str, list[trio.SocketListener]]:
-    """Every configured listener, bound before anything else starts."""
+@asynccontextmanager
+async def _bind_all(settings: Settings) -> AsyncIterator[dict[str, list[trio.SocketListener]]]:
+    """Every configured listener, bound before anything else starts and closed at the
+    end of the block."""
     wanted = {"listen.metrics": settings.metrics_listen, "listen.tank": settings.tank_listen,
               "listen.figg": settings.figg_listen}
-    bound: dict[str, list[trio.SocketListener]] = {}
-    try:
+    async with AsyncExitStack() as stack:
+        bound: dict[str, list[trio.SocketListener]] = {}
         for key, address in wanted.items():
             if address:
                 bound[key] = await bind(key, address)
-    except BaseException:
-        await _close_all(bound)
-        raise
-    return bound
-
-
-async def _close_all(bound: dict[str, list[trio.SocketListener]]) -> None:
-    with trio.CancelScope(shield=True):
-        for listeners in bound.values():
-            for listener in listeners:
-                await listener.aclose()
+                for listener in bound[key]:
+                    stack.push_async_callback(listener.aclose)
+        yield bound
 
 
 def check_data_dir(path: Path) -> None:
@@ -164,81 +190,86 @@ async def open_backend(settings: Settings, metrics: Metrics
         yield backend, lambda: None
 
 
+@asynccontextmanager
+async def _given(backend: Backend) -> AsyncIterator[tuple[Backend, Unavailable]]:
+    """A backend the caller opened (and closes), always available."""
+    yield backend, lambda: None
+
+
+class _Readiness:
+    """What ``/health`` says: ``starting``, ``stopping``, or why the backend can not serve."""
+
+    def __init__(self) -> None:
+        self.phase = "starting"
+        self.unavailable: Unavailable = lambda: None
+
+    def not_ready(self) -> str | None:
+        return self.phase if self.phase != "serving" else self.unavailable()
+
+
 # ---------------------------------------------------------------------------------- serving
 
 
-async def run_server(settings: Settings, *, grace: float = 2.0,
-                     task_status: trio.TaskStatus[ServerInfo] = trio.TASK_STATUS_IGNORED
-                     ) -> None:
-    """Serve until :meth:`ServerInfo.request_shutdown` (or cancellation), then stop cleanly.
+@asynccontextmanager
+async def open_server(settings: Settings, *, backend: Backend | None = None,
+                      metrics: Metrics | None = None, grace: float = 2.0
+                      ) -> AsyncIterator[ServerInfo]:
+    """Start the server the settings describe and yield it once it serves; the end of the
+    block (or :meth:`ServerInfo.request_shutdown` beforehand) stops it gracefully.
 
-    Raises :class:`~gateway.server.config.ConfigError` before serving when a listener can not be
+    ``backend`` serves that open backend instead of opening the one the settings select
+    (``metrics`` should then be the registry it counts in). Raises
+    :class:`~gateway.server.config.ConfigError` before serving when a listener can not be
     bound or the data directory can not be used.
     """
-    info = ServerInfo()
+    info = ServerInfo(metrics or Metrics())
     metrics = info.metrics_registry
-    bound = await _bind_all(settings)
-    phase = "starting"
-    unavailable: Unavailable = lambda: None  # noqa: E731
-
-    def not_ready() -> str | None:
-        return phase if phase != "serving" else unavailable()
-
-    try:
-        async with trio.open_nursery() as outer:
-            if "listen.metrics" in bound:
-                info.metrics = _address_of(bound["listen.metrics"])
-                await outer.start(serve_metrics, metrics, bound["listen.metrics"], not_ready)
-            async with open_backend(settings, metrics) as (backend, unavailable):
-                info.backend = backend
-                listeners: list[_Listener] = []
-                async with trio.open_nursery() as connections:
-                    async with trio.open_nursery() as accepting:
-                        for key, make in (("listen.tank", TankListener),
-                                          ("listen.figg", FiggListener)):
-                            if key not in bound:
-                                continue
-                            listener = make(backend, settings, metrics)
-                            listeners.append(listener)
-                            await accepting.start(partial(
-                                trio.serve_listeners, listener.handle, bound[key],
-                                handler_nursery=connections))
-                        info.tank = _address_of(bound.get("listen.tank"))
-                        info.figg = _address_of(bound.get("listen.figg"))
-                        phase = "serving"
-                        _log_serving(settings, info)
-                        task_status.started(info)
-                        await info._stop.wait()
-                        phase = "stopping"
-                        log.info("figtank_stopping", step="stop_accepting")
-                        accepting.cancel_scope.cancel()
-                    for listener in listeners:
-                        listener.shutdown()
-                    await _finish_in_flight(connections, info, grace)
-                    connections.cancel_scope.cancel()
-                log.info("figtank_stopping", step="close_backend")
-            outer.cancel_scope.cancel()
-    finally:
-        await _close_all(bound)
+    readiness = _Readiness()
+    async with _bind_all(settings) as bound, trio.open_nursery() as outer:
+        if "listen.metrics" in bound:
+            info.metrics = _address_of(bound["listen.metrics"])
+            endpoint = Endpoint(metrics, readiness.not_ready,
+                                max_connections=settings.http_max_connections,
+                                timeout=settings.http_timeout_secs)
+            await outer.start(serve_endpoint, endpoint, bound["listen.metrics"])
+        backend_in_use = open_backend(settings, metrics) if backend is None else _given(backend)
+        async with backend_in_use as (info.backend, readiness.unavailable), \
+                trio.open_nursery() as draining:
+            listeners = {key: make(info.backend, settings, metrics)
+                         for key, make in _LISTENERS.items() if key in bound}
+            info.listeners = {listener.protocol: listener for listener in listeners.values()}
+            drain = trio.Event()
+            connections = await draining.start(info._hold_connections, grace, drain)
+            async with trio.open_nursery() as accepting:
+                for key, listener in listeners.items():
+                    await accepting.start(partial(trio.serve_listeners, listener.handle,
+                                                  bound[key], handler_nursery=connections))
+                info.tank = _address_of(bound.get("listen.tank"))
+                info.figg = _address_of(bound.get("listen.figg"))
+                readiness.phase = "serving"
+                _log_serving(settings, info)
+                yield info
+                info.request_shutdown()
+                readiness.phase = "stopping"
+                log.info("figtank_stopping", step="stop_accepting")
+                accepting.cancel_scope.cancel()
+            for listener in listeners.values():
+                listener.shutdown()
+            drain.set()
+        log.info("figtank_stopping", step="close_backend")
+        outer.cancel_scope.cancel()
     log.info("figtank_stopped")
 
 
-async def _finish_in_flight(connections: trio.Nursery, info: ServerInfo, grace: float
-                            ) -> None:
-    """Wait until every connection closed, for ``grace`` seconds at most (less after
-    :meth:`ServerInfo.cut_grace`)."""
-    if connections.child_tasks:
-        log.info("figtank_stopping", step="finish_in_flight",
-                 connections=len(connections.child_tasks), grace_secs=grace)
-    scope = info._grace
-    scope.deadline = min(scope.deadline, trio.current_time() + grace)
-    with scope:
-        while connections.child_tasks:
-            await trio.sleep(0.02)
-    if connections.child_tasks:
-        log.warning("figtank_stopping", step="cancel_connections",
-                    connections=len(connections.child_tasks),
-                    why="grace cut short" if info._grace_cut else "grace period over")
+async def run_server(settings: Settings, *, backend: Backend | None = None,
+                     grace: float = 2.0,
+                     task_status: trio.TaskStatus[ServerInfo] = trio.TASK_STATUS_IGNORED
+                     ) -> None:
+    """:func:`open_server` as a task: serve until :meth:`ServerInfo.request_shutdown` (or
+    cancellation), then stop cleanly; ``task_status.started`` gets the server."""
+    async with open_server(settings, backend=backend, grace=grace) as info:
+        task_status.started(info)
+        await info.wait_shutdown_requested()
 
 
 def _address_of(listeners: list[trio.SocketListener] | None) -> Address | None:

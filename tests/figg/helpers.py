@@ -11,7 +11,6 @@ import trio
 
 from gateway.backend.contract import Backend
 from gateway.backend.embedded import open_embedded_backend
-from gateway.figg.listener import serve_figg
 from gateway.server.config import Settings
 from protocols.connection import CLOSED, NEED_DATA, Role
 from protocols.figg.connection import FiggConnection
@@ -24,8 +23,7 @@ RESUME = ATTACH_FROM_OFFSET
 @asynccontextmanager
 async def figg_server(backend: Backend, **settings: Any) -> AsyncIterator[RunningServer]:
     """Serve Figg over ``backend`` on 127.0.0.1 with an ephemeral port."""
-    async with listening(serve_figg, backend,
-                         Settings(figg_listen="127.0.0.1:0", **settings)) as server:
+    async with listening("figg", backend, Settings(**settings)) as server:
         yield server
 
 

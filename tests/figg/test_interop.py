@@ -15,10 +15,8 @@ import trio
 
 from gateway.client.figg import FiggClient, open_figg_client
 from gateway.client.tank import FIRST_AVAILABLE, TankClient, open_tank_client
-from gateway.figg.listener import serve_figg
 from gateway.server.config import Settings
-from gateway.server.metrics import Metrics
-from gateway.tank.listener import serve_tank
+from gateway.server.run import open_server
 from protocols.tank.bundle import Codec, Message
 from tests.figg.helpers import open_test_backend
 
@@ -45,15 +43,12 @@ class Gateway:
 @asynccontextmanager
 async def gateway(tmp_path: Any, **settings: Any) -> AsyncIterator[Gateway]:
     """Both listeners on 127.0.0.1 (ephemeral ports) over one embedded store."""
-    config = Settings(figg_listen="127.0.0.1:0", tank_listen="127.0.0.1:0", **settings)
-    metrics = Metrics()
+    config = Settings(figg_listen="127.0.0.1:0", tank_listen="127.0.0.1:0", metrics_listen="",
+                      **settings)
     async with open_test_backend(tmp_path, **settings) as backend, \
-            trio.open_nursery() as nursery:
-        figg = await nursery.start(serve_figg, backend, config, metrics)
-        tank = await nursery.start(serve_tank, backend, config, metrics)
-        yield Gateway(backend, figg[0].socket.getsockname()[1],
-                      tank[0].socket.getsockname()[1])
-        nursery.cancel_scope.cancel()
+            open_server(config, backend=backend, grace=0.2) as server:
+        assert server.figg and server.tank
+        yield Gateway(backend, server.figg[1], server.tank[1])
 
 
 async def tank_read_all(tank: TankClient, topic: str, partition: int = 0, seq: int = 1,

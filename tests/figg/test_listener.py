@@ -6,14 +6,10 @@ import hashlib
 import os
 import random
 import socket
-from functools import partial
 from pathlib import Path
 
 import trio
 
-from gateway.figg.listener import FiggListener
-from gateway.server.config import Settings
-from gateway.server.metrics import Metrics
 from protocols.figg.messages import Ack, Attached, Data
 from protocols.tank.bundle import iter_framed_bundles
 from tests.figg.helpers import (
@@ -96,22 +92,16 @@ async def test_restart_keeps_data_and_positions(tmp_path):
             assert (await sub.receive(20))[0] == Data("keep/0", 1, b"k1")
 
 
-async def test_handler_as_a_plain_serve_tcp_handler(tmp_path):
-    """``FiggListener.handle`` as a plain ``serve_tcp`` handler (how server.py runs it)."""
+async def test_publish_and_replay_with_the_default_settings(tmp_path):
+    """The listener as ``figtank serve`` runs it, with every default setting."""
     with trio.fail_after(10):
-        async with open_test_backend(tmp_path) as backend, trio.open_nursery() as nursery:
-            listener = FiggListener(backend, Settings(), Metrics())
-            [sock] = await nursery.start(partial(trio.serve_tcp, listener.handle, 0,
-                                                 host="127.0.0.1"))
-            server = RunningServer("127.0.0.1", sock.socket.getsockname()[1], backend,
-                                   listener.metrics, listener.settings)
+        async with open_test_backend(tmp_path) as backend, figg_server(backend) as server:
             peer = await RawPeer.connect(server)
             await peer.send(*(publish("solo", i, b"s") for i in range(1, 101)),
                             attach("solo", 0))
             got = await peer.receive(201)
             assert [e for e in got if isinstance(e, Ack)] == [Ack(i) for i in range(1, 101)]
             assert len([e for e in got if isinstance(e, Data)]) == 100
-            nursery.cancel_scope.cancel()
 
 
 async def test_connections_over_the_limit_are_closed(tmp_path):
@@ -127,7 +117,7 @@ async def test_connections_over_the_limit_are_closed(tmp_path):
             third = await RawPeer.connect(server)
             await third.expect_closed()
             await second.aclose()
-            while server.metrics.connections.labels("figg")._value.get() > 1:
+            while server.metric('figtank_connections{protocol="figg"}') > 1:
                 await trio.sleep(0.01)
             fourth = await RawPeer.connect(server)
             await fourth.send(publish("lim", 1, b"x"))
@@ -182,13 +172,8 @@ async def test_subscribers_at_the_tail_share_one_feed_and_a_slow_one_drops_out(t
     """Live subscribers follow one reader of the log; one whose client stops reading is
     released from the feed (the others go on), then catches up on its own, in order."""
     with trio.fail_after(20):
-        async with open_test_backend(tmp_path) as backend, trio.open_nursery() as nursery:
-            settings = Settings(subscriber_buffer_bytes=64 * 1024)
-            listener = FiggListener(backend, settings, Metrics())
-            [sock] = await nursery.start(partial(trio.serve_tcp, listener.handle, 0,
-                                                 host="127.0.0.1"))
-            server = RunningServer("127.0.0.1", sock.socket.getsockname()[1], backend,
-                                   listener.metrics, settings)
+        async with open_test_backend(tmp_path) as backend, \
+                figg_server(backend, subscriber_buffer_bytes=64 * 1024) as server:
             pub = await RawPeer.connect(server)
             await pub.send(publish("feed", 1, b"first"))
             await pub.receive(1)
@@ -198,7 +183,7 @@ async def test_subscribers_at_the_tail_share_one_feed_and_a_slow_one_drops_out(t
                 await peer.send(attach("feed", 1))
                 assert await peer.receive_one() == Attached("feed", 1)
             await trio.testing.wait_all_tasks_blocked()
-            feed = listener.feeds.get(b"feed")
+            feed = server.listener.feeds.get(b"feed")
             assert feed is not None and feed.followers == 3  # one leads, three follow
             payload = b"p" * 2000
             for start in range(2, 2002, 100):
@@ -208,7 +193,6 @@ async def test_subscribers_at_the_tail_share_one_feed_and_a_slow_one_drops_out(t
                     got = await peer.receive(100)
                     assert [d.offset for d in got] == list(range(start, start + 100))
             # 4 MB published while the slow client read nothing: it left the feed
-            assert listener.feeds.get(b"feed").followers == 2
+            assert server.listener.feeds.get(b"feed").followers == 2
             offsets = [d.offset for d in await slow.receive(2000)]
             assert offsets == list(range(2, 2002))  # all of it, in order, on its own
-            nursery.cancel_scope.cancel()

@@ -10,10 +10,8 @@ from typing import Any
 import trio
 
 from gateway.backend.contract import Backend
-from gateway.backend.embedded import open_embedded_backend
 from gateway.server.config import Settings
 from gateway.server.metrics import Metrics
-from gateway.tank.listener import serve_tank
 from protocols.connection import CLOSED, NEED_DATA, Role
 from protocols.tank.connection import TankConnection
 from tests.listeners import RunningServer, listening
@@ -23,7 +21,7 @@ from tests.listeners import RunningServer, listening
 async def serving(backend: Backend, settings: Settings,
                   metrics: Metrics | None = None) -> AsyncIterator[RunningServer]:
     """Serve Tank over ``backend`` on 127.0.0.1 with an ephemeral port."""
-    async with listening(serve_tank, backend, settings, metrics) as server:
+    async with listening("tank", backend, settings, metrics) as server:
         yield server
 
 
@@ -32,10 +30,7 @@ async def tank_server(data_dir: Path, **overrides: Any) -> AsyncIterator[Running
     """The embedded store in ``data_dir`` served on an ephemeral loopback port."""
     options: dict[str, Any] = {"durability": "os"}
     options.update(overrides)
-    settings = Settings(data_dir=data_dir, tank_listen="127.0.0.1:0", **options)
-    metrics = Metrics()
-    async with open_embedded_backend(settings, metrics) as backend, \
-            serving(backend, settings, metrics) as server:
+    async with listening("tank", None, Settings(data_dir=data_dir, **options)) as server:
         yield server
 
 

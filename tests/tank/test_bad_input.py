@@ -14,8 +14,8 @@ import structlog
 import trio
 from structlog.testing import LogCapture
 
-import gateway.tank.listener
 from gateway.client.tank import open_tank_client
+from gateway.tank.listener import TankListener
 from tests.tank.helpers import RunningServer, read_until_closed, tank_server
 
 PING = b"\x03\x00\x00\x00\x00"
@@ -32,7 +32,7 @@ def closes(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """The listener's ``connection_closed`` log events."""
     capture = LogCapture()
     logger = structlog.wrap_logger(structlog.PrintLogger(), processors=[capture])
-    monkeypatch.setattr(gateway.tank.listener, "log", logger)
+    monkeypatch.setattr(TankListener, "log", logger)
     return capture.entries
 
 

@@ -1,0 +1,163 @@
+"""The HTTP endpoint of a gateway: ``/metrics`` (Prometheus) and ``/health``, on h11.
+
+HTTP/1.1 with keep-alive; GET and HEAD (other methods: 405), the query string ignored
+(``/metrics?x=1`` is ``/metrics``), a malformed request 400, an unknown path 404. What a
+client can make it spend is bounded: ``limits.http_max_connections`` connections at once
+(more are closed on accept), ``limits.http_timeout_secs`` for each exchange (reading a
+whole request and writing its answer; an idle keep-alive connection is closed after as
+long), a request head of 8 KiB and a
+body of 64 KiB (it is read and dropped).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+import h11
+import structlog
+import trio
+
+from gateway.server.metrics import Metrics
+
+log = structlog.get_logger("figtank.http")
+
+#: Why the server can not serve now (``/health`` answers 503 with it), or None: ready.
+NotReady = Callable[[], str | None]
+
+MAX_REQUEST_HEAD: Final = 8192
+MAX_REQUEST_BODY: Final = 64 * 1024
+_RECEIVE_SIZE: Final = 16 * 1024
+_PLAIN = b"text/plain; charset=utf-8"
+_METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+_HEALTH_PATHS = frozenset({b"/health", b"/health/ready", b"/ready"})
+
+Answer = tuple[int, bytes, bytes]  # status, content type, body
+
+
+class _TooLarge(Exception):
+    """The request's body is over :data:`MAX_REQUEST_BODY`."""
+
+
+class Endpoint:
+    """Answers ``/metrics``, ``/health`` (200 ``ready``, else 503 with the reason
+    ``not_ready()`` gives: ``starting``, ``stopping``, an unreachable upstream) and
+    ``/health/live`` (200 while the process runs)."""
+
+    def __init__(self, metrics: Metrics, not_ready: NotReady, *, max_connections: int,
+                 timeout: float) -> None:
+        self.metrics = metrics
+        self.not_ready = not_ready
+        self.timeout = timeout
+        self._slots = trio.CapacityLimiter(max_connections)
+
+    def answer(self, method: bytes, target: bytes) -> Answer:
+        """What a request for ``target`` gets (the body also for HEAD: its length counts)."""
+        if method not in (b"GET", b"HEAD"):
+            return 405, _PLAIN, b"GET or HEAD only\n"
+        path = target.split(b"?", 1)[0]
+        if path == b"/metrics":
+            return 200, _METRICS_TYPE, self.metrics.render()
+        if path in _HEALTH_PATHS:
+            reason = self.not_ready()
+            return (200, _PLAIN, b"ready\n") if reason is None else (
+                503, _PLAIN, f"{reason}\n".encode())
+        if path == b"/health/live":
+            return 200, _PLAIN, b"live\n"
+        return 404, _PLAIN, b"not found\n"
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        """Serve one connection until the client closes it, a request fails or time runs
+        out; then close it. Never raises (except Cancelled)."""
+        try:
+            self._slots.acquire_on_behalf_of_nowait(stream)
+        except trio.WouldBlock:
+            log.warning("http_connection_refused", reason="over the connection limit",
+                        limit=self._slots.total_tokens)
+            await trio.aclose_forcefully(stream)
+            return
+        try:
+            await self._serve(stream, h11.Connection(
+                h11.SERVER, max_incomplete_event_size=MAX_REQUEST_HEAD))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.LocalProtocolError):
+            pass
+        finally:
+            self._slots.release_on_behalf_of(stream)
+            await trio.aclose_forcefully(stream)
+
+    async def _serve(self, stream: trio.SocketStream, conn: h11.Connection) -> None:
+        more = True
+        while more:
+            more = False  # also when time runs out: the connection is closed
+            with trio.move_on_after(self.timeout):
+                more = await self._exchange(stream, conn)
+
+    async def _exchange(self, stream: trio.SocketStream, conn: h11.Connection) -> bool:
+        """Read one request and answer it; True when the connection may serve another."""
+        try:
+            request = await _read_request(stream, conn)
+        except h11.RemoteProtocolError as exc:
+            await _send(stream, conn, (exc.error_status_hint, _PLAIN,
+                                       f"bad request: {exc}\n".encode()), close=True)
+            return False
+        except _TooLarge:
+            await _send(stream, conn, (413, _PLAIN, b"request body too large\n"), close=True)
+            return False
+        if request is None:  # the client closed the connection
+            return False
+        await _send(stream, conn, self.answer(request.method, request.target),
+                    head=request.method == b"HEAD")
+        if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+            return False  # the client asked to close, or spoke HTTP/1.0
+        conn.start_next_cycle()
+        return True
+
+
+async def _read_request(stream: trio.SocketStream, conn: h11.Connection
+                        ) -> h11.Request | None:
+    """The next whole request (its body read and dropped), or None when the client closed
+    the connection."""
+    request: h11.Request | None = None
+    body = 0
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(await stream.receive_some(_RECEIVE_SIZE))
+        elif isinstance(event, h11.Request):
+            # h11 bounds a head that arrives in parts; this, one that came whole.
+            size = len(event.target) + sum(len(n) + len(v) + 4 for n, v in event.headers)
+            if size > MAX_REQUEST_HEAD:
+                raise h11.RemoteProtocolError("request head too large", 431)
+            request = event
+        elif isinstance(event, h11.Data):
+            body += len(event.data)
+            if body > MAX_REQUEST_BODY:
+                raise _TooLarge
+        elif isinstance(event, h11.EndOfMessage):
+            return request
+        else:  # ConnectionClosed (PAUSED does not happen: a cycle ends at EndOfMessage)
+            return None
+
+
+async def _send(stream: trio.SocketStream, conn: h11.Connection, answer: Answer, *,
+                head: bool = False, close: bool = False) -> None:
+    """Send ``answer`` (its headers only for HEAD); ``close``: with ``Connection: close``
+    (a refused request: the connection ends after it)."""
+    status, content_type, body = answer
+    headers = [(b"content-type", content_type), (b"content-length", b"%d" % len(body))]
+    if status == 405:
+        headers.append((b"allow", b"GET, HEAD"))
+    if close:
+        headers.append((b"connection", b"close"))
+    data = conn.send(h11.Response(status_code=status, headers=headers)) or b""
+    if not head:
+        data += conn.send(h11.Data(data=body)) or b""
+    data += conn.send(h11.EndOfMessage()) or b""
+    await stream.send_all(data)
+
+
+async def serve_endpoint(endpoint: Endpoint, listeners: list[trio.SocketListener], *,
+                         task_status: trio.TaskStatus[list[trio.SocketListener]]
+                         = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve ``endpoint`` on ``listeners`` until cancelled."""
+    await trio.serve_listeners(endpoint.handle, listeners, task_status=task_status)

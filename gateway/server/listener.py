@@ -1,0 +1,64 @@
+"""What a protocol listener is to the server: a connection handler over a backend.
+
+:class:`ProtocolListener` admits each accepted connection (up to
+``limits.max_connections``), runs the protocol's session on it and accounts for its end;
+:mod:`gateway.server.run` binds the sockets, runs the accept loops and stops the
+listeners. A listener knows nothing of the log behind the backend: the embedded store and
+an upstream broker serve it alike.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from functools import partial
+from typing import Any, ClassVar
+
+import structlog
+import trio
+
+from gateway.backend.contract import Backend
+from gateway.server.config import Settings
+from gateway.server.listening import ConnectionSlots
+from gateway.server.metrics import Metrics
+
+
+class ProtocolListener(ABC):
+    """Serves accepted connections of one protocol (:meth:`handle` is a
+    ``trio.serve_listeners`` handler)."""
+
+    #: The protocol's name in metrics and log lines.
+    protocol: ClassVar[str]
+    #: Close kinds logged at info level; the others are warnings.
+    routine_kinds: ClassVar[frozenset[str]]
+    log: ClassVar[structlog.typing.FilteringBoundLogger]
+
+    def __init__(self, backend: Backend, settings: Settings, metrics: Metrics) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.metrics = metrics
+        self._slots = ConnectionSlots(self.protocol, settings.max_connections, metrics,
+                                      self.log, self.routine_kinds)
+
+    @property
+    def active(self) -> int:
+        """Connections being served."""
+        return self._slots.active
+
+    def shutdown(self) -> None:
+        """The server is stopping: every connection stops reading, finishes what is in
+        flight and closes (idle ones at once)."""
+        self._slots.shutdown()
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        """Serve one accepted connection until it ends, then close it. Never raises
+        (except Cancelled): a failing connection must not stop the accept loop."""
+        await self._slots.serve(stream, partial(self.session, stream), self.stats)
+
+    @abstractmethod
+    def session(self, stream: trio.SocketStream,
+                log: structlog.typing.FilteringBoundLogger) -> Any:
+        """The session that serves ``stream`` (it has ``run()`` and ``shutdown()``)."""
+
+    @abstractmethod
+    def stats(self, session: Any) -> dict[str, Any]:
+        """What the ``connection_closed`` log line says of ``session``'s work."""
