@@ -33,7 +33,6 @@ Partition API (what the listeners use), see :class:`Partition`:
   :class:`BundleTooLarge`, :class:`StoreIOError` (code 2), :class:`StoreClosed`.
   A plain bundle appended with a ``base_seq`` that leaves a gap is stored as a sparse
   bundle (its sequence numbers must be recoverable from the segment bytes).
-- ``await append_messages(messages, codec=None)``: encode, then append.
 - ``read(seq, fetch_size) -> ReadResult``: a file range of whole bundles, starting at
   the bundle that holds ``seq``, past ``max(fetch_size, 32)`` bytes to a bundle
   boundary, within one segment; 0 = first available, ``UINT64_MAX`` = tail. An empty
@@ -42,7 +41,6 @@ Partition API (what the listeners use), see :class:`Partition`:
   ``sendfile_source()``, ``read_bytes()``) and must be closed (``with``); it also
   carries ``base_seq``, ``first_bundle_sparse`` (Tank's 0xfe flag), ``next_seq``,
   ``high_water_mark`` and ``first_available``.
-- ``read_messages(seq, fetch_size) -> (messages, next_seq)``: the same, decoded.
 - ``await wait_for(seq, deadline) -> bool``: park until ``high_water_mark >= seq`` or
   the trio clock reaches ``deadline``; woken right after the append becomes visible.
   ``await wait_changed()`` parks until the next visible append; ``add_waiter(event)`` sets

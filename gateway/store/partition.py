@@ -39,9 +39,7 @@ from protocols.tank.bundle import (
     SPARSE_FLAG,
     BundleInfo,
     Codec,
-    Message,
     decode_bundle,
-    decode_chunk,
     encode_bundle,
     validate_bundle,
 )
@@ -182,10 +180,6 @@ class Partition:
     @property
     def closed(self) -> bool:
         return self._closed
-
-    def segment_names(self) -> list[str]:
-        """File names of the segments, oldest first (for tools and tests)."""
-        return [s.name for s in self._segments]
 
     # -- opening --------------------------------------------------------------------------------
 
@@ -409,11 +403,6 @@ class Partition:
         if plan.action and self._active is not None and self._commit.pending:
             raise _MustWait()
         return self._execute(plan, info.msg_count, now)
-
-    async def append_messages(self, messages: Sequence[Message], *,
-                              codec: Codec | None = None) -> AppendResult:
-        """Encode ``messages`` as one bundle (``codec=None``: Tank's client rule) and append it."""
-        return await self.append(encode_bundle(messages, codec=codec))
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -740,23 +729,6 @@ class Partition:
                           high_water_mark=hwm, first_available=first_available,
                           offset=first.offset, length=size, next_seq=entry.last_seq + 1,
                           parts=parts)
-
-    def read_messages(self, seq: int, fetch_size: int) -> tuple[list[Message], int]:
-        """Decoded messages from ``seq`` on (see :meth:`read`) and the next sequence to read.
-
-        Messages of the first bundle below ``seq`` are skipped. At the tail the list is
-        empty and the next sequence is ``seq`` itself.
-        """
-        with self.read(seq, fetch_size) as result:
-            if result.at_tail:
-                return [], result.seq
-            data = result.read_bytes()
-        base = None if result.first_bundle_sparse else result.base_seq
-        try:
-            chunk = decode_chunk(data, base, result.seq)
-        except ProtocolError as exc:
-            raise StoreIOError(f"corrupt data in {self.topic}/{self.index}: {exc}") from None
-        return chunk.messages, chunk.next_seq
 
     # -- waiting --------------------------------------------------------------------------------
 

@@ -38,9 +38,6 @@ _ACTIVE_RE: Final = re.compile(r"(\d+)(?:_(\d+))?\.log")
 _ROLLED_RE: Final = re.compile(r"(\d+)-(\d+)(?:_(\d+))?\.ilog")
 _INDEX_RE: Final = re.compile(r"(\d+)\.index")
 
-# Indirection so tests can simulate a full disk or an I/O error on write.
-_pwritev = os.pwritev
-
 #: What :meth:`LogSegment.prefill` writes from (and recovery compares with).
 _ZEROS: Final = bytes(1024 * 1024)
 
@@ -303,7 +300,7 @@ class LogSegment:
         assert index is not None and not self.rolled
         add_entry = self.since_index is None or self.since_index > index_interval
         try:
-            written = _pwritev(self.fd, (prefix, bundle), start)
+            written = os.pwritev(self.fd, (prefix, bundle), start)
             if written != total:
                 rest = memoryview(prefix + bundle)[written:]
                 while rest:

@@ -19,23 +19,11 @@ from protocols.figg.messages import (
     RESPONSES,
     TYPE_OF,
     VERSION,
-    MessageType,
 )
 from protocols.figg.records import encode_data_frames as _encode_data_frames
 from protocols.translate import refusal, scan_publishes
 
 _LENGTH_INDEX: Final = 2  # payloadLen in HEADER
-
-encode_data: Final[Callable[[bytes, int, bytes], bytes]] = (
-    FAST[MessageType.DATA].encode_frame)
-"""``encode_data(topic, offset, data) -> bytes``: one whole DATA frame.
-
-``topic`` is the UTF-8 encoded name (encode it once per subscription, not per message).
-"""
-
-encode_ack: Final[Callable[[int], bytes]] = FAST[MessageType.ACK].encode_frame
-"""``encode_ack(seq_num) -> bytes``: one whole ACK frame."""
-
 
 def encode_data_frames(topic: bytes, items: Iterable[tuple[int, bytes]]) -> bytes:
     """Many DATA frames for one topic, joined: ``items`` yields ``(offset, data)``.

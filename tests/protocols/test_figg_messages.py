@@ -8,12 +8,7 @@ from hypothesis import strategies as st
 
 from protocols.connection import CLOSED, NEED_DATA, Role
 from protocols.errors import FrameTooLarge, ProtocolError
-from protocols.figg.connection import (
-    FiggConnection,
-    encode_ack,
-    encode_data,
-    encode_data_frames,
-)
+from protocols.figg.connection import FiggConnection, encode_data_frames
 from protocols.figg.messages import (
     ATTACH_FROM_OFFSET,
     CODEC_BY_TYPE,
@@ -33,6 +28,10 @@ from protocols.figg.messages import (
 )
 
 U64_MAX = 2**64 - 1
+
+#: One whole DATA frame: ``encode_data(topic, offset, data)``; one ACK: ``encode_ack(seq)``.
+encode_data = FAST[MessageType.DATA].encode_frame
+encode_ack = FAST[MessageType.ACK].encode_frame
 
 
 def h(text: str) -> bytes:

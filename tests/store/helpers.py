@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from gateway.store import LogStore, StoreSettings, TopicConfig, open_store
+from gateway.store import LogStore, Partition, StoreIOError, StoreSettings, TopicConfig, open_store
+from protocols.errors import ProtocolError
 from protocols.tank.bundle import Codec, Message, decode_chunk, encode_bundle
 
 
@@ -104,12 +105,35 @@ def chunk_messages(data: bytes, base_seq: int | None, min_seq: int = 0) -> list[
     return decode_chunk(data, base_seq, min_seq).messages
 
 
+def segment_names(partition: Partition) -> list[str]:
+    """File names of the partition's segments, oldest first."""
+    return [segment.name for segment in partition._segments]
+
+
+def read_messages(partition: Partition, seq: int, fetch_size: int
+                  ) -> tuple[list[Message], int]:
+    """Decoded messages from ``seq`` on (see :meth:`Partition.read`) and the next sequence
+    to read. Messages of the first bundle below ``seq`` are skipped. At the tail the list
+    is empty and the next sequence is ``seq`` itself."""
+    with partition.read(seq, fetch_size) as result:
+        if result.at_tail:
+            return [], result.seq
+        data = result.read_bytes()
+    base = None if result.first_bundle_sparse else result.base_seq
+    try:
+        chunk = decode_chunk(data, base, result.seq)
+    except ProtocolError as exc:
+        raise StoreIOError(f"corrupt data in {partition.topic}/{partition.index}: {exc}"
+                           ) from None
+    return chunk.messages, chunk.next_seq
+
+
 def all_messages(partition: Any, fetch_size: int = 1 << 20) -> list[Message]:
     """Every visible message of a partition, read chunk by chunk from the start."""
     out: list[Message] = []
     seq = 0
     while True:
-        batch, seq = partition.read_messages(seq, fetch_size)
+        batch, seq = read_messages(partition, seq, fetch_size)
         if not batch:
             return out
         out += batch

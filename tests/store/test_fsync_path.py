@@ -19,11 +19,11 @@ from gateway.store.partition import PREFILL_AHEAD, PREFILL_LOW
 from gateway.store.syncer import NativeSyncer, Syncer
 from gateway.store.tail import TailCache, TailEntry
 from protocols.native import PURE_PYTHON_ENV
-from tests.store.helpers import NO_SUCH_FD, all_messages, as_tuples, bundle, store_at
+from tests.store.helpers import NO_SUCH_FD, all_messages, as_tuples, bundle, segment_names, store_at
 
 
 def active_segment(p) -> Path:
-    [name] = [n for n in p.segment_names() if n.endswith(".log")]
+    [name] = [n for n in segment_names(p) if n.endswith(".log")]
     return Path(p.directory) / name
 
 
@@ -79,7 +79,7 @@ async def test_a_roll_cuts_the_zeros_of_the_rolled_segment(tmp_path):
         p = store.partition("t", 0)
         for i in range(30):
             await p.append(bundle(2, f"r{i}", size=60))
-        rolled = [n for n in p.segment_names() if n.endswith(".ilog")]
+        rolled = [n for n in segment_names(p) if n.endswith(".ilog")]
         assert rolled
         for name in rolled:
             content = (Path(p.directory) / name).read_bytes()

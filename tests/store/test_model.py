@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from gateway.store import InvalidSequence, OutOfRange
 from protocols.tank.bundle import Codec, Message, decode_chunk, encode_bundle
 from protocols.wire import UINT64_MAX
-from tests.store.helpers import store_at
+from tests.store.helpers import read_messages, segment_names, store_at
 
 ROLL_SECS = 100
 
@@ -64,7 +64,7 @@ def as_rows(msgs: list[Message]) -> list:
 
 def segment_size(p, seq: int) -> int:
     """Size of the segment file holding ``seq`` (the one with the greatest base <= seq)."""
-    bases = {int(name.split("_")[0].split("-")[0]): name for name in p.segment_names()}
+    bases = {int(name.split("_")[0].split("-")[0]): name for name in segment_names(p)}
     return os.stat(os.path.join(p.directory, bases[max(b for b in bases if b <= seq)])).st_size
 
 
@@ -164,7 +164,7 @@ async def test_random_programs_match_the_model(mode, program, tail_cache):
             got = []
             seq = 0
             while True:
-                batch, seq = p.read_messages(seq, 1 + len(got) % 200)
+                batch, seq = read_messages(p, seq, 1 + len(got) % 200)
                 if not batch:
                     break
                 got += as_rows(batch)

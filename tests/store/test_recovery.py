@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-import gateway.store.segment as segment_module
 from gateway.store import StoreIOError
 from protocols.tank.bundle import Codec
 from tests.store.helpers import (
@@ -18,6 +17,8 @@ from tests.store.helpers import (
     as_tuples,
     bundle,
     fail_fsyncs,
+    read_messages,
+    segment_names,
     sparse_bundle,
     store_at,
 )
@@ -119,7 +120,7 @@ async def test_zero_byte_active_segment_keeps_the_partition(tmp_path):
         for i in range(6):
             await p.append(bundle(1, f"z{i}", size=40))
         before = as_tuples(all_messages(p))
-        names = p.segment_names()
+        names = segment_names(p)
     assert len(names) > 2
     # crash right after a roll created the new active segment: it is empty
     (tmp_path / "t" / "0" / names[-1]).write_bytes(b"")
@@ -164,7 +165,7 @@ async def _check_every_seq(path: Path, expected: list) -> None:
     async with store_at(path, "os", index_interval_bytes=128) as store:
         p = store.partition("t", 0)
         for seq, *rest in expected:
-            msgs, _ = p.read_messages(seq, 1)
+            msgs, _ = read_messages(p, seq, 1)
             assert (msgs[0].seq, msgs[0].value) == (seq, rest[0])
         r = await p.append(bundle(1, "after"))
         assert r.first_seq == expected[-1][0] + 1
@@ -204,7 +205,7 @@ async def test_rolled_segment_index_is_rebuilt_when_bad(tmp_path):
         for i in range(60):
             await p.append(bundle(2, f"r{i}", size=10))
         expected = as_tuples(all_messages(p))
-        rolled = [n for n in p.segment_names() if n.endswith(".ilog")]
+        rolled = [n for n in segment_names(p) if n.endswith(".ilog")]
     assert len(rolled) >= 3
     pdir = tmp_path / "t" / "0"
     first, second, third = (pdir / f"{n.split('-')[0]}.index" for n in rolled[:3])
@@ -216,7 +217,7 @@ async def test_rolled_segment_index_is_rebuilt_when_bad(tmp_path):
     async with store_at(tmp_path, segment_bytes=400, index_interval_bytes=128) as store:
         p = store.partition("t", 0)
         for seq, *rest in expected:
-            msgs, _ = p.read_messages(seq, 1)
+            msgs, _ = read_messages(p, seq, 1)
             assert (msgs[0].seq, msgs[0].value) == (seq, rest[0])
     assert first.exists() and len(second.read_bytes()) % 8 == 0
 
@@ -228,19 +229,19 @@ async def test_disk_full_leaves_nothing_visible(tmp_path, monkeypatch, partial):
         p = store.partition("t", 0)
         await p.append(bundle(2))
         size = p._active.size
-        real = segment_module._pwritev
+        real = os.pwritev
 
         def full(fd, buffers, offset):
             if partial:
                 os.pwrite(fd, b"".join(buffers)[:partial], offset)
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(segment_module, "_pwritev", full)
+        monkeypatch.setattr(os, "pwritev", full)
         with pytest.raises(StoreIOError):
             await p.append(bundle(3, "lost"))
         assert os.path.getsize(p._active.path) == size
         assert p.high_water_mark == 2
-        monkeypatch.setattr(segment_module, "_pwritev", real)
+        monkeypatch.setattr(os, "pwritev", real)
         r = await p.append(bundle(1, "ok"))
         assert r.first_seq == 3
     async with store_at(tmp_path) as store:

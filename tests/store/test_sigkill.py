@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from protocols.tank.bundle import iter_framed_bundles
-from tests.store.helpers import store_at
+from tests.store.helpers import read_messages, store_at
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,7 +88,7 @@ async def test_sigkill_loses_no_acknowledged_append(tmp_path, segment_bytes):
             values = {}
             seq = 1
             while seq <= p.high_water_mark:
-                msgs, seq = p.read_messages(seq, 1 << 16)
+                msgs, seq = read_messages(p, seq, 1 << 16)
                 values.update((m.seq, m.value) for m in msgs)
             assert sorted(values) == list(range(1, p.high_water_mark + 1))
             for _, first, last, pid, i, n in mine:
