@@ -8,6 +8,7 @@ import trio
 
 from gateway.backend.bridge.backend import BridgeBackend
 from gateway.backend.contract import (
+    AutoCreate,
     Backend,
     CreateTopicCode,
     FetchRequest,
@@ -15,6 +16,8 @@ from gateway.backend.contract import (
     ProduceBatch,
     ProduceCode,
     ReloadConfCode,
+    TopicRefused,
+    ensure_topic,
 )
 from gateway.backend.embedded import EmbeddedBackend, open_embedded_backend
 from gateway.server.config import Settings
@@ -49,7 +52,7 @@ def test_backends_implement_every_call_of_the_protocol(implementation: type) -> 
     calls = [name for name in vars(Backend) if not name.startswith("_")]
     assert {"produce", "fetch", "create_topic", "discover_partitions", "aclose"} <= set(calls)
     for name in calls:
-        if name == "auto_create_topics":
+        if name == "auto_create":
             continue
         wanted = inspect.signature(getattr(Backend, name))
         got = inspect.signature(getattr(implementation, name))
@@ -94,6 +97,58 @@ async def test_no_auto_create(tmp_path: Path) -> None:
         [outcome] = await backend.produce([ProduceBatch("t", 0, bundle(b"x"))])
         assert outcome.code is ProduceCode.UNKNOWN_TOPIC
         assert await backend.discover_partitions("t") is None
+
+
+async def test_ensure_topic_creates_as_the_policy_says(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, durability="os", default_partitions=2)
+    async with open_embedded_backend(settings) as backend:
+        assert backend.auto_create == AutoCreate(True, 2)
+        assert [p.high_water_mark for p in await ensure_topic(backend, "fresh")] == [0, 0]
+        with pytest.raises(TopicRefused, match="unknown topic") as refused:
+            await ensure_topic(backend, "../no")
+        assert refused.value.code is None
+        backend.auto_create = AutoCreate(False, 2)
+        with pytest.raises(TopicRefused, match="unknown topic 'other'"):
+            await ensure_topic(backend, "other")
+        assert len(await ensure_topic(backend, "fresh")) == 2  # there: no creation
+
+
+async def test_a_failed_creation_is_refused_with_its_code() -> None:
+    async def failing(name: str, partitions: int) -> CreateTopicCode:
+        return CreateTopicCode.SYSTEM_ERROR
+
+    with pytest.raises(TopicRefused, match="could not create topic 'x': system_error") as exc:
+        await AutoCreate().create("x", failing)
+    assert exc.value.code is CreateTopicCode.SYSTEM_ERROR
+
+
+async def test_produce_and_attach_creating_one_topic_at_once(
+        backend: EmbeddedBackend) -> None:
+    outcomes: list = []
+    bounds: list = []
+
+    async def produce() -> None:
+        outcomes.extend(await backend.produce([ProduceBatch("race", 0, bundle(b"x"))]))
+
+    async def attach() -> None:
+        bounds.append(await ensure_topic(backend, "race"))
+
+    async with trio.open_nursery() as nursery:
+        for start in (attach, produce, attach):
+            nursery.start_soon(start)
+    assert [o.code for o in outcomes] == [ProduceCode.OK]
+    assert len(bounds) == 2 and all(len(b) == 1 for b in bounds)
+
+
+async def test_fetch_outcome_fields(backend: EmbeddedBackend) -> None:
+    await backend.produce([ProduceBatch("f", 0, bundle(b"1", b"2"))])
+    data, tail = await backend.fetch([FetchRequest("f", 0, 2, 4096),
+                                      FetchRequest("f", 0, UINT64_MAX, 4096)],
+                                     max_wait_ms=0, min_bytes=0)
+    assert (data.base_seq, data.resolved_seq, data.chunk.length > 0) == (1, 2, True)
+    data.chunk.close()
+    # An empty read: no bundle, so no base; where the request resolved to, its own field.
+    assert (tail.base_seq, tail.resolved_seq, tail.chunk.length) == (None, 3, 0)
 
 
 async def test_base_seq_and_invalid_sequence(backend: EmbeddedBackend) -> None:

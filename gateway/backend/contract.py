@@ -11,7 +11,9 @@ two protocols and a Tank broker must be able to serve them one to one:
   Produce both become one call);
 - :meth:`Backend.fetch` reads from several partitions and long-polls when none has
   data: the waiting happens inside the backend, so an upstream broker can do it;
-- the admin calls mirror Tank's admin requests.
+- the admin calls mirror Tank's admin requests;
+- a missing topic is created per :class:`AutoCreate`, the one policy all backends apply
+  (:func:`ensure_topic` for a reader that wants a topic's bounds).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Protocol
 
 from gateway.backend.completion import completed
 from protocols.tank.bundle import BundleInfo
+from protocols.topics import is_valid_topic_name
 
 
 class ProduceCode(enum.IntEnum):
@@ -135,9 +138,12 @@ class FetchRequest:
 class FetchOutcome:
     """What a fetch returned for one :class:`FetchRequest`.
 
-    For DATA, ``base_seq`` is the sequence of the first message of the chunk's first
-    bundle, or None when that bundle is sparse and carries its own sequences.
-    ``chunk`` must be closed by whoever consumes it.
+    ``base_seq`` (DATA with bundles in the chunk): the sequence of the first message of
+    the chunk's first bundle; None when that bundle is sparse (it carries its own
+    sequences) or the chunk is empty. ``resolved_seq`` (DATA): the sequence the request
+    resolved to, 0 and UINT64_MAX made concrete, where the read started; always set when
+    the chunk is empty, None where the backend does not know it (an upstream broker
+    answering with bundles). ``chunk`` must be closed by whoever consumes it.
     """
 
     status: FetchStatus
@@ -145,6 +151,7 @@ class FetchOutcome:
     first_available: int = 0
     base_seq: int | None = None
     chunk: Chunk = EMPTY_CHUNK
+    resolved_seq: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,17 +208,62 @@ class ReloadConfCode(enum.IntEnum):
 ProduceDone = Callable[[list[ProduceOutcome]], None]
 
 
+class TopicRefused(Exception):
+    """A topic that does not exist and was not created; the message says why.
+
+    ``code`` is the failed creation's outcome, None when the policy did not allow one.
+    """
+
+    def __init__(self, reason: str, code: CreateTopicCode | None = None) -> None:
+        super().__init__(reason)
+        self.code = code
+
+
+#: ``create_topic(name, partitions)`` of a backend.
+CreateTopic = Callable[[str, int], Awaitable[CreateTopicCode]]
+
+
+@dataclass(frozen=True, slots=True)
+class AutoCreate:
+    """The one topic auto-creation policy, which every backend applies.
+
+    A topic that does not exist is created on first use (a Figg ATTACH or PUBLISH, a Tank
+    Produce: :func:`ensure_topic`, and each backend's produce) when ``enabled`` and its
+    name is a valid topic name, with ``partitions`` partitions and the default config.
+    One that somebody else created meanwhile (EXISTS) is as good.
+    """
+
+    enabled: bool = True
+    partitions: int = 1
+
+    def allows(self, topic: str) -> bool:
+        """Whether a missing ``topic`` is to be created."""
+        return self.enabled and is_valid_topic_name(topic)
+
+    async def create(self, topic: str, create_topic: CreateTopic) -> None:
+        """Create the missing ``topic`` with ``create_topic``; it exists on return.
+
+        Raises :class:`TopicRefused` when the policy does not allow it or it failed.
+        """
+        if not self.allows(topic):
+            raise TopicRefused(f"unknown topic {topic!r}")
+        code = await create_topic(topic, self.partitions)
+        if code not in (CreateTopicCode.OK, CreateTopicCode.EXISTS):
+            raise TopicRefused(f"could not create topic {topic!r}: {code.name.lower()}", code)
+
+
 class Backend(Protocol):
     """The log both listeners serve. Implementations: embedded store, upstream broker."""
 
-    auto_create_topics: bool
+    #: When a missing topic is created (by produce and by :func:`ensure_topic`).
+    auto_create: AutoCreate
 
     async def produce(self, batches: Sequence[ProduceBatch]) -> list[ProduceOutcome]:
         """Append each batch; the outcomes come back in the same order.
 
         Each bundle is validated before anything of it is appended; a bad bundle
         fails only its own batch. An OK outcome means durable per the durability mode.
-        Unknown topics are created first when ``auto_create_topics`` is on.
+        Unknown topics are created first as :attr:`auto_create` says.
         """
 
     def produce_nowait(self, batches: Sequence[ProduceBatch], on_done: ProduceDone) -> None:
@@ -252,6 +304,18 @@ class Backend(Protocol):
 
     async def aclose(self) -> None:
         """Finish in-flight appends, make them durable, release files and connections."""
+
+
+async def ensure_topic(backend: Backend, topic: str) -> list[PartitionInfo]:
+    """Bounds of every partition of ``topic``, created first when it does not exist and
+    ``backend.auto_create`` allows it; :class:`TopicRefused` when it is not there."""
+    infos = await backend.discover_partitions(topic)
+    if infos is None:
+        await backend.auto_create.create(topic, backend.create_topic)
+        infos = await backend.discover_partitions(topic)
+        if infos is None:
+            raise TopicRefused(f"unknown topic {topic!r}")
+    return infos
 
 
 async def produce_and_wait(backend: Backend, batches: Sequence[ProduceBatch]

@@ -13,7 +13,7 @@ import structlog
 import trio
 
 from gateway.backend.contract import (
-    EMPTY_CHUNK,
+    AutoCreate,
     BackendStatus,
     CreateTopicCode,
     FetchOutcome,
@@ -25,6 +25,7 @@ from gateway.backend.contract import (
     ProduceOutcome,
     ReloadConfCode,
     TopicInfo,
+    TopicRefused,
     produce_and_wait,
 )
 from gateway.server.config import Settings
@@ -45,7 +46,6 @@ from gateway.store import (
     TopicExists,
     UnknownPartition,
     UnknownTopic,
-    is_valid_topic_name,
     open_store,
 )
 from gateway.store.partition import AppendEntry
@@ -69,7 +69,7 @@ class EmbeddedBackend:
     def __init__(self, store: LogStore, *, auto_create_topics: bool = True,
                  metrics: Metrics | None = None) -> None:
         self.store = store
-        self.auto_create_topics = auto_create_topics
+        self.auto_create = AutoCreate(auto_create_topics, store.settings.default_partitions)
         self._metrics = metrics
         self._opened_at = time.time()
         #: Appends to topics being created, by topic, in arrival order.
@@ -116,7 +116,7 @@ class EmbeddedBackend:
         try:
             return self.store.partition(topic, index)
         except UnknownTopic as exc:
-            if self.auto_create_topics and is_valid_topic_name(topic):
+            if self.auto_create.allows(topic):
                 return None
             return ProduceOutcome(ProduceCode.UNKNOWN_TOPIC, reason=str(exc))
         except UnknownPartition as exc:
@@ -126,9 +126,9 @@ class EmbeddedBackend:
         """Create ``topic``, then append what waited for it, in arrival order."""
         error: StoreError | None = None
         try:
-            await self.store.ensure_topic(topic)  # returns at once if the topic exists
-        except StoreError as exc:
-            error = exc
+            await self.auto_create.create(topic, self.create_topic)
+        except TopicRefused as exc:
+            error = StoreError(str(exc))
         waiting = self._awaiting_topic.pop(topic)
         for index, entries, report in waiting:
             try:
@@ -157,7 +157,7 @@ class EmbeddedBackend:
             return outcomes
         # Every partition is at its tail: wait from the sequences just resolved (a
         # request for the tail, UINT64_MAX, must not move on with the high-water mark).
-        waiting = [(p, o.base_seq or 0) for p, o in zip(partitions, outcomes, strict=True)
+        waiting = [(p, o.resolved_seq or 0) for p, o in zip(partitions, outcomes, strict=True)
                    if isinstance(p, Partition)]
         appended_at_start = [p.appended_bytes for p, _ in waiting]
         deadline = trio.current_time() + max_wait_ms / 1000
@@ -203,14 +203,14 @@ class EmbeddedBackend:
                                 first_available=partition.first_available)
         if result.at_tail:
             result.close()
-            # base_seq carries the resolved sequence for the long-poll's re-read.
             return FetchOutcome(FetchStatus.DATA, high_water_mark=result.high_water_mark,
                                 first_available=result.first_available,
-                                base_seq=result.seq, chunk=EMPTY_CHUNK)
+                                resolved_seq=result.seq)
         return FetchOutcome(
             FetchStatus.DATA, high_water_mark=result.high_water_mark,
             first_available=result.first_available,
-            base_seq=None if result.first_bundle_sparse else result.base_seq, chunk=result)
+            base_seq=None if result.first_bundle_sparse else result.base_seq, chunk=result,
+            resolved_seq=result.seq)
 
     # -- admin -------------------------------------------------------------------------------------
 

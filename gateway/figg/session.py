@@ -17,7 +17,7 @@ from typing import Any, Final
 import structlog
 import trio
 
-from gateway.backend.contract import Backend, CreateTopicCode
+from gateway.backend.contract import Backend, TopicRefused, ensure_topic
 from gateway.figg.feed import TailFeeds
 from gateway.figg.frames import DataFrameCache
 from gateway.figg.offsets import InvalidTopic, TankPartition, attach_start, figg_to_tank
@@ -242,27 +242,16 @@ class FiggSession:
             self._closing(CloseConnection("backend_error", f"{sub.figg_topic}: {exc!r}"))
 
     async def _bounds(self, where: TankPartition) -> tuple[int, int]:
-        """``(first_available, high_water_mark)`` of a partition, creating its topic if
-        allowed. A partition that never held a message reports first available 1."""
-        backend = self._backend
+        """``(first_available, high_water_mark)`` of a partition, its topic created first
+        if the backend's auto-creation allows. A partition that never held a message
+        reports first available 1."""
         name = f"{where.topic}/{where.partition}"
         try:
-            infos = await backend.discover_partitions(where.topic)
-            if infos is None:
-                if not backend.auto_create_topics:
-                    raise CloseConnection("unknown_topic", f"unknown topic {where.topic!r}")
-                code = await backend.create_topic(where.topic,
-                                                  self._settings.default_partitions)
-                if code not in (CreateTopicCode.OK, CreateTopicCode.EXISTS):
-                    raise CloseConnection("unknown_topic", f"could not create topic "
-                                          f"{where.topic!r}: {code.name.lower()}")
-                infos = await backend.discover_partitions(where.topic)
-        except (CloseConnection, trio.Cancelled):
-            raise
+            infos = await ensure_topic(self._backend, where.topic)
+        except TopicRefused as exc:
+            raise CloseConnection("unknown_topic", str(exc)) from None
         except Exception as exc:
             raise CloseConnection("backend_error", f"{name}: {exc!r}") from None
-        if infos is None:
-            raise CloseConnection("unknown_topic", f"unknown topic {where.topic!r}")
         if where.partition >= len(infos):
             raise CloseConnection("unknown_partition", f"unknown partition {name}")
         info = infos[where.partition]

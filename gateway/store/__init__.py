@@ -18,7 +18,7 @@ manager; recovers every partition in a worker thread, runs fsync rounds and the 
 maintenance in its own nursery), ``topics()``, ``topic(name)``, ``partition(topic, i)``
 (:class:`UnknownTopic` / :class:`UnknownPartition`), ``await create_topic(name,
 partitions, config_text)`` (atomic; :class:`TopicExists`, :class:`InvalidTopicName`,
-:class:`InvalidConfig`), ``await ensure_topic(name)`` (auto-create),
+:class:`InvalidConfig`; waits for a creation of the same topic under way),
 ``await reload_config(topic, i)`` (Tank's ReloadConf), ``await maintain()``.
 
 Partition API (what the listeners use), see :class:`Partition`:

@@ -204,6 +204,8 @@ class LogStore:
                            config_text: str = "") -> Topic:
         """Create a topic atomically: build ``.<name>`` then rename it to ``<name>``.
 
+        While another task creates the same topic, waits for it to finish first, so a
+        caller told :class:`TopicExists` finds the topic there.
         Raises :class:`InvalidTopicName` (name or partition count), :class:`InvalidConfig`,
         :class:`TopicExists`, or :class:`StoreIOError`-like ``StoreError`` on failure.
         """
@@ -212,7 +214,9 @@ class LogStore:
         count = validate_partition_count(
             self.settings.default_partitions if partitions is None else partitions)
         config = self.settings.topic_defaults.with_text(config_text)
-        if name in self._topics or name in self._creating:
+        while (creating := self._creating.get(name)) is not None:
+            await creating.wait()
+        if name in self._topics:
             raise TopicExists(f"topic {name!r} exists")
         done = self._creating[name] = trio.Event()
         try:
@@ -230,18 +234,6 @@ class LogStore:
             done.set()
         log.info("topic_created", topic=name, partitions=count)
         return topic
-
-    async def ensure_topic(self, name: str) -> Topic:
-        """The topic, created with the default partitions and config if missing."""
-        topic = self._topics.get(name)
-        if topic is not None:
-            return topic
-        creating = self._creating.get(name)
-        if creating is None:
-            return await self.create_topic(name)
-        await creating.wait()  # another task is creating it right now
-        topic = self._topics.get(name)
-        return topic if topic is not None else await self.create_topic(name)
 
     def _build_topic_dir(self, name: str, count: int, config_text: str) -> str:
         final = os.path.join(self.data_dir, name)

@@ -4,8 +4,9 @@ The long poll (maxWait, minBytes) happens inside :meth:`Backend.fetch`; this mod
 translates. Per partition, by :class:`~gateway.backend.contract.FetchStatus`:
 
 - DATA: flag 0x00 with the first bundle's base sequence, or 0xfe when that bundle is sparse
-  (it names its own sequences). An empty chunk after a timed-out wait carries, as its base
-  sequence, the sequence the request resolved to (0 and UINT64_MAX made concrete);
+  (it names its own sequences). An empty chunk after a timed-out wait sends, as its base
+  sequence, the sequence the request resolved to (0 and UINT64_MAX made concrete:
+  ``FetchOutcome.resolved_seq``), or 0xfe where the backend does not know it;
 - BOUNDARY: 0x01 with the high-water mark and the first available sequence;
 - UNKNOWN_PARTITION: 0xff; FAULT: 0xfb;
 - UNKNOWN_TOPIC for every partition of a topic: the topic's ``u16 0xFFFF`` sentinel.
@@ -92,14 +93,15 @@ def _build(request: Any, outcomes: Sequence[FetchOutcome]) -> ConsumeReply:
                     sent += length
                 else:
                     chunk.close()
-                if outcome.base_seq is None:
+                base = outcome.base_seq if length else outcome.resolved_seq
+                if base is None:
                     results.append(ConsumePartitionResult(
                         part.partition, ConsumeFlags.SPARSE_FIRST_BUNDLE,
                         high_water_mark=outcome.high_water_mark, chunk_length=length))
                 else:
                     results.append(ConsumePartitionResult(
-                        part.partition, ConsumeFlags.OK, outcome.base_seq,
-                        outcome.high_water_mark, length))
+                        part.partition, ConsumeFlags.OK, base, outcome.high_water_mark,
+                        length))
                 continue
             ok = False
             outcome.chunk.close()

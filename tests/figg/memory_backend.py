@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import trio
 
 from gateway.backend.contract import (
+    AutoCreate,
     BackendStatus,
     BytesChunk,
     CreateTopicCode,
@@ -26,6 +27,7 @@ from gateway.backend.contract import (
     ProduceQueue,
     ReloadConfCode,
     TopicInfo,
+    TopicRefused,
 )
 from protocols.errors import ProtocolError
 from protocols.tank.bundle import bundle_last_seq, frame_bundle, validate_bundle
@@ -58,8 +60,7 @@ class MemoryBackend:
     """Everything in dicts; ``produce_delay`` slows appends down (group commit tests)."""
 
     def __init__(self, *, auto_create_topics: bool = True, default_partitions: int = 1) -> None:
-        self.auto_create_topics = auto_create_topics
-        self.default_partitions = default_partitions
+        self.auto_create = AutoCreate(auto_create_topics, default_partitions)
         self.topics: dict[str, list[_Partition]] = {}
         self.produce_calls: list[list[ProduceBatch]] = []
         self.produce_delay = 0.0
@@ -78,13 +79,13 @@ class MemoryBackend:
             await trio.lowlevel.checkpoint()
         outcomes = []
         for batch in batches:
-            parts = self.topics.get(batch.topic)
-            if parts is None and self.auto_create_topics:
-                await self.create_topic(batch.topic, self.default_partitions)
-                parts = self.topics[batch.topic]
-            if parts is None:
-                outcomes.append(ProduceOutcome(ProduceCode.UNKNOWN_TOPIC))
-                continue
+            if batch.topic not in self.topics:
+                try:
+                    await self.auto_create.create(batch.topic, self.create_topic)
+                except TopicRefused:
+                    outcomes.append(ProduceOutcome(ProduceCode.UNKNOWN_TOPIC))
+                    continue
+            parts = self.topics[batch.topic]
             if batch.partition >= len(parts):
                 outcomes.append(ProduceOutcome(ProduceCode.UNKNOWN_PARTITION))
                 continue
@@ -147,7 +148,7 @@ class MemoryBackend:
         if self.cut_chunks:
             data = data[:r.fetch_size]
         return FetchOutcome(FetchStatus.DATA, p.hwm, p.first, base if data else None,
-                            BytesChunk(data))
+                            BytesChunk(data), resolved_seq=seq)
 
     async def create_topic(self, name: str, partitions: int, config: str = ""
                            ) -> CreateTopicCode:

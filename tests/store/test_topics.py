@@ -122,19 +122,23 @@ async def test_create_topic_failure_leaves_only_a_stray_that_is_cleaned(tmp_path
     assert not (tmp_path / ".half").exists()
 
 
-async def test_ensure_topic_creates_once(tmp_path):
+async def test_concurrent_creations_create_once_and_exists_means_there(tmp_path):
     async with store_at(tmp_path) as store:
-        topics = []
+        outcomes = []
 
-        async def ensure():
-            topics.append(await store.ensure_topic("auto"))
+        async def create():
+            try:
+                outcomes.append(await store.create_topic("auto"))
+            except TopicExists:
+                outcomes.append(store.topic("auto"))  # there once told it exists
 
         async with trio.open_nursery() as nursery:
             for _ in range(5):
-                nursery.start_soon(ensure)
-        assert len({id(t) for t in topics}) == 1
-        assert len(topics[0].partitions) == store.settings.default_partitions
-        await topics[0].partitions[0].append(bundle(1))
+                nursery.start_soon(create)
+        assert len(outcomes) == 5 and None not in outcomes
+        assert len({id(t) for t in outcomes}) == 1
+        assert len(outcomes[0].partitions) == store.settings.default_partitions
+        await outcomes[0].partitions[0].append(bundle(1))
 
 
 async def test_invalid_config_file_falls_back_to_defaults(tmp_path):

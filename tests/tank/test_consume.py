@@ -226,7 +226,7 @@ class ChunkCuttingBackend:
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.auto_create_topics = inner.auto_create_topics
+        self.auto_create = inner.auto_create
         self.fetch_sizes: list[list[int]] = []
 
     def __getattr__(self, name: str) -> Any:

@@ -8,9 +8,10 @@ the bridge and at the broker.
 - produce: bundles are checked here first (size, framing), as the embedded store does, so
   a bad one fails only its own batch and never reaches the broker; then one upstream
   Produce (ProduceWithSeqnum for batches with a base sequence) for all the appends of a
-  scheduler round (:mod:`gateway.backend.bridge.produce`). Missing topics are created upstream
-  when ``auto_create_topics`` is on. Tank's Produce response carries no sequence numbers,
-  so an OK outcome has them only where the batch named them (base sequence, sparse).
+  scheduler round (:mod:`gateway.backend.bridge.produce`). Missing topics are created
+  upstream as :class:`~gateway.backend.contract.AutoCreate` says. Tank's Produce response
+  carries no sequence numbers, so an OK outcome has them only where the batch named them
+  (base sequence, sparse).
 - fetch: one upstream Consume with the caller's long-poll parameters; identical fetches in
   flight share it (:mod:`gateway.backend.bridge.fetch`).
 - admin: forwarded as the matching Tank request.
@@ -33,6 +34,7 @@ from gateway.backend.bridge.fetch import FetchForwarder
 from gateway.backend.bridge.produce import Entry, ProduceForwarder
 from gateway.backend.bridge.upstream import Upstream, UpstreamUnavailable
 from gateway.backend.contract import (
+    AutoCreate,
     BackendStatus,
     CreateTopicCode,
     FetchOutcome,
@@ -78,16 +80,15 @@ class BridgeBackend:
                  max_bundle_bytes: int = 64 * 1024 * 1024,
                  wait_secs: float = DEFAULT_WAIT_SECS, metrics: Metrics | None = None) -> None:
         self.upstream = upstream
-        self.auto_create_topics = auto_create_topics
-        self.default_partitions = default_partitions
+        self.auto_create = AutoCreate(auto_create_topics, default_partitions)
         self.topic_config = dict(topic_config or {})
         self.max_bundle_bytes = max_bundle_bytes
         self.wait_secs = wait_secs
         self._metrics = metrics
         self._nursery = nursery
         self.produces = ProduceForwarder(
-            upstream, nursery, wait_secs=wait_secs,
-            create_topic=self._auto_create if auto_create_topics else None)
+            upstream, nursery, wait_secs=wait_secs, auto_create=self.auto_create,
+            create_topic=self.create_topic)
         self.fetches = FetchForwarder(upstream, nursery)
         self._produce_queue = ProduceQueue(self.produce, nursery.start_soon)
 
@@ -164,9 +165,6 @@ class BridgeBackend:
             return ProduceOutcome(ProduceCode.OK, batch.base_seq,
                                   batch.base_seq + info.msg_count - 1)
         return ProduceOutcome(ProduceCode.OK)
-
-    async def _auto_create(self, topic: str) -> CreateTopicCode:
-        return await self.create_topic(topic, self.default_partitions)
 
     # -- fetch -------------------------------------------------------------------------------
 

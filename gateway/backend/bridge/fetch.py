@@ -26,7 +26,7 @@ import structlog
 import trio
 
 from gateway.backend.bridge.upstream import Upstream, UpstreamUnavailable
-from gateway.backend.contract import EMPTY_CHUNK, BytesChunk, FetchOutcome, FetchStatus
+from gateway.backend.contract import BytesChunk, FetchOutcome, FetchStatus
 from gateway.client.tank import TankClient
 from protocols.tank.messages import ConsumePartitionResult
 from protocols.tank.types import ConsumeFlags
@@ -140,10 +140,12 @@ def fetch_outcome(result: ConsumePartitionResult | None) -> FetchOutcome:
         return FetchOutcome(FetchStatus.UNKNOWN_TOPIC)
     flags = result.flags
     if flags == ConsumeFlags.OK or flags == ConsumeFlags.SPARSE_FIRST_BUNDLE:
-        chunk = BytesChunk(result.chunk) if result.chunk else EMPTY_CHUNK
         base = result.base_seq_num if flags == ConsumeFlags.OK else None
+        if not result.chunk:  # the upstream's base is where the request resolved to
+            return FetchOutcome(FetchStatus.DATA, high_water_mark=result.high_water_mark,
+                                resolved_seq=base)
         return FetchOutcome(FetchStatus.DATA, high_water_mark=result.high_water_mark,
-                            base_seq=base, chunk=chunk)
+                            base_seq=base, chunk=BytesChunk(result.chunk))
     if flags == ConsumeFlags.BOUNDARY_CHECK:
         return FetchOutcome(FetchStatus.BOUNDARY, high_water_mark=result.high_water_mark,
                             first_available=result.first_available_seq_num)

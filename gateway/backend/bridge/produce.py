@@ -6,24 +6,24 @@ request, entries in call order; a call made while a request is in flight starts 
 request at once (requests are pipelined, not queued behind each other). One caller's
 entries stay in order, so one partition's bundles are appended in the order given.
 
-Entries the upstream answers with unknown topic are created there (CreateTopic) when
-``create_topic`` is given, then sent once more. While the upstream is away a request waits
-for it until its deadline; a request whose connection broke before the answer is sent again
-on the next connection. That is at-least-once, the contract of both protocols' clients,
-which resend what was not acknowledged anyway. Past the deadline the entries fail with
-I/O fault.
+Entries the upstream answers with unknown topic are created there (CreateTopic) when the
+backend's :class:`~gateway.backend.contract.AutoCreate` allows it, then sent once more.
+While the upstream is away a request waits for it until its deadline; a request whose
+connection broke before the answer is sent again on the next connection. That is
+at-least-once, the contract of both protocols' clients, which resend what was not
+acknowledged anyway. Past the deadline the entries fail with I/O fault.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Final, TypeAlias
 
 import structlog
 import trio
 
 from gateway.backend.bridge.upstream import Upstream, UpstreamUnavailable
-from gateway.backend.contract import CreateTopicCode, ProduceCode
+from gateway.backend.contract import AutoCreate, CreateTopic, ProduceCode, TopicRefused
 
 log = structlog.get_logger("figtank.bridge")
 
@@ -49,15 +49,16 @@ class _Call:
 class ProduceForwarder:
     """Sends produce entries upstream; see the module doc.
 
-    ``create_topic(name)`` creates a missing topic upstream (None: never create).
-    ``wait_secs`` is how long a request waits for an absent upstream.
+    A missing topic is created upstream with ``create_topic(name, partitions)`` when
+    ``auto_create`` allows it. ``wait_secs`` is how long a request waits for an absent
+    upstream.
     """
 
-    def __init__(self, upstream: Upstream, nursery: trio.Nursery, *,
-                 create_topic: Callable[[str], Awaitable[CreateTopicCode]] | None,
-                 wait_secs: float) -> None:
+    def __init__(self, upstream: Upstream, nursery: trio.Nursery, *, auto_create: AutoCreate,
+                 create_topic: CreateTopic, wait_secs: float) -> None:
         self._upstream = upstream
         self._nursery = nursery
+        self._auto_create = auto_create
         self._create_topic = create_topic
         self.wait_secs = wait_secs
         self._queue: list[_Call] = []
@@ -98,18 +99,19 @@ class ProduceForwarder:
     async def _forward(self, entries: list[Entry]) -> list[int]:
         deadline = trio.current_time() + self.wait_secs
         codes = await self._send(entries, deadline)
-        if self._create_topic is None:
-            return codes
-        unknown = [i for i, code in enumerate(codes) if code == ProduceCode.UNKNOWN_TOPIC]
+        unknown = [i for i, code in enumerate(codes) if code == ProduceCode.UNKNOWN_TOPIC
+                   and self._auto_create.allows(entries[i][0])]
         if not unknown:
             return codes
         created = set()
         for topic in dict.fromkeys(entries[i][0] for i in unknown):
-            code = await self._create_topic(topic)
-            if code in (CreateTopicCode.OK, CreateTopicCode.EXISTS):
-                created.add(topic)
+            try:
+                await self._auto_create.create(topic, self._create_topic)
+            except TopicRefused as exc:
+                assert exc.code is not None  # allowed: the creation itself failed
+                log.warning("upstream_create_topic_failed", topic=topic, code=exc.code.name)
             else:
-                log.warning("upstream_create_topic_failed", topic=topic, code=code.name)
+                created.add(topic)
         retry = [i for i in unknown if entries[i][0] in created]
         if retry:
             again = await self._send([entries[i] for i in retry], deadline)
