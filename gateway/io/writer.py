@@ -1,0 +1,408 @@
+"""One connection's send side: frames and file chunks in order, one send per batch, a budget.
+
+Every byte a listener or a client sends on a connection goes through one
+:class:`FrameWriter`, drained by one writer task (:meth:`FrameWriter.run`) that owns the
+socket's send side, so frames never interleave. What it queues:
+
+- byte strings (one or more whole frames), joined into one write of up to
+  :data:`~gateway.io.limits.MAX_WRITE` bytes;
+- frames of an *owner* (a Figg subscription) that :meth:`FrameWriter.drop` can take back
+  while unsent, and that are never sent once the owner is ``detached``;
+- an urgent lane (:meth:`FrameWriter.put_urgent`) that overtakes the ordered queue at the
+  next write;
+- a head and its file chunks (a Tank Consume response): the head is written, then each
+  file-backed chunk with ``os.sendfile`` straight from its file, or its bytes when it is
+  held in memory or the stream is not a plain socket (TLS, tests). Every chunk is closed
+  once sent, and also when the writer is closed with it still queued.
+
+The byte budget (:class:`SendBudget`) is the backpressure: ``put_*`` never block, and
+whoever produces output calls :meth:`FrameWriter.wait_writable` before making more, so a
+peer that does not read stops being served instead of growing the queue.
+
+With ``direct`` (the listeners), a put that finds the writer task idle writes what the
+socket takes at once (:func:`send_now`) instead of waking the task: a reply leaves the
+moment it is made. The clients leave it off, so that a burst of requests is batched into
+one write.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import deque
+from collections.abc import Sequence
+from typing import Protocol
+
+import trio
+from trio.lowlevel import ParkingLot
+
+from gateway.io.limits import MAX_WRITE, SENDFILE_STEP
+
+
+class ShortChunk(OSError):
+    """A file ended before the chunk announced in the head was sent."""
+
+
+class FileChunk(Protocol):
+    """A run of bytes in memory or in a file (:class:`gateway.backend.contract.Chunk`)."""
+
+    @property
+    def length(self) -> int: ...
+
+    def read_bytes(self) -> bytes: ...
+
+    def sendfile_source(self) -> tuple[int, int] | None: ...
+
+    def close(self) -> None: ...
+
+
+class Owner(Protocol):
+    """Whoever queued frames; frames of a detached owner are never sent."""
+
+    detached: bool
+
+
+def socket_fd(stream: object) -> int:
+    """The descriptor of a plain TCP stream, for :func:`send_now`; -1 for anything else
+    (TLS, memory streams in tests)."""
+    if isinstance(stream, trio.SocketStream):
+        return stream.socket.fileno()
+    return -1
+
+
+def send_now(fd: int, data: bytes) -> bytes:
+    """Write what the socket ``fd`` takes at once, without waiting; returns the rest.
+
+    Any failure (a full buffer, a broken connection, no plain socket: ``fd`` -1) writes
+    nothing here: the writer task sends the rest and meets the error itself.
+    """
+    if fd < 0:
+        return data
+    try:
+        sent = os.write(fd, data)
+    except OSError:
+        return data
+    return data[sent:] if sent else data
+
+
+class SendBudget:
+    """The bytes queued for one connection's socket, against the connection's limit.
+
+    The writer calls :meth:`add` when it queues and :meth:`release` once bytes are written
+    (or dropped); producers of output call :meth:`wait_writable` before making more.
+    :meth:`close` releases every waiter for good. ``limit`` may be ``math.inf`` (never
+    full).
+    """
+
+    __slots__ = ("_drained", "_has_space", "closed", "limit", "queued")
+
+    def __init__(self, limit: float) -> None:
+        if limit <= 0:
+            raise ValueError("the outbox limit must be positive")
+        self.limit = limit
+        #: Bytes queued or being written.
+        self.queued = 0
+        self.closed = False
+        self._has_space = ParkingLot()
+        self._drained = ParkingLot()
+
+    def add(self, size: int) -> None:
+        self.queued += size
+
+    def release(self, size: int) -> None:
+        """``size`` bytes left the queue: wake whoever waits for space or for empty."""
+        self.queued -= size
+        if self.queued < self.limit:
+            self._has_space.unpark_all()
+            if not self.queued:
+                self._drained.unpark_all()
+
+    def close(self) -> None:
+        self.closed = True
+        self.queued = 0
+        self._has_space.unpark_all()
+        self._drained.unpark_all()
+
+    async def wait_writable(self) -> None:
+        """Wait until the queue is under its limit (no checkpoint when it already is)."""
+        while self.queued >= self.limit and not self.closed:
+            await self._has_space.park()
+
+    async def wait_empty(self) -> None:
+        """Wait until everything queued has been written."""
+        while self.queued and not self.closed:
+            await self._drained.park()
+
+
+class _Owned:
+    """Frames an owner may take back while they are queued."""
+
+    __slots__ = ("data", "owner")
+
+    def __init__(self, owner: Owner, data: bytes) -> None:
+        self.owner = owner
+        self.data = data
+
+
+class _Chunks:
+    """A head, then its chunks in order."""
+
+    __slots__ = ("chunks", "head", "size")
+
+    def __init__(self, head: bytes, chunks: Sequence[FileChunk]) -> None:
+        self.head = head
+        self.chunks = list(chunks)
+        self.size = len(head) + sum(c.length for c in chunks)
+
+    def close(self) -> None:
+        for chunk in self.chunks:
+            chunk.close()
+
+
+class FrameWriter:
+    """An ordered queue of frames and file chunks for one connection; see the module doc.
+
+    ``limit`` bounds the queued bytes that :meth:`wait_writable` lets through
+    (``math.inf``: no bound); file-backed chunks count at their length: they are work for
+    the socket even if they take no memory. ``direct``: write at once when the writer task
+    is idle.
+    """
+
+    def __init__(self, stream: trio.abc.SendStream, limit: float = math.inf, *,
+                 direct: bool = True) -> None:
+        self._stream = stream
+        # sendfile and the sends need the socket itself; any other stream gets send_all.
+        self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
+        self._fd = socket_fd(stream) if direct else -1
+        self._budget = SendBudget(limit)
+        self._items: deque[bytes | _Owned | _Chunks] = deque()
+        self._urgent: deque[bytes] = deque()
+        self._idle = False
+        self._has_items = ParkingLot()
+        #: Bytes written to the socket so far.
+        self.bytes_sent = 0
+        #: Set to ``trio.current_time()`` whenever a write empties the queue.
+        self.drained_at = 0.0
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes queued or being written."""
+        return self._budget.queued
+
+    @property
+    def full(self) -> bool:
+        """At or over the budget: whoever produces frames should wait."""
+        return self._budget.queued >= self._budget.limit
+
+    async def wait_writable(self) -> None:
+        """Wait until the queue is under its budget (no checkpoint when it already is)."""
+        await self._budget.wait_writable()
+
+    async def wait_empty(self) -> None:
+        """Wait until everything queued has been written to the socket."""
+        await self._budget.wait_empty()
+
+    # --------------------------------------------------------------------------- puts
+
+    def put_nowait(self, data: bytes, owner: Owner | None = None) -> None:
+        """Queue ``data`` (one or more whole frames) behind everything queued so far.
+
+        Frames of an ``owner`` that is already detached, and anything put after
+        :meth:`close`, are dropped.
+        """
+        if not data or self._budget.closed or (owner is not None and owner.detached):
+            return
+        rest = self._write_now(data)
+        if not rest:
+            return
+        if len(rest) < len(data):
+            owner = None  # the rest of a frame already begun: never dropped
+        self._push(rest if owner is None else _Owned(owner, rest), len(rest))
+
+    def put_urgent(self, data: bytes) -> None:
+        """Queue frames that may overtake the ordered queue (Figg's PONG and ACK): in order
+        among themselves, at the next write, so a backlog never delays them."""
+        if not data or self._budget.closed:
+            return
+        rest = self._write_now(data)
+        if not rest:
+            return
+        self._urgent.append(rest)
+        self._budget.add(len(rest))
+        self._wake()
+
+    def put_chunks_nowait(self, head: bytes, chunks: Sequence[FileChunk]) -> None:
+        """Queue ``head`` followed by ``chunks``; the writer now owns the chunks and
+        closes them."""
+        if self._socket is not None and all(c.sendfile_source() is None for c in chunks):
+            # Held in memory (the tail cache): one write of head and chunks.
+            try:
+                data = b"".join([head, *(c.read_bytes() for c in chunks)])
+            finally:
+                for chunk in chunks:
+                    chunk.close()
+            self.put_nowait(data)
+            return
+        item = _Chunks(head, chunks)
+        if self._budget.closed:
+            item.close()
+            return
+        self._push(item, item.size)
+
+    def _write_now(self, data: bytes) -> bytes:
+        """With nothing queued and the writer parked, write what the socket takes now (no
+        task hand-off); returns the rest, all of ``data`` when the writer is busy."""
+        if not self._idle or self._fd < 0:
+            return data
+        rest = send_now(self._fd, data)
+        self.bytes_sent += len(data) - len(rest)
+        return rest
+
+    def _push(self, item: bytes | _Owned | _Chunks, size: int) -> None:
+        self._items.append(item)
+        self._budget.add(size)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._idle:
+            self._idle = False
+            self._has_items.unpark_all()
+
+    def drop(self, owner: Owner) -> int:
+        """Remove the frames of ``owner`` not yet handed to the socket; returns their size."""
+        kept: deque[bytes | _Owned | _Chunks] = deque()
+        dropped = 0
+        for item in self._items:
+            if type(item) is _Owned and item.owner is owner:
+                dropped += len(item.data)
+            else:
+                kept.append(item)
+        if dropped:
+            self._items = kept
+            self._budget.release(dropped)
+        return dropped
+
+    def close(self) -> None:
+        """Drop everything queued, closing its chunks; later puts are dropped too."""
+        for item in self._items:
+            if type(item) is _Chunks:
+                item.close()
+        self._items.clear()
+        self._urgent.clear()
+        self._budget.close()
+
+    # ------------------------------------------------------------------------- writer
+
+    async def run(self) -> None:
+        """The writer task: send what is queued until cancelled or the socket breaks.
+
+        Raises ``trio.BrokenResourceError`` / ``trio.ClosedResourceError`` when the peer is
+        gone, :class:`ShortChunk` when a file is shorter than its chunk, and the
+        ``OSError`` of reading a chunk's bytes. Whatever is still queued when it ends is
+        closed.
+        """
+        try:
+            await self._run()
+        finally:
+            self.close()
+
+    async def _run(self) -> None:
+        urgent = self._urgent
+        while True:
+            # Read on every round: drop() replaces the deque.
+            while not self._items and not urgent:
+                self._idle = True
+                await self._has_items.park()
+            parts: list[bytes] = []
+            size = 0
+            while urgent:
+                data = urgent.popleft()
+                parts.append(data)
+                size += len(data)
+            items = self._items
+            while items:
+                item = items[0]
+                if isinstance(item, _Chunks):
+                    items.popleft()
+                    await self._send_chunks(parts, size, item)
+                    parts, size = [], 0
+                    break
+                data = item.data if isinstance(item, _Owned) else item
+                if size and size + len(data) > MAX_WRITE:
+                    break
+                items.popleft()
+                parts.append(data)
+                size += len(data)
+            if parts:
+                await self._send(parts)
+                self._sent(size)
+
+    async def _send_chunks(self, parts: list[bytes], size: int, item: _Chunks) -> None:
+        """Send the frames before ``item``, then ``item``'s head and chunks."""
+        try:
+            parts.append(item.head)
+            size += len(item.head)
+            for chunk in item.chunks:
+                source = chunk.sendfile_source() if self._socket is not None else None
+                if source is None:
+                    parts.append(chunk.read_bytes())
+                    size += chunk.length
+                    continue
+                # No MSG_MORE on the head: Linux keeps the tail of the sendfile that
+                # follows corked (~200 ms per response).
+                await self._send(parts)
+                self._sent(size)
+                parts.clear()
+                size = 0
+                await self._sendfile(*source, chunk.length)
+                self._sent(chunk.length)
+            if parts:
+                await self._send(parts)
+                self._sent(size)
+        finally:
+            item.close()
+
+    def _sent(self, size: int) -> None:
+        self._budget.release(size)
+        if not self._budget.queued:
+            self.drained_at = trio.current_time()
+
+    async def _send(self, parts: list[bytes]) -> None:
+        if not parts:
+            return
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        sock = self._socket
+        if sock is None:
+            await self._stream.send_all(data)
+            self.bytes_sent += len(data)
+            return
+        with memoryview(data) as view:
+            sent = 0
+            total = len(data)
+            while sent < total:
+                try:
+                    sent += await sock.send(view[sent:])
+                except OSError as exc:
+                    raise trio.BrokenResourceError(f"socket connection broken: {exc!r}"
+                                                   ) from exc
+        self.bytes_sent += total
+
+    async def _sendfile(self, fd: int, offset: int, count: int) -> None:
+        sock = self._socket
+        assert sock is not None
+        out = sock.fileno()
+        while count:
+            try:
+                sent = os.sendfile(out, fd, offset, min(count, SENDFILE_STEP))
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(sock)
+                continue
+            except OSError as exc:
+                raise trio.BrokenResourceError(f"sendfile failed: {exc!r}") from exc
+            if sent == 0:
+                raise ShortChunk(f"segment file ended {count} bytes before the chunk's end")
+            offset += sent
+            count -= sent
+            self.bytes_sent += sent
+            # A peer that keeps up never makes sendfile block: let other tasks run.
+            await trio.lowlevel.checkpoint()

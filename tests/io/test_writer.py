@@ -1,0 +1,173 @@
+"""The frame writer on a real loopback connection: order, lanes, budget, file chunks."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import trio
+
+from gateway.io.writer import FrameWriter, ShortChunk
+from tests.io.helpers import FileRange, receive_exactly, reset, tcp_pair
+
+
+async def written(writer: FrameWriter, receiver: trio.SocketStream, size: int) -> bytes:
+    """Run ``writer`` until ``size`` bytes arrived and its queue is empty; those bytes."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer.run)
+        data = await receive_exactly(receiver, size)
+        await writer.wait_empty()
+        nursery.cancel_scope.cancel()
+    return data
+
+
+class Sub:
+    def __init__(self) -> None:
+        self.detached = False
+
+
+async def test_urgent_frames_overtake_the_ordered_queue_in_one_write() -> None:
+    async with tcp_pair() as (sender, receiver):
+        writer = FrameWriter(sender)
+        sub = Sub()
+        writer.put_nowait(b"ATTACHED;")
+        writer.put_nowait(b"DATA1;", sub)
+        writer.put_urgent(b"PONG;")
+        writer.put_nowait(b"DATA2;", sub)
+        writer.put_urgent(b"ACK;")
+        assert writer.queued_bytes == 30
+        assert await written(writer, receiver, 30) == b"PONG;ACK;ATTACHED;DATA1;DATA2;"
+        assert writer.bytes_sent == 30 and writer.queued_bytes == 0
+
+
+async def test_an_idle_writer_lets_a_put_write_at_once() -> None:
+    async with tcp_pair() as (sender, receiver):
+        writer = FrameWriter(sender)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.run)
+            await trio.testing.wait_all_tasks_blocked()
+            writer.put_nowait(b"reply")
+            # Written by the put itself: nothing queued, no task woken.
+            assert writer.bytes_sent == 5 and writer.queued_bytes == 0
+            assert await receive_exactly(receiver, 5) == b"reply"
+            nursery.cancel_scope.cancel()
+
+
+async def test_without_direct_writes_a_burst_is_queued_for_the_writer_task() -> None:
+    async with tcp_pair() as (sender, receiver):
+        writer = FrameWriter(sender, direct=False)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.run)
+            await trio.testing.wait_all_tasks_blocked()
+            for i in range(100):
+                writer.put_nowait(b"%03d" % i)
+            assert writer.bytes_sent == 0 and writer.queued_bytes == 300
+            data = await receive_exactly(receiver, 300)
+            assert data == b"".join(b"%03d" % i for i in range(100))
+            nursery.cancel_scope.cancel()
+
+
+async def test_the_budget_holds_producers_while_the_peer_does_not_read() -> None:
+    limit = 64 * 1024
+    async with tcp_pair(rcvbuf=16 * 1024, sndbuf=16 * 1024) as (sender, receiver):
+        writer = FrameWriter(sender, limit)
+        payload = os.urandom(8 * 1024)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.run)
+            put = 0
+            # nowait never blocks, even past the budget ...
+            while not writer.full:
+                writer.put_nowait(payload)
+                put += len(payload)
+                await trio.testing.wait_all_tasks_blocked()
+            writer.put_nowait(payload)
+            put += len(payload)
+            assert writer.queued_bytes >= limit
+            # ... but wait_writable holds whoever produces more until the peer reads.
+            with trio.move_on_after(0.2) as waited:
+                await writer.wait_writable()
+            assert waited.cancelled_caught
+            received = bytearray()
+
+            async def read_all() -> None:
+                received.extend(await receive_exactly(receiver, put))
+
+            nursery.start_soon(read_all)
+            with trio.fail_after(10):
+                await writer.wait_writable()
+                await writer.wait_empty()
+            assert not writer.full
+            await trio.testing.wait_all_tasks_blocked()
+            assert bytes(received) == payload * (put // len(payload))
+            nursery.cancel_scope.cancel()
+
+
+async def test_frames_of_an_owner_are_dropped_while_queued_and_once_detached() -> None:
+    async with tcp_pair() as (sender, receiver):
+        writer = FrameWriter(sender)
+        sub, other = Sub(), Sub()
+        writer.put_nowait(b"a", sub)
+        writer.put_nowait(b"b", other)
+        writer.put_nowait(b"c", sub)
+        assert writer.drop(sub) == 2
+        sub.detached = True
+        writer.put_nowait(b"d", sub)
+        writer.put_nowait(b"e")
+        assert writer.queued_bytes == 2
+        assert await written(writer, receiver, 2) == b"be"
+
+
+async def test_file_chunks_go_by_sendfile_after_their_head(tmp_path) -> None:
+    path = tmp_path / "segment"
+    body = os.urandom(300_000)
+    path.write_bytes(body)
+    chunks = [FileRange(str(path), 0, 100_000), FileRange(str(path), 100_000, 200_000)]
+    async with tcp_pair() as (sender, receiver):
+        writer = FrameWriter(sender)
+        writer.put_nowait(b"before;")
+        writer.put_chunks_nowait(b"head;", chunks)
+        writer.put_nowait(b";after")
+        total = 7 + 5 + 300_000 + 6
+        assert writer.queued_bytes == total
+        assert await written(writer, receiver, total) == b"before;head;" + body + b";after"
+    assert all(c.closed for c in chunks)
+
+
+async def test_a_file_shorter_than_its_chunk_raises_short_chunk(tmp_path) -> None:
+    path = tmp_path / "segment"
+    path.write_bytes(b"x" * 10)
+    chunk = FileRange(str(path), 0, 20)
+    async with tcp_pair() as (sender, _receiver):
+        writer = FrameWriter(sender)
+        writer.put_chunks_nowait(b"h", [chunk])
+        with pytest.raises(ShortChunk):
+            await writer.run()
+    assert chunk.closed
+
+
+async def test_close_drops_what_is_queued_and_closes_its_chunks(tmp_path) -> None:
+    path = tmp_path / "segment"
+    path.write_bytes(b"x" * 10)
+    chunk = FileRange(str(path), 0, 10)
+    async with tcp_pair() as (sender, _receiver):
+        writer = FrameWriter(sender, 100)
+        writer.put_nowait(b"frame")
+        writer.put_chunks_nowait(b"h", [chunk])
+        writer.close()
+        assert chunk.closed and writer.queued_bytes == 0
+        late = FileRange(str(path), 0, 10)
+        writer.put_chunks_nowait(b"h", [late])
+        writer.put_nowait(b"late")
+        assert late.closed and writer.queued_bytes == 0
+        await writer.wait_writable()  # closed: never waits
+        await writer.wait_empty()
+
+
+async def test_a_reset_peer_breaks_the_writer() -> None:
+    async with tcp_pair() as (sender, receiver):
+        writer = FrameWriter(sender)
+        reset(receiver)
+        await trio.sleep(0.05)
+        writer.put_nowait(b"x" * 1024 * 1024)
+        with trio.fail_after(5), pytest.raises(trio.BrokenResourceError):
+            await writer.run()
