@@ -25,15 +25,9 @@ from gateway.figg.outbox import Outbox
 from gateway.figg.publisher import AckQueue, Publishing
 from gateway.figg.subscription import Subscription, SubscriptionError
 from gateway.server.config import Settings
-from gateway.server.listening import (
-    DRAIN_SECS,
-    CloseConnection,
-    protocol_close,
-    receive_or_close,
-)
 from gateway.server.metrics import Metrics
+from gateway.server.session import PROTOCOL_ERRORS, CloseConnection, Session
 from protocols.connection import CLOSED, Role
-from protocols.errors import ProtocolError
 from protocols.figg.connection import FiggConnection
 from protocols.figg.messages import FAST, Attach, Detach, MessageType, Ping
 from protocols.translate import PublishBatch
@@ -42,84 +36,49 @@ from protocols.wire import UINT64_MAX
 #: Published bytes a connection may have waiting for their ACK before it stops reading.
 PUBLISH_INFLIGHT_BYTES: Final = 8 * 1024 * 1024
 
-#: Closes after which pending ACKs and replies are still sent (the socket works).
-_DRAIN_ON: Final = frozenset({"protocol_error", "frame_too_large", "invalid_topic", "unknown_topic",
-                              "unknown_partition"})
-
 _encode_attached = FAST[MessageType.ATTACHED].encode_frame
 _encode_detached = FAST[MessageType.DETACHED].encode_frame
 _encode_pong = FAST[MessageType.PONG].encode_frame
 
 
-class FiggSession:
-    """Serves one accepted Figg connection until it closes; see :meth:`run`."""
+class FiggSession(Session):
+    """Serves one accepted Figg connection until it closes; see :meth:`Session.run`."""
+
+    #: Closes after which pending ACKs and replies are still sent (the socket works): the
+    #: client misbehaved, but its earlier publishes still get their ACK.
+    DRAIN_ON = frozenset({"protocol_error", "frame_too_large", "invalid_topic",
+                          "unknown_topic", "unknown_partition"})
+
+    _outbox: Outbox
 
     def __init__(self, stream: trio.SocketStream, *, backend: Backend, settings: Settings,
                  metrics: Metrics, frames: DataFrameCache, feeds: TailFeeds,
                  log: structlog.typing.FilteringBoundLogger) -> None:
-        self._stream = stream
+        super().__init__(stream, Outbox(stream, settings.subscriber_buffer_bytes))
         self._backend = backend
         self._settings = settings
         self._metrics = metrics
         self._frames = frames
         self._feeds = feeds
         self._log = log
-        self._outbox = Outbox(stream, settings.subscriber_buffer_bytes)
+        self._conn = FiggConnection(Role.SERVER, max_frame_size=settings.max_frame_bytes)
         self._acks = AckQueue(self._outbox, self._publish_failed)
         self._publishing = Publishing(backend, self._acks)
         self._subs: dict[str, Subscription] = {}
         self._partitions: dict[str, TankPartition] = {}
-        self._nursery: trio.Nursery | None = None
-        self._close: CloseConnection | None = None
-        #: Around the reads from the client: cancelled by shutdown().
-        self._reading = trio.CancelScope()
         self._requests = metrics.requests
         self._published_ok = metrics.requests.labels("figg", "publish", "ok")
         self.messages_received = 0
-
-    @property
-    def bytes_sent(self) -> int:
-        return self._outbox.bytes_sent
 
     @property
     def published(self) -> int:
         """PUBLISHes acknowledged on this connection."""
         return self._acks.acked
 
-    async def run(self) -> CloseConnection:
-        """Serve the connection; returns why it ended. The caller closes the stream."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            nursery.start_soon(self._write)
-            try:
-                with self._reading:
-                    await self._read()
-            except CloseConnection as close:
-                self._close = self._close or close
-                if close.kind in _DRAIN_ON:
-                    # The client misbehaved but its earlier publishes still get their ACK.
-                    await self._drain()
-            if self._reading.cancelled_caught:
-                self._close = self._close or CloseConnection("shutdown", "server shutting down")
-                await self._drain()
-            nursery.cancel_scope.cancel()
+    def _ended(self) -> None:
         self._acks.close()
         for sub in self._subs.values():
             sub.detached = True
-        return self._close or CloseConnection("eof", "peer closed the connection")
-
-    def shutdown(self) -> None:
-        """The server is stopping: read nothing more from the client, stop delivery, send
-        the ACKs of the publishes already read (once durable) and what is queued, then
-        close. An idle connection closes at once."""
-        self._reading.cancel()
-
-    def _closing(self, close: CloseConnection) -> None:
-        """Record the first reason to close and stop every task of the connection."""
-        if self._close is None:
-            self._close = close
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
 
     def _publish_failed(self, reason: str) -> None:
         # Read nothing more, but let what is queued before the failed publish go out (its
@@ -128,42 +87,29 @@ class FiggSession:
             self._close = CloseConnection("publish_failed", reason)
         self._reading.cancel()
 
-    # ------------------------------------------------------------------------- tasks
+    # ------------------------------------------------------------------------- reading
 
-    async def _write(self) -> None:
-        try:
-            await self._outbox.run()
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self._closing(CloseConnection("send_failed", f"send failed: {exc!r}"))
+    async def _wait_readable(self) -> None:
+        # Backpressure: no more input while replies or publishes are piling up.
+        await self._outbox.wait_writable()
+        await self._acks.wait_below(PUBLISH_INFLIGHT_BYTES)
 
-    async def _read(self) -> None:
-        conn = FiggConnection(Role.SERVER, max_frame_size=self._settings.max_frame_bytes)
-        stream = self._stream
-        outbox = self._outbox
-        acks = self._acks
-        while True:
-            # Backpressure: no more input while replies or publishes are piling up.
-            await outbox.wait_writable()
-            await acks.wait_below(PUBLISH_INFLIGHT_BYTES)
-            conn.receive_data(await receive_or_close(stream))
-            while True:  # once more after events: a bad frame after them raises then
-                try:
-                    events = conn.next_batch(int(time.time() * 1000))
-                except ProtocolError as exc:
-                    raise protocol_close(exc) from None
-                if not events:
-                    break
-                if await self._handle(events):
-                    await self._drain()
-                    return
+    async def _received(self, data: bytes | bytearray) -> bool:
+        conn = self._conn
+        conn.receive_data(data)
+        while True:  # once more after events: a bad frame after them raises then
+            with PROTOCOL_ERRORS:
+                events = conn.next_batch(int(time.time() * 1000))
+            if not events:
+                return False
+            if await self._handle(events):
+                return True
 
-    async def _drain(self) -> None:
-        """After a clean EOF: stop delivery, let pending ACKs and replies go out."""
+    async def _settle(self) -> None:
+        """Stop delivery; wait for the ACKs of the publishes already read."""
         for sub in self._subs.values():
             sub.detach()
-        with trio.move_on_after(DRAIN_SECS):
-            await self._acks.wait_below(1)
-            await self._outbox.wait_empty()
+        await self._acks.wait_below(1)
 
     # ---------------------------------------------------------------------- dispatch
 

@@ -24,6 +24,7 @@ no request for ``idle_timeout_secs`` while nothing is in flight close this conne
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any, Final
 
 import structlog
@@ -37,21 +38,16 @@ from gateway.backend.contract import (
     FetchStatus,
     ProduceOutcome,
 )
+from gateway.io.errors import STREAM_ERRORS, ExceptionMap, failed
 from gateway.server.config import Settings
-from gateway.server.listening import (
-    DRAIN_SECS,
-    CloseConnection,
-    protocol_close,
-    receive_or_close,
-)
 from gateway.server.metrics import Metrics
+from gateway.server.session import PROTOCOL_ERRORS, CloseConnection, Session
 from gateway.tank import admin
 from gateway.tank.consume import consume_reply, fetch_requests
 from gateway.tank.lane import OrderedLane
 from gateway.tank.outbox import ShortChunk, TankOutbox
 from gateway.tank.produce import all_ok, produce_batches, produce_response
 from protocols.connection import CLOSED, NEED_DATA, Role
-from protocols.errors import ProtocolError
 from protocols.tank.connection import TankConnection
 from protocols.tank.messages import (
     ConsumePeerRequest,
@@ -120,13 +116,22 @@ def _produce_size(request: Any) -> int:
     return sum(len(p.bundle) for t in request.topics for p in t.partitions)
 
 
-class TankSession:
-    """Serves one accepted Tank connection until it closes; see :meth:`run`."""
+class TankSession(Session):
+    """Serves one accepted Tank connection until it closes; see :meth:`Session.run`."""
+
+    #: The writer's failures: a broken socket, or a segment file that fails it.
+    WRITE_ERRORS = ExceptionMap(
+        (ShortChunk, lambda exc: CloseConnection("short_chunk", str(exc))),
+        (STREAM_ERRORS, failed("send", partial(CloseConnection, "send_failed"))),
+        (OSError, lambda exc: CloseConnection("backend_error", f"reading a chunk: {exc!r}")),
+    )
+
+    _outbox: TankOutbox
 
     def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: Settings,
                  metrics: Metrics, counter: RequestCounter,
                  log: structlog.typing.FilteringBoundLogger) -> None:
-        self._stream = stream
+        super().__init__(stream, TankOutbox(stream, OUTBOX_LIMIT))
         self._backend = backend
         self._settings = settings
         self._metrics = metrics
@@ -135,97 +140,56 @@ class TankSession:
         self._read_partitions: set[tuple[str, int]] = set()
         self._log = log
         self._conn = TankConnection(Role.SERVER, max_frame_size=settings.max_frame_bytes)
-        self._outbox = TankOutbox(stream, OUTBOX_LIMIT)
         self._lane = OrderedLane(LANE_BATCH_BYTES)
         self._in_flight = 0
         #: Bytes of Produce requests handed to the backend and not yet answered.
         self._produce_bytes = 0
         self._settled = ParkingLot()
         self._last_activity = trio.current_time()
-        self._nursery: trio.Nursery | None = None
-        self._close: CloseConnection | None = None
-        #: Around the reads from the client, and each long poll: cancelled by shutdown().
-        self._reading = trio.CancelScope()
+        #: Each long poll's scope: cancelled by shutdown().
         self._polls: set[trio.CancelScope] = set()
         self._stopping = False
         #: Requests received on this connection.
         self.requests = 0
 
-    @property
-    def bytes_sent(self) -> int:
-        return self._outbox.bytes_sent
+    def _start_tasks(self, nursery: trio.Nursery) -> None:
+        nursery.start_soon(self._serve_lane)
+        timeout = self._settings.idle_timeout_secs
+        if timeout > 0 and math.isfinite(timeout):
+            nursery.start_soon(self._watch_idle, timeout)
+        self._outbox.put_nowait(self._conn.send(Ping()))
 
-    async def run(self) -> CloseConnection:
-        """Serve the connection; returns why it ended. The caller closes the stream."""
-        try:
-            return await self._run()
-        finally:
-            for where in self._read_partitions:
-                self._metrics.reader_lag.remove((self, where))
-
-    async def _run(self) -> CloseConnection:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            nursery.start_soon(self._write)
-            nursery.start_soon(self._serve_lane)
-            timeout = self._settings.idle_timeout_secs
-            if timeout > 0 and math.isfinite(timeout):
-                nursery.start_soon(self._watch_idle, timeout)
-            self._outbox.put_nowait(self._conn.send(Ping()))
-            try:
-                with self._reading:
-                    await self._read()
-                if self._reading.cancelled_caught:
-                    self._close = self._close or CloseConnection("shutdown",
-                                                                 "server shutting down")
-                with trio.move_on_after(DRAIN_SECS):
-                    await self._wait_settled()
-                    await self._outbox.wait_empty()
-            except CloseConnection as close:
-                self._closing(close)
-            nursery.cancel_scope.cancel()
-        return self._close or CloseConnection("eof", "peer closed the connection")
+    def _ended(self) -> None:
+        for where in self._read_partitions:
+            self._metrics.reader_lag.remove((self, where))
 
     def shutdown(self) -> None:
         """The server is stopping: read no more requests and drop the parked long polls
         (unanswered: the connection closes); the requests in flight are answered, then
         the connection closes. An idle connection closes at once."""
         self._stopping = True
-        self._reading.cancel()
+        super().shutdown()
         for poll in self._polls:
             poll.cancel()
 
-    def _closing(self, close: CloseConnection) -> None:
-        """Record the first reason to close and stop every task of the connection."""
-        if self._close is None:
-            self._close = close
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
-
     # ------------------------------------------------------------------------- reading
 
-    async def _read(self) -> None:
-        """Receive and dispatch requests until a clean EOF (returns) or a reason to close."""
-        stream = self._stream
+    async def _received(self, data: bytes | bytearray) -> bool:
+        """Dispatch every request in the buffer; True after a clean EOF."""
         conn = self._conn
-        outbox = self._outbox
+        conn.receive_data(data)
         while True:
-            await outbox.wait_writable()
-            conn.receive_data(await receive_or_close(stream))
-            while True:
-                try:
-                    event = conn.next_event()
-                except ProtocolError as exc:
-                    raise protocol_close(exc) from None
-                if event is NEED_DATA:
-                    break
-                if event is CLOSED:
-                    return
-                # One read can hold thousands of small requests: admit them as they fit.
-                while (self._in_flight >= MAX_IN_FLIGHT
-                       or self._lane.queued_bytes + self._produce_bytes >= PRODUCE_LIMIT):
-                    await self._settled.park()
-                self._dispatch(event)
+            with PROTOCOL_ERRORS:
+                event = conn.next_event()
+            if event is NEED_DATA:
+                return False
+            if event is CLOSED:
+                return True
+            # One read can hold thousands of small requests: admit them as they fit.
+            while (self._in_flight >= MAX_IN_FLIGHT
+                   or self._lane.queued_bytes + self._produce_bytes >= PRODUCE_LIMIT):
+                await self._settled.park()
+            self._dispatch(event)
 
     def _dispatch(self, request: Any) -> None:
         kind = type(request)
@@ -272,7 +236,7 @@ class TankSession:
         self._last_activity = trio.current_time()
         self._settled.unpark_all()
 
-    async def _wait_settled(self) -> None:
+    async def _settle(self) -> None:
         while self._in_flight:
             await self._settled.park()
 
@@ -382,16 +346,6 @@ class TankSession:
             start += n
 
     # --------------------------------------------------------------------- background
-
-    async def _write(self) -> None:
-        try:
-            await self._outbox.run()
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self._closing(CloseConnection("send_failed", f"send failed: {exc!r}"))
-        except ShortChunk as exc:
-            self._closing(CloseConnection("short_chunk", str(exc)))
-        except OSError as exc:
-            self._closing(CloseConnection("backend_error", f"reading a chunk: {exc!r}"))
 
     async def _watch_idle(self, timeout: float) -> None:
         """Close the connection once no request came and nothing was in flight for

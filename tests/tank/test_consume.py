@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import trio
 
-import gateway.tank.outbox
+import gateway.io.writer
 import gateway.tank.session
 from gateway.backend.contract import BytesChunk, FetchOutcome, FetchRequest
 from gateway.backend.embedded import open_embedded_backend
@@ -282,7 +282,7 @@ async def test_chunks_go_out_with_sendfile_unless_cached(tmp_path: Path, tail_ca
         calls.append(count)
         return real(out, fd, offset, count)
 
-    monkeypatch.setattr(gateway.tank.outbox.os, "sendfile", counting)
+    monkeypatch.setattr(gateway.io.writer.os, "sendfile", counting)
     values = [os.urandom(1000) for _ in range(300)]
     async with tank_server(tmp_path / "data", tail_cache_bytes=tail_cache) as server, \
             open_tank_client(server.host, server.port, request_timeout=10) as client:

@@ -1,0 +1,163 @@
+"""What both listeners' sessions share: read with backpressure, close for one reason, drain.
+
+A :class:`Session` serves one accepted connection. :meth:`Session.run` runs the writer
+task (the connection's :class:`~gateway.io.writer.FrameWriter`) and the protocol's own
+tasks in one nursery and reads until one of:
+
+- a clean EOF: what is in flight is finished and sent (up to :data:`DRAIN_SECS`), then
+  the connection closes (``eof``);
+- :meth:`Session.shutdown` (the server stops): reading stops, the same drain, ``shutdown``;
+- a :class:`CloseConnection`, raised by the reader or recorded by a task with
+  :meth:`Session._closing`: the first reason recorded is the one reported; closes whose
+  kind is in :attr:`Session.DRAIN_ON` still drain (the socket works), the others close
+  at once.
+
+A protocol's session says how it waits before reading (:meth:`Session._wait_readable`),
+what it does with the bytes (:meth:`Session._received`), what "in flight" means
+(:meth:`Session._settle`) and what its writer's failures mean (:attr:`Session.WRITE_ERRORS`).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import ClassVar, Final, Protocol
+
+import trio
+
+from gateway.io.errors import ExceptionMap, socket_errors
+from gateway.io.limits import RECEIVE_SIZE
+from gateway.io.writer import FrameWriter
+from protocols.errors import FrameTooLarge, ProtocolError
+
+#: Seconds a closing connection gets to send what it still owes (ACKs, replies).
+DRAIN_SECS: Final = 5.0
+
+
+class SessionEnd(Protocol):
+    """How a session ended: a short ``kind`` for metrics and a ``reason`` for people."""
+
+    kind: str
+    reason: str
+
+
+class CloseConnection(Exception):
+    """End the connection: ``kind`` is a short metric label, ``reason`` the logged text."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+
+
+def protocol_close(exc: BaseException) -> CloseConnection:
+    """The close a peer's protocol violation calls for."""
+    kind = "frame_too_large" if isinstance(exc, FrameTooLarge) else "protocol_error"
+    return CloseConnection(kind, str(exc))
+
+
+#: Around parsing the peer's bytes: a protocol violation closes the connection.
+PROTOCOL_ERRORS: Final = ExceptionMap((ProtocolError, protocol_close))
+#: Around a read from the peer: a broken socket closes the connection.
+RECEIVE_ERRORS: Final = socket_errors("receive", partial(CloseConnection, "reset"))
+#: Around the writer task: a broken socket closes the connection.
+SEND_ERRORS: Final = socket_errors("send", partial(CloseConnection, "send_failed"))
+
+
+class Session:
+    """One connection of a listener; see the module doc. Subclasses implement
+    :meth:`_received` and may override the other hooks."""
+
+    #: Close kinds after which what is queued is still sent (the socket works).
+    DRAIN_ON: ClassVar[frozenset[str]] = frozenset()
+    #: What the writer task's failures mean.
+    WRITE_ERRORS: ClassVar[ExceptionMap] = SEND_ERRORS
+
+    def __init__(self, stream: trio.abc.Stream, outbox: FrameWriter) -> None:
+        self._stream = stream
+        self._outbox = outbox
+        self._nursery: trio.Nursery | None = None
+        self._close: CloseConnection | None = None
+        #: Around the reads from the client: cancelled by shutdown().
+        self._reading = trio.CancelScope()
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._outbox.bytes_sent
+
+    async def run(self) -> CloseConnection:
+        """Serve the connection; returns why it ended. The caller closes the stream."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._write)
+                self._start_tasks(nursery)
+                try:
+                    with self._reading:
+                        await self._read()
+                    if self._reading.cancelled_caught:
+                        self._close = self._close or CloseConnection(
+                            "shutdown", "server shutting down")
+                    await self._drain()
+                except CloseConnection as close:
+                    self._close = self._close or close
+                    if close.kind in self.DRAIN_ON:
+                        await self._drain()
+                nursery.cancel_scope.cancel()
+        finally:
+            self._ended()
+        return self._close or CloseConnection("eof", "peer closed the connection")
+
+    def shutdown(self) -> None:
+        """The server is stopping: read nothing more from the client, finish and send what
+        is in flight, then close. An idle connection closes at once."""
+        self._reading.cancel()
+
+    def _closing(self, close: CloseConnection) -> None:
+        """Record the first reason to close and stop every task of the connection."""
+        if self._close is None:
+            self._close = close
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def _read(self) -> None:
+        """Receive and handle input until a clean EOF (returns) or a reason to close."""
+        stream = self._stream
+        while True:
+            await self._wait_readable()
+            with RECEIVE_ERRORS:
+                data = await stream.receive_some(RECEIVE_SIZE)
+            if await self._received(data):
+                return
+
+    async def _write(self) -> None:
+        try:
+            with self.WRITE_ERRORS:
+                await self._outbox.run()
+        except CloseConnection as close:
+            self._closing(close)
+
+    async def _drain(self) -> None:
+        """Let what is in flight finish and what is queued go out, for up to DRAIN_SECS."""
+        with trio.move_on_after(DRAIN_SECS):
+            await self._settle()
+            await self._outbox.wait_empty()
+
+    # -------------------------------------------------------------------------- hooks
+
+    def _start_tasks(self, nursery: trio.Nursery) -> None:
+        """Start the protocol's own tasks beside the writer."""
+
+    async def _wait_readable(self) -> None:
+        """Backpressure: wait before the next read while output is piling up."""
+        await self._outbox.wait_writable()
+
+    async def _received(self, data: bytes | bytearray) -> bool:
+        """Handle bytes from the peer (``b""``: EOF); True after a clean EOF. Raises
+        :class:`CloseConnection` to close."""
+        raise NotImplementedError
+
+    async def _settle(self) -> None:
+        """While closing: wait until what is in flight is answered (queued)."""
+
+    def _ended(self) -> None:
+        """After the connection's tasks ended, whichever way."""
