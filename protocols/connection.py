@@ -15,8 +15,15 @@ from typing import Any, Final
 
 from protocols.errors import FrameTooLarge, ProtocolError
 
-#: Default largest payload a connection accepts (64 MiB).
+#: The largest frame payload a connection accepts from its peer unless told otherwise
+#: (64 MiB): the default of both protocols' connection objects, so of what a figtank
+#: server and a Figg client accept. One meaning only; for what a Tank client accepts
+#: from a broker see :data:`BROKER_MAX_FRAME`.
 DEFAULT_MAX_FRAME: Final = 64 * 1024 * 1024
+#: The largest frame payload a Tank client accepts from a broker (256 MiB, the Tank
+#: broker's own limit): one Consume response may carry that much, so a client (figtank's
+#: Tank client, the bridge's upstream connection) allows more than a server does.
+BROKER_MAX_FRAME: Final = 256 * 1024 * 1024
 
 
 class _Sentinel:

@@ -40,13 +40,12 @@ from __future__ import annotations
 
 import enum
 import math
-import random
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import structlog
 import trio
@@ -60,7 +59,11 @@ from gateway.client.errors import (
     RequestRefused,
     os_reason,
 )
-from gateway.client.lone import raise_lone
+from gateway.client.lone import running
+from gateway.io.backoff import Backoff, ExponentialBackoff
+from gateway.io.errors import socket_errors
+from gateway.io.limits import RECEIVE_SIZE
+from gateway.io.writer import FrameWriter
 from protocols.connection import CLOSED, DEFAULT_MAX_FRAME, Role
 from protocols.errors import ProtocolError
 from protocols.figg.connection import FiggConnection
@@ -83,8 +86,6 @@ __all__ = [
     "open_figg_client",
 ]
 
-#: Bytes asked of the socket per read.
-RECEIVE_SIZE: Final = 256 * 1024
 DEFAULT_WINDOW: Final = 256
 DEFAULT_PING_INTERVAL: Final = 2.0
 DEFAULT_MAX_MISSED_PINGS: Final = 2
@@ -104,30 +105,6 @@ class ConnectionState(enum.Enum):
 
     CONNECTED = "connected"
     DISCONNECTED = "disconnected"
-
-
-class Backoff(Protocol):
-    """Seconds to wait before connection attempt ``attempt`` (0 = the first redial)."""
-
-    def __call__(self, attempt: int) -> float: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ExponentialBackoff:
-    """Figg's default: 0, then ``base * 2**(attempt-1)`` capped at ``cap``, times a jitter
-    drawn from ``[jitter[0], jitter[1])``."""
-
-    base: float = 1.0
-    cap: float = 30.0
-    jitter: tuple[float, float] = (0.8, 1.2)
-    rng: Callable[[], float] = random.random
-
-    def __call__(self, attempt: int) -> float:
-        if attempt <= 0:
-            return 0.0
-        delay = min(self.base * 2.0 ** min(attempt - 1, 62), self.cap)
-        low, high = self.jitter
-        return delay * (low + (high - low) * self.rng())
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,21 +177,24 @@ class Subscription:
     async def receive(self) -> FiggMessage:
         """The next message; ``trio.EndOfChannel`` once the subscription has ended (the
         client's failure instead, when the client gave up)."""
-        try:
-            message = await self._receive.receive()
-        except trio.EndOfChannel:
-            self._client._raise_failure()
-            raise
-        self.last_offset = message.offset
-        return message
+        with self._failure_at_end():
+            return self._took(await self._receive.receive())
 
     def receive_nowait(self) -> FiggMessage:
         """The next buffered message, or ``trio.WouldBlock``."""
+        with self._failure_at_end():
+            return self._took(self._receive.receive_nowait())
+
+    @contextmanager
+    def _failure_at_end(self) -> Iterator[None]:
+        """The subscription ended: raise the client's failure instead, if it gave up."""
         try:
-            message = self._receive.receive_nowait()
+            yield
         except trio.EndOfChannel:
             self._client._raise_failure()
             raise
+
+    def _took(self, message: FiggMessage) -> FiggMessage:
         self.last_offset = message.offset
         return message
 
@@ -264,7 +244,12 @@ class _Pending:
 
 
 class _Disconnect(Exception):
-    pass
+    """Ends the current connection; its message is the reason logged."""
+
+
+#: The connection's socket failures.
+_RECEIVE_ERRORS: Final = socket_errors("receive", _Disconnect)
+_SEND_ERRORS: Final = socket_errors("send", _Disconnect)
 
 
 class _Link:
@@ -272,8 +257,8 @@ class _Link:
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
-        self.out: list[bytes] = []
-        self.wake = ParkingLot()
+        # No direct writes: a burst of publishes goes out as one write.
+        self.out = FrameWriter(stream, direct=False)
         self.missed_pings = 0
         #: Whether the server answered something new: an ACK, DATA, the first ATTACHED
         #: of a subscription, DETACHED, or a PONG after the first (re-ATTACHED after a
@@ -290,9 +275,7 @@ class _Link:
         self.scope: trio.CancelScope | None = None
 
     def send(self, frame: bytes) -> None:
-        self.out.append(frame)
-        if len(self.out) == 1:
-            self.wake.unpark_all()
+        self.out.put_nowait(frame)
 
     def fail(self, reason: str) -> None:
         if not self.reason:
@@ -639,13 +622,10 @@ class FiggClient:
 
     async def _writer(self, link: _Link) -> None:
         try:
-            while True:
-                while not link.out:
-                    await link.wake.park()
-                frames, link.out = link.out, []
-                await link.stream.send_all(frames[0] if len(frames) == 1 else b"".join(frames))
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            link.fail(f"send failed: {exc!r}")
+            with _SEND_ERRORS:
+                await link.out.run()
+        except _Disconnect as exc:
+            link.fail(str(exc))
 
     async def _pinger(self, link: _Link) -> None:
         while True:
@@ -663,12 +643,11 @@ class FiggClient:
         conn = FiggConnection(Role.CLIENT, max_frame_size=self.max_frame_size)
         try:
             while True:
-                data = await link.stream.receive_some(RECEIVE_SIZE)
+                with _RECEIVE_ERRORS:
+                    data = await link.stream.receive_some(RECEIVE_SIZE)
                 conn.receive_data(data)
                 while events := conn.next_events():
                     await self._handle(link, events)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            link.fail(f"receive failed: {exc!r}")
         except ProtocolError as exc:
             link.bad_frame = exc
             link.fail(f"bad frame from the server: {exc}")
@@ -754,13 +733,5 @@ async def open_figg_client(host: str, port: int, **options: Any) -> AsyncIterato
     need the connection up. ``options`` are :class:`FiggClient`'s keyword arguments.
     """
     client = FiggClient(host, port, **options)
-    try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(client.run)
-            try:
-                yield client
-            finally:
-                await client.aclose()
-                nursery.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        raise_lone(group)  # run() never raises
+    async with running(client.run, client.aclose):
+        yield client

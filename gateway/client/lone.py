@@ -1,8 +1,13 @@
-"""Give a ``with`` block's own exception back from a nursery that wrapped it in a group."""
+"""Run a client's connection task for a ``with`` block, and give the block's own exception
+back from the nursery that wrapped it in a group."""
 
 from __future__ import annotations
 
-from typing import NoReturn
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, NoReturn
+
+import trio
 
 
 def raise_lone(group: BaseExceptionGroup) -> NoReturn:
@@ -14,3 +19,20 @@ def raise_lone(group: BaseExceptionGroup) -> NoReturn:
     if len(group.exceptions) == 1:
         raise group.exceptions[0] from None
     raise group
+
+
+@asynccontextmanager
+async def running(serve: Callable[..., Awaitable[Any]],
+                  aclose: Callable[[], Awaitable[Any]]) -> AsyncIterator[None]:
+    """Run ``serve`` (a ``nursery.start`` task that never raises) for the block, then
+    ``aclose()`` and stop it; the block's own exception comes out unwrapped."""
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve)
+            try:
+                yield
+            finally:
+                await aclose()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        raise_lone(group)

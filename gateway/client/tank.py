@@ -39,7 +39,6 @@ from typing import Any, Final, TypeAlias
 
 import structlog
 import trio
-from trio.lowlevel import ParkingLot
 
 from gateway.client.errors import (
     BadResponse,
@@ -56,8 +55,11 @@ from gateway.client.errors import (
     UnknownTopicError,
     os_reason,
 )
-from gateway.client.lone import raise_lone
-from protocols.connection import CLOSED, NEED_DATA, Role
+from gateway.client.lone import running
+from gateway.io.errors import ExceptionMap, socket_errors
+from gateway.io.limits import RECEIVE_SIZE
+from gateway.io.writer import FrameWriter
+from protocols.connection import BROKER_MAX_FRAME, CLOSED, NEED_DATA, Role
 from protocols.errors import ProtocolError
 from protocols.tank.bundle import Codec, Message, decode_chunk, encode_bundle
 from protocols.tank.connection import Reply, TankConnection
@@ -99,10 +101,6 @@ TAIL: Final = UINT64_MAX
 DEFAULT_FETCH_SIZE: Final = 1024 * 1024
 #: The largest fetch size a partial-bundle retry grows to.
 MAX_FETCH_SIZE: Final = 256 * 1024 * 1024
-#: The largest frame accepted from the broker (Tank's own limit).
-DEFAULT_MAX_FRAME: Final = 256 * 1024 * 1024
-#: Bytes asked of the socket per read.
-RECEIVE_SIZE: Final = 256 * 1024
 #: ``client_version`` sent in Produce and Consume (what Tank's C++ client sends).
 CLIENT_VERSION: Final = 2
 
@@ -155,6 +153,13 @@ class BrokerStatus:
     cluster_aware: bool = False
 
 
+#: The connection's socket failures and a broker's bytes that are not Tank.
+_SEND_ERRORS: Final = socket_errors("send", ConnectionLost)
+_RECEIVE_ERRORS: Final = socket_errors("receive", ConnectionLost)
+_BAD_FRAMES: Final = ExceptionMap(
+    (ProtocolError, lambda exc: BadResponse(f"bad frame from the broker: {exc}")))
+
+
 class _Waiter:
     __slots__ = ("error", "event", "response")
 
@@ -200,7 +205,7 @@ class TankClient:
 
     def __init__(self, host: str, port: int, *, client_id: str = "figtank",
                  connect_timeout: float = 10.0, request_timeout: float | None = None,
-                 max_frame_size: int = DEFAULT_MAX_FRAME) -> None:
+                 max_frame_size: int = BROKER_MAX_FRAME) -> None:
         self.host = host
         self.port = port
         self.client_id = client_id
@@ -209,9 +214,8 @@ class TankClient:
         self.max_frame_size = max_frame_size
         self._conn = TankConnection(Role.CLIENT, max_frame_size=max_frame_size)
         self._stream: trio.SocketStream | None = None
+        self._out: FrameWriter | None = None
         self._waiters: dict[int, _Waiter] = {}
-        self._out: list[bytes] = []
-        self._wake_writer = ParkingLot()
         self._next_id = 0
         self._failure: Exception | None = None
         self._scope: trio.CancelScope | None = None
@@ -235,6 +239,8 @@ class TankClient:
         if self._stream is not None or self._failure is not None:
             raise ClientClosed("a TankClient connects once: make a new one")
         self._stream = await self._connect()
+        # No direct writes: requests made at once go out as one write.
+        self._out = FrameWriter(self._stream, direct=False)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                     ) -> None:
@@ -242,8 +248,8 @@ class TankClient:
 
         Never raises for connection trouble: the calls waiting then raise instead.
         """
-        stream = self._stream
-        if stream is None:
+        stream, out = self._stream, self._out
+        if stream is None or out is None:
             raise RuntimeError("connect() first")
         with trio.CancelScope() as scope:
             self._scope = scope
@@ -252,7 +258,7 @@ class TankClient:
             try:
                 task_status.started()
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._writer, stream, nursery.cancel_scope)
+                    nursery.start_soon(self._writer, out, nursery.cancel_scope)
                     await self._reader(stream)
                     nursery.cancel_scope.cancel()
             finally:
@@ -322,45 +328,38 @@ class TankClient:
                 waiter.event.set()
         self._waiters.clear()
 
-    async def _writer(self, stream: trio.SocketStream, scope: trio.CancelScope) -> None:
+    async def _writer(self, out: FrameWriter, scope: trio.CancelScope) -> None:
         try:
-            while True:
-                while not self._out:
-                    await self._wake_writer.park()
-                frames, self._out = self._out, []
-                await stream.send_all(frames[0] if len(frames) == 1 else b"".join(frames))
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self._fail(ConnectionLost(f"send failed: {exc!r}"))
+            with _SEND_ERRORS:
+                await out.run()
+        except ConnectionLost as exc:
+            self._fail(exc)
             scope.cancel()
 
     async def _reader(self, stream: trio.SocketStream) -> None:
         conn = self._conn
         waiters = self._waiters
-        while True:
-            try:
-                event = conn.next_event()
-            except ProtocolError as exc:
-                self._fail(BadResponse(f"bad frame from the broker: {exc}"))
-                return
-            if event is NEED_DATA:
-                try:
-                    data = await stream.receive_some(RECEIVE_SIZE)
-                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    self._fail(ConnectionLost(f"receive failed: {exc!r}"))
-                    return
-                conn.receive_data(data)
-            elif event is CLOSED:
-                self._fail(ConnectionLost(
-                    f"{self.host}:{self.port} closed the connection without answering (its "
-                    f"log says why; a figtank bridge does so while its upstream broker is "
-                    f"unreachable)"))
-                return
-            elif type(event) is Reply:
-                waiter = waiters.pop(event.request.request_id, None)
-                if waiter is not None:  # else its caller gave up (cancelled, timed out)
-                    waiter.response = event.response
-                    waiter.event.set()
-            # A Ping from the broker needs no answer.
+        try:
+            while True:
+                with _BAD_FRAMES:
+                    event = conn.next_event()
+                if event is NEED_DATA:
+                    with _RECEIVE_ERRORS:
+                        data = await stream.receive_some(RECEIVE_SIZE)
+                    conn.receive_data(data)
+                elif event is CLOSED:
+                    raise ConnectionLost(
+                        f"{self.host}:{self.port} closed the connection without answering "
+                        f"(its log says why; a figtank bridge does so while its upstream "
+                        f"broker is unreachable)")
+                elif type(event) is Reply:
+                    waiter = waiters.pop(event.request.request_id, None)
+                    if waiter is not None:  # else its caller gave up (cancelled, timed out)
+                        waiter.response = event.response
+                        waiter.event.set()
+                # A Ping from the broker needs no answer.
+        except (ConnectionLost, BadResponse) as exc:
+            self._fail(exc)
 
     # ----------------------------------------------------------------- requests
 
@@ -388,9 +387,8 @@ class TankClient:
         frame = self._conn.send(build(request_id))
         waiter = _Waiter()
         self._waiters[request_id] = waiter
-        self._out.append(frame)
-        if len(self._out) == 1:
-            self._wake_writer.unpark_all()
+        assert self._out is not None  # connected: _check_usable() says so
+        self._out.put_nowait(frame)
         timeout = (self.request_timeout + extra_wait if self.request_timeout is not None
                    else float("inf"))
         try:
@@ -713,13 +711,5 @@ async def open_tank_client(host: str, port: int, **options: Any) -> AsyncIterato
     """
     client = TankClient(host, port, **options)
     await client.connect()
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(client.serve)
-            try:
-                yield client
-            finally:
-                await client.aclose()
-                nursery.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        raise_lone(group)  # serve() never raises
+    async with running(client.serve, client.aclose):
+        yield client

@@ -24,7 +24,6 @@ closed with the main connection.
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
@@ -39,9 +38,11 @@ from gateway.client.errors import (
     ConnectionLost,
     RequestTimeout,
 )
-from gateway.client.tank import DEFAULT_MAX_FRAME, TankClient
+from gateway.client.tank import TankClient
+from gateway.io.backoff import ExponentialBackoff
 from gateway.server.config import parse_address
 from gateway.server.metrics import Metrics
+from protocols.connection import BROKER_MAX_FRAME
 
 log = structlog.get_logger("figtank.bridge")
 
@@ -62,17 +63,13 @@ class UpstreamUnavailable(ConnectionError):
 
 
 @dataclass(frozen=True, slots=True)
-class Backoff:
-    """Seconds before reconnect round ``attempt``: 0 for the first, then ``base * 2**(n-1)``
-    capped at ``cap``, times a jitter in ``[0.8, 1.2)``."""
+class Backoff(ExponentialBackoff):
+    """Seconds before reconnect round ``attempt``: :class:`ExponentialBackoff` with the
+    bridge's defaults, 0 for the first, then 0.1 s doubling up to 5 s (times a jitter in
+    ``[0.8, 1.2)``)."""
 
     base: float = 0.1
     cap: float = 5.0
-
-    def __call__(self, attempt: int) -> float:
-        if attempt <= 0:
-            return 0.0
-        return min(self.base * 2.0 ** min(attempt - 1, 30), self.cap) * random.uniform(0.8, 1.2)
 
 
 class Upstream:
@@ -87,7 +84,7 @@ class Upstream:
                  client_id: str = "figtank-bridge", connect_timeout: float = 5.0,
                  request_timeout: float = 30.0, keepalive_secs: float = 5.0,
                  backoff: Callable[[int], float] | None = None,
-                 max_frame_size: int = DEFAULT_MAX_FRAME,
+                 max_frame_size: int = BROKER_MAX_FRAME,
                  consumes_per_connection: int = CONSUMES_PER_CONNECTION,
                  max_consume_connections: int = MAX_CONSUME_CONNECTIONS) -> None:
         if not addresses:
