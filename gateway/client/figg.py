@@ -259,6 +259,8 @@ class _Link:
         self.stream = stream
         # No direct writes: a burst of publishes goes out as one write.
         self.out = FrameWriter(stream, direct=False)
+        #: Queue a frame on this connection.
+        self.send: Callable[[bytes], None] = self.out.put_nowait
         self.missed_pings = 0
         #: Whether the server answered something new: an ACK, DATA, the first ATTACHED
         #: of a subscription, DETACHED, or a PONG after the first (re-ATTACHED after a
@@ -273,9 +275,6 @@ class _Link:
         self.silent = False
         self.reason = ""
         self.scope: trio.CancelScope | None = None
-
-    def send(self, frame: bytes) -> None:
-        self.out.put_nowait(frame)
 
     def fail(self, reason: str) -> None:
         if not self.reason:

@@ -31,7 +31,7 @@ import math
 import os
 from collections import deque
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 import trio
 from trio.lowlevel import ParkingLot
@@ -176,6 +176,8 @@ class FrameWriter:
         self._fd = socket_fd(stream) if direct else -1
         self._budget = SendBudget(limit)
         self._items: deque[bytes | _Owned | _Chunks] = deque()
+        #: Items in ``_items`` that are not plain byte strings.
+        self._special = 0
         self._urgent: deque[bytes] = deque()
         self._idle = False
         self._has_items = ParkingLot()
@@ -210,7 +212,16 @@ class FrameWriter:
         Frames of an ``owner`` that is already detached, and anything put after
         :meth:`close`, are dropped.
         """
-        if not data or self._budget.closed or (owner is not None and owner.detached):
+        budget = self._budget
+        if budget.closed or not data:
+            return
+        if owner is not None:
+            if owner.detached:
+                return
+        elif not self._idle:
+            # The common case, kept short: the writer task is busy or already woken.
+            self._items.append(data)
+            budget.queued += len(data)
             return
         rest = self._write_now(data)
         if not rest:
@@ -260,6 +271,8 @@ class FrameWriter:
 
     def _push(self, item: bytes | _Owned | _Chunks, size: int) -> None:
         self._items.append(item)
+        if type(item) is not bytes:
+            self._special += 1
         self._budget.add(size)
         self._wake()
 
@@ -275,6 +288,7 @@ class FrameWriter:
         for item in self._items:
             if type(item) is _Owned and item.owner is owner:
                 dropped += len(item.data)
+                self._special -= 1
             else:
                 kept.append(item)
         if dropped:
@@ -288,6 +302,7 @@ class FrameWriter:
             if type(item) is _Chunks:
                 item.close()
         self._items.clear()
+        self._special = 0
         self._urgent.clear()
         self._budget.close()
 
@@ -308,34 +323,59 @@ class FrameWriter:
 
     async def _run(self) -> None:
         urgent = self._urgent
+        budget = self._budget
         while True:
             # Read on every round: drop() replaces the deque.
             while not self._items and not urgent:
                 self._idle = True
                 await self._has_items.park()
-            parts: list[bytes] = []
-            size = 0
-            while urgent:
-                data = urgent.popleft()
-                parts.append(data)
-                size += len(data)
             items = self._items
-            while items:
-                item = items[0]
-                if isinstance(item, _Chunks):
-                    items.popleft()
-                    await self._send_chunks(parts, size, item)
-                    parts, size = [], 0
-                    break
-                data = item.data if isinstance(item, _Owned) else item
+            if not self._special and budget.queued <= MAX_WRITE:
+                # Byte strings only, few enough for one write: all of them at once.
+                parts = cast("deque[bytes]", items)
+                if urgent:
+                    data = b"".join([*urgent, *parts])
+                    urgent.clear()
+                else:
+                    data = parts[0] if len(parts) == 1 else b"".join(parts)
+                items.clear()
+                await self._send(data)
+                self._sent(len(data))
+                continue
+            await self._send_batch(urgent, items)
+
+    async def _send_batch(self, urgent: deque[bytes],
+                          items: deque[bytes | _Owned | _Chunks]) -> None:
+        """Send the urgent lane and the queue's head, up to MAX_WRITE or a head with
+        chunks (sent whole)."""
+        parts: list[bytes] = []
+        size = 0
+        while urgent:
+            data = urgent.popleft()
+            parts.append(data)
+            size += len(data)
+        while items:
+            item = items[0]
+            if isinstance(item, _Chunks):
+                items.popleft()
+                self._special -= 1
+                await self._send_chunks(parts, size, item)
+                return
+            if isinstance(item, _Owned):
+                data = item.data
                 if size and size + len(data) > MAX_WRITE:
                     break
-                items.popleft()
-                parts.append(data)
-                size += len(data)
-            if parts:
-                await self._send(parts)
-                self._sent(size)
+                self._special -= 1
+            else:
+                data = item
+                if size and size + len(data) > MAX_WRITE:
+                    break
+            items.popleft()
+            parts.append(data)
+            size += len(data)
+        if parts:
+            await self._send_parts(parts)
+            self._sent(size)
 
     async def _send_chunks(self, parts: list[bytes], size: int, item: _Chunks) -> None:
         """Send the frames before ``item``, then ``item``'s head and chunks."""
@@ -350,14 +390,14 @@ class FrameWriter:
                     continue
                 # No MSG_MORE on the head: Linux keeps the tail of the sendfile that
                 # follows corked (~200 ms per response).
-                await self._send(parts)
+                await self._send_parts(parts)
                 self._sent(size)
                 parts.clear()
                 size = 0
                 await self._sendfile(*source, chunk.length)
                 self._sent(chunk.length)
             if parts:
-                await self._send(parts)
+                await self._send_parts(parts)
                 self._sent(size)
         finally:
             item.close()
@@ -367,10 +407,11 @@ class FrameWriter:
         if not self._budget.queued:
             self.drained_at = trio.current_time()
 
-    async def _send(self, parts: list[bytes]) -> None:
-        if not parts:
-            return
-        data = parts[0] if len(parts) == 1 else b"".join(parts)
+    async def _send_parts(self, parts: list[bytes]) -> None:
+        if parts:
+            await self._send(parts[0] if len(parts) == 1 else b"".join(parts))
+
+    async def _send(self, data: bytes) -> None:
         sock = self._socket
         if sock is None:
             await self._stream.send_all(data)

@@ -171,3 +171,17 @@ async def test_a_reset_peer_breaks_the_writer() -> None:
         writer.put_nowait(b"x" * 1024 * 1024)
         with trio.fail_after(5), pytest.raises(trio.BrokenResourceError):
             await writer.run()
+
+
+async def test_more_than_one_write_of_frames_goes_out_in_order() -> None:
+    frames = [os.urandom(10_000) for _ in range(300)]  # 3 MB: several writes
+    async with tcp_pair() as (sender, receiver):
+        for plain in (True, False):
+            writer = FrameWriter(sender, direct=False)
+            owner = Sub()
+            for i, frame in enumerate(frames):
+                writer.put_nowait(frame, None if plain or i % 7 else owner)
+            writer.put_urgent(b"urgent")
+            data = await written(writer, receiver, 6 + 3_000_000)
+            assert data == b"urgent" + b"".join(frames)
+            assert writer.bytes_sent == 3_000_006
