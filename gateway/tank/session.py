@@ -284,7 +284,7 @@ class TankSession(Session):
                 where = (fetch.topic, fetch.partition)
                 self._read_partitions.add(where)
                 at = fetch.seq if 0 < fetch.seq < UINT64_MAX else (
-                    outcome.base_seq or outcome.first_available)
+                    outcome.resolved_seq or outcome.base_seq or outcome.first_available)
                 lag.update((self, where), "tank", fetch.topic, fetch.partition, at,
                            outcome.high_water_mark)
         if reply.bytes_by_topic:
