@@ -1,4 +1,4 @@
-"""What both listeners do around a connection: bind, admit, count, and log its end."""
+"""What both listeners do around a connection: admit, count, and log its end."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import Any
 import structlog
 import trio
 
-from gateway.server.config import parse_address
 from gateway.server.metrics import Metrics
 
 
@@ -19,17 +18,6 @@ def peer_name(stream: trio.SocketStream) -> str:
     except (OSError, ValueError, AttributeError):
         return "?"
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-async def open_listeners(address: str, protocol: str,
-                         log: structlog.typing.FilteringBoundLogger
-                         ) -> list[trio.SocketListener]:
-    """Bind ``HOST:PORT`` and log each bound address."""
-    host, port = parse_address(address)
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    for listener in listeners:
-        log.info("listening", protocol=protocol, address=listener.socket.getsockname()[:2])
-    return listeners
 
 
 class ConnectionSlots:
