@@ -76,9 +76,30 @@ def spark_session(app: str, log: str = "off") -> Any:
     if log == "off":
         launch["stderr"] = subprocess.DEVNULL
     context = SparkContext(conf=conf, gateway=launch_gateway(conf, popen_kwargs=launch))
+    _quiet_accumulator_server(context)
     spark = SparkSession(context)
     register(spark)
     return spark
+
+
+def _quiet_accumulator_server(context: Any) -> None:
+    """No traceback when the JVM hangs up on PySpark's accumulator server.
+
+    Stopping a streaming query or Spark closes the JVM's end of that connection; when
+    the server's handler is polling it then, socketserver prints the handler's
+    ``EOFError`` with a traceback (a race). A hang-up is how that connection ends, so
+    it is dropped; any other handler error is still printed.
+    """
+    server = getattr(context, "_accumulatorServer", None)  # PySpark internals
+    if server is None:
+        return
+    report = server.handle_error
+
+    def handle_error(request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], EOFError):
+            report(request, client_address)
+
+    server.handle_error = handle_error
 
 
 def add_spark_log_argument(parser: argparse.ArgumentParser) -> None:
