@@ -68,11 +68,6 @@ class AckQueue:
         #: PUBLISHes acknowledged so far.
         self.acked = 0
 
-    @property
-    def inflight_bytes(self) -> int:
-        """Published bytes on this connection not yet acknowledged."""
-        return self._inflight
-
     def track(self, call: PublishCall) -> None:
         """Remember ``call`` (in publish order) before it is handed to the backend."""
         self._calls.append(call)
@@ -91,21 +86,24 @@ class AckQueue:
         calls = self._calls
         acks: list[bytes] = []
         released = count = 0
+        failed: PublishCall | None = None
         while calls and calls[0].state != _PENDING:
             call = calls.popleft()
             if call.state == _FAILED:
-                self.close()
-                self._on_failure(call.reason)
-                return
+                failed = call
+                break
             acks.append(call.acks)
             released += call.nbytes
             count += call.count
-        if acks:
+        if acks:  # durable before the failure, if any: acknowledged all the same
             self._outbox.put_urgent(acks[0] if len(acks) == 1 else b"".join(acks))
             self.acked += count
             self._inflight -= released
             if self._inflight < self._limit:
                 self._below.unpark_all()
+        if failed is not None:
+            self.close()
+            self._on_failure(failed.reason)
 
     def close(self) -> None:
         """Stop acknowledging (the connection is going away)."""
