@@ -265,8 +265,11 @@ async def run_server(settings: Settings, *, backend: Backend | None = None,
                      grace: float = 2.0,
                      task_status: trio.TaskStatus[ServerInfo] = trio.TASK_STATUS_IGNORED
                      ) -> None:
-    """:func:`open_server` as a task: serve until :meth:`ServerInfo.request_shutdown` (or
-    cancellation), then stop cleanly; ``task_status.started`` gets the server."""
+    """:func:`open_server` as a task; ``task_status.started`` gets the server.
+
+    After :meth:`ServerInfo.request_shutdown` it stops gracefully (connections finish what
+    is in flight within ``grace``). Cancellation stops it at once: connections are
+    cancelled, and the backend still closes cleanly (the store fsyncs what it holds)."""
     async with open_server(settings, backend=backend, grace=grace) as info:
         task_status.started(info)
         await info.wait_shutdown_requested()

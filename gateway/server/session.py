@@ -20,7 +20,7 @@ what it does with the bytes (:meth:`Session._received`), what "in flight" means
 from __future__ import annotations
 
 from functools import partial
-from typing import ClassVar, Final, Protocol
+from typing import ClassVar, Final
 
 import trio
 
@@ -31,13 +31,6 @@ from protocols.errors import FrameTooLarge, ProtocolError
 
 #: Seconds a closing connection gets to send what it still owes (ACKs, replies).
 DRAIN_SECS: Final = 5.0
-
-
-class SessionEnd(Protocol):
-    """How a session ended: a short ``kind`` for metrics and a ``reason`` for people."""
-
-    kind: str
-    reason: str
 
 
 class CloseConnection(Exception):

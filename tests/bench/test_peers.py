@@ -128,7 +128,7 @@ def test_the_suite_beside_a_second_figtank(figtank: Served, tmp_path: Path) -> N
     assert "| tank-produce 100 B | os | produce |" in table
 
 
-# ------------------------------------------------------------------ compare_peers.py
+# ------------------------------------------------------------------ gateway.bench.peers
 
 FIGG_BENCH_OUTPUT = """\
 starting benchmark [run=1] [msgs=20,000 msg-size=128B topic=bench-16886 addr=127.0.0.1:1]
