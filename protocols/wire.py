@@ -18,9 +18,7 @@ U8: Final = struct.Struct("<B")
 U16LE: Final = struct.Struct("<H")
 U32LE: Final = struct.Struct("<I")
 U64LE: Final = struct.Struct("<Q")
-U16BE: Final = struct.Struct(">H")
 U32BE: Final = struct.Struct(">I")
-U64BE: Final = struct.Struct(">Q")
 
 UINT64_MAX: Final = (1 << 64) - 1
 #: A u64 varint never needs more than 10 bytes.
@@ -83,16 +81,6 @@ def encode_str8(value: str | bytes) -> bytes:
     return bytes((len(raw),)) + raw
 
 
-def encode_bytes32le(value: bytes) -> bytes:
-    """``u32 len (little-endian) | bytes``."""
-    return U32LE.pack(len(value)) + value
-
-
-def encode_bytes32be(value: bytes) -> bytes:
-    """``u32 len (big-endian) | bytes``: Figg's variable-size field."""
-    return U32BE.pack(len(value)) + value
-
-
 class Reader:
     """A cursor over ``buf[pos:end]`` that never reads past ``end``.
 
@@ -115,10 +103,6 @@ class Reader:
     def remaining(self) -> int:
         """Bytes left before ``end``."""
         return self.end - self.pos
-
-    def at_end(self) -> bool:
-        """True once every byte up to ``end`` has been read."""
-        return self.pos >= self.end
 
     def _need(self, n: int, what: str) -> int:
         pos = self.pos
@@ -146,14 +130,8 @@ class Reader:
     def u64le(self, what: str = "u64") -> int:
         return self._fixed(U64LE, what)
 
-    def u16be(self, what: str = "u16") -> int:
-        return self._fixed(U16BE, what)
-
     def u32be(self, what: str = "u32") -> int:
         return self._fixed(U32BE, what)
-
-    def u64be(self, what: str = "u64") -> int:
-        return self._fixed(U64BE, what)
 
     def unpack(self, codec: struct.Struct, what: str) -> tuple[Any, ...]:
         """Read several fixed fields at once with a precompiled ``struct.Struct``."""
@@ -191,13 +169,3 @@ class Reader:
     def bytes8(self, what: str = "bytes8") -> bytes:
         return self.take(self.u8(f"{what} length"), what)
 
-    def bytes32le(self, what: str = "bytes") -> bytes:
-        return self.take(self.u32le(f"{what} length"), what)
-
-    def bytes32be(self, what: str = "bytes") -> bytes:
-        return self.take(self.u32be(f"{what} length"), what)
-
-    def expect_end(self, what: str) -> None:
-        """Raise if bytes remain: a message must fill its payload exactly."""
-        if self.pos != self.end:
-            raise ProtocolError(f"{self.end - self.pos} unexpected trailing bytes in {what}")
