@@ -182,7 +182,7 @@ class SparkInterrupt:
                 query.stop()
         except Exception:  # Spark is going down anyway; a second Ctrl-C exits at once
             pass
-        stop_spark(self.spark)
+        self.spark.stop()
 
 
 def run_spark(app: str, job: Callable[[Any], None], log: str = "off") -> NoReturn:
@@ -212,24 +212,8 @@ def run_spark(app: str, job: Callable[[Any], None], log: str = "off") -> NoRetur
         if interrupt.stopping is not None:
             interrupt.stopping.join()
         if spark is not None:
-            stop_spark(spark)
+            spark.stop()  # again after a Ctrl-C: a no-op
     sys.exit(130 if interrupt.requested else status)
-
-
-def stop_spark(spark: Any) -> None:
-    """``spark.stop()`` (again: a no-op), without a traceback from PySpark's accumulator
-    server.
-
-    ``SparkContext.stop`` stops the JVM first, and the JVM's end of the accumulator
-    connection closing under the server's handler prints an ``EOFError`` traceback (a
-    race: often after a streaming query was stopped). Shutting that server down first
-    (its handler leaves within a second) closes the connection from this side instead;
-    ``stop`` then finds it shut down.
-    """
-    server = getattr(spark.sparkContext, "_accumulatorServer", None)  # PySpark internals
-    if server is not None:
-        server.shutdown()
-    spark.stop()
 
 
 def _expected(exc: BaseException) -> bool:
