@@ -353,6 +353,15 @@ class Module:
             return self.decode_array(owner, f, depth)
         return self.decode_value(f.type, var, what)
 
+    @staticmethod
+    def _take(var: str, what: str, piece: str, advance: str, *, text: bool) -> list[str]:
+        """Lines setting ``var`` to ``piece`` (decoded as UTF-8 when ``text``), then
+        ``advance``."""
+        if not text:
+            return [f"{var} = {piece}", advance]
+        return ["try:", f"    {var} = {piece}.decode()", "except UnicodeDecodeError:",
+                f"    raise not_utf8({what!r}) from None", advance]
+
     def decode_value(self, type_name: str, var: str, what: str) -> list[str]:
         """Lines reading one value of a primitive or custom type into ``var``."""
         if type_name in ("str8", "bytes8"):
@@ -364,11 +373,8 @@ class Module:
                 "if stop > end:",
                 f"    raise truncated({what!r}, pos + 1, end)",
             ]
-            if type_name == "bytes8":
-                return [*lines, f"{var} = buf[pos + 1:stop]", "pos = stop"]
-            return [*lines, "try:", f"    {var} = buf[pos + 1:stop].decode()",
-                    "except UnicodeDecodeError:", f"    raise not_utf8({what!r}) from None",
-                    "pos = stop"]
+            return [*lines, *self._take(var, what, "buf[pos + 1:stop]", "pos = stop",
+                                        text=type_name == "str8")]
         if type_name in ("string", "bytes"):
             self.spec_imports.update(("truncated", "overrun", "not_utf8"))
             lines = [
@@ -379,11 +385,8 @@ class Module:
                 "if n > end - pos:",
                 f"    raise overrun({what!r}, n, end - pos)",
             ]
-            if type_name == "bytes":
-                return [*lines, f"{var} = buf[pos:pos + n]", "pos += n"]
-            return [*lines, "try:", f"    {var} = buf[pos:pos + n].decode()",
-                    "except UnicodeDecodeError:", f"    raise not_utf8({what!r}) from None",
-                    "pos += n"]
+            return [*lines, *self._take(var, what, "buf[pos:pos + n]", "pos += n",
+                                        text=type_name == "string")]
         if type_name in ("varint", "varbytes"):
             self.spec_imports.update(("truncated", "read_varint"))
             target = var if type_name == "varint" else "n"
