@@ -163,6 +163,10 @@ class Settings:
     retention_check_secs: float = _setting(
         "store.retention_check_secs", 30.0, _non_negative_float,
         "How often retention and age-based rolling run.")
+    check_rolled_segments: str = _setting(
+        "store.check_rolled_segments", "lazy", _choice("lazy", "startup"),
+        "When rolled segments are checked for damage: the first time each is read "
+        "(lazy), or all at start-up.")
     tail_cache_bytes: int = _setting(
         "store.tail_cache_bytes", 16 * MIB, _non_negative_int,
         "Memory for the newest bundles of all partitions, read by the readers at the "
@@ -199,7 +203,44 @@ class Settings:
         "--max-connections")
     idle_timeout_secs: float = _setting(
         "limits.idle_timeout_secs", 16.0, _non_negative_float,
-        "A Tank connection that sends no request for this long is closed.")
+        "A connection that sends nothing for this long while nothing is in flight (on "
+        "Figg: and no subscription) is closed (0: never).")
+    frame_timeout_secs: float = _setting(
+        "limits.frame_timeout_secs", 30.0, _non_negative_float,
+        "A connection that started a frame and has not sent the rest of it this long "
+        "after its first byte is closed (0: never).")
+    max_requests_in_flight: int = _setting(
+        "limits.max_requests_in_flight", 1024, _positive_int,
+        "Requests one connection may have being served at once before it stops being "
+        "read.")
+    unacked_bytes: int = _setting(
+        "limits.unacked_bytes", 16 * MIB, _positive_int,
+        "Produce and publish bytes one connection may have waiting for their "
+        "acknowledgement before it stops being read.")
+    response_buffer_bytes: int = _setting(
+        "limits.response_buffer_bytes", 8 * MIB, _positive_int,
+        "Response bytes (Consume chunks included) queued for one Tank connection before "
+        "it stops being read.")
+    max_topics: int = _setting(
+        "limits.max_topics", 10_000, _positive_int,
+        "Topics the server holds; creating more (CreateTopic, auto-creation) is refused.")
+    max_partitions: int = _setting(
+        "limits.max_partitions", 20_000, _positive_int,
+        "Partitions of all topics together; creating more is refused. Each open "
+        "partition holds two descriptors.")
+    max_open_segments: int = _setting(
+        "limits.max_open_segments", 1000, _positive_int,
+        "Rolled segment files kept open at once for readers (least recently read are "
+        "closed first; a read in flight keeps its file open).")
+    open_files: int = _setting(
+        "limits.open_files", 0, _non_negative_int,
+        "Descriptor limit (RLIMIT_NOFILE) to run with; 0: as high as the hard limit "
+        "allows. Start-up fails, saying what is needed, if the data directory needs "
+        "more.")
+    metric_topics: int = _setting(
+        "limits.metric_topics", 1000, _positive_int,
+        "Topics with their own series in per-topic metrics; the others are summed under "
+        "topic=\"_other\".")
     subscriber_buffer_bytes: int = _setting(
         "limits.subscriber_buffer_bytes", 4 * MIB, _positive_int,
         "Bytes queued for one Figg connection before its subscriptions stop reading "

@@ -89,6 +89,9 @@ class Metrics:
         self.upstream_outages = Counter("figtank_upstream_outages",
                                         "Bridge mode: times the upstream became unreachable.",
                                         registry=None)
+        self.limit_hits = Counter(
+            "figtank_limit_hits", "Times a resource limit refused or delayed a client, by "
+            "limit (the setting's name).", ["limit"], registry=r)
         self._included: set[int] = set()
 
         self.reader_lag = ReaderLag()
@@ -112,6 +115,10 @@ class Metrics:
                                                 self.bytes_in.labels(topic))
         counters[0].inc(messages)
         counters[1].inc(size)
+
+    def limit_hit(self, limit: str, count: int = 1) -> None:
+        """Count ``count`` hits of the limit named by its setting (``max_topics``...)."""
+        self.limit_hits.labels(limit).inc(count)
 
     def include(self, *metrics: Collector) -> None:
         """Export metrics created without a registry (those of one backend: the store's
