@@ -37,8 +37,9 @@ Partition API (what the listeners use), see :class:`Partition`:
   the bundle that holds ``seq``, past ``max(fetch_size, 32)`` bytes to a bundle
   boundary, within one segment; 0 = first available, ``UINT64_MAX`` = tail. An empty
   result (``at_tail``) means "wait"; a sequence outside ``[first_available, hwm + 1]``
-  raises :class:`OutOfRange`. The result owns a dup'ed fd (``fileno()``,
-  ``sendfile_source()``, ``read_bytes()``) and must be closed (``with``); it also
+  raises :class:`OutOfRange`. The result holds a reference to the segment's one shared
+  descriptor (no descriptor per read: ``fileno()``, ``sendfile_source()``,
+  ``read_bytes()``) and must be closed (``with``); it also
   carries ``base_seq``, ``first_bundle_sparse`` (Tank's 0xfe flag), ``next_seq``,
   ``high_water_mark`` and ``first_available``.
 - ``await wait_for(seq, deadline) -> bool``: park until ``high_water_mark >= seq`` or

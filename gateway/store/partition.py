@@ -28,6 +28,7 @@ from gateway.store.errors import (
     StoreError,
     StoreIOError,
 )
+from gateway.store.files import OpenFiles
 from gateway.store.index import ENTRY_SIZE
 from gateway.store.results import AppendResult, ReadResult
 from gateway.store.scan import ScanError
@@ -73,6 +74,8 @@ class PartitionEnv:
     observe_fsync: Callable[[float], None] | None = None
     #: Keeps the newest bundles in memory for the readers at the tail (None: off).
     tail: TailCache | None = None
+    #: Bounds the rolled segment files open at once (None: no bound).
+    files: OpenFiles | None = None
 
 
 @dataclass(slots=True)
@@ -205,7 +208,8 @@ class Partition:
         segments: list[LogSegment] = []
         for base, last, name, ts in sorted(rolled):
             ts = ts if ts is not None else self._mtime(name)
-            seg = LogSegment.open_rolled(self.directory, name, base, last, ts)
+            seg = LogSegment.open_rolled(self.directory, name, base, last, ts,
+                                         self._env.files)
             if seg.size == 0 or last < base:
                 self._log.error("bad_rolled_segment_ignored", segment=name, size=seg.size)
                 seg.close()
@@ -224,7 +228,7 @@ class Partition:
             elif seg.last_seq is None:  # an older empty active segment: a stray
                 seg.delete()
             else:  # more than one active segment: freeze the older ones
-                seg.roll(int(self._env.clock()))
+                seg.roll(int(self._env.clock()), self._env.files)
                 seg.close_index()
                 segments.append(seg)
                 self._log.warning("extra_active_segment_rolled", segment=seg.name)
@@ -571,7 +575,7 @@ class Partition:
         except OSError:
             pass  # the data was synced already in fsync mode; an unsynced index is rebuilt
         try:
-            seg.roll(int(now))
+            seg.roll(int(now), self._env.files)
         except OSError:
             for fd in to_sync:
                 os.close(fd)
@@ -618,7 +622,7 @@ class Partition:
         job = SyncJob()
         job.fds, self._sync_extra = self._sync_extra, []
         seg = self._active
-        if seg is not None and seg.fd >= 0:
+        if seg is not None and seg.file_open:
             job.fds.append(os.dup(seg.fd))
         if self._dir_dirty:
             self._dir_dirty = False
@@ -692,7 +696,7 @@ class Partition:
                 end, next_seq = seg.chunk_end(offset, base_seq,
                                               offset + max(fetch_size, MIN_FETCH), limit,
                                               (limit_last or 0) + 1)
-                fd = os.dup(seg.fd)
+                file = seg.acquire_file()
             except ScanError as exc:
                 failure: Exception = exc
                 if attempt == 0:
@@ -710,7 +714,8 @@ class Partition:
                 raise StoreIOError(f"{seg.name}: {exc}") from exc
             return ReadResult(seq=seq, base_seq=base_seq, first_bundle_sparse=sparse,
                               high_water_mark=hwm, first_available=first_available,
-                              fd=fd, offset=offset, length=end - offset, next_seq=next_seq)
+                              file=file, offset=offset, length=end - offset,
+                              next_seq=next_seq)
         raise AssertionError("unreachable")  # pragma: no cover
 
     @staticmethod
@@ -818,7 +823,7 @@ class Partition:
 
     def _trim_active(self) -> None:
         """Leave the active segment ending with its data (a Tank broker reads it so)."""
-        if self._active is not None and self._active.fd >= 0:
+        if self._active is not None and self._active.file_open:
             try:
                 self._active.trim()
             except OSError as exc:  # recovery trims the zeros at the next start

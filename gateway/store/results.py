@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from types import TracebackType
 
+from gateway.store.files import SegmentFile
+
 
 @dataclass(frozen=True, slots=True)
 class AppendResult:
@@ -25,18 +27,20 @@ class ReadResult:
     The range is ``[offset, offset + length)`` of the file behind :meth:`fileno`: hand
     those to ``os.sendfile`` or call :meth:`read_bytes`. A range served from the tail
     cache has its bytes in memory (no descriptor; ``sendfile_source()`` is None). A
-    file-backed result owns a duplicate of
-    the segment's file descriptor, so the range stays readable even if the segment is
-    rolled (renamed) or deleted by retention meanwhile. Close it (or use ``with``)
-    when done. ``length == 0`` means the read was at the tail (``high_water_mark + 1``):
-    nothing to send yet, wait for an append.
+    file-backed result holds a reference to the segment's one shared descriptor
+    (:class:`~gateway.store.files.SegmentFile`; no descriptor of its own), which keeps
+    it open, so the range stays readable even if the segment is rolled (renamed), deleted
+    by retention, or has its file closed by the open-files bound meanwhile. Close it (or
+    use ``with``) when done. ``length == 0`` means the read was at the tail
+    (``high_water_mark + 1``): nothing to send yet, wait for an append.
     """
 
-    __slots__ = ("_fd", "_parts", "base_seq", "first_available", "first_bundle_sparse",
+    __slots__ = ("_file", "_parts", "base_seq", "first_available", "first_bundle_sparse",
                  "high_water_mark", "length", "next_seq", "offset", "seq")
 
     def __init__(self, *, seq: int, base_seq: int, first_bundle_sparse: bool,
-                 high_water_mark: int, first_available: int, fd: int = -1,
+                 high_water_mark: int, first_available: int,
+                 file: SegmentFile | None = None,
                  offset: int = 0, length: int = 0, next_seq: int = 0,
                  parts: list[bytes] | None = None) -> None:
         #: The sequence number the read was for (0 and UINT64_MAX resolved).
@@ -54,7 +58,8 @@ class ReadResult:
         #: Where the next read should start: the sequence number after the range's last
         #: bundle (``seq`` itself for an empty range).
         self.next_seq = next_seq
-        self._fd = fd
+        #: The reference to the segment's file this result holds (released by close()).
+        self._file = file
         #: The range's bytes when it was served from memory (the tail cache).
         self._parts = parts
 
@@ -69,13 +74,16 @@ class ReadResult:
         return self.length == 0
 
     def fileno(self) -> int:
-        """The (owned, duplicated) file descriptor of the segment; -1 for an empty range."""
-        return self._fd
+        """The segment file's (shared) descriptor, open until :meth:`close`; -1 for a
+        range in memory, an empty or a closed one. Not to be closed by the caller."""
+        file = self._file
+        return file.fd if file is not None else -1
 
     def sendfile_source(self) -> tuple[int, int] | None:
         """``(fd, offset)`` for ``os.sendfile(out, fd, offset, length)``; None when empty
         or held in memory."""
-        return (self._fd, self.offset) if self.length and self._fd >= 0 else None
+        file = self._file
+        return (file.fd, self.offset) if self.length and file is not None else None
 
     def read_bytes(self) -> bytes:
         """The range's bytes (``pread``, or from memory)."""
@@ -84,18 +92,19 @@ class ReadResult:
         parts = self._parts
         if parts is not None:
             return parts[0] if len(parts) == 1 else b"".join(parts)
-        if self._fd < 0:
+        file = self._file
+        if file is None:
             raise ValueError("read from a closed ReadResult")
-        data = os.pread(self._fd, self.length, self.offset)
+        data = os.pread(file.fd, self.length, self.offset)
         if len(data) != self.length:  # pragma: no cover - files only ever shrink at open
             raise OSError(f"short read: {len(data)} of {self.length} bytes")
         return data
 
     def close(self) -> None:
-        """Release the file descriptor (idempotent)."""
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            os.close(fd)
+        """Release the reference to the segment's file (idempotent)."""
+        file, self._file = self._file, None
+        if file is not None:
+            file.release()
 
     def __enter__(self) -> ReadResult:
         return self

@@ -21,6 +21,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Final
 
+from gateway.store.files import OpenFiles, SegmentFile
 from gateway.store.index import U32_MAX, SparseIndex, entries_are_sane, read_index_file
 from gateway.store.scan import ScanError, Scanner
 from protocols.errors import ProtocolError
@@ -98,18 +99,31 @@ class LogSegment:
     ``size`` is what was written; ``visible_size`` what readers may see (smaller
     while bundles wait for their fsync). A rolled segment is immutable and its index
     is loaded on first use.
+
+    The file is one shared :class:`SegmentFile`: the segment holds a reference while it
+    keeps it open, each read range another (:meth:`acquire_file`). The active segment
+    keeps its file open; a rolled one opens it on first use and, when the store bounds
+    open files (:class:`OpenFiles`), may have it closed while unused and reopens it on
+    its next use. :attr:`fd` is valid until the next use of another rolled segment: code
+    that keeps a descriptor longer (across an await, in a worker thread) takes
+    :meth:`acquire_file` and releases it.
     """
 
-    __slots__ = ("_index", "base", "created_ts", "directory", "fd", "last_seq", "name",
-                 "prefilled", "rolled_ts", "since_index", "size", "visible_size")
+    __slots__ = ("_closed", "_file", "_files", "_index", "base", "created_ts", "directory",
+                 "last_seq", "name", "prefilled", "rolled_ts", "since_index", "size",
+                 "visible_size")
 
     def __init__(self, directory: str, name: str, base: int, fd: int, size: int, *,
                  created_ts: int, rolled_ts: int | None, last_seq: int | None,
-                 index: SparseIndex | None) -> None:
+                 index: SparseIndex | None, files: OpenFiles | None = None) -> None:
         self.directory = directory
         self.name = name
         self.base = base
-        self.fd = fd
+        #: The open file (None while a rolled segment's is closed); ``fd`` -1: none yet.
+        self._file: SegmentFile | None = SegmentFile(fd) if fd >= 0 else None
+        #: The bound on open rolled files this segment counts against (None: unbounded).
+        self._files = files
+        self._closed = False
         self.size = size
         self.visible_size = size
         self.created_ts = created_ts
@@ -128,6 +142,45 @@ class LogSegment:
     def rolled(self) -> bool:
         """True once the segment is immutable (an ``.ilog``)."""
         return self.rolled_ts is not None
+
+    @property
+    def fd(self) -> int:
+        """The segment file's descriptor, opened (read-only) first for a rolled segment
+        whose file is closed. Raises ``OSError`` (the file is gone), ``ValueError``
+        after :meth:`close`."""
+        file = self._file
+        if file is None:
+            file = self._open_file()
+        elif self._files is not None and self.rolled:
+            self._files.touch(self)
+        return file.fd
+
+    @property
+    def file_open(self) -> bool:
+        """Whether the segment holds its file open now."""
+        return self._file is not None
+
+    def acquire_file(self) -> SegmentFile:
+        """A reference to the segment's open file (opened first if needed); the caller
+        releases it. The descriptor stays open until then, whatever becomes of the
+        segment."""
+        self.fd  # noqa: B018 - opens the file if needed and marks it used
+        assert self._file is not None
+        return self._file.acquire()
+
+    def _open_file(self) -> SegmentFile:
+        if self._closed:
+            raise ValueError(f"segment {self.name} is closed")
+        file = self._file = SegmentFile(os.open(self.path, os.O_RDONLY | _O_CLOEXEC))
+        if self._files is not None and self.rolled:
+            self._files.touch(self)
+        return file
+
+    def drop_file(self) -> None:
+        """Close the segment's file until its next use (reads in flight keep theirs)."""
+        file, self._file = self._file, None
+        if file is not None:
+            file.release()
 
     @property
     def path(self) -> str:
@@ -158,13 +211,13 @@ class LogSegment:
                    last_seq=None, index=index)
 
     @classmethod
-    def open_rolled(cls, directory: str, name: str, base: int, last: int, ts: int
-                    ) -> LogSegment:
-        """Open an immutable segment. Its index is read (and checked) on first use."""
-        fd = os.open(os.path.join(directory, name), os.O_RDONLY | _O_CLOEXEC)
-        size = os.fstat(fd).st_size
-        return cls(directory, name, base, fd, size, created_ts=ts, rolled_ts=ts,
-                   last_seq=last, index=None)
+    def open_rolled(cls, directory: str, name: str, base: int, last: int, ts: int,
+                    files: OpenFiles | None = None) -> LogSegment:
+        """An immutable segment. Its file is opened on first use (within ``files``'
+        bound), its index read (and checked) on first use."""
+        size = os.stat(os.path.join(directory, name)).st_size
+        return cls(directory, name, base, -1, size, created_ts=ts, rolled_ts=ts,
+                   last_seq=last, index=None, files=files)
 
     @classmethod
     def recover_active(cls, directory: str, name: str, base: int, created_ts: int, *,
@@ -364,8 +417,9 @@ class LogSegment:
         last = index.last
         self.since_index = None if last is None else size - last[1]
 
-    def roll(self, ts: int) -> None:
-        """Rename the active segment to ``<base>-<last>_<ts>.ilog``; it becomes immutable.
+    def roll(self, ts: int, files: OpenFiles | None = None) -> None:
+        """Rename the active segment to ``<base>-<last>_<ts>.ilog``; it becomes immutable
+        and its file counts against ``files``' bound from now on.
 
         The index file is left open for the caller to sync; see :meth:`close_index`.
         """
@@ -376,6 +430,9 @@ class LogSegment:
         self.name = new_name
         self.rolled_ts = ts
         self.visible_size = self.size
+        self._files = files
+        if files is not None and self._file is not None:
+            files.touch(self)
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -442,11 +499,13 @@ class LogSegment:
             self._index.close()
 
     def close(self) -> None:
-        """Close the segment's file descriptors."""
+        """Close the segment's index and release its file (reads in flight keep theirs);
+        the segment is not to be used after this."""
+        self._closed = True
         self.close_index()
-        if self.fd >= 0:
-            fd, self.fd = self.fd, -1
-            os.close(fd)
+        if self._files is not None:
+            self._files.forget(self)
+        self.drop_file()
 
     def delete(self) -> None:
         """Close and remove the segment and its index (missing files are fine)."""

@@ -24,6 +24,7 @@ from gateway.store.errors import (
     UnknownPartition,
     UnknownTopic,
 )
+from gateway.store.files import OpenFiles
 from gateway.store.names import is_valid_topic_name, validate_partition_count, validate_topic_name
 from gateway.store.partition import Partition, PartitionEnv
 from gateway.store.syncer import open_syncer
@@ -57,12 +58,17 @@ class StoreSettings:
     sync_threads: int = 8
     #: Bytes of the newest bundles (of all partitions) kept in memory for tail readers.
     tail_cache_bytes: int = 16 * MIB
+    #: Rolled segment files open at once (least recently read closed first; a read in
+    #: flight keeps its file open).
+    max_open_segments: int = 1000
 
     def __post_init__(self) -> None:
         Durability(self.durability)  # raises ValueError for anything else
         if not 0 < self.max_bundle_size <= MAX_BUNDLE_SIZE:
             raise ValueError(f"max_bundle_size must be 1..{MAX_BUNDLE_SIZE}")
         validate_partition_count(self.default_partitions)
+        if self.max_open_segments < 1:
+            raise ValueError("max_open_segments must be at least 1")
 
 
 class Topic:
@@ -101,6 +107,8 @@ class LogStore:
         self._syncer = open_syncer(settings.sync_threads)
         #: The newest bundles of every partition, for the readers at the tail.
         self.tail_cache = TailCache(settings.tail_cache_bytes)
+        #: The rolled segment files open now, within ``settings.max_open_segments``.
+        self.open_files = OpenFiles(settings.max_open_segments)
         self._closed = False
         self._env = PartitionEnv(
             durability=Durability(settings.durability),
@@ -110,6 +118,7 @@ class LogStore:
             limiter=self._limiter,
             syncer=self._syncer,
             tail=self.tail_cache,
+            files=self.open_files,
             clock=clock,
             observe_fsync=observe_fsync,
         )
