@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from gateway.backend.completion import completed
@@ -230,11 +230,14 @@ class AutoCreate:
     A topic that does not exist is created on first use (a Figg ATTACH or PUBLISH, a Tank
     Produce: :func:`ensure_topic`, and each backend's produce) when ``enabled`` and its
     name is a valid topic name, with ``partitions`` partitions and the default config.
-    One that somebody else created meanwhile (EXISTS) is as good.
+    One that somebody else created meanwhile (EXISTS) is as good. ``explain(topic)``,
+    when a backend gives it, says why the creation just refused was refused (a limit it
+    reached), for the refusal's message.
     """
 
     enabled: bool = True
     partitions: int = 1
+    explain: Callable[[str], str | None] | None = field(default=None, compare=False)
 
     def allows(self, topic: str) -> bool:
         """Whether a missing ``topic`` is to be created."""
@@ -249,7 +252,9 @@ class AutoCreate:
             raise TopicRefused(f"unknown topic {topic!r}")
         code = await create_topic(topic, self.partitions)
         if code not in (CreateTopicCode.OK, CreateTopicCode.EXISTS):
-            raise TopicRefused(f"could not create topic {topic!r}: {code.name.lower()}", code)
+            why = self.explain(topic) if self.explain is not None else None
+            raise TopicRefused(why or f"could not create topic {topic!r}: {code.name.lower()}",
+                               code)
 
 
 class Backend(Protocol):

@@ -33,10 +33,12 @@ from gateway.server.metrics import GaugeCollector, Metrics
 from gateway.store import (
     AppendResult,
     BundleTooLarge,
+    ConfigBounds,
     InvalidBundle,
     InvalidConfig,
     InvalidSequence,
     InvalidTopicName,
+    LimitReached,
     LogStore,
     OutOfRange,
     Partition,
@@ -48,6 +50,7 @@ from gateway.store import (
     UnknownTopic,
     open_store,
 )
+from gateway.store.descriptors import descriptor_limits, open_descriptors
 from gateway.store.partition import AppendEntry
 
 log = structlog.get_logger("figtank.embedded")
@@ -69,8 +72,13 @@ class EmbeddedBackend:
     def __init__(self, store: LogStore, *, auto_create_topics: bool = True,
                  metrics: Metrics | None = None) -> None:
         self.store = store
-        self.auto_create = AutoCreate(auto_create_topics, store.settings.default_partitions)
+        self.auto_create = AutoCreate(auto_create_topics, store.settings.default_partitions,
+                                      explain=self._explain_refusal)
         self._metrics = metrics
+        #: ``(topic, why)`` of the last creation a limit refused (read by auto-creation).
+        self._refusal: tuple[str, str] | None = None
+        if metrics is not None:
+            store.open_files.on_evict = partial(metrics.limit_hit, "max_open_segments")
         self._opened_at = time.time()
         #: Appends to topics being created, by topic, in arrival order.
         self._awaiting_topic: dict[str, list[tuple[int, list[AppendEntry], _Report]]] = {}
@@ -127,8 +135,8 @@ class EmbeddedBackend:
         error: StoreError | None = None
         try:
             await self.auto_create.create(topic, self.create_topic)
-        except TopicRefused as exc:
-            error = StoreError(str(exc))
+        except TopicRefused as exc:  # answered as an unknown topic, saying why
+            error = UnknownTopic(str(exc))
         waiting = self._awaiting_topic.pop(topic)
         for index, entries, report in waiting:
             try:
@@ -224,12 +232,26 @@ class EmbeddedBackend:
             return CreateTopicCode.EXISTS
         except InvalidTopicName:
             return CreateTopicCode.INVALID
-        except InvalidConfig:
+        except InvalidConfig as exc:
+            log.warning("create_topic_bad_config", topic=name, error=str(exc))
             return CreateTopicCode.BAD_CONFIG
+        except LimitReached as exc:
+            if self._metrics is not None:
+                self._metrics.limit_hit(exc.limit)
+            log.warning("topic_limit_reached", limit=exc.limit, topic=name,
+                        partitions=partitions, topics_held=self.store.topic_count,
+                        partitions_held=self.store.partition_count, error=str(exc))
+            self._refusal = (name, str(exc))
+            return CreateTopicCode.SYSTEM_ERROR
         except StoreError as exc:
             log.error("create_topic_failed", topic=name, error=str(exc))
             return CreateTopicCode.SYSTEM_ERROR
         return CreateTopicCode.OK
+
+    def _explain_refusal(self, topic: str) -> str | None:
+        """Why creating ``topic`` was just refused, if a limit refused it."""
+        refusal, self._refusal = self._refusal, None
+        return refusal[1] if refusal is not None and refusal[0] == topic else None
 
     async def discover_partitions(self, topic: str) -> list[PartitionInfo] | None:
         found = self.store.topic(topic)
@@ -248,7 +270,9 @@ class EmbeddedBackend:
             return ReloadConfCode.UNKNOWN_TOPIC
         except UnknownPartition:
             return ReloadConfCode.UNKNOWN_PARTITION
-        except InvalidConfig:
+        except InvalidConfig as exc:
+            log.warning("reload_conf_bad_config", topic=topic, partition=partition,
+                        error=str(exc))
             return ReloadConfCode.PARSE_ERROR
         except (OSError, StoreError):
             return ReloadConfCode.IO_ERROR
@@ -280,6 +304,8 @@ def _outcome(batch: ProduceBatch, result: AppendResult | StoreError) -> ProduceO
         return ProduceOutcome(ProduceCode.OK, result.first_seq, result.last_seq)
     if isinstance(result, InvalidSequence):
         return ProduceOutcome(ProduceCode.INVALID_SEQUENCE, reason=str(result))
+    if isinstance(result, UnknownTopic):
+        return ProduceOutcome(ProduceCode.UNKNOWN_TOPIC, reason=str(result))
     if not isinstance(result, (InvalidBundle, BundleTooLarge)):
         log.error("append_failed", topic=batch.topic, partition=batch.partition,
                   error=str(result))
@@ -361,8 +387,10 @@ class _ProduceCall:
         self._on_done(self._outcomes)  # type: ignore[arg-type]  # every slot filled
 
 
-def store_settings(settings: Settings) -> StoreSettings:
-    """The store's settings derived from the gateway's."""
+def store_settings(settings: Settings, config_bounds: ConfigBounds | None = None
+                   ) -> StoreSettings:
+    """The store's settings derived from the gateway's (``config_bounds``: the default
+    minimums of client-set topic config unless given, for tests)."""
     return StoreSettings(
         durability=settings.durability,
         max_bundle_size=settings.max_bundle_bytes,
@@ -370,19 +398,26 @@ def store_settings(settings: Settings) -> StoreSettings:
         topic_defaults=TopicConfig().with_keys(settings.topic_config),
         maintenance_interval=settings.retention_check_secs or math.inf,
         tail_cache_bytes=settings.tail_cache_bytes,
+        max_open_segments=settings.max_open_segments,
+        max_topics=settings.max_topics,
+        max_partitions=settings.max_partitions,
+        config_bounds=config_bounds or ConfigBounds(),
     )
 
 
 @asynccontextmanager
-async def open_embedded_backend(settings: Settings, metrics: Metrics | None = None
+async def open_embedded_backend(settings: Settings, metrics: Metrics | None = None, *,
+                                config_bounds: ConfigBounds | None = None
                                 ) -> AsyncIterator[EmbeddedBackend]:
     """Open (and recover) the store in ``settings.data_dir`` and serve it as a backend.
 
     On exit, pending appends finish and are fsynced before the store closes.
+    ``config_bounds`` replaces the minimums of client-set topic config (tests that force
+    small segments through CreateTopic).
     """
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     observe = None if metrics is None else metrics.fsync_seconds.observe
-    async with open_store(settings.data_dir, store_settings(settings),
+    async with open_store(settings.data_dir, store_settings(settings, config_bounds),
                           observe_fsync=observe) as store:
         backend = EmbeddedBackend(store, auto_create_topics=settings.auto_create_topics,
                                   metrics=metrics)
@@ -395,7 +430,28 @@ async def open_embedded_backend(settings: Settings, metrics: Metrics | None = No
                 "figtank_tail_cache_bytes",
                 "Bytes of the newest bundles held in memory for the readers at the tail.",
                 [], lambda: [([], float(store.tail_cache.size))]))
+            _add_store_gauges(metrics, store)
         try:
             yield backend
         finally:
             await backend.aclose()
+
+
+def _add_store_gauges(metrics: Metrics, store: LogStore) -> None:
+    """Gauges of what the store holds against its limits, and of the descriptors."""
+    def gauge(name: str, help: str, value: Callable[[], float | None]) -> None:
+        def samples() -> list[tuple[list[str], float]]:
+            v = value()
+            return [] if v is None else [([], float(v))]
+        metrics.add_collector(GaugeCollector(name, help, [], samples))
+
+    gauge("figtank_topics", "Topics held (limits.max_topics).", lambda: store.topic_count)
+    gauge("figtank_partitions", "Partitions of all topics (limits.max_partitions).",
+          lambda: store.partition_count)
+    gauge("figtank_open_segment_files",
+          "Rolled segment files open for readers (limits.max_open_segments).",
+          lambda: len(store.open_files))
+    gauge("figtank_open_descriptors", "File descriptors the process has open.",
+          open_descriptors)
+    gauge("figtank_descriptor_limit", "The process's descriptor limit (soft RLIMIT_NOFILE).",
+          lambda: descriptor_limits()[0])

@@ -105,7 +105,11 @@ def _path(value: Any) -> Path:
 def _topic_config(value: Any) -> dict[str, str]:
     if not isinstance(value, Mapping):
         raise ValueError("expected a table of Tank config keys")
-    from gateway.store.config import CONFIG_KEYS, parse_value  # the store's own rules
+    from gateway.store.config import (  # the store's own rules
+        CONFIG_KEYS,
+        ConfigBounds,
+        parse_value,
+    )
     from gateway.store.errors import InvalidConfig
 
     config = {str(k): str(v) for k, v in value.items()}
@@ -115,7 +119,7 @@ def _topic_config(value: Any) -> dict[str, str]:
             raise ConfigError(f"topics.config: unknown Tank config key {key!r} "
                               f"(known: {', '.join(CONFIG_KEYS)})")
         try:
-            parse_value(name, text.strip())
+            ConfigBounds().check(dict([parse_value(name, text.strip())]))
         except InvalidConfig as exc:
             raise ConfigError(f"topics.config: bad value {text!r} for {key!r}: {exc}") from None
     return config

@@ -42,6 +42,7 @@ from gateway.server.endpoint import Endpoint, serve_endpoint
 from gateway.server.listener import ProtocolListener
 from gateway.server.metrics import Metrics
 from gateway.store import StoreError
+from gateway.store.descriptors import count_partitions, needed_at_start, raise_soft_limit
 from gateway.tank.listener import TankListener
 
 log = structlog.get_logger("figtank.server")
@@ -163,6 +164,37 @@ def check_data_dir(path: Path) -> None:
                           ) from None
 
 
+def apply_descriptor_limit(settings: Settings) -> None:
+    """Raise the soft RLIMIT_NOFILE to what the store and the listeners want (or to
+    ``limits.open_files``); a ConfigError naming ``limits.open_files`` and the number
+    needed when the data directory needs more than the process may have."""
+    partitions = count_partitions(settings.data_dir)
+    connections = 2 * settings.max_connections + settings.http_max_connections
+    plan = needed_at_start(partitions, max_open_segments=settings.max_open_segments,
+                           connections=connections, open_files=settings.open_files)
+    need = (f"the data directory needs {plan.required} descriptors (2 for each of its "
+            f"{partitions} partitions + 64)")
+    raise_hard = "raise the hard limit (ulimit -Hn, LimitNOFILE= in systemd)"
+    if plan.target > plan.hard:
+        raise ConfigError(f"limits.open_files: {plan.target} is above the hard descriptor "
+                          f"limit {plan.hard}; {raise_hard} or lower limits.open_files")
+    if plan.target < plan.required:
+        if settings.open_files:
+            raise ConfigError(f"limits.open_files: {need}, more than limits.open_files="
+                              f"{settings.open_files}; raise it")
+        raise ConfigError(f"limits.open_files: {need}, more than the hard descriptor limit "
+                          f"(RLIMIT_NOFILE) {plan.hard}; {raise_hard} to {plan.required} "
+                          "or more")
+    try:
+        raise_soft_limit(plan.target)
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"limits.open_files: cannot set the descriptor limit to "
+                          f"{plan.target}: {exc}") from None
+    # debug: a start-up that fails later must still print only its one line
+    log.debug("descriptor_limit", soft=plan.target, hard=plan.hard, was=plan.soft,
+              required=plan.required, partitions=partitions)
+
+
 def _data_dir_problem(path: Path, reason: str) -> str:
     return (f"store.data_dir: cannot use {os.fspath(path)!r}: {reason}; choose a directory "
             f"figtank can create and write in with --data-dir DIR")
@@ -181,6 +213,7 @@ async def open_backend(settings: Settings, metrics: Metrics
             yield bridge, bridge.unavailable
         return
     check_data_dir(settings.data_dir)
+    apply_descriptor_limit(settings)
     async with AsyncExitStack() as stack:
         try:
             backend = await stack.enter_async_context(open_embedded_backend(settings, metrics))

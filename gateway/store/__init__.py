@@ -18,8 +18,12 @@ manager; recovers every partition in a worker thread, runs fsync rounds and the 
 maintenance in its own nursery), ``topics()``, ``topic(name)``, ``partition(topic, i)``
 (:class:`UnknownTopic` / :class:`UnknownPartition`), ``await create_topic(name,
 partitions, config_text)`` (atomic; :class:`TopicExists`, :class:`InvalidTopicName`,
-:class:`InvalidConfig`; waits for a creation of the same topic under way),
+:class:`InvalidConfig` (also a value below ``StoreSettings.config_bounds``),
+:class:`LimitReached` (``max_topics``, ``max_partitions``, descriptors: refused before
+anything is built); waits for a creation of the same topic under way),
 ``await reload_config(topic, i)`` (Tank's ReloadConf), ``await maintain()``.
+Rolled segments open their files on demand, at most ``StoreSettings.max_open_segments``
+at once (:mod:`gateway.store.files`).
 
 Partition API (what the listeners use), see :class:`Partition`:
 
@@ -53,7 +57,7 @@ fsync in a worker thread (readers and waiters see a bundle only then); ``"os"`` 
 ``write()``, with Tank's ``flush.messages`` / ``flush.secs`` triggering background fsyncs.
 """
 
-from gateway.store.config import CONFIG_KEYS, TopicConfig, parse_config
+from gateway.store.config import CONFIG_KEYS, NO_BOUNDS, ConfigBounds, TopicConfig, parse_config
 from gateway.store.durability import Durability
 from gateway.store.errors import (
     BundleTooLarge,
@@ -61,6 +65,7 @@ from gateway.store.errors import (
     InvalidConfig,
     InvalidSequence,
     InvalidTopicName,
+    LimitReached,
     OutOfRange,
     StoreClosed,
     StoreError,
@@ -77,13 +82,16 @@ from gateway.store.store import LogStore, StoreSettings, Topic, open_store
 __all__ = [
     "CONFIG_KEYS",
     "MAX_PARTITIONS",
+    "NO_BOUNDS",
     "AppendResult",
     "BundleTooLarge",
+    "ConfigBounds",
     "Durability",
     "InvalidBundle",
     "InvalidConfig",
     "InvalidSequence",
     "InvalidTopicName",
+    "LimitReached",
     "LogStore",
     "OutOfRange",
     "Partition",

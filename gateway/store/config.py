@@ -55,17 +55,64 @@ class TopicConfig:
     #: ``log.cleaner.min.cleanable.ratio``: accepted for compatibility, unused.
     cleaner_min_ratio: float = 0.5
 
-    def with_text(self, text: str) -> TopicConfig:
-        """A copy with the keys of a ``key=value`` text applied on top."""
-        return self.with_values(parse_config(text))
+    def with_text(self, text: str, bounds: ConfigBounds | None = None) -> TopicConfig:
+        """A copy with the keys of a ``key=value`` text applied on top, each checked
+        against ``bounds`` when given (:class:`InvalidConfig` otherwise)."""
+        values = parse_config(text)
+        if bounds is not None:
+            bounds.check(values)
+        return self.with_values(values)
 
-    def with_keys(self, keys: Mapping[str, object]) -> TopicConfig:
+    def with_keys(self, keys: Mapping[str, object], bounds: ConfigBounds | None = None
+                  ) -> TopicConfig:
         """A copy with ``{tank key: value}`` applied (a TOML table of Tank keys)."""
-        return self.with_text("\n".join(f"{k}={v}" for k, v in keys.items()))
+        return self.with_text("\n".join(f"{k}={v}" for k, v in keys.items()), bounds)
 
     def with_values(self, values: Mapping[str, Any]) -> TopicConfig:
         """A copy with field values (as returned by :func:`parse_config`) applied."""
         return dataclasses.replace(self, **values) if values else self
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigBounds:
+    """Minimums for the topic config that clients and operators set (CreateTopic's config
+    text, ``topics.config``, the ``config`` files; see :meth:`check`).
+
+    They keep a client from making the store do work per message: Tank rolls a segment
+    before an append that would pass ``log.segment.bytes``, so ``log.segment.bytes=64``
+    means a new segment, and new descriptors, per produce. The store's own code and its
+    tests build :class:`TopicConfig` directly and are not bound by them; :data:`NO_BOUNDS`
+    turns them off.
+    """
+
+    #: ``log.segment.bytes``: below this, small produces roll a segment each.
+    segment_bytes: int = 64 * KIB
+    #: ``log.index.interval.bytes``: an index entry per 128 bytes at most.
+    index_interval_bytes: int = 128
+    #: ``log.index.size.max.bytes``: a full index rolls the segment (512 entries at least).
+    index_max_bytes: int = 4 * KIB
+    #: ``log.roll.secs``: a segment (and descriptors) per minute at most per partition.
+    roll_secs: int = 60
+
+    def check(self, values: Mapping[str, Any]) -> None:
+        """Raise :class:`InvalidConfig` naming the key and its minimum when one of
+        ``values`` (``{TopicConfig field: value}``, from :func:`parse_config`) is below it."""
+        for field_name, key in _BOUNDED.items():
+            value = values.get(field_name)
+            minimum = getattr(self, field_name)
+            if value is not None and value < minimum:
+                raise InvalidConfig(f"{key}={value} is below the minimum {minimum}")
+
+
+#: The Tank key of each field :class:`ConfigBounds` bounds.
+_BOUNDED: Final = {"segment_bytes": "log.segment.bytes",
+                   "index_interval_bytes": "log.index.interval.bytes",
+                   "index_max_bytes": "log.index.size.max.bytes",
+                   "roll_secs": "log.roll.secs"}
+
+#: No minimums beyond what the parser itself requires (tests that force small segments).
+NO_BOUNDS: Final = ConfigBounds(segment_bytes=0, index_interval_bytes=0, index_max_bytes=0,
+                                roll_secs=0)
 
 
 _DURATION_UNITS: Final = {

@@ -19,6 +19,15 @@ class InvalidConfig(StoreError):
     """A topic/partition ``config`` text has an unknown key or a bad value."""
 
 
+class LimitReached(StoreError):
+    """A creation refused because it would pass a resource limit; ``limit`` is the
+    limit's setting name (``max_topics``, ``max_partitions``, ``open_files``)."""
+
+    def __init__(self, limit: str, message: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
 class TopicExists(StoreError):
     """CreateTopic for a topic that already exists."""
 

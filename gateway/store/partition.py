@@ -181,6 +181,12 @@ class Partition:
         return sum(s.size for s in self._segments)
 
     @property
+    def holds_files(self) -> bool:
+        """Whether the partition holds its active segment's files open (from its first
+        append on)."""
+        return self._active is not None
+
+    @property
     def closed(self) -> bool:
         return self._closed
 

@@ -14,10 +14,12 @@ from typing import Final
 import structlog
 import trio
 
-from gateway.store.config import MIB, TopicConfig
+from gateway.store.config import MIB, ConfigBounds, TopicConfig
+from gateway.store.descriptors import DescriptorBudget
 from gateway.store.durability import Durability, sync_directory
 from gateway.store.errors import (
     InvalidConfig,
+    LimitReached,
     StoreClosed,
     StoreError,
     TopicExists,
@@ -61,6 +63,16 @@ class StoreSettings:
     #: Rolled segment files open at once (least recently read closed first; a read in
     #: flight keeps its file open).
     max_open_segments: int = 1000
+    #: Minimums of the config values clients and operators set (CreateTopic's config
+    #: text, ``config`` files); ``topic_defaults`` is taken as given.
+    config_bounds: ConfigBounds = field(default_factory=ConfigBounds)
+    #: Topics the store holds at most; creating more raises :class:`LimitReached`.
+    max_topics: int = 10_000
+    #: Partitions of all topics together at most.
+    max_partitions: int = 20_000
+    #: A creation that would leave fewer descriptors than this free (under the soft
+    #: RLIMIT_NOFILE) is refused (0: no check).
+    descriptor_reserve: int = 128
 
     def __post_init__(self) -> None:
         Durability(self.durability)  # raises ValueError for anything else
@@ -69,6 +81,8 @@ class StoreSettings:
         validate_partition_count(self.default_partitions)
         if self.max_open_segments < 1:
             raise ValueError("max_open_segments must be at least 1")
+        if self.max_topics < 1 or self.max_partitions < 1:
+            raise ValueError("max_topics and max_partitions must be at least 1")
 
 
 class Topic:
@@ -102,6 +116,9 @@ class LogStore:
         self._clock = clock
         self._topics: dict[str, Topic] = {}
         self._creating: dict[str, trio.Event] = {}
+        #: Partitions of all topics, those being created included.
+        self._partitions = 0
+        self._descriptors = DescriptorBudget(settings.descriptor_reserve)
         self._nursery: trio.Nursery | None = None
         self._limiter = trio.CapacityLimiter(settings.sync_threads)
         self._syncer = open_syncer(settings.sync_threads)
@@ -147,7 +164,8 @@ class LogStore:
             if not is_valid_topic_name(name):
                 log.warning("invalid_topic_directory_ignored", directory=name)
                 continue
-            self._topics[name] = self._load_topic(name, path)
+            topic = self._topics[name] = self._load_topic(name, path)
+            self._partitions += len(topic.partitions)
 
     def _load_topic(self, name: str, path: str) -> Topic:
         config = self._read_config(self.settings.topic_defaults, path, name)
@@ -172,8 +190,7 @@ class LogStore:
             raise
         return Topic(name, path, config, partitions)
 
-    @staticmethod
-    def _read_config(base: TopicConfig, directory: str, topic: str,
+    def _read_config(self, base: TopicConfig, directory: str, topic: str,
                      partition: int | None = None, *, strict: bool = False) -> TopicConfig:
         try:
             with open(os.path.join(directory, CONFIG_FILE), encoding="utf-8") as f:
@@ -181,7 +198,7 @@ class LogStore:
         except FileNotFoundError:
             return base
         try:
-            return base.with_text(text)
+            return base.with_text(text, self.settings.config_bounds)
         except InvalidConfig as exc:
             if strict:
                 raise
@@ -197,6 +214,40 @@ class LogStore:
     def topics(self) -> list[str]:
         """Names of all topics, sorted."""
         return sorted(self._topics)
+
+    @property
+    def topic_count(self) -> int:
+        """Topics held (those being created included)."""
+        return len(self._topics) + len(self._creating)
+
+    @property
+    def partition_count(self) -> int:
+        """Partitions of all topics (those being created included)."""
+        return self._partitions
+
+    def _unopened_partitions(self) -> int:
+        """Partitions that hold no files yet (they open them at their first append)."""
+        return sum(1 for t in self._topics.values() for p in t.partitions
+                   if not p.holds_files)
+
+    def _check_room(self, name: str, count: int) -> None:
+        """Raise :class:`LimitReached` when ``count`` more partitions in one more topic
+        would pass a limit (before anything is built: a refusal costs nothing)."""
+        s = self.settings
+        if self.topic_count + 1 > s.max_topics:
+            raise LimitReached("max_topics", f"cannot create topic {name!r}: the server "
+                               f"holds {self.topic_count} topics (limits.max_topics="
+                               f"{s.max_topics})")
+        if self._partitions + count > s.max_partitions:
+            raise LimitReached("max_partitions", f"cannot create topic {name!r} with "
+                               f"{count} partitions: the server holds {self._partitions} "
+                               f"(limits.max_partitions={s.max_partitions})")
+        fits, free, needed = self._descriptors.room_for(count, self._unopened_partitions)
+        if not fits:
+            raise LimitReached("open_files", f"cannot create topic {name!r}: its {count} "
+                               f"partitions need {needed} descriptors and {free} are free, "
+                               f"{s.descriptor_reserve} of which are kept in reserve "
+                               "(raise limits.open_files or the hard RLIMIT_NOFILE)")
 
     def topic(self, name: str) -> Topic | None:
         """The topic, or None (also for names that are not valid topic names)."""
@@ -215,19 +266,25 @@ class LogStore:
 
         While another task creates the same topic, waits for it to finish first, so a
         caller told :class:`TopicExists` finds the topic there.
-        Raises :class:`InvalidTopicName` (name or partition count), :class:`InvalidConfig`,
-        :class:`TopicExists`, or :class:`StoreIOError`-like ``StoreError`` on failure.
+        Raises :class:`InvalidTopicName` (name or partition count), :class:`InvalidConfig`
+        (also a value below ``settings.config_bounds``), :class:`TopicExists`,
+        :class:`LimitReached` (``max_topics``, ``max_partitions``, descriptors), or
+        :class:`StoreIOError`-like ``StoreError`` on failure.
         """
         self._check_open()
         validate_topic_name(name)
         count = validate_partition_count(
             self.settings.default_partitions if partitions is None else partitions)
-        config = self.settings.topic_defaults.with_text(config_text)
+        config = self.settings.topic_defaults.with_text(config_text,
+                                                        self.settings.config_bounds)
         while (creating := self._creating.get(name)) is not None:
             await creating.wait()
         if name in self._topics:
             raise TopicExists(f"topic {name!r} exists")
+        self._check_room(name, count)
         done = self._creating[name] = trio.Event()
+        self._partitions += count
+        created = False
         try:
             path = await trio.to_thread.run_sync(
                 self._build_topic_dir, name, count, config_text, limiter=self._limiter)
@@ -235,10 +292,13 @@ class LogStore:
                 Partition(name, i, os.path.join(path, str(i)), config, self._env)
                 for i in range(count)])
             self._topics[name] = topic
+            created = True
         except OSError as exc:
             log.error("topic_create_failed", topic=name, error=str(exc))
             raise StoreError(f"cannot create topic {name!r}: {exc}") from exc
         finally:
+            if not created:
+                self._partitions -= count
             del self._creating[name]
             done.set()
         log.info("topic_created", topic=name, partitions=count)

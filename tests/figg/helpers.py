@@ -97,14 +97,16 @@ class RawPeer:
 
 
 @asynccontextmanager
-async def open_test_backend(tmp_path: Any, **settings: Any) -> AsyncIterator[Any]:
+async def open_test_backend(tmp_path: Any, *, config_bounds: Any = None, **settings: Any
+                            ) -> AsyncIterator[Any]:
     """The embedded store in ``tmp_path``: what the end-to-end tests run on.
 
     ``settings`` are :class:`Settings` fields (e.g. ``durability="os"``); maintenance
     (retention checks by timer) is off, retention still runs when segments roll.
+    ``config_bounds`` (e.g. ``NO_BOUNDS``) relaxes the minimums of CreateTopic's config.
     """
     settings.setdefault("retention_check_secs", 0)
     config = Settings(data_dir=Path(tmp_path) / "data", figg_listen="", tank_listen="",
                       metrics_listen="", **settings)
-    async with open_embedded_backend(config) as backend:
+    async with open_embedded_backend(config, config_bounds=config_bounds) as backend:
         yield backend

@@ -6,6 +6,7 @@ import pytest
 import trio
 
 from gateway.client.figg import open_figg_client
+from gateway.store import NO_BOUNDS
 from protocols.figg.messages import Attached, Data
 from tests.figg.helpers import RawPeer, attach, figg_server, open_test_backend, publish
 
@@ -101,7 +102,8 @@ async def test_history_to_live_under_concurrent_publishing(tmp_path):
 
 async def test_attach_before_first_available_after_retention(tmp_path):
     with trio.fail_after(10):
-        async with open_test_backend(tmp_path) as backend, figg_server(backend) as server:
+        async with open_test_backend(tmp_path, config_bounds=NO_BOUNDS) as backend, \
+                figg_server(backend) as server:
             code = await backend.create_topic(
                 "ret", 1, "log.segment.bytes=256\nretention.segments.count=2")
             assert code == 0

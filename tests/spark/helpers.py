@@ -10,14 +10,19 @@ from typing import Any
 
 import trio
 
+from gateway.backend.embedded import open_embedded_backend
 from gateway.client.tank_blocking import BlockingTankClient
 from gateway.server.config import Settings
 from gateway.server.run import ServerInfo, run_server
+from gateway.store import NO_BOUNDS
 from protocols.tank.bundle import Message
 
 
 class BackgroundServer:
-    """``run_server`` on its own trio loop in a daemon thread (Spark tests are sync)."""
+    """``run_server`` on its own trio loop in a daemon thread (Spark tests are sync).
+
+    CreateTopic's config is not bound by the minimums (the segment tests use 4 KiB
+    segments)."""
 
     def __init__(self, data_dir: Path, **settings: object) -> None:
         self.data_dir = data_dir
@@ -39,8 +44,10 @@ class BackgroundServer:
             self._ready.set()
 
     async def _serve(self) -> None:
-        async with trio.open_nursery() as nursery:
-            self._info = await nursery.start(partial(run_server, self.settings, grace=0.5))
+        async with open_embedded_backend(self.settings, config_bounds=NO_BOUNDS) as backend, \
+                trio.open_nursery() as nursery:
+            self._info = await nursery.start(partial(run_server, self.settings,
+                                                     backend=backend, grace=0.5))
             self._token = trio.lowlevel.current_trio_token()
             self._ready.set()
 

@@ -8,7 +8,15 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from gateway.store import LogStore, Partition, StoreIOError, StoreSettings, TopicConfig, open_store
+from gateway.store import (
+    NO_BOUNDS,
+    LogStore,
+    Partition,
+    StoreIOError,
+    StoreSettings,
+    TopicConfig,
+    open_store,
+)
 from protocols.errors import ProtocolError
 from protocols.tank.bundle import Codec, Message, decode_chunk, encode_bundle
 
@@ -83,10 +91,12 @@ def settings(durability: str = "fsync", *, tail_cache_bytes: int = 0, **topic: A
              ) -> StoreSettings:
     """Store settings with a tiny maintenance footprint and ``topic`` config overrides.
 
-    The tail cache is off unless asked for, so reads exercise the segment files.
+    The tail cache is off unless asked for, so reads exercise the segment files. Config
+    texts are not bound by the minimums (:data:`NO_BOUNDS`): tests force small segments.
     """
     return StoreSettings(durability=durability, topic_defaults=TopicConfig(**topic),
-                         maintenance_interval=float("inf"), tail_cache_bytes=tail_cache_bytes)
+                         maintenance_interval=float("inf"), tail_cache_bytes=tail_cache_bytes,
+                         config_bounds=NO_BOUNDS)
 
 
 @asynccontextmanager

@@ -21,11 +21,12 @@ CHILD = textwrap.dedent("""
     import sys
     import structlog
     import trio
-    from gateway.store import StoreSettings, open_store
+    from gateway.store import NO_BOUNDS, StoreSettings, open_store
     from protocols.tank.bundle import Message, encode_bundle
 
     async def main(path, segment_bytes):
-        settings = StoreSettings(durability="fsync", maintenance_interval=float("inf"))
+        settings = StoreSettings(durability="fsync", maintenance_interval=float("inf"),
+                                 config_bounds=NO_BOUNDS)
         async with open_store(path, settings, maintenance=False) as store:
             await store.create_topic("k", 2, f"log.segment.bytes={segment_bytes}\\n")
             deadline = trio.current_time() + 20  # stops by itself if nobody kills it

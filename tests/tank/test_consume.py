@@ -4,6 +4,7 @@ partial bundles, and chunks sent with sendfile."""
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -71,10 +72,10 @@ async def test_boundary_error_past_the_end(client: TankClient) -> None:
 
 
 async def test_boundary_error_after_retention(client: TankClient) -> None:
-    await client.create_topic("ret", 1, {"log.segment.bytes": "200",
+    await client.create_topic("ret", 1, {"log.segment.bytes": "64kb",  # the minimum
                                          "retention.segments.count": "2"})
-    for i in range(12):
-        await client.produce({("ret", 0): [bytes([65 + i]) * 60]})
+    for i in range(12):  # two messages a segment (random bytes: the client compresses)
+        await client.produce({("ret", 0): [random.Random(i).randbytes(30_000)]})
     [bounds] = await client.discover_partitions("ret")
     assert bounds.first_available > 1
     with pytest.raises(BoundaryError) as caught:
