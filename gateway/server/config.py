@@ -227,20 +227,21 @@ class Settings:
         "it stops being read.")
     max_topics: int = _setting(
         "limits.max_topics", 10_000, _positive_int,
-        "Topics the server holds; creating more (CreateTopic, auto-creation) is refused.")
+        "Topics the server holds; creating more is refused (CreateTopic: error 2; "
+        "auto-creation: as an unknown topic).")
     max_partitions: int = _setting(
         "limits.max_partitions", 20_000, _positive_int,
-        "Partitions of all topics together; creating more is refused. Each open "
-        "partition holds two descriptors.")
+        "Partitions of all topics together; creating more is refused like a topic past "
+        "limits.max_topics. Each partition holds two descriptors.")
     max_open_segments: int = _setting(
         "limits.max_open_segments", 1000, _positive_int,
         "Rolled segment files kept open at once for readers (least recently read are "
         "closed first; a read in flight keeps its file open).")
     open_files: int = _setting(
         "limits.open_files", 0, _non_negative_int,
-        "Descriptor limit (RLIMIT_NOFILE) to run with; 0: as high as the hard limit "
-        "allows. Start-up fails, saying what is needed, if the data directory needs "
-        "more.")
+        "Descriptor limit (soft RLIMIT_NOFILE) to run with; 0: what the store and the "
+        "listeners want, at most the hard limit. Start-up fails, saying what is needed, "
+        "if the data directory needs more (2 per partition + 64).")
     metric_topics: int = _setting(
         "limits.metric_topics", 1000, _positive_int,
         "Topics with their own series in per-topic metrics; the others are summed under "

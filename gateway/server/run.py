@@ -12,6 +12,8 @@ instead of the one the settings select; :func:`run_server` is the same as a task
 
 Start-up binds every listener before the backend opens; a listener or a data directory
 the machine refuses is a :class:`~gateway.server.config.ConfigError` naming the setting.
+Before the embedded store opens, :func:`apply_descriptor_limit` raises the soft
+descriptor limit to what the data directory and the listeners want (``limits.open_files``).
 
 Shutdown is graceful in three steps: stop accepting connections and tell every open
 connection to stop reading (idle ones close at once), give them ``grace`` seconds to finish
