@@ -123,6 +123,24 @@ async def test_query_string_unknown_path_and_other_methods() -> None:
             assert (await peer.response())[0] == 200
 
 
+async def test_lines_ending_in_a_bare_lf_are_answered_at_once() -> None:
+    # Issue 15, item 8: such a request used to wait for the timeout. The timeout here is
+    # longer than the test may take.
+    with trio.fail_after(10):
+        async with endpoint(http_timeout_secs=30) as address:
+            peer = await Peer.connect(address)
+            await peer.send(b"GET /health HTTP/1.1\nHost: test\n\n"
+                            b"GET /metrics?x=1 HTTP/1.1\r\nHost: test\n\n")
+            assert (await peer.response())[::2] == (200, b"ready\n")
+            status, _, body = await peer.response()
+            assert status == 200 and b"figtank_requests" in body
+            # HTTP/1.0 with bare LFs: answered, then closed.
+            peer = await Peer.connect(address)
+            await peer.send(b"GET /health/live HTTP/1.0\n\n")
+            assert (await peer.response())[::2] == (200, b"live\n")
+            assert await peer.closed()
+
+
 async def test_bad_request_gets_400_and_the_connection_closes() -> None:
     with trio.fail_after(10):
         async with endpoint() as address:
@@ -157,3 +175,6 @@ async def test_connections_are_bounded_and_slow_ones_time_out() -> None:
             fourth = await Peer.connect(address)  # the slots are free again
             await fourth.send(get("/health/live"))
             assert (await fourth.response())[0] == 200
+            await fourth.send(get("/metrics"))
+            assert b'\nfigtank_limit_hits_total{limit="http_max_connections"} 1.0\n' in (
+                await fourth.response())[2]

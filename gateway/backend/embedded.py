@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -287,7 +288,8 @@ class EmbeddedBackend:
             startup_ts=int(self._opened_at) & 0xFFFFFFFF, version=_version_number())
 
     def partition_sizes(self) -> list[tuple[list[str], float]]:
-        """``([topic, partition], bytes)`` for every partition: the store-size gauge."""
+        """``([topic, partition], bytes)`` for every partition: the store-size gauge. Safe
+        in the endpoint's worker thread: it only reads (``topics()`` is a copy)."""
         samples = []
         for name in self.store.topics():
             topic = self.store.topic(name)
@@ -425,7 +427,8 @@ async def open_embedded_backend(settings: Settings, metrics: Metrics | None = No
             metrics.include(metrics.fsync_seconds)
             metrics.add_collector(GaugeCollector(
                 "figtank_partition_bytes", "Bytes held by each partition's segments.",
-                ["topic", "partition"], backend.partition_sizes))
+                ["topic", "partition"],
+                lambda: metrics.fold_topics(backend.partition_sizes(), operator.add)))
             metrics.add_collector(GaugeCollector(
                 "figtank_tail_cache_bytes",
                 "Bytes of the newest bundles held in memory for the readers at the tail.",

@@ -56,8 +56,8 @@ class Subscription:
         self._cache = frames
         self._feeds = feeds
         self._lag = metrics.reader_lag
-        self._messages_out = metrics.messages_out.labels(where.topic)
-        self._bytes_out = metrics.bytes_out.labels(where.topic)
+        self._messages_out = metrics.for_topic(metrics.messages_out, where.topic)
+        self._bytes_out = metrics.for_topic(metrics.bytes_out, where.topic)
         self._log = log
         self._scope = trio.CancelScope()
 

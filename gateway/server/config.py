@@ -244,8 +244,8 @@ class Settings:
         "if the data directory needs more (2 per partition + 64).")
     metric_topics: int = _setting(
         "limits.metric_topics", 1000, _positive_int,
-        "Topics with their own series in per-topic metrics; the others are summed under "
-        "topic=\"_other\".")
+        "Topics with their own series in per-topic metrics (the first seen); the others "
+        "are summed under topic=\"_other\".")
     subscriber_buffer_bytes: int = _setting(
         "limits.subscriber_buffer_bytes", 4 * MIB, _positive_int,
         "Bytes queued for one Figg connection before its subscriptions stop reading "

@@ -1,12 +1,21 @@
 """The HTTP endpoint of a gateway: ``/metrics`` (Prometheus) and ``/health``, on h11.
 
 HTTP/1.1 with keep-alive; GET and HEAD (other methods: 405), the query string ignored
-(``/metrics?x=1`` is ``/metrics``), a malformed request 400, an unknown path 404. What a
-client can make it spend is bounded: ``limits.http_max_connections`` connections at once
-(more are closed on accept), ``limits.http_timeout_secs`` for each exchange (reading a
-whole request and writing its answer; an idle keep-alive connection is closed after as
-long), a request head of 8 KiB and a
-body of 64 KiB (it is read and dropped).
+(``/metrics?x=1`` is ``/metrics``), lines ending in CRLF or a bare LF, a malformed request
+400, an unknown path 404. What a client can make it spend is bounded:
+``limits.http_max_connections`` connections at once (more are closed on accept, counted as
+``figtank_limit_hits{limit="http_max_connections"}``), ``limits.http_timeout_secs`` for
+each exchange (reading a whole request and writing its answer; an idle keep-alive
+connection is closed after as long), a request head of 8 KiB and a body of 64 KiB (it is
+read and dropped).
+
+``/metrics`` is rendered in a worker thread, once for all the scrapes that come while it
+renders or within a second after (:mod:`gateway.server.rendering`): scrapers, however many,
+cost the event loop almost nothing, and every connection sends the same bytes object.
+There is no slot kept for ``/health``: the path is only known once a connection is read,
+so a reserved slot would be filled by idle connections as well; with renderings shared,
+slots turn over in milliseconds, and a refused connection is closed at once (a health
+check retries) instead of waiting.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import structlog
 import trio
 
 from gateway.server.metrics import Metrics
+from gateway.server.rendering import REUSE_SECS, RenderFailed, SharedRendering
 
 log = structlog.get_logger("figtank.http")
 
@@ -28,6 +38,9 @@ NotReady = Callable[[], str | None]
 MAX_REQUEST_HEAD: Final = 8192
 MAX_REQUEST_BODY: Final = 64 * 1024
 _RECEIVE_SIZE: Final = 16 * 1024
+#: Bodies up to this size go out in one send with their head; larger ones on their own,
+#: so the shared rendering is not copied per connection.
+_JOIN_BELOW: Final = 16 * 1024
 _PLAIN = b"text/plain; charset=utf-8"
 _METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 _HEALTH_PATHS = frozenset({b"/health", b"/health/ready", b"/ready"})
@@ -42,22 +55,24 @@ class _TooLarge(Exception):
 class Endpoint:
     """Answers ``/metrics``, ``/health`` (200 ``ready``, else 503 with the reason
     ``not_ready()`` gives: ``starting``, ``stopping``, an unreachable upstream) and
-    ``/health/live`` (200 while the process runs)."""
+    ``/health/live`` (200 while the process runs). A ``/metrics`` rendering serves the
+    scrapes of the next ``reuse_secs``."""
 
     def __init__(self, metrics: Metrics, not_ready: NotReady, *, max_connections: int,
-                 timeout: float) -> None:
+                 timeout: float, reuse_secs: float = REUSE_SECS) -> None:
         self.metrics = metrics
         self.not_ready = not_ready
         self.timeout = timeout
+        self.rendering = SharedRendering(metrics.render, reuse_secs)
         self._slots = trio.CapacityLimiter(max_connections)
 
-    def answer(self, method: bytes, target: bytes) -> Answer:
+    async def answer(self, method: bytes, target: bytes) -> Answer:
         """What a request for ``target`` gets (the body also for HEAD: its length counts)."""
         if method not in (b"GET", b"HEAD"):
             return 405, _PLAIN, b"GET or HEAD only\n"
         path = target.split(b"?", 1)[0]
         if path == b"/metrics":
-            return 200, _METRICS_TYPE, self.metrics.render()
+            return await self._metrics()
         if path in _HEALTH_PATHS:
             reason = self.not_ready()
             return (200, _PLAIN, b"ready\n") if reason is None else (
@@ -65,6 +80,15 @@ class Endpoint:
         if path == b"/health/live":
             return 200, _PLAIN, b"live\n"
         return 404, _PLAIN, b"not found\n"
+
+    async def _metrics(self) -> Answer:
+        try:
+            return 200, _METRICS_TYPE, await self.rendering.get()
+        except RenderFailed:
+            pass  # logged by the scrape that rendered
+        except Exception as exc:  # a collector's bug: this scrape fails, not the endpoint
+            log.error("metrics_render_failed", error=f"{type(exc).__name__}: {exc}")
+        return 500, _PLAIN, b"rendering the metrics failed\n"
 
     async def handle(self, stream: trio.SocketStream) -> None:
         """Serve one connection until the client closes it, a request fails or time runs
@@ -74,6 +98,7 @@ class Endpoint:
         except trio.WouldBlock:
             log.warning("http_connection_refused", reason="over the connection limit",
                         limit=self._slots.total_tokens)
+            self.metrics.limit_hit("http_max_connections")
             await trio.aclose_forcefully(stream)
             return
         try:
@@ -105,7 +130,7 @@ class Endpoint:
             return False
         if request is None:  # the client closed the connection
             return False
-        await _send(stream, conn, self.answer(request.method, request.target),
+        await _send(stream, conn, await self.answer(request.method, request.target),
                     head=request.method == b"HEAD")
         if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
             return False  # the client asked to close, or spoke HTTP/1.0
@@ -151,9 +176,16 @@ async def _send(stream: trio.SocketStream, conn: h11.Connection, answer: Answer,
         headers.append((b"connection", b"close"))
     data = conn.send(h11.Response(status_code=status, headers=headers)) or b""
     if not head:
-        data += conn.send(h11.Data(data=body)) or b""
+        if len(body) < _JOIN_BELOW:
+            data += conn.send(h11.Data(data=body)) or b""
+        else:
+            await stream.send_all(data)
+            for chunk in conn.send_with_data_passthrough(h11.Data(data=body)) or ():
+                await stream.send_all(chunk)
+            data = b""
     data += conn.send(h11.EndOfMessage()) or b""
-    await stream.send_all(data)
+    if data:
+        await stream.send_all(data)
 
 
 async def serve_endpoint(endpoint: Endpoint, listeners: list[trio.SocketListener], *,

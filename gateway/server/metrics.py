@@ -3,12 +3,22 @@
 Each server owns a :class:`Metrics` with its own registry, so several servers in
 one process (tests, a bridge in front of an embedded upstream) keep separate
 counts. Hot paths count per batch (``inc(n)``), never per message.
+
+The endpoint renders the registry in a worker thread while the event loop goes on changing
+what it reports: everything a collector reads must be safe to read from another thread
+(prometheus_client's own metrics lock; the callbacks here take ``list(...)`` snapshots of
+the loop's dicts, which CPython copies without running Python code in between).
+
+Per-topic series are bounded (``limits.metric_topics``): the first topics seen get their
+own series, the others are summed under ``topic="_other"`` (see :class:`TopicLabels`).
 """
 
 from __future__ import annotations
 
+import operator
+import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Final
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -16,6 +26,13 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 log = structlog.get_logger("figtank.metrics")
+
+#: The topic label of the topics over ``limits.metric_topics`` (their partition label too).
+OTHER: Final = "_other"
+#: ``limits.metric_topics``' default.
+DEFAULT_METRIC_TOPICS: Final = 1000
+
+Samples = list[tuple[list[str], float]]
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                     0.25, 0.5, 1.0, 2.5)
@@ -41,11 +58,12 @@ class ReaderLag:
     def remove(self, reader: object) -> None:
         self._readers.pop(reader, None)
 
-    def samples(self) -> tuple[list[tuple[list[str], float]], list[tuple[list[str], float]]]:
-        """(largest lag, reader count) per ``[protocol, topic, partition]``."""
+    def samples(self) -> tuple[Samples, Samples]:
+        """(largest lag, reader count) per ``[protocol, topic, partition]`` (safe to call
+        from another thread than the loop's that updates the readers)."""
         worst: dict[tuple[str, str, int], int] = {}
         count: dict[tuple[str, str, int], int] = {}
-        for protocol, topic, partition, lag in self._readers.values():
+        for protocol, topic, partition, lag in list(self._readers.values()):
             key = (protocol, topic, partition)
             worst[key] = max(worst.get(key, 0), lag)
             count[key] = count.get(key, 0) + 1
@@ -53,10 +71,41 @@ class ReaderLag:
                 [([p, t, str(n)], float(v)) for (p, t, n), v in count.items()])
 
 
-class Metrics:
-    """The counters, gauges and histograms the gateway reports."""
+class TopicLabels:
+    """Which topics have series of their own: the first ``limit`` asked about, for good
+    (a counter's series can not be taken back); the others are labelled :data:`OTHER`.
 
-    def __init__(self) -> None:
+    Safe to call from any thread. ``on_fold`` is called once for each topic folded.
+    """
+
+    def __init__(self, limit: int, on_fold: Callable[[str], None]) -> None:
+        self.limit = limit
+        self._own: set[str] = set()
+        self._folded: set[str] = set()
+        self._on_fold = on_fold
+        self._lock = threading.Lock()
+
+    def __call__(self, topic: str) -> str:
+        """``topic``'s label: itself, or :data:`OTHER` once the limit is reached."""
+        if topic in self._own:
+            return topic
+        with self._lock:
+            if topic in self._own or len(self._own) < self.limit:
+                self._own.add(topic)
+                return topic
+            if topic not in self._folded:
+                self._folded.add(topic)
+                self._on_fold(topic)
+        return OTHER
+
+
+class Metrics:
+    """The counters, gauges and histograms the gateway reports. ``metric_topics``
+    (``limits.metric_topics``): topics with series of their own in per-topic metrics."""
+
+    def __init__(self, metric_topics: int = DEFAULT_METRIC_TOPICS) -> None:
+        self._fold_logged = False
+        self.topic_label = TopicLabels(metric_topics, self._folded)
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.connections = Gauge("figtank_connections", "Open client connections.",
@@ -100,9 +149,10 @@ class Metrics:
             "figtank_reader_lag_messages",
             "Largest lag behind the high-water mark among a partition's readers "
             "(Figg subscribers, Tank consumers), as of their last read.",
-            labels, lambda: self.reader_lag.samples()[0]))
-        r.register(GaugeCollector("figtank_readers", "Readers of a partition.", labels,
-                                  lambda: self.reader_lag.samples()[1]))
+            labels, lambda: self.fold_topics(self.reader_lag.samples()[0], max, topic_at=1)))
+        r.register(GaugeCollector(
+            "figtank_readers", "Readers of a partition.", labels,
+            lambda: self.fold_topics(self.reader_lag.samples()[1], operator.add, topic_at=1)))
 
         self._appended: dict[str, tuple[Any, Any]] = {}
 
@@ -111,10 +161,39 @@ class Metrics:
         topic's two counters are looked up once, not per append)."""
         counters = self._appended.get(topic)
         if counters is None:
-            counters = self._appended[topic] = (self.messages_in.labels(topic),
-                                                self.bytes_in.labels(topic))
+            label = self.topic_label(topic)
+            counters = self._appended[topic] = (self.messages_in.labels(label),
+                                                self.bytes_in.labels(label))
         counters[0].inc(messages)
         counters[1].inc(size)
+
+    def for_topic(self, family: Any, topic: str) -> Any:
+        """The child of the per-topic ``family`` (``messages_out``, ``bytes_out``...) that
+        counts for ``topic``: its own, or the :data:`OTHER` one."""
+        return family.labels(self.topic_label(topic))
+
+    def fold_topics(self, samples: Iterable[tuple[list[str], float]],
+                    combine: Callable[[float, float], float], *, topic_at: int = 0
+                    ) -> Samples:
+        """Per-topic samples of a collector with the topics over the limit combined
+        (``combine``: how two values make one, e.g. ``max``) under :data:`OTHER`; the
+        label after the topic (the partition) becomes :data:`OTHER` there as well."""
+        folded: dict[tuple[str, ...], float] = {}
+        for labels, value in samples:
+            if self.topic_label(labels[topic_at]) == OTHER:
+                labels = [*labels[:topic_at], OTHER, OTHER, *labels[topic_at + 2:]]
+            key = tuple(labels)
+            folded[key] = combine(folded[key], value) if key in folded else value
+        return [(list(key), value) for key, value in folded.items()]
+
+    def _folded(self, topic: str) -> None:
+        """A topic over ``limits.metric_topics``: counted each time, logged the first."""
+        if not self._fold_logged:
+            self._fold_logged = True
+            log.warning("metric_topics_limit_reached", limit=self.topic_label.limit,
+                        topic=topic, action=f"counted under topic={OTHER!r}, as are the "
+                        "further topics over the limit (figtank_limit_hits counts them)")
+        self.limit_hit("metric_topics")
 
     def limit_hit(self, limit: str, count: int = 1) -> None:
         """Count ``count`` hits of the limit named by its setting (``max_topics``...)."""
@@ -138,7 +217,8 @@ class Metrics:
 
 
 class GaugeCollector(Collector):
-    """A gauge family whose samples a callback computes at scrape time."""
+    """A gauge family whose samples a callback computes at scrape time (in the endpoint's
+    worker thread: the callback must only read, snapshotting what the loop mutates)."""
 
     def __init__(self, name: str, documentation: str, labels: list[str],
                  samples: Callable[[], Iterable[tuple[list[str], float]]]) -> None:

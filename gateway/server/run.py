@@ -257,7 +257,7 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
     :class:`~gateway.server.config.ConfigError` before serving when a listener can not be
     bound or the data directory can not be used.
     """
-    info = ServerInfo(metrics or Metrics())
+    info = ServerInfo(metrics or Metrics(settings.metric_topics))
     metrics = info.metrics_registry
     readiness = _Readiness()
     async with _bind_all(settings) as bound, trio.open_nursery() as outer:

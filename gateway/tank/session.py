@@ -288,9 +288,9 @@ class TankSession(Session):
                 lag.update((self, where), "tank", fetch.topic, fetch.partition, at,
                            outcome.high_water_mark)
         if reply.bytes_by_topic:
-            bytes_out = self._metrics.bytes_out
+            metrics = self._metrics
             for topic, size in reply.bytes_by_topic.items():
-                bytes_out.labels(topic).inc(size)
+                metrics.for_topic(metrics.bytes_out, topic).inc(size)
         self._counter.inc("consume", reply.ok)
 
     async def _admin(self, request: Any) -> None:
