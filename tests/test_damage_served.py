@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -189,3 +192,37 @@ async def test_a_big_segment_checked_in_a_worker_thread_is_served_to_both_protoc
                               ) as store, figg_server(EmbeddedBackend(store)) as server:
             got = await figg_replay(server, "t", len(readable))
     assert got == [(m[0], m[1]) for m in readable]
+
+
+async def test_startup_mode_reports_the_damage_before_anything_is_read(tmp_path):
+    data = tmp_path / "data"
+    _expected, files = await build(data)
+    with open(files[3], "ab") as f:
+        f.write(garbage(7))
+    with capture_logs() as logs:
+        async with tank_server(data, check_rolled_segments="startup") as server:
+            found = [e for e in logs if e["event"] == "data_loss"]
+            assert [e["segment"] for e in found] == [files[3].name]
+            assert server.metric("figtank_data_loss_events_total") == 1
+
+
+async def test_inspect_lists_the_damaged_regions_and_the_readable_messages(tmp_path):
+    data = tmp_path / "data"
+    expected, files = await build(data)
+    size = files[1].stat().st_size
+    with open(files[1], "r+b") as f:
+        f.truncate(size - 3)
+    shown = subprocess.run([sys.executable, "-m", "gateway.cli", "inspect", "--json",
+                            str(data / "t" / "0")], capture_output=True, text=True,
+                           timeout=30)
+    assert shown.returncode == 1
+    assert shown.stderr.strip() == (f"figtank inspect: {files[1].name}: 1 damaged region "
+                                    "(skipped)")
+    lines = [json.loads(line) for line in shown.stdout.splitlines()]
+    (damage,) = [line for line in lines if line["kind"] == "damage"]
+    last = last_seq(files[1])
+    assert (damage["segment"], damage["first_seq"], damage["last_seq"]) == (
+        files[1].name, last - 1, last)
+    assert damage["offset"] + damage["bytes"] == size - 3
+    seqs = [line["seq"] for line in lines if line["kind"] == "message"]
+    assert seqs == [m[0] for m in expected if m[0] not in (last - 1, last)]
