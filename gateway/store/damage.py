@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from array import array
 from bisect import bisect_right
 from dataclasses import dataclass, field
@@ -32,6 +33,9 @@ from protocols.wire import decode_varint
 
 #: Damage checks read segment files in windows this large.
 CHECK_WINDOW: Final = 1024 * 1024
+#: A check gives up the GIL after this many bundles or bytes (see _walk_run).
+_PAUSE_BUNDLES: Final = 32
+_PAUSE_BYTES: Final = 256 * 1024
 #: Suffix of the file that keeps the bytes recovery cut off a segment.
 CORRUPT_SUFFIX: Final = ".corrupt"
 _O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
@@ -135,8 +139,18 @@ def _walk_run(scanner: Scanner, start: int, size: int, next_seq: int, last: int,
     run = _Run(start, start, next_seq=next_seq)
     since: int | None = None
     pending: list[tuple[int, int]] = []
+    bundles = walked = 0
     try:
         for off, flen, first, bundle_last, _ in scanner.walk(start, size, next_seq):
+            bundles += 1
+            walked += flen
+            if bundles >= _PAUSE_BUNDLES or walked >= _PAUSE_BYTES:
+                # In a worker thread, the event loop's thread waits for the GIL whenever
+                # it comes back from a system call: hand it over often, so a long check
+                # delays the loop by a few bundles' work, not by Python's 5 ms switch
+                # interval per system call.
+                time.sleep(0)
+                bundles = walked = 0
             if bundle_last > last:
                 raise ScanError(off, f"bundle ends at sequence {bundle_last}, past the "
                                 f"segment's last {last}")

@@ -828,8 +828,10 @@ class Partition:
 
     async def _check_in_thread(self, seg: LogSegment, done: trio.Event) -> None:
         try:
+            # Abandoned at shutdown: the thread reads its own descriptor to the end.
             check = await trio.to_thread.run_sync(self._run_check, seg,
-                                                  limiter=self._env.limiter)
+                                                  limiter=self._env.limiter,
+                                                  abandon_on_cancel=True)
         except OSError as exc:
             self._log.error("segment_check_failed", segment=seg.name, error=str(exc))
             self._check_errors[seg.base] = str(exc)
