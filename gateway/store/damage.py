@@ -36,6 +36,9 @@ CHECK_WINDOW: Final = 1024 * 1024
 #: A check gives up the GIL after this many bundles or bytes (see _walk_run).
 _PAUSE_BUNDLES: Final = 32
 _PAUSE_BYTES: Final = 256 * 1024
+#: Index entries past a cut that recovery tries to walk to the end from (each walk may
+#: read the rest of the file).
+_CUT_WALKS: Final = 4
 #: Suffix of the file that keeps the bytes recovery cut off a segment.
 CORRUPT_SUFFIX: Final = ".corrupt"
 _O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
@@ -285,9 +288,9 @@ def describe_cut(fd: int, base: int, good_end: int, size: int, next_seq: int,
     if good_end >= size and not after:
         return None
     scanner = Scanner(fd, CHECK_WINDOW)
-    for seq, off in after:
-        if off <= good_end or off >= size or seq < next_seq:
-            continue
+    candidates = [(seq, off) for seq, off in after
+                  if good_end < off < size and seq >= next_seq][:_CUT_WALKS]
+    for seq, off in candidates:
         walked_last = None
         try:
             for _, _, _, bundle_last, _ in scanner.walk(off, size, seq):
