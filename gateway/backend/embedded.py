@@ -43,6 +43,7 @@ from gateway.store import (
     LogStore,
     OutOfRange,
     Partition,
+    SegmentCheckPending,
     StoreError,
     StoreSettings,
     TopicConfig,
@@ -152,16 +153,26 @@ class EmbeddedBackend:
     # -- fetch -------------------------------------------------------------------------------------
 
     def fetch_nowait(self, requests: Sequence[FetchRequest]) -> list[FetchOutcome] | None:
-        """What :meth:`fetch` answers at once, or None when every partition is at its tail."""
-        outcomes = self._read_all(requests)[1]
+        """What :meth:`fetch` answers at once, or None when every partition is at its tail
+        (or waits for a damage check of a segment it needs: see :meth:`fetch`)."""
+        partitions = [self._readable_partition(r) for r in requests]
+        outcomes = [self._read(p, r.seq, r.fetch_size, [], i)
+                    for i, (p, r) in enumerate(zip(partitions, requests, strict=True))]
         if any(_answers_now(o) for o in outcomes):
             return outcomes
         return None  # empty chunks: nothing to close
 
     async def fetch(self, requests: Sequence[FetchRequest], *, max_wait_ms: int,
                     min_bytes: int) -> list[FetchOutcome]:
-        """Read each partition; long-poll per Tank's rules when all are at their tail."""
-        partitions, outcomes = self._read_all(requests)
+        """Read each partition; long-poll per Tank's rules when all are at their tail.
+
+        A partition whose read needs a rolled segment checked for damage first (the
+        first read of a big one, in a worker thread) is read once the check is done,
+        whatever ``max_wait_ms``: the check is part of the read, not a wait for data.
+        """
+        partitions = [self._readable_partition(r) for r in requests]
+        outcomes = await self._read_checked(partitions, [(r.seq, r.fetch_size)
+                                                         for r in requests])
         if max_wait_ms <= 0 or any(_answers_now(o) for o in outcomes):
             return outcomes
         # Every partition is at its tail: wait from the sequences just resolved (a
@@ -179,14 +190,25 @@ class EmbeddedBackend:
             if grown >= needed:
                 break
         resolved = iter(seq for _, seq in waiting)
-        return [self._read(p, next(resolved), r.fetch_size) if isinstance(p, Partition) else o
-                for p, r, o in zip(partitions, requests, outcomes, strict=True)]
+        again = [(next(resolved) if isinstance(p, Partition) else r.seq, r.fetch_size)
+                 for p, r in zip(partitions, requests, strict=True)]
+        return await self._read_checked(partitions, again)
 
-    def _read_all(self, requests: Sequence[FetchRequest]
-                  ) -> tuple[list[Partition | FetchOutcome], list[FetchOutcome]]:
-        partitions = [self._readable_partition(r) for r in requests]
-        return partitions, [self._read(p, r.seq, r.fetch_size)
-                            for p, r in zip(partitions, requests, strict=True)]
+    async def _read_checked(self, partitions: list[Partition | FetchOutcome],
+                            reads: list[tuple[int, int]]) -> list[FetchOutcome]:
+        """Read ``(seq, fetch_size)`` from each partition, waiting for the damage checks
+        a read needs and reading again after them."""
+        pending: list[int] = []
+        outcomes = [self._read(p, seq, size, pending, i)
+                    for i, (p, (seq, size)) in enumerate(zip(partitions, reads, strict=True))]
+        while pending:
+            waiting, pending = pending, []
+            for i in waiting:
+                partition = partitions[i]
+                assert isinstance(partition, Partition)
+                await partition.wait_checks()
+                outcomes[i] = self._read(partition, *reads[i], pending, i)
+        return outcomes
 
     def _readable_partition(self, request: FetchRequest) -> Partition | FetchOutcome:
         try:
@@ -197,11 +219,18 @@ class EmbeddedBackend:
             return FetchOutcome(FetchStatus.UNKNOWN_PARTITION)
 
     @staticmethod
-    def _read(partition: Partition | FetchOutcome, seq: int, fetch_size: int) -> FetchOutcome:
+    def _read(partition: Partition | FetchOutcome, seq: int, fetch_size: int,
+              pending: list[int], i: int) -> FetchOutcome:
+        """One partition's read; a read that must wait for a damage check adds ``i`` to
+        ``pending`` and finds nothing for now."""
         if isinstance(partition, FetchOutcome):
             return partition
         try:
             result = partition.read(seq, fetch_size)
+        except SegmentCheckPending:
+            pending.append(i)
+            return FetchOutcome(FetchStatus.DATA, high_water_mark=partition.high_water_mark,
+                                first_available=partition.first_available, resolved_seq=seq)
         except OutOfRange as exc:
             return FetchOutcome(FetchStatus.BOUNDARY, high_water_mark=exc.high_water_mark,
                                 first_available=exc.first_available)
@@ -404,6 +433,7 @@ def store_settings(settings: Settings, config_bounds: ConfigBounds | None = None
         max_topics=settings.max_topics,
         max_partitions=settings.max_partitions,
         config_bounds=config_bounds or ConfigBounds(),
+        check_rolled_segments=settings.check_rolled_segments,
     )
 
 
@@ -419,12 +449,14 @@ async def open_embedded_backend(settings: Settings, metrics: Metrics | None = No
     """
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     observe = None if metrics is None else metrics.fsync_seconds.observe
+    on_data_loss = None if metrics is None else metrics.data_lost
     async with open_store(settings.data_dir, store_settings(settings, config_bounds),
-                          observe_fsync=observe) as store:
+                          observe_fsync=observe, on_data_loss=on_data_loss) as store:
         backend = EmbeddedBackend(store, auto_create_topics=settings.auto_create_topics,
                                   metrics=metrics)
         if metrics is not None:
-            metrics.include(metrics.fsync_seconds)
+            metrics.include(metrics.fsync_seconds, metrics.data_loss_events,
+                            metrics.data_loss_messages, metrics.data_loss_bytes)
             metrics.add_collector(GaugeCollector(
                 "figtank_partition_bytes", "Bytes held by each partition's segments.",
                 ["topic", "partition"],

@@ -27,7 +27,7 @@ from gateway.server.config import parse_address
 from gateway.server.logs import configure_logging
 from gateway.store.config import CONFIG_KEYS, parse_value
 from gateway.store.errors import InvalidConfig
-from gateway.store.inspect import iter_messages, list_segments
+from gateway.store.inspect import check_rolled, iter_messages, list_segments
 from protocols.errors import ProtocolError
 from protocols.tank.bundle import Message
 from protocols.topics import MAX_PARTITIONS
@@ -468,7 +468,21 @@ def _inspect(args: argparse.Namespace) -> int:
             out.progress(f"{name}: {done * 100 // max(total, 1)}%")
 
         try:
-            for m in iter_messages(args.directory, segment, show_progress):
+            check = check_rolled(args.directory, segment)
+        except OSError as exc:
+            status = _failed("inspect", f"{segment.name}: {exc.strerror or exc}")
+            continue
+        for damage in check.damage if check is not None else ():
+            lost = ("no message lost" if damage.first_lost is None else
+                    f"sequences {damage.first_lost}-{damage.last_lost} lost")
+            out.record(f"# damage in {segment.name} at offset {damage.offset}: "
+                       f"{damage.size} bytes, {lost}: {damage.reason}",
+                       kind="damage", segment=segment.name, offset=damage.offset,
+                       bytes=damage.size, first_seq=damage.first_lost,
+                       last_seq=damage.last_lost, reason=damage.reason)
+        try:
+            for m in iter_messages(args.directory, segment, show_progress,
+                                   None if check is None else check.extents):
                 out.record(f"{m.seq}\t{m.timestamp}\t{escaped(m.key)}\t{m.size}",
                            kind="message", segment=m.segment, offset=m.offset, seq=m.seq,
                            timestamp=m.timestamp, **json_payload("key", m.key), size=m.size)
@@ -476,6 +490,9 @@ def _inspect(args: argparse.Namespace) -> int:
             out.end_progress()
             status = _failed("inspect", str(exc))
         out.end_progress()
+        if check is not None and check.damage:
+            status = _failed("inspect", f"{segment.name}: "
+                             f"{plural(len(check.damage), 'damaged region')} (skipped)")
     return status
 
 

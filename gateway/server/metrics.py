@@ -138,6 +138,15 @@ class Metrics:
         self.upstream_outages = Counter("figtank_upstream_outages",
                                         "Bridge mode: times the upstream became unreachable.",
                                         registry=None)
+        self.data_loss_events = Counter(
+            "figtank_data_loss_events", "Damaged regions found in rolled segments, and "
+            "corrupt or torn tails recovery cut off active segments.", registry=None)
+        self.data_loss_messages = Counter(
+            "figtank_data_loss_messages", "Sequence numbers the damaged or cut data held "
+            "(at most this many messages: sparse bundles leave gaps).", registry=None)
+        self.data_loss_bytes = Counter(
+            "figtank_data_loss_bytes", "Bytes of segment files found damaged or cut.",
+            registry=None)
         self.limit_hits = Counter(
             "figtank_limit_hits", "Times a resource limit refused or delayed a client, by "
             "limit (the setting's name).", ["limit"], registry=r)
@@ -194,6 +203,12 @@ class Metrics:
                         topic=topic, action=f"counted under topic={OTHER!r}, as are the "
                         "further topics over the limit (figtank_limit_hits counts them)")
         self.limit_hit("metric_topics")
+    def data_lost(self, messages: int, size: int) -> None:
+        """Count one damaged region (or recovery cut) of ``size`` bytes that held
+        ``messages`` sequence numbers (the store calls this, also from its threads)."""
+        self.data_loss_events.inc()
+        self.data_loss_messages.inc(messages)
+        self.data_loss_bytes.inc(size)
 
     def limit_hit(self, limit: str, count: int = 1) -> None:
         """Count ``count`` hits of the limit named by its setting (``max_topics``...)."""

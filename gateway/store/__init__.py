@@ -51,6 +51,11 @@ Partition API (what the listeners use), see :class:`Partition`:
   ``await wait_changed()`` parks until the next visible append; ``add_waiter(event)`` sets
   an event then instead (one event waits on many partitions).
 - ``appended_bytes``: framed bytes made visible so far (Tank's ``minBytes``).
+- Damage (:mod:`gateway.store.damage`): a rolled segment is checked the first time it
+  is read (or at open, ``StoreSettings.check_rolled_segments="startup"``); ``read`` skips
+  what is damaged (a ``data_loss`` log line per region, ``on_data_loss`` called) and
+  raises :class:`SegmentCheckPending` while a big segment is checked in a worker
+  thread: ``await wait_checks()``, then read again.
 
 Durability (``StoreSettings.durability``): ``"fsync"`` acknowledges after a group-commit
 fsync in a worker thread (readers and waiters see a bundle only then); ``"os"`` after
@@ -67,6 +72,7 @@ from gateway.store.errors import (
     InvalidTopicName,
     LimitReached,
     OutOfRange,
+    SegmentCheckPending,
     StoreClosed,
     StoreError,
     StoreIOError,
@@ -96,6 +102,7 @@ __all__ = [
     "OutOfRange",
     "Partition",
     "ReadResult",
+    "SegmentCheckPending",
     "StoreClosed",
     "StoreError",
     "StoreIOError",

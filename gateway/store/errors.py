@@ -56,6 +56,11 @@ class StoreIOError(StoreError):
     """A write, fsync or read failed (disk full, I/O error); nothing partial is visible."""
 
 
+class SegmentCheckPending(StoreError):
+    """A read needs a rolled segment that is being checked for damage in a worker thread
+    (the first read of a big one); ``await partition.wait_checks()``, then read again."""
+
+
 class StoreClosed(StoreError):
     """The store (or the partition) is closed."""
 

@@ -8,10 +8,12 @@ data directory in use (it only reads) and on one copied from a Tank broker.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from array import array
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from gateway.store.damage import Extent, SegmentCheck, check_segment_file
 from gateway.store.index import read_index_file
 from gateway.store.segment import SegmentName, index_name, parse_segment_name
 from protocols.errors import ProtocolError
@@ -156,16 +158,36 @@ def _decode_window(data: bytes, pos: int, seq: int, lo: int, hi: int
     return SegmentBatch(messages, bundles, pos + consumed), consumed, seq, done, bad
 
 
+def check_rolled(directory: str, segment: SegmentFile) -> SegmentCheck | None:
+    """The damage check of a rolled segment (see :mod:`gateway.store.damage`); None for
+    the active one. Raises ``OSError``."""
+    if not segment.rolled or segment.last_seq is None:
+        return None
+    rels = array("I", (rel for rel, _ in segment.index_entries))
+    offsets = array("I", (offset for _, offset in segment.index_entries))
+    return check_segment_file(os.path.join(directory, segment.name), segment.base_seq,
+                              segment.last_seq, index_rels=rels, index_offsets=offsets)
+
+
 def iter_messages(directory: str, segment: SegmentFile,
-                  progress: Callable[[int, int], None] | None = None
-                  ) -> Iterator[MessageRecord]:
-    """Every message of one segment file (up to its listed size); ``progress(done_bytes,
-    total_bytes)`` per window read.
+                  progress: Callable[[int, int], None] | None = None,
+                  extents: Sequence[Extent] | None = None) -> Iterator[MessageRecord]:
+    """Every message of one segment file (up to its listed size), or of the given
+    ``extents`` of it (the readable parts :func:`check_rolled` found); ``progress(
+    done_bytes, total_bytes)`` per window read.
 
     A torn or corrupt tail ends the listing with a ProtocolError naming its offset.
     """
+    if extents is None:
+        extents = [Extent(0, segment.size, segment.base_seq, UINT64_MAX)]
+    for extent in extents:
+        yield from _extent_messages(directory, segment, extent, progress)
+
+
+def _extent_messages(directory: str, segment: SegmentFile, extent: Extent,
+                     progress: Callable[[int, int], None] | None) -> Iterator[MessageRecord]:
     path = os.path.join(directory, segment.name)
-    for batch in read_segment(path, segment.base_seq, 0, segment.size):
+    for batch in read_segment(path, extent.first_seq, extent.start, extent.end):
         bundles = iter(batch.bundles)
         offset, _ = next(bundles)
         next_offset, next_first = next(bundles, (0, UINT64_MAX + 1))

@@ -18,18 +18,26 @@ from trio.lowlevel import ParkingLot
 
 from gateway.backend.completion import completed
 from gateway.store.config import TopicConfig
+from gateway.store.damage import (
+    CORRUPT_SUFFIX,
+    Damage,
+    SegmentCheck,
+    check_segment_file,
+    clean_check,
+)
 from gateway.store.durability import Durability, GroupCommit, SyncJob, Ticket
 from gateway.store.errors import (
     BundleTooLarge,
     InvalidBundle,
     InvalidSequence,
     OutOfRange,
+    SegmentCheckPending,
     StoreClosed,
     StoreError,
     StoreIOError,
 )
 from gateway.store.files import OpenFiles
-from gateway.store.index import ENTRY_SIZE
+from gateway.store.index import ENTRY_SIZE, read_index_file
 from gateway.store.results import AppendResult, ReadResult
 from gateway.store.scan import ScanError
 from gateway.store.segment import MAX_REL_SEQ, LogSegment, Recovery, parse_segment_name
@@ -54,6 +62,10 @@ MIN_FETCH: Final = 32
 #: (topped up whenever fewer than PREFILL_LOW bytes are left); see LogSegment.prefill.
 PREFILL_AHEAD: Final = 4 * 1024 * 1024
 PREFILL_LOW: Final = 2 * 1024 * 1024
+#: The largest sequence number a client may choose (a sparse bundle's, or ProduceWithSeqnum's
+#: base): INT64_MAX, as Kafka's signed offsets. Beyond it a partition could take so few
+#: further messages that one produce would block it for good.
+MAX_CHOSEN_SEQ: Final = (1 << 63) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +88,13 @@ class PartitionEnv:
     tail: TailCache | None = None
     #: Bounds the rolled segment files open at once (None: no bound).
     files: OpenFiles | None = None
+    #: When rolled segments are checked for damage: "lazy" (first read) or "startup".
+    check_rolled: str = "lazy"
+    #: A lazy check of a rolled segment up to this size runs at once, in the reader's
+    #: call; a bigger one in a worker thread while the reader waits (SegmentCheckPending).
+    inline_check_bytes: int = 64 * 1024
+    #: Called with ``(messages, bytes)`` each time damage or a recovery cut loses data.
+    on_data_loss: Callable[[int, int], None] | None = None
 
 
 @dataclass(slots=True)
@@ -152,6 +171,11 @@ class Partition:
         self._roll_at = math.inf
         self._closed = False
         self._broken: str | None = None
+        #: What the damage check found in each rolled segment, by segment base.
+        self._checks: dict[int, SegmentCheck] = {}
+        #: Checks running in a worker thread (set when done), and those that failed.
+        self._checking: dict[int, trio.Event] = {}
+        self._check_errors: dict[int, str] = {}
         self._log = log.bind(topic=topic, partition=index)
 
     def __repr__(self) -> str:
@@ -201,8 +225,8 @@ class Partition:
                 if name.endswith(".tmp"):
                     _unlink_quietly(os.path.join(self.directory, name))
                 continue
-            if name == "config":
-                continue
+            if name == "config" or name.endswith(CORRUPT_SUFFIX):
+                continue  # a config, or bytes recovery cut off a segment (kept for people)
             parsed = parse_segment_name(name)
             if parsed is None:
                 self._log.warning("unexpected_file_ignored", file=name)
@@ -219,7 +243,14 @@ class Partition:
             if seg.size == 0 or last < base:
                 self._log.error("bad_rolled_segment_ignored", segment=name, size=seg.size)
                 seg.close()
+                if last >= base:
+                    self._report_damage(name, Damage(0, 0, base, last, "empty segment file"))
                 continue
+            if self._env.check_rolled == "startup":
+                try:
+                    self._finish_check(seg, self._run_check(seg))
+                except OSError as exc:  # checked when first read instead
+                    self._log.error("segment_check_failed", segment=name, error=str(exc))
             segments.append(seg)
         actives.sort()
         for i, (base, name, ts) in enumerate(actives):
@@ -236,6 +267,7 @@ class Partition:
             else:  # more than one active segment: freeze the older ones
                 seg.roll(int(self._env.clock()), self._env.files)
                 seg.close_index()
+                self._checks[seg.base] = clean_check(seg.base, seg.last_seq, seg.size)
                 segments.append(seg)
                 self._log.warning("extra_active_segment_rolled", segment=seg.name)
         segments.sort(key=lambda s: s.base)
@@ -258,10 +290,22 @@ class Partition:
         if report.prefill_trimmed:
             self._log.info("segment_prefill_trimmed", segment=name,
                            bytes=report.prefill_trimmed)
-        if report.bytes_dropped:
+        if report.bytes_dropped or report.first_seq_lost is not None:
             self._log.warning("segment_tail_truncated", segment=name,
                               bytes_dropped=report.bytes_dropped, reason=report.reason,
-                              bundles_kept=report.bundles)
+                              bundles_kept=report.bundles,
+                              first_seq_lost=report.first_seq_lost,
+                              last_seq_lost=report.last_seq_lost,
+                              last_seq_exact=report.last_seq_exact,
+                              indexed_bytes_missing=report.indexed_past_end or None,
+                              corrupt_file=report.corrupt_file)
+            if report.corrupt_error is not None:
+                self._log.error("corrupt_copy_failed", segment=name, error=report.corrupt_error)
+            if self._env.on_data_loss is not None:
+                first, last = report.first_seq_lost, report.last_seq_lost
+                messages = last - first + 1 if first is not None and last is not None else 0
+                self._env.on_data_loss(messages,
+                                       report.bytes_dropped + report.indexed_past_end)
         if report.index_action:
             self._log.warning("segment_index_repaired", segment=name,
                               action=report.index_action)
@@ -435,6 +479,11 @@ class Partition:
         if first <= hwm:
             raise InvalidSequence(f"first sequence {first} is not above the "
                                   f"high-water mark {hwm}")
+        if last > MAX_CHOSEN_SEQ and (info.sparse or base_seq is not None):
+            self._log.warning("produce_sequence_refused", first_seq=first, last_seq=last,
+                              max_seq=MAX_CHOSEN_SEQ)
+            raise InvalidSequence(f"sequence number {last} is over {MAX_CHOSEN_SEQ}, the "
+                                  "largest a producer may choose")
         if last >= UINT64_MAX:
             raise InvalidSequence(f"sequence number {last} out of range")
         action = self._segment_action(first, last, varint_size(len(bundle)) + len(bundle), now)
@@ -564,6 +613,7 @@ class Partition:
         i = self._segments.index(seg)
         del self._segments[i]
         del self._bases[i]
+        self._checks.pop(seg.base, None)
 
     def _roll_active(self, now: float) -> None:
         """Freeze the active segment as ``.ilog``; the caller starts the next one."""
@@ -587,6 +637,8 @@ class Partition:
                 os.close(fd)
             raise
         seg.close_index()
+        assert seg.last_seq is not None
+        self._checks[seg.base] = clean_check(seg.base, seg.last_seq, seg.size)
         self._active = None
         self._sync_extra.extend(to_sync)
         self._dir_dirty = True
@@ -668,6 +720,12 @@ class Partition:
         first bundle after it, in a sequence gap), runs to the first bundle boundary at
         or past ``max(fetch_size, 32)`` bytes (so a single huge bundle comes whole),
         stops at the high-water mark and never crosses a segment.
+
+        A rolled segment is checked for damage the first time it is read (see
+        :mod:`gateway.store.damage`); a big one in a worker thread, meanwhile this raises
+        :class:`SegmentCheckPending`. Damaged bytes are never served: a ``seq`` they held
+        reads from the next readable sequence number instead (``base_seq`` above
+        ``seq``), or finds nothing until new appends when nothing readable follows.
         """
         if self._closed:
             raise StoreClosed(f"partition {self.topic}/{self.index} is closed")
@@ -687,14 +745,15 @@ class Partition:
         if cached is not None:
             return self._read_cached(seq, cached, max(fetch_size, MIN_FETCH), hwm,
                                      first_available)
+        wanted = seq
         for attempt in (0, 1):
-            i = max(bisect_right(self._bases, seq) - 1, 0)
-            while i < len(self._segments) - 1 and (self._segments[i].last_seq or 0) < seq:
-                i += 1
-            seg = self._segments[i]
-            limit = seg.visible_size
+            where = self._readable(seq, hwm)
+            if where is None:  # lost up to the high-water mark: wait for appends, as at the tail
+                return ReadResult(seq=wanted, base_seq=wanted, first_bundle_sparse=False,
+                                  high_water_mark=hwm, first_available=first_available,
+                                  next_seq=wanted)
+            seg, seq, limit, limit_last, check = where
             try:
-                limit_last = seg.last_seq if seg.rolled else hwm
                 found = seg.locate(seq, limit, limit_last)
                 if found is None:
                     raise ScanError(limit, f"sequence {seq} not found")
@@ -708,21 +767,127 @@ class Partition:
                 if attempt == 0:
                     self._log.error("segment_index_suspect", segment=seg.name, error=str(exc))
                     try:
-                        seg.rebuild_index(self.config.index_interval_bytes)
+                        if check is not None and not check.clean:  # the check's entries
+                            seg.use_index(check.rels, check.offsets)
+                        else:
+                            seg.rebuild_index(self.config.index_interval_bytes)
                     except (ScanError, OSError) as again:
                         failure = again
                     else:
+                        seq = wanted
                         continue
                 self._log.error("segment_read_failed", segment=seg.name, error=str(failure))
                 raise StoreIOError(f"{seg.name}: {failure}") from None
             except OSError as exc:
                 self._log.error("segment_read_failed", segment=seg.name, error=str(exc))
                 raise StoreIOError(f"{seg.name}: {exc}") from exc
-            return ReadResult(seq=seq, base_seq=base_seq, first_bundle_sparse=sparse,
+            return ReadResult(seq=wanted, base_seq=base_seq, first_bundle_sparse=sparse,
                               high_water_mark=hwm, first_available=first_available,
                               file=file, offset=offset, length=end - offset,
                               next_seq=next_seq)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _readable(self, seq: int, hwm: int
+                  ) -> tuple[LogSegment, int, int, int | None, SegmentCheck | None] | None:
+        """Where to read ``seq``: ``(segment, sequence to read from, byte limit, last
+        sequence before the limit, the segment's check)``. A sequence in a damaged region
+        moves on to the next readable one (this segment's next extent, or a later
+        segment's base); None when nothing readable follows up to ``hwm``. Raises
+        :class:`SegmentCheckPending` when a segment must be checked first."""
+        segments = self._segments
+        i = max(bisect_right(self._bases, seq) - 1, 0)
+        while i < len(segments) - 1 and (segments[i].last_seq or 0) < seq:
+            i += 1
+        while True:
+            seg = segments[i]
+            if not seg.rolled:
+                return seg, seq, seg.visible_size, hwm, None
+            check = self._checked(seg)
+            if check.clean:
+                return seg, seq, seg.visible_size, seg.last_seq, check
+            extent = check.extent_for(seq)
+            if extent is not None:
+                return seg, max(seq, extent.first_seq), extent.end, extent.last_seq, check
+            i += 1
+            if i == len(segments) or segments[i].base > hwm:
+                return None
+            seq = segments[i].base
+
+    # -- damage checks of rolled segments ----------------------------------------------------
+
+    def _checked(self, seg: LogSegment) -> SegmentCheck:
+        """The damage check of rolled ``seg``: made now if small, else started in a
+        worker thread (raises :class:`SegmentCheckPending`)."""
+        check = self._checks.get(seg.base)
+        if check is not None:
+            return check
+        error = self._check_errors.pop(seg.base, None)
+        if error is not None:  # the last attempt failed: say so once, try again next time
+            raise StoreIOError(f"{seg.name}: cannot check the segment: {error}")
+        if seg.size > self._env.inline_check_bytes:
+            if seg.base not in self._checking:
+                done = self._checking[seg.base] = trio.Event()
+                self._env.spawn(self._check_in_thread, seg, done)
+            raise SegmentCheckPending(f"{seg.name} is being checked")
+        try:
+            check = self._run_check(seg)
+        except OSError as exc:
+            self._log.error("segment_check_failed", segment=seg.name, error=str(exc))
+            raise StoreIOError(f"{seg.name}: cannot check the segment: {exc}") from exc
+        self._finish_check(seg, check)
+        return check
+
+    async def _check_in_thread(self, seg: LogSegment, done: trio.Event) -> None:
+        try:
+            # Abandoned at shutdown: the thread reads its own descriptor to the end.
+            check = await trio.to_thread.run_sync(self._run_check, seg,
+                                                  limiter=self._env.limiter,
+                                                  abandon_on_cancel=True)
+        except OSError as exc:
+            self._log.error("segment_check_failed", segment=seg.name, error=str(exc))
+            self._check_errors[seg.base] = str(exc)
+        else:
+            if seg in self._segments:  # not removed by retention meanwhile
+                self._finish_check(seg, check)
+        finally:
+            del self._checking[seg.base]
+            done.set()
+
+    def _run_check(self, seg: LogSegment) -> SegmentCheck:
+        """Check ``seg``'s file (blocking: in a worker thread when it is big). Touches only
+        what a rolled segment never changes."""
+        assert seg.last_seq is not None
+        rels, offsets, _ = read_index_file(seg.index_path)
+        return check_segment_file(seg.path, seg.base, seg.last_seq, index_rels=rels,
+                                  index_offsets=offsets,
+                                  interval=self.config.index_interval_bytes)
+
+    def _finish_check(self, seg: LogSegment, check: SegmentCheck) -> None:
+        """Keep ``check``, read ``seg`` through its index entries, report its damage."""
+        self._checks[seg.base] = check
+        seg.use_index(check.rels, check.offsets, write=check.clean)
+        for damage in check.damage:
+            self._report_damage(seg.name, damage)
+
+    def _report_damage(self, segment: str, damage: Damage) -> None:
+        """One ``data_loss`` line and the data-loss metrics for a damaged region."""
+        self._log.error("data_loss", segment=segment, first_seq=damage.first_lost,
+                        last_seq=damage.last_lost, messages=damage.lost_range,
+                        bytes=damage.size, offset=damage.offset, reason=damage.reason)
+        if self._env.on_data_loss is not None:
+            self._env.on_data_loss(damage.lost_range, damage.size)
+
+    async def wait_checks(self) -> None:
+        """Wait for the damage checks running in worker threads (see
+        :class:`SegmentCheckPending`)."""
+        while self._checking:
+            await next(iter(self._checking.values())).wait()
+
+    @property
+    def damage(self) -> list[tuple[str, Damage]]:
+        """``(segment name, damage)`` of every damaged region found so far."""
+        return [(seg.name, d) for seg in self._segments
+                if (c := self._checks.get(seg.base)) is not None for d in c.damage]
 
     @staticmethod
     def _read_cached(seq: int, entries: list[TailEntry], target: int, hwm: int,

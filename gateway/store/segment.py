@@ -17,16 +17,14 @@ import contextlib
 import os
 import re
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Final
 
+from gateway.store.damage import check_bundle_at, data_end, describe_cut, keep_cut_bytes
 from gateway.store.files import OpenFiles, SegmentFile
 from gateway.store.index import U32_MAX, SparseIndex, entries_are_sane, read_index_file
 from gateway.store.scan import ScanError, Scanner
-from protocols.errors import ProtocolError
-from protocols.tank.bundle import validate_bundle
-from protocols.wire import decode_varint
 
 _O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 #: Recovery reads the active segment in windows this large.
@@ -91,6 +89,16 @@ class Recovery:
     bundles: int = 0
     #: Zeros after the data, written ahead in fsync mode (not data: nothing was lost).
     prefill_trimmed: int = 0
+    #: The first sequence number lost (cut, or named by the index past the file's end).
+    first_seq_lost: int | None = None
+    #: The last one: exact if ``last_seq_exact``, else a lower bound (None: unknown).
+    last_seq_lost: int | None = None
+    last_seq_exact: bool = False
+    #: Bytes the old index says the file had past its end (a file cut short elsewhere).
+    indexed_past_end: int = 0
+    #: Where the cut bytes were kept (``<segment>.corrupt``), or why they could not be.
+    corrupt_file: str | None = None
+    corrupt_error: str | None = None
 
 
 class LogSegment:
@@ -259,7 +267,7 @@ class LogSegment:
                 if rel > MAX_REL_SEQ:
                     raise ScanError(off, f"sequence number {first} too far from base {base}")
                 if off >= deep_from:
-                    _deep_check(scanner, off, flen)
+                    check_bundle_at(scanner, off, flen)
                 if since is None or since > interval:
                     rels.append(rel)
                     offsets.append(off)
@@ -272,12 +280,24 @@ class LogSegment:
             report.reason = exc.reason
         except OSError as exc:
             report.reason = f"read error: {exc}"
+        end = data_end(fd, good_end, size) if good_end < size else size
+        if end < size:  # zeros written ahead (prefill): not data
+            report.prefill_trimmed = size - end
+        if end == good_end:
+            report.reason = None
+        loss = describe_cut(fd, base, good_end, end,
+                            base if last_seq is None else last_seq + 1, old_rels, old_offsets)
+        if loss is not None:
+            report.first_seq_lost, report.last_seq_lost = loss.first_seq, loss.last_seq
+            report.last_seq_exact, report.indexed_past_end = loss.exact, loss.indexed_past_end
+        if end > good_end:
+            report.bytes_dropped = end - good_end
+            try:
+                report.corrupt_file = os.path.basename(
+                    keep_cut_bytes(fd, os.path.join(directory, name), good_end, end))
+            except OSError as exc:
+                report.corrupt_error = str(exc)
         if good_end < size:
-            if _all_zeros(fd, good_end, size):  # zeros written ahead (prefill), not data
-                report.prefill_trimmed = size - good_end
-                report.reason = None
-            else:
-                report.bytes_dropped = size - good_end
             os.ftruncate(fd, good_end)
         # Keep the index file when it holds exactly the entries Tank's rule gives for
         # the bundles kept (maybe followed by entries past the cut); else rewrite it.
@@ -312,6 +332,21 @@ class LogSegment:
                 self._index = SparseIndex(self.index_path, rels, offsets)
         assert self._index is not None
         return self._index
+
+    def use_index(self, rels: array[int], offsets: array[int], *, write: bool = False
+                  ) -> None:
+        """Read a rolled segment through these entries (a damage check's); with ``write``,
+        also rewrite the index file if it is unusable (failing to is not an error; a
+        usable one made with another index interval stays as it is)."""
+        assert self.rolled
+        index = SparseIndex(self.index_path, rels, offsets)
+        if write:
+            old_rels, old_offsets, torn = read_index_file(self.index_path)
+            max_rel = (self.last_seq or self.base) - self.base
+            if torn or not entries_are_sane(old_rels, old_offsets, self.size, max_rel):
+                with contextlib.suppress(OSError):
+                    index.write_file()
+        self._index = index
 
     def rebuild_index(self, interval: int = 4096) -> None:
         """Rebuild the index by walking the segment's bundles (Tank's rule).
@@ -479,13 +514,14 @@ class LogSegment:
         if target >= limit:
             return limit, limit_seq
         index = self.index()
-        i = bisect_right(index.offsets, target) - 1
+        # The last index entry below the target: the walk from it reaches the bundle that
+        # ends at or past the target, so the sequence after the range is its last + 1 (an
+        # entry at the target would give the next bundle's first, past a sparse gap).
+        i = bisect_left(index.offsets, target) - 1
         if i >= 0 and index.offsets[i] > start:
             floor, seq = index.offsets[i], self.base + index.rels[i]
         else:
             floor, seq = start, start_seq
-        if floor == target:
-            return target, seq
         for off, flen, _, last, _ in Scanner(self.fd).walk(floor, limit, seq):
             if off + flen >= target:
                 return off + flen, last + 1
@@ -515,24 +551,3 @@ class LogSegment:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(p)
 
-
-def _all_zeros(fd: int, start: int, end: int) -> bool:
-    """Whether bytes ``[start, end)`` of the file are all zeros."""
-    while start < end:
-        data = os.pread(fd, min(end - start, len(_ZEROS)), start)
-        if not data or data != _ZEROS[:len(data)]:
-            return False
-        start += len(data)
-    return True
-
-
-def _deep_check(scanner: Scanner, offset: int, framed_len: int) -> None:
-    """Validate the bundle at ``offset`` fully (framing, messages, Snappy)."""
-    framed = scanner.read(offset, framed_len)
-    decoded = decode_varint(framed, 0)
-    if decoded is None:  # pragma: no cover - the header walk has read this varint already
-        raise ScanError(offset, "truncated bundle length")
-    try:
-        validate_bundle(memoryview(framed)[decoded[1]:])
-    except ProtocolError as exc:
-        raise ScanError(offset, f"invalid bundle: {exc}") from None

@@ -73,9 +73,17 @@ class StoreSettings:
     #: A creation that would leave fewer descriptors than this free (under the soft
     #: RLIMIT_NOFILE) is refused (0: no check).
     descriptor_reserve: int = 128
+    #: When rolled segments are checked for damage: "lazy" (the first time each is
+    #: read) or "startup" (all of them while the store opens).
+    check_rolled_segments: str = "lazy"
+    #: A lazy check of a rolled segment up to this size runs in the reader's call; a
+    #: bigger one in a worker thread (the event loop goes on meanwhile).
+    inline_check_bytes: int = 64 * 1024
 
     def __post_init__(self) -> None:
         Durability(self.durability)  # raises ValueError for anything else
+        if self.check_rolled_segments not in ("lazy", "startup"):
+            raise ValueError("check_rolled_segments must be 'lazy' or 'startup'")
         if not 0 < self.max_bundle_size <= MAX_BUNDLE_SIZE:
             raise ValueError(f"max_bundle_size must be 1..{MAX_BUNDLE_SIZE}")
         validate_partition_count(self.default_partitions)
@@ -110,7 +118,8 @@ class LogStore:
 
     def __init__(self, data_dir: str, settings: StoreSettings,
                  clock: Callable[[], float],
-                 observe_fsync: Callable[[float], None] | None = None) -> None:
+                 observe_fsync: Callable[[float], None] | None = None,
+                 on_data_loss: Callable[[int, int], None] | None = None) -> None:
         self.data_dir = data_dir
         self.settings = settings
         self._clock = clock
@@ -138,6 +147,9 @@ class LogStore:
             files=self.open_files,
             clock=clock,
             observe_fsync=observe_fsync,
+            check_rolled=settings.check_rolled_segments,
+            inline_check_bytes=settings.inline_check_bytes,
+            on_data_loss=on_data_loss,
         )
 
     # -- opening --------------------------------------------------------------------------------
@@ -390,16 +402,19 @@ class LogStore:
 async def open_store(data_dir: str | os.PathLike[str], settings: StoreSettings | None = None,
                      *, clock: Callable[[], float] = time.time,
                      maintenance: bool = True,
-                     observe_fsync: Callable[[float], None] | None = None
+                     observe_fsync: Callable[[float], None] | None = None,
+                     on_data_loss: Callable[[int, int], None] | None = None
                      ) -> AsyncIterator[LogStore]:
     """Open (and recover) the store in ``data_dir``; close it on exit.
 
     Recovery runs in a worker thread. While open, the store runs its background work
     (fsync rounds, and with ``maintenance`` the periodic retention pass) in its own
     nursery. ``clock`` gives wall-clock seconds (segment names, retention);
-    ``observe_fsync`` is called with the duration of every group fsync.
+    ``observe_fsync`` is called with the duration of every group fsync, ``on_data_loss``
+    with ``(messages, bytes)`` of every damaged region found and every recovery cut.
     """
-    store = LogStore(os.fspath(data_dir), settings or StoreSettings(), clock, observe_fsync)
+    store = LogStore(os.fspath(data_dir), settings or StoreSettings(), clock, observe_fsync,
+                     on_data_loss)
     try:
         await trio.to_thread.run_sync(store._load)
     except BaseException as exc:
