@@ -281,7 +281,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return trio.run(soak, args.target, args)
     serve_args = [*(["--config", args.config] if args.config else []), *args.serve_arg]
     with own_server(serve_args, args.durability) as target:
-        return trio.run(soak, target, args)
+        result = trio.run(soak, target, args)
+    result["server"]["shutdown"] = target.shutdown
+    return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:

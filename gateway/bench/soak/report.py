@@ -88,12 +88,16 @@ def text(result: dict[str, Any]) -> str:
     if "error" in good:
         lines.append(f"well-behaved client:  FAILED: {good['error']}")
     else:
-        lines.append("well-behaved client latency:")
+        lines.append("well-behaved client latency (a publish never acknowledged counts as "
+                     "one sample of the time it waited):")
         lines += [_latency_line(name, stats) for name, stats in good["latency_ms"].items()]
         for name, topic in good["topics"].items():
             lines.append(f"  {name} topic: {topic['acked']:,} acknowledged of "
                          f"{topic['sent']:,} sent ({topic['skipped']:,} skipped while "
                          f"late), lost {topic['lost'] if topic['lost'] is not None else '?'}")
+        if good.get("unacked_at_end"):
+            lines.append(f"  figg publishes still unacknowledged after the drain: "
+                         f"{good['unacked_at_end']:,}")
     lines.append("abusers:")
     for name, tally in result["abusers"].items():
         lines.append(f"  {name:<20} connections {tally['connections']:,}, refused "
@@ -106,6 +110,11 @@ def text(result: dict[str, Any]) -> str:
     if result.get("limit_hits"):
         hits = ", ".join(f"{k}={v:g}" for k, v in result["limit_hits"].items())
         lines.append(f"limit hits (/metrics): {hits}")
+    shutdown = server.get("shutdown")
+    if shutdown:
+        lines.append(f"server shutdown:      {shutdown['seconds']:g} s after SIGTERM, exit "
+                     f"status {shutdown['exit_status']}"
+                     + (" (killed: it did not stop in time)" if shutdown["killed"] else ""))
     log = server.get("log")
     if log:
         lines.append(f"server log:           {log['lines']:,} lines, "

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -64,6 +65,8 @@ class Target:
     process: subprocess.Popen | None = None
     log: ServerLog | None = None
     settings: dict[str, object] = field(default_factory=dict)
+    #: How the soak stopped the server it started (set once it has).
+    shutdown: dict[str, object] | None = None
 
     def alive(self) -> bool:
         """Whether the server process still runs (a zombie does not)."""
@@ -96,23 +99,31 @@ def own_server(serve_args: Sequence[str], durability: str) -> Iterator[Target]:
              "--tank-listen", "127.0.0.1:0", "--figg-listen", "127.0.0.1:0",
              "--metrics-listen", "127.0.0.1:0", "--log-level", "info", *serve_args],
             on_line=log.feed)
+        target = Target(process.pid, loopback_address(event["figg"]),
+                        loopback_address(event["tank"]), loopback_address(event["metrics"]),
+                        process, log, {"durability": durability, "args": list(serve_args)})
         try:
-            yield Target(process.pid, loopback_address(event["figg"]),
-                         loopback_address(event["tank"]), loopback_address(event["metrics"]),
-                         process, log, {"durability": durability, "args": list(serve_args)})
+            yield target
         finally:
-            _stop(process)
+            target.shutdown = _stop(process)
             reader.join(timeout=10)
 
 
-def _stop(process: subprocess.Popen) -> None:
+def _stop(process: subprocess.Popen, patience: float = 30.0) -> dict[str, object]:
+    """SIGTERM, then SIGKILL after ``patience`` seconds: how long it took, the exit
+    status, and whether it had to be killed."""
+    start = time.monotonic()
+    killed = False
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:
-            process.wait(timeout=30)
+            process.wait(timeout=patience)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+            killed = True
+    return {"seconds": round(time.monotonic() - start, 2), "exit_status": process.returncode,
+            "killed": killed}
 
 
 def rss_bytes(pid: int) -> int | None:
