@@ -24,7 +24,7 @@ from gateway.bench.soak.abusers import ABUSERS, run_abuser
 from gateway.bench.soak.plan import Caps, Context, MiB, Tally
 from gateway.bench.soak.report import acknowledged_lost, text, verdict
 from gateway.bench.soak.tank_abusers import fill_topic
-from gateway.bench.soak.target import Sampler, Target, attached, own_server
+from gateway.bench.soak.target import Sample, Sampler, Target, attached, own_server
 from gateway.bench.soak.wire import close, connect, http_get, http_request
 from gateway.client.errors import ClientError
 from gateway.server.logs import configure_logging
@@ -210,7 +210,7 @@ async def soak(target: Target, args: argparse.Namespace) -> dict[str, Any]:
         good.stop()
 
 
-async def _abuse(ctx: Context, args: argparse.Namespace, sampler: Sampler, start: Any,
+async def _abuse(ctx: Context, args: argparse.Namespace, sampler: Sampler, start: Sample,
                  good: GoodClient) -> dict[str, Any]:
     ready = await good.ready()
     if "error" in ready:
