@@ -18,7 +18,6 @@ from protocols.figg.messages import (
     REQUESTS,
     RESPONSES,
     TYPE_OF,
-    VERSION,
 )
 from protocols.figg.records import encode_data_frames as _encode_data_frames
 from protocols.translate import refusal, scan_publishes
@@ -38,9 +37,11 @@ class FiggConnection:
     """One end of a Figg connection.
 
     A ``Role.SERVER`` connection decodes what clients send (ATTACH, DETACH, PUBLISH, PING)
-    and encodes the rest; a ``Role.CLIENT`` connection the reverse. Bad input (an unknown
-    type, a message sent the wrong way, a version other than 1, a payload that is short,
-    has trailing bytes or a length that overruns it, a topic that is not UTF-8) raises
+    and encodes the rest; a ``Role.CLIENT`` connection the reverse. Frames are sent with
+    version 1 and decoded by their type whatever version they carry, as the real Figg
+    server does (it ignores the field). Bad input (an unknown type, a message sent the
+    wrong way, a payload that is short, has trailing bytes or a length that overruns it,
+    a topic that is not UTF-8) raises
     :class:`ProtocolError`; a frame over ``max_frame_size`` raises
     :class:`~protocols.errors.FrameTooLarge` as soon as its header is in. After an error the
     connection is dead: every later ``next_event`` raises the same error.
@@ -123,10 +124,10 @@ class FiggConnection:
                 if frame is CLOSED:
                     append(CLOSED)
                     break
-                (message_type, version, _), payload = frame  # type: ignore[misc]  # a frame
+                (message_type, _version, _), payload = frame  # type: ignore[misc]  # a frame
                 decode = decoders.get(message_type)
-                if decode is None or version != VERSION:
-                    raise self._refusal(message_type, version)
+                if decode is None:
+                    raise self._refusal(message_type)
                 append(decode(payload))
                 if len(events) == limit:
                     break
@@ -146,5 +147,5 @@ class FiggConnection:
             raise TypeError(f"not a Figg message: {what}")
         return encode(event)
 
-    def _refusal(self, message_type: int, version: int) -> ProtocolError:
-        return refusal(message_type, version, "client" if self.role is Role.SERVER else "server")
+    def _refusal(self, message_type: int) -> ProtocolError:
+        return refusal(message_type, "client" if self.role is Role.SERVER else "server")
