@@ -18,6 +18,7 @@ import h11
 import structlog
 import trio
 
+from gateway.server.accepting import serve_listeners
 from gateway.server.metrics import Metrics
 
 log = structlog.get_logger("figtank.http")
@@ -160,4 +161,5 @@ async def serve_endpoint(endpoint: Endpoint, listeners: list[trio.SocketListener
                          task_status: trio.TaskStatus[list[trio.SocketListener]]
                          = trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``endpoint`` on ``listeners`` until cancelled."""
-    await trio.serve_listeners(endpoint.handle, listeners, task_status=task_status)
+    await serve_listeners(endpoint.handle, listeners, name="metrics", metrics=endpoint.metrics,
+                          task_status=task_status)
