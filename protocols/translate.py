@@ -141,7 +141,7 @@ def scan_publishes_py(buf: bytes | bytearray, pos: int, end: int, max_payload: i
     except ProtocolError as exc:
         if run:
             items.append(_batch(run, timestamp))
-        return items, pos, exc
+        return items, pos, exc.with_traceback(None)  # its frames would hold ``buf``
     if run:
         items.append(_batch(run, timestamp))
     return items, pos, None

@@ -42,6 +42,16 @@ class CloseConnection(Exception):
         self.reason = reason
 
 
+def bare(close: CloseConnection) -> CloseConnection:
+    """``close`` without its traceback and the exceptions chained to it, to be kept: a
+    raised close's traceback holds the frames of the session that raised it (``self``,
+    its buffers), so keeping it whole would be a reference cycle that holds the closed
+    connection's memory until the cycle collector happens to run."""
+    close.__traceback__ = None
+    close.__cause__ = close.__context__ = None
+    return close
+
+
 def protocol_close(exc: BaseException) -> CloseConnection:
     """The close a peer's protocol violation calls for."""
     kind = "frame_too_large" if isinstance(exc, FrameTooLarge) else "protocol_error"
@@ -92,8 +102,10 @@ class Session:
                             "shutdown", "server shutting down")
                     await self._drain()
                 except CloseConnection as close:
-                    self._close = self._close or close
-                    if close.kind in self.DRAIN_ON:
+                    self._close = self._close or bare(close)
+                    drain = close.kind in self.DRAIN_ON
+                    del close  # its traceback holds this frame
+                    if drain:
                         await self._drain()
                 nursery.cancel_scope.cancel()
         finally:
@@ -108,7 +120,7 @@ class Session:
     def _closing(self, close: CloseConnection) -> None:
         """Record the first reason to close and stop every task of the connection."""
         if self._close is None:
-            self._close = close
+            self._close = bare(close)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 

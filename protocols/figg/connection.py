@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
-from protocols.connection import CLOSED, DEFAULT_MAX_FRAME, NEED_DATA, FrameReader, Role
+from protocols.connection import (
+    CLOSED,
+    DEFAULT_MAX_FRAME,
+    NEED_DATA,
+    FrameReader,
+    Role,
+    kept,
+)
 from protocols.errors import ProtocolError
 from protocols.figg.messages import (
     FAST,
@@ -92,7 +99,7 @@ class FiggConnection:
         if self.role is not Role.SERVER:
             raise RuntimeError("next_batch reads what clients send: server role only")
         if self._error is not None:
-            raise self._error
+            raise kept(self._error)
         max_payload = self._frames.max_payload
         items, error = self._frames.scan(
             lambda buf, pos, end: scan_publishes(buf, pos, end, max_payload, timestamp))
@@ -106,15 +113,18 @@ class FiggConnection:
                     error = exc
                     break
         if error is not None:
-            self._error = error
+            self._error = kept(error)
             if not items:
-                raise error
+                try:
+                    raise error
+                finally:
+                    del error  # else this frame and the error's traceback hold each other
         return items
 
     def _read(self, limit: int) -> list[Any]:
         """Decode up to ``limit`` frames (0: every complete one)."""
         if self._error is not None:
-            raise self._error
+            raise kept(self._error)
         events: list[Any] = []
         append = events.append
         next_frame = self._frames.next_frame
@@ -132,7 +142,7 @@ class FiggConnection:
                 if len(events) == limit:
                     break
         except ProtocolError as exc:
-            self._error = exc
+            self._error = kept(exc)
             if not events:
                 raise
         return events

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
 
-from protocols.connection import CLOSED, DEFAULT_MAX_FRAME, NEED_DATA, FrameReader, Role
+from protocols.connection import CLOSED, DEFAULT_MAX_FRAME, NEED_DATA, FrameReader, Role, kept
 from protocols.errors import ProtocolError
 from protocols.tank.messages import (
     REQUEST_TYPES,
@@ -139,7 +139,7 @@ class TankConnection:
                 return decode_request(msg_id, payload)
             return self._decode_reply(msg_id, payload)
         except ProtocolError as exc:
-            self._failure = exc
+            self._failure = kept(exc)
             raise
 
     def send(self, message: Any) -> bytes:
