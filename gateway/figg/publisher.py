@@ -72,6 +72,11 @@ class AckQueue:
         #: PUBLISHes acknowledged so far.
         self.acked = 0
 
+    @property
+    def in_flight_bytes(self) -> int:
+        """Published bytes waiting for their ACK."""
+        return self._inflight
+
     def track(self, call: PublishCall) -> None:
         """Remember ``call`` (in publish order) before it is handed to the backend."""
         self._calls.append(call)

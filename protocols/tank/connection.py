@@ -122,6 +122,12 @@ class TankConnection:
         """The largest payload accepted from the peer."""
         return self._frames.max_payload
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet returned as events: after ``NEED_DATA``, the part of
+        a frame that has begun (0: the peer stopped at a frame boundary)."""
+        return self._frames.buffered
+
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Feed bytes received from the peer; ``b""`` means the peer closed."""
         self._frames.feed(data)
