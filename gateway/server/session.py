@@ -173,11 +173,11 @@ class Session:
             if frame_timeout == math.inf:
                 continue
             received += len(data)
-            partial = self._buffered()
-            if not partial:
+            pending = self._buffered()
+            if not pending:
                 frame_at, deadline = -1, math.inf
-            elif received - partial != frame_at:  # a new frame began in this read
-                frame_at, deadline = received - partial, now + frame_timeout
+            elif received - pending != frame_at:  # a new frame began in this read
+                frame_at, deadline = received - pending, now + frame_timeout
 
     async def _write(self) -> None:
         try:

@@ -127,6 +127,8 @@ class TankSession(Session):
         (OSError, lambda exc: CloseConnection("backend_error", f"reading a chunk: {exc!r}")),
     )
 
+    IDLE_REASON = "no request for {:g} s with nothing in flight"
+
     _outbox: TankOutbox
 
     def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: Settings,
@@ -158,8 +160,6 @@ class TankSession(Session):
         self._stopping = False
         #: Requests received on this connection.
         self.requests = 0
-
-    IDLE_REASON = "no request for {:g} s with nothing in flight"
 
     def _start_tasks(self, nursery: trio.Nursery) -> None:
         nursery.start_soon(self._serve_lane)
