@@ -283,7 +283,7 @@ async def test_frames_split_across_reads_do_not_time_out(tmp_path: Path) -> None
 async def test_a_silent_figg_connection_is_closed_as_idle(tmp_path: Path) -> None:
     async with server("figg", tmp_path, idle_timeout_secs=0.3) as running:
         took = await hang(running, b"", 5)
-        assert 0.3 <= took < 3
+        assert 0.25 <= took < 3  # (the server may accept before the client's connect returns)
         assert closed(running, "idle") == 1
 
 
