@@ -123,6 +123,27 @@ async def test_tank_stops_reading_while_its_responses_pile_up(tmp_path: Path) ->
         await stream.aclose()
 
 
+async def test_tank_pipelined_consumes_hold_few_descriptors(tmp_path: Path) -> None:
+    # Item 1: Consumes answered from the files (no tail cache) that a client never reads
+    # hold the chunks' descriptors only up to the response budget.
+    value = os.urandom(32 * 1024)
+    async with server("tank", tmp_path, response_buffer_bytes=64 * 1024,
+                      tail_cache_bytes=0) as running:
+        async with open_tank_client(running.host, running.port) as client:
+            await client.produce({("files", 0): [value]})
+        stream = await small_window_stream(running)
+        conn = TankConnection(Role.CLIENT)
+        before = len(os.listdir("/proc/self/fd"))
+        await stream.send_all(b"".join(conn.send(consume(i, "files", 1)) for i in range(400)))
+        await trio.sleep(0.5)
+        assert len(os.listdir("/proc/self/fd")) - before < 20
+        assert hits(running, "response_buffer_bytes") == 1
+        with trio.fail_after(10):
+            replies = await read_tank(stream, conn, 400)
+        assert len(replies) == 400
+        await stream.aclose()
+
+
 async def test_tank_requests_in_flight_hold_the_connection_back(tmp_path: Path) -> None:
     async with server("tank", tmp_path, max_requests_in_flight=2) as running:
         async with open_tank_client(running.host, running.port) as client:
