@@ -667,10 +667,10 @@ cdef tuple _publish_run(const uint8_t* buf, Py_ssize_t topic_pos, Py_ssize_t top
     return topic, count, message_set, acks
 
 
-cdef object _refusal(uint16_t message_type, uint16_t version):
+cdef object _refusal(uint16_t message_type):
     from protocols.translate import refusal  # not at import: translate imports this module
 
-    return refusal(message_type, version)
+    return refusal(message_type)
 
 
 def scan_publishes(buf, Py_ssize_t pos, Py_ssize_t end, max_payload, timestamp):
@@ -688,7 +688,6 @@ def scan_publishes(buf, Py_ssize_t pos, Py_ssize_t end, max_payload, timestamp):
     cdef long long limit = (-1 if max_payload < 0 else
                             0xFFFFFFFF if max_payload > 0xFFFFFFFF else max_payload)
     cdef uint16_t message_type
-    cdef uint16_t version
     cdef uint32_t length
     cdef Py_ssize_t start
     cdef Py_ssize_t topic_pos = 0
@@ -709,7 +708,6 @@ def scan_publishes(buf, Py_ssize_t pos, Py_ssize_t end, max_payload, timestamp):
         p = <const uint8_t*>view.buf
         while end - pos >= FIGG_HEADER:
             message_type = _be16(p + pos)
-            version = _be16(p + pos + 2)
             length = _be32(p + pos + 4)
             if <long long>length > limit:
                 error = FrameTooLarge(f"frame payload of {length} bytes exceeds the maximum "
@@ -718,10 +716,10 @@ def scan_publishes(buf, Py_ssize_t pos, Py_ssize_t end, max_payload, timestamp):
             start = pos + FIGG_HEADER
             if end - start < length:
                 break
-            if version != FIGG_VERSION or not (
-                    message_type == FIGG_PUBLISH or message_type == FIGG_ATTACH
+            # The version is not looked at: the real Figg server ignores it too.
+            if not (message_type == FIGG_PUBLISH or message_type == FIGG_ATTACH
                     or message_type == FIGG_DETACH or message_type == FIGG_PING):
-                error = _refusal(message_type, version)
+                error = _refusal(message_type)
                 break
             if message_type == FIGG_PUBLISH:
                 error = _parse_publish(p + start, length, &topic_pos, &topic_len, &record)

@@ -8,6 +8,7 @@ EOF), and turns events into bytes with ``send``.
 
 from __future__ import annotations
 
+import copy
 import enum
 import struct
 from collections.abc import Callable
@@ -40,6 +41,15 @@ class _Sentinel:
 NEED_DATA: Final = _Sentinel("NEED_DATA")
 #: The peer closed cleanly at a frame boundary; no more events will come.
 CLOSED: Final = _Sentinel("CLOSED")
+
+
+def kept(error: ProtocolError) -> ProtocolError:
+    """A copy of ``error`` with no traceback or chained exceptions, for a connection to
+    keep as its sticky failure. The raised error's traceback holds the frames of whoever
+    called the connection (a session that owns it): kept as it is, it would make a
+    reference cycle holding the connection and its buffers until the cycle collector runs.
+    Raise a fresh ``kept()`` copy each time, too, so the kept one never gets a traceback."""
+    return copy.copy(error)
 
 
 class Role(enum.Enum):
@@ -142,7 +152,7 @@ class FrameReader:
             try:
                 items.append(self._end_of_input(len(buf) - self._pos))
             except ProtocolError as exc:
-                return items, exc
+                return items, exc.with_traceback(None)  # its frames hold the buffer
         return items, None
 
     def _end_of_input(self, available: int) -> _Sentinel:

@@ -82,15 +82,14 @@ def plain_bundle_head(count: int) -> bytes:
     return b"\x00" + encode_varint(count)
 
 
-def refusal(message_type: int, version: int, peer: str = "client") -> ProtocolError:
+def refusal(message_type: int, peer: str = "client") -> ProtocolError:
     """The error for a frame a Figg server does not take from a client (or a client from
-    a server, with ``peer="server"``)."""
+    a server, with ``peer="server"``): an unknown type or one sent the wrong way. The
+    header's version is never a reason: the real Figg server ignores it."""
     try:
         name = MessageType(message_type).name
     except ValueError:
         return ProtocolError(f"unknown Figg message type {message_type}")
-    if version != VERSION:
-        return ProtocolError(f"{name}: unsupported Figg version {version}")
     return ProtocolError(f"{name} is not sent by a Figg {peer}")
 
 
@@ -117,15 +116,15 @@ def scan_publishes_py(buf: bytes | bytearray, pos: int, end: int, max_payload: i
     run: list[Any] = []  # the PUBLISH records of the open batch
     try:
         while end - pos >= header.size:
-            message_type, version, length = header.unpack_from(buf, pos)
+            message_type, _version, length = header.unpack_from(buf, pos)
             if length > max_payload:
                 raise FrameTooLarge(f"frame payload of {length} bytes exceeds the maximum "
                                     f"of {max_payload}")
             start = pos + header.size
             if end - start < length:
                 break
-            if version != VERSION or message_type not in REQUESTS:
-                raise refusal(message_type, version)
+            if message_type not in REQUESTS:  # any version: the real server ignores it
+                raise refusal(message_type)
             payload = bytes(buf[start:start + length])
             if message_type == MessageType.PUBLISH:
                 record = _decode_publish(payload)
@@ -142,7 +141,7 @@ def scan_publishes_py(buf: bytes | bytearray, pos: int, end: int, max_payload: i
     except ProtocolError as exc:
         if run:
             items.append(_batch(run, timestamp))
-        return items, pos, exc
+        return items, pos, exc.with_traceback(None)  # its frames would hold ``buf``
     if run:
         items.append(_batch(run, timestamp))
     return items, pos, None

@@ -43,14 +43,17 @@ def _pump(stream: IO[str], lines: queue.Queue[str | None] | None,
 
 
 def start_serve(args: Sequence[str], *, timeout: float = 30.0, cwd: Path | None = None,
-                on_line: Callable[[str], None] = lambda line: None
+                on_line: Callable[[str], None] = lambda line: None,
+                preexec_fn: Callable[[], None] | None = None
                 ) -> tuple[subprocess.Popen, dict, threading.Thread]:
     """Start ``figtank serve --log-format json *args`` and wait until it logs that it is
     serving: ``(process, that log event, the thread reading its log until it exits)``.
-    Every log line goes to ``on_line`` (from that thread). Killed if it does not start."""
+    Every log line goes to ``on_line`` (from that thread); ``preexec_fn`` runs in the
+    child before it starts (a resource limit, say). Killed if it does not start."""
     command = [sys.executable, "-m", "gateway.cli", "serve", "--log-format", "json", *args]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True, cwd=cwd, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                               text=True, cwd=cwd, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                               preexec_fn=preexec_fn)
     try:
         assert process.stderr is not None
         lines: queue.Queue[str | None] = queue.Queue()

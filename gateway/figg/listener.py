@@ -30,7 +30,7 @@ class FiggListener(ProtocolListener):
     reader of the log."""
 
     protocol = "figg"
-    routine_kinds = frozenset({"eof", "reset", "send_failed", "shutdown"})
+    routine_kinds = frozenset({"eof", "reset", "send_failed", "shutdown", "idle"})
     log = structlog.get_logger("figtank.figg")
 
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics) -> None:

@@ -36,6 +36,10 @@ _DONE: Final = 1
 _FAILED: Final = 2
 
 
+def _ignore(reason: str) -> None:
+    """What a closed queue does with a failure: nothing (the connection is gone)."""
+
+
 class PublishCall:
     """The PUBLISHes of one read, appended together and acknowledged together."""
 
@@ -67,6 +71,11 @@ class AckQueue:
         self.closed = False
         #: PUBLISHes acknowledged so far.
         self.acked = 0
+
+    @property
+    def in_flight_bytes(self) -> int:
+        """Published bytes waiting for their ACK."""
+        return self._inflight
 
     def track(self, call: PublishCall) -> None:
         """Remember ``call`` (in publish order) before it is handed to the backend."""
@@ -102,12 +111,14 @@ class AckQueue:
             if self._inflight < self._limit:
                 self._below.unpark_all()
         if failed is not None:
+            on_failure = self._on_failure
             self.close()
-            self._on_failure(failed.reason)
+            on_failure(failed.reason)
 
     def close(self) -> None:
         """Stop acknowledging (the connection is going away)."""
         self.closed = True
+        self._on_failure = _ignore  # the session's method: no cycle left behind
         self._below.unpark_all()
 
 

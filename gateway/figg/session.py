@@ -7,12 +7,21 @@ read (:class:`~gateway.figg.publisher.Publishing`), PING is answered at once, AT
 a :class:`~gateway.figg.subscription.Subscription`, DETACH stops one. Everything sent goes
 through the connection's one :class:`~gateway.figg.outbox.Outbox`. Bad input closes this
 connection only, with the reason logged (Figg has no error message).
+
+What one connection may hold is bounded: it stops being read while the frames queued for
+it reach ``limits.subscriber_buffer_bytes`` or its publishes waiting for their ACK reach
+``limits.unacked_bytes`` (each episode counts once as a hit of that limit and logs
+``connection_held_back`` at debug level); an ATTACH beyond ``limits.max_requests_in_flight``
+subscriptions closes it (``subscription_limit``). A frame not complete
+``limits.frame_timeout_secs`` after it began closes it (``frame_timeout``), and so does
+sending nothing for ``limits.idle_timeout_secs`` with no subscription and no publish
+waiting for its ACK (``idle``; the Figg clients ping every 2 s).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Final
+from typing import Any
 
 import structlog
 import trio
@@ -33,9 +42,6 @@ from protocols.figg.messages import FAST, Attach, Detach, MessageType, Ping
 from protocols.translate import PublishBatch
 from protocols.wire import UINT64_MAX
 
-#: Published bytes a connection may have waiting for their ACK before it stops reading.
-PUBLISH_INFLIGHT_BYTES: Final = 8 * 1024 * 1024
-
 _encode_attached = FAST[MessageType.ATTACHED].encode_frame
 _encode_detached = FAST[MessageType.DETACHED].encode_frame
 _encode_pong = FAST[MessageType.PONG].encode_frame
@@ -47,14 +53,18 @@ class FiggSession(Session):
     #: Closes after which pending ACKs and replies are still sent (the socket works): the
     #: client misbehaved, but its earlier publishes still get their ACK.
     DRAIN_ON = frozenset({"protocol_error", "frame_too_large", "invalid_topic",
-                          "unknown_topic", "unknown_partition"})
+                          "unknown_topic", "unknown_partition", "frame_timeout",
+                          "subscription_limit"})
+    IDLE_REASON = "nothing received for {:g} s with no subscription and nothing in flight"
 
     _outbox: Outbox
 
     def __init__(self, stream: trio.SocketStream, *, backend: Backend, settings: Settings,
                  metrics: Metrics, frames: DataFrameCache, feeds: TailFeeds,
                  log: structlog.typing.FilteringBoundLogger) -> None:
-        super().__init__(stream, Outbox(stream, settings.subscriber_buffer_bytes))
+        super().__init__(stream, Outbox(stream, settings.subscriber_buffer_bytes),
+                         frame_timeout=settings.frame_timeout_secs,
+                         idle_timeout=settings.idle_timeout_secs)
         self._backend = backend
         self._settings = settings
         self._metrics = metrics
@@ -66,6 +76,10 @@ class FiggSession(Session):
         self._publishing = Publishing(backend, self._acks)
         self._subs: dict[str, Subscription] = {}
         self._partitions: dict[str, TankPartition] = {}
+        self._max_unacked = settings.unacked_bytes
+        self._max_subscriptions = settings.max_requests_in_flight
+        #: The limit holding the connection back now (its setting's name), or None.
+        self._held_by: str | None = None
         self._requests = metrics.requests
         self._published_ok = metrics.requests.labels("figg", "publish", "ok")
         self.messages_received = 0
@@ -91,8 +105,28 @@ class FiggSession(Session):
 
     async def _wait_readable(self) -> None:
         # Backpressure: no more input while replies or publishes are piling up.
-        await self._outbox.wait_writable()
-        await self._acks.wait_below(PUBLISH_INFLIGHT_BYTES)
+        outbox, acks = self._outbox, self._acks
+        if outbox.full or acks.in_flight_bytes >= self._max_unacked:
+            while True:
+                if outbox.full:
+                    self._held("subscriber_buffer_bytes")
+                    await outbox.wait_writable()
+                elif acks.in_flight_bytes >= self._max_unacked and not acks.closed:
+                    self._held("unacked_bytes")
+                    await acks.wait_below(self._max_unacked)
+                else:
+                    break
+        elif self._held_by is not None:
+            self._held_by = None  # the episode is over
+
+    def _held(self, limit: str) -> None:
+        """The connection is held back by ``limit``: count it once per episode."""
+        if limit != self._held_by:
+            self._held_by = limit
+            self._metrics.limit_hit(limit)
+            self._log.debug("connection_held_back", limit=limit,
+                            queued_bytes=self._outbox.queued_bytes,
+                            unacked_bytes=self._acks.in_flight_bytes)
 
     async def _received(self, data: bytes | bytearray) -> bool:
         conn = self._conn
@@ -104,6 +138,12 @@ class FiggSession(Session):
                 return False
             if await self._handle(events):
                 return True
+
+    def _buffered(self) -> int:
+        return self._conn.buffered
+
+    def _busy(self) -> bool:
+        return bool(self._subs) or self._acks.in_flight_bytes > 0
 
     async def _settle(self) -> None:
         """Stop delivery; wait for the ACKs of the publishes already read."""
@@ -164,6 +204,10 @@ class FiggSession(Session):
             # One subscription per topic and connection: say where it stands now.
             self._outbox.put_nowait(_encode_attached(topic.encode(), sub.position))
             return
+        if len(self._subs) >= self._max_subscriptions:
+            self._metrics.limit_hit("max_requests_in_flight")
+            raise CloseConnection("subscription_limit", f"ATTACH {topic!r} beyond "
+                                  f"{self._max_subscriptions} subscriptions on one connection")
         where = self._partition_of(topic)
         first_available, high_water_mark = await self._bounds(where)
         start = attach_start(event.flags, event.offset, first_available, high_water_mark)

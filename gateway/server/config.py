@@ -212,11 +212,12 @@ class Settings:
     frame_timeout_secs: float = _setting(
         "limits.frame_timeout_secs", 30.0, _non_negative_float,
         "A connection that started a frame and has not sent the rest of it this long "
-        "after its first byte is closed (0: never).")
+        "after its first byte is closed; time the server held it back does not count "
+        "(0: never).")
     max_requests_in_flight: int = _setting(
         "limits.max_requests_in_flight", 1024, _positive_int,
         "Requests one connection may have being served at once before it stops being "
-        "read.")
+        "read; also the Figg subscriptions of one connection (one more ATTACH closes it).")
     unacked_bytes: int = _setting(
         "limits.unacked_bytes", 16 * MIB, _positive_int,
         "Produce and publish bytes one connection may have waiting for their "

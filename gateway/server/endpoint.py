@@ -27,6 +27,7 @@ import h11
 import structlog
 import trio
 
+from gateway.server.accepting import serve_listeners
 from gateway.server.metrics import Metrics
 from gateway.server.rendering import REUSE_SECS, RenderFailed, SharedRendering
 
@@ -192,4 +193,5 @@ async def serve_endpoint(endpoint: Endpoint, listeners: list[trio.SocketListener
                          task_status: trio.TaskStatus[list[trio.SocketListener]]
                          = trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``endpoint`` on ``listeners`` until cancelled."""
-    await trio.serve_listeners(endpoint.handle, listeners, task_status=task_status)
+    await serve_listeners(endpoint.handle, listeners, name="metrics", metrics=endpoint.metrics,
+                          task_status=task_status)

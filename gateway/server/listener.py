@@ -23,8 +23,8 @@ from gateway.server.metrics import Metrics
 
 
 class ProtocolListener(ABC):
-    """Serves accepted connections of one protocol (:meth:`handle` is a
-    ``trio.serve_listeners`` handler)."""
+    """Serves accepted connections of one protocol (:meth:`handle` is the handler of
+    :func:`gateway.server.accepting.serve_listeners`)."""
 
     #: The protocol's name in metrics and log lines.
     protocol: ClassVar[str]

@@ -39,6 +39,7 @@ import trio
 from gateway.backend.contract import Backend
 from gateway.backend.embedded import open_embedded_backend
 from gateway.figg.listener import FiggListener
+from gateway.server.accepting import serve_listeners
 from gateway.server.config import OPTIONS, ConfigError, Settings, parse_address
 from gateway.server.endpoint import Endpoint, serve_endpoint
 from gateway.server.listener import ProtocolListener
@@ -277,8 +278,9 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
             connections = await draining.start(info._hold_connections, grace, drain)
             async with trio.open_nursery() as accepting:
                 for key, listener in listeners.items():
-                    await accepting.start(partial(trio.serve_listeners, listener.handle,
-                                                  bound[key], handler_nursery=connections))
+                    await accepting.start(partial(
+                        serve_listeners, listener.handle, bound[key], name=listener.protocol,
+                        metrics=metrics, handler_nursery=connections))
                 info.tank = _address_of(bound.get("listen.tank"))
                 info.figg = _address_of(bound.get("listen.figg"))
                 readiness.phase = "serving"

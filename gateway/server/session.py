@@ -12,13 +12,24 @@ tasks in one nursery and reads until one of:
   kind is in :attr:`Session.DRAIN_ON` still drain (the socket works), the others close
   at once.
 
+Two timers guard the reads (0 turns either off):
+
+- ``frame_timeout``: a frame whose first bytes came and whose rest does not come within
+  that long closes the connection (``frame_timeout``). The clock runs only while the
+  session waits for the peer's bytes: time the session held the peer back (its output
+  piling up) does not count.
+- ``idle_timeout``: a connection that sends nothing for that long while it is not busy
+  (:meth:`Session._busy`) and nothing is queued for it closes (``idle``).
+
 A protocol's session says how it waits before reading (:meth:`Session._wait_readable`),
-what it does with the bytes (:meth:`Session._received`), what "in flight" means
-(:meth:`Session._settle`) and what its writer's failures mean (:attr:`Session.WRITE_ERRORS`).
+what it does with the bytes (:meth:`Session._received`), how much of a frame it holds
+(:meth:`Session._buffered`), what "in flight" means (:meth:`Session._settle`,
+:meth:`Session._busy`) and what its writer's failures mean (:attr:`Session.WRITE_ERRORS`).
 """
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import ClassVar, Final
 
@@ -40,6 +51,16 @@ class CloseConnection(Exception):
         super().__init__(reason)
         self.kind = kind
         self.reason = reason
+
+
+def bare(close: CloseConnection) -> CloseConnection:
+    """``close`` without its traceback and the exceptions chained to it, to be kept: a
+    raised close's traceback holds the frames of the session that raised it (``self``,
+    its buffers), so keeping it whole would be a reference cycle that holds the closed
+    connection's memory until the cycle collector happens to run."""
+    close.__traceback__ = None
+    close.__cause__ = close.__context__ = None
+    return close
 
 
 def protocol_close(exc: BaseException) -> CloseConnection:
@@ -65,13 +86,21 @@ class Session:
     #: What the writer task's failures mean.
     WRITE_ERRORS: ClassVar[ExceptionMap] = SEND_ERRORS
 
-    def __init__(self, stream: trio.abc.Stream, outbox: FrameWriter) -> None:
+    #: The ``idle`` close's reason, formatted with the timeout.
+    IDLE_REASON: ClassVar[str] = "nothing received for {:g} s with nothing in flight"
+
+    def __init__(self, stream: trio.abc.Stream, outbox: FrameWriter, *,
+                 frame_timeout: float = 0.0, idle_timeout: float = 0.0) -> None:
         self._stream = stream
         self._outbox = outbox
         self._nursery: trio.Nursery | None = None
         self._close: CloseConnection | None = None
         #: Around the reads from the client: cancelled by shutdown().
         self._reading = trio.CancelScope()
+        self._frame_timeout = _seconds(frame_timeout)
+        self._idle_timeout = _seconds(idle_timeout)
+        #: When the peer's last bytes were read.
+        self._last_read = trio.current_time()
 
     @property
     def bytes_sent(self) -> int:
@@ -83,6 +112,8 @@ class Session:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._write)
+                if self._idle_timeout < math.inf:
+                    nursery.start_soon(self._watch_idle, self._idle_timeout)
                 self._start_tasks(nursery)
                 try:
                     with self._reading:
@@ -92,8 +123,10 @@ class Session:
                             "shutdown", "server shutting down")
                     await self._drain()
                 except CloseConnection as close:
-                    self._close = self._close or close
-                    if close.kind in self.DRAIN_ON:
+                    self._close = self._close or bare(close)
+                    drain = close.kind in self.DRAIN_ON
+                    del close  # its traceback holds this frame
+                    if drain:
                         await self._drain()
                 nursery.cancel_scope.cancel()
         finally:
@@ -108,19 +141,43 @@ class Session:
     def _closing(self, close: CloseConnection) -> None:
         """Record the first reason to close and stop every task of the connection."""
         if self._close is None:
-            self._close = close
+            self._close = bare(close)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
     async def _read(self) -> None:
         """Receive and handle input until a clean EOF (returns) or a reason to close."""
         stream = self._stream
+        frame_timeout = self._frame_timeout
+        received = 0  # bytes read so far
+        frame_at = -1  # where the frame begun and not yet complete starts in the stream
+        deadline = math.inf  # when that frame must be complete
         while True:
             await self._wait_readable()
-            with RECEIVE_ERRORS:
-                data = await stream.receive_some(RECEIVE_SIZE)
+            if deadline == math.inf:
+                with RECEIVE_ERRORS:
+                    data = await stream.receive_some(RECEIVE_SIZE)
+            else:
+                # The clock runs only while we wait for the peer, not while we hold it back.
+                deadline += trio.current_time() - self._last_read
+                with trio.move_on_at(deadline) as timer:
+                    with RECEIVE_ERRORS:
+                        data = await stream.receive_some(RECEIVE_SIZE)
+                if timer.cancelled_caught:
+                    raise CloseConnection(
+                        "frame_timeout", f"a frame begun {frame_timeout:g} s ago is not "
+                        f"complete ({self._buffered()} bytes of it received)")
+            self._last_read = now = trio.current_time()
             if await self._received(data):
                 return
+            if frame_timeout == math.inf:
+                continue
+            received += len(data)
+            pending = self._buffered()
+            if not pending:
+                frame_at, deadline = -1, math.inf
+            elif received - pending != frame_at:  # a new frame began in this read
+                frame_at, deadline = received - pending, now + frame_timeout
 
     async def _write(self) -> None:
         try:
@@ -134,6 +191,22 @@ class Session:
         with trio.move_on_after(DRAIN_SECS):
             await self._settle()
             await self._outbox.wait_empty()
+
+    async def _watch_idle(self, timeout: float) -> None:
+        """Close the connection once the peer sent nothing, the session was not busy and
+        nothing was queued for ``timeout`` seconds."""
+        outbox = self._outbox
+        while True:
+            last = max(self._idle_since(), outbox.drained_at)
+            await trio.sleep_until(last + timeout)
+            if self._busy() or outbox.queued_bytes:
+                # Busy: finishing it counts as activity, so look again a timeout later.
+                await trio.sleep(timeout)
+                continue
+            last = max(self._idle_since(), outbox.drained_at)
+            if trio.current_time() >= last + timeout:
+                self._closing(CloseConnection("idle", self.IDLE_REASON.format(timeout)))
+                return
 
     # -------------------------------------------------------------------------- hooks
 
@@ -152,5 +225,22 @@ class Session:
     async def _settle(self) -> None:
         """While closing: wait until what is in flight is answered (queued)."""
 
+    def _buffered(self) -> int:
+        """Bytes of a frame begun and not complete (after :meth:`_received`)."""
+        return 0
+
+    def _busy(self) -> bool:
+        """Whether the connection has work that keeps it from being idle."""
+        return False
+
+    def _idle_since(self) -> float:
+        """When the connection last showed activity (by default its last read)."""
+        return self._last_read
+
     def _ended(self) -> None:
         """After the connection's tasks ended, whichever way."""
+
+
+def _seconds(timeout: float) -> float:
+    """A timeout setting as seconds: 0 (and inf, nan) mean never (``math.inf``)."""
+    return timeout if timeout > 0 and math.isfinite(timeout) else math.inf

@@ -209,8 +209,11 @@ class GroupCommit:
             if done:
                 _guarded(self._on_durable, [t.payload for t in done])
         for ticket in done:
-            if ticket.on_resolved is not None:
-                _guarded(ticket.on_resolved, ticket)
+            # Called once, then dropped: the callback usually holds the tickets (a cycle
+            # that would keep the appender, a connection, until the cycle collector runs).
+            on_resolved, ticket.on_resolved = ticket.on_resolved, None
+            if on_resolved is not None:
+                _guarded(on_resolved, ticket)
         done_event, self._round_done = self._round_done, trio.Event()
         done_event.set()
         self.start()

@@ -17,13 +17,20 @@ request in the buffer:
   connection, as the Tank broker does, with the reason logged.
 
 Every response goes through the connection's one :class:`~gateway.tank.outbox.TankOutbox`.
-Bad input (a malformed or oversized frame, an unknown msgId) and a connection that sends
-no request for ``idle_timeout_secs`` while nothing is in flight close this connection only.
+Bad input (a malformed or oversized frame, an unknown msgId), a frame not complete
+``limits.frame_timeout_secs`` after it began and a connection that sends nothing for
+``limits.idle_timeout_secs`` while nothing is in flight close this connection only.
+
+A connection's requests are admitted one by one, also within one read: the next waits
+while the responses queued for it reach ``limits.response_buffer_bytes``, its requests
+being served reach ``limits.max_requests_in_flight`` or its Produce bytes not yet answered
+reach ``limits.unacked_bytes``; nothing more is read meanwhile. Each time a connection is
+held back (once per episode, until a request is admitted without waiting) counts as a hit
+of that limit and logs ``connection_held_back`` at debug level.
 """
 
 from __future__ import annotations
 
-import math
 from functools import partial
 from typing import Any, Final
 
@@ -65,12 +72,6 @@ from protocols.tank.messages import (
 )
 from protocols.wire import UINT64_MAX
 
-#: Response bytes (chunks included) queued for one connection before it stops being read.
-OUTBOX_LIMIT: Final = 8 * 1024 * 1024
-#: Requests served at once on one connection before it stops being read.
-MAX_IN_FLIGHT: Final = 1024
-#: Produce bytes not yet answered before the connection stops being read.
-PRODUCE_LIMIT: Final = 16 * 1024 * 1024
 #: Most produce bytes handed to the backend in one call.
 LANE_BATCH_BYTES: Final = 8 * 1024 * 1024
 
@@ -126,12 +127,16 @@ class TankSession(Session):
         (OSError, lambda exc: CloseConnection("backend_error", f"reading a chunk: {exc!r}")),
     )
 
+    IDLE_REASON = "no request for {:g} s with nothing in flight"
+
     _outbox: TankOutbox
 
     def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: Settings,
                  metrics: Metrics, counter: RequestCounter,
                  log: structlog.typing.FilteringBoundLogger) -> None:
-        super().__init__(stream, TankOutbox(stream, OUTBOX_LIMIT))
+        super().__init__(stream, TankOutbox(stream, settings.response_buffer_bytes),
+                         frame_timeout=settings.frame_timeout_secs,
+                         idle_timeout=settings.idle_timeout_secs)
         self._backend = backend
         self._settings = settings
         self._metrics = metrics
@@ -142,8 +147,12 @@ class TankSession(Session):
         self._conn = TankConnection(Role.SERVER, max_frame_size=settings.max_frame_bytes)
         self._lane = OrderedLane(LANE_BATCH_BYTES)
         self._in_flight = 0
+        self._max_in_flight = settings.max_requests_in_flight
         #: Bytes of Produce requests handed to the backend and not yet answered.
         self._produce_bytes = 0
+        self._max_unacked = settings.unacked_bytes
+        #: The limit holding the connection back now (its setting's name), or None.
+        self._held_by: str | None = None
         self._settled = ParkingLot()
         self._last_activity = trio.current_time()
         #: Each long poll's scope: cancelled by shutdown().
@@ -154,9 +163,6 @@ class TankSession(Session):
 
     def _start_tasks(self, nursery: trio.Nursery) -> None:
         nursery.start_soon(self._serve_lane)
-        timeout = self._settings.idle_timeout_secs
-        if timeout > 0 and math.isfinite(timeout):
-            nursery.start_soon(self._watch_idle, timeout)
         self._outbox.put_nowait(self._conn.send(Ping()))
 
     def _ended(self) -> None:
@@ -186,10 +192,38 @@ class TankSession(Session):
             if event is CLOSED:
                 return True
             # One read can hold thousands of small requests: admit them as they fit.
-            while (self._in_flight >= MAX_IN_FLIGHT
-                   or self._lane.queued_bytes + self._produce_bytes >= PRODUCE_LIMIT):
-                await self._settled.park()
+            if (self._in_flight >= self._max_in_flight or self._outbox.full
+                    or self._lane.queued_bytes + self._produce_bytes >= self._max_unacked):
+                await self._admit()
+            elif self._held_by is not None:
+                self._held_by = None  # the episode is over
             self._dispatch(event)
+
+    def _spent(self) -> str | None:
+        """The first of the connection's budgets that is spent (its setting), or None."""
+        if self._outbox.full:
+            return "response_buffer_bytes"
+        if self._in_flight >= self._max_in_flight:
+            return "max_requests_in_flight"
+        if self._lane.queued_bytes + self._produce_bytes >= self._max_unacked:
+            return "unacked_bytes"
+        return None
+
+    async def _admit(self) -> None:
+        """Wait until the next request fits every budget; count each limit that holds the
+        connection back once per episode."""
+        while (limit := self._spent()) is not None:
+            if limit != self._held_by:
+                self._held_by = limit
+                self._metrics.limit_hit(limit)
+                self._log.debug("connection_held_back", limit=limit,
+                                in_flight=self._in_flight,
+                                queued_bytes=self._outbox.queued_bytes,
+                                unacked_bytes=self._lane.queued_bytes + self._produce_bytes)
+            if limit == "response_buffer_bytes":
+                await self._outbox.wait_writable()
+            else:
+                await self._settled.park()
 
     def _dispatch(self, request: Any) -> None:
         kind = type(request)
@@ -239,6 +273,15 @@ class TankSession(Session):
     async def _settle(self) -> None:
         while self._in_flight:
             await self._settled.park()
+
+    def _buffered(self) -> int:
+        return self._conn.buffered
+
+    def _busy(self) -> bool:
+        return self._in_flight > 0
+
+    def _idle_since(self) -> float:
+        return max(self._last_activity, self._last_read)
 
     def _start(self, handler: Any, request: Any, *args: Any) -> None:
         assert self._nursery is not None
@@ -344,22 +387,3 @@ class TankSession(Session):
         for request, n in zip(requests, spans, strict=True):
             self._answer_produce(request, outcomes[start:start + n])
             start += n
-
-    # --------------------------------------------------------------------- background
-
-    async def _watch_idle(self, timeout: float) -> None:
-        """Close the connection once no request came and nothing was in flight for
-        ``timeout`` seconds (the Tank broker's 16 s)."""
-        outbox = self._outbox
-        while True:
-            last = max(self._last_activity, outbox.drained_at)
-            await trio.sleep_until(last + timeout)
-            if self._in_flight or outbox.queued_bytes:
-                # Busy: finishing it counts as activity, so look again a timeout later.
-                await trio.sleep(timeout)
-                continue
-            last = max(self._last_activity, outbox.drained_at)
-            if trio.current_time() >= last + timeout:
-                self._closing(CloseConnection(
-                    "idle", f"no request for {timeout:g} s with nothing in flight"))
-                return

@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
-from protocols.connection import CLOSED, DEFAULT_MAX_FRAME, NEED_DATA, FrameReader, Role
+from protocols.connection import (
+    CLOSED,
+    DEFAULT_MAX_FRAME,
+    NEED_DATA,
+    FrameReader,
+    Role,
+    kept,
+)
 from protocols.errors import ProtocolError
 from protocols.figg.messages import (
     FAST,
@@ -18,7 +25,6 @@ from protocols.figg.messages import (
     REQUESTS,
     RESPONSES,
     TYPE_OF,
-    VERSION,
 )
 from protocols.figg.records import encode_data_frames as _encode_data_frames
 from protocols.translate import refusal, scan_publishes
@@ -38,9 +44,11 @@ class FiggConnection:
     """One end of a Figg connection.
 
     A ``Role.SERVER`` connection decodes what clients send (ATTACH, DETACH, PUBLISH, PING)
-    and encodes the rest; a ``Role.CLIENT`` connection the reverse. Bad input (an unknown
-    type, a message sent the wrong way, a version other than 1, a payload that is short,
-    has trailing bytes or a length that overruns it, a topic that is not UTF-8) raises
+    and encodes the rest; a ``Role.CLIENT`` connection the reverse. Frames are sent with
+    version 1 and decoded by their type whatever version they carry, as the real Figg
+    server does (it ignores the field). Bad input (an unknown type, a message sent the
+    wrong way, a payload that is short, has trailing bytes or a length that overruns it,
+    a topic that is not UTF-8) raises
     :class:`ProtocolError`; a frame over ``max_frame_size`` raises
     :class:`~protocols.errors.FrameTooLarge` as soon as its header is in. After an error the
     connection is dead: every later ``next_event`` raises the same error.
@@ -62,6 +70,12 @@ class FiggConnection:
     def max_frame_size(self) -> int:
         """The largest payload accepted from the peer."""
         return self._frames.max_payload
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet returned as events: after ``NEED_DATA``, the part of
+        a frame that has begun (0: the peer stopped at a frame boundary)."""
+        return self._frames.buffered
 
     def receive_data(self, data: bytes) -> None:
         """Add bytes received from the peer; ``b""`` means the peer closed."""
@@ -91,7 +105,7 @@ class FiggConnection:
         if self.role is not Role.SERVER:
             raise RuntimeError("next_batch reads what clients send: server role only")
         if self._error is not None:
-            raise self._error
+            raise kept(self._error)
         max_payload = self._frames.max_payload
         items, error = self._frames.scan(
             lambda buf, pos, end: scan_publishes(buf, pos, end, max_payload, timestamp))
@@ -105,15 +119,18 @@ class FiggConnection:
                     error = exc
                     break
         if error is not None:
-            self._error = error
+            self._error = kept(error)
             if not items:
-                raise error
+                try:
+                    raise error
+                finally:
+                    del error  # else this frame and the error's traceback hold each other
         return items
 
     def _read(self, limit: int) -> list[Any]:
         """Decode up to ``limit`` frames (0: every complete one)."""
         if self._error is not None:
-            raise self._error
+            raise kept(self._error)
         events: list[Any] = []
         append = events.append
         next_frame = self._frames.next_frame
@@ -123,15 +140,15 @@ class FiggConnection:
                 if frame is CLOSED:
                     append(CLOSED)
                     break
-                (message_type, version, _), payload = frame  # type: ignore[misc]  # a frame
+                (message_type, _version, _), payload = frame  # type: ignore[misc]  # a frame
                 decode = decoders.get(message_type)
-                if decode is None or version != VERSION:
-                    raise self._refusal(message_type, version)
+                if decode is None:
+                    raise self._refusal(message_type)
                 append(decode(payload))
                 if len(events) == limit:
                     break
         except ProtocolError as exc:
-            self._error = exc
+            self._error = kept(exc)
             if not events:
                 raise
         return events
@@ -146,5 +163,5 @@ class FiggConnection:
             raise TypeError(f"not a Figg message: {what}")
         return encode(event)
 
-    def _refusal(self, message_type: int, version: int) -> ProtocolError:
-        return refusal(message_type, version, "client" if self.role is Role.SERVER else "server")
+    def _refusal(self, message_type: int) -> ProtocolError:
+        return refusal(message_type, "client" if self.role is Role.SERVER else "server")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
 
-from protocols.connection import CLOSED, DEFAULT_MAX_FRAME, NEED_DATA, FrameReader, Role
+from protocols.connection import CLOSED, DEFAULT_MAX_FRAME, NEED_DATA, FrameReader, Role, kept
 from protocols.errors import ProtocolError
 from protocols.tank.messages import (
     REQUEST_TYPES,
@@ -122,6 +122,12 @@ class TankConnection:
         """The largest payload accepted from the peer."""
         return self._frames.max_payload
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet returned as events: after ``NEED_DATA``, the part of
+        a frame that has begun (0: the peer stopped at a frame boundary)."""
+        return self._frames.buffered
+
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Feed bytes received from the peer; ``b""`` means the peer closed."""
         self._frames.feed(data)
@@ -139,7 +145,7 @@ class TankConnection:
                 return decode_request(msg_id, payload)
             return self._decode_reply(msg_id, payload)
         except ProtocolError as exc:
-            self._failure = exc
+            self._failure = kept(exc)
             raise
 
     def send(self, message: Any) -> bytes:

@@ -68,8 +68,6 @@ BAD = {
     "over_max_frame": HEADER.pack(8, 1, MAX_FRAME + 1) + b"\0" * 64,
     "unknown_type": raw(99, b""),
     "type_zero": raw(0, u64(1)),
-    "bad_version": raw(8, u64(1), version=2),
-    "version_zero": raw(8, u64(1), version=0),
     # Messages only a server sends
     "attached_from_client": raw(2, u32(1) + b"t" + u64(0)),
     "detached_from_client": raw(4, u32(1) + b"t"),
@@ -110,6 +108,23 @@ async def test_good_frames_before_a_bad_one_are_served(tmp_path):
             got = await bad.receive(3)
             assert sorted(map(repr, got)) == sorted(map(repr, [Ack(1), Ack(2), Pong(9)]))
             await bad.expect_closed()
+
+
+async def test_any_header_version_is_served(tmp_path):
+    # The real Figg server ignores the header's version (issue 15, item 8): so does figtank.
+    def versioned(frame: bytes, version: int) -> bytes:
+        return frame[:2] + version.to_bytes(2, "big") + frame[4:]
+
+    with trio.fail_after(10):
+        async with open_test_backend(tmp_path) as backend, figg_server(backend) as server:
+            peer = await RawPeer.connect(server)
+            await peer.send(versioned(attach("v", 0), 2), versioned(publish("v", 1, b"a"), 0),
+                            versioned(publish("v", 2, b"b"), 2), versioned(ping(7), 0xFFFF))
+            got = await peer.receive(6)
+            assert got[0] == Attached("v", 0)
+            assert sorted(map(repr, got[1:])) == sorted(map(repr, [
+                Ack(1), Ack(2), Pong(7), Data("v", 1, b"a"), Data("v", 2, b"b")]))
+            await peer.aclose()
 
 
 async def test_eof_in_the_middle_of_a_frame(tmp_path):

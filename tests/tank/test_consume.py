@@ -13,7 +13,6 @@ import pytest
 import trio
 
 import gateway.io.writer
-import gateway.tank.session
 from gateway.backend.contract import BytesChunk, FetchOutcome, FetchRequest
 from gateway.backend.embedded import open_embedded_backend
 from gateway.client.errors import BoundaryError, UnknownPartitionError, UnknownTopicError
@@ -328,9 +327,13 @@ async def test_fsync_durability_end_to_end(tmp_path: Path) -> None:
 
 
 
-async def test_requests_in_flight_are_bounded_per_connection(
-        client: TankClient, server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gateway.tank.session, "MAX_IN_FLIGHT", 2)
+async def test_requests_in_flight_are_bounded_per_connection(tmp_path: Path) -> None:
+    async with tank_server(tmp_path / "data", max_requests_in_flight=2) as server, \
+            open_tank_client(server.host, server.port) as client:
+        await _requests_in_flight_are_bounded(client, server)
+
+
+async def _requests_in_flight_are_bounded(client: TankClient, server: RunningServer) -> None:
     await client.create_topic("bound", 1)
     raw = await raw_client(server)
     await raw.send(consume_request(1, [("bound", 0, TAIL)], max_wait_ms=20_000),
