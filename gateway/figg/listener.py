@@ -14,6 +14,7 @@ from typing import Any
 import structlog
 import trio
 
+from gateway.auth.principal import Principal
 from gateway.backend.contract import Backend
 from gateway.figg.feed import TailFeeds
 from gateway.figg.frames import DataFrameCache
@@ -33,8 +34,9 @@ class FiggListener(ProtocolListener):
     routine_kinds = frozenset({"eof", "reset", "send_failed", "shutdown", "idle"})
     log = structlog.get_logger("figtank.figg")
 
-    def __init__(self, backend: Backend, settings: Settings, metrics: Metrics) -> None:
-        super().__init__(backend, settings, metrics)
+    def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
+                 name: str | None = None) -> None:
+        super().__init__(backend, settings, metrics, name=name)
         self.frames = DataFrameCache(settings.figg_data_cache_bytes)
         self.feeds = TailFeeds()
         metrics.add_collector(GaugeCollector(
@@ -43,9 +45,11 @@ class FiggListener(ProtocolListener):
             [], lambda: [([], float(self.frames.size))]))
 
     def session(self, stream: trio.SocketStream,
-                log: structlog.typing.FilteringBoundLogger) -> FiggSession:
+                log: structlog.typing.FilteringBoundLogger, *,
+                principal: Principal) -> FiggSession:
         return FiggSession(stream, backend=self.backend, settings=self.settings,
-                           metrics=self.metrics, frames=self.frames, feeds=self.feeds, log=log)
+                           metrics=self.metrics, frames=self.frames, feeds=self.feeds, log=log,
+                           principal=principal)
 
     def stats(self, session: FiggSession) -> dict[str, Any]:
         return {"received": session.messages_received, "acked": session.published,

@@ -26,6 +26,7 @@ from typing import Any
 import structlog
 import trio
 
+from gateway.auth.principal import Principal
 from gateway.backend.contract import Backend, TopicRefused, ensure_topic
 from gateway.figg.feed import TailFeeds
 from gateway.figg.frames import DataFrameCache
@@ -61,10 +62,13 @@ class FiggSession(Session):
 
     def __init__(self, stream: trio.SocketStream, *, backend: Backend, settings: Settings,
                  metrics: Metrics, frames: DataFrameCache, feeds: TailFeeds,
-                 log: structlog.typing.FilteringBoundLogger) -> None:
+                 log: structlog.typing.FilteringBoundLogger,
+                 principal: Principal | None = None) -> None:
         super().__init__(stream, Outbox(stream, settings.subscriber_buffer_bytes),
                          frame_timeout=settings.frame_timeout_secs,
                          idle_timeout=settings.idle_timeout_secs)
+        #: Who the connection acts as (its listener, or its certificate's subject).
+        self.principal = principal or Principal("figg")
         self._backend = backend
         self._settings = settings
         self._metrics = metrics

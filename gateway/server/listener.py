@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import structlog
 import trio
 
+from gateway.auth.principal import Principal
 from gateway.backend.contract import Backend
 from gateway.server.config import Settings
 from gateway.server.listening import ConnectionSlots
@@ -32,7 +33,10 @@ class ProtocolListener(ABC):
     routine_kinds: ClassVar[frozenset[str]]
     log: ClassVar[structlog.typing.FilteringBoundLogger]
 
-    def __init__(self, backend: Backend, settings: Settings, metrics: Metrics) -> None:
+    def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
+                 name: str | None = None) -> None:
+        #: The listener's name (its principal when no certificate names the client).
+        self.name = name or self.protocol
         self.backend = backend
         self.settings = settings
         self.metrics = metrics
@@ -52,12 +56,19 @@ class ProtocolListener(ABC):
     async def handle(self, stream: trio.SocketStream) -> None:
         """Serve one accepted connection until it ends, then close it. Never raises
         (except Cancelled): a failing connection must not stop the accept loop."""
-        await self._slots.serve(stream, partial(self.session, stream), self.stats)
+        principal = self.principal_of(stream)
+        await self._slots.serve(stream, partial(self.session, stream, principal=principal),
+                                self.stats)
+
+    def principal_of(self, stream: trio.abc.Stream) -> Principal:
+        """Who the connection on ``stream`` acts as: this listener, for a plain one."""
+        return Principal(self.name)
 
     @abstractmethod
     def session(self, stream: trio.SocketStream,
-                log: structlog.typing.FilteringBoundLogger) -> Any:
-        """The session that serves ``stream`` (it has ``run()`` and ``shutdown()``)."""
+                log: structlog.typing.FilteringBoundLogger, *, principal: Principal) -> Any:
+        """The session that serves ``stream`` for ``principal`` (it has ``run()`` and
+        ``shutdown()``)."""
 
     @abstractmethod
     def stats(self, session: Any) -> dict[str, Any]:

@@ -75,6 +75,29 @@ class ServerInfo:
         self._stop = trio.Event()
         self._grace = trio.CancelScope()
         self._grace_cut = False
+        self._reloaders: list[tuple[str, Callable[[], None]]] = []
+
+    def add_reloader(self, what: str, reload: Callable[[], None]) -> None:
+        """Have :meth:`reload` (SIGHUP) call ``reload()``: it re-reads ``what`` (a
+        certificate, the access policy) and raises ``ValueError`` or ``OSError`` when the
+        new one is unusable, keeping the one in force."""
+        self._reloaders.append((what, reload))
+
+    def reload(self) -> bool:
+        """Re-read what can change while serving (what SIGHUP does); each part that fails
+        keeps what it had, with one ``reload_failed`` line. True when all succeeded.
+        Connections stay open."""
+        ok = True
+        for what, reload in self._reloaders:
+            try:
+                reload()
+            except (ValueError, OSError) as exc:
+                ok = False
+                log.error("reload_failed", what=what, error=str(exc), action="kept the "
+                          "one in force")
+            else:
+                log.info("reloaded", what=what)
+        return ok
 
     @property
     def stopping(self) -> bool:
@@ -336,9 +359,10 @@ async def serve_until_signalled(settings: Settings, *, grace: float = 2.0,
                                 on_serving: Callable[[ServerInfo], None] | None = None
                                 ) -> None:
     """Run the server until SIGINT or SIGTERM, then shut it down gracefully; a second
-    signal cuts the grace period short. Returns normally either way. ``on_serving`` is
-    called once the server listens."""
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    signal cuts the grace period short. SIGHUP reloads what can change while serving
+    (:meth:`ServerInfo.reload`). Returns normally either way. ``on_serving`` is called
+    once the server listens."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
 
             async def serve(task_status: trio.TaskStatus[ServerInfo]) -> None:
@@ -350,7 +374,10 @@ async def serve_until_signalled(settings: Settings, *, grace: float = 2.0,
                 on_serving(info)
             async for signum in signals:
                 name = signal.Signals(signum).name
-                if info.stopping:
+                if signum == signal.SIGHUP:
+                    log.info("signal_received", signal=name, action="reload")
+                    info.reload()
+                elif info.stopping:
                     log.info("signal_received", signal=name, action="cut_grace")
                     info.cut_grace()
                 else:

@@ -11,6 +11,7 @@ from typing import Any
 import structlog
 import trio
 
+from gateway.auth.principal import Principal
 from gateway.backend.contract import Backend
 from gateway.server.config import Settings
 from gateway.server.listener import ProtocolListener
@@ -26,14 +27,17 @@ class TankListener(ProtocolListener):
     routine_kinds = frozenset({"eof", "reset", "send_failed", "shutdown", "idle"})
     log = structlog.get_logger("figtank.tank")
 
-    def __init__(self, backend: Backend, settings: Settings, metrics: Metrics) -> None:
-        super().__init__(backend, settings, metrics)
+    def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
+                 name: str | None = None) -> None:
+        super().__init__(backend, settings, metrics, name=name)
         self.counter = RequestCounter(metrics)
 
     def session(self, stream: trio.SocketStream,
-                log: structlog.typing.FilteringBoundLogger) -> TankSession:
+                log: structlog.typing.FilteringBoundLogger, *,
+                principal: Principal) -> TankSession:
         return TankSession(stream, backend=self.backend, settings=self.settings,
-                           metrics=self.metrics, counter=self.counter, log=log)
+                           metrics=self.metrics, counter=self.counter, log=log,
+                           principal=principal)
 
     def stats(self, session: TankSession) -> dict[str, Any]:
         return {"requests": session.requests, "bytes_sent": session.bytes_sent}

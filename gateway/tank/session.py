@@ -38,6 +38,7 @@ import structlog
 import trio
 from trio.lowlevel import ParkingLot
 
+from gateway.auth.principal import Principal
 from gateway.backend.contract import (
     Backend,
     FetchOutcome,
@@ -133,10 +134,13 @@ class TankSession(Session):
 
     def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: Settings,
                  metrics: Metrics, counter: RequestCounter,
-                 log: structlog.typing.FilteringBoundLogger) -> None:
+                 log: structlog.typing.FilteringBoundLogger,
+                 principal: Principal | None = None) -> None:
         super().__init__(stream, TankOutbox(stream, settings.response_buffer_bytes),
                          frame_timeout=settings.frame_timeout_secs,
                          idle_timeout=settings.idle_timeout_secs)
+        #: Who the connection acts as (its listener, or its certificate's subject).
+        self.principal = principal or Principal("tank")
         self._backend = backend
         self._settings = settings
         self._metrics = metrics
