@@ -14,6 +14,7 @@ from typing import Any
 import structlog
 import trio
 
+from gateway.auth.guard import AccessGuard
 from gateway.auth.principal import Principal
 from gateway.backend.contract import Backend
 from gateway.figg.feed import TailFeeds
@@ -35,8 +36,8 @@ class FiggListener(ProtocolListener):
     log = structlog.get_logger("figtank.figg")
 
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
-                 name: str | None = None) -> None:
-        super().__init__(backend, settings, metrics, name=name)
+                 name: str | None = None, guard: AccessGuard | None = None) -> None:
+        super().__init__(backend, settings, metrics, name=name, guard=guard)
         self.frames = DataFrameCache(settings.figg_data_cache_bytes)
         self.feeds = TailFeeds()
         metrics.add_collector(GaugeCollector(
@@ -49,7 +50,7 @@ class FiggListener(ProtocolListener):
                 principal: Principal) -> FiggSession:
         return FiggSession(stream, backend=self.backend, settings=self.settings,
                            metrics=self.metrics, frames=self.frames, feeds=self.feeds, log=log,
-                           principal=principal)
+                           principal=principal, guard=self.guard)
 
     def stats(self, session: FiggSession) -> dict[str, Any]:
         return {"received": session.messages_received, "acked": session.published,

@@ -36,6 +36,9 @@ from pathlib import Path
 import structlog
 import trio
 
+from gateway.auth.access import load_access
+from gateway.auth.guard import AccessGuard
+from gateway.auth.policy import PolicyError
 from gateway.backend.contract import Backend
 from gateway.backend.embedded import open_embedded_backend
 from gateway.figg.listener import FiggListener
@@ -71,6 +74,8 @@ class ServerInfo:
         self.backend: Backend | None = None
         #: The protocol listeners serving, by protocol (``"figg"``, ``"tank"``).
         self.listeners: dict[str, ProtocolListener] = {}
+        #: The access policy in force (``auth.policy_file``), shared by every listener.
+        self.guard = AccessGuard(metrics=metrics)
         self.metrics_registry = metrics
         self._stop = trio.Event()
         self._grace = trio.CancelScope()
@@ -266,6 +271,23 @@ class _Readiness:
         return self.phase if self.phase != "serving" else self.unavailable()
 
 
+def open_guard(settings: Settings, info: ServerInfo) -> None:
+    """Load ``auth.policy_file`` into ``info.guard`` and have SIGHUP reload it; a
+    ConfigError naming the setting when the file is not valid."""
+    path = settings.policy_file
+    if path is None:
+        return
+    try:
+        info.guard.replace(load_access(path).policy)
+    except PolicyError as exc:
+        raise ConfigError(f"auth.policy_file: {exc}") from None
+
+    def reload() -> None:  # a PolicyError (ValueError) keeps the policy in force
+        info.guard.replace(load_access(path).policy)
+
+    info.add_reloader(f"access policy {path}", reload)
+
+
 # ---------------------------------------------------------------------------------- serving
 
 
@@ -283,6 +305,7 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
     """
     info = ServerInfo(metrics or Metrics(settings.metric_topics))
     metrics = info.metrics_registry
+    open_guard(settings, info)
     readiness = _Readiness()
     async with _bind_all(settings) as bound, trio.open_nursery() as outer:
         if "listen.metrics" in bound:
@@ -294,7 +317,7 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
         backend_in_use = open_backend(settings, metrics) if backend is None else _given(backend)
         async with backend_in_use as (info.backend, readiness.unavailable), \
                 trio.open_nursery() as draining:
-            listeners = {key: make(info.backend, settings, metrics)
+            listeners = {key: make(info.backend, settings, metrics, guard=info.guard)
                          for key, make in _LISTENERS.items() if key in bound}
             info.listeners = {listener.protocol: listener for listener in listeners.values()}
             drain = trio.Event()

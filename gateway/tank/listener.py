@@ -11,6 +11,7 @@ from typing import Any
 import structlog
 import trio
 
+from gateway.auth.guard import AccessGuard
 from gateway.auth.principal import Principal
 from gateway.backend.contract import Backend
 from gateway.server.config import Settings
@@ -28,8 +29,8 @@ class TankListener(ProtocolListener):
     log = structlog.get_logger("figtank.tank")
 
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
-                 name: str | None = None) -> None:
-        super().__init__(backend, settings, metrics, name=name)
+                 name: str | None = None, guard: AccessGuard | None = None) -> None:
+        super().__init__(backend, settings, metrics, name=name, guard=guard)
         self.counter = RequestCounter(metrics)
 
     def session(self, stream: trio.SocketStream,
@@ -37,7 +38,7 @@ class TankListener(ProtocolListener):
                 principal: Principal) -> TankSession:
         return TankSession(stream, backend=self.backend, settings=self.settings,
                            metrics=self.metrics, counter=self.counter, log=log,
-                           principal=principal)
+                           principal=principal, guard=self.guard)
 
     def stats(self, session: TankSession) -> dict[str, Any]:
         return {"requests": session.requests, "bytes_sent": session.bytes_sent}
