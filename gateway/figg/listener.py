@@ -22,6 +22,7 @@ from gateway.figg.session import FiggSession
 from gateway.server.config import Settings
 from gateway.server.listener import ProtocolListener
 from gateway.server.metrics import GaugeCollector, Metrics
+from gateway.server.tls import ListenerTLS
 
 
 class FiggListener(ProtocolListener):
@@ -35,8 +36,8 @@ class FiggListener(ProtocolListener):
     log = structlog.get_logger("figtank.figg")
 
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
-                 name: str | None = None) -> None:
-        super().__init__(backend, settings, metrics, name=name)
+                 name: str | None = None, tls: ListenerTLS | None = None) -> None:
+        super().__init__(backend, settings, metrics, name=name, tls=tls)
         self.frames = DataFrameCache(settings.figg_data_cache_bytes)
         self.feeds = TailFeeds()
         metrics.add_collector(GaugeCollector(
@@ -44,7 +45,7 @@ class FiggListener(ProtocolListener):
             "Bytes of DATA frames held for the Figg subscribers at the same position.",
             [], lambda: [([], float(self.frames.size))]))
 
-    def session(self, stream: trio.SocketStream,
+    def session(self, stream: trio.abc.Stream,
                 log: structlog.typing.FilteringBoundLogger, *,
                 principal: Principal) -> FiggSession:
         return FiggSession(stream, backend=self.backend, settings=self.settings,

@@ -16,6 +16,7 @@ from gateway.backend.contract import Backend
 from gateway.server.config import Settings
 from gateway.server.listener import ProtocolListener
 from gateway.server.metrics import Metrics
+from gateway.server.tls import ListenerTLS
 from gateway.tank.session import RequestCounter, TankSession
 
 
@@ -28,11 +29,11 @@ class TankListener(ProtocolListener):
     log = structlog.get_logger("figtank.tank")
 
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
-                 name: str | None = None) -> None:
-        super().__init__(backend, settings, metrics, name=name)
+                 name: str | None = None, tls: ListenerTLS | None = None) -> None:
+        super().__init__(backend, settings, metrics, name=name, tls=tls)
         self.counter = RequestCounter(metrics)
 
-    def session(self, stream: trio.SocketStream,
+    def session(self, stream: trio.abc.Stream,
                 log: structlog.typing.FilteringBoundLogger, *,
                 principal: Principal) -> TankSession:
         return TankSession(stream, backend=self.backend, settings=self.settings,
