@@ -60,6 +60,13 @@ def readable(path: PathLike | None) -> None:
         raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
+#: OpenSSL's reasons that say little, in words.
+_WORDS = {"PEM_LIB": "not a PEM certificate, or no PEM key for it (a key file, or the key "
+                     "in the certificate's file)",
+          "KEY_VALUES_MISMATCH": "the key is not the certificate's key",
+          "NO_START_LINE": "no PEM data in it"}
+
+
 def tls_reason(exc: BaseException) -> str:
     """What a TLS failure says, in words (``certificate verify failed: ...``)."""
     cause: BaseException | None = exc
@@ -67,6 +74,8 @@ def tls_reason(exc: BaseException) -> str:
         cause = cause.__cause__
     if isinstance(cause, ssl.SSLCertVerificationError) and cause.verify_message:
         return f"certificate verify failed: {cause.verify_message}"
+    if isinstance(cause, ssl.SSLError) and cause.reason in _WORDS:
+        return _WORDS[cause.reason]
     if isinstance(cause, ssl.SSLError) and cause.reason:
         return cause.reason.lower().replace("_", " ")
     if isinstance(exc, OSError) and exc.strerror:

@@ -100,10 +100,18 @@ def _escape(value: str) -> str:
     return "".join(out)
 
 
+#: OpenSSL's reasons that say little, in words.
+_WORDS = {"PEM_LIB": "not a PEM certificate, or no PEM key for it",
+          "KEY_VALUES_MISMATCH": "the key is not the certificate's key",
+          "NO_START_LINE": "no PEM data in it"}
+
+
 def _reason(exc: BaseException) -> str:
     """What an ssl failure says, without errno noise (``no certificate returned``)."""
     if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
         return f"certificate verify failed: {exc.verify_message}"
+    if isinstance(exc, ssl.SSLError) and exc.reason in _WORDS:
+        return _WORDS[exc.reason]
     if isinstance(exc, ssl.SSLError) and exc.reason:
         return exc.reason.lower().replace("_", " ")
     if isinstance(exc, OSError) and exc.strerror:
