@@ -125,15 +125,20 @@ async def test_a_named_listener_serves_with_its_own_name(tmp_path: Path, certs: 
                                                         ) -> None:
     settings = settings_from_mapping({
         "store": {"data_dir": str(tmp_path / "data"), "durability": "os"},
-        "listen": {"tank": "127.0.0.1:0", "figg": "", "metrics": ""},
+        "listen": {"tank": "127.0.0.1:0", "figg": "127.0.0.1:0", "metrics": ""},
         "listeners": {"analytics": {"protocol": "tank", "address": "127.0.0.1:0"},
+                      "figg2": {"protocol": "figg", "address": "127.0.0.1:0"},
                       "secure": {"protocol": "tank", "address": "127.0.0.1:0",
                                  "tls_cert": str(certs.server_cert),
                                  "tls_key": str(certs.server_key)}}})
     with trio.fail_after(20), capture_logs() as logs:
         async with serving(settings) as server:
-            assert set(server.addresses) == {"tank", "analytics", "secure"}
-            assert set(server.listeners) == {"tank", "analytics", "secure"}
+            names = {"tank", "figg", "analytics", "figg2", "secure"}
+            assert set(server.addresses) == set(server.listeners) == names
+            async with open_figg_client(*server.addresses["figg2"], **FAST) as figg:
+                assert await figg.publish_and_wait("f", b"second figg listener") == 1
+                [session] = server.listeners["figg2"]._slots._sessions
+                assert session.principal.listener == "figg2"
             async with open_tank_client(*server.addresses["analytics"]) as tank:
                 await tank.produce({("t", 0): [b"x"]})
                 [session] = server.listeners["analytics"]._slots._sessions
@@ -147,7 +152,7 @@ async def test_a_named_listener_serves_with_its_own_name(tmp_path: Path, certs: 
                 assert session.principal.listener == "secure"
                 assert session.principal.identity is None  # TLS without client certificates
     [serving_line] = [e for e in logs if e["event"] == "figtank_serving"]
-    assert set(serving_line["listeners"]) == {"analytics", "secure"}
+    assert set(serving_line["listeners"]) == {"analytics", "figg2", "secure"}
     assert serving_line["listeners"]["secure"].endswith(" tls")
     assert serving_line["tls"] == ["secure"]
 

@@ -36,8 +36,14 @@ class FiggListener(ProtocolListener):
     log = structlog.get_logger("figtank.figg")
 
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
-                 name: str | None = None, tls: ListenerTLS | None = None) -> None:
+                 name: str | None = None, tls: ListenerTLS | None = None,
+                 share_with: FiggListener | None = None) -> None:
         super().__init__(backend, settings, metrics, name=name, tls=tls)
+        if share_with is not None:
+            # Another Figg listener of the server: one cache and one set of tail feeds
+            # for all, so figg.data_cache_bytes bounds them together.
+            self.frames, self.feeds = share_with.frames, share_with.feeds
+            return
         self.frames = DataFrameCache(settings.figg_data_cache_bytes)
         self.feeds = TailFeeds()
         metrics.add_collector(GaugeCollector(

@@ -327,10 +327,15 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
         backend_in_use = open_backend(settings, metrics) if backend is None else _given(backend)
         async with backend_in_use as (info.backend, readiness.unavailable), \
                 trio.open_nursery() as draining:
-            listeners = {spec.name: _LISTENERS[spec.protocol](
-                             info.backend, settings, metrics, name=spec.name,
-                             tls=tls.get(spec.name))
-                         for spec in specs if spec.protocol in _LISTENERS}
+            listeners: dict[str, ProtocolListener] = {}
+            for spec in specs:
+                if spec.protocol in _LISTENERS:
+                    make = _LISTENERS[spec.protocol]
+                    first = next((x for x in listeners.values() if type(x) is make), None)
+                    more = {"share_with": first} if make is FiggListener and first else {}
+                    listeners[spec.name] = make(info.backend, settings, metrics,
+                                                name=spec.name, tls=tls.get(spec.name),
+                                                **more)
             info.listeners = listeners
             drain = trio.Event()
             connections = await draining.start(info._hold_connections, grace, drain)
