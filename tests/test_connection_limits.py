@@ -52,8 +52,8 @@ def hits(server: RunningServer, limit: str) -> float:
 
 def closed(server: RunningServer, reason: str) -> float:
     protocol = server.listener.protocol
-    return server.metric(f'figtank_connections_closed_total{{protocol="{protocol}",'
-                         f'reason="{reason}"}}') or 0.0
+    return server.metric(f'figtank_connections_closed_total{{listener="{protocol}",'
+                         f'protocol="{protocol}",reason="{reason}"}}') or 0.0
 
 
 def the_session(server: RunningServer) -> Any:

@@ -76,7 +76,7 @@ async def test_serve_signal_restart_and_metrics(tmp_path: Path, sig: int) -> Non
         status, text = http_get(server.metrics, "/metrics")
         assert status == 200
         assert 'figtank_messages_in_total{topic="orders"} 20.0' in text
-        assert 'figtank_connections_accepted_total{protocol="figg"}' in text
+        assert 'figtank_connections_accepted_total{listener="figg",protocol="figg"}' in text
         assert server.stop(sig) == 0
         assert server.events("figtank_stopped")
     # The acknowledged messages are all there after a restart on the same store.

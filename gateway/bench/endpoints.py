@@ -26,6 +26,22 @@ DEFAULT_FIGG: Final = "127.0.0.1:8119"
 FIGG_OPTIONS: Final[dict[str, Any]] = {"ping_interval": 5.0, "connect_timeout": 10.0}
 CONNECT_TIMEOUT: Final = 15.0
 
+#: TLS of every client the bench makes (``ca``, ``cert``, ``key`` file paths, as
+#: ``figtank bench --tls`` gives them; None: plain TCP). Set by :func:`use_tls` in the
+#: process that prepares and in each worker process.
+_tls: dict[str, Any] | None = None
+
+
+def use_tls(options: dict[str, Any] | None) -> None:
+    """Make every client of this process connect over TLS with ``options`` (the
+    ``params["tls"]`` of a run), or plain TCP for None."""
+    global _tls
+    _tls = options
+
+
+def _tls_options() -> dict[str, Any]:
+    return {} if _tls is None else {"tls": True, **_tls}
+
 
 def unique_topic(prefix: str) -> str:
     """A fresh topic name, so a run never reads another run's messages."""
@@ -41,7 +57,8 @@ def new_run_id() -> int:
 async def tank_client(address: str, **options: Any) -> AsyncIterator[TankClient]:
     """A connected Tank client for ``host:port``."""
     host, port = parse_address(address)
-    async with open_tank_client(host, port, client_id="figtank-bench", **options) as client:
+    async with open_tank_client(host, port, client_id="figtank-bench",
+                                **{**_tls_options(), **options}) as client:
         yield client
 
 
@@ -49,7 +66,8 @@ async def tank_client(address: str, **options: Any) -> AsyncIterator[TankClient]
 async def figg_client(address: str, **options: Any) -> AsyncIterator[FiggClient]:
     """A Figg client for ``host:port``, connected (ConnectionError if it can not be)."""
     host, port = parse_address(address)
-    async with open_figg_client(host, port, **{**FIGG_OPTIONS, **options}) as client:
+    async with open_figg_client(host, port, **{**FIGG_OPTIONS, **_tls_options(), **options}
+                                ) as client:
         with trio.move_on_after(CONNECT_TIMEOUT) as scope:
             await client.wait_connected()
         if scope.cancelled_caught:

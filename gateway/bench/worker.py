@@ -14,6 +14,7 @@ import traceback
 
 import trio
 
+from gateway.bench.endpoints import use_tls
 from gateway.bench.procs import PipeBarrier, Share, send_event
 from gateway.bench.scenarios import get_scenario
 from gateway.server.logs import configure_logging
@@ -28,6 +29,7 @@ def main() -> None:
     os.dup2(2, 1)
     configure_logging("warning")
     scenario, params, index, count = pickle.load(into)
+    use_tls(params.get("tls"))
     share = Share(index, count, PipeBarrier(into, out), params.get("server_pid"))
     try:
         result = trio.run(get_scenario(scenario).work, params, share)

@@ -16,12 +16,13 @@ from typing import Any
 
 import trio
 
-from gateway.bench.endpoints import DEFAULT_FIGG, DEFAULT_TANK, new_run_id
+from gateway.bench.endpoints import DEFAULT_FIGG, DEFAULT_TANK, new_run_id, use_tls
 from gateway.bench.procs import WorkerFailed, run_workers
 from gateway.bench.report import Report
 from gateway.bench.scenario import Params
 from gateway.bench.scenarios import SCENARIOS, get_scenario
 from gateway.client.errors import ClientError
+from gateway.client.tls import client_context
 from gateway.server.config import parse_address
 from gateway.server.logs import configure_logging
 
@@ -68,6 +69,14 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--timeout", type=float, default=600.0,
                        help="seconds the workers get to finish")
     group.add_argument("--json", action="store_true", help="print one JSON object")
+    group.add_argument("--tls", action="store_true",
+                       help="connect over TLS (--ca, --cert imply it)")
+    group.add_argument("--ca", default=None, metavar="FILE",
+                       help="CA certificates (PEM) to verify the server with")
+    group.add_argument("--cert", default=None, metavar="FILE",
+                       help="client certificate (PEM), for a mutual-TLS listener")
+    group.add_argument("--tls-key", default=None, metavar="FILE",
+                       help="private key (PEM) of --cert")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,7 +95,8 @@ def params_from_args(args: argparse.Namespace) -> Params:
     common = {"scenario": args.scenario, "target": args.target, "tank": args.tank,
               "figg": args.figg, "procs": args.procs, "seed": args.seed,
               "compressible": args.compressible, "topic": args.topic,
-              "server_pid": args.server_pid, "timeout": args.timeout, "run": new_run_id()}
+              "server_pid": args.server_pid, "timeout": args.timeout, "run": new_run_id(),
+              "tls": _tls_params(args)}
     own = scenario.params(args)
     for key in ("messages", "size", "bundle", "in_flight", "window", "publishers"):
         if key in own and own[key] < (0 if key == "messages" else 1):
@@ -94,9 +104,19 @@ def params_from_args(args: argparse.Namespace) -> Params:
     return {**common, **own}
 
 
+def _tls_params(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``params["tls"]``: the client TLS files (checked now: ValueError), or None."""
+    files = {"ca": args.ca, "cert": args.cert, "key": args.tls_key}
+    if not (args.tls or any(files.values())):
+        return None
+    client_context(**files)  # a file that does not load is a usage mistake
+    return files
+
+
 def run_scenario(params: Params) -> Report:
     """Prepare, run the workers, and report; raises :class:`BenchError`."""
     scenario = get_scenario(params["scenario"])
+    use_tls(params.get("tls"))
     try:
         params = trio.run(scenario.prepare, params)
         results = run_workers(scenario.name, scenario.work, params, params["procs"],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import ssl
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -22,6 +23,7 @@ from gateway.cli.output import Output, escaped, json_payload, plural
 from gateway.client.errors import ClientError, RequestTimeout
 from gateway.client.figg import ExponentialBackoff, FiggClient, open_figg_client
 from gateway.client.tank import FIRST_AVAILABLE, TankClient, open_tank_client
+from gateway.client.tls import client_context, readable
 from gateway.figg.offsets import InvalidTopic, figg_to_tank
 from gateway.server.config import parse_address
 from gateway.server.logs import configure_logging
@@ -121,7 +123,8 @@ def _tank_config(text: str) -> str:
 # -- options every client command takes ------------------------------------------------------
 
 
-def _common(parser: argparse.ArgumentParser, protocol: str, *, nested: bool = False) -> None:
+def _common(parser: argparse.ArgumentParser, protocol: str, *, nested: bool = False,
+            key_flags: tuple[str, ...] = ("--key", "--tls-key")) -> None:
     """The endpoint, output and logging options.
 
     ``nested`` adds them to an action of ``topics`` as well, so that they may follow
@@ -142,7 +145,48 @@ def _common(parser: argparse.ArgumentParser, protocol: str, *, nested: bool = Fa
                         metavar="SECONDS",
                         help=f"give up when the server does not connect or answer for this "
                              f"long [{DEFAULT_TIMEOUT:g}]")
+    _tls_options(parser, key_flags, nested=nested)
     _logging_options(parser, nested=nested)
+
+
+def _tls_options(parser: argparse.ArgumentParser, key_flags: tuple[str, ...], *,
+                 nested: bool = False) -> None:
+    def given(value: Any) -> Any:
+        return argparse.SUPPRESS if nested else value
+
+    parser.add_argument("--tls", action="store_true", default=given(False),
+                        help="connect over TLS, verifying the server against the system's "
+                             "CAs (--ca, --cert imply --tls)")
+    parser.add_argument("--ca", default=given(None), metavar="FILE",
+                        help="CA certificates (PEM) to verify the server with")
+    parser.add_argument("--cert", default=given(None), metavar="FILE",
+                        help="client certificate chain (PEM), for a mutual-TLS listener")
+    parser.add_argument(*key_flags, dest="tls_key", default=given(None), metavar="FILE",
+                        help="private key (PEM) of --cert (default: in the --cert file)")
+
+
+def _key_flag(args: argparse.Namespace) -> str:
+    return "--tls-key" if args.command == "produce" else "--key"
+
+
+def tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The TLS context the ``--tls``, ``--ca``, ``--cert`` and ``--key`` options ask for
+    (None: plain TCP); ``ValueError`` names the option whose file does not load."""
+    ca, cert, key = (getattr(args, name, None) for name in ("ca", "cert", "tls_key"))
+    if not (getattr(args, "tls", False) or ca or cert or key):
+        return None
+    if key and not cert:
+        raise ValueError(f"argument {_key_flag(args)}: needs --cert")
+    for option, path in (("--ca", ca), ("--cert", cert), (_key_flag(args), key)):
+        try:
+            readable(path)
+        except ValueError as exc:
+            raise ValueError(f"argument {option}: {exc}") from None
+    try:
+        return client_context(ca=ca, cert=cert, key=key)
+    except ValueError as exc:
+        option = "--ca" if "the CA" in str(exc) else "--cert"
+        raise ValueError(f"argument {option}: {exc}") from None
 
 
 def _logging_options(parser: argparse.ArgumentParser, *, nested: bool = False) -> None:
@@ -170,6 +214,12 @@ def _failed(command: str, reason: object) -> int:
 def _run_async(fn: Callable[[argparse.Namespace, Output], Any]) -> Run:
     def run(args: argparse.Namespace) -> int:
         configure_client_logging(args)
+        try:
+            args.ssl_context = tls_context(args)
+        except ValueError as exc:
+            print(f"figtank {args.command}: {exc} (see 'figtank {args.command} --help')",
+                  file=sys.stderr, flush=True)
+            return 2
         out = Output(args.json)
         try:
             trio.run(fn, args, out)
@@ -217,7 +267,8 @@ async def _figg_client(args: argparse.Namespace) -> AsyncIterator[FiggClient]:
     host, port = args.address
     async with open_figg_client(
             host, port, connect_timeout=args.timeout, first_connect_attempts=FIGG_CONNECT_ATTEMPTS,
-            backoff=ExponentialBackoff(base=0.25, cap=5.0)) as client:
+            backoff=ExponentialBackoff(base=0.25, cap=5.0),
+            ssl_context=args.ssl_context) as client:
         with trio.move_on_after(args.timeout) as scope:
             await client.wait_connected()
         if scope.cancelled_caught:
@@ -302,12 +353,13 @@ async def _subscribe(args: argparse.Namespace, out: Output) -> None:
 @asynccontextmanager
 async def _tank_client(args: argparse.Namespace) -> AsyncIterator[TankClient]:
     async with open_tank_client(*args.address, connect_timeout=args.timeout,
-                                request_timeout=args.timeout) as client:
+                                request_timeout=args.timeout,
+                                ssl_context=args.ssl_context) as client:
         yield client
 
 
 def _add_produce(parser: argparse.ArgumentParser) -> None:
-    _common(parser, "tank")
+    _common(parser, "tank", key_flags=("--tls-key",))  # --key: the message key
     parser.add_argument("target", type=_topic_partition, metavar="TOPIC[/P]")
     _add_messages(parser, "produce")
     parser.add_argument("--key", default=None, help="key for every message")

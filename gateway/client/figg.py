@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import enum
 import math
+import ssl
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -60,6 +61,7 @@ from gateway.client.errors import (
     os_reason,
 )
 from gateway.client.lone import running
+from gateway.client.tls import PathLike, client_context, open_stream, tls_failure
 from gateway.io.backoff import Backoff, ExponentialBackoff
 from gateway.io.errors import socket_errors
 from gateway.io.limits import RECEIVE_SIZE
@@ -255,7 +257,7 @@ _SEND_ERRORS: Final = socket_errors("send", _Disconnect)
 class _Link:
     """One TCP connection: the frames waiting to be written on it, and its liveness."""
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
         # No direct writes: a burst of publishes goes out as one write.
         self.out = FrameWriter(stream, direct=False)
@@ -273,6 +275,9 @@ class _Link:
         self.bad_frame: ProtocolError | None = None
         #: Set when the server stopped answering PINGs (it did not refuse anything).
         self.silent = False
+        #: Set when the TLS layer ended the connection (the server refused the client's
+        #: certificate just after the handshake, in TLS 1.3): why.
+        self.tls_refused: str | None = None
         self.reason = ""
         self.scope: trio.CancelScope | None = None
 
@@ -285,6 +290,9 @@ class _Link:
 
 class FiggClient:
     """A Figg client; run it with :func:`open_figg_client` (or ``nursery.start(run)``).
+
+    TLS: ``ssl_context``, or ``tls=True`` (the system's CAs) with ``ca``, ``cert``,
+    ``key`` file paths (:func:`gateway.client.tls.client_context`).
 
     Every timing parameter is injectable so tests run fast: ``ping_interval``,
     ``max_missed_pings``, ``backoff`` (any callable ``attempt -> seconds``),
@@ -304,7 +312,10 @@ class FiggClient:
                  connect_timeout: float = 10.0, subscription_buffer: int = 4096,
                  max_frame_size: int = DEFAULT_MAX_FRAME,
                  max_refusals: int | None = DEFAULT_MAX_REFUSALS,
-                 first_connect_attempts: int | None = None) -> None:
+                 first_connect_attempts: int | None = None,
+                 ssl_context: ssl.SSLContext | None = None, tls: bool = False,
+                 ca: PathLike | None = None, cert: PathLike | None = None,
+                 key: PathLike | None = None) -> None:
         if window < 1:
             raise ValueError("window must be at least 1")
         self.host = host
@@ -319,6 +330,10 @@ class FiggClient:
         self.max_frame_size = max_frame_size
         self.max_refusals = max_refusals
         self.first_connect_attempts = first_connect_attempts
+        #: TLS (None: plain TCP): ``ssl_context``, or one made of ``ca``, ``cert`` and
+        #: ``key`` when any is given or ``tls`` is set (:func:`~gateway.client.tls.client_context`).
+        self.ssl_context = ssl_context or (
+            client_context(ca=ca, cert=cert, key=key) if tls or ca or cert or key else None)
         #: Why the last connection attempt failed (None after a success).
         self.last_connect_error: str | None = None
         self.state = ConnectionState.DISCONNECTED
@@ -501,7 +516,7 @@ class FiggClient:
                 attempt += 1
                 try:
                     with trio.fail_after(self.connect_timeout):
-                        stream = await trio.open_tcp_stream(self.host, self.port)
+                        stream = await open_stream(self.host, self.port, self.ssl_context)
                 except (OSError, trio.TooSlowError) as exc:
                     self.last_connect_error = (os_reason(exc) if isinstance(exc, OSError)
                                                else f"no answer within {self.connect_timeout:g} s")
@@ -516,6 +531,16 @@ class FiggClient:
                 link = await self._serve(stream)
                 if self._closed:
                     break
+                if link.tls_refused is not None and not self.answered:
+                    # Refused by TLS right after the handshake: a failed connection.
+                    self.last_connect_error = f"the server refused TLS: {link.tls_refused}"
+                    log.debug("figg_connect_failed", host=self.host, port=self.port,
+                              error=self.last_connect_error, attempt=attempt)
+                    if (self.first_connect_attempts is not None
+                            and attempt >= self.first_connect_attempts):
+                        self._give_up(ConnectError(f"could not connect to {self._server}: "
+                                                   f"{self.last_connect_error}"))
+                    continue
                 # A working connection lost is worth a warning; a refused one is not
                 # (the client reports refusals as RequestRefused).
                 (log.warning if link.useful else log.info)(
@@ -553,7 +578,7 @@ class FiggClient:
             return "publish", self._unacked[0].topic
         return None
 
-    async def _serve(self, stream: trio.SocketStream) -> _Link:
+    async def _serve(self, stream: trio.abc.Stream) -> _Link:
         link = _Link(stream)
         try:
             async with trio.open_nursery() as nursery:
@@ -651,6 +676,7 @@ class FiggClient:
             link.bad_frame = exc
             link.fail(f"bad frame from the server: {exc}")
         except _Disconnect as exc:
+            link.tls_refused = tls_failure(exc)
             link.fail(str(exc))
 
     async def _handle(self, link: _Link, events: list[Any]) -> None:

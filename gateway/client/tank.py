@@ -31,6 +31,7 @@ There is no reconnect: when the connection ends every call raises
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -56,6 +57,13 @@ from gateway.client.errors import (
     os_reason,
 )
 from gateway.client.lone import running
+from gateway.client.tls import (
+    PathLike,
+    TLSHandshakeFailed,
+    client_context,
+    open_stream,
+    tls_failure,
+)
 from gateway.io.errors import ExceptionMap, socket_errors
 from gateway.io.limits import RECEIVE_SIZE
 from gateway.io.writer import FrameWriter
@@ -199,21 +207,30 @@ def _by_topic(keys: Iterable[TopicPartition]) -> dict[str, list[int]]:
 class TankClient:
     """A Tank client on one connection; run it with :func:`open_tank_client`.
 
+    TLS: ``ssl_context``, or ``tls=True`` (the system's CAs) with ``ca``, ``cert``,
+    ``key`` file paths (:func:`gateway.client.tls.client_context`).
     ``request_timeout`` (seconds, None: wait forever) bounds each request; a Consume gets
     its ``max_wait_ms`` on top. ``client_id`` is sent in Produce and Consume.
     """
 
     def __init__(self, host: str, port: int, *, client_id: str = "figtank",
                  connect_timeout: float = 10.0, request_timeout: float | None = None,
-                 max_frame_size: int = BROKER_MAX_FRAME) -> None:
+                 max_frame_size: int = BROKER_MAX_FRAME,
+                 ssl_context: ssl.SSLContext | None = None, tls: bool = False,
+                 ca: PathLike | None = None, cert: PathLike | None = None,
+                 key: PathLike | None = None) -> None:
         self.host = host
+        #: TLS (None: plain TCP): ``ssl_context``, or one made of ``ca``, ``cert`` and
+        #: ``key`` when any is given or ``tls`` is set (:func:`~gateway.client.tls.client_context`).
+        self.ssl_context = ssl_context or (
+            client_context(ca=ca, cert=cert, key=key) if tls or ca or cert or key else None)
         self.port = port
         self.client_id = client_id
         self.connect_timeout = connect_timeout
         self.request_timeout = request_timeout
         self.max_frame_size = max_frame_size
         self._conn = TankConnection(Role.CLIENT, max_frame_size=max_frame_size)
-        self._stream: trio.SocketStream | None = None
+        self._stream: trio.abc.Stream | None = None
         self._out: FrameWriter | None = None
         self._waiters: dict[int, _Waiter] = {}
         self._next_id = 0
@@ -273,10 +290,10 @@ class TankClient:
         await self.connect()
         await self.serve(task_status=task_status)
 
-    async def _connect(self) -> trio.SocketStream:
+    async def _connect(self) -> trio.abc.Stream:
         try:
             with trio.fail_after(self.connect_timeout):
-                stream = await trio.open_tcp_stream(self.host, self.port)
+                stream = await open_stream(self.host, self.port, self.ssl_context)
                 try:
                     await self._await_greeting(stream)
                 except BaseException:
@@ -285,18 +302,25 @@ class TankClient:
         except trio.TooSlowError:
             raise ConnectError(f"{self.host}:{self.port} did not greet as a Tank broker within "
                                f"{self.connect_timeout:g} s (is it a Tank port?)") from None
+        except TLSHandshakeFailed as exc:
+            raise TLSHandshakeFailed(f"could not connect to {self.host}:{self.port}: {exc}"
+                                     ) from None
         except OSError as exc:
             raise ConnectError(f"could not connect to {self.host}:{self.port}: "
                                f"{os_reason(exc)}") from exc
         return stream
 
-    async def _await_greeting(self, stream: trio.SocketStream) -> None:
+    async def _await_greeting(self, stream: trio.abc.Stream) -> None:
         """Read until the broker's Ping; bytes after it stay in the connection."""
         conn = self._conn
         while True:
             try:
                 data = await stream.receive_some(RECEIVE_SIZE)
             except trio.BrokenResourceError as exc:
+                refused = tls_failure(exc)
+                if refused is not None:  # TLS 1.3: the server refused our certificate
+                    raise TLSHandshakeFailed(f"could not connect to {self.host}:{self.port}: "
+                                             f"the server refused TLS: {refused}") from None
                 raise ConnectError(f"{self.host}:{self.port}: {exc}") from exc
             conn.receive_data(data)
             try:
@@ -336,7 +360,7 @@ class TankClient:
             self._fail(exc)
             scope.cancel()
 
-    async def _reader(self, stream: trio.SocketStream) -> None:
+    async def _reader(self, stream: trio.abc.Stream) -> None:
         conn = self._conn
         waiters = self._waiters
         try:

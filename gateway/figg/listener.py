@@ -23,6 +23,7 @@ from gateway.figg.session import FiggSession
 from gateway.server.config import Settings
 from gateway.server.listener import ProtocolListener
 from gateway.server.metrics import GaugeCollector, Metrics
+from gateway.server.tls import ListenerTLS
 
 
 class FiggListener(ProtocolListener):
@@ -36,8 +37,15 @@ class FiggListener(ProtocolListener):
     log = structlog.get_logger("figtank.figg")
 
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
-                 name: str | None = None, guard: AccessGuard | None = None) -> None:
-        super().__init__(backend, settings, metrics, name=name, guard=guard)
+                 name: str | None = None, guard: AccessGuard | None = None,
+                 tls: ListenerTLS | None = None,
+                 share_with: FiggListener | None = None) -> None:
+        super().__init__(backend, settings, metrics, name=name, guard=guard, tls=tls)
+        if share_with is not None:
+            # Another Figg listener of the server: one cache and one set of tail feeds
+            # for all, so figg.data_cache_bytes bounds them together.
+            self.frames, self.feeds = share_with.frames, share_with.feeds
+            return
         self.frames = DataFrameCache(settings.figg_data_cache_bytes)
         self.feeds = TailFeeds()
         metrics.add_collector(GaugeCollector(
@@ -45,7 +53,7 @@ class FiggListener(ProtocolListener):
             "Bytes of DATA frames held for the Figg subscribers at the same position.",
             [], lambda: [([], float(self.frames.size))]))
 
-    def session(self, stream: trio.SocketStream,
+    def session(self, stream: trio.abc.Stream,
                 log: structlog.typing.FilteringBoundLogger, *,
                 principal: Principal) -> FiggSession:
         return FiggSession(stream, backend=self.backend, settings=self.settings,

@@ -62,7 +62,7 @@ class FiggSession(Session):
 
     _outbox: Outbox
 
-    def __init__(self, stream: trio.SocketStream, *, backend: Backend, settings: Settings,
+    def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: Settings,
                  metrics: Metrics, frames: DataFrameCache, feeds: TailFeeds,
                  log: structlog.typing.FilteringBoundLogger,
                  principal: Principal | None = None,

@@ -12,7 +12,10 @@ socket's send side, so frames never interleave. What it queues:
   next write;
 - a head and its file chunks (a Tank Consume response): the head is written, then each
   file-backed chunk with ``os.sendfile`` straight from its file, or its bytes when it is
-  held in memory or the stream is not a plain socket (TLS, tests). Every chunk is closed
+  held in memory. On a stream that is not a plain socket (TLS, tests) sendfile can not
+  be used: a file-backed chunk is read in pieces of up to :data:`READ_PIECE` bytes, each
+  sent with one ``send_all`` as soon as it is read (one encryption and one socket write
+  per MiB; memory stays at one piece however long the chunk). Every chunk is closed
   once sent, and also when the writer is closed with it still queued.
 
 The byte budget (:class:`SendBudget`) is the backpressure: ``put_*`` never block, and
@@ -37,6 +40,9 @@ import trio
 from trio.lowlevel import ParkingLot
 
 from gateway.io.limits import MAX_WRITE, SENDFILE_STEP
+
+#: Bytes of a file-backed chunk read and sent at once on a stream without sendfile (TLS).
+READ_PIECE = 1024 * 1024
 
 
 class ShortChunk(OSError):
@@ -383,10 +389,21 @@ class FrameWriter:
             parts.append(item.head)
             size += len(item.head)
             for chunk in item.chunks:
-                source = chunk.sendfile_source() if self._socket is not None else None
-                if source is None:
+                source = chunk.sendfile_source()
+                if source is None or (self._socket is None and chunk.length <= READ_PIECE):
                     parts.append(chunk.read_bytes())
                     size += chunk.length
+                    if self._socket is None and size >= READ_PIECE:
+                        await self._send_parts(parts)
+                        self._sent(size)
+                        parts.clear()
+                        size = 0
+                    continue
+                if self._socket is None:
+                    # The pieces go out as they are read; the frames before go with the first.
+                    await self._send_read(parts, size, *source, chunk.length)
+                    parts.clear()
+                    size = 0
                     continue
                 # No MSG_MORE on the head: Linux keeps the tail of the sendfile that
                 # follows corked (~200 ms per response).
@@ -427,6 +444,22 @@ class FrameWriter:
                     raise trio.BrokenResourceError(f"socket connection broken: {exc!r}"
                                                    ) from exc
         self.bytes_sent += total
+
+    async def _send_read(self, parts: list[bytes], size: int, fd: int, offset: int,
+                         count: int) -> None:
+        """Send ``parts`` (``size`` bytes), then ``count`` bytes of file ``fd`` from
+        ``offset``, read in pieces of up to :data:`READ_PIECE` (no sendfile: TLS)."""
+        while count:
+            piece = os.pread(fd, min(count, READ_PIECE), offset)
+            if not piece:
+                raise ShortChunk(f"segment file ended {count} bytes before the chunk's end")
+            parts.append(piece)
+            await self._send_parts(parts)
+            self._sent(size + len(piece))
+            parts.clear()
+            size = 0
+            offset += len(piece)
+            count -= len(piece)
 
     async def _sendfile(self, fd: int, offset: int, count: int) -> None:
         sock = self._socket

@@ -106,6 +106,13 @@ def _optional_path(value: Any) -> Path | None:
     return None if value in ("", None) else _path(value)
 
 
+def _optional_file(value: Any) -> str:
+    """A path as text, or "" for none (TLS files: kept as given, read at start-up)."""
+    if value is None or value == "":
+        return ""
+    return str(_path(value))
+
+
 def _topic_config(value: Any) -> dict[str, str]:
     if not isinstance(value, Mapping):
         raise ValueError("expected a table of Tank config keys")
@@ -127,6 +134,89 @@ def _topic_config(value: Any) -> dict[str, str]:
         except InvalidConfig as exc:
             raise ConfigError(f"topics.config: bad value {text!r} for {key!r}: {exc}") from None
     return config
+
+
+#: What a listener serves.
+PROTOCOLS = ("tank", "figg", "metrics")
+_LISTENER_KEYS = ("protocol", "address", "tls", "tls_cert", "tls_key", "tls_client_ca")
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+
+@dataclass(frozen=True, slots=True)
+class TLSFiles:
+    """Where a listener's certificate chain, key and (mutual TLS) client CA are."""
+
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
+
+    @property
+    def mutual(self) -> bool:
+        return self.client_ca is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerTable:
+    """One ``[listeners.NAME]`` table as written (None: not given)."""
+
+    protocol: str | None = None
+    address: str | None = None
+    tls: bool | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerSpec:
+    """A listener to open: its ``name`` (the principal of its plain connections), what it
+    serves, where (``address``, the value of setting ``key``) and its TLS (None: plain)."""
+
+    name: str
+    protocol: str
+    address: str
+    key: str
+    tls: TLSFiles | None = None
+    #: The setting that gave the certificate (for errors).
+    tls_key: str = ""
+
+
+def _listener_tables(value: Any) -> dict[str, ListenerTable]:
+    if not isinstance(value, Mapping):
+        raise ValueError("expected a table of listener tables ([listeners.NAME])")
+    tables: dict[str, ListenerTable] = {}
+    for name, table in value.items():
+        where = f"listeners.{name}"
+        if not (isinstance(name, str) and 0 < len(name) <= 64 and set(name) <= _NAME_CHARS):
+            raise ConfigError(f"{where}: a listener's name is 1-64 characters of "
+                              "[A-Za-z0-9_-]")
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{where}: expected a table (keys: {', '.join(_LISTENER_KEYS)})")
+        values: dict[str, Any] = {}
+        for key, raw in table.items():
+            if key not in _LISTENER_KEYS:
+                raise ConfigError(f"{where}.{key}: unknown setting (known: "
+                                  f"{', '.join(_LISTENER_KEYS)})")
+            parse = {"protocol": _choice(*PROTOCOLS), "address": _optional_address,
+                     "tls": _boolean}.get(key, _path)
+            try:
+                values[key] = parse(raw)
+            except ValueError as exc:
+                raise ConfigError(f"{where}.{key}: {exc} (got {raw!r})") from None
+        if name in PROTOCOLS:
+            if values.get("protocol", name) != name:
+                raise ConfigError(f"{where}.protocol: listener {name!r} serves {name}; give "
+                                  "another listener another name")
+            if "address" in values:
+                raise ConfigError(f"{where}.address: listener {name!r} listens where "
+                                  f"listen.{name} says; set that instead")
+        else:
+            for key in ("protocol", "address"):
+                if key not in values:
+                    raise ConfigError(f"{where}.{key}: missing (a listener of its own "
+                                      "needs a protocol and an address)")
+        tables[name] = ListenerTable(**values)
+    return tables
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +278,24 @@ class Settings:
     metrics_listen: str = _setting(
         "listen.metrics", "127.0.0.1:9464", _optional_address,
         "Prometheus metrics and health endpoint (empty: off).", "--metrics-listen")
+    listeners: dict[str, ListenerTable] = _setting(  # noqa: RUF009 (a field, made by _setting)
+        "listeners", {}, _listener_tables,
+        "Named listeners, [listeners.NAME]: settings of the listener listen.NAME opens "
+        "(tank, figg, metrics), or one more listener (its protocol: tank, figg or metrics; "
+        "address = \"HOST:PORT\"); each may set tls_cert, tls_key, tls_client_ca (over "
+        "the tls.* settings) or tls = false. See *Securing figtank*.")
+    tls_cert: str = _setting(
+        "tls.cert", "", _optional_file,
+        "Certificate chain (PEM) of every listener without a tls_cert of its own: with "
+        "tls.key, TLS on every listener (empty: plain TCP).", "--tls-cert")
+    tls_key: str = _setting(
+        "tls.key", "", _optional_file,
+        "Private key (PEM) of tls.cert.", "--tls-key")
+    tls_client_ca: str = _setting(
+        "tls.client_ca", "", _optional_file,
+        "CA certificates (PEM) of the clients: mutual TLS on the TLS listeners; a client "
+        "without a certificate signed by one is refused in the handshake.",
+        "--tls-client-ca")
     upstream: tuple[str, ...] = _setting(
         "upstream.brokers", (), _addresses,
         "Bridge mode: upstream Tank brokers, tried in order (empty: embedded store).",
@@ -263,6 +371,10 @@ class Settings:
         "limits.http_timeout_secs", 5.0, _positive_float,
         "The metrics and health endpoint closes a connection that takes longer than this "
         "to send a request and read the answer (an idle keep-alive connection too).")
+    tls_handshake_timeout_secs: float = _setting(
+        "limits.tls_handshake_timeout_secs", 10.0, _non_negative_float,
+        "A TLS connection that has not finished its handshake this long after it was "
+        "accepted is closed (0: never).")
     figg_data_cache_bytes: int = _setting(
         "figg.data_cache_bytes", 8 * MIB, _non_negative_int,
         "Memory for the DATA frames shared by Figg subscribers at the same position "
@@ -280,9 +392,59 @@ class Settings:
         "json: one JSON object a line; console: for people; auto: console on a terminal.",
         "--log-format")
 
+    def __post_init__(self) -> None:
+        self.listener_specs()  # a TLS setting missing its pair is an error now
+
     @property
     def bridge_mode(self) -> bool:
         return bool(self.upstream)
+
+    def listener_specs(self) -> list[ListenerSpec]:
+        """Every listener to open (those with an empty address are off), in the order
+        metrics, tank, figg, then the [listeners.NAME] ones; a ConfigError naming the key
+        when a TLS setting lacks its pair."""
+        listen = {"metrics": self.metrics_listen, "tank": self.tank_listen,
+                  "figg": self.figg_listen}
+        if self.tls_client_ca and not self.tls_cert and not any(
+                t.tls_cert for t in self.listeners.values()):
+            raise ConfigError("tls.client_ca: mutual TLS needs a certificate: set tls.cert "
+                              "and tls.key (or --tls-cert, --tls-key)")
+        specs = []
+        names = [*listen, *(n for n in self.listeners if n not in listen)]
+        for name in names:
+            table = self.listeners.get(name, ListenerTable())
+            if name in listen:
+                protocol, address, key = name, listen[name], f"listen.{name}"
+            else:
+                protocol, address = table.protocol or "", table.address or ""
+                key = f"listeners.{name}.address"
+            if address:
+                specs.append(ListenerSpec(name, protocol, address, key,
+                                          *self._tls_of(name, table)))
+        return specs
+
+    def _tls_of(self, name: str, table: ListenerTable) -> tuple[TLSFiles | None, str]:
+        where = f"listeners.{name}"
+        own = table.tls_cert is not None
+        cert = table.tls_cert or (Path(self.tls_cert) if self.tls_cert else None)
+        key = table.tls_key or (Path(self.tls_key) if self.tls_key else None)
+        ca = table.tls_client_ca or (Path(self.tls_client_ca) if self.tls_client_ca
+                                     else None)
+        cert_key = f"{where}.tls_cert" if own else "tls.cert"
+        if table.tls is False:
+            return None, ""
+        if cert is None and key is None:
+            if table.tls_client_ca is not None:
+                raise ConfigError(f"{where}.tls_client_ca: mutual TLS needs a certificate: "
+                                  f"set {where}.tls_cert and tls_key (or tls.cert, tls.key)")
+            return None, ""
+        if cert is None:
+            raise ConfigError(f"{f'{where}.tls_key' if table.tls_key else 'tls.key'}: "
+                              "a key without a certificate: set tls_cert as well")
+        if key is None:
+            raise ConfigError(f"{cert_key}: a certificate without its key: set "
+                              f"{f'{where}.tls_key' if own else 'tls.key'} as well")
+        return TLSFiles(cert, key, ca), cert_key
 
     def with_overrides(self, **changes: Any) -> Settings:
         """A copy with some settings changed (each parsed like the config file's)."""
@@ -314,7 +476,7 @@ def _parse_option(option: Option, value: Any) -> Any:
 
 
 def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    known_tables = {o.key for o in OPTIONS if o.parse is _topic_config}
+    known_tables = {o.key for o in OPTIONS if o.parse in (_topic_config, _listener_tables)}
     flat: dict[str, Any] = {}
     for name, value in table.items():
         key = f"{prefix}{name}"

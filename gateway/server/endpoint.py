@@ -28,8 +28,10 @@ import structlog
 import trio
 
 from gateway.server.accepting import serve_listeners
+from gateway.server.listening import peer_name
 from gateway.server.metrics import Metrics
 from gateway.server.rendering import REUSE_SECS, RenderFailed, SharedRendering
+from gateway.server.tls import ListenerTLS
 
 log = structlog.get_logger("figtank.http")
 
@@ -60,8 +62,11 @@ class Endpoint:
     scrapes of the next ``reuse_secs``."""
 
     def __init__(self, metrics: Metrics, not_ready: NotReady, *, max_connections: int,
-                 timeout: float, reuse_secs: float = REUSE_SECS) -> None:
+                 timeout: float, reuse_secs: float = REUSE_SECS,
+                 tls: ListenerTLS | None = None) -> None:
         self.metrics = metrics
+        #: TLS of the endpoint's listener (None: plain HTTP).
+        self.tls = tls
         self.not_ready = not_ready
         self.timeout = timeout
         self.rendering = SharedRendering(metrics.render, reuse_secs)
@@ -91,7 +96,7 @@ class Endpoint:
             log.error("metrics_render_failed", error=f"{type(exc).__name__}: {exc}")
         return 500, _PLAIN, b"rendering the metrics failed\n"
 
-    async def handle(self, stream: trio.SocketStream) -> None:
+    async def handle(self, stream: trio.abc.Stream) -> None:
         """Serve one connection until the client closes it, a request fails or time runs
         out; then close it. Never raises (except Cancelled)."""
         try:
@@ -103,7 +108,13 @@ class Endpoint:
             await trio.aclose_forcefully(stream)
             return
         try:
-            await self._serve(stream, h11.Connection(
+            served = stream
+            if self.tls is not None:
+                secured = await self.tls.accept(stream, peer_name(stream))
+                if secured is None:
+                    return
+                served = secured
+            await self._serve(served, h11.Connection(
                 h11.SERVER, max_incomplete_event_size=MAX_REQUEST_HEAD))
         except (trio.BrokenResourceError, trio.ClosedResourceError, h11.LocalProtocolError):
             pass
@@ -111,14 +122,14 @@ class Endpoint:
             self._slots.release_on_behalf_of(stream)
             await trio.aclose_forcefully(stream)
 
-    async def _serve(self, stream: trio.SocketStream, conn: h11.Connection) -> None:
+    async def _serve(self, stream: trio.abc.Stream, conn: h11.Connection) -> None:
         more = True
         while more:
             more = False  # also when time runs out: the connection is closed
             with trio.move_on_after(self.timeout):
                 more = await self._exchange(stream, conn)
 
-    async def _exchange(self, stream: trio.SocketStream, conn: h11.Connection) -> bool:
+    async def _exchange(self, stream: trio.abc.Stream, conn: h11.Connection) -> bool:
         """Read one request and answer it; True when the connection may serve another."""
         try:
             request = await _read_request(stream, conn)
@@ -139,7 +150,7 @@ class Endpoint:
         return True
 
 
-async def _read_request(stream: trio.SocketStream, conn: h11.Connection
+async def _read_request(stream: trio.abc.Stream, conn: h11.Connection
                         ) -> h11.Request | None:
     """The next whole request (its body read and dropped), or None when the client closed
     the connection."""
@@ -165,7 +176,7 @@ async def _read_request(stream: trio.SocketStream, conn: h11.Connection
             return None
 
 
-async def _send(stream: trio.SocketStream, conn: h11.Connection, answer: Answer, *,
+async def _send(stream: trio.abc.Stream, conn: h11.Connection, answer: Answer, *,
                 head: bool = False, close: bool = False) -> None:
     """Send ``answer`` (its headers only for HEAD); ``close``: with ``Connection: close``
     (a refused request: the connection ends after it)."""
@@ -190,8 +201,9 @@ async def _send(stream: trio.SocketStream, conn: h11.Connection, answer: Answer,
 
 
 async def serve_endpoint(endpoint: Endpoint, listeners: list[trio.SocketListener], *,
+                         name: str = "metrics",
                          task_status: trio.TaskStatus[list[trio.SocketListener]]
                          = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve ``endpoint`` on ``listeners`` until cancelled."""
-    await serve_listeners(endpoint.handle, listeners, name="metrics", metrics=endpoint.metrics,
+    """Serve ``endpoint`` on ``listeners`` (the listener ``name``) until cancelled."""
+    await serve_listeners(endpoint.handle, listeners, name=name, metrics=endpoint.metrics,
                           task_status=task_status)

@@ -10,7 +10,6 @@ an upstream broker serve it alike.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from functools import partial
 from typing import Any, ClassVar
 
 import structlog
@@ -22,6 +21,7 @@ from gateway.backend.contract import Backend
 from gateway.server.config import Settings
 from gateway.server.listening import ConnectionSlots
 from gateway.server.metrics import Metrics
+from gateway.server.tls import ListenerTLS, peer_identity
 
 
 class ProtocolListener(ABC):
@@ -35,7 +35,8 @@ class ProtocolListener(ABC):
     log: ClassVar[structlog.typing.FilteringBoundLogger]
 
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
-                 name: str | None = None, guard: AccessGuard | None = None) -> None:
+                 name: str | None = None, guard: AccessGuard | None = None,
+                 tls: ListenerTLS | None = None) -> None:
         #: The listener's name (its principal when no certificate names the client).
         self.name = name or self.protocol
         #: The access policy its sessions enforce.
@@ -43,8 +44,11 @@ class ProtocolListener(ABC):
         self.backend = backend
         self.settings = settings
         self.metrics = metrics
+        #: Its TLS (None: plain TCP).
+        self.tls = tls
         self._slots = ConnectionSlots(self.protocol, settings.max_connections, metrics,
-                                      self.log, self.routine_kinds)
+                                      self.log, self.routine_kinds, listener=self.name,
+                                      tls=tls)
 
     @property
     def active(self) -> int:
@@ -57,18 +61,23 @@ class ProtocolListener(ABC):
         self._slots.shutdown()
 
     async def handle(self, stream: trio.SocketStream) -> None:
-        """Serve one accepted connection until it ends, then close it. Never raises
-        (except Cancelled): a failing connection must not stop the accept loop."""
-        principal = self.principal_of(stream)
-        await self._slots.serve(stream, partial(self.session, stream, principal=principal),
-                                self.stats)
+        """Serve one accepted connection until it ends, then close it (on a TLS listener:
+        after its handshake, in this task). Never raises (except Cancelled): a failing
+        connection must not stop the accept loop."""
+        await self._slots.serve(stream, self._start, self.stats)
+
+    def _start(self, stream: trio.abc.Stream, log: structlog.typing.FilteringBoundLogger
+               ) -> Any:
+        return self.session(stream, log, principal=self.principal_of(stream))
 
     def principal_of(self, stream: trio.abc.Stream) -> Principal:
-        """Who the connection on ``stream`` acts as: this listener, for a plain one."""
-        return Principal(self.name)
+        """Who the connection on ``stream`` (after its TLS handshake) acts as: this
+        listener, and on a mutual-TLS listener the subject of the client's certificate
+        (:func:`gateway.server.tls.subject_identity`)."""
+        return Principal(self.name, peer_identity(stream))
 
     @abstractmethod
-    def session(self, stream: trio.SocketStream,
+    def session(self, stream: trio.abc.Stream,
                 log: structlog.typing.FilteringBoundLogger, *, principal: Principal) -> Any:
         """The session that serves ``stream`` for ``principal`` (it has ``run()`` and
         ``shutdown()``)."""

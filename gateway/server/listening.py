@@ -1,4 +1,4 @@
-"""What both listeners do around a connection: admit, count, and log its end."""
+"""What both listeners do around a connection: admit, secure (TLS), count, and log its end."""
 
 from __future__ import annotations
 
@@ -9,12 +9,19 @@ import structlog
 import trio
 
 from gateway.server.metrics import Metrics
+from gateway.server.tls import ListenerTLS, peer_identity
+
+#: Builds a connection's session: ``start(stream, conn_log)`` (the stream is the TLS one
+#: on a TLS listener).
+Start = Callable[[trio.abc.Stream, structlog.typing.FilteringBoundLogger], Any]
 
 
-def peer_name(stream: trio.SocketStream) -> str:
+def peer_name(stream: trio.abc.Stream) -> str:
     """``host:port`` of the peer (``[v6]:port``), or ``?`` when the socket can not tell."""
+    while isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
     try:
-        host, port, *_ = stream.socket.getpeername()
+        host, port, *_ = stream.socket.getpeername()  # type: ignore[attr-defined]
     except (OSError, ValueError, AttributeError):
         return "?"
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -30,9 +37,13 @@ class ConnectionSlots:
     """
 
     def __init__(self, protocol: str, limit: int, metrics: Metrics,
-                 log: structlog.typing.FilteringBoundLogger, routine_kinds: frozenset[str]
-                 ) -> None:
+                 log: structlog.typing.FilteringBoundLogger, routine_kinds: frozenset[str],
+                 *, listener: str | None = None, tls: ListenerTLS | None = None) -> None:
         self.protocol = protocol
+        #: The listener's name, in metrics and log lines.
+        self.listener = listener or protocol
+        #: The listener's TLS, None on a plain one.
+        self.tls = tls
         self.limit = limit
         self.metrics = metrics
         self.log = log
@@ -49,26 +60,43 @@ class ConnectionSlots:
         for session in list(self._sessions):
             session.shutdown()
 
-    async def serve(self, stream: trio.SocketStream,
-                    start: Callable[[Any], Any],
+    async def serve(self, stream: trio.abc.Stream, start: Start,
                     stats: Callable[[Any], dict[str, Any]]) -> None:
-        """Serve ``stream`` with the session ``start(conn_log)`` builds (it has ``run()``
-        and ``shutdown()``).
+        """Serve ``stream`` with the session ``start(stream, conn_log)`` builds (it has
+        ``run()`` and ``shutdown()``); on a TLS listener, after the handshake, over the
+        TLS stream (a failed handshake ends the connection with its own log line).
 
         ``stats(session)`` gives the fields added to the closing log line.
         """
-        protocol, metrics = self.protocol, self.metrics
-        conn_log = self.log.bind(peer=peer_name(stream), protocol=protocol)
-        metrics.connections_accepted.labels(protocol).inc()
+        protocol, listener, metrics = self.protocol, self.listener, self.metrics
+        peer = peer_name(stream)
+        conn_log = self.log.bind(peer=peer, protocol=protocol, listener=listener)
+        metrics.connections_accepted.labels(protocol, listener).inc()
         if self.active >= self.limit:
-            metrics.connections_closed.labels(protocol, "limit").inc()
+            metrics.connections_closed.labels(protocol, listener, "limit").inc()
             conn_log.warning("connection_closed", kind="limit",
                              reason=f"over {self.limit} connections")
             await trio.aclose_forcefully(stream)
             return
         self.active += 1
-        metrics.connections.labels(protocol).inc()
-        session = start(conn_log)
+        metrics.connections.labels(protocol, listener).inc()
+        session = None
+        try:
+            if self.tls is not None:
+                secured = await self.tls.accept(stream, peer)
+                if secured is None:
+                    metrics.connections_closed.labels(protocol, listener, "tls").inc()
+                    return
+                stream = secured
+                identity = peer_identity(stream)
+                if identity is not None:
+                    conn_log = conn_log.bind(identity=identity)
+            session = start(stream, conn_log)
+        finally:
+            if session is None:
+                self.active -= 1
+                metrics.connections.labels(protocol, listener).dec()
+                await trio.aclose_forcefully(stream)
         self._sessions.add(session)
         if self._closing:
             session.shutdown()
@@ -82,8 +110,8 @@ class ConnectionSlots:
         finally:
             self._sessions.discard(session)
             self.active -= 1
-            metrics.connections.labels(protocol).dec()
-            metrics.connections_closed.labels(protocol, kind).inc()
+            metrics.connections.labels(protocol, listener).dec()
+            metrics.connections_closed.labels(protocol, listener, kind).inc()
             level = conn_log.info if kind in self.routine_kinds else conn_log.warning
             level("connection_closed", kind=kind, reason=reason, **stats(session))
             await trio.aclose_forcefully(stream)

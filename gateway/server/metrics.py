@@ -108,13 +108,20 @@ class Metrics:
         self.topic_label = TopicLabels(metric_topics, self._folded)
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # ``listener``: the listener's name (``figg``, ``tank``, or a [listeners.NAME]).
         self.connections = Gauge("figtank_connections", "Open client connections.",
-                                 ["protocol"], registry=r)
+                                 ["protocol", "listener"], registry=r)
         self.connections_accepted = Counter(
-            "figtank_connections_accepted", "Connections accepted.", ["protocol"], registry=r)
+            "figtank_connections_accepted", "Connections accepted.", ["protocol", "listener"],
+            registry=r)
         self.connections_closed = Counter(
             "figtank_connections_closed", "Connections closed, by reason.",
-            ["protocol", "reason"], registry=r)
+            ["protocol", "listener", "reason"], registry=r)
+        self.tls_handshake_failures = Counter(
+            "figtank_tls_handshake_failures",
+            "TLS handshakes that failed, by listener and kind (refused: the TLS layer "
+            "refused it, e.g. no client certificate; timeout; eof).",
+            ["listener", "kind"], registry=r)
         self.requests = Counter("figtank_requests", "Requests handled, by type and result.",
                                 ["protocol", "type", "result"], registry=r)
         self.messages_in = Counter("figtank_messages_in", "Messages appended.", ["topic"],

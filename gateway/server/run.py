@@ -43,10 +43,17 @@ from gateway.backend.contract import Backend
 from gateway.backend.embedded import open_embedded_backend
 from gateway.figg.listener import FiggListener
 from gateway.server.accepting import serve_listeners
-from gateway.server.config import OPTIONS, ConfigError, Settings, parse_address
+from gateway.server.config import (
+    OPTIONS,
+    ConfigError,
+    ListenerSpec,
+    Settings,
+    parse_address,
+)
 from gateway.server.endpoint import Endpoint, serve_endpoint
 from gateway.server.listener import ProtocolListener
 from gateway.server.metrics import Metrics
+from gateway.server.tls import ListenerTLS
 from gateway.store import StoreError
 from gateway.store.descriptors import count_partitions, needed_at_start, raise_soft_limit
 from gateway.tank.listener import TankListener
@@ -58,9 +65,8 @@ Address = tuple[str, int]
 Unavailable = Callable[[], str | None]
 
 _FLAGS = {option.key: option.flag for option in OPTIONS}
-#: The protocol listeners, by the setting that says where each listens.
-_LISTENERS: dict[str, type[ProtocolListener]] = {"listen.tank": TankListener,
-                                                 "listen.figg": FiggListener}
+#: The protocol listeners, by protocol.
+_LISTENERS: dict[str, type[ProtocolListener]] = {"tank": TankListener, "figg": FiggListener}
 
 
 class ServerInfo:
@@ -68,14 +74,20 @@ class ServerInfo:
     serves with, and how to stop it."""
 
     def __init__(self, metrics: Metrics) -> None:
+        #: Where the listeners named tank, figg and metrics listen.
         self.tank: Address | None = None
         self.figg: Address | None = None
         self.metrics: Address | None = None
+        #: Where every listener listens, by name (``"tank"``, ``"analytics"``...).
+        self.addresses: dict[str, Address] = {}
         self.backend: Backend | None = None
-        #: The protocol listeners serving, by protocol (``"figg"``, ``"tank"``).
+        #: The protocol listeners serving, by name (``"figg"``, ``"tank"``, and the
+        #: [listeners.NAME] ones).
         self.listeners: dict[str, ProtocolListener] = {}
         #: The access policy in force (``auth.policy_file``), shared by every listener.
         self.guard = AccessGuard(metrics=metrics)
+        #: The TLS of every TLS listener, by name.
+        self.tls: dict[str, ListenerTLS] = {}
         self.metrics_registry = metrics
         self._stop = trio.Event()
         self._grace = trio.CancelScope()
@@ -157,24 +169,36 @@ async def bind(key: str, address: str) -> list[trio.SocketListener]:
             reason = "the address is already in use; stop what holds it or choose"
         else:
             reason = f"{exc.strerror or exc}; choose"
+        flag = _FLAGS.get(key)
+        how = f"with {flag} HOST:PORT" if flag else f"in {key}"
         raise ConfigError(f"{key}: cannot listen on {address}: {reason} another address "
-                          f"with {_FLAGS[key]} HOST:PORT") from None
+                          f"{how}") from None
 
 
 @asynccontextmanager
-async def _bind_all(settings: Settings) -> AsyncIterator[dict[str, list[trio.SocketListener]]]:
-    """Every configured listener, bound before anything else starts and closed at the
-    end of the block."""
-    wanted = {"listen.metrics": settings.metrics_listen, "listen.tank": settings.tank_listen,
-              "listen.figg": settings.figg_listen}
+async def _bind_all(specs: list[ListenerSpec]
+                    ) -> AsyncIterator[dict[str, list[trio.SocketListener]]]:
+    """Every configured listener, by name, bound before anything else starts and closed
+    at the end of the block."""
     async with AsyncExitStack() as stack:
         bound: dict[str, list[trio.SocketListener]] = {}
-        for key, address in wanted.items():
-            if address:
-                bound[key] = await bind(key, address)
-                for listener in bound[key]:
-                    stack.push_async_callback(listener.aclose)
+        for spec in specs:
+            bound[spec.name] = await bind(spec.key, spec.address)
+            for listener in bound[spec.name]:
+                stack.push_async_callback(listener.aclose)
         yield bound
+
+
+def _tls_of(spec: ListenerSpec, settings: Settings, metrics: Metrics) -> ListenerTLS | None:
+    """The TLS of the listener ``spec`` (None: plain); a ConfigError naming the setting
+    of its certificate when the files do not load."""
+    if spec.tls is None:
+        return None
+    try:
+        return ListenerTLS(spec.name, spec.tls, metrics,
+                           timeout=settings.tls_handshake_timeout_secs)
+    except ValueError as exc:
+        raise ConfigError(f"{spec.tls_key}: {exc}") from None
 
 
 def check_data_dir(path: Path) -> None:
@@ -307,28 +331,45 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
     metrics = info.metrics_registry
     open_guard(settings, info)
     readiness = _Readiness()
-    async with _bind_all(settings) as bound, trio.open_nursery() as outer:
-        if "listen.metrics" in bound:
-            info.metrics = _address_of(bound["listen.metrics"])
-            endpoint = Endpoint(metrics, readiness.not_ready,
-                                max_connections=settings.http_max_connections,
-                                timeout=settings.http_timeout_secs)
-            await outer.start(serve_endpoint, endpoint, bound["listen.metrics"])
+    specs = settings.listener_specs()
+    tls = {spec.name: t for spec in specs if (t := _tls_of(spec, settings, metrics))}
+    info.tls = tls
+    for name, listener_tls in tls.items():
+        info.add_reloader(f"tls certificate of listener {name}", listener_tls.reload)
+    async with _bind_all(specs) as bound, trio.open_nursery() as outer:
+        info.addresses = {name: a for name, s in bound.items() if (a := _address_of(s))}
+        info.metrics = info.addresses.get("metrics")
+        for spec in specs:
+            if spec.protocol == "metrics":
+                endpoint = Endpoint(metrics, readiness.not_ready,
+                                    max_connections=settings.http_max_connections,
+                                    timeout=settings.http_timeout_secs,
+                                    tls=tls.get(spec.name))
+                await outer.start(partial(serve_endpoint, endpoint, bound[spec.name],
+                                          name=spec.name))
         backend_in_use = open_backend(settings, metrics) if backend is None else _given(backend)
         async with backend_in_use as (info.backend, readiness.unavailable), \
                 trio.open_nursery() as draining:
-            listeners = {key: make(info.backend, settings, metrics, guard=info.guard)
-                         for key, make in _LISTENERS.items() if key in bound}
-            info.listeners = {listener.protocol: listener for listener in listeners.values()}
+            listeners: dict[str, ProtocolListener] = {}
+            for spec in specs:
+                if spec.protocol in _LISTENERS:
+                    make = _LISTENERS[spec.protocol]
+                    first = next((x for x in listeners.values() if type(x) is make), None)
+                    more = {"share_with": first} if make is FiggListener and first else {}
+                    listeners[spec.name] = make(info.backend, settings, metrics,
+                                                name=spec.name, guard=info.guard,
+                                                tls=tls.get(spec.name),
+                                                **more)
+            info.listeners = listeners
             drain = trio.Event()
             connections = await draining.start(info._hold_connections, grace, drain)
             async with trio.open_nursery() as accepting:
-                for key, listener in listeners.items():
+                for name, listener in listeners.items():
                     await accepting.start(partial(
-                        serve_listeners, listener.handle, bound[key], name=listener.protocol,
+                        serve_listeners, listener.handle, bound[name], name=name,
                         metrics=metrics, handler_nursery=connections))
-                info.tank = _address_of(bound.get("listen.tank"))
-                info.figg = _address_of(bound.get("listen.figg"))
+                info.tank = info.addresses.get("tank")
+                info.figg = info.addresses.get("figg")
                 readiness.phase = "serving"
                 _log_serving(settings, info)
                 yield info
@@ -370,8 +411,11 @@ def _show(address: Address | None) -> str | None:
 
 
 def _log_serving(settings: Settings, info: ServerInfo) -> None:
+    others = {name: f"{_show(a)}{' tls' if name in info.tls else ''}"
+              for name, a in info.addresses.items() if name not in ("tank", "figg", "metrics")}
     log.info("figtank_serving", tank=_show(info.tank), figg=_show(info.figg),
-             metrics=_show(info.metrics),
+             metrics=_show(info.metrics), listeners=others or None,
+             tls=sorted(info.tls) or None,
              backend="upstream" if settings.bridge_mode else "embedded",
              upstream=list(settings.upstream) or None,
              data_dir=None if settings.bridge_mode else str(settings.data_dir),

@@ -17,6 +17,7 @@ from gateway.backend.contract import Backend
 from gateway.server.config import Settings
 from gateway.server.listener import ProtocolListener
 from gateway.server.metrics import Metrics
+from gateway.server.tls import ListenerTLS
 from gateway.tank.session import RequestCounter, TankSession
 
 
@@ -29,11 +30,12 @@ class TankListener(ProtocolListener):
     log = structlog.get_logger("figtank.tank")
 
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
-                 name: str | None = None, guard: AccessGuard | None = None) -> None:
-        super().__init__(backend, settings, metrics, name=name, guard=guard)
+                 name: str | None = None, guard: AccessGuard | None = None,
+                 tls: ListenerTLS | None = None) -> None:
+        super().__init__(backend, settings, metrics, name=name, guard=guard, tls=tls)
         self.counter = RequestCounter(metrics)
 
-    def session(self, stream: trio.SocketStream,
+    def session(self, stream: trio.abc.Stream,
                 log: structlog.typing.FilteringBoundLogger, *,
                 principal: Principal) -> TankSession:
         return TankSession(stream, backend=self.backend, settings=self.settings,

@@ -117,7 +117,7 @@ async def test_connections_over_the_limit_are_closed(tmp_path):
             third = await RawPeer.connect(server)
             await third.expect_closed()
             await second.aclose()
-            while server.metric('figtank_connections{protocol="figg"}') > 1:
+            while server.metric('figtank_connections{listener="figg",protocol="figg"}') > 1:
                 await trio.sleep(0.01)
             fourth = await RawPeer.connect(server)
             await fourth.send(publish("lim", 1, b"x"))

@@ -99,7 +99,7 @@ async def test_invalid_topic_closes_only_that_connection():
             await bad.expect_closed()
             await good.send(publish("ok", 1, b"x"))
             assert await good.receive_one() == Ack(1)
-            closed = server.metrics.connections_closed.labels("figg", "invalid_topic")
+            closed = server.metrics.connections_closed.labels("figg", "figg", "invalid_topic")
             assert closed._value.get() == 1
 
 

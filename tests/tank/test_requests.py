@@ -184,7 +184,7 @@ async def test_requests_are_counted_by_type_and_result(client: TankClient,
     assert server.metric(base + 'result="ok",type="status"}') == 1
     assert server.metric(base + 'result="error",type="create_topic"}') == 1
     assert server.metric('figtank_bytes_out_total{topic="m"}') > 100
-    assert server.metric('figtank_connections{protocol="tank"}') == 1
+    assert server.metric('figtank_connections{listener="tank",protocol="tank"}') == 1
 
 
 async def test_connection_limit(tmp_path: Path) -> None:
