@@ -15,6 +15,7 @@ import structlog
 import trio
 
 from gateway.auth.principal import Principal
+from gateway.auth.quotas import PrincipalQuota
 from gateway.backend.contract import Backend
 from gateway.figg.feed import TailFeeds
 from gateway.figg.frames import DataFrameCache
@@ -46,10 +47,11 @@ class FiggListener(ProtocolListener):
 
     def session(self, stream: trio.SocketStream,
                 log: structlog.typing.FilteringBoundLogger, *,
-                principal: Principal) -> FiggSession:
+                principal: Principal, quota: PrincipalQuota | None = None
+                ) -> FiggSession:
         return FiggSession(stream, backend=self.backend, settings=self.settings,
                            metrics=self.metrics, frames=self.frames, feeds=self.feeds, log=log,
-                           principal=principal)
+                           principal=principal, quota=quota)
 
     def stats(self, session: FiggSession) -> dict[str, Any]:
         return {"received": session.messages_received, "acked": session.published,

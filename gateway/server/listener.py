@@ -17,6 +17,7 @@ import structlog
 import trio
 
 from gateway.auth.principal import Principal
+from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.backend.contract import Backend
 from gateway.server.config import Settings
 from gateway.server.listening import ConnectionSlots
@@ -34,9 +35,11 @@ class ProtocolListener(ABC):
     log: ClassVar[structlog.typing.FilteringBoundLogger]
 
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
-                 name: str | None = None) -> None:
+                 name: str | None = None, quotas: Quotas | None = None) -> None:
         #: The listener's name (its principal when no certificate names the client).
         self.name = name or self.protocol
+        #: The server's quota registry (shared by its listeners), or None: no quotas.
+        self.quotas = quotas
         self.backend = backend
         self.settings = settings
         self.metrics = metrics
@@ -57,8 +60,14 @@ class ProtocolListener(ABC):
         """Serve one accepted connection until it ends, then close it. Never raises
         (except Cancelled): a failing connection must not stop the accept loop."""
         principal = self.principal_of(stream)
-        await self._slots.serve(stream, partial(self.session, stream, principal=principal),
-                                self.stats)
+        quotas = self.quotas
+        quota = quotas.acquire(principal) if quotas is not None else None
+        try:
+            await self._slots.serve(stream, partial(self.session, stream, principal=principal,
+                                                    quota=quota), self.stats)
+        finally:
+            if quotas is not None and quota is not None:
+                quotas.release(quota)
 
     def principal_of(self, stream: trio.abc.Stream) -> Principal:
         """Who the connection on ``stream`` acts as: this listener, for a plain one."""
@@ -66,9 +75,10 @@ class ProtocolListener(ABC):
 
     @abstractmethod
     def session(self, stream: trio.SocketStream,
-                log: structlog.typing.FilteringBoundLogger, *, principal: Principal) -> Any:
-        """The session that serves ``stream`` for ``principal`` (it has ``run()`` and
-        ``shutdown()``)."""
+                log: structlog.typing.FilteringBoundLogger, *, principal: Principal,
+                quota: PrincipalQuota | None = None) -> Any:
+        """The session that serves ``stream`` for ``principal`` under ``quota`` (its
+        principal's buckets, None: no quotas); it has ``run()`` and ``shutdown()``."""
 
     @abstractmethod
     def stats(self, session: Any) -> dict[str, Any]:

@@ -150,6 +150,10 @@ class Metrics:
         self.limit_hits = Counter(
             "figtank_limit_hits", "Times a resource limit refused or delayed a client, by "
             "limit (the setting's name).", ["limit"], registry=r)
+        self.quota_delay = Counter(
+            "figtank_quota_delay_seconds", "Seconds connections were held back by their "
+            "principal's quota, by direction (in: reads from the client waited; out: data "
+            "for the client waited).", ["direction"], registry=r)
         self._included: set[int] = set()
 
         self.reader_lag = ReaderLag()

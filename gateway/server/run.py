@@ -36,6 +36,7 @@ from pathlib import Path
 import structlog
 import trio
 
+from gateway.auth.quotas import QuotaRules, Quotas
 from gateway.backend.contract import Backend
 from gateway.backend.embedded import open_embedded_backend
 from gateway.figg.listener import FiggListener
@@ -72,6 +73,9 @@ class ServerInfo:
         #: The protocol listeners serving, by protocol (``"figg"``, ``"tank"``).
         self.listeners: dict[str, ProtocolListener] = {}
         self.metrics_registry = metrics
+        #: The quota registry every listener holds; ``quotas.replace_rules`` swaps its
+        #: rules (at start-up and on reload of the access policy).
+        self.quotas = Quotas(metrics)
         self._stop = trio.Event()
         self._grace = trio.CancelScope()
         self._grace_cut = False
@@ -271,18 +275,21 @@ class _Readiness:
 
 @asynccontextmanager
 async def open_server(settings: Settings, *, backend: Backend | None = None,
-                      metrics: Metrics | None = None, grace: float = 2.0
-                      ) -> AsyncIterator[ServerInfo]:
+                      metrics: Metrics | None = None, grace: float = 2.0,
+                      quotas: QuotaRules | None = None) -> AsyncIterator[ServerInfo]:
     """Start the server the settings describe and yield it once it serves; the end of the
     block (or :meth:`ServerInfo.request_shutdown` beforehand) stops it gracefully.
 
     ``backend`` serves that open backend instead of opening the one the settings select
-    (``metrics`` should then be the registry it counts in). Raises
+    (``metrics`` should then be the registry it counts in). ``quotas``: the quota rules
+    in force from the start (:attr:`ServerInfo.quotas` swaps them later). Raises
     :class:`~gateway.server.config.ConfigError` before serving when a listener can not be
     bound or the data directory can not be used.
     """
     info = ServerInfo(metrics or Metrics(settings.metric_topics))
     metrics = info.metrics_registry
+    if quotas is not None:
+        info.quotas.replace_rules(quotas)
     readiness = _Readiness()
     async with _bind_all(settings) as bound, trio.open_nursery() as outer:
         if "listen.metrics" in bound:
@@ -294,7 +301,7 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
         backend_in_use = open_backend(settings, metrics) if backend is None else _given(backend)
         async with backend_in_use as (info.backend, readiness.unavailable), \
                 trio.open_nursery() as draining:
-            listeners = {key: make(info.backend, settings, metrics)
+            listeners = {key: make(info.backend, settings, metrics, quotas=info.quotas)
                          for key, make in _LISTENERS.items() if key in bound}
             info.listeners = {listener.protocol: listener for listener in listeners.values()}
             drain = trio.Event()

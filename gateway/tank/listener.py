@@ -12,6 +12,7 @@ import structlog
 import trio
 
 from gateway.auth.principal import Principal
+from gateway.auth.quotas import PrincipalQuota
 from gateway.backend.contract import Backend
 from gateway.server.config import Settings
 from gateway.server.listener import ProtocolListener
@@ -34,10 +35,11 @@ class TankListener(ProtocolListener):
 
     def session(self, stream: trio.SocketStream,
                 log: structlog.typing.FilteringBoundLogger, *,
-                principal: Principal) -> TankSession:
+                principal: Principal, quota: PrincipalQuota | None = None
+                ) -> TankSession:
         return TankSession(stream, backend=self.backend, settings=self.settings,
                            metrics=self.metrics, counter=self.counter, log=log,
-                           principal=principal)
+                           principal=principal, quota=quota)
 
     def stats(self, session: TankSession) -> dict[str, Any]:
         return {"requests": session.requests, "bytes_sent": session.bytes_sent}
