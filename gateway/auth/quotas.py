@@ -336,6 +336,10 @@ class Quotas:
         """Principals with a connection open now."""
         return len(self._principals)
 
+    def get(self, name: str) -> PrincipalQuota | None:
+        """The buckets of the principal named ``name``, while it has a connection open."""
+        return self._principals.get(name)
+
     def acquire(self, principal: Principal) -> PrincipalQuota:
         """The buckets of ``principal`` for one more connection; :meth:`release` them when
         it closes."""

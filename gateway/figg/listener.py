@@ -15,7 +15,7 @@ import structlog
 import trio
 
 from gateway.auth.principal import Principal
-from gateway.auth.quotas import PrincipalQuota
+from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.backend.contract import Backend
 from gateway.figg.feed import TailFeeds
 from gateway.figg.frames import DataFrameCache
@@ -36,8 +36,8 @@ class FiggListener(ProtocolListener):
     log = structlog.get_logger("figtank.figg")
 
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
-                 name: str | None = None) -> None:
-        super().__init__(backend, settings, metrics, name=name)
+                 name: str | None = None, quotas: Quotas | None = None) -> None:
+        super().__init__(backend, settings, metrics, name=name, quotas=quotas)
         self.frames = DataFrameCache(settings.figg_data_cache_bytes)
         self.feeds = TailFeeds()
         metrics.add_collector(GaugeCollector(

@@ -12,7 +12,7 @@ import structlog
 import trio
 
 from gateway.auth.principal import Principal
-from gateway.auth.quotas import PrincipalQuota
+from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.backend.contract import Backend
 from gateway.server.config import Settings
 from gateway.server.listener import ProtocolListener
@@ -29,8 +29,8 @@ class TankListener(ProtocolListener):
     log = structlog.get_logger("figtank.tank")
 
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
-                 name: str | None = None) -> None:
-        super().__init__(backend, settings, metrics, name=name)
+                 name: str | None = None, quotas: Quotas | None = None) -> None:
+        super().__init__(backend, settings, metrics, name=name, quotas=quotas)
         self.counter = RequestCounter(metrics)
 
     def session(self, stream: trio.SocketStream,
