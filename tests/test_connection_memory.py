@@ -57,8 +57,8 @@ async def watched(protocol: str, tmp_path: Path, sessions: list[weakref.ref[Any]
     listener = TankListener if protocol == "tank" else FiggListener
     make = listener.session
 
-    def session(self: Any, stream: Any, log: Any) -> Any:
-        made = make(self, stream, log)
+    def session(self: Any, stream: Any, log: Any, **options: Any) -> Any:
+        made = make(self, stream, log, **options)
         sessions.append(weakref.ref(made))
         return made
 

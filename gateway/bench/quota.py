@@ -154,8 +154,10 @@ async def fill(server: ServerInfo, total: int, size: int) -> None:
             await client.produce({(HISTORY, 0): [os.urandom(size) for _ in range(64)]})
 
 
-async def run_bench(rate: float, seconds: float, size: int, window: int, data_dir: Path
-                    ) -> list[Result]:
+async def run_bench(rate: float, seconds: float, size: int, window: int, data_dir: Path,
+                    *, pause: float = 1.5) -> list[Result]:
+    """Run the four clients in turn; ``pause``: seconds between two (the last one's debt
+    is paid and its connection gone, so the next starts with a full burst)."""
     settings = Settings(data_dir=data_dir, durability="os", figg_listen="127.0.0.1:0",
                         tank_listen="127.0.0.1:0", metrics_listen="")
     async with open_server(settings, grace=0.5) as server:
@@ -170,7 +172,7 @@ async def run_bench(rate: float, seconds: float, size: int, window: int, data_di
                 ("figg subscriber", "out", figg_subscriber(server, seconds))):
             moved, elapsed = await measure
             results.append(Result(client, direction, rate, moved, elapsed))
-            await trio.sleep(1.5)  # the last run's debt is paid, its connection gone
+            await trio.sleep(pause)
         server.quotas.replace_rules(QuotaRules())
         return results
 
