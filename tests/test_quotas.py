@@ -247,3 +247,23 @@ async def test_a_connection_held_back_by_its_quota_is_not_idle(tmp_path: Path) -
             assert trio.current_time() - start >= 0.5
         assert closes(server) == 0
         assert await read_all(server, "idle", 2) == [big, b"z"]
+
+
+async def test_the_access_files_quotas_apply_and_reload(tmp_path: Path) -> None:
+    policy = tmp_path / "access.toml"
+    policy.write_text('[[quota]]\nwho = ["listener:tank"]\nbytes_in_per_sec = 1000\n')
+    config = Settings(data_dir=tmp_path / "data", durability="os", figg_listen="",
+                      tank_listen="127.0.0.1:0", metrics_listen="", policy_file=policy)
+    async with open_server(config, grace=0.2) as server:
+        assert server.tank is not None
+        async with open_tank_client(*server.tank) as client:
+            await client.discover_topics()
+            state = server.quotas.get("listener:tank")
+            assert state is not None and state.bytes_in is not None
+            assert state.bytes_in.rate.per_sec == 1000
+            policy.write_text('[[quota]]\nwho = ["*"]\nbytes_out_per_sec = 5\n')
+            assert server.reload()  # what SIGHUP does
+            assert state.bytes_in is None and state.out_limited
+            policy.write_text('[[quota]]\nwho = ["*"]\nbytes_out_per_sec = -5\n')
+            assert not server.reload()  # a bad file keeps the quotas in force
+            assert state.out_limited

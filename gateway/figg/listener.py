@@ -14,6 +14,7 @@ from typing import Any
 import structlog
 import trio
 
+from gateway.auth.guard import AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.backend.contract import Backend
@@ -36,8 +37,9 @@ class FiggListener(ProtocolListener):
     log = structlog.get_logger("figtank.figg")
 
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
-                 name: str | None = None, quotas: Quotas | None = None) -> None:
-        super().__init__(backend, settings, metrics, name=name, quotas=quotas)
+                 name: str | None = None, guard: AccessGuard | None = None,
+                 quotas: Quotas | None = None) -> None:
+        super().__init__(backend, settings, metrics, name=name, guard=guard, quotas=quotas)
         self.frames = DataFrameCache(settings.figg_data_cache_bytes)
         self.feeds = TailFeeds()
         metrics.add_collector(GaugeCollector(
@@ -51,7 +53,7 @@ class FiggListener(ProtocolListener):
                 ) -> FiggSession:
         return FiggSession(stream, backend=self.backend, settings=self.settings,
                            metrics=self.metrics, frames=self.frames, feeds=self.feeds, log=log,
-                           principal=principal, quota=quota)
+                           principal=principal, guard=self.guard, quota=quota)
 
     def stats(self, session: FiggSession) -> dict[str, Any]:
         return {"received": session.messages_received, "acked": session.published,

@@ -30,6 +30,8 @@ from typing import Any
 import structlog
 import trio
 
+from gateway.auth.guard import OPEN, AccessGuard
+from gateway.auth.policy import Operation
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota
 from gateway.backend.contract import Backend, TopicRefused, ensure_topic
@@ -60,7 +62,7 @@ class FiggSession(Session):
     #: client misbehaved, but its earlier publishes still get their ACK.
     DRAIN_ON = frozenset({"protocol_error", "frame_too_large", "invalid_topic",
                           "unknown_topic", "unknown_partition", "frame_timeout",
-                          "subscription_limit"})
+                          "subscription_limit", "access_denied"})
     IDLE_REASON = "nothing received for {:g} s with no subscription and nothing in flight"
 
     _outbox: Outbox
@@ -69,12 +71,17 @@ class FiggSession(Session):
                  metrics: Metrics, frames: DataFrameCache, feeds: TailFeeds,
                  log: structlog.typing.FilteringBoundLogger,
                  principal: Principal | None = None,
+                 guard: AccessGuard | None = None,
                  quota: PrincipalQuota | None = None) -> None:
         super().__init__(stream, Outbox(stream, settings.subscriber_buffer_bytes),
                          frame_timeout=settings.frame_timeout_secs,
                          idle_timeout=settings.idle_timeout_secs, quota=quota)
         #: Who the connection acts as (its listener, or its certificate's subject).
         self.principal = principal or Principal("figg")
+        #: What the access policy lets it do; a reload looks at its subscriptions again.
+        self._access = (guard or OPEN).connection(self.principal, log)
+        if guard is not None:
+            guard.watch(self)
         self._backend = backend
         self._settings = settings
         self._metrics = metrics
@@ -172,12 +179,16 @@ class FiggSession(Session):
         published = 0
         counts: dict[str, int] = {}
         closed = False
+        access = self._access
         try:
             for event in events:
                 kind = type(event)
                 if kind is PublishBatch:
                     self.messages_received += event.count
-                    publishing.add(self._partition_of(event.topic), event)
+                    where = self._partition_of(event.topic)
+                    if not access.open and not self._may_publish(where.topic):
+                        await self._check_publish(where.topic)
+                    publishing.add(where, event)
                     continue
                 self.messages_received += 1
                 if event is CLOSED:
@@ -222,6 +233,8 @@ class FiggSession(Session):
             raise CloseConnection("subscription_limit", f"ATTACH {topic!r} beyond "
                                   f"{self._max_subscriptions} subscriptions on one connection")
         where = self._partition_of(topic)
+        if not self._access.may(where.topic, Operation.SUBSCRIBE):
+            self._refuse(where.topic, Operation.SUBSCRIBE, "attach")
         first_available, high_water_mark = await self._bounds(where)
         start = attach_start(event.flags, event.offset, first_available, high_water_mark)
         sub = Subscription(topic, where, start.first_seq, backend=self._backend,
@@ -249,9 +262,18 @@ class FiggSession(Session):
         if the backend's auto-creation allows. A partition that never held a message
         reports first available 1."""
         name = f"{where.topic}/{where.partition}"
+        may_create = self._access.may(where.topic, Operation.CREATE)
         try:
-            infos = await ensure_topic(self._backend, where.topic)
+            if may_create:
+                infos = await ensure_topic(self._backend, where.topic)
+            else:  # the policy refuses its creation: only look
+                found = await self._backend.discover_partitions(where.topic)
+                if found is None:
+                    raise TopicRefused(f"unknown topic {where.topic!r}")
+                infos = found
         except TopicRefused as exc:
+            if not may_create and self._backend.auto_create.allows(where.topic):
+                self._refuse(where.topic, Operation.CREATE, "attach")
             raise CloseConnection("unknown_topic", str(exc)) from None
         except Exception as exc:
             raise CloseConnection("backend_error", f"{name}: {exc!r}") from None
@@ -261,6 +283,45 @@ class FiggSession(Session):
         if info.first_available == UINT64_MAX:
             raise CloseConnection("unknown_partition", f"partition {name} can not be served")
         return info.first_available, info.high_water_mark
+
+    # ------------------------------------------------------------------ access policy
+
+    def _may_publish(self, topic: str) -> bool:
+        access = self._access
+        return (access.may(topic, Operation.PUBLISH)
+                and not access.must_look_up(topic, self._backend.auto_create.enabled))
+
+    async def _check_publish(self, topic: str) -> None:
+        """Close the connection unless it may publish to ``topic`` (and, when the topic
+        is missing, create it)."""
+        access = self._access
+        if not access.may(topic, Operation.PUBLISH):
+            self._refuse(topic, Operation.PUBLISH, "publish")
+        try:
+            if await self._backend.discover_partitions(topic) is not None:
+                access.seen(topic)
+                return
+        except Exception as exc:
+            raise CloseConnection("backend_error", f"{topic}: {exc!r}") from None
+        self._refuse(topic, Operation.CREATE, "publish")
+
+    def _refuse(self, topic: str, operation: Operation, request: str) -> None:
+        """Count and log a refusal, and close the connection (Figg has no error)."""
+        self._access.refused(topic, operation, request, "connection closed")
+        raise CloseConnection("access_denied", f"{self.principal.name} may not "
+                              f"{operation.value} {topic!r}")
+
+    def access_changed(self) -> None:
+        """The policy was reloaded: a subscription it no longer allows closes the
+        connection (the client sees its subscriptions end as after any close)."""
+        for sub in list(self._subs.values()):
+            topic = sub.where.topic
+            if not sub.detached and not self._access.may(topic, Operation.SUBSCRIBE):
+                try:
+                    self._refuse(topic, Operation.SUBSCRIBE, "subscription")
+                except CloseConnection as close:
+                    self._closing(close)
+                return
 
     def _detach(self, topic: str) -> None:
         sub = self._subs.pop(topic, None)

@@ -102,6 +102,10 @@ def _path(value: Any) -> Path:
     return Path(value)
 
 
+def _optional_path(value: Any) -> Path | None:
+    return None if value in ("", None) else _path(value)
+
+
 def _topic_config(value: Any) -> dict[str, str]:
     if not isinstance(value, Mapping):
         raise ValueError("expected a table of Tank config keys")
@@ -263,6 +267,11 @@ class Settings:
         "figg.data_cache_bytes", 8 * MIB, _non_negative_int,
         "Memory for the DATA frames shared by Figg subscribers at the same position "
         "(0: off).")
+    policy_file: Path | None = _setting(  # noqa: RUF009 (a field, made by _setting)
+        "auth.policy_file", None, _optional_path,
+        "Access policy file (TOML: who may publish, subscribe, create, configure; see "
+        "Access policy); reloaded on SIGHUP. Empty: everything is allowed.",
+        "--policy-file")
     log_level: str = _setting(
         "log.level", "info", _choice("debug", "info", "warning", "error"),
         "Lowest level logged.", "--log-level")
@@ -374,7 +383,7 @@ def reference_table() -> str:
         default = option.default
         if isinstance(default, Path):
             default = str(default)
-        shown = "(none)" if default in ((), {}, "") else f"`{default}`"
+        shown = "(none)" if default in ((), {}, "", None) else f"`{default}`"
         rows.append(f"| `{option.key}` | {f'`{option.flag}`' if option.flag else ''} "
                     f"| {shown} | {option.help} |")
     return "\n".join(rows)

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import structlog
 import trio
 
+from gateway.auth.guard import OPEN, AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.backend.contract import Backend
@@ -35,9 +36,12 @@ class ProtocolListener(ABC):
     log: ClassVar[structlog.typing.FilteringBoundLogger]
 
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
-                 name: str | None = None, quotas: Quotas | None = None) -> None:
+                 name: str | None = None, guard: AccessGuard | None = None,
+                 quotas: Quotas | None = None) -> None:
         #: The listener's name (its principal when no certificate names the client).
         self.name = name or self.protocol
+        #: The access policy its sessions enforce.
+        self.guard = guard or OPEN
         #: The server's quota registry (shared by its listeners), or None: no quotas.
         self.quotas = quotas
         self.backend = backend

@@ -150,6 +150,9 @@ class Metrics:
         self.limit_hits = Counter(
             "figtank_limit_hits", "Times a resource limit refused or delayed a client, by "
             "limit (the setting's name).", ["limit"], registry=r)
+        self.access_denied = Counter(
+            "figtank_access_denied", "Requests (per topic) the access policy refused, by "
+            "listener and operation.", ["listener", "operation"], registry=r)
         self.quota_delay = Counter(
             "figtank_quota_delay_seconds", "Seconds connections were held back by their "
             "principal's quota, by direction (in: reads from the client waited; out: data "

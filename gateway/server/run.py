@@ -36,6 +36,9 @@ from pathlib import Path
 import structlog
 import trio
 
+from gateway.auth.access import Access, load_access
+from gateway.auth.guard import AccessGuard
+from gateway.auth.policy import PolicyError
 from gateway.auth.quotas import QuotaRules, Quotas
 from gateway.backend.contract import Backend
 from gateway.backend.embedded import open_embedded_backend
@@ -72,6 +75,8 @@ class ServerInfo:
         self.backend: Backend | None = None
         #: The protocol listeners serving, by protocol (``"figg"``, ``"tank"``).
         self.listeners: dict[str, ProtocolListener] = {}
+        #: The access policy in force (``auth.policy_file``), shared by every listener.
+        self.guard = AccessGuard(metrics=metrics)
         self.metrics_registry = metrics
         #: The quota registry every listener holds; ``quotas.replace_rules`` swaps its
         #: rules (at start-up and on reload of the access policy).
@@ -270,6 +275,29 @@ class _Readiness:
         return self.phase if self.phase != "serving" else self.unavailable()
 
 
+def open_guard(settings: Settings, info: ServerInfo) -> None:
+    """Load ``auth.policy_file`` into ``info.guard`` (its ``[[quota]]`` entries into
+    ``info.quotas``) and have SIGHUP reload it; a ConfigError naming the setting when the
+    file is not valid."""
+    path = settings.policy_file
+    if path is None:
+        return
+
+    def apply(access: Access) -> None:
+        info.guard.replace(access.policy)
+        info.quotas.replace_rules(access.quotas or QuotaRules())
+
+    try:
+        apply(load_access(path))
+    except PolicyError as exc:
+        raise ConfigError(f"auth.policy_file: {exc}") from None
+
+    def reload() -> None:  # a PolicyError (ValueError) keeps the policy in force
+        apply(load_access(path))
+
+    info.add_reloader(f"access policy {path}", reload)
+
+
 # ---------------------------------------------------------------------------------- serving
 
 
@@ -288,6 +316,7 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
     """
     info = ServerInfo(metrics or Metrics(settings.metric_topics))
     metrics = info.metrics_registry
+    open_guard(settings, info)
     if quotas is not None:
         info.quotas.replace_rules(quotas)
     readiness = _Readiness()
@@ -301,7 +330,8 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
         backend_in_use = open_backend(settings, metrics) if backend is None else _given(backend)
         async with backend_in_use as (info.backend, readiness.unavailable), \
                 trio.open_nursery() as draining:
-            listeners = {key: make(info.backend, settings, metrics, quotas=info.quotas)
+            listeners = {key: make(info.backend, settings, metrics, guard=info.guard,
+                                   quotas=info.quotas)
                          for key, make in _LISTENERS.items() if key in bound}
             info.listeners = {listener.protocol: listener for listener in listeners.values()}
             drain = trio.Event()

@@ -11,6 +11,7 @@ from typing import Any
 import structlog
 import trio
 
+from gateway.auth.guard import AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.backend.contract import Backend
@@ -29,8 +30,9 @@ class TankListener(ProtocolListener):
     log = structlog.get_logger("figtank.tank")
 
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
-                 name: str | None = None, quotas: Quotas | None = None) -> None:
-        super().__init__(backend, settings, metrics, name=name, quotas=quotas)
+                 name: str | None = None, guard: AccessGuard | None = None,
+                 quotas: Quotas | None = None) -> None:
+        super().__init__(backend, settings, metrics, name=name, guard=guard, quotas=quotas)
         self.counter = RequestCounter(metrics)
 
     def session(self, stream: trio.SocketStream,
@@ -39,7 +41,7 @@ class TankListener(ProtocolListener):
                 ) -> TankSession:
         return TankSession(stream, backend=self.backend, settings=self.settings,
                            metrics=self.metrics, counter=self.counter, log=log,
-                           principal=principal, quota=quota)
+                           principal=principal, guard=self.guard, quota=quota)
 
     def stats(self, session: TankSession) -> dict[str, Any]:
         return {"requests": session.requests, "bytes_sent": session.bytes_sent}

@@ -43,6 +43,7 @@ import structlog
 import trio
 from trio.lowlevel import ParkingLot
 
+from gateway.auth.guard import OPEN, AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota
 from gateway.backend.contract import (
@@ -56,7 +57,7 @@ from gateway.io.errors import STREAM_ERRORS, ExceptionMap, failed
 from gateway.server.config import Settings
 from gateway.server.metrics import Metrics
 from gateway.server.session import PROTOCOL_ERRORS, CloseConnection, Session
-from gateway.tank import admin
+from gateway.tank import access, admin
 from gateway.tank.consume import consume_reply, fetch_requests
 from gateway.tank.lane import OrderedLane
 from gateway.tank.outbox import ShortChunk, TankOutbox
@@ -142,12 +143,16 @@ class TankSession(Session):
                  metrics: Metrics, counter: RequestCounter,
                  log: structlog.typing.FilteringBoundLogger,
                  principal: Principal | None = None,
+                 guard: AccessGuard | None = None,
                  quota: PrincipalQuota | None = None) -> None:
         super().__init__(stream, TankOutbox(stream, settings.response_buffer_bytes),
                          frame_timeout=settings.frame_timeout_secs,
                          idle_timeout=settings.idle_timeout_secs, quota=quota)
         #: Who the connection acts as (its listener, or its certificate's subject).
         self.principal = principal or Principal("tank")
+        #: What the access policy lets it do.
+        self._access = (guard or OPEN).connection(self.principal, log)
+        self._auto_create = backend.auto_create.enabled
         self._backend = backend
         self._settings = settings
         self._metrics = metrics
@@ -248,15 +253,20 @@ class TankSession(Session):
                 raise CloseConnection("refused", "Consume without topics (the Tank broker "
                                       "closes the connection too)")
             asked = fetch_requests(request)
-            outcomes = self._backend.fetch_nowait(asked)
+            hidden = None if self._access.open else access.hidden_topics(self._access, request)
+            wanted = access.visible(asked, hidden)
+            outcomes = self._backend.fetch_nowait(wanted) if wanted else []
             if outcomes is None:  # every partition at its tail: long-poll in a task
-                self._start(self._consume, request, asked)
+                self._start(self._consume, request, asked, hidden)
             else:
-                self._reply_consume(request, asked, outcomes)
+                self._reply_consume(request, asked, access.with_hidden(asked, hidden, outcomes))
         elif kind in _PRODUCES:
             self._begin()
             size = _produce_size(request)
-            if self._lane.busy:  # behind a CreateTopic or ReloadConf: keep the order
+            if self._lane.busy or (not self._access.open and access.topics_to_look_up(
+                    self._access, [request], self._auto_create)):
+                # Behind a CreateTopic or ReloadConf (keep the order), or its topics must
+                # be looked up first (the policy refuses their creation).
                 self._lane.put_nowait(request, size, batchable=True)
             else:
                 self._produce_now(request, size)
@@ -321,18 +331,19 @@ class TankSession(Session):
 
     # ------------------------------------------------------------------------ handlers
 
-    async def _consume(self, request: Any, asked: list[FetchRequest]) -> None:
+    async def _consume(self, request: Any, asked: list[FetchRequest],
+                       hidden: set[str] | None) -> None:
         with trio.CancelScope() as poll:
             if self._stopping:
                 poll.cancel()
             self._polls.add(poll)
             try:
-                outcomes = await self._backend.fetch(asked,
+                outcomes = await self._backend.fetch(access.visible(asked, hidden),
                                                      max_wait_ms=request.max_wait_ms,
                                                      min_bytes=request.min_bytes)
             finally:
                 self._polls.discard(poll)
-            self._reply_consume(request, asked, outcomes)
+            self._reply_consume(request, asked, access.with_hidden(asked, hidden, outcomes))
 
     def _reply_consume(self, request: Any, asked: list[FetchRequest],
                        outcomes: list[FetchOutcome]) -> None:
@@ -357,7 +368,19 @@ class TankSession(Session):
         self._counter.inc("consume", reply.ok)
 
     async def _admin(self, request: Any) -> None:
-        response = await _ADMIN[type(request)](self._backend, request)
+        kind = type(request)
+        response = None
+        if not self._access.open:
+            try:
+                response = access.refused_admin(self._access, request, _NAMES[kind])
+            except CloseConnection as close:
+                self._counter.inc(_NAMES[kind], False)
+                self._closing(close)
+                return
+        if response is None:
+            response = await _ADMIN[kind](self._backend, request)
+            if kind is DiscoverTopicsRequest:
+                response = access.visible_topics(self._access, response)
         self._outbox.put_nowait(self._conn.send(response))
         self._counter.inc(_NAMES[type(request)], getattr(response, "error", 0) == 0)
 
@@ -380,14 +403,23 @@ class TankSession(Session):
     def _produce_now(self, request: Any, size: int) -> None:
         """Hand a Produce to the backend at once (written before the next request is
         read); it is answered when the backend reports its outcomes."""
+        if self._access.open:
+            batches, merge = produce_batches(request), None
+        else:
+            batches, merge = access.guarded_produce(self._access, request, self._auto_create,
+                                                    _NAMES[type(request)])
+            if not batches:  # every topic refused
+                self._answer_produce(request, merge([]) if merge else [])
+                self._end()
+                return
         self._produce_bytes += size
 
         def done(outcomes: list[ProduceOutcome]) -> None:
             self._produce_bytes -= size
-            self._answer_produce(request, outcomes)
+            self._answer_produce(request, merge(outcomes) if merge else outcomes)
             self._end()
 
-        self._backend.produce_nowait(produce_batches(request), done)
+        self._backend.produce_nowait(batches, done)
 
     def _answer_produce(self, request: Any, outcomes: list[ProduceOutcome]) -> None:
         self._outbox.put_nowait(self._conn.send(produce_response(request, outcomes)))
@@ -396,14 +428,25 @@ class TankSession(Session):
     async def _produce(self, requests: list[Any]) -> None:
         """Append consecutive Produce requests (that waited in the lane) with one backend
         call, answer each."""
+        guarded = not self._access.open
+        if guarded:
+            await access.look_up(self._access, self._backend, access.topics_to_look_up(
+                self._access, requests, self._auto_create))
         spans = []
+        merges = []
         batches = []
         for request in requests:
-            mine = produce_batches(request)
+            if guarded:
+                mine, merge = access.guarded_produce(self._access, request,
+                                                     self._auto_create, _NAMES[type(request)])
+            else:
+                mine, merge = produce_batches(request), None
             spans.append(len(mine))
+            merges.append(merge)
             batches += mine
         outcomes = await self._backend.produce(batches) if batches else []
         start = 0
-        for request, n in zip(requests, spans, strict=True):
-            self._answer_produce(request, outcomes[start:start + n])
+        for request, n, merge in zip(requests, spans, merges, strict=True):
+            mine = outcomes[start:start + n]
+            self._answer_produce(request, merge(mine) if merge else mine)
             start += n

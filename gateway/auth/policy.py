@@ -1,0 +1,232 @@
+"""The access policy: which principal may do which operation on which topic.
+
+A policy is a default (``allow`` or ``deny``) and an ordered list of rules, each naming
+who (certificate identities, ``listener:NAME``, or ``*``), which topics (names, prefixes
+ending in ``*``, or ``*``) and which operations it allows or denies. The decision for
+(principal, topic, operation) is made by the **first rule that matches the principal and
+the topic and names the operation** (in its ``allow`` or its ``deny`` list; one rule may
+not name an operation in both); when no rule does, the default decides.
+
+- An identity entry matches the certificate subject of a mutual-TLS connection, compared
+  after normalisation (attribute types in upper case, no spaces around ``,``, ``+`` and
+  ``=``): ``"cn=alice, O=acme"`` is ``"CN=alice,O=acme"``. A part of the subject alone
+  (``"CN=alice"``) does not match: subjects are compared whole.
+- ``listener:NAME`` matches every connection that arrived through listener NAME, with or
+  without a certificate.
+- ``admin`` (Tank Status) names no topic: only rules whose topics include ``"*"`` decide it.
+
+This module does no I/O: it takes the decoded TOML; :mod:`gateway.auth.access` reads the
+file.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from gateway.auth.principal import Principal
+
+
+class Operation(enum.Enum):
+    """What a request does to a topic."""
+
+    PUBLISH = "publish"      # Figg PUBLISH, Tank Produce
+    SUBSCRIBE = "subscribe"  # Figg ATTACH, Tank Consume
+    CREATE = "create"        # Tank CreateTopic; auto-creation by publish, produce, attach
+    CONFIGURE = "configure"  # Tank ReloadConf
+    ADMIN = "admin"          # Tank Status (names no topic)
+
+
+#: Names an operation is written as in a policy file.
+OPERATION_NAMES: Final = {
+    "publish": Operation.PUBLISH, "produce": Operation.PUBLISH,
+    "subscribe": Operation.SUBSCRIBE, "consume": Operation.SUBSCRIBE,
+    "create": Operation.CREATE, "configure": Operation.CONFIGURE, "admin": Operation.ADMIN,
+}
+
+
+class PolicyError(ValueError):
+    """The policy file is not valid; the message is one line naming where."""
+
+
+def normalise_identity(subject: str) -> str:
+    """``subject`` (an RFC 4514 distinguished name) in the form policies compare: attribute
+    types upper-cased, spaces around the separators ``,`` ``+`` ``=`` dropped (escaped
+    characters, ``\\,`` say, are kept as they are)."""
+    out: list[str] = []
+    part: list[str] = []
+    in_value = False
+    i = 0
+
+    def flush() -> None:
+        text = "".join(part).strip()
+        out.append(text if in_value else text.upper())
+        part.clear()
+
+    while i < len(subject):
+        c = subject[i]
+        if c == "\\" and i + 1 < len(subject):
+            part.append(subject[i:i + 2])
+            i += 2
+            continue
+        if c == "=" and not in_value:
+            flush()
+            out.append("=")
+            in_value = True
+        elif c in ",+" and in_value:
+            flush()
+            out.append(c)
+            in_value = False
+        else:
+            part.append(c)
+        i += 1
+    flush()
+    return "".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPattern:
+    """The topics of a rule: exact names, prefixes, or every topic."""
+
+    names: frozenset[str]
+    prefixes: tuple[str, ...]
+    every: bool
+
+    def matches(self, topic: str | None) -> bool:
+        """Whether ``topic`` is one of these (None, no topic: only ``"*"`` matches)."""
+        if self.every:
+            return True
+        if topic is None:
+            return False
+        return topic in self.names or topic.startswith(self.prefixes)
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One ``[[rule]]`` of the file."""
+
+    who: frozenset[str]
+    anyone: bool
+    topics: TopicPattern
+    allow: frozenset[Operation]
+    deny: frozenset[Operation]
+
+    def applies_to(self, principal: Principal) -> bool:
+        if self.anyone:
+            return True
+        who = self.who
+        if f"listener:{principal.listener}" in who:
+            return True
+        return principal.identity is not None and normalise_identity(principal.identity) in who
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A default and ordered rules; see the module doc for how they decide."""
+
+    default_allow: bool
+    rules: tuple[Rule, ...]
+
+    def allows(self, principal: Principal, topic: str | None, operation: Operation) -> bool:
+        """Whether ``principal`` may do ``operation`` on ``topic`` (None: no topic)."""
+        for rule in self.rules:
+            if operation not in rule.allow and operation not in rule.deny:
+                continue
+            if rule.topics.matches(topic) and rule.applies_to(principal):
+                return operation in rule.allow
+        return self.default_allow
+
+    def allows_any(self, principal: Principal, topic: str) -> bool:
+        """Whether ``principal`` may do anything with ``topic`` (and so may see it)."""
+        return any(self.allows(principal, topic, op) for op in Operation
+                   if op is not Operation.ADMIN)
+
+
+#: The policy in force without a policy file: everything allowed (as before policies).
+ALLOW_ALL: Final = Policy(True, ())
+
+_RULE_KEYS: Final = frozenset({"who", "topics", "allow", "deny"})
+_TOP_KEYS: Final = frozenset({"default", "rule", "quota"})
+
+
+def parse_policy(document: Mapping[str, Any], source: str = "policy") -> Policy:
+    """The policy a decoded TOML document describes; :class:`PolicyError` (one line,
+    naming ``source``, the rule's index and the key) when it is not valid. The
+    document's ``[[quota]]`` entries are not looked at here."""
+    for key in document:
+        if key not in _TOP_KEYS:
+            raise PolicyError(f"{source}: {key}: unknown key (expected default, [[rule]], "
+                              "[[quota]])")
+    default = document.get("default", "allow")
+    if default not in ("allow", "deny"):
+        raise PolicyError(f"{source}: default: expected \"allow\" or \"deny\", got "
+                          f"{default!r}")
+    entries = document.get("rule", [])
+    if not isinstance(entries, list):
+        raise PolicyError(f"{source}: rule: expected [[rule]] tables")
+    rules = tuple(_rule(entry, f"{source}: rule[{i}]") for i, entry in enumerate(entries))
+    return Policy(default == "allow", rules)
+
+
+def _rule(entry: Any, where: str) -> Rule:
+    if not isinstance(entry, Mapping):
+        raise PolicyError(f"{where}: expected a table")
+    for key in entry:
+        if key not in _RULE_KEYS:
+            raise PolicyError(f"{where}: {key}: unknown key (expected who, topics, allow, "
+                              "deny)")
+    for key in ("who", "topics"):
+        if key not in entry:
+            raise PolicyError(f"{where}: {key}: missing")
+    if "allow" not in entry and "deny" not in entry:
+        raise PolicyError(f"{where}: allow: missing (a rule needs allow or deny)")
+    who = _strings(entry["who"], f"{where}: who")
+    for name in who:
+        if name.startswith("listener:") and not name[len("listener:"):]:
+            raise PolicyError(f"{where}: who: {name!r} names no listener")
+    topics = _strings(entry["topics"], f"{where}: topics")
+    for topic in topics:
+        if "*" in topic[:-1]:
+            raise PolicyError(f"{where}: topics: {topic!r}: '*' may only end a prefix")
+    allow = _operations(entry.get("allow", []), f"{where}: allow")
+    deny = _operations(entry.get("deny", []), f"{where}: deny")
+    both = allow & deny
+    if both:
+        names = ", ".join(sorted(op.value for op in both))
+        raise PolicyError(f"{where}: deny: {names} also in allow")
+    return Rule(
+        who=frozenset(w if w.startswith("listener:") else normalise_identity(w)
+                      for w in who if w != "*"),
+        anyone="*" in who,
+        topics=TopicPattern(frozenset(t for t in topics if not t.endswith("*")),
+                            tuple(t[:-1] for t in topics if t.endswith("*") and t != "*"),
+                            "*" in topics),
+        allow=allow, deny=deny)
+
+
+def _strings(value: Any, where: str) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise PolicyError(f"{where}: expected a non-empty list of strings")
+    for item in value:
+        if not isinstance(item, str) or not item:
+            raise PolicyError(f"{where}: expected non-empty strings, got {item!r}")
+    return value
+
+
+def _operations(value: Any, where: str) -> frozenset[Operation]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        raise PolicyError(f"{where}: expected a list of operations")
+    ops = set()
+    for item in value:
+        op = OPERATION_NAMES.get(item) if isinstance(item, str) else None
+        if op is None:
+            raise PolicyError(f"{where}: unknown operation {item!r} (expected "
+                              f"{', '.join(OPERATION_NAMES)})")
+        ops.add(op)
+    return frozenset(ops)
