@@ -16,6 +16,7 @@ import trio
 
 from gateway.auth.guard import AccessGuard
 from gateway.auth.principal import Principal
+from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.backend.contract import Backend
 from gateway.figg.feed import TailFeeds
 from gateway.figg.frames import DataFrameCache
@@ -38,9 +39,10 @@ class FiggListener(ProtocolListener):
 
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
                  name: str | None = None, guard: AccessGuard | None = None,
-                 tls: ListenerTLS | None = None,
+                 tls: ListenerTLS | None = None, quotas: Quotas | None = None,
                  share_with: FiggListener | None = None) -> None:
-        super().__init__(backend, settings, metrics, name=name, guard=guard, tls=tls)
+        super().__init__(backend, settings, metrics, name=name, guard=guard, tls=tls,
+                         quotas=quotas)
         if share_with is not None:
             # Another Figg listener of the server: one cache and one set of tail feeds
             # for all, so figg.data_cache_bytes bounds them together.
@@ -55,10 +57,11 @@ class FiggListener(ProtocolListener):
 
     def session(self, stream: trio.abc.Stream,
                 log: structlog.typing.FilteringBoundLogger, *,
-                principal: Principal) -> FiggSession:
+                principal: Principal, quota: PrincipalQuota | None = None
+                ) -> FiggSession:
         return FiggSession(stream, backend=self.backend, settings=self.settings,
                            metrics=self.metrics, frames=self.frames, feeds=self.feeds, log=log,
-                           principal=principal, guard=self.guard)
+                           principal=principal, guard=self.guard, quota=quota)
 
     def stats(self, session: FiggSession) -> dict[str, Any]:
         return {"received": session.messages_received, "acked": session.published,

@@ -16,6 +16,10 @@ subscriptions closes it (``subscription_limit``). A frame not complete
 ``limits.frame_timeout_secs`` after it began closes it (``frame_timeout``), and so does
 sending nothing for ``limits.idle_timeout_secs`` with no subscription and no publish
 waiting for its ACK (``idle``; the Figg clients ping every 2 s).
+
+Under a quota of its principal (:mod:`gateway.auth.quotas`) the connection's reads wait
+for the bytes-in and requests tokens (each frame is a request) and its subscriptions wait
+for the bytes-out tokens before reading the log; PONGs and ACKs are not held.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import trio
 from gateway.auth.guard import OPEN, AccessGuard
 from gateway.auth.policy import Operation
 from gateway.auth.principal import Principal
+from gateway.auth.quotas import PrincipalQuota
 from gateway.backend.contract import Backend, TopicRefused, ensure_topic
 from gateway.figg.feed import TailFeeds
 from gateway.figg.frames import DataFrameCache
@@ -66,10 +71,11 @@ class FiggSession(Session):
                  metrics: Metrics, frames: DataFrameCache, feeds: TailFeeds,
                  log: structlog.typing.FilteringBoundLogger,
                  principal: Principal | None = None,
-                 guard: AccessGuard | None = None) -> None:
+                 guard: AccessGuard | None = None,
+                 quota: PrincipalQuota | None = None) -> None:
         super().__init__(stream, Outbox(stream, settings.subscriber_buffer_bytes),
                          frame_timeout=settings.frame_timeout_secs,
-                         idle_timeout=settings.idle_timeout_secs)
+                         idle_timeout=settings.idle_timeout_secs, quota=quota)
         #: Who the connection acts as (its listener, or its certificate's subject).
         self.principal = principal or Principal("figg")
         #: What the access policy lets it do; a reload looks at its subscriptions again.
@@ -153,6 +159,9 @@ class FiggSession(Session):
     def _buffered(self) -> int:
         return self._conn.buffered
 
+    def _request_count(self) -> int:
+        return self.messages_received
+
     def _busy(self) -> bool:
         return bool(self._subs) or self._acks.in_flight_bytes > 0
 
@@ -230,7 +239,7 @@ class FiggSession(Session):
         start = attach_start(event.flags, event.offset, first_available, high_water_mark)
         sub = Subscription(topic, where, start.first_seq, backend=self._backend,
                            outbox=self._outbox, frames=self._frames, feeds=self._feeds,
-                           metrics=self._metrics, log=self._log)
+                           metrics=self._metrics, log=self._log, quota=self._quota)
         self._subs[topic] = sub
         self._outbox.put_nowait(_encode_attached(topic.encode(), start.attached_offset))
         assert self._nursery is not None

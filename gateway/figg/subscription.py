@@ -9,6 +9,11 @@ it: one long poll and one conversion for every subscriber that keeps up). It wai
 outbox to be under its budget before reading, so a slow client makes its subscriptions lag
 in the log, never makes the server buffer. History and live messages come from the same
 loop, so the switch between them has no gap and no duplicate.
+
+Under a bytes-out quota of the connection's principal, the DATA bytes queued are taken
+from its bucket (a whole chunk at a time) and the subscription waits before reading the
+log while the bucket is in debt; at the tail it leaves the feed (or stops leading it)
+while in debt, as when its connection is behind.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Final
 import structlog
 import trio
 
+from gateway.auth.quotas import PrincipalQuota
 from gateway.backend.contract import Backend, Chunk, FetchOutcome, FetchRequest, FetchStatus
 from gateway.figg.feed import TailFeed, TailFeeds
 from gateway.figg.frames import DataFrameCache
@@ -44,7 +50,8 @@ class Subscription:
 
     def __init__(self, figg_topic: str, where: TankPartition, first_seq: int, *,
                  backend: Backend, outbox: Outbox, frames: DataFrameCache, feeds: TailFeeds,
-                 metrics: Metrics, log: structlog.typing.FilteringBoundLogger) -> None:
+                 metrics: Metrics, log: structlog.typing.FilteringBoundLogger,
+                 quota: PrincipalQuota | None = None) -> None:
         self.figg_topic = figg_topic
         self.where = where
         #: The sequence number of the next message to queue.
@@ -59,6 +66,7 @@ class Subscription:
         self._messages_out = metrics.for_topic(metrics.messages_out, where.topic)
         self._bytes_out = metrics.for_topic(metrics.bytes_out, where.topic)
         self._log = log
+        self._quota = quota
         self._scope = trio.CancelScope()
 
     @property
@@ -86,8 +94,11 @@ class Subscription:
     async def _deliver(self) -> None:
         fetch_size = FETCH_SIZE
         outbox = self._outbox
+        quota = self._quota
         while True:
             await outbox.wait_writable()
+            if quota is not None and quota.out_limited:
+                await quota.wait_out()
             request = FetchRequest(self.where.topic, self.where.partition, self.next_seq,
                                    fetch_size)
             outcomes = self._backend.fetch_nowait([request])
@@ -161,7 +172,7 @@ class Subscription:
                 hwm = outcome.high_water_mark
                 feed.deliver(frames.frames, frames.count, frames.next_seq, hwm)
                 self._put(frames.frames, frames.count, frames.next_seq, hwm)
-                if self._outbox.full:
+                if self._outbox.full or self._owes():
                     return None
         finally:
             self._feeds.end(self._topic_bytes, feed)
@@ -169,16 +180,24 @@ class Subscription:
     def take(self, frames: bytes, count: int, next_seq: int, high_water_mark: int) -> bool:
         """A feed's frames for this follower; False (nothing queued) when the connection
         is too far behind to take them."""
-        if self._outbox.full:
+        if self._outbox.full or self._owes():
             return False
         self._put(frames, count, next_seq, high_water_mark)
         return True
+
+    def _owes(self) -> bool:
+        """Whether the principal's bytes-out quota is in debt (data must wait)."""
+        quota = self._quota
+        return quota is not None and quota.out_limited and quota.out_in_debt()
 
     def _put(self, frames: bytes, count: int, next_seq: int, high_water_mark: int) -> None:
         if count:
             self._outbox.put_nowait(frames, self)
             self._messages_out.inc(count)
             self._bytes_out.inc(len(frames))
+            quota = self._quota
+            if quota is not None and quota.out_limited:
+                quota.took_out(len(frames))
         self.next_seq = next_seq
         where = self.where
         self._lag.update(self, "figg", where.topic, where.partition, next_seq, high_water_mark)

@@ -10,6 +10,7 @@ an upstream broker serve it alike.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from functools import partial
 from typing import Any, ClassVar
 
 import structlog
@@ -17,6 +18,7 @@ import trio
 
 from gateway.auth.guard import OPEN, AccessGuard
 from gateway.auth.principal import Principal
+from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.backend.contract import Backend
 from gateway.server.config import Settings
 from gateway.server.listening import ConnectionSlots
@@ -36,11 +38,13 @@ class ProtocolListener(ABC):
 
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
                  name: str | None = None, guard: AccessGuard | None = None,
-                 tls: ListenerTLS | None = None) -> None:
+                 tls: ListenerTLS | None = None, quotas: Quotas | None = None) -> None:
         #: The listener's name (its principal when no certificate names the client).
         self.name = name or self.protocol
         #: The access policy its sessions enforce.
         self.guard = guard or OPEN
+        #: The server's quota registry (shared by its listeners), or None: no quotas.
+        self.quotas = quotas
         self.backend = backend
         self.settings = settings
         self.metrics = metrics
@@ -64,11 +68,23 @@ class ProtocolListener(ABC):
         """Serve one accepted connection until it ends, then close it (on a TLS listener:
         after its handshake, in this task). Never raises (except Cancelled): a failing
         connection must not stop the accept loop."""
-        await self._slots.serve(stream, self._start, self.stats)
+        taken: list[PrincipalQuota] = []
+        try:
+            await self._slots.serve(stream, partial(self._start, taken=taken), self.stats)
+        finally:
+            if self.quotas is not None:
+                for quota in taken:
+                    self.quotas.release(quota)
 
-    def _start(self, stream: trio.abc.Stream, log: structlog.typing.FilteringBoundLogger
-               ) -> Any:
-        return self.session(stream, log, principal=self.principal_of(stream))
+    def _start(self, stream: trio.abc.Stream, log: structlog.typing.FilteringBoundLogger,
+               *, taken: list[PrincipalQuota]) -> Any:
+        """The session for ``stream`` once its principal is known (after a handshake),
+        with its principal's quota buckets (given back in :meth:`handle`)."""
+        principal = self.principal_of(stream)
+        quota = self.quotas.acquire(principal) if self.quotas is not None else None
+        if quota is not None:
+            taken.append(quota)
+        return self.session(stream, log, principal=principal, quota=quota)
 
     def principal_of(self, stream: trio.abc.Stream) -> Principal:
         """Who the connection on ``stream`` (after its TLS handshake) acts as: this
@@ -78,9 +94,10 @@ class ProtocolListener(ABC):
 
     @abstractmethod
     def session(self, stream: trio.abc.Stream,
-                log: structlog.typing.FilteringBoundLogger, *, principal: Principal) -> Any:
-        """The session that serves ``stream`` for ``principal`` (it has ``run()`` and
-        ``shutdown()``)."""
+                log: structlog.typing.FilteringBoundLogger, *, principal: Principal,
+                quota: PrincipalQuota | None = None) -> Any:
+        """The session that serves ``stream`` for ``principal`` under ``quota`` (its
+        principal's buckets, None: no quotas); it has ``run()`` and ``shutdown()``."""
 
     @abstractmethod
     def stats(self, session: Any) -> dict[str, Any]:

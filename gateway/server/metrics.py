@@ -160,6 +160,10 @@ class Metrics:
         self.access_denied = Counter(
             "figtank_access_denied", "Requests (per topic) the access policy refused, by "
             "listener and operation.", ["listener", "operation"], registry=r)
+        self.quota_delay = Counter(
+            "figtank_quota_delay_seconds", "Seconds connections were held back by their "
+            "principal's quota, by direction (in: reads from the client waited; out: data "
+            "for the client waited).", ["direction"], registry=r)
         self._included: set[int] = set()
 
         self.reader_lag = ReaderLag()

@@ -36,9 +36,10 @@ from pathlib import Path
 import structlog
 import trio
 
-from gateway.auth.access import load_access
+from gateway.auth.access import Access, load_access
 from gateway.auth.guard import AccessGuard
 from gateway.auth.policy import PolicyError
+from gateway.auth.quotas import QuotaRules, Quotas
 from gateway.backend.contract import Backend
 from gateway.backend.embedded import open_embedded_backend
 from gateway.figg.listener import FiggListener
@@ -89,6 +90,9 @@ class ServerInfo:
         #: The TLS of every TLS listener, by name.
         self.tls: dict[str, ListenerTLS] = {}
         self.metrics_registry = metrics
+        #: The quota registry every listener holds; ``quotas.replace_rules`` swaps its
+        #: rules (at start-up and on reload of the access policy).
+        self.quotas = Quotas(metrics)
         self._stop = trio.Event()
         self._grace = trio.CancelScope()
         self._grace_cut = False
@@ -296,18 +300,24 @@ class _Readiness:
 
 
 def open_guard(settings: Settings, info: ServerInfo) -> None:
-    """Load ``auth.policy_file`` into ``info.guard`` and have SIGHUP reload it; a
-    ConfigError naming the setting when the file is not valid."""
+    """Load ``auth.policy_file`` into ``info.guard`` (its ``[[quota]]`` entries into
+    ``info.quotas``) and have SIGHUP reload it; a ConfigError naming the setting when the
+    file is not valid."""
     path = settings.policy_file
     if path is None:
         return
+
+    def apply(access: Access) -> None:
+        info.guard.replace(access.policy)
+        info.quotas.replace_rules(access.quotas or QuotaRules())
+
     try:
-        info.guard.replace(load_access(path).policy)
+        apply(load_access(path))
     except PolicyError as exc:
         raise ConfigError(f"auth.policy_file: {exc}") from None
 
     def reload() -> None:  # a PolicyError (ValueError) keeps the policy in force
-        info.guard.replace(load_access(path).policy)
+        apply(load_access(path))
 
     info.add_reloader(f"access policy {path}", reload)
 
@@ -317,19 +327,22 @@ def open_guard(settings: Settings, info: ServerInfo) -> None:
 
 @asynccontextmanager
 async def open_server(settings: Settings, *, backend: Backend | None = None,
-                      metrics: Metrics | None = None, grace: float = 2.0
-                      ) -> AsyncIterator[ServerInfo]:
+                      metrics: Metrics | None = None, grace: float = 2.0,
+                      quotas: QuotaRules | None = None) -> AsyncIterator[ServerInfo]:
     """Start the server the settings describe and yield it once it serves; the end of the
     block (or :meth:`ServerInfo.request_shutdown` beforehand) stops it gracefully.
 
     ``backend`` serves that open backend instead of opening the one the settings select
-    (``metrics`` should then be the registry it counts in). Raises
+    (``metrics`` should then be the registry it counts in). ``quotas``: the quota rules
+    in force from the start (:attr:`ServerInfo.quotas` swaps them later). Raises
     :class:`~gateway.server.config.ConfigError` before serving when a listener can not be
     bound or the data directory can not be used.
     """
     info = ServerInfo(metrics or Metrics(settings.metric_topics))
     metrics = info.metrics_registry
     open_guard(settings, info)
+    if quotas is not None:
+        info.quotas.replace_rules(quotas)
     readiness = _Readiness()
     specs = settings.listener_specs()
     tls = {spec.name: t for spec in specs if (t := _tls_of(spec, settings, metrics))}
@@ -358,6 +371,7 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                     more = {"share_with": first} if make is FiggListener and first else {}
                     listeners[spec.name] = make(info.backend, settings, metrics,
                                                 name=spec.name, guard=info.guard,
+                                                quotas=info.quotas,
                                                 tls=tls.get(spec.name),
                                                 **more)
             info.listeners = listeners

@@ -21,6 +21,11 @@ Two timers guard the reads (0 turns either off):
 - ``idle_timeout``: a connection that sends nothing for that long while it is not busy
   (:meth:`Session._busy`) and nothing is queued for it closes (``idle``).
 
+A connection whose principal has a quota (:class:`~gateway.auth.quotas.PrincipalQuota`)
+takes the tokens of each read after handling it (bytes, and the requests it held:
+:meth:`Session._request_count`) and waits before the next read until its debt is paid;
+time held back by a quota counts as activity for neither timer.
+
 A protocol's session says how it waits before reading (:meth:`Session._wait_readable`),
 what it does with the bytes (:meth:`Session._received`), how much of a frame it holds
 (:meth:`Session._buffered`), what "in flight" means (:meth:`Session._settle`,
@@ -30,11 +35,13 @@ what it does with the bytes (:meth:`Session._received`), how much of a frame it 
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import ClassVar, Final
 
 import trio
 
+from gateway.auth.quotas import PrincipalQuota
 from gateway.io.errors import ExceptionMap, socket_errors
 from gateway.io.limits import RECEIVE_SIZE
 from gateway.io.writer import FrameWriter
@@ -90,7 +97,8 @@ class Session:
     IDLE_REASON: ClassVar[str] = "nothing received for {:g} s with nothing in flight"
 
     def __init__(self, stream: trio.abc.Stream, outbox: FrameWriter, *,
-                 frame_timeout: float = 0.0, idle_timeout: float = 0.0) -> None:
+                 frame_timeout: float = 0.0, idle_timeout: float = 0.0,
+                 quota: PrincipalQuota | None = None) -> None:
         self._stream = stream
         self._outbox = outbox
         self._nursery: trio.Nursery | None = None
@@ -101,6 +109,12 @@ class Session:
         self._idle_timeout = _seconds(idle_timeout)
         #: When the peer's last bytes were read.
         self._last_read = trio.current_time()
+        #: The buckets of the connection's principal (None: no quotas on this server).
+        self._quota = quota
+        #: Whether the session is holding the peer back for its quota now, and when it
+        #: last stopped doing so (the idle timer counts from then).
+        self._throttling = False
+        self._unthrottled_at = -math.inf
 
     @property
     def bytes_sent(self) -> int:
@@ -152,23 +166,33 @@ class Session:
         received = 0  # bytes read so far
         frame_at = -1  # where the frame begun and not yet complete starts in the stream
         deadline = math.inf  # when that frame must be complete
+        quota = self._quota
         while True:
             await self._wait_readable()
+            size = RECEIVE_SIZE
+            if quota is not None and quota.reads_limited:
+                await self._throttle(quota.wait_in)
+                size = quota.receive_size
             if deadline == math.inf:
                 with RECEIVE_ERRORS:
-                    data = await stream.receive_some(RECEIVE_SIZE)
+                    data = await stream.receive_some(size)
             else:
                 # The clock runs only while we wait for the peer, not while we hold it back.
                 deadline += trio.current_time() - self._last_read
                 with trio.move_on_at(deadline) as timer:
                     with RECEIVE_ERRORS:
-                        data = await stream.receive_some(RECEIVE_SIZE)
+                        data = await stream.receive_some(size)
                 if timer.cancelled_caught:
                     raise CloseConnection(
                         "frame_timeout", f"a frame begun {frame_timeout:g} s ago is not "
                         f"complete ({self._buffered()} bytes of it received)")
             self._last_read = now = trio.current_time()
-            if await self._received(data):
+            if quota is not None and quota.reads_limited:
+                before = self._request_count()
+                if await self._received(data):
+                    return
+                quota.took_in(len(data), self._request_count() - before)
+            elif await self._received(data):
                 return
             if frame_timeout == math.inf:
                 continue
@@ -178,6 +202,15 @@ class Session:
                 frame_at, deadline = -1, math.inf
             elif received - pending != frame_at:  # a new frame began in this read
                 frame_at, deadline = received - pending, now + frame_timeout
+
+    async def _throttle(self, wait: Callable[[], Awaitable[None]]) -> None:
+        """Hold the peer back for its quota (``wait``: the principal's)."""
+        self._throttling = True
+        try:
+            await wait()
+        finally:
+            self._throttling = False
+            self._unthrottled_at = trio.current_time()
 
     async def _write(self) -> None:
         try:
@@ -197,13 +230,13 @@ class Session:
         nothing was queued for ``timeout`` seconds."""
         outbox = self._outbox
         while True:
-            last = max(self._idle_since(), outbox.drained_at)
+            last = max(self._idle_since(), outbox.drained_at, self._unthrottled_at)
             await trio.sleep_until(last + timeout)
-            if self._busy() or outbox.queued_bytes:
+            if self._busy() or outbox.queued_bytes or self._throttling:
                 # Busy: finishing it counts as activity, so look again a timeout later.
                 await trio.sleep(timeout)
                 continue
-            last = max(self._idle_since(), outbox.drained_at)
+            last = max(self._idle_since(), outbox.drained_at, self._unthrottled_at)
             if trio.current_time() >= last + timeout:
                 self._closing(CloseConnection("idle", self.IDLE_REASON.format(timeout)))
                 return
@@ -227,6 +260,10 @@ class Session:
 
     def _buffered(self) -> int:
         """Bytes of a frame begun and not complete (after :meth:`_received`)."""
+        return 0
+
+    def _request_count(self) -> int:
+        """Requests received so far (what a requests-per-second quota counts)."""
         return 0
 
     def _busy(self) -> bool:

@@ -13,6 +13,7 @@ import trio
 
 from gateway.auth.guard import AccessGuard
 from gateway.auth.principal import Principal
+from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.backend.contract import Backend
 from gateway.server.config import Settings
 from gateway.server.listener import ProtocolListener
@@ -31,16 +32,18 @@ class TankListener(ProtocolListener):
 
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
                  name: str | None = None, guard: AccessGuard | None = None,
-                 tls: ListenerTLS | None = None) -> None:
-        super().__init__(backend, settings, metrics, name=name, guard=guard, tls=tls)
+                 tls: ListenerTLS | None = None, quotas: Quotas | None = None) -> None:
+        super().__init__(backend, settings, metrics, name=name, guard=guard, tls=tls,
+                         quotas=quotas)
         self.counter = RequestCounter(metrics)
 
     def session(self, stream: trio.abc.Stream,
                 log: structlog.typing.FilteringBoundLogger, *,
-                principal: Principal) -> TankSession:
+                principal: Principal, quota: PrincipalQuota | None = None
+                ) -> TankSession:
         return TankSession(stream, backend=self.backend, settings=self.settings,
                            metrics=self.metrics, counter=self.counter, log=log,
-                           principal=principal, guard=self.guard)
+                           principal=principal, guard=self.guard, quota=quota)
 
     def stats(self, session: TankSession) -> dict[str, Any]:
         return {"requests": session.requests, "bytes_sent": session.bytes_sent}

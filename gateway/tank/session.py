@@ -27,6 +27,11 @@ being served reach ``limits.max_requests_in_flight`` or its Produce bytes not ye
 reach ``limits.unacked_bytes``; nothing more is read meanwhile. Each time a connection is
 held back (once per episode, until a request is admitted without waiting) counts as a hit
 of that limit and logs ``connection_held_back`` at debug level.
+
+Under a quota of its principal (:mod:`gateway.auth.quotas`) the connection's reads wait
+for the bytes-in and requests tokens (:class:`~gateway.server.session.Session`), and a
+Consume waits, before it is served, until the chunk bytes sent on earlier Consumes are
+paid for (bytes out); nothing is refused.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from trio.lowlevel import ParkingLot
 
 from gateway.auth.guard import OPEN, AccessGuard
 from gateway.auth.principal import Principal
+from gateway.auth.quotas import PrincipalQuota
 from gateway.backend.contract import (
     Backend,
     FetchOutcome,
@@ -137,10 +143,11 @@ class TankSession(Session):
                  metrics: Metrics, counter: RequestCounter,
                  log: structlog.typing.FilteringBoundLogger,
                  principal: Principal | None = None,
-                 guard: AccessGuard | None = None) -> None:
+                 guard: AccessGuard | None = None,
+                 quota: PrincipalQuota | None = None) -> None:
         super().__init__(stream, TankOutbox(stream, settings.response_buffer_bytes),
                          frame_timeout=settings.frame_timeout_secs,
-                         idle_timeout=settings.idle_timeout_secs)
+                         idle_timeout=settings.idle_timeout_secs, quota=quota)
         #: Who the connection acts as (its listener, or its certificate's subject).
         self.principal = principal or Principal("tank")
         #: What the access policy lets it do.
@@ -206,6 +213,9 @@ class TankSession(Session):
                 await self._admit()
             elif self._held_by is not None:
                 self._held_by = None  # the episode is over
+            quota = self._quota
+            if quota is not None and quota.out_limited and type(event) is ConsumeRequest:
+                await self._throttle(quota.wait_out)
             self._dispatch(event)
 
     def _spent(self) -> str | None:
@@ -291,6 +301,9 @@ class TankSession(Session):
     def _buffered(self) -> int:
         return self._conn.buffered
 
+    def _request_count(self) -> int:
+        return self.requests
+
     def _busy(self) -> bool:
         return self._in_flight > 0
 
@@ -349,6 +362,9 @@ class TankSession(Session):
             metrics = self._metrics
             for topic, size in reply.bytes_by_topic.items():
                 metrics.for_topic(metrics.bytes_out, topic).inc(size)
+            quota = self._quota
+            if quota is not None and quota.out_limited:
+                quota.took_out(sum(reply.bytes_by_topic.values()))
         self._counter.inc("consume", reply.ok)
 
     async def _admin(self, request: Any) -> None:
