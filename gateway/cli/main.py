@@ -71,10 +71,16 @@ def _run_serve(args: argparse.Namespace) -> int:
 def _announce(info: ServerInfo) -> None:
     """Where the server listens, in one plain line for a person at a terminal (the
     ``figtank_serving`` log line has it for programs)."""
-    where = [f"{name} on {address[0]}:{address[1]}" for name, address in
-             (("Figg", info.figg), ("Tank", info.tank)) if address is not None]
-    if info.metrics is not None:
-        where.append(f"metrics on http://{info.metrics[0]}:{info.metrics[1]}/metrics")
+    where = []
+    for name, (host, port) in info.addresses.items():
+        scheme = "https" if name in info.tls else "http"
+        if name == "metrics":
+            shown = f"metrics on {scheme}://{host}:{port}/metrics"
+        else:
+            shown = f"{name.capitalize() if name in ('figg', 'tank') else name} on {host}:{port}"
+            if name in info.tls:
+                shown += " (TLS)"
+        where.append(shown)
     print(f"figtank: serving {', '.join(where) or 'nothing'} (Ctrl-C stops)", file=sys.stderr)
 
 
