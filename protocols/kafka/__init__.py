@@ -1,0 +1,1 @@
+"""Kafka: record batches (magic v2) and their mapping to Tank bundles."""
