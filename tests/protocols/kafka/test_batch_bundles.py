@@ -77,6 +77,13 @@ def test_round_trip_bundle_batch_bundle_keeps_everything() -> None:
         (m.key, m.value, m.timestamp) for m in messages[20:620]]
 
 
+def test_fetch_codec_follows_the_bundle() -> None:
+    chunk, _ = _chunk()
+    run = read_batches(bundles_to_batches(chunk, 1).records)
+    assert [b.compression for b in run.batches] == [
+        Compression.NONE, Compression.SNAPPY, Compression.NONE]
+
+
 def test_partial_last_bundle_left_out() -> None:
     chunk, _ = _chunk()
     cut = chunk[:-3]
