@@ -362,7 +362,10 @@ async def test_group_commit_one_fsync_covers_concurrent_appends(tmp_path, monkey
             assert len(held) == 2 and p.high_water_mark == 0
             gate.set()
         assert sorted(r.first_seq for r in results) == list(range(1, 201))
-        assert p._commit.rounds == 3  # one round for the 198 appends made meanwhile
+        # The appends made while two rounds were held share at most one more round (two in
+        # all when the second round gathered them: a loaded machine starts its fsync
+        # thread late), never one each.
+        assert p._commit.rounds in (2, 3)
         assert sorted(m.value for m in all_messages(p)) == sorted(b"g%d0" % i for i in range(200))
 
 
