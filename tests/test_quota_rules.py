@@ -49,6 +49,14 @@ def test_first_matching_entry_wins() -> None:
     assert QuotaRules().for_principal(ALICE) is None
 
 
+def test_identities_are_compared_as_the_access_policy_compares_them() -> None:
+    # Written once in the policy's [[rule]] and copied here, it must cover the same client.
+    rules = parse_quotas([{"who": ["cn=alice, O=acme"], "bytes_in_per_sec": 10}])
+    limits = rules.for_principal(Principal("tank", "CN=alice,O=acme"))
+    assert limits is not None and limits.bytes_in is not None
+    assert limits.bytes_in.per_sec == 10
+
+
 @pytest.mark.parametrize(("entries", "message"), [
     ([{"who": ["*"], "bytes_in_per_sec": -5}],
      "quota[0].bytes_in_per_sec: must be a positive number, got -5"),

@@ -279,6 +279,13 @@ def test_tls_settings_errors(tmp_path: Path, certs: Certs) -> None:
         settings_from_mapping({"listeners": {"tank": {"address": "127.0.0.1:1"}}})
     with pytest.raises(ConfigError, match=r"^listeners.x.tls_kee: unknown setting"):
         settings_from_mapping({"listeners": {"x": {"tls_kee": "k"}}})
+    # TLS asked for without a certificate is an error, never a plain listener.
+    for listeners in ({"tank": {"tls": True}},
+                      {"secure": {"protocol": "figg", "address": "127.0.0.1:0", "tls": True}}):
+        name = next(iter(listeners))
+        with pytest.raises(ConfigError, match=rf"^listeners.{name}.tls: TLS asked for but "
+                                              "no certificate"):
+            settings_from_mapping({"listeners": listeners})
 
 
 async def test_unloadable_certificate_is_a_config_error_naming_the_key(

@@ -31,6 +31,7 @@ from typing import Any, Final
 import structlog
 import trio
 
+from gateway.auth.policy import normalise_identity
 from gateway.auth.principal import Principal
 from gateway.io.limits import RECEIVE_SIZE
 
@@ -77,11 +78,13 @@ class QuotaRule:
     limits: QuotaLimits
 
     def covers(self, principal: Principal) -> bool:
-        """Whether ``who`` names ``principal``: its name (the certificate identity, or
-        ``listener:NAME``), the listener it came through (``listener:NAME``), or ``*``."""
+        """Whether ``who`` names ``principal``: its certificate identity (compared as the
+        access policy compares them: :func:`normalise_identity`), the listener it came
+        through (``listener:NAME``), or ``*``."""
         who = self.who
-        return ("*" in who or principal.name in who
-                or f"listener:{principal.listener}" in who)
+        identity = principal.identity
+        return ("*" in who or f"listener:{principal.listener}" in who
+                or (identity is not None and normalise_identity(identity) in who))
 
 
 class QuotaRules:
@@ -143,7 +146,8 @@ def _parse_entry(index: int, entry: Any) -> QuotaRule:
                 raise ValueError(f"{where}.{key}: given without {rate_key}")
             rates[bucket] = Rate(rates[bucket].per_sec, _positive(f"{where}.{key}",
                                                                   entry[key]))
-    return QuotaRule(tuple(who), QuotaLimits(**rates))
+    return QuotaRule(tuple(w if w == "*" or w.startswith("listener:")
+                           else normalise_identity(w) for w in who), QuotaLimits(**rates))
 
 
 def _positive(where: str, value: Any) -> float:

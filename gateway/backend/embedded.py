@@ -434,7 +434,15 @@ def store_settings(settings: Settings, config_bounds: ConfigBounds | None = None
         max_partitions=settings.max_partitions,
         config_bounds=config_bounds or ConfigBounds(),
         check_rolled_segments=settings.check_rolled_segments,
+        descriptor_allowance=settings.max_open_segments + connection_slots(settings),
+        raise_descriptor_limit=settings.open_files == 0,
     )
+
+
+def connection_slots(settings: Settings) -> int:
+    """Connections every listener together may hold (each one a descriptor)."""
+    return sum(settings.http_max_connections if spec.protocol == "metrics"
+               else settings.max_connections for spec in settings.listener_specs())
 
 
 @asynccontextmanager

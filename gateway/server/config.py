@@ -437,6 +437,9 @@ class Settings:
             if table.tls_client_ca is not None:
                 raise ConfigError(f"{where}.tls_client_ca: mutual TLS needs a certificate: "
                                   f"set {where}.tls_cert and tls_key (or tls.cert, tls.key)")
+            if table.tls is True:  # asked for: never serve it plain instead
+                raise ConfigError(f"{where}.tls: TLS asked for but no certificate: set "
+                                  f"{where}.tls_cert and tls_key (or tls.cert, tls.key)")
             return None, ""
         if cert is None:
             raise ConfigError(f"{f'{where}.tls_key' if table.tls_key else 'tls.key'}: "

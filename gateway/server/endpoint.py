@@ -110,7 +110,10 @@ class Endpoint:
         try:
             served = stream
             if self.tls is not None:
-                secured = await self.tls.accept(stream, peer_name(stream))
+                # Within the exchange timeout too: a silent client must not hold a slot.
+                secured = None
+                with trio.move_on_after(self.timeout):
+                    secured = await self.tls.accept(stream, peer_name(stream))
                 if secured is None:
                     return
                 served = secured

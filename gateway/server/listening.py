@@ -74,6 +74,7 @@ class ConnectionSlots:
         metrics.connections_accepted.labels(protocol, listener).inc()
         if self.active >= self.limit:
             metrics.connections_closed.labels(protocol, listener, "limit").inc()
+            metrics.limit_hit("max_connections")
             conn_log.warning("connection_closed", kind="limit",
                              reason=f"over {self.limit} connections")
             await trio.aclose_forcefully(stream)

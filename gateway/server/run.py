@@ -41,7 +41,7 @@ from gateway.auth.guard import AccessGuard
 from gateway.auth.policy import PolicyError
 from gateway.auth.quotas import QuotaRules, Quotas
 from gateway.backend.contract import Backend
-from gateway.backend.embedded import open_embedded_backend
+from gateway.backend.embedded import connection_slots, open_embedded_backend
 from gateway.figg.listener import FiggListener
 from gateway.server.accepting import serve_listeners
 from gateway.server.config import (
@@ -228,7 +228,7 @@ def apply_descriptor_limit(settings: Settings) -> None:
     ``limits.open_files``); a ConfigError naming ``limits.open_files`` and the number
     needed when the data directory needs more than the process may have."""
     partitions = count_partitions(settings.data_dir)
-    connections = 2 * settings.max_connections + settings.http_max_connections
+    connections = connection_slots(settings)
     plan = needed_at_start(partitions, max_open_segments=settings.max_open_segments,
                            connections=connections, open_files=settings.open_files)
     need = (f"the data directory needs {plan.required} descriptors (2 for each of its "
@@ -309,7 +309,7 @@ def open_guard(settings: Settings, info: ServerInfo) -> None:
 
     def apply(access: Access) -> None:
         info.guard.replace(access.policy)
-        info.quotas.replace_rules(access.quotas or QuotaRules())
+        info.quotas.replace_rules(access.quotas)
 
     try:
         apply(load_access(path))

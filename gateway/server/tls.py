@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import ssl
-from pathlib import Path
 from typing import Any, Final
 
 import structlog
 import trio
 
+from gateway.io.tls import readable, tls_reason
 from gateway.server.config import TLSFiles
 from gateway.server.metrics import Metrics
 
@@ -52,27 +52,15 @@ def server_context(files: TLSFiles) -> ssl.SSLContext:
         context.load_cert_chain(files.cert, files.key)
     except OSError as exc:  # ssl.SSLError is an OSError
         raise ValueError(f"cannot load the certificate {files.cert} with the key "
-                         f"{files.key}: {_reason(exc)}") from None
+                         f"{files.key}: {tls_reason(exc)}") from None
     if files.client_ca is not None:
         try:
             context.load_verify_locations(cafile=files.client_ca)
         except OSError as exc:
             raise ValueError(f"cannot load the client CA {files.client_ca}: "
-                             f"{_reason(exc)}") from None
+                             f"{tls_reason(exc)}") from None
         context.verify_mode = ssl.CERT_REQUIRED
     return context
-
-
-def readable(path: Path | str | None) -> None:
-    """Raise ``ValueError`` (``cannot read PATH: No such file or directory``) unless
-    ``path`` (None: nothing) can be opened for reading."""
-    if path is None:
-        return
-    try:
-        with open(path, "rb"):
-            pass
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def subject_identity(cert: dict[str, Any]) -> str | None:
@@ -98,25 +86,6 @@ def _escape(value: str) -> str:
         else:
             out.append(ch)
     return "".join(out)
-
-
-#: OpenSSL's reasons that say little, in words.
-_WORDS = {"PEM_LIB": "not a PEM certificate, or no PEM key for it",
-          "KEY_VALUES_MISMATCH": "the key is not the certificate's key",
-          "NO_START_LINE": "no PEM data in it"}
-
-
-def _reason(exc: BaseException) -> str:
-    """What an ssl failure says, without errno noise (``no certificate returned``)."""
-    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
-        return f"certificate verify failed: {exc.verify_message}"
-    if isinstance(exc, ssl.SSLError) and exc.reason in _WORDS:
-        return _WORDS[exc.reason]
-    if isinstance(exc, ssl.SSLError) and exc.reason:
-        return exc.reason.lower().replace("_", " ")
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return str(exc) or type(exc).__name__
 
 
 class ListenerTLS:
@@ -151,7 +120,7 @@ class ListenerTLS:
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 cause = exc.__cause__
                 if isinstance(cause, ssl.SSLError):
-                    kind, reason = "refused", _reason(cause)
+                    kind, reason = "refused", tls_reason(cause)
                     await _send_alert(tls, stream)
                 else:
                     kind, reason = "eof", "the client closed the connection"

@@ -104,6 +104,33 @@ class ConfigBounds:
                 raise InvalidConfig(f"{key}={value} is below the minimum {minimum}")
 
 
+    def clamp(self, values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """``values`` with each one below its minimum raised to it, and what was raised
+        (``"key=value -> minimum"``)."""
+        kept = dict(values)
+        raised = []
+        for field_name, key in _BOUNDED.items():
+            value = kept.get(field_name)
+            minimum = getattr(self, field_name)
+            if value is not None and value < minimum:
+                kept[field_name] = minimum
+                raised.append(f"{key}={value} -> {minimum}")
+        return kept, raised
+
+
+def parse_config_leniently(text: str) -> tuple[dict[str, Any], list[str]]:
+    """Like :func:`parse_config`, but a bad line is left out instead of failing the whole
+    text: ``(values of the good lines, the problems of the others)``."""
+    values: dict[str, Any] = {}
+    problems = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        try:
+            values.update(parse_config(raw))
+        except InvalidConfig as exc:
+            problems.append(str(exc).replace("config line 1", f"config line {lineno}", 1))
+    return values, problems
+
+
 #: The Tank key of each field :class:`ConfigBounds` bounds.
 _BOUNDED: Final = {"segment_bytes": "log.segment.bytes",
                    "index_interval_bytes": "log.index.interval.bytes",

@@ -105,12 +105,24 @@ class DescriptorBudget:
     the limit, at every check near it. A partition opens its files at its first append, so
     the partitions that have not yet (``unopened()``) count as if they had."""
 
-    def __init__(self, reserve: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, reserve: int, clock: Callable[[], float] = time.monotonic, *,
+                 allowance: int = 0, may_raise: bool = False) -> None:
         self.reserve = reserve
+        #: Kept free too (rolled segment files, connections), up to half the limit.
+        self.allowance = allowance
+        #: Raise the soft limit towards the hard one before refusing.
+        self.may_raise = may_raise
         self._clock = clock
         #: Descriptors open or promised at the last count, plus those promised since.
         self._counted: int | None = None
         self._counted_at = 0.0
+
+    def kept_free(self, limit: int | None = None) -> int:
+        """Descriptors a creation leaves free: the reserve, plus the allowance for
+        connections and segment files up to half of ``limit`` (default: the soft limit)."""
+        if limit is None:
+            limit = descriptor_limits()[0]
+        return self.reserve + min(self.allowance, limit // 2)
 
     def room_for(self, partitions: int, unopened: Callable[[], int]
                  ) -> tuple[bool, int, int]:
@@ -119,7 +131,7 @@ class DescriptorBudget:
         if self.reserve <= 0:
             return True, 0, 0
         needed = PER_PARTITION * partitions
-        limit = descriptor_limits()[0]
+        limit, hard = descriptor_limits()
         now = self._clock()
         counted = self._counted
         if (counted is None or now - self._counted_at > _RECOUNT_SECS
@@ -129,8 +141,17 @@ class DescriptorBudget:
                 return True, 0, needed
             counted = opened + PER_PARTITION * unopened()
             self._counted_at = now
+        wanted = counted + needed + self.kept_free(hard)
+        if self.may_raise and limit < min(wanted, hard):
+            target = min(hard, wanted)
+            try:
+                raise_soft_limit(target)
+            except (ValueError, OSError):
+                pass
+            else:
+                limit = target
         free = limit - counted
-        if needed + self.reserve > free:
+        if needed + self.kept_free(limit) > free:
             self._counted = counted
             return False, free, needed
         self._counted = counted + needed

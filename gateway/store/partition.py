@@ -78,6 +78,9 @@ class PartitionEnv:
     #: Starts a background task in the store's nursery.
     spawn: Callable[..., Any]
     limiter: trio.CapacityLimiter
+    #: Bounds the damage checks of rolled segments running in worker threads (their own
+    #: limiter: a long check must not hold up topic creation or the final fsyncs).
+    check_limiter: trio.CapacityLimiter
     #: Runs the fsyncs.
     syncer: Syncer | NativeSyncer
     #: Wall-clock seconds (segment names, retention, rolling by age).
@@ -841,7 +844,7 @@ class Partition:
         try:
             # Abandoned at shutdown: the thread reads its own descriptor to the end.
             check = await trio.to_thread.run_sync(self._run_check, seg,
-                                                  limiter=self._env.limiter,
+                                                  limiter=self._env.check_limiter,
                                                   abandon_on_cancel=True)
         except OSError as exc:
             self._log.error("segment_check_failed", segment=seg.name, error=str(exc))

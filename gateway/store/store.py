@@ -14,7 +14,7 @@ from typing import Final
 import structlog
 import trio
 
-from gateway.store.config import MIB, ConfigBounds, TopicConfig
+from gateway.store.config import MIB, ConfigBounds, TopicConfig, parse_config_leniently
 from gateway.store.descriptors import DescriptorBudget
 from gateway.store.durability import Durability, sync_directory
 from gateway.store.errors import (
@@ -36,6 +36,8 @@ from protocols.tank.bundle import MAX_BUNDLE_SIZE
 log = structlog.get_logger("gateway.store")
 
 CONFIG_FILE: Final = "config"
+#: Damage checks of rolled segments running at once (worker threads).
+CHECK_THREADS: Final = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,11 @@ class StoreSettings:
     #: A creation that would leave fewer descriptors than this free (under the soft
     #: RLIMIT_NOFILE) is refused (0: no check).
     descriptor_reserve: int = 128
+    #: Descriptors others may want beside the partitions' (rolled segment files,
+    #: connections): creation also keeps these free, up to half the limit, and raises the
+    #: soft RLIMIT_NOFILE towards the hard one when it can (``raise_descriptor_limit``).
+    descriptor_allowance: int = 0
+    raise_descriptor_limit: bool = False
     #: When rolled segments are checked for damage: "lazy" (the first time each is
     #: read) or "startup" (all of them while the store opens).
     check_rolled_segments: str = "lazy"
@@ -127,7 +134,9 @@ class LogStore:
         self._creating: dict[str, trio.Event] = {}
         #: Partitions of all topics, those being created included.
         self._partitions = 0
-        self._descriptors = DescriptorBudget(settings.descriptor_reserve)
+        self._descriptors = DescriptorBudget(
+            settings.descriptor_reserve, allowance=settings.descriptor_allowance,
+            may_raise=settings.raise_descriptor_limit)
         self._nursery: trio.Nursery | None = None
         self._limiter = trio.CapacityLimiter(settings.sync_threads)
         self._syncer = open_syncer(settings.sync_threads)
@@ -142,6 +151,7 @@ class LogStore:
             recovery_check_bytes=settings.recovery_check_bytes,
             spawn=self.spawn,
             limiter=self._limiter,
+            check_limiter=trio.CapacityLimiter(CHECK_THREADS),
             syncer=self._syncer,
             tail=self.tail_cache,
             files=self.open_files,
@@ -211,12 +221,16 @@ class LogStore:
             return base
         try:
             return base.with_text(text, self.settings.config_bounds)
-        except InvalidConfig as exc:
+        except InvalidConfig:
             if strict:
                 raise
-            # Keep serving with the defaults: they retain everything, so nothing is lost.
-            log.error("config_invalid_ignored", topic=topic, partition=partition, error=str(exc))
-            return base
+        # A file on disk (perhaps valid before the minimums): keep every good key (its
+        # retention above all), raise a value below its minimum to it, leave out the rest.
+        values, problems = parse_config_leniently(text)
+        values, raised = self.settings.config_bounds.clamp(values)
+        log.error("config_partly_ignored", topic=topic, partition=partition,
+                  ignored=problems, raised_to_minimum=raised)
+        return base.with_values(values)
 
     def _attach(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
@@ -258,7 +272,8 @@ class LogStore:
         if not fits:
             raise LimitReached("open_files", f"cannot create topic {name!r}: its {count} "
                                f"partitions need {needed} descriptors and {free} are free, "
-                               f"{s.descriptor_reserve} of which are kept in reserve "
+                               f"{self._descriptors.kept_free()} of which are kept for "
+                               "connections and segment files "
                                "(raise limits.open_files or the hard RLIMIT_NOFILE)")
 
     def topic(self, name: str) -> Topic | None:

@@ -41,14 +41,14 @@ from protocols.tank.messages import (
     ReloadConfResponse,
     StatusRequest,
 )
-from protocols.tank.types import CreateTopicError
+from protocols.tank.types import CreateTopicError, ReloadConfError
 
 _READ_ONLY: Final = ProduceOutcome(ProduceCode.READ_ONLY, reason="refused by the access policy")
 _NOT_CREATED: Final = ProduceOutcome(ProduceCode.UNKNOWN_TOPIC,
                                      reason="unknown topic (the access policy refuses its "
                                             "creation)")
 #: ReloadConf's answer to a principal without ``configure``.
-RELOAD_CONF_REFUSED: Final = 11
+RELOAD_CONF_REFUSED: Final = ReloadConfError.UNKNOWN_TOPIC
 
 Merge = Callable[[list[ProduceOutcome]], list[ProduceOutcome]]
 

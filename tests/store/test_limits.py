@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from structlog.testing import capture_logs
 
 from gateway.store import (
     NO_BOUNDS,
@@ -101,10 +102,17 @@ async def test_create_topic_and_config_files_are_bound(tmp_path):
         with pytest.raises(InvalidConfig):
             await store.reload_config("t", 0)
         assert store.partition("t", 0).config.segment_bytes == 1 << 30
-    # At start-up, a config file below the minimums is ignored with an error logged (the
-    # defaults keep everything), as a config file that does not parse is.
-    async with open_store(tmp_path, settings(), maintenance=False) as store:
-        assert store.partition("t", 0).config.segment_bytes == 1 << 30
+    # At start-up, a config file on disk keeps its good keys (its retention above all): a
+    # value below its minimum is raised to it, a line that does not parse is left out.
+    (tmp_path / "t" / "config").write_text(
+        "log.segment.bytes=100\nlog.retention.secs=3600\nnonsense\n")
+    with capture_logs() as logs:
+        async with open_store(tmp_path, settings(), maintenance=False) as store:
+            config = store.partition("t", 0).config
+            assert (config.segment_bytes, config.retention_secs) == (64 * 1024, 3600)
+    [line] = [e for e in logs if e["event"] == "config_partly_ignored"]
+    assert line["raised_to_minimum"] == ["log.segment.bytes=100 -> 65536"]
+    assert line["ignored"] == ["config line 3: expected key=value, got 'nonsense'"]
 
 
 def test_base_reserve_is_documented():
