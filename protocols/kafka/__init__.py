@@ -1,0 +1,3 @@
+"""Kafka's wire protocol, sans-IO: message declarations in Kafka's own JSON format
+(``specs/``), the records and codecs generated from them (``records``), framing
+(``connection``), API keys and error codes (``types``)."""
