@@ -150,8 +150,11 @@ class KafkaModule(Module):
             return float(raw or 0)
         if kind in FIXED and kind != "uuid":
             value = int(str(raw), 0) if raw is not None else 0
-            fmt = ">" + FIXED[kind]
-            struct.pack(fmt, value)  # a default that does not fit is a declaration error
+            try:
+                struct.pack(">" + FIXED[kind], value)
+            except struct.error:
+                raise ValueError(f"{spec.name}: default {raw!r} out of range for {kind}"
+                                 ) from None
             return value
         if kind == "string":
             return "" if raw is None else str(raw)

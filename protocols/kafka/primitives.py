@@ -72,8 +72,18 @@ def _length(buf: bytes, pos: int, end: int, flexible: bool, wide: bool, what: st
 def read_string(buf: bytes, pos: int, end: int, flexible: bool, what: str
                 ) -> tuple[str, int]:
     """A (compact) string that may not be null."""
+    if flexible and pos < end and 0 < buf[pos] < 0x80:  # the usual case, inline
+        stop = pos + buf[pos]
+        if stop > end:
+            raise ProtocolError(f"{what}: length {buf[pos] - 1} overruns the payload "
+                                f"({end - pos - 1} bytes left)")
+        try:
+            return buf[pos + 1:stop].decode(), stop
+        except UnicodeDecodeError:
+            raise ProtocolError(f"{what} is not UTF-8") from None
     value, pos = read_nullable_string(buf, pos, end, flexible, False, what)
-    assert value is not None
+    if value is None:  # unreachable: not nullable raises; for the type checker
+        raise ProtocolError(f"{what}: null where a string is required")
     return value, pos
 
 
@@ -81,7 +91,8 @@ def read_bytes(buf: bytes, pos: int, end: int, flexible: bool, what: str
                ) -> tuple[bytes, int]:
     """(Compact) bytes that may not be null."""
     value, pos = read_nullable_bytes(buf, pos, end, flexible, False, what)
-    assert value is not None
+    if value is None:  # unreachable: not nullable raises; for the type checker
+        raise ProtocolError(f"{what}: null where bytes are required")
     return value, pos
 
 
