@@ -427,17 +427,18 @@ class KafkaModule(Module):
             f"        raise trailing({spec.name!r}, len(buf) - pos)",
             "    return result",
         ]))
-        if spec.kind == "header":  # a header is followed by the body: read it in place
-            self.codecs.append("\n".join([
-                f"def read_{snake(spec.name)}(buf: bytes, pos: int, end: int, version: int"
-                f") -> tuple[{record}, int]:",
-                *_docstring(f"The {spec.name} of ``version`` at ``buf[pos:end]`` and the "
-                            "position after it.", "    "),
-                f"    if not ({_test(spec.valid_versions)}):",
-                f"        raise ProtocolError(f'{spec.name}: unsupported version {{version}}')",
-                f"    return _decode_{spec.name}(buf, pos, end, version, "
-                f"{self._message_flexible(spec)})",
-            ]))
+        # In place, with no copy: a header is followed by the body, a request's body
+        # (megabytes of records, for Produce) follows its header in one payload.
+        self.codecs.append("\n".join([
+            f"def read_{snake(spec.name)}(buf: bytes, pos: int, end: int, version: int"
+            f") -> tuple[{record}, int]:",
+            *_docstring(f"The {spec.name} of ``version`` at ``buf[pos:end]`` and the "
+                        "position after it.", "    "),
+            f"    if not ({_test(spec.valid_versions)}):",
+            f"        raise ProtocolError(f'{spec.name}: unsupported version {{version}}')",
+            f"    return _decode_{spec.name}(buf, pos, end, version, "
+            f"{self._message_flexible(spec)})",
+        ]))
         return name
 
     def emit_payload_encoder(self, spec: MessageSpec, record: str) -> str:
@@ -472,4 +473,11 @@ class KafkaModule(Module):
             value = None if fv is None or fv.empty else (fv.low, fv.high)
             flexible.append(f"    {spec.name!r}: {value!r},")
         flexible.append("}")
-        return super().assemble(tables + flexible)
+        readers = ["", "#: ``read_<message>(buf, pos, end, version) -> (record, next pos)`` by "
+                   "message name:", "#: the decoders that read in place.",
+                   "READERS: Final[dict[str, Callable[[bytes, int, int, int], tuple[Any, "
+                   "int]]]] = {",
+                   *(f"    {spec.name!r}: read_{snake(spec.name)}," for spec in self.specs),
+                   "}"]
+        self.extra_imports.insert(0, "from collections.abc import Callable")
+        return super().assemble(tables + flexible + readers)

@@ -28,6 +28,12 @@ Field types:
 - any other name is a *custom type* registered with the :class:`TypeRegistry`:
   the small hand-written codecs for the irregular parts of a protocol.
 
+Kafka's own format (``protocols/kafka/specs/``) adds ``flexibleVersions``,
+``nullableVersions``, ``taggedVersions``/``tag``, ``ignorable``, ``entityType`` and
+``mapKey``, parsed here into the same :class:`FieldSpec`/:class:`MessageSpec` and compiled
+by the generator's Kafka dialect (:mod:`protocols.generate_kafka`), whose types are
+Kafka's (``int16``-length ``string``, ``int32``-length ``bytes``, ...).
+
 ``versions`` defaults to every version. When a message names a ``versionField``
 (Tank's ``client_version``), the version is read from that leading field; otherwise
 the caller passes it (Figg carries it in the frame header).
@@ -145,7 +151,7 @@ class MessageSpec:
 
     name: str
     api_key: int
-    kind: str  # "request" (to the server) or "response" (to the client)
+    kind: str  # "request" (to the server), "response" (to the client), or "header" (Kafka)
     valid_versions: VersionRange
     fields: tuple[FieldSpec, ...]
     version_field: str | None = None

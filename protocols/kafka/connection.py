@@ -27,7 +27,12 @@ from protocols.kafka.messages import (
     response_header_version,
 )
 from protocols.kafka.primitives import read_nullable_string
-from protocols.kafka.records import ResponseHeader, encode_response_header, read_request_header
+from protocols.kafka.records import (
+    READERS,
+    ResponseHeader,
+    encode_response_header,
+    read_request_header,
+)
 
 #: ``int32 size`` before every payload. Read unsigned, so that a negative size is simply
 #: too large (FrameTooLarge) rather than a separate case.
@@ -77,9 +82,12 @@ def decode_request(payload: bytes) -> Request | UnsupportedRequest:
         except ProtocolError:
             client_id = None
         return UnsupportedRequest(api_key, api_version, correlation_id, client_id)
-    header, pos = read_request_header(payload, 0, len(payload),
+    end = len(payload)
+    header, pos = read_request_header(payload, 0, end,
                                       request_header_version(api_key, api_version))
-    body = codec.decode(payload[pos:], version=api_version)
+    body, pos = READERS[codec.name](payload, pos, end, api_version)  # in place: no copy
+    if pos != end:
+        raise ProtocolError(f"{end - pos} unexpected trailing bytes in {codec.name}")
     return Request(api_key, api_version, correlation_id, header.client_id, body)
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from protocols.errors import ProtocolError
 from protocols.spec import Buffer, PayloadFunctions, cannot_encode, trailing, truncated
+from collections.abc import Callable
 from protocols.kafka.primitives import not_in_version, null_not_allowed, read_bytes, read_count, read_nullable_bytes, read_nullable_string, read_string, read_tag_header, read_uvarint, skip_tagged, write_bytes, write_count, write_string, write_tagged
 
 
@@ -1928,6 +1929,13 @@ def decode_api_versions_request(payload: Buffer, version: int | None = None, con
     return result
 
 
+def read_api_versions_request(buf: bytes, pos: int, end: int, version: int) -> tuple[ApiVersionsRequest, int]:
+    """The ApiVersionsRequest of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 3):
+        raise ProtocolError(f'ApiVersionsRequest: unsupported version {version}')
+    return _decode_ApiVersionsRequest(buf, pos, end, version, version >= 3)
+
+
 def encode_api_versions_request(record: ApiVersionsRequest, version: int | None = None, context: Any = None) -> bytes:
     """Encode a ApiVersionsRequest payload of ``version`` (default 0)."""
     if version is None:
@@ -2142,6 +2150,13 @@ def decode_api_versions_response(payload: Buffer, version: int | None = None, co
     return result
 
 
+def read_api_versions_response(buf: bytes, pos: int, end: int, version: int) -> tuple[ApiVersionsResponse, int]:
+    """The ApiVersionsResponse of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 3):
+        raise ProtocolError(f'ApiVersionsResponse: unsupported version {version}')
+    return _decode_ApiVersionsResponse(buf, pos, end, version, version >= 3)
+
+
 def encode_api_versions_response(record: ApiVersionsResponse, version: int | None = None, context: Any = None) -> bytes:
     """Encode a ApiVersionsResponse payload of ``version`` (default 0)."""
     if version is None:
@@ -2298,6 +2313,13 @@ def decode_create_topics_request(payload: Buffer, version: int | None = None, co
     if pos != len(buf):
         raise trailing('CreateTopicsRequest', len(buf) - pos)
     return result
+
+
+def read_create_topics_request(buf: bytes, pos: int, end: int, version: int) -> tuple[CreateTopicsRequest, int]:
+    """The CreateTopicsRequest of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version >= 2 and version <= 7):
+        raise ProtocolError(f'CreateTopicsRequest: unsupported version {version}')
+    return _decode_CreateTopicsRequest(buf, pos, end, version, version >= 5)
 
 
 def encode_create_topics_request(record: CreateTopicsRequest, version: int | None = None, context: Any = None) -> bytes:
@@ -2485,6 +2507,13 @@ def decode_create_topics_response(payload: Buffer, version: int | None = None, c
     return result
 
 
+def read_create_topics_response(buf: bytes, pos: int, end: int, version: int) -> tuple[CreateTopicsResponse, int]:
+    """The CreateTopicsResponse of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version >= 2 and version <= 7):
+        raise ProtocolError(f'CreateTopicsResponse: unsupported version {version}')
+    return _decode_CreateTopicsResponse(buf, pos, end, version, version >= 5)
+
+
 def encode_create_topics_response(record: CreateTopicsResponse, version: int | None = None, context: Any = None) -> bytes:
     """Encode a CreateTopicsResponse payload of ``version`` (default 2)."""
     if version is None:
@@ -2588,6 +2617,13 @@ def decode_describe_configs_request(payload: Buffer, version: int | None = None,
     if pos != len(buf):
         raise trailing('DescribeConfigsRequest', len(buf) - pos)
     return result
+
+
+def read_describe_configs_request(buf: bytes, pos: int, end: int, version: int) -> tuple[DescribeConfigsRequest, int]:
+    """The DescribeConfigsRequest of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version >= 1 and version <= 4):
+        raise ProtocolError(f'DescribeConfigsRequest: unsupported version {version}')
+    return _decode_DescribeConfigsRequest(buf, pos, end, version, version >= 4)
 
 
 def encode_describe_configs_request(record: DescribeConfigsRequest, version: int | None = None, context: Any = None) -> bytes:
@@ -2791,6 +2827,13 @@ def decode_describe_configs_response(payload: Buffer, version: int | None = None
     if pos != len(buf):
         raise trailing('DescribeConfigsResponse', len(buf) - pos)
     return result
+
+
+def read_describe_configs_response(buf: bytes, pos: int, end: int, version: int) -> tuple[DescribeConfigsResponse, int]:
+    """The DescribeConfigsResponse of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version >= 1 and version <= 4):
+        raise ProtocolError(f'DescribeConfigsResponse: unsupported version {version}')
+    return _decode_DescribeConfigsResponse(buf, pos, end, version, version >= 4)
 
 
 def encode_describe_configs_response(record: DescribeConfigsResponse, version: int | None = None, context: Any = None) -> bytes:
@@ -3039,6 +3082,13 @@ def decode_fetch_request(payload: Buffer, version: int | None = None, context: A
     if pos != len(buf):
         raise trailing('FetchRequest', len(buf) - pos)
     return result
+
+
+def read_fetch_request(buf: bytes, pos: int, end: int, version: int) -> tuple[FetchRequest, int]:
+    """The FetchRequest of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version >= 4 and version <= 12):
+        raise ProtocolError(f'FetchRequest: unsupported version {version}')
+    return _decode_FetchRequest(buf, pos, end, version, version >= 12)
 
 
 def encode_fetch_request(record: FetchRequest, version: int | None = None, context: Any = None) -> bytes:
@@ -3329,6 +3379,13 @@ def decode_fetch_response(payload: Buffer, version: int | None = None, context: 
     return result
 
 
+def read_fetch_response(buf: bytes, pos: int, end: int, version: int) -> tuple[FetchResponse, int]:
+    """The FetchResponse of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version >= 4 and version <= 12):
+        raise ProtocolError(f'FetchResponse: unsupported version {version}')
+    return _decode_FetchResponse(buf, pos, end, version, version >= 12)
+
+
 def encode_fetch_response(record: FetchResponse, version: int | None = None, context: Any = None) -> bytes:
     """Encode a FetchResponse payload of ``version`` (default 4)."""
     if version is None:
@@ -3404,6 +3461,13 @@ def decode_find_coordinator_request(payload: Buffer, version: int | None = None,
     if pos != len(buf):
         raise trailing('FindCoordinatorRequest', len(buf) - pos)
     return result
+
+
+def read_find_coordinator_request(buf: bytes, pos: int, end: int, version: int) -> tuple[FindCoordinatorRequest, int]:
+    """The FindCoordinatorRequest of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 4):
+        raise ProtocolError(f'FindCoordinatorRequest: unsupported version {version}')
+    return _decode_FindCoordinatorRequest(buf, pos, end, version, version >= 3)
 
 
 def encode_find_coordinator_request(record: FindCoordinatorRequest, version: int | None = None, context: Any = None) -> bytes:
@@ -3586,6 +3650,13 @@ def decode_find_coordinator_response(payload: Buffer, version: int | None = None
     return result
 
 
+def read_find_coordinator_response(buf: bytes, pos: int, end: int, version: int) -> tuple[FindCoordinatorResponse, int]:
+    """The FindCoordinatorResponse of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 4):
+        raise ProtocolError(f'FindCoordinatorResponse: unsupported version {version}')
+    return _decode_FindCoordinatorResponse(buf, pos, end, version, version >= 3)
+
+
 def encode_find_coordinator_response(record: FindCoordinatorResponse, version: int | None = None, context: Any = None) -> bytes:
     """Encode a FindCoordinatorResponse payload of ``version`` (default 0)."""
     if version is None:
@@ -3645,6 +3716,13 @@ def decode_init_producer_id_request(payload: Buffer, version: int | None = None,
     return result
 
 
+def read_init_producer_id_request(buf: bytes, pos: int, end: int, version: int) -> tuple[InitProducerIdRequest, int]:
+    """The InitProducerIdRequest of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 4):
+        raise ProtocolError(f'InitProducerIdRequest: unsupported version {version}')
+    return _decode_InitProducerIdRequest(buf, pos, end, version, version >= 2)
+
+
 def encode_init_producer_id_request(record: InitProducerIdRequest, version: int | None = None, context: Any = None) -> bytes:
     """Encode a InitProducerIdRequest payload of ``version`` (default 0)."""
     if version is None:
@@ -3688,6 +3766,13 @@ def decode_init_producer_id_response(payload: Buffer, version: int | None = None
     if pos != len(buf):
         raise trailing('InitProducerIdResponse', len(buf) - pos)
     return result
+
+
+def read_init_producer_id_response(buf: bytes, pos: int, end: int, version: int) -> tuple[InitProducerIdResponse, int]:
+    """The InitProducerIdResponse of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 4):
+        raise ProtocolError(f'InitProducerIdResponse: unsupported version {version}')
+    return _decode_InitProducerIdResponse(buf, pos, end, version, version >= 2)
 
 
 def encode_init_producer_id_response(record: InitProducerIdResponse, version: int | None = None, context: Any = None) -> bytes:
@@ -3815,6 +3900,13 @@ def decode_list_offsets_request(payload: Buffer, version: int | None = None, con
     return result
 
 
+def read_list_offsets_request(buf: bytes, pos: int, end: int, version: int) -> tuple[ListOffsetsRequest, int]:
+    """The ListOffsetsRequest of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version >= 1 and version <= 7):
+        raise ProtocolError(f'ListOffsetsRequest: unsupported version {version}')
+    return _decode_ListOffsetsRequest(buf, pos, end, version, version >= 6)
+
+
 def encode_list_offsets_request(record: ListOffsetsRequest, version: int | None = None, context: Any = None) -> bytes:
     """Encode a ListOffsetsRequest payload of ``version`` (default 1)."""
     if version is None:
@@ -3940,6 +4032,13 @@ def decode_list_offsets_response(payload: Buffer, version: int | None = None, co
     return result
 
 
+def read_list_offsets_response(buf: bytes, pos: int, end: int, version: int) -> tuple[ListOffsetsResponse, int]:
+    """The ListOffsetsResponse of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version >= 1 and version <= 7):
+        raise ProtocolError(f'ListOffsetsResponse: unsupported version {version}')
+    return _decode_ListOffsetsResponse(buf, pos, end, version, version >= 6)
+
+
 def encode_list_offsets_response(record: ListOffsetsResponse, version: int | None = None, context: Any = None) -> bytes:
     """Encode a ListOffsetsResponse payload of ``version`` (default 1)."""
     if version is None:
@@ -4050,6 +4149,13 @@ def decode_metadata_request(payload: Buffer, version: int | None = None, context
     if pos != len(buf):
         raise trailing('MetadataRequest', len(buf) - pos)
     return result
+
+
+def read_metadata_request(buf: bytes, pos: int, end: int, version: int) -> tuple[MetadataRequest, int]:
+    """The MetadataRequest of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 12):
+        raise ProtocolError(f'MetadataRequest: unsupported version {version}')
+    return _decode_MetadataRequest(buf, pos, end, version, version >= 9)
 
 
 def encode_metadata_request(record: MetadataRequest, version: int | None = None, context: Any = None) -> bytes:
@@ -4315,6 +4421,13 @@ def decode_metadata_response(payload: Buffer, version: int | None = None, contex
     return result
 
 
+def read_metadata_response(buf: bytes, pos: int, end: int, version: int) -> tuple[MetadataResponse, int]:
+    """The MetadataResponse of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 12):
+        raise ProtocolError(f'MetadataResponse: unsupported version {version}')
+    return _decode_MetadataResponse(buf, pos, end, version, version >= 9)
+
+
 def encode_metadata_response(record: MetadataResponse, version: int | None = None, context: Any = None) -> bytes:
     """Encode a MetadataResponse payload of ``version`` (default 0)."""
     if version is None:
@@ -4425,6 +4538,13 @@ def decode_produce_request(payload: Buffer, version: int | None = None, context:
     if pos != len(buf):
         raise trailing('ProduceRequest', len(buf) - pos)
     return result
+
+
+def read_produce_request(buf: bytes, pos: int, end: int, version: int) -> tuple[ProduceRequest, int]:
+    """The ProduceRequest of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version >= 3 and version <= 9):
+        raise ProtocolError(f'ProduceRequest: unsupported version {version}')
+    return _decode_ProduceRequest(buf, pos, end, version, version >= 9)
 
 
 def encode_produce_request(record: ProduceRequest, version: int | None = None, context: Any = None) -> bytes:
@@ -4605,6 +4725,13 @@ def decode_produce_response(payload: Buffer, version: int | None = None, context
     return result
 
 
+def read_produce_response(buf: bytes, pos: int, end: int, version: int) -> tuple[ProduceResponse, int]:
+    """The ProduceResponse of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version >= 3 and version <= 9):
+        raise ProtocolError(f'ProduceResponse: unsupported version {version}')
+    return _decode_ProduceResponse(buf, pos, end, version, version >= 9)
+
+
 def encode_produce_response(record: ProduceResponse, version: int | None = None, context: Any = None) -> bytes:
     """Encode a ProduceResponse payload of ``version`` (default 3)."""
     if version is None:
@@ -4761,6 +4888,13 @@ def decode_sasl_authenticate_request(payload: Buffer, version: int | None = None
     return result
 
 
+def read_sasl_authenticate_request(buf: bytes, pos: int, end: int, version: int) -> tuple[SaslAuthenticateRequest, int]:
+    """The SaslAuthenticateRequest of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 2):
+        raise ProtocolError(f'SaslAuthenticateRequest: unsupported version {version}')
+    return _decode_SaslAuthenticateRequest(buf, pos, end, version, version >= 2)
+
+
 def encode_sasl_authenticate_request(record: SaslAuthenticateRequest, version: int | None = None, context: Any = None) -> bytes:
     """Encode a SaslAuthenticateRequest payload of ``version`` (default 0)."""
     if version is None:
@@ -4821,6 +4955,13 @@ def decode_sasl_authenticate_response(payload: Buffer, version: int | None = Non
     return result
 
 
+def read_sasl_authenticate_response(buf: bytes, pos: int, end: int, version: int) -> tuple[SaslAuthenticateResponse, int]:
+    """The SaslAuthenticateResponse of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 2):
+        raise ProtocolError(f'SaslAuthenticateResponse: unsupported version {version}')
+    return _decode_SaslAuthenticateResponse(buf, pos, end, version, version >= 2)
+
+
 def encode_sasl_authenticate_response(record: SaslAuthenticateResponse, version: int | None = None, context: Any = None) -> bytes:
     """Encode a SaslAuthenticateResponse payload of ``version`` (default 0)."""
     if version is None:
@@ -4863,6 +5004,13 @@ def decode_sasl_handshake_request(payload: Buffer, version: int | None = None, c
     if pos != len(buf):
         raise trailing('SaslHandshakeRequest', len(buf) - pos)
     return result
+
+
+def read_sasl_handshake_request(buf: bytes, pos: int, end: int, version: int) -> tuple[SaslHandshakeRequest, int]:
+    """The SaslHandshakeRequest of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 1):
+        raise ProtocolError(f'SaslHandshakeRequest: unsupported version {version}')
+    return _decode_SaslHandshakeRequest(buf, pos, end, version, False)
 
 
 def encode_sasl_handshake_request(record: SaslHandshakeRequest, version: int | None = None, context: Any = None) -> bytes:
@@ -4918,6 +5066,13 @@ def decode_sasl_handshake_response(payload: Buffer, version: int | None = None, 
     if pos != len(buf):
         raise trailing('SaslHandshakeResponse', len(buf) - pos)
     return result
+
+
+def read_sasl_handshake_response(buf: bytes, pos: int, end: int, version: int) -> tuple[SaslHandshakeResponse, int]:
+    """The SaslHandshakeResponse of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 1):
+        raise ProtocolError(f'SaslHandshakeResponse: unsupported version {version}')
+    return _decode_SaslHandshakeResponse(buf, pos, end, version, False)
 
 
 def encode_sasl_handshake_response(record: SaslHandshakeResponse, version: int | None = None, context: Any = None) -> bytes:
@@ -4989,4 +5144,33 @@ FLEXIBLE_VERSIONS: Final[dict[str, tuple[int, int | None] | None]] = {
     'SaslAuthenticateResponse': (2, None),
     'SaslHandshakeRequest': None,
     'SaslHandshakeResponse': None,
+}
+
+#: ``read_<message>(buf, pos, end, version) -> (record, next pos)`` by message name:
+#: the decoders that read in place.
+READERS: Final[dict[str, Callable[[bytes, int, int, int], tuple[Any, int]]]] = {
+    'ApiVersionsRequest': read_api_versions_request,
+    'ApiVersionsResponse': read_api_versions_response,
+    'CreateTopicsRequest': read_create_topics_request,
+    'CreateTopicsResponse': read_create_topics_response,
+    'DescribeConfigsRequest': read_describe_configs_request,
+    'DescribeConfigsResponse': read_describe_configs_response,
+    'FetchRequest': read_fetch_request,
+    'FetchResponse': read_fetch_response,
+    'FindCoordinatorRequest': read_find_coordinator_request,
+    'FindCoordinatorResponse': read_find_coordinator_response,
+    'InitProducerIdRequest': read_init_producer_id_request,
+    'InitProducerIdResponse': read_init_producer_id_response,
+    'ListOffsetsRequest': read_list_offsets_request,
+    'ListOffsetsResponse': read_list_offsets_response,
+    'MetadataRequest': read_metadata_request,
+    'MetadataResponse': read_metadata_response,
+    'ProduceRequest': read_produce_request,
+    'ProduceResponse': read_produce_response,
+    'RequestHeader': read_request_header,
+    'ResponseHeader': read_response_header,
+    'SaslAuthenticateRequest': read_sasl_authenticate_request,
+    'SaslAuthenticateResponse': read_sasl_authenticate_response,
+    'SaslHandshakeRequest': read_sasl_handshake_request,
+    'SaslHandshakeResponse': read_sasl_handshake_response,
 }

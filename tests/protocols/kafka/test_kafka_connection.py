@@ -202,3 +202,11 @@ def test_fuzz_raises_only_protocol_errors() -> None:
 def test_every_request_codec_is_reachable_by_key() -> None:
     assert {c.name for c in REQUESTS.values()} == {
         n for n, c in CODECS.items() if c.spec.kind == "request"}
+
+
+def test_trailing_bytes_after_a_request_body_are_refused() -> None:
+    wire = request_bytes(18, 3, 1, r.ApiVersionsRequest("c", "1")) + b"\x00"
+    conn = KafkaServerConnection()
+    conn.receive_data(struct.pack(">i", len(wire) - 4) + wire[4:])
+    with pytest.raises(ProtocolError, match="trailing bytes in ApiVersionsRequest"):
+        conn.next_event()
