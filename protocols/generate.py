@@ -1,7 +1,8 @@
 """Generate each protocol's record classes and codecs from its JSON declarations.
 
 Run ``python -m protocols.generate`` after changing a file in ``protocols/*/specs/`` (or
-this generator): it rewrites ``protocols/tank/records.py`` and ``protocols/figg/records.py``.
+this generator): it rewrites ``protocols/tank/records.py``, ``protocols/figg/records.py``
+and ``protocols/kafka/records.py`` (Kafka's type system: :mod:`protocols.generate_kafka`).
 ``--check`` only reports whether they are current (exit 1 if not); ``--out DIR`` writes
 them under ``DIR`` instead. ``tests/protocols/test_generate.py`` holds the checked-in files
 to the declarations.
@@ -62,6 +63,9 @@ class Target:
     title: str  # first docstring line
     registry: TypeRegistry
     custom_module: str | None = None  # defines CUSTOM_TYPES and their record classes
+    #: Kafka's type system (int16-length strings, flexible versions, tagged fields) rather
+    #: than Tank's and Figg's: see :mod:`protocols.generate_kafka`.
+    kafka: bool = False
     #: Flat messages in a ``type | version | length`` frame: the header's struct format,
     #: the version it carries, and batch encoders by message name (shared leading fields).
     frame: str | None = None
@@ -83,6 +87,9 @@ def targets() -> list[Target]:
         Target("protocols.figg", "protocols.figg.records",
                "Figg's message records and frame codecs",
                TypeRegistry("big"), frame=">HHI", frame_version=1, batches={"Data": 1}),
+        Target("protocols.kafka", "protocols.kafka.records",
+               "Kafka's message records and payload codecs",
+               TypeRegistry("big"), kafka=True),
     ]
 
 
@@ -141,6 +148,7 @@ class Module:
         self.tables: list[str] = []
         self.spec_imports = {"Buffer"}
         self.wire_imports: set[str] = set()
+        self.extra_imports: list[str] = []  # whole import lines a dialect adds
 
     # -- shared pieces --------------------------------------------------------------------
 
@@ -772,6 +780,7 @@ class Module:
             imports.append(f"from {target.custom_module} import {', '.join(names)}")
         if self.wire_imports:
             imports.append(f"from protocols.wire import {', '.join(sorted(self.wire_imports))}")
+        imports += self.extra_imports
         constants = [f"{name}: Final = Struct({self.prefix + fmt!r})"
                      for fmt, name in self.structs.items()]
         constants += [f"_{name}: Final = CUSTOM_TYPES[{name!r}]" for name in sorted(self.customs)]
@@ -841,6 +850,10 @@ def generate(target: Target, specs: Sequence[MessageSpec] | None = None) -> str:
     """The source of ``target``'s module (from its package's declarations by default)."""
     if specs is None:
         specs = list(load_package_specs(target.package).values())
+    if target.kafka:
+        from protocols.generate_kafka import KafkaModule
+
+        return KafkaModule(target, specs).render()
     return Module(target, specs).render()
 
 

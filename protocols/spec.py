@@ -73,6 +73,8 @@ class VersionRange:
     @classmethod
     def parse(cls, text: str | int) -> VersionRange:
         text = str(text).strip()
+        if text == "none":  # Kafka's word for "no version"
+            return NO_VERSIONS
         try:
             if text.endswith("+"):
                 return cls(int(text[:-1]), None)
@@ -92,13 +94,20 @@ class VersionRange:
         return self.low <= other.low and (
             self.high is None or (other.high is not None and other.high <= self.high))
 
+    @property
+    def empty(self) -> bool:
+        return self.high is not None and self.high < self.low
+
     def __str__(self) -> str:
+        if self.empty:
+            return "none"
         if self.high is None:
             return f"{self.low}+"
         return str(self.low) if self.low == self.high else f"{self.low}-{self.high}"
 
 
 ALL_VERSIONS = VersionRange(0, None)
+NO_VERSIONS = VersionRange(0, -1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +121,14 @@ class FieldSpec:
     fields: tuple[FieldSpec, ...] = ()
     default: Any = None
     about: str = ""
+    # Kafka's message-definition keys (see protocols/kafka/specs/): None where absent.
+    nullable_versions: VersionRange | None = None
+    tagged_versions: VersionRange | None = None
+    tag: int | None = None
+    flexible_versions: VersionRange | None = None  # a field's own, overriding the message's
+    ignorable: bool = False
+    entity_type: str = ""
+    map_key: bool = False
 
     @property
     def is_array(self) -> bool:
@@ -134,6 +151,9 @@ class MessageSpec:
     version_field: str | None = None
     about: str = ""
     comment: str = ""  # the ``//`` lines before the declaration
+    #: Kafka: the versions whose strings, bytes and arrays are compact and whose structs
+    #: end in tagged fields (None: a protocol without flexible versions).
+    flexible_versions: VersionRange | None = None
 
 
 class CustomType(Protocol):
@@ -153,10 +173,27 @@ class CustomType(Protocol):
     def encode(self, value: Any, version: int, out: bytearray, context: Any) -> None: ...
 
 
+_FIELD_KEYS: Final = frozenset(("name", "type", "versions", "count", "fields", "default",
+                                "about"))
+#: Keys of Kafka's message definitions (``zeroCopy`` only tells Kafka's Java generator to
+#: share buffers: nothing to do here).
+_KAFKA_FIELD_KEYS: Final = frozenset(("nullableVersions", "taggedVersions", "tag",
+                                      "flexibleVersions", "ignorable", "entityType", "mapKey",
+                                      "zeroCopy"))
+
+
+def _optional_range(raw: Mapping[str, Any], key: str) -> VersionRange | None:
+    return VersionRange.parse(raw[key]) if key in raw else None
+
+
 def _parse_field(raw: Mapping[str, Any]) -> FieldSpec:
-    unknown = set(raw) - {"name", "type", "versions", "count", "fields", "default", "about"}
+    unknown = set(raw) - _FIELD_KEYS - _KAFKA_FIELD_KEYS
     if unknown:
         raise ValueError(f"field {raw.get('name')!r}: unknown keys {sorted(unknown)}")
+    tag = raw.get("tag")
+    tagged = _optional_range(raw, "taggedVersions")
+    if (tag is None) != (tagged is None):
+        raise ValueError(f"field {raw['name']!r}: tag and taggedVersions go together")
     return FieldSpec(
         name=raw["name"],
         type=raw["type"],
@@ -165,23 +202,32 @@ def _parse_field(raw: Mapping[str, Any]) -> FieldSpec:
         fields=tuple(_parse_field(f) for f in raw.get("fields", ())),
         default=raw.get("default"),
         about=raw.get("about", ""),
+        nullable_versions=_optional_range(raw, "nullableVersions"),
+        tagged_versions=tagged,
+        tag=None if tag is None else int(tag),
+        flexible_versions=_optional_range(raw, "flexibleVersions"),
+        ignorable=bool(raw.get("ignorable", False)),
+        entity_type=raw.get("entityType", ""),
+        map_key=bool(raw.get("mapKey", False)),
     )
 
 
 def parse_spec(raw: Mapping[str, Any], comment: str = "") -> MessageSpec:
     """Build a :class:`MessageSpec` from a decoded JSON declaration."""
     kind = raw["type"]
-    if kind not in ("request", "response"):
-        raise ValueError(f"{raw['name']}: type must be request or response, not {kind!r}")
+    if kind not in ("request", "response", "header"):
+        raise ValueError(f"{raw['name']}: type must be request, response or header, "
+                         f"not {kind!r}")
     spec = MessageSpec(
         name=raw["name"],
-        api_key=int(raw["apiKey"]),
+        api_key=int(raw.get("apiKey", -1)),
         kind=kind,
         valid_versions=VersionRange.parse(raw["validVersions"]),
         fields=tuple(_parse_field(f) for f in raw["fields"]),
         version_field=raw.get("versionField"),
         about=raw.get("about", ""),
         comment=comment,
+        flexible_versions=_optional_range(raw, "flexibleVersions"),
     )
     if spec.version_field is not None and (
             not spec.fields or spec.fields[0].name != spec.version_field

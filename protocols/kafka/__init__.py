@@ -1,1 +1,4 @@
-"""Kafka: record batches (magic v2) and their mapping to Tank bundles."""
+"""Kafka's wire protocol, sans-IO: message declarations in Kafka's own JSON format
+(``specs/``), the records and codecs generated from them (``records``), framing
+(``connection``), API keys and error codes (``types``), record batches (``batch``,
+``codecs``) and their mapping to Tank bundles (``bundles``)."""

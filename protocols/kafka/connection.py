@@ -1,0 +1,154 @@
+"""The Kafka connection state machine, server side (sans-IO, after h11).
+
+A frame is ``int32 size | payload`` (big-endian); a request payload is a request header
+(API key, version, correlation id, client id; tagged fields when the version is flexible)
+and the body. :class:`KafkaServerConnection` takes received bytes, returns one event per
+complete request and encodes responses with the header version their request calls for.
+
+A request whose API key or version this package does not declare is not an error: it
+comes out as :class:`UnsupportedRequest`, so the listener can answer as Kafka does
+(an ApiVersions request of a newer version gets an ApiVersions version 0 answer with
+UNSUPPORTED_VERSION and the supported versions; for other APIs Kafka closes the
+connection). Anything else malformed raises :class:`~protocols.errors.ProtocolError`.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, Final
+
+from protocols.connection import CLOSED, DEFAULT_MAX_FRAME, NEED_DATA, FrameReader, kept
+from protocols.errors import ProtocolError
+from protocols.kafka.messages import (
+    REQUESTS,
+    RESPONSES,
+    request_header_version,
+    response_header_version,
+)
+from protocols.kafka.primitives import read_nullable_string
+from protocols.kafka.records import ResponseHeader, encode_response_header, read_request_header
+
+#: ``int32 size`` before every payload. Read unsigned, so that a negative size is simply
+#: too large (FrameTooLarge) rather than a separate case.
+FRAME_HEADER: Final = struct.Struct(">I")
+_HEAD: Final = struct.Struct(">hhi")  # api key, api version, correlation id
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One decoded request: its header's fields and its body record."""
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    body: Any
+
+
+@dataclass(frozen=True, slots=True)
+class UnsupportedRequest:
+    """A request of an API key or version not declared here; its body is not decoded.
+
+    ``client_id`` is None when the header did not carry a readable one.
+    """
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+
+
+def frame(payload: bytes) -> bytes:
+    """``int32 size | payload``."""
+    return FRAME_HEADER.pack(len(payload)) + payload
+
+
+def decode_request(payload: bytes) -> Request | UnsupportedRequest:
+    """One request payload (no size prefix) into an event; ProtocolError if malformed."""
+    if len(payload) < _HEAD.size:
+        raise ProtocolError(f"request of {len(payload)} bytes is too short for its header")
+    api_key, api_version, correlation_id = _HEAD.unpack_from(payload, 0)
+    codec = REQUESTS.get(api_key)
+    if codec is None or api_version not in codec.spec.valid_versions:
+        try:
+            client_id, _ = read_nullable_string(payload, _HEAD.size, len(payload), False,
+                                                True, "RequestHeader.client_id")
+        except ProtocolError:
+            client_id = None
+        return UnsupportedRequest(api_key, api_version, correlation_id, client_id)
+    header, pos = read_request_header(payload, 0, len(payload),
+                                      request_header_version(api_key, api_version))
+    body = codec.decode(payload[pos:], version=api_version)
+    return Request(api_key, api_version, correlation_id, header.client_id, body)
+
+
+def encode_response(api_key: int, api_version: int, correlation_id: int, body: Any) -> bytes:
+    """The whole frame of a response: size, header of the right version, body.
+
+    ValueError for a body that does not fit ``api_version``.
+    """
+    codec = RESPONSES.get(api_key)
+    if codec is None:
+        raise ValueError(f"no response declared for API key {api_key}")
+    header = encode_response_header(ResponseHeader(correlation_id),
+                                    response_header_version(api_key, api_version))
+    payload = codec.encode(body, version=api_version)
+    return FRAME_HEADER.pack(len(header) + len(payload)) + header + payload
+
+
+class KafkaServerConnection:
+    """The server end of a Kafka connection: bytes in, requests out, responses to bytes.
+
+    :meth:`next_event` returns a :class:`Request` or :class:`UnsupportedRequest`,
+    :data:`~protocols.connection.NEED_DATA` when it needs more bytes, and
+    :data:`~protocols.connection.CLOSED` after a clean EOF. Bad input raises
+    :class:`~protocols.errors.ProtocolError` (a frame over ``max_frame_size``:
+    :class:`~protocols.errors.FrameTooLarge`, before its payload is buffered); the
+    connection is then unusable and every later ``next_event`` raises too.
+    """
+
+    def __init__(self, *, max_frame_size: int = DEFAULT_MAX_FRAME) -> None:
+        self._frames = FrameReader(FRAME_HEADER, 0, max_frame_size)
+        self._failure: ProtocolError | None = None
+
+    @property
+    def max_frame_size(self) -> int:
+        """The largest payload accepted from the peer."""
+        return self._frames.max_payload
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet returned as events."""
+        return self._frames.buffered
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Feed bytes received from the peer; ``b""`` means the peer closed."""
+        self._frames.feed(data)
+
+    def next_event(self) -> Any:
+        """The next :class:`Request` or :class:`UnsupportedRequest`, NEED_DATA or CLOSED."""
+        if self._failure is not None:
+            raise ProtocolError(f"connection already failed: {self._failure}")
+        try:
+            got = self._frames.next_frame()
+            if got is NEED_DATA or got is CLOSED:
+                return got
+            _, payload = got  # type: ignore[misc]  # a frame, not a sentinel
+            return decode_request(payload)
+        except ProtocolError as exc:
+            self._failure = kept(exc)
+            raise
+
+    def send(self, request: Request | UnsupportedRequest, body: Any, *,
+             version: int | None = None) -> bytes:
+        """The whole frame answering ``request`` with ``body`` (a response record of its
+        API key), at the request's version unless ``version`` says otherwise (the
+        ApiVersions version 0 answer to an unsupported version)."""
+        return encode_response(request.api_key,
+                               request.api_version if version is None else version,
+                               request.correlation_id, body)
+
+
+__all__ = ["FRAME_HEADER", "KafkaServerConnection", "Request", "UnsupportedRequest",
+           "decode_request", "encode_response", "frame"]

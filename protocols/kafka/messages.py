@@ -1,0 +1,52 @@
+"""Kafka's declared messages by API key, and which header version each one travels with.
+
+A request whose version is flexible carries request header version 2 (tagged fields after
+the client id), else version 1; its response carries response header version 1 when
+flexible, else 0, except an ApiVersions response, always version 0 (a client reads it
+before it knows what the broker speaks).
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any, Final
+
+from protocols.kafka.records import FLEXIBLE_VERSIONS, PAYLOAD_CODECS
+from protocols.kafka.types import ApiKey
+from protocols.spec import MessageCodec, load_package_codecs
+
+#: Every declared message's codec, by name (``"FetchRequest"``, ``"RequestHeader"``, ...).
+CODECS: Final[dict[str, MessageCodec[Any]]] = load_package_codecs("protocols.kafka",
+                                                                   PAYLOAD_CODECS)
+#: The request and response codecs by API key.
+REQUESTS: Final = MappingProxyType({c.api_key: c for c in CODECS.values()
+                                    if c.spec.kind == "request"})
+RESPONSES: Final = MappingProxyType({c.api_key: c for c in CODECS.values()
+                                     if c.spec.kind == "response"})
+#: ``(min, max)`` version of every API key this package can decode, as ApiVersions tells.
+SUPPORTED_VERSIONS: Final = MappingProxyType({
+    key: (c.spec.valid_versions.low, c.spec.valid_versions.high)
+    for key, c in sorted(REQUESTS.items())})
+
+
+def is_flexible(name: str, version: int) -> bool:
+    """Whether ``version`` of the message ``name`` is a flexible one."""
+    flexible = FLEXIBLE_VERSIONS[name]
+    return flexible is not None and flexible[0] <= version and (
+        flexible[1] is None or version <= flexible[1])
+
+
+def request_header_version(api_key: int, version: int) -> int:
+    """The request header version a request of ``api_key``/``version`` carries."""
+    return 2 if is_flexible(REQUESTS[api_key].name, version) else 1
+
+
+def response_header_version(api_key: int, version: int) -> int:
+    """The response header version the answer to ``api_key``/``version`` carries."""
+    if api_key == ApiKey.API_VERSIONS:
+        return 0
+    return 1 if is_flexible(RESPONSES[api_key].name, version) else 0
+
+
+__all__ = ["CODECS", "REQUESTS", "RESPONSES", "SUPPORTED_VERSIONS", "is_flexible",
+           "request_header_version", "response_header_version"]
