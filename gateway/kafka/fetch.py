@@ -43,6 +43,9 @@ async def fetch(backend: Backend, body: Any, access: ConnectionAccess) -> FetchR
     wanted: list[FetchRequest] = []
     for topic in body.topics:
         allowed = access.may(topic.topic, Operation.SUBSCRIBE)
+        if not allowed:
+            access.refused(topic.topic, Operation.SUBSCRIBE, "fetch",
+                           "topic_authorization_failed")
         for part in topic.partitions:
             if not allowed:
                 slots.append((topic.topic, part.partition, ErrorCode.TOPIC_AUTHORIZATION_FAILED))

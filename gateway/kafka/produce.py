@@ -67,6 +67,7 @@ def plan_produce(body: Any, access: ConnectionAccess, max_batch: int) -> Produce
         allowed = access.may(name, Operation.PUBLISH)
         if not allowed:
             plan.denied.add(name)
+            access.refused(name, Operation.PUBLISH, "produce", "topic_authorization_failed")
         parts = []
         for data in topic.partition_data:
             part = _Part(data.index)
