@@ -183,3 +183,28 @@ async def test_interop_kafka_tank_figg_see_the_same_messages(tmp_path):
     assert tanked == [(1, b"a", b"one"), (2, None, b"two")]  # seq = offset + 1
     assert figged == [(1, b"one"), (2, b"two")]
     assert kafkaed == [(0, b"one"), (1, b"two"), (2, b"three")]
+
+
+async def test_an_idempotent_producer_fails_clearly(tmp_path):
+    def script(addr: str) -> list[int]:
+        errors: list[int] = []
+
+        def on_error(err: Any) -> None:
+            errors.append(err.code())
+
+        producer = ck.Producer({**CONFLUENT, "bootstrap.servers": addr,
+                                "enable.idempotence": True, "error_cb": on_error})
+        producer.produce("idem", b"x")
+        try:
+            producer.flush(3)
+        except ck.KafkaException as exc:
+            errors.append(exc.args[0].code())
+        return errors
+
+    async with kafka_server(tmp_path) as server:
+        with trio.fail_after(20):
+            errors = await trio.to_thread.run_sync(script, bootstrap(server))
+            infos = await server.backend.discover_partitions("idem")
+    # ApiVersions does not list InitProducerId: librdkafka stops with a fatal error.
+    assert ck.KafkaError._UNSUPPORTED_FEATURE in errors
+    assert infos is None or infos[0].high_water_mark == 0  # nothing was written
