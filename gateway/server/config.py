@@ -137,7 +137,7 @@ def _topic_config(value: Any) -> dict[str, str]:
 
 
 #: What a listener serves.
-PROTOCOLS = ("tank", "figg", "metrics")
+PROTOCOLS = ("tank", "figg", "kafka", "metrics")
 _LISTENER_KEYS = ("protocol", "address", "tls", "tls_cert", "tls_key", "tls_client_ca")
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
@@ -275,15 +275,22 @@ class Settings:
     figg_listen: str = _setting(
         "listen.figg", "127.0.0.1:8119", _optional_address,
         "Figg protocol listener (empty: off).", "--figg-listen")
+    kafka_listen: str = _setting(
+        "listen.kafka", "127.0.0.1:9092", _optional_address,
+        "Kafka protocol listener (empty: off).", "--kafka-listen")
+    kafka_advertised: str = _setting(
+        "listen.kafka_advertised", "", _optional_address,
+        "HOST:PORT the Kafka listener tells clients to connect to in Metadata (empty: "
+        "the address it is bound to).", "--kafka-advertised")
     metrics_listen: str = _setting(
         "listen.metrics", "127.0.0.1:9464", _optional_address,
         "Prometheus metrics and health endpoint (empty: off).", "--metrics-listen")
     listeners: dict[str, ListenerTable] = _setting(  # noqa: RUF009 (a field, made by _setting)
         "listeners", {}, _listener_tables,
         "Named listeners, [listeners.NAME]: settings of the listener listen.NAME opens "
-        "(tank, figg, metrics), or one more listener (its protocol: tank, figg or metrics; "
-        "address = \"HOST:PORT\"); each may set tls_cert, tls_key, tls_client_ca (over "
-        "the tls.* settings) or tls = false. See *Securing figtank*.")
+        "(tank, figg, kafka, metrics), or one more listener (its protocol: tank, figg, "
+        "kafka or metrics; address = \"HOST:PORT\"); each may set tls_cert, tls_key, "
+        "tls_client_ca (over the tls.* settings) or tls = false. See *Securing figtank*.")
     tls_cert: str = _setting(
         "tls.cert", "", _optional_file,
         "Certificate chain (PEM) of every listener without a tls_cert of its own: with "
@@ -401,10 +408,10 @@ class Settings:
 
     def listener_specs(self) -> list[ListenerSpec]:
         """Every listener to open (those with an empty address are off), in the order
-        metrics, tank, figg, then the [listeners.NAME] ones; a ConfigError naming the key
+        metrics, tank, figg, kafka, then the [listeners.NAME] ones; a ConfigError naming the key
         when a TLS setting lacks its pair."""
         listen = {"metrics": self.metrics_listen, "tank": self.tank_listen,
-                  "figg": self.figg_listen}
+                  "figg": self.figg_listen, "kafka": self.kafka_listen}
         if self.tls_client_ca and not self.tls_cert and not any(
                 t.tls_cert for t in self.listeners.values()):
             raise ConfigError("tls.client_ca: mutual TLS needs a certificate: set tls.cert "

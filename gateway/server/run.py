@@ -43,6 +43,7 @@ from gateway.auth.quotas import QuotaRules, Quotas
 from gateway.backend.contract import Backend
 from gateway.backend.embedded import connection_slots, open_embedded_backend
 from gateway.figg.listener import FiggListener
+from gateway.kafka.listener import KafkaListener
 from gateway.server.accepting import serve_listeners
 from gateway.server.config import (
     OPTIONS,
@@ -67,7 +68,8 @@ Unavailable = Callable[[], str | None]
 
 _FLAGS = {option.key: option.flag for option in OPTIONS}
 #: The protocol listeners, by protocol.
-_LISTENERS: dict[str, type[ProtocolListener]] = {"tank": TankListener, "figg": FiggListener}
+_LISTENERS: dict[str, type[ProtocolListener]] = {"tank": TankListener, "figg": FiggListener,
+                                                  "kafka": KafkaListener}
 
 
 class ServerInfo:
@@ -79,6 +81,7 @@ class ServerInfo:
         self.tank: Address | None = None
         self.figg: Address | None = None
         self.metrics: Address | None = None
+        self.kafka: Address | None = None
         #: Where every listener listens, by name (``"tank"``, ``"analytics"``...).
         self.addresses: dict[str, Address] = {}
         self.backend: Backend | None = None
@@ -374,6 +377,9 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                                                 quotas=info.quotas,
                                                 tls=tls.get(spec.name),
                                                 **more)
+                    made = listeners[spec.name]
+                    if isinstance(made, KafkaListener):
+                        made.bound(info.addresses[spec.name])
             info.listeners = listeners
             drain = trio.Event()
             connections = await draining.start(info._hold_connections, grace, drain)
@@ -384,6 +390,7 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                         metrics=metrics, handler_nursery=connections))
                 info.tank = info.addresses.get("tank")
                 info.figg = info.addresses.get("figg")
+                info.kafka = info.addresses.get("kafka")
                 readiness.phase = "serving"
                 _log_serving(settings, info)
                 yield info
@@ -426,8 +433,10 @@ def _show(address: Address | None) -> str | None:
 
 def _log_serving(settings: Settings, info: ServerInfo) -> None:
     others = {name: f"{_show(a)}{' tls' if name in info.tls else ''}"
-              for name, a in info.addresses.items() if name not in ("tank", "figg", "metrics")}
+              for name, a in info.addresses.items()
+              if name not in ("tank", "figg", "kafka", "metrics")}
     log.info("figtank_serving", tank=_show(info.tank), figg=_show(info.figg),
+             kafka=_show(info.kafka),
              metrics=_show(info.metrics), listeners=others or None,
              tls=sorted(info.tls) or None,
              backend="upstream" if settings.bridge_mode else "embedded",

@@ -1,0 +1,63 @@
+"""The Kafka listener: serves Kafka's protocol over a :class:`~gateway.backend.contract.Backend`.
+
+Each connection is a :class:`~gateway.kafka.session.KafkaSession`; the server
+(:func:`gateway.server.run.open_server`) binds ``listen.kafka`` and tells the listener
+where it is bound (:meth:`KafkaListener.bound`): Metadata advertises
+``listen.kafka_advertised``, or that address.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+import trio
+
+from gateway.auth.guard import AccessGuard
+from gateway.auth.principal import Principal
+from gateway.auth.quotas import PrincipalQuota, Quotas
+from gateway.backend.contract import Backend
+from gateway.kafka.session import KafkaSession, RequestCounter
+from gateway.server.config import Settings
+from gateway.server.listener import ProtocolListener
+from gateway.server.metrics import Metrics
+from gateway.server.tls import ListenerTLS
+
+
+class KafkaListener(ProtocolListener):
+    """Accepts Kafka connections and serves each one."""
+
+    protocol = "kafka"
+    routine_kinds = frozenset({"eof", "reset", "send_failed", "shutdown", "idle"})
+    log = structlog.get_logger("figtank.kafka")
+
+    def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
+                 name: str | None = None, guard: AccessGuard | None = None,
+                 tls: ListenerTLS | None = None, quotas: Quotas | None = None) -> None:
+        super().__init__(backend, settings, metrics, name=name, guard=guard, tls=tls,
+                         quotas=quotas)
+        self.counter = RequestCounter(metrics)
+        #: The host and port Metadata names (set by :meth:`bound`).
+        self.advertised: tuple[str, int] = ("127.0.0.1", 9092)
+
+    def bound(self, address: tuple[str, int]) -> None:
+        """The listener is bound to ``address``: advertise it, unless the listener named
+        kafka has ``listen.kafka_advertised``."""
+        given = self.settings.kafka_advertised if self.name == "kafka" else ""
+        if given:
+            host, _, port = given.rpartition(":")
+            self.advertised = (host.strip("[]"), int(port))
+        else:
+            self.advertised = address
+
+    def session(self, stream: trio.abc.Stream,
+                log: structlog.typing.FilteringBoundLogger, *,
+                principal: Principal, quota: PrincipalQuota | None = None
+                ) -> KafkaSession:
+        return KafkaSession(stream, backend=self.backend, settings=self.settings,
+                            metrics=self.metrics, counter=self.counter, log=log,
+                            advertised=self.advertised, principal=principal,
+                            guard=self.guard, quota=quota)
+
+    def stats(self, session: KafkaSession) -> dict[str, Any]:
+        return {"requests": session.requests, "bytes_sent": session.bytes_sent}

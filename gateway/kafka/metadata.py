@@ -1,0 +1,72 @@
+"""Metadata: this one node (broker id 0) leads every partition of every topic.
+
+An unknown topic is UNKNOWN_TOPIC_OR_PARTITION, unless the request allows creating it
+(version 4 and later say so; earlier ones always do) and ``topics.auto_create`` does: it
+is then created with the configured number of partitions and described at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Final
+
+from gateway.auth.guard import ConnectionAccess
+from gateway.auth.policy import Operation
+from gateway.backend.contract import Backend, TopicRefused
+from protocols.kafka.records import (
+    MetadataResponse,
+    MetadataResponseBroker,
+    MetadataResponsePartition,
+    MetadataResponseTopic,
+)
+from protocols.kafka.types import ErrorCode
+from protocols.topics import is_valid_topic_name
+
+#: The one broker's id.
+NODE_ID: Final = 0
+#: The cluster id clients are told (Metadata version 2 and later).
+CLUSTER_ID: Final = "figtank"
+
+
+def _partitions(count: int) -> list[MetadataResponsePartition]:
+    return [MetadataResponsePartition(error_code=0, partition_index=i, leader_id=NODE_ID,
+                                      leader_epoch=0, replica_nodes=[NODE_ID],
+                                      isr_nodes=[NODE_ID])
+            for i in range(count)]
+
+
+async def _describe(backend: Backend, name: str, may_create: bool) -> MetadataResponseTopic:
+    infos = await backend.discover_partitions(name)
+    if infos is None and may_create and backend.auto_create.allows(name):
+        with contextlib.suppress(TopicRefused):  # refused: answered as unknown
+            await backend.auto_create.create(name, backend.create_topic)
+        infos = await backend.discover_partitions(name)
+    if infos is None:
+        code = (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if is_valid_topic_name(name)
+                else ErrorCode.INVALID_TOPIC_EXCEPTION)
+        return MetadataResponseTopic(error_code=code, name=name)
+    return MetadataResponseTopic(error_code=0, name=name, partitions=_partitions(len(infos)))
+
+
+async def metadata(backend: Backend, body: Any, version: int, advertised: tuple[str, int],
+                   access: ConnectionAccess) -> MetadataResponse:
+    """The answer to a Metadata request ``body`` of ``version``."""
+    topics: list[MetadataResponseTopic] = []
+    if body.topics is None or (version == 0 and not body.topics):
+        for info in await backend.discover_topics():
+            if info.enabled and access.may_see(info.name):
+                topics.append(MetadataResponseTopic(error_code=0, name=info.name,
+                                                    partitions=_partitions(info.partitions)))
+    else:
+        allow = version < 4 or body.allow_auto_topic_creation
+        for requested in body.topics:
+            name = requested.name or ""
+            if not access.open and not access.may_see(name):
+                topics.append(MetadataResponseTopic(
+                    error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, name=name))
+                continue
+            topics.append(await _describe(backend, name, allow and access.may(
+                name, Operation.CREATE)))
+    host, port = advertised
+    return MetadataResponse(brokers=[MetadataResponseBroker(NODE_ID, host, port)],
+                            cluster_id=CLUSTER_ID, controller_id=NODE_ID, topics=topics)

@@ -1,0 +1,274 @@
+"""One Kafka connection on the server: requests served concurrently, answered in order.
+
+Kafka clients expect the responses of a connection in request order, so every request
+that gets an answer takes a slot in a queue when it is read; a slot's frame goes out
+once every earlier one's has (a Fetch long poll holds back the answers behind it, as on
+a Kafka broker). Produce is handed to the backend at once (written before the next
+request is read) and answered when the append is durable; with acks=0 it gets no
+answer. Metadata, ListOffsets and Fetch run in their own tasks.
+
+Admission and limits are the Tank session's: ``limits.max_requests_in_flight``,
+``limits.response_buffer_bytes`` and ``limits.unacked_bytes`` hold the connection back
+(counted once per episode); ``limits.max_frame_bytes`` and malformed requests close this
+connection only, with a log line. An API key this listener does not serve closes the
+connection (as Kafka does), except a too-new ApiVersions, answered with
+UNSUPPORTED_VERSION and the supported versions.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import structlog
+import trio
+from trio.lowlevel import ParkingLot
+
+from gateway.auth.guard import OPEN, AccessGuard
+from gateway.auth.principal import Principal
+from gateway.auth.quotas import PrincipalQuota
+from gateway.backend.contract import Backend, ProduceOutcome
+from gateway.io.writer import FrameWriter
+from gateway.kafka.fetch import fetch
+from gateway.kafka.metadata import metadata
+from gateway.kafka.offsets import list_offsets
+from gateway.kafka.produce import ProducePlan, all_ok, plan_produce, produce_response
+from gateway.kafka.versions import SERVED, api_versions
+from gateway.server.config import Settings
+from gateway.server.metrics import Metrics
+from gateway.server.session import PROTOCOL_ERRORS, CloseConnection, Session
+from protocols.connection import CLOSED, NEED_DATA
+from protocols.kafka.connection import KafkaServerConnection, Request, UnsupportedRequest
+from protocols.kafka.types import ApiKey, ErrorCode
+
+
+class RequestCounter:
+    """``figtank_requests{protocol="kafka"}`` children, looked up once per (type, result)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._requests = metrics.requests
+        self._children: dict[tuple[str, bool], Any] = {}
+
+    def inc(self, kind: str, ok: bool = True) -> None:
+        child = self._children.get((kind, ok))
+        if child is None:
+            child = self._requests.labels("kafka", kind, "ok" if ok else "error")
+            self._children[(kind, ok)] = child
+        child.inc()
+
+
+def _name(api_key: int) -> str:
+    try:
+        return ApiKey(api_key).name.lower()
+    except ValueError:
+        return f"api_{api_key}"
+
+
+class _Slot:
+    """A response's place in the connection's order."""
+
+    __slots__ = ("frame",)
+
+    def __init__(self) -> None:
+        self.frame: bytes | None = None
+
+
+class KafkaSession(Session):
+    """Serves one accepted Kafka connection until it closes; see :meth:`Session.run`."""
+
+    IDLE_REASON = "no request for {:g} s with nothing in flight"
+
+    def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: Settings,
+                 metrics: Metrics, counter: RequestCounter,
+                 log: structlog.typing.FilteringBoundLogger, advertised: tuple[str, int],
+                 principal: Principal | None = None, guard: AccessGuard | None = None,
+                 quota: PrincipalQuota | None = None) -> None:
+        super().__init__(stream, FrameWriter(stream, settings.response_buffer_bytes),
+                         frame_timeout=settings.frame_timeout_secs,
+                         idle_timeout=settings.idle_timeout_secs, quota=quota)
+        #: Who the connection acts as (its listener, or its certificate's subject).
+        self.principal = principal or Principal("kafka")
+        self._access = (guard or OPEN).connection(self.principal, log)
+        self._backend = backend
+        self._settings = settings
+        self._metrics = metrics
+        self._counter = counter
+        self._log = log
+        self._advertised = advertised
+        self._conn = KafkaServerConnection(max_frame_size=settings.max_frame_bytes)
+        self._order: deque[_Slot] = deque()
+        self._in_flight = 0
+        self._max_in_flight = settings.max_requests_in_flight
+        self._produce_bytes = 0
+        self._max_unacked = settings.unacked_bytes
+        self._held_by: str | None = None
+        self._settled = ParkingLot()
+        self._last_activity = trio.current_time()
+        #: Requests received on this connection.
+        self.requests = 0
+
+    # ------------------------------------------------------------------------- reading
+
+    async def _received(self, data: bytes | bytearray) -> bool:
+        conn = self._conn
+        conn.receive_data(data)
+        while True:
+            with PROTOCOL_ERRORS:
+                event = conn.next_event()
+            if event is NEED_DATA:
+                return False
+            if event is CLOSED:
+                return True
+            if self._spent() is not None:
+                await self._admit()
+            elif self._held_by is not None:
+                self._held_by = None
+            self._dispatch(event)
+
+    def _spent(self) -> str | None:
+        if self._outbox.full:
+            return "response_buffer_bytes"
+        if self._in_flight >= self._max_in_flight:
+            return "max_requests_in_flight"
+        if self._produce_bytes >= self._max_unacked:
+            return "unacked_bytes"
+        return None
+
+    async def _admit(self) -> None:
+        while (limit := self._spent()) is not None:
+            if limit != self._held_by:
+                self._held_by = limit
+                self._metrics.limit_hit(limit)
+                self._log.debug("connection_held_back", limit=limit,
+                                in_flight=self._in_flight,
+                                queued_bytes=self._outbox.queued_bytes,
+                                unacked_bytes=self._produce_bytes)
+            if limit == "response_buffer_bytes":
+                await self._outbox.wait_writable()
+            else:
+                await self._settled.park()
+
+    def _dispatch(self, request: Request | UnsupportedRequest) -> None:
+        self.requests += 1
+        self._last_activity = trio.current_time()
+        key = request.api_key
+        if isinstance(request, UnsupportedRequest) or key not in SERVED:
+            if key == ApiKey.API_VERSIONS:
+                # A newer client: tell it what is supported, in version 0 (as Kafka does).
+                self._counter.inc("api_versions", False)
+                slot = self._slot()
+                self._fill(slot, self._conn.send(
+                    request, api_versions(ErrorCode.UNSUPPORTED_VERSION), version=0))
+                return
+            self._counter.inc(_name(key), False)
+            raise CloseConnection("unsupported", f"API key {key} ({_name(key)}) version "
+                                  f"{request.api_version} is not served")
+        if key == ApiKey.API_VERSIONS:
+            self._fill(self._slot(), self._conn.send(request, api_versions()))
+            self._counter.inc("api_versions")
+        elif key == ApiKey.PRODUCE:
+            self._produce(request)
+        else:
+            self._start(request)
+
+    # ------------------------------------------------------------- answers in order
+
+    def _slot(self) -> _Slot:
+        slot = _Slot()
+        self._order.append(slot)
+        return slot
+
+    def _fill(self, slot: _Slot, frame: bytes) -> None:
+        slot.frame = frame
+        order = self._order
+        while order and order[0].frame is not None:
+            self._outbox.put_nowait(order.popleft().frame)  # type: ignore[arg-type]
+
+    def _begin(self) -> None:
+        self._in_flight += 1
+
+    def _end(self) -> None:
+        self._in_flight -= 1
+        self._last_activity = trio.current_time()
+        self._settled.unpark_all()
+
+    async def _settle(self) -> None:
+        while self._in_flight:
+            await self._settled.park()
+
+    def _buffered(self) -> int:
+        return self._conn.buffered
+
+    def _request_count(self) -> int:
+        return self.requests
+
+    def _busy(self) -> bool:
+        return self._in_flight > 0
+
+    def _idle_since(self) -> float:
+        return max(self._last_activity, self._last_read)
+
+    # ------------------------------------------------------------------------ handlers
+
+    def _start(self, request: Request) -> None:
+        assert self._nursery is not None
+        self._begin()
+        self._nursery.start_soon(self._serve, request, self._slot())
+
+    async def _serve(self, request: Request, slot: _Slot) -> None:
+        kind = _name(request.api_key)
+        try:
+            key, body = request.api_key, request.body
+            if key == ApiKey.METADATA:
+                response: Any = await metadata(self._backend, body, request.api_version,
+                                               self._advertised, self._access)
+            elif key == ApiKey.FETCH:
+                response = await fetch(self._backend, body, self._access)
+            else:
+                response = await list_offsets(self._backend, body, self._access)
+            self._fill(slot, self._conn.send(request, response))
+            self._counter.inc(kind)
+        except Exception as exc:  # a backend failure ends this connection, not the server
+            self._counter.inc(kind, False)
+            self._log.error("kafka_request_failed", request=kind, error=repr(exc))
+            self._closing(CloseConnection("backend_error", f"{kind}: {exc!r}"))
+        finally:
+            self._end()
+
+    def _produce(self, request: Request) -> None:
+        body = request.body
+        plan = plan_produce(body, self._access, self._settings.max_bundle_bytes)
+        if body.acks not in (0, 1, -1):
+            self._counter.inc("produce", False)
+            self._fill(self._slot(), self._conn.send(request, _refused(
+                plan, ErrorCode.INVALID_REQUIRED_ACKS)))
+            return
+        slot = None if body.acks == 0 else self._slot()
+        self._begin()
+        self._produce_bytes += plan.size
+
+        def done(outcomes: list[ProduceOutcome]) -> None:
+            self._produce_bytes -= plan.size
+            response = produce_response(plan, outcomes)
+            ok = all_ok(response)
+            if not ok:
+                self._log.info("kafka_produce_refused", acks=body.acks, partitions=[
+                    (t.name, p.index, p.error_code, p.error_message)
+                    for t in response.responses for p in t.partition_responses
+                    if p.error_code][:10])
+            if slot is not None:
+                self._fill(slot, self._conn.send(request, response))
+            self._counter.inc("produce", ok)
+            self._end()
+
+        if plan.batches:
+            self._backend.produce_nowait(plan.batches, done)
+        else:
+            done([])
+
+
+def _refused(plan: ProducePlan, code: int) -> Any:
+    for _, parts in plan.topics:
+        for part in parts:
+            part.error = part.error or code
+    return produce_response(plan, [])

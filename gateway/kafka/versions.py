@@ -1,0 +1,25 @@
+"""ApiVersions: the API keys and versions this listener serves (a subset of what
+:mod:`protocols.kafka` declares)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from protocols.kafka.messages import SUPPORTED_VERSIONS
+from protocols.kafka.records import ApiVersion, ApiVersionsResponse
+from protocols.kafka.types import ApiKey, ErrorCode
+
+#: The API keys the session answers; any other declared one closes the connection.
+SERVED: Final = frozenset({ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.LIST_OFFSETS,
+                           ApiKey.METADATA, ApiKey.API_VERSIONS})
+
+#: What an ApiVersions request is answered (the same for every version).
+_API_KEYS: Final = [ApiVersion(key, low, high if high is not None else low)
+                    for key, (low, high) in sorted(SUPPORTED_VERSIONS.items())
+                    if key in SERVED]
+
+
+def api_versions(error: int = ErrorCode.NONE) -> ApiVersionsResponse:
+    """The ApiVersions answer; ``error`` UNSUPPORTED_VERSION for a too-new request (sent
+    as version 0, as Kafka does)."""
+    return ApiVersionsResponse(error_code=error, api_keys=list(_API_KEYS))
