@@ -276,8 +276,10 @@ class Settings:
         "listen.figg", "127.0.0.1:8119", _optional_address,
         "Figg protocol listener (empty: off).", "--figg-listen")
     kafka_listen: str = _setting(
-        "listen.kafka", "127.0.0.1:9092", _optional_address,
-        "Kafka protocol listener (empty: off).", "--kafka-listen")
+        "listen.kafka", "", _optional_address,
+        "Kafka protocol listener, e.g. 127.0.0.1:9092 (empty: off; off by default while "
+        "the listener is a first slice: produce, fetch, offsets, metadata).",
+        "--kafka-listen")
     kafka_advertised: str = _setting(
         "listen.kafka_advertised", "", _optional_address,
         "HOST:PORT the Kafka listener tells clients to connect to in Metadata (empty: "
