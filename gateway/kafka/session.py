@@ -22,7 +22,6 @@ from typing import Any
 
 import structlog
 import trio
-from trio.lowlevel import ParkingLot
 
 from gateway.auth.guard import OPEN, AccessGuard
 from gateway.auth.principal import Principal
@@ -36,7 +35,8 @@ from gateway.kafka.produce import ProducePlan, all_ok, plan_produce, produce_res
 from gateway.kafka.versions import SERVED, api_versions
 from gateway.server.config import Settings
 from gateway.server.metrics import Metrics
-from gateway.server.session import PROTOCOL_ERRORS, CloseConnection, Session
+from gateway.server.requests import RequestSession
+from gateway.server.session import PROTOCOL_ERRORS, CloseConnection
 from protocols.connection import CLOSED, NEED_DATA
 from protocols.kafka.connection import KafkaServerConnection, Request, UnsupportedRequest
 from protocols.kafka.types import ApiKey, ErrorCode
@@ -73,7 +73,7 @@ class _Slot:
         self.frame: bytes | None = None
 
 
-class KafkaSession(Session):
+class KafkaSession(RequestSession):
     """Serves one accepted Kafka connection until it closes; see :meth:`Session.run`."""
 
     IDLE_REASON = "no request for {:g} s with nothing in flight"
@@ -84,28 +84,17 @@ class KafkaSession(Session):
                  principal: Principal | None = None, guard: AccessGuard | None = None,
                  quota: PrincipalQuota | None = None) -> None:
         super().__init__(stream, FrameWriter(stream, settings.response_buffer_bytes),
-                         frame_timeout=settings.frame_timeout_secs,
-                         idle_timeout=settings.idle_timeout_secs, quota=quota)
+                         settings=settings, metrics=metrics, log=log, quota=quota)
         #: Who the connection acts as (its listener, or its certificate's subject).
         self.principal = principal or Principal("kafka")
         self._access = (guard or OPEN).connection(self.principal, log)
         self._backend = backend
-        self._settings = settings
-        self._metrics = metrics
         self._counter = counter
-        self._log = log
         self._advertised = advertised
         self._conn = KafkaServerConnection(max_frame_size=settings.max_frame_bytes)
         self._order: deque[_Slot] = deque()
-        self._in_flight = 0
-        self._max_in_flight = settings.max_requests_in_flight
+        #: Bytes of Produce requests handed to the backend and not yet answered.
         self._produce_bytes = 0
-        self._max_unacked = settings.unacked_bytes
-        self._held_by: str | None = None
-        self._settled = ParkingLot()
-        self._last_activity = trio.current_time()
-        #: Requests received on this connection.
-        self.requests = 0
 
     # ------------------------------------------------------------------------- reading
 
@@ -119,38 +108,14 @@ class KafkaSession(Session):
                 return False
             if event is CLOSED:
                 return True
-            if self._spent() is not None:
-                await self._admit()
-            elif self._held_by is not None:
-                self._held_by = None
+            await self._admit_next()
             self._dispatch(event)
 
-    def _spent(self) -> str | None:
-        if self._outbox.full:
-            return "response_buffer_bytes"
-        if self._in_flight >= self._max_in_flight:
-            return "max_requests_in_flight"
-        if self._produce_bytes >= self._max_unacked:
-            return "unacked_bytes"
-        return None
-
-    async def _admit(self) -> None:
-        while (limit := self._spent()) is not None:
-            if limit != self._held_by:
-                self._held_by = limit
-                self._metrics.limit_hit(limit)
-                self._log.debug("connection_held_back", limit=limit,
-                                in_flight=self._in_flight,
-                                queued_bytes=self._outbox.queued_bytes,
-                                unacked_bytes=self._produce_bytes)
-            if limit == "response_buffer_bytes":
-                await self._outbox.wait_writable()
-            else:
-                await self._settled.park()
+    def _unacked_bytes(self) -> int:
+        return self._produce_bytes
 
     def _dispatch(self, request: Request | UnsupportedRequest) -> None:
-        self.requests += 1
-        self._last_activity = trio.current_time()
+        self._received_request()
         key = request.api_key
         if isinstance(request, UnsupportedRequest) or key not in SERVED:
             if key == ApiKey.API_VERSIONS:
@@ -183,30 +148,6 @@ class KafkaSession(Session):
         order = self._order
         while order and order[0].frame is not None:
             self._outbox.put_nowait(order.popleft().frame)  # type: ignore[arg-type]
-
-    def _begin(self) -> None:
-        self._in_flight += 1
-
-    def _end(self) -> None:
-        self._in_flight -= 1
-        self._last_activity = trio.current_time()
-        self._settled.unpark_all()
-
-    async def _settle(self) -> None:
-        while self._in_flight:
-            await self._settled.park()
-
-    def _buffered(self) -> int:
-        return self._conn.buffered
-
-    def _request_count(self) -> int:
-        return self.requests
-
-    def _busy(self) -> bool:
-        return self._in_flight > 0
-
-    def _idle_since(self) -> float:
-        return max(self._last_activity, self._last_read)
 
     # ------------------------------------------------------------------------ handlers
 

@@ -41,7 +41,6 @@ from typing import Any, Final
 
 import structlog
 import trio
-from trio.lowlevel import ParkingLot
 
 from gateway.auth.guard import OPEN, AccessGuard
 from gateway.auth.principal import Principal
@@ -56,7 +55,8 @@ from gateway.backend.contract import (
 from gateway.io.errors import STREAM_ERRORS, ExceptionMap, failed
 from gateway.server.config import Settings
 from gateway.server.metrics import Metrics
-from gateway.server.session import PROTOCOL_ERRORS, CloseConnection, Session
+from gateway.server.requests import RequestSession
+from gateway.server.session import PROTOCOL_ERRORS, CloseConnection
 from gateway.tank import access, admin
 from gateway.tank.consume import consume_reply, fetch_requests
 from gateway.tank.lane import OrderedLane
@@ -125,7 +125,7 @@ def _produce_size(request: Any) -> int:
     return sum(len(p.bundle) for t in request.topics for p in t.partitions)
 
 
-class TankSession(Session):
+class TankSession(RequestSession):
     """Serves one accepted Tank connection until it closes; see :meth:`Session.run`."""
 
     #: The writer's failures: a broken socket, or a segment file that fails it.
@@ -146,36 +146,23 @@ class TankSession(Session):
                  guard: AccessGuard | None = None,
                  quota: PrincipalQuota | None = None) -> None:
         super().__init__(stream, TankOutbox(stream, settings.response_buffer_bytes),
-                         frame_timeout=settings.frame_timeout_secs,
-                         idle_timeout=settings.idle_timeout_secs, quota=quota)
+                         settings=settings, metrics=metrics, log=log, quota=quota)
         #: Who the connection acts as (its listener, or its certificate's subject).
         self.principal = principal or Principal("tank")
         #: What the access policy lets it do.
         self._access = (guard or OPEN).connection(self.principal, log)
         self._auto_create = backend.auto_create.enabled
         self._backend = backend
-        self._settings = settings
-        self._metrics = metrics
         self._counter = counter
         #: Partitions this connection consumed, for the reader-lag gauge.
         self._read_partitions: set[tuple[str, int]] = set()
-        self._log = log
         self._conn = TankConnection(Role.SERVER, max_frame_size=settings.max_frame_bytes)
         self._lane = OrderedLane(LANE_BATCH_BYTES)
-        self._in_flight = 0
-        self._max_in_flight = settings.max_requests_in_flight
         #: Bytes of Produce requests handed to the backend and not yet answered.
         self._produce_bytes = 0
-        self._max_unacked = settings.unacked_bytes
-        #: The limit holding the connection back now (its setting's name), or None.
-        self._held_by: str | None = None
-        self._settled = ParkingLot()
-        self._last_activity = trio.current_time()
         #: Each long poll's scope: cancelled by shutdown().
         self._polls: set[trio.CancelScope] = set()
         self._stopping = False
-        #: Requests received on this connection.
-        self.requests = 0
 
     def _start_tasks(self, nursery: trio.Nursery) -> None:
         nursery.start_soon(self._serve_lane)
@@ -207,47 +194,18 @@ class TankSession(Session):
                 return False
             if event is CLOSED:
                 return True
-            # One read can hold thousands of small requests: admit them as they fit.
-            if (self._in_flight >= self._max_in_flight or self._outbox.full
-                    or self._lane.queued_bytes + self._produce_bytes >= self._max_unacked):
-                await self._admit()
-            elif self._held_by is not None:
-                self._held_by = None  # the episode is over
+            await self._admit_next()
             quota = self._quota
             if quota is not None and quota.out_limited and type(event) is ConsumeRequest:
                 await self._throttle(quota.wait_out)
             self._dispatch(event)
 
-    def _spent(self) -> str | None:
-        """The first of the connection's budgets that is spent (its setting), or None."""
-        if self._outbox.full:
-            return "response_buffer_bytes"
-        if self._in_flight >= self._max_in_flight:
-            return "max_requests_in_flight"
-        if self._lane.queued_bytes + self._produce_bytes >= self._max_unacked:
-            return "unacked_bytes"
-        return None
-
-    async def _admit(self) -> None:
-        """Wait until the next request fits every budget; count each limit that holds the
-        connection back once per episode."""
-        while (limit := self._spent()) is not None:
-            if limit != self._held_by:
-                self._held_by = limit
-                self._metrics.limit_hit(limit)
-                self._log.debug("connection_held_back", limit=limit,
-                                in_flight=self._in_flight,
-                                queued_bytes=self._outbox.queued_bytes,
-                                unacked_bytes=self._lane.queued_bytes + self._produce_bytes)
-            if limit == "response_buffer_bytes":
-                await self._outbox.wait_writable()
-            else:
-                await self._settled.park()
+    def _unacked_bytes(self) -> int:
+        return self._lane.queued_bytes + self._produce_bytes
 
     def _dispatch(self, request: Any) -> None:
         kind = type(request)
-        self.requests += 1
-        self._last_activity = trio.current_time()
+        self._received_request()
         if kind is ConsumeRequest:
             if not request.topics:
                 raise CloseConnection("refused", "Consume without topics (the Tank broker "
@@ -285,30 +243,6 @@ class TankSession(Session):
             raise CloseConnection("refused", _REFUSED.get(kind, f"{kind.__name__} not served"))
 
     # ------------------------------------------------------------- requests in flight
-
-    def _begin(self) -> None:
-        self._in_flight += 1
-
-    def _end(self, count: int = 1) -> None:
-        self._in_flight -= count
-        self._last_activity = trio.current_time()
-        self._settled.unpark_all()
-
-    async def _settle(self) -> None:
-        while self._in_flight:
-            await self._settled.park()
-
-    def _buffered(self) -> int:
-        return self._conn.buffered
-
-    def _request_count(self) -> int:
-        return self.requests
-
-    def _busy(self) -> bool:
-        return self._in_flight > 0
-
-    def _idle_since(self) -> float:
-        return max(self._last_activity, self._last_read)
 
     def _start(self, handler: Any, request: Any, *args: Any) -> None:
         assert self._nursery is not None
