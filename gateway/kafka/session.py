@@ -5,7 +5,8 @@ that gets an answer takes a slot in a queue when it is read; a slot's frame goes
 once every earlier one's has (a Fetch long poll holds back the answers behind it, as on
 a Kafka broker). Produce is handed to the backend at once (written before the next
 request is read) and answered when the append is durable; with acks=0 it gets no
-answer. Metadata, ListOffsets and Fetch run in their own tasks.
+answer. Metadata, ListOffsets, Fetch, CreateTopics and DescribeConfigs run in their own
+tasks.
 
 Admission and limits are the Tank session's: ``limits.max_requests_in_flight``,
 ``limits.response_buffer_bytes`` and ``limits.unacked_bytes`` hold the connection back
@@ -28,6 +29,7 @@ from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota
 from gateway.backend.contract import Backend, ProduceOutcome
 from gateway.io.writer import FrameWriter
+from gateway.kafka.admin import create_topics, describe_configs
 from gateway.kafka.fetch import fetch
 from gateway.kafka.metadata import metadata
 from gateway.kafka.offsets import list_offsets
@@ -165,6 +167,15 @@ class KafkaSession(RequestSession):
                                                self._advertised, self._access)
             elif key == ApiKey.FETCH:
                 response = await fetch(self._backend, body, self._access)
+            elif key == ApiKey.CREATE_TOPICS:
+                response = await create_topics(self._backend, body, self._access)
+                refused = [(t.name, t.error_code, t.error_message)
+                           for t in response.topics if t.error_code]
+                if refused:
+                    self._log.info("kafka_create_topics_refused", topics=refused[:10],
+                                   validate_only=body.validate_only)
+            elif key == ApiKey.DESCRIBE_CONFIGS:
+                response = await describe_configs(self._backend, body, self._access)
             else:
                 response = await list_offsets(self._backend, body, self._access)
             self._fill(slot, self._conn.send(request, response))

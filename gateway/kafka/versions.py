@@ -11,7 +11,8 @@ from protocols.kafka.types import ApiKey, ErrorCode
 
 #: The API keys the session answers; any other declared one closes the connection.
 SERVED: Final = frozenset({ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.LIST_OFFSETS,
-                           ApiKey.METADATA, ApiKey.API_VERSIONS})
+                           ApiKey.METADATA, ApiKey.API_VERSIONS, ApiKey.CREATE_TOPICS,
+                           ApiKey.DESCRIBE_CONFIGS})
 
 #: What an ApiVersions request is answered (the same for every version).
 _API_KEYS: Final = [ApiVersion(key, low, high if high is not None else low)
