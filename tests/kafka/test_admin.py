@@ -117,7 +117,8 @@ async def test_the_access_policy_guards_creation(tmp_path):
 
 
 async def test_librdkafka_describes_a_topics_config(tmp_path):
-    async with kafka_server(tmp_path) as server:
+    async with kafka_server(tmp_path, topic_config={"log.retention.bytes": "9000000"}
+                            ) as server:
         addr = bootstrap(server)
         await _in_thread(_create, addr, [NewTopic("described", 1, config={
             "retention.ms": "3600000", "segment.bytes": "2097152"})])
@@ -130,10 +131,13 @@ async def test_librdkafka_describes_a_topics_config(tmp_path):
     values = {name: entry.value for name, entry in entries.items()}
     assert values["retention.ms"] == "3600000"
     assert values["segment.bytes"] == "2097152"
-    assert values["retention.bytes"] == "-1"  # Tank's 0: no limit
+    assert values["retention.bytes"] == "9000000"  # topics.config
+    assert values["flush.ms"] == str(2**63 - 1)  # Tank's 0: never
     assert values["segment.ms"] == str(7 * 86400 * 1000)  # Tank's default roll: a week
     assert values["retention.segments.count"] == "0"  # a Tank key with no Kafka name
     assert entries["retention.ms"].source == ck.admin.ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+    assert (entries["retention.bytes"].source
+            == ck.admin.ConfigSource.STATIC_BROKER_CONFIG.value)
     assert entries["segment.ms"].is_default and entries["segment.ms"].is_read_only
     assert unknown == ck.KafkaError.UNKNOWN_TOPIC_OR_PART
 
