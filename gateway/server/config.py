@@ -278,7 +278,8 @@ class Settings:
     kafka_listen: str = _setting(
         "listen.kafka", "", _optional_address,
         "Kafka protocol listener, e.g. 127.0.0.1:9092 (empty: off; off by default while "
-        "the listener is a first slice: produce, fetch, offsets, metadata).",
+        "the listener is a first slice: produce, fetch, offsets, metadata, topic creation "
+        "and configs).",
         "--kafka-listen")
     kafka_advertised: str = _setting(
         "listen.kafka_advertised", "", _optional_address,
