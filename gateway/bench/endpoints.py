@@ -21,6 +21,7 @@ from gateway.server.config import parse_address
 
 DEFAULT_TANK: Final = "127.0.0.1:11011"
 DEFAULT_FIGG: Final = "127.0.0.1:8119"
+DEFAULT_KAFKA: Final = "127.0.0.1:9092"
 #: Figg client options for benchmarks: pings rarer than the default (they cost nothing
 #: but are noise), a connect that gives up instead of retrying for ever.
 FIGG_OPTIONS: Final[dict[str, Any]] = {"ping_interval": 5.0, "connect_timeout": 10.0}

@@ -38,7 +38,7 @@ class Scenario:
     work: Callable[[Params, Share], Awaitable[WorkerResult]]
     finish: Callable[[Params, list[WorkerResult]], Awaitable[Report]]
     prepare: Callable[[Params], Awaitable[Params]] = _unchanged
-    #: Which endpoints it needs: a subset of {"tank", "figg"}.
+    #: Which endpoints it needs: a subset of {"tank", "figg", "kafka"}.
     needs: frozenset[str] = frozenset()
 
 

@@ -26,6 +26,8 @@ class Served:
     tank: str
     figg: str
     data_dir: Path
+    #: The Kafka listener's ``host:port`` ("" when it is off).
+    kafka: str = ""
 
 
 def _pump(stream: IO[str], lines: queue.Queue[str | None] | None,
@@ -83,7 +85,7 @@ def serve_figtank(*flags: str, durability: str = "fsync", data_dir: Path | None 
              "--tank-listen", "127.0.0.1:0", "--figg-listen", "127.0.0.1:0",
              "--metrics-listen", "", *flags], timeout=timeout)
         try:
-            yield Served(process, event["tank"], event["figg"], where)
+            yield Served(process, event["tank"], event["figg"], where, event.get("kafka") or "")
         finally:
             if process.poll() is None:
                 process.terminate()

@@ -16,7 +16,13 @@ from typing import Any
 
 import trio
 
-from gateway.bench.endpoints import DEFAULT_FIGG, DEFAULT_TANK, new_run_id, use_tls
+from gateway.bench.endpoints import (
+    DEFAULT_FIGG,
+    DEFAULT_KAFKA,
+    DEFAULT_TANK,
+    new_run_id,
+    use_tls,
+)
 from gateway.bench.procs import WorkerFailed, run_workers
 from gateway.bench.report import Report
 from gateway.bench.scenario import Params
@@ -54,6 +60,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                        help="Tank endpoint HOST:PORT")
     group.add_argument("--figg", type=_address, default=DEFAULT_FIGG,
                        help="Figg endpoint HOST:PORT")
+    group.add_argument("--kafka", type=_address, default=DEFAULT_KAFKA,
+                       help="Kafka endpoint HOST:PORT (the kafka-* scenarios)")
     group.add_argument("--target", default="figtank",
                        help="which broker this is, recorded in the report "
                             "(e.g. figtank-embedded-fsync, tank-4.0, figg)")
@@ -93,7 +101,7 @@ def params_from_args(args: argparse.Namespace) -> Params:
     """The parameters of a run: the common options, then the scenario's own."""
     scenario = get_scenario(args.scenario)
     common = {"scenario": args.scenario, "target": args.target, "tank": args.tank,
-              "figg": args.figg, "procs": args.procs, "seed": args.seed,
+              "figg": args.figg, "kafka": args.kafka, "procs": args.procs, "seed": args.seed,
               "compressible": args.compressible, "topic": args.topic,
               "server_pid": args.server_pid, "timeout": args.timeout, "run": new_run_id(),
               "tls": _tls_params(args)}
