@@ -17,10 +17,10 @@ from gateway.auth.guard import AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.backend.contract import Backend
-from gateway.kafka.session import KafkaSession, RequestCounter
+from gateway.kafka.session import KafkaSession
 from gateway.server.config import Settings
 from gateway.server.listener import ProtocolListener
-from gateway.server.metrics import Metrics
+from gateway.server.metrics import Metrics, RequestCounter
 from gateway.server.tls import ListenerTLS
 
 
@@ -36,7 +36,7 @@ class KafkaListener(ProtocolListener):
                  tls: ListenerTLS | None = None, quotas: Quotas | None = None) -> None:
         super().__init__(backend, settings, metrics, name=name, guard=guard, tls=tls,
                          quotas=quotas)
-        self.counter = RequestCounter(metrics)
+        self.counter = RequestCounter(metrics, "kafka")
         #: The host and port Metadata names (set by :meth:`bound`).
         self.advertised: tuple[str, int] = ("127.0.0.1", 9092)
 

@@ -36,27 +36,12 @@ from gateway.kafka.offsets import list_offsets
 from gateway.kafka.produce import ProducePlan, all_ok, plan_produce, produce_response
 from gateway.kafka.versions import SERVED, api_versions
 from gateway.server.config import Settings
-from gateway.server.metrics import Metrics
+from gateway.server.metrics import Metrics, RequestCounter
 from gateway.server.requests import RequestSession
 from gateway.server.session import PROTOCOL_ERRORS, CloseConnection
 from protocols.connection import CLOSED, NEED_DATA
 from protocols.kafka.connection import KafkaServerConnection, Request, UnsupportedRequest
 from protocols.kafka.types import ApiKey, ErrorCode
-
-
-class RequestCounter:
-    """``figtank_requests{protocol="kafka"}`` children, looked up once per (type, result)."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._requests = metrics.requests
-        self._children: dict[tuple[str, bool], Any] = {}
-
-    def inc(self, kind: str, ok: bool = True) -> None:
-        child = self._children.get((kind, ok))
-        if child is None:
-            child = self._requests.labels("kafka", kind, "ok" if ok else "error")
-            self._children[(kind, ok)] = child
-        child.inc()
 
 
 def _name(api_key: int) -> str:

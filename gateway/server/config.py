@@ -346,8 +346,8 @@ class Settings:
         "acknowledgement before it stops being read.")
     response_buffer_bytes: int = _setting(
         "limits.response_buffer_bytes", 8 * MIB, _positive_int,
-        "Response bytes (Consume chunks included) queued for one Tank connection before "
-        "it stops being read.")
+        "Response bytes (Consume chunks and Fetch batches included) queued for one Tank "
+        "or Kafka connection before it stops being read.")
     max_topics: int = _setting(
         "limits.max_topics", 10_000, _positive_int,
         "Topics the server holds; creating more is refused (CreateTopic: error 2; "

@@ -245,6 +245,23 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+class RequestCounter:
+    """``figtank_requests{protocol=...}`` children of one protocol, looked up once per
+    (type, result) rather than per request."""
+
+    def __init__(self, metrics: Metrics, protocol: str) -> None:
+        self._requests = metrics.requests
+        self._protocol = protocol
+        self._children: dict[tuple[str, bool], Any] = {}
+
+    def inc(self, kind: str, ok: bool = True) -> None:
+        child = self._children.get((kind, ok))
+        if child is None:
+            child = self._requests.labels(self._protocol, kind, "ok" if ok else "error")
+            self._children[(kind, ok)] = child
+        child.inc()
+
+
 class GaugeCollector(Collector):
     """A gauge family whose samples a callback computes at scrape time (in the endpoint's
     worker thread: the callback must only read, snapshotting what the loop mutates)."""

@@ -17,9 +17,9 @@ from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.backend.contract import Backend
 from gateway.server.config import Settings
 from gateway.server.listener import ProtocolListener
-from gateway.server.metrics import Metrics
+from gateway.server.metrics import Metrics, RequestCounter
 from gateway.server.tls import ListenerTLS
-from gateway.tank.session import RequestCounter, TankSession
+from gateway.tank.session import TankSession
 
 
 class TankListener(ProtocolListener):
@@ -35,7 +35,7 @@ class TankListener(ProtocolListener):
                  tls: ListenerTLS | None = None, quotas: Quotas | None = None) -> None:
         super().__init__(backend, settings, metrics, name=name, guard=guard, tls=tls,
                          quotas=quotas)
-        self.counter = RequestCounter(metrics)
+        self.counter = RequestCounter(metrics, "tank")
 
     def session(self, stream: trio.abc.Stream,
                 log: structlog.typing.FilteringBoundLogger, *,

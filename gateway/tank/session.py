@@ -54,7 +54,7 @@ from gateway.backend.contract import (
 )
 from gateway.io.errors import STREAM_ERRORS, ExceptionMap, failed
 from gateway.server.config import Settings
-from gateway.server.metrics import Metrics
+from gateway.server.metrics import Metrics, RequestCounter
 from gateway.server.requests import RequestSession
 from gateway.server.session import PROTOCOL_ERRORS, CloseConnection
 from gateway.tank import access, admin
@@ -104,21 +104,6 @@ _REFUSED: Final = {
     ConsumePeerRequest: "ConsumePeer is replication between clustered brokers; figtank is "
                         "standalone",
 }
-
-
-class RequestCounter:
-    """``figtank_requests{protocol="tank"}`` children, looked up once per (type, result)."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._requests = metrics.requests
-        self._children: dict[tuple[str, bool], Any] = {}
-
-    def inc(self, kind: str, ok: bool = True) -> None:
-        child = self._children.get((kind, ok))
-        if child is None:
-            child = self._requests.labels("tank", kind, "ok" if ok else "error")
-            self._children[(kind, ok)] = child
-        child.inc()
 
 
 def _produce_size(request: Any) -> int:
