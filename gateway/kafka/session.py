@@ -5,8 +5,8 @@ that gets an answer takes a slot in a queue when it is read; a slot's frame goes
 once every earlier one's has (a Fetch long poll holds back the answers behind it, as on
 a Kafka broker). Produce is handed to the backend at once (written before the next
 request is read) and answered when the append is durable; with acks=0 it gets no
-answer. Metadata, ListOffsets, Fetch, CreateTopics and DescribeConfigs run in their own
-tasks.
+answer. Every other request runs its handler (:data:`gateway.kafka.handlers.HANDLERS`)
+in its own task.
 
 Admission and limits are the Tank session's: ``limits.max_requests_in_flight``,
 ``limits.response_buffer_bytes`` and ``limits.unacked_bytes`` hold the connection back
@@ -29,10 +29,8 @@ from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota
 from gateway.backend.contract import Backend, ProduceOutcome
 from gateway.io.writer import FrameWriter
-from gateway.kafka.admin import create_topics, describe_configs
-from gateway.kafka.fetch import fetch
-from gateway.kafka.metadata import metadata
-from gateway.kafka.offsets import list_offsets
+from gateway.kafka.context import RequestContext
+from gateway.kafka.handlers import HANDLERS
 from gateway.kafka.produce import ProducePlan, all_ok, plan_produce, produce_response
 from gateway.kafka.versions import SERVED, api_versions
 from gateway.server.config import Settings
@@ -77,7 +75,9 @@ class KafkaSession(RequestSession):
         self._access = (guard or OPEN).connection(self.principal, log)
         self._backend = backend
         self._counter = counter
-        self._advertised = advertised
+        self._context = RequestContext(backend=backend, access=self._access,
+                                       principal=self.principal, advertised=advertised,
+                                       log=log)
         self._conn = KafkaServerConnection(max_frame_size=settings.max_frame_bytes)
         self._order: deque[_Slot] = deque()
         #: Bytes of Produce requests handed to the backend and not yet answered.
@@ -146,23 +146,8 @@ class KafkaSession(RequestSession):
     async def _serve(self, request: Request, slot: _Slot) -> None:
         kind = _name(request.api_key)
         try:
-            key, body = request.api_key, request.body
-            if key == ApiKey.METADATA:
-                response: Any = await metadata(self._backend, body, request.api_version,
-                                               self._advertised, self._access)
-            elif key == ApiKey.FETCH:
-                response = await fetch(self._backend, body, self._access)
-            elif key == ApiKey.CREATE_TOPICS:
-                response = await create_topics(self._backend, body, self._access)
-                refused = [(t.name, t.error_code, t.error_message)
-                           for t in response.topics if t.error_code]
-                if refused:
-                    self._log.info("kafka_create_topics_refused", topics=refused[:10],
-                                   validate_only=body.validate_only)
-            elif key == ApiKey.DESCRIBE_CONFIGS:
-                response = await describe_configs(self._backend, body, self._access)
-            else:
-                response = await list_offsets(self._backend, body, self._access)
+            response = await HANDLERS[request.api_key](self._context, request.body,
+                                                       request.api_version)
             self._fill(slot, self._conn.send(request, response))
             self._counter.inc(kind)
         except Exception as exc:  # a backend failure ends this connection, not the server

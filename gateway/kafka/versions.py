@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from typing import Final
 
+from gateway.kafka.handlers import HANDLERS
 from protocols.kafka.messages import SUPPORTED_VERSIONS
 from protocols.kafka.records import ApiVersion, ApiVersionsResponse
 from protocols.kafka.types import ApiKey, ErrorCode
 
 #: The API keys the session answers; any other declared one closes the connection.
-SERVED: Final = frozenset({ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.LIST_OFFSETS,
-                           ApiKey.METADATA, ApiKey.API_VERSIONS, ApiKey.CREATE_TOPICS,
-                           ApiKey.DESCRIBE_CONFIGS})
+SERVED: Final = frozenset({ApiKey.PRODUCE, ApiKey.API_VERSIONS, *HANDLERS})
 
 #: What an ApiVersions request is answered (the same for every version).
 _API_KEYS: Final = [ApiVersion(key, low, high if high is not None else low)

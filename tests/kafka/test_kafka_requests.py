@@ -38,7 +38,7 @@ async def test_api_versions_lists_what_is_served_and_answers_a_too_new_one(tmp_p
     assert served[ApiKey.PRODUCE] == SUPPORTED_VERSIONS[ApiKey.PRODUCE]
     assert {ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.LIST_OFFSETS, ApiKey.METADATA,
             ApiKey.API_VERSIONS} <= set(served)
-    assert ApiKey.FIND_COORDINATOR not in served  # not served: not advertised
+    assert ApiKey.DELETE_TOPICS not in served  # not served: not advertised
     assert (cid, newer.error_code) == (7, ErrorCode.UNSUPPORTED_VERSION)
     assert {v.api_key for v in newer.api_keys} == set(served)
 
@@ -87,8 +87,24 @@ async def test_bad_input_and_unserved_apis_close_only_their_connection(tmp_path)
             await huge.send_all(struct.pack(">i", 1 << 30))
             assert await read_frame(huge) is None  # over limits.max_frame_bytes
             group = await trio.open_tcp_stream(*server.kafka)
-            await group.send_all(request(ApiKey.FIND_COORDINATOR, 1, 1,
-                                         r.FindCoordinatorRequest(key="g")))
+            header = r.encode_request_header(r.RequestHeader(ApiKey.DELETE_TOPICS, 4, 1, "x"))
+            await group.send_all(struct.pack(">i", len(header) + 2) + header + b"\x00\x00")
             assert await read_frame(group) is None  # not served: closed, as Kafka does
             _, ok = await call(good, ApiKey.API_VERSIONS, 0, r.ApiVersionsRequest())
     assert ok.error_code == 0
+
+
+async def test_find_coordinator_names_this_node_and_refuses_transactions(tmp_path):
+    async with kafka_server(tmp_path) as server:
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream(*server.kafka)
+            _, one = await call(stream, ApiKey.FIND_COORDINATOR, 2,
+                                r.FindCoordinatorRequest(key="g"))
+            _, many = await call(stream, ApiKey.FIND_COORDINATOR, 4,
+                                 r.FindCoordinatorRequest(coordinator_keys=["a", "b"]))
+            _, txn = await call(stream, ApiKey.FIND_COORDINATOR, 3,
+                                r.FindCoordinatorRequest(key="tx", key_type=1))
+    assert (one.error_code, one.node_id, one.host, one.port) == (0, 0, *server.kafka)
+    assert [(c.key, c.error_code, c.host, c.port) for c in many.coordinators] == [
+        ("a", 0, *server.kafka), ("b", 0, *server.kafka)]
+    assert txn.error_code == ErrorCode.INVALID_REQUEST and "transactions" in txn.error_message

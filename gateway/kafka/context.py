@@ -1,0 +1,27 @@
+"""What a Kafka request handler may use: the backend, the connection's access and the
+listener's server-wide state, bundled once per connection."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import structlog
+
+from gateway.auth.guard import ConnectionAccess
+from gateway.auth.principal import Principal
+from gateway.backend.contract import Backend
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """One connection's view of the server, passed to every handler of
+    :data:`gateway.kafka.handlers.HANDLERS`."""
+
+    backend: Backend
+    #: The connection's permissions (the access policy applied to :attr:`principal`).
+    access: ConnectionAccess
+    #: Who the connection acts as.
+    principal: Principal
+    #: The host and port Metadata and FindCoordinator name.
+    advertised: tuple[str, int]
+    log: structlog.typing.FilteringBoundLogger

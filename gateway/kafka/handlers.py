@@ -1,0 +1,58 @@
+"""The Kafka requests answered by a handler task, by API key.
+
+Every handler is ``async (ctx, body, version) -> response``: it runs in its own task of
+the connection (:class:`~gateway.kafka.session.KafkaSession`), and its answer goes out in
+request order. Produce and ApiVersions are answered by the session itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+from gateway.kafka.admin import create_topics, describe_configs
+from gateway.kafka.context import RequestContext
+from gateway.kafka.coordinator import find_coordinator
+from gateway.kafka.fetch import fetch
+from gateway.kafka.metadata import metadata
+from gateway.kafka.offsets import list_offsets
+from protocols.kafka.types import ApiKey
+
+Handler = Callable[[RequestContext, Any, int], Awaitable[Any]]
+
+
+async def _metadata(ctx: RequestContext, body: Any, version: int) -> Any:
+    return await metadata(ctx.backend, body, version, ctx.advertised, ctx.access)
+
+
+async def _fetch(ctx: RequestContext, body: Any, version: int) -> Any:
+    return await fetch(ctx.backend, body, ctx.access)
+
+
+async def _list_offsets(ctx: RequestContext, body: Any, version: int) -> Any:
+    return await list_offsets(ctx.backend, body, ctx.access)
+
+
+async def _create_topics(ctx: RequestContext, body: Any, version: int) -> Any:
+    response = await create_topics(ctx.backend, body, ctx.access)
+    refused = [(t.name, t.error_code, t.error_message)
+               for t in response.topics if t.error_code]
+    if refused:
+        ctx.log.info("kafka_create_topics_refused", topics=refused[:10],
+                     validate_only=body.validate_only)
+    return response
+
+
+async def _describe_configs(ctx: RequestContext, body: Any, version: int) -> Any:
+    return await describe_configs(ctx.backend, body, ctx.access)
+
+
+#: The handler of each API key served by a task.
+HANDLERS: Final[dict[int, Handler]] = {
+    ApiKey.METADATA: _metadata,
+    ApiKey.FETCH: _fetch,
+    ApiKey.LIST_OFFSETS: _list_offsets,
+    ApiKey.CREATE_TOPICS: _create_topics,
+    ApiKey.DESCRIBE_CONFIGS: _describe_configs,
+    ApiKey.FIND_COORDINATOR: find_coordinator,
+}
