@@ -40,7 +40,7 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
 def tls_settings(tmp_path: Path, certs: Certs, *, mutual: bool = True, **more: Any
                  ) -> Settings:
     return Settings(data_dir=tmp_path / "data", durability="os", tank_listen="127.0.0.1:0",
-                    figg_listen="127.0.0.1:0", metrics_listen="127.0.0.1:0",
+                    figg_listen="127.0.0.1:0", metrics_listen="127.0.0.1:0", kafka_listen="",
                     tls_cert=str(certs.server_cert), tls_key=str(certs.server_key),
                     tls_client_ca=str(certs.ca_pem) if mutual else "", **more)
 
@@ -125,7 +125,7 @@ async def test_a_named_listener_serves_with_its_own_name(tmp_path: Path, certs: 
                                                         ) -> None:
     settings = settings_from_mapping({
         "store": {"data_dir": str(tmp_path / "data"), "durability": "os"},
-        "listen": {"tank": "127.0.0.1:0", "figg": "127.0.0.1:0", "metrics": ""},
+        "listen": {"tank": "127.0.0.1:0", "figg": "127.0.0.1:0", "metrics": "", "kafka": ""},
         "listeners": {"analytics": {"protocol": "tank", "address": "127.0.0.1:0"},
                       "figg2": {"protocol": "figg", "address": "127.0.0.1:0"},
                       "secure": {"protocol": "tank", "address": "127.0.0.1:0",
@@ -162,7 +162,7 @@ async def test_tank_consume_over_tls_returns_the_bytes_of_plain(tmp_path: Path,
     """A multi-MiB fetch from the segment files (no tail cache: sendfile on plain, pieces
     read and sent on TLS) is the same bytes on both."""
     settings = tls_settings(tmp_path, certs, mutual=False, tail_cache_bytes=0
-                            ).with_overrides(metrics_listen="", figg_listen="",
+                            ).with_overrides(metrics_listen="", kafka_listen="", figg_listen="",
         listeners={"plain": {"protocol": "tank", "address": "127.0.0.1:0", "tls": False}})
     payload = random.Random(16).randbytes(256 * 1024)  # 256 KiB a message, incompressible
     with trio.fail_after(30):
@@ -229,8 +229,8 @@ async def test_reload_changes_the_certificate_of_new_connections(tmp_path: Path,
     cert.write_bytes(certs.server_cert.read_bytes())
     key.write_bytes(certs.server_key.read_bytes())
     settings = Settings(data_dir=tmp_path / "data", durability="os", figg_listen="",
-                        metrics_listen="", tank_listen="127.0.0.1:0", tls_cert=str(cert),
-                        tls_key=str(key))
+                        metrics_listen="", kafka_listen="", tank_listen="127.0.0.1:0",
+                        tls_cert=str(cert), tls_key=str(key))
     new_cert, new_key = certs.issue_server("renewed")
 
     async def server_name(server: ServerInfo) -> str:

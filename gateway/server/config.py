@@ -276,10 +276,8 @@ class Settings:
         "listen.figg", "127.0.0.1:8119", _optional_address,
         "Figg protocol listener (empty: off).", "--figg-listen")
     kafka_listen: str = _setting(
-        "listen.kafka", "", _optional_address,
-        "Kafka protocol listener, e.g. 127.0.0.1:9092 (empty: off; off by default while "
-        "the listener is a first slice: produce, fetch, offsets, metadata, topic creation "
-        "and configs).",
+        "listen.kafka", "127.0.0.1:9092", _optional_address,
+        "Kafka protocol listener (empty: off).",
         "--kafka-listen")
     kafka_advertised: str = _setting(
         "listen.kafka_advertised", "", _optional_address,

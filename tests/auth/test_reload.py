@@ -139,8 +139,8 @@ def test_a_bad_policy_file_at_start_is_one_line_and_exit_2(tmp_path: Path) -> No
     policy.write_text('[[rule]]\nwho = "*"\ntopics = "*"\nallow = ["fly"]\n')
     result = subprocess.run(
         [sys.executable, "-m", "gateway.cli", "serve", "--tank-listen", "127.0.0.1:0",
-         "--figg-listen", "127.0.0.1:0", "--metrics-listen", "", "--policy-file",
-         str(policy)], capture_output=True, text=True, timeout=30, cwd=tmp_path)
+         "--figg-listen", "127.0.0.1:0", "--metrics-listen", "", "--kafka-listen", "",
+         "--policy-file", str(policy)], capture_output=True, text=True, timeout=30, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""
     [line] = result.stderr.splitlines()
