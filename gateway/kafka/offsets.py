@@ -35,11 +35,14 @@ async def list_offsets(backend: Backend, body: Any, access: ConnectionAccess
     topics = []
     for topic in body.topics:
         answers = []
-        infos = (await backend.discover_partitions(topic.name)
-                 if access.may(topic.name, Operation.SUBSCRIBE) else None)
+        allowed = access.may(topic.name, Operation.SUBSCRIBE)
+        if not allowed:
+            access.refused(topic.name, Operation.SUBSCRIBE, "list_offsets",
+                           "topic_authorization_failed")
+        infos = await backend.discover_partitions(topic.name) if allowed else None
         for part in topic.partitions:
             index = part.partition_index
-            if not access.may(topic.name, Operation.SUBSCRIBE):
+            if not allowed:
                 answers.append(ListOffsetsPartitionResponse(
                     index, ErrorCode.TOPIC_AUTHORIZATION_FAILED))
                 continue

@@ -8,6 +8,16 @@ request is read) and answered when the append is durable; with acks=0 it gets no
 answer. Every other request runs its handler (:data:`gateway.kafka.handlers.HANDLERS`)
 in its own task.
 
+Under a quota of its principal (:mod:`gateway.auth.quotas`) the connection's reads wait
+for the bytes-in and requests tokens (:class:`~gateway.server.session.Session`), and a
+Fetch waits, before it is served, until the record bytes sent on earlier Fetches are paid
+for (bytes out), as a Tank Consume does. Fetch and Produce responses carry in
+``throttle_time_ms`` the wait still ahead of the principal when they are sent (its
+bytes-out debt, resp. its bytes-in/requests debt): what Kafka brokers since 2.0 report
+(KIP-219), and clients that honour it (kafka-python, the Java client) pause that long
+themselves, after which the server has nothing left to hold back; reporting the wait
+already imposed instead would make them wait twice.
+
 Admission and limits are the Tank session's: ``limits.max_requests_in_flight``,
 ``limits.response_buffer_bytes`` and ``limits.unacked_bytes`` hold the connection back
 (counted once per episode); ``limits.max_frame_bytes`` and malformed requests close this
@@ -26,12 +36,18 @@ import trio
 
 from gateway.auth.guard import OPEN, AccessGuard
 from gateway.auth.principal import Principal
-from gateway.auth.quotas import PrincipalQuota
+from gateway.auth.quotas import IN, OUT, PrincipalQuota
 from gateway.backend.contract import Backend, ProduceOutcome
 from gateway.io.writer import FrameWriter
 from gateway.kafka.context import RequestContext
 from gateway.kafka.handlers import HANDLERS
-from gateway.kafka.produce import ProducePlan, all_ok, plan_produce, produce_response
+from gateway.kafka.produce import (
+    ProducePlan,
+    all_ok,
+    plan_produce,
+    produce_response,
+    topics_to_look_up,
+)
 from gateway.kafka.versions import SERVED, api_versions
 from gateway.server.config import Settings
 from gateway.server.metrics import Metrics, RequestCounter
@@ -96,7 +112,21 @@ class KafkaSession(RequestSession):
             if event is CLOSED:
                 return True
             await self._admit_next()
+            quota = self._quota
+            if (quota is not None and quota.out_limited and not isinstance(
+                    event, UnsupportedRequest) and event.api_key == ApiKey.FETCH):
+                await self._throttle(quota.wait_out)
+            if (not self._access.open and not isinstance(event, UnsupportedRequest)
+                    and event.api_key == ApiKey.PRODUCE):
+                await self._look_up(event.body)
             self._dispatch(event)
+
+    async def _look_up(self, body: Any) -> None:
+        """Before a Produce under a policy: see which of its topics exist, so that one the
+        backend would create is refused to a principal without ``create``."""
+        for name in topics_to_look_up(body, self._access, self._backend.auto_create.enabled):
+            if await self._backend.discover_partitions(name) is not None:
+                self._access.seen(name)
 
     def _unacked_bytes(self) -> int:
         return self._produce_bytes
@@ -148,6 +178,11 @@ class KafkaSession(RequestSession):
         try:
             response = await HANDLERS[request.api_key](self._context, request.body,
                                                        request.api_version)
+            quota = self._quota
+            if quota is not None and quota.out_limited and request.api_key == ApiKey.FETCH:
+                quota.took_out(sum(len(p.records or b"") for t in response.responses
+                                   for p in t.partitions))
+                response.throttle_time_ms = quota.pending_ms(OUT)
             self._fill(slot, self._conn.send(request, response))
             self._counter.inc(kind)
         except Exception as exc:  # a backend failure ends this connection, not the server
@@ -159,7 +194,8 @@ class KafkaSession(RequestSession):
 
     def _produce(self, request: Request) -> None:
         body = request.body
-        plan = plan_produce(body, self._access, self._settings.max_bundle_bytes)
+        plan = plan_produce(body, self._access, self._settings.max_bundle_bytes,
+                            self._backend.auto_create.enabled)
         if body.acks not in (0, 1, -1):
             self._counter.inc("produce", False)
             self._fill(self._slot(), self._conn.send(request, _refused(
@@ -172,6 +208,9 @@ class KafkaSession(RequestSession):
         def done(outcomes: list[ProduceOutcome]) -> None:
             self._produce_bytes -= plan.size
             response = produce_response(plan, outcomes)
+            quota = self._quota
+            if quota is not None and quota.reads_limited:
+                response.throttle_time_ms = quota.pending_ms(IN)
             ok = all_ok(response)
             if not ok:
                 self._log.info("kafka_produce_refused", acks=body.acks, partitions=[
