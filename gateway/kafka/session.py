@@ -11,12 +11,14 @@ in its own task.
 Under a quota of its principal (:mod:`gateway.auth.quotas`) the connection's reads wait
 for the bytes-in and requests tokens (:class:`~gateway.server.session.Session`), and a
 Fetch waits, before it is served, until the record bytes sent on earlier Fetches are paid
-for (bytes out), as a Tank Consume does. Fetch and Produce responses carry in
-``throttle_time_ms`` the wait still ahead of the principal when they are sent (its
-bytes-out debt, resp. its bytes-in/requests debt): what Kafka brokers since 2.0 report
-(KIP-219), and clients that honour it (kafka-python, the Java client) pause that long
-themselves, after which the server has nothing left to hold back; reporting the wait
-already imposed instead would make them wait twice.
+for (bytes out), as a Tank Consume does. A Fetch response carries in ``throttle_time_ms``
+the wait its bytes put ahead of the principal (its bytes-out debt when it is sent): what
+Kafka brokers since 2.0 report (KIP-219); clients that honour it (kafka-python, the Java
+client) pause that long themselves, after which the server has nothing left to hold back,
+and the others (librdkafka) are held back by the server. Reporting the wait already
+imposed instead would make the first kind wait twice. Produce responses say 0: a read's
+bytes-in and requests tokens are taken after the read is handled, often after the
+Produce was answered, so the server holds the next read back instead.
 
 Admission and limits are the Tank session's: ``limits.max_requests_in_flight``,
 ``limits.response_buffer_bytes`` and ``limits.unacked_bytes`` hold the connection back
@@ -29,6 +31,7 @@ UNSUPPORTED_VERSION and the supported versions.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -36,7 +39,7 @@ import trio
 
 from gateway.auth.guard import OPEN, AccessGuard
 from gateway.auth.principal import Principal
-from gateway.auth.quotas import IN, OUT, PrincipalQuota
+from gateway.auth.quotas import OUT, PrincipalQuota
 from gateway.backend.contract import Backend, ProduceOutcome
 from gateway.io.writer import FrameWriter
 from gateway.kafka.context import RequestContext
@@ -182,7 +185,7 @@ class KafkaSession(RequestSession):
             if quota is not None and quota.out_limited and request.api_key == ApiKey.FETCH:
                 quota.took_out(sum(len(p.records or b"") for t in response.responses
                                    for p in t.partitions))
-                response.throttle_time_ms = quota.pending_ms(OUT)
+                response = replace(response, throttle_time_ms=quota.pending_ms(OUT))
             self._fill(slot, self._conn.send(request, response))
             self._counter.inc(kind)
         except Exception as exc:  # a backend failure ends this connection, not the server
@@ -208,9 +211,6 @@ class KafkaSession(RequestSession):
         def done(outcomes: list[ProduceOutcome]) -> None:
             self._produce_bytes -= plan.size
             response = produce_response(plan, outcomes)
-            quota = self._quota
-            if quota is not None and quota.reads_limited:
-                response.throttle_time_ms = quota.pending_ms(IN)
             ok = all_ok(response)
             if not ok:
                 self._log.info("kafka_produce_refused", acks=body.acks, partitions=[
