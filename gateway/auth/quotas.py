@@ -13,9 +13,9 @@ made for it (bytes out) until the debt is paid. A throttled client's TCP window 
 with Kafka's throttling.
 
 - **bytes in**: every byte a client sends (its frames, whatever their type);
-- **requests**: each Figg frame (every PUBLISH counts) and each Tank request;
-- **bytes out**: Tank Consume chunk bytes and Figg DATA frames (not ACKs, PONGs or
-  replies to admin requests).
+- **requests**: each Figg frame (every PUBLISH counts) and each Tank or Kafka request;
+- **bytes out**: Tank Consume chunk bytes, Kafka Fetch record bytes and Figg DATA frames
+  (not ACKs, PONGs or replies to admin requests).
 
 :meth:`Quotas.replace_rules` swaps the rules (SIGHUP): every open connection gets its new
 limits at once, also one waiting for tokens.
@@ -260,6 +260,12 @@ class PrincipalQuota:
         """``size`` bytes of data were queued for a client."""
         if self.bytes_out is not None:
             self.bytes_out.take(size, trio.current_time())
+
+    def pending_ms(self, direction: str) -> int:
+        """Milliseconds until the debt of ``direction`` (:data:`IN`: bytes in and
+        requests, :data:`OUT`: bytes out) is paid: how long the principal's next read or
+        data waits (what Kafka's ``throttle_time_ms`` tells a client)."""
+        return math.ceil(self._delay(direction, trio.current_time()) * 1000)
 
     def out_in_debt(self) -> bool:
         """Whether data for this principal must wait now."""

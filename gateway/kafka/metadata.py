@@ -62,11 +62,16 @@ async def metadata(backend: Backend, body: Any, version: int, advertised: tuple[
         for requested in body.topics:
             name = requested.name or ""
             if not access.open and not access.may_see(name):
+                access.refused(name, "discover", "metadata", "topic_authorization_failed")
                 topics.append(MetadataResponseTopic(
                     error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, name=name))
                 continue
-            topics.append(await _describe(backend, name, allow and access.may(
-                name, Operation.CREATE)))
+            may_create = access.may(name, Operation.CREATE)
+            described = await _describe(backend, name, allow and may_create)
+            if (allow and not may_create and described.error_code
+                    == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and backend.auto_create.allows(name)):
+                access.refused(name, Operation.CREATE, "metadata", "unknown_topic_or_partition")
+            topics.append(described)
     host, port = advertised
     return MetadataResponse(brokers=[MetadataResponseBroker(NODE_ID, host, port)],
                             cluster_id=CLUSTER_ID, controller_id=NODE_ID, topics=topics)

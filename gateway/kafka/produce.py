@@ -58,16 +58,36 @@ class ProducePlan:
     denied: set[str] = field(default_factory=set)
 
 
-def plan_produce(body: Any, access: ConnectionAccess, max_batch: int) -> ProducePlan:
+def topics_to_look_up(body: Any, access: ConnectionAccess, auto_create: bool) -> set[str]:
+    """The topics of a Produce whose existence must be checked before it is planned: the
+    principal may publish to them but not create them, and the backend would."""
+    if access.open:
+        return set()
+    return {t.name for t in body.topic_data
+            if access.must_look_up(t.name, auto_create) and access.may(t.name,
+                                                                      Operation.PUBLISH)}
+
+
+def plan_produce(body: Any, access: ConnectionAccess, max_batch: int,
+                 auto_create: bool = False) -> ProducePlan:
     """Decode every partition's batches into bundles (ProtocolErrors of a batch refuse
-    that partition only)."""
+    that partition only). A topic the principal may not publish to is refused with
+    TOPIC_AUTHORIZATION_FAILED; one the backend would create (``auto_create``) but the
+    principal may not, and not seen to exist (:func:`topics_to_look_up` first), with
+    UNKNOWN_TOPIC_OR_PARTITION, as a broker without auto-creation answers."""
     plan = ProducePlan()
     for topic in body.topic_data:
         name = topic.name
         allowed = access.may(name, Operation.PUBLISH)
+        code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
         if not allowed:
             plan.denied.add(name)
             access.refused(name, Operation.PUBLISH, "produce", "topic_authorization_failed")
+        elif access.must_look_up(name, auto_create):
+            allowed = False
+            code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            plan.denied.add(name)
+            access.refused(name, Operation.CREATE, "produce", "unknown_topic_or_partition")
         parts = []
         for data in topic.partition_data:
             part = _Part(data.index)
@@ -75,7 +95,7 @@ def plan_produce(body: Any, access: ConnectionAccess, max_batch: int) -> Produce
             records = data.records or b""
             plan.size += len(records)
             if not allowed:
-                part.error = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                part.error = code
                 continue
             try:
                 run = read_batches(records, max_batch_size=max_batch)

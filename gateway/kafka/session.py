@@ -8,6 +8,18 @@ request is read) and answered when the append is durable; with acks=0 it gets no
 answer. Every other request runs its handler (:data:`gateway.kafka.handlers.HANDLERS`)
 in its own task.
 
+Under a quota of its principal (:mod:`gateway.auth.quotas`) the connection's reads wait
+for the bytes-in and requests tokens (:class:`~gateway.server.session.Session`), and a
+Fetch waits, before it is served, until the record bytes sent on earlier Fetches are paid
+for (bytes out), as a Tank Consume does. A Fetch response carries in ``throttle_time_ms``
+the wait its bytes put ahead of the principal (its bytes-out debt when it is sent): what
+Kafka brokers since 2.0 report (KIP-219); clients that honour it (kafka-python, the Java
+client) pause that long themselves, after which the server has nothing left to hold back,
+and the others (librdkafka) are held back by the server. Reporting the wait already
+imposed instead would make the first kind wait twice. Produce responses say 0: a read's
+bytes-in and requests tokens are taken after the read is handled, often after the
+Produce was answered, so the server holds the next read back instead.
+
 Admission and limits are the Tank session's: ``limits.max_requests_in_flight``,
 ``limits.response_buffer_bytes`` and ``limits.unacked_bytes`` hold the connection back
 (counted once per episode); ``limits.max_frame_bytes`` and malformed requests close this
@@ -19,6 +31,7 @@ UNSUPPORTED_VERSION and the supported versions.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -26,12 +39,18 @@ import trio
 
 from gateway.auth.guard import OPEN, AccessGuard
 from gateway.auth.principal import Principal
-from gateway.auth.quotas import PrincipalQuota
+from gateway.auth.quotas import OUT, PrincipalQuota
 from gateway.backend.contract import Backend, ProduceOutcome
 from gateway.io.writer import FrameWriter
 from gateway.kafka.context import RequestContext
 from gateway.kafka.handlers import HANDLERS
-from gateway.kafka.produce import ProducePlan, all_ok, plan_produce, produce_response
+from gateway.kafka.produce import (
+    ProducePlan,
+    all_ok,
+    plan_produce,
+    produce_response,
+    topics_to_look_up,
+)
 from gateway.kafka.versions import SERVED, api_versions
 from gateway.server.config import Settings
 from gateway.server.metrics import Metrics, RequestCounter
@@ -96,7 +115,21 @@ class KafkaSession(RequestSession):
             if event is CLOSED:
                 return True
             await self._admit_next()
+            quota = self._quota
+            if (quota is not None and quota.out_limited and not isinstance(
+                    event, UnsupportedRequest) and event.api_key == ApiKey.FETCH):
+                await self._throttle(quota.wait_out)
+            if (not self._access.open and not isinstance(event, UnsupportedRequest)
+                    and event.api_key == ApiKey.PRODUCE):
+                await self._look_up(event.body)
             self._dispatch(event)
+
+    async def _look_up(self, body: Any) -> None:
+        """Before a Produce under a policy: see which of its topics exist, so that one the
+        backend would create is refused to a principal without ``create``."""
+        for name in topics_to_look_up(body, self._access, self._backend.auto_create.enabled):
+            if await self._backend.discover_partitions(name) is not None:
+                self._access.seen(name)
 
     def _unacked_bytes(self) -> int:
         return self._produce_bytes
@@ -148,6 +181,11 @@ class KafkaSession(RequestSession):
         try:
             response = await HANDLERS[request.api_key](self._context, request.body,
                                                        request.api_version)
+            quota = self._quota
+            if quota is not None and quota.out_limited and request.api_key == ApiKey.FETCH:
+                quota.took_out(sum(len(p.records or b"") for t in response.responses
+                                   for p in t.partitions))
+                response = replace(response, throttle_time_ms=quota.pending_ms(OUT))
             self._fill(slot, self._conn.send(request, response))
             self._counter.inc(kind)
         except Exception as exc:  # a backend failure ends this connection, not the server
@@ -159,7 +197,8 @@ class KafkaSession(RequestSession):
 
     def _produce(self, request: Request) -> None:
         body = request.body
-        plan = plan_produce(body, self._access, self._settings.max_bundle_bytes)
+        plan = plan_produce(body, self._access, self._settings.max_bundle_bytes,
+                            self._backend.auto_create.enabled)
         if body.acks not in (0, 1, -1):
             self._counter.inc("produce", False)
             self._fill(self._slot(), self._conn.send(request, _refused(
