@@ -199,3 +199,28 @@ async def test_producer_states_are_bounded(tmp_path):
             held = len(server.listeners["kafka"].producers)
     assert forgotten[0] == 0  # not a gap any more
     assert hits == 2 and held == 2  # pids[0] then pids[1] went
+
+
+async def test_after_a_restart_ids_are_new_and_sequences_start_over(tmp_path):
+    """Sequence state is in memory: after a restart a producer's next batch on a
+    partition is accepted at whatever sequence, so a retry of a batch stored before the
+    restart is stored again; producer ids are not handed out again."""
+    async with kafka_server(tmp_path) as server:
+        with trio.fail_after(10):
+            s = await trio.open_tcp_stream(*server.kafka)
+            pid = (await init_id(s)).producer_id
+            assert (await send(s, idempotent(pid, 0, 0)))[:2] == (0, 0)
+            assert (await send(s, idempotent(pid, 0, 2)))[:2] == (0, 2)
+    async with kafka_server(tmp_path) as server:
+        with trio.fail_after(10):
+            s = await trio.open_tcp_stream(*server.kafka)
+            later = (await init_id(s)).producer_id
+            retried = await send(s, idempotent(pid, 0, 2))  # stored before the restart
+            following = await send(s, idempotent(pid, 0, 4))
+            gap = await send(s, idempotent(pid, 0, 9))
+            hwm = await high_water_mark(server)
+    assert later > pid
+    assert retried[:2] == (0, 4)  # stored a second time
+    assert following[:2] == (0, 6)
+    assert gap[0] == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER  # checked again from there
+    assert hwm == 8
