@@ -218,8 +218,11 @@ def init_producer_id(producers: ProducerStates, transactional_id: str | None,
                      producer_id: int, epoch: int) -> InitProducerIdResponse:
     """The answer to InitProducerId: a new producer id with epoch 0 (also when the client
     names its current id and epoch, versions 3+: Kafka gives an idempotent producer a new
-    id then too); INVALID_REQUEST when only one of those is given;
-    TRANSACTIONAL_ID_AUTHORIZATION_FAILED for a transactional id (clients stop with it)."""
+    id then too); INVALID_REQUEST when only one of those is given or the transactional id
+    is empty (as Kafka); TRANSACTIONAL_ID_AUTHORIZATION_FAILED for a transactional id
+    (clients stop with it)."""
+    if transactional_id == "":
+        return InitProducerIdResponse(error_code=ErrorCode.INVALID_REQUEST, producer_epoch=-1)
     if transactional_id is not None:
         return InitProducerIdResponse(
             error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, producer_epoch=-1)

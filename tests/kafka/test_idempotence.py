@@ -6,6 +6,7 @@ producer states)."""
 from __future__ import annotations
 
 import trio
+from structlog.testing import capture_logs
 
 from gateway.server.config import ListenerTable
 from gateway.server.run import ServerInfo
@@ -91,12 +92,14 @@ async def test_init_producer_id_in_every_version_and_transactions_refused(tmp_pa
                                   producer_epoch=0)
             half = await init_id(stream, 4, producer_id=given[0].producer_id)
             txn = await init_id(stream, 4, transactional_id="tx")
+            empty = await init_id(stream, 1, transactional_id="")
     served = {v.api_key: (v.min_version, v.max_version) for v in versions.api_keys}
     assert served[ApiKey.INIT_PRODUCER_ID] == (0, 4)
     ids = [g.producer_id for g in given] + [again.producer_id]
     assert all(g.error_code == 0 and g.producer_epoch == 0 for g in [*given, again])
     assert len(set(ids)) == 6 and min(ids) > 0  # a new id each time, as Kafka does
     assert (half.error_code, half.producer_id) == (ErrorCode.INVALID_REQUEST, -1)
+    assert empty.error_code == ErrorCode.INVALID_REQUEST
     assert (txn.error_code, txn.producer_id) == (
         ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1)
 
@@ -187,7 +190,7 @@ async def test_producer_states_are_bounded(tmp_path):
     """With room for two states, a third producer makes the least recently used one
     forgotten (counted): its next batch is accepted at any sequence, as after a restart."""
     async with kafka_server(tmp_path, max_producer_states=2) as server:
-        with trio.fail_after(10):
+        with trio.fail_after(10), capture_logs() as logs:
             s = await trio.open_tcp_stream(*server.kafka)
             pids = [(await init_id(s)).producer_id for _ in range(3)]
             for pid in pids[:2]:
@@ -199,6 +202,8 @@ async def test_producer_states_are_bounded(tmp_path):
             held = len(server.listeners["kafka"].producers)
     assert forgotten[0] == 0  # not a gap any more
     assert hits == 2 and held == 2  # pids[0] then pids[1] went
+    [line] = [e for e in logs if e["event"] == "producer_states_limit_reached"]  # once
+    assert line["limit"] == "max_producer_states" and line["forgotten"] == 1
 
 
 async def test_after_a_restart_ids_are_new_and_sequences_start_over(tmp_path):
@@ -224,3 +229,18 @@ async def test_after_a_restart_ids_are_new_and_sequences_start_over(tmp_path):
     assert following[:2] == (0, 6)
     assert gap[0] == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER  # checked again from there
     assert hwm == 8
+
+
+async def test_sequences_wrap_after_int32_max(tmp_path):
+    async with kafka_server(tmp_path) as server:
+        with trio.fail_after(10):
+            s = await trio.open_tcp_stream(*server.kafka)
+            pid = (await init_id(s)).producer_id
+            top = (1 << 31) - 1
+            first = await send(s, idempotent(pid, 0, top - 1, 3))  # top-1, top, 0
+            again = await send(s, idempotent(pid, 0, top - 1, 3))
+            gap = await send(s, idempotent(pid, 0, 0))
+            wrapped = await send(s, idempotent(pid, 0, 1))
+    assert first[:2] == again[:2] == (0, 0)
+    assert gap[0] == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert wrapped[:2] == (0, 3)
