@@ -35,18 +35,18 @@ def produce(records: bytes, topic: str = "t", partition: int = 0) -> r.ProduceRe
         r.TopicProduceData(topic, [r.PartitionProduceData(partition, records)])])
 
 
-async def send(stream: trio.SocketStream, records: bytes, cid: int = 1, **where: object
+async def send(stream: trio.SocketStream, records: bytes, *, partition: int = 0
                ) -> tuple[int, int, str | None]:
     """Produce and return the partition's (error code, base offset, error message)."""
     _, answer = await call(stream, ApiKey.PRODUCE, PRODUCE_VERSION,
-                           produce(records, **where), cid)  # type: ignore[arg-type]
+                           produce(records, partition=partition))
     part = answer.responses[0].partition_responses[0]
     return part.error_code, part.base_offset, part.error_message
 
 
 async def init_id(stream: trio.SocketStream, version: int = INIT_VERSION, **fields: object
                   ) -> r.InitProducerIdResponse:
-    body = r.InitProducerIdRequest(**{"transactional_id": None,  # type: ignore[arg-type]
+    body = r.InitProducerIdRequest(**{"transactional_id": None,
                                       "transaction_timeout_ms": 60000, **fields})
     _, answer = await call(stream, ApiKey.INIT_PRODUCER_ID, version, body)
     return answer

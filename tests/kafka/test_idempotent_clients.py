@@ -127,3 +127,23 @@ async def test_a_transactional_producer_fails_clearly(tmp_path):
     assert error.fatal()
     assert error.code() == ck.KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     assert "figtank does not coordinate transactions" in error.str()
+
+
+async def test_a_kafka_python_transactional_producer_fails_clearly(tmp_path):
+    def script(addr: str) -> Exception:
+        producer = kafka.KafkaProducer(bootstrap_servers=addr, transactional_id="tx",
+                                       request_timeout_ms=5000, max_block_ms=8000)
+        try:
+            producer.init_transactions()
+        except Exception as exc:  # the client's error class, whatever it is
+            return exc
+        finally:
+            producer.close(1)
+        raise AssertionError("init_transactions succeeded")
+
+    async with kafka_server(tmp_path) as server:
+        assert server.kafka is not None
+        with trio.fail_after(20):
+            error = await trio.to_thread.run_sync(
+                script, f"{server.kafka[0]}:{server.kafka[1]}")
+    assert isinstance(error, kafka.errors.TransactionalIdAuthorizationFailedError)
