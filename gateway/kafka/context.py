@@ -10,6 +10,7 @@ import structlog
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.principal import Principal
 from gateway.backend.contract import Backend
+from gateway.kafka.idempotence import ProducerStates
 
 
 @dataclass(slots=True)
@@ -25,3 +26,6 @@ class RequestContext:
     #: The host and port Metadata and FindCoordinator name.
     advertised: tuple[str, int]
     log: structlog.typing.FilteringBoundLogger
+    #: The server's idempotent producers (ids and sequence state), shared by every
+    #: connection of every Kafka listener.
+    producers: ProducerStates

@@ -1,7 +1,9 @@
 """FindCoordinator: figtank is the one node, so it coordinates every consumer group.
 
 Transactions are not served: a transactional id's lookup (key type 1) is answered
-INVALID_REQUEST with a message saying so, which clients show and do not retry.
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED with a message saying so, which clients treat as
+fatal and show (librdkafka: "Failed to find transaction coordinator: ... Transactional
+Id authorization failed: figtank does not coordinate transactions"), not retried.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ async def find_coordinator(ctx: RequestContext, body: Any,
     for each key asked (version 4 and later)."""
     host, port = ctx.advertised
     if body.key_type == TRANSACTION_KEY:
-        code, message, host, port, node = ErrorCode.INVALID_REQUEST, NO_TRANSACTIONS, "", -1, -1
+        code, message = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, NO_TRANSACTIONS
+        host, port, node = "", -1, -1
     else:
         code, message, node = ErrorCode.NONE, None, NODE_ID
     if version < 4:

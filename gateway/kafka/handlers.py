@@ -14,6 +14,7 @@ from gateway.kafka.admin import create_topics, describe_configs
 from gateway.kafka.context import RequestContext
 from gateway.kafka.coordinator import find_coordinator
 from gateway.kafka.fetch import fetch
+from gateway.kafka.idempotence import init_producer_id
 from gateway.kafka.metadata import metadata
 from gateway.kafka.offsets import list_offsets
 from protocols.kafka.types import ApiKey
@@ -47,6 +48,17 @@ async def _describe_configs(ctx: RequestContext, body: Any, version: int) -> Any
     return await describe_configs(ctx.backend, body, ctx.access)
 
 
+async def _init_producer_id(ctx: RequestContext, body: Any, version: int) -> Any:
+    response = init_producer_id(ctx.producers, body.transactional_id, body.producer_id,
+                                body.producer_epoch)
+    if response.error_code:
+        ctx.log.info("kafka_init_producer_id_refused", error_code=response.error_code,
+                     transactional_id=body.transactional_id,
+                     reason="transactions are not served" if body.transactional_id
+                     is not None else "producer id and epoch must both be given or -1")
+    return response
+
+
 #: The handler of each API key served by a task.
 HANDLERS: Final[dict[int, Handler]] = {
     ApiKey.METADATA: _metadata,
@@ -55,4 +67,5 @@ HANDLERS: Final[dict[int, Handler]] = {
     ApiKey.CREATE_TOPICS: _create_topics,
     ApiKey.DESCRIBE_CONFIGS: _describe_configs,
     ApiKey.FIND_COORDINATOR: find_coordinator,
+    ApiKey.INIT_PRODUCER_ID: _init_producer_id,
 }

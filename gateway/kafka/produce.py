@@ -6,16 +6,23 @@ headers, a null value, transactional or control batches) refuses its partition w
 INVALID_RECORD (87) and the reason as the error message, a corrupt one with
 CORRUPT_MESSAGE (2); nothing of a refused partition is appended. The answer's base
 offset is the first appended sequence - 1.
+
+A batch with a producer id (an idempotent producer's) must be its partition's only batch
+(as Kafka requires) and passes the sequence checks of :mod:`gateway.kafka.idempotence`
+when the request is planned: refused, appended, or answered as the batch it retries once
+that one has its outcome (:meth:`ProducePlan.when_answerable`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
 from gateway.backend.contract import ProduceBatch, ProduceCode, ProduceOutcome
+from gateway.kafka.idempotence import BatchEntry, ProducerStates
 from protocols.errors import ProtocolError
 from protocols.kafka.batch import InvalidRecord, read_batches
 from protocols.kafka.bundles import batch_to_bundle
@@ -44,6 +51,8 @@ class _Part:
     count: int = 0
     error: int = 0
     message: str | None = None
+    #: The idempotent batch: appended (``count`` 1) or a retry answered as ``entry``.
+    entry: BatchEntry | None = None
 
 
 @dataclass(slots=True)
@@ -56,6 +65,25 @@ class ProducePlan:
     size: int = 0
     #: Partitions refused by the access policy, by topic.
     denied: set[str] = field(default_factory=set)
+    #: The originals of the retried batches (answered once they are settled).
+    retried: list[BatchEntry] = field(default_factory=list)
+
+    def when_answerable(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once every retried batch's original has its outcome."""
+        pending = [e for e in self.retried if not e.settled]
+        if not pending:
+            callback()
+            return
+        left = len(pending)
+
+        def one_settled() -> None:
+            nonlocal left
+            left -= 1
+            if not left:
+                callback()
+
+        for entry in pending:
+            entry.when_settled(one_settled)
 
 
 def topics_to_look_up(body: Any, access: ConnectionAccess, auto_create: bool) -> set[str]:
@@ -69,12 +97,15 @@ def topics_to_look_up(body: Any, access: ConnectionAccess, auto_create: bool) ->
 
 
 def plan_produce(body: Any, access: ConnectionAccess, max_batch: int,
-                 auto_create: bool = False) -> ProducePlan:
+                 auto_create: bool = False,
+                 producers: ProducerStates | None = None) -> ProducePlan:
     """Decode every partition's batches into bundles (ProtocolErrors of a batch refuse
     that partition only). A topic the principal may not publish to is refused with
     TOPIC_AUTHORIZATION_FAILED; one the backend would create (``auto_create``) but the
     principal may not, and not seen to exist (:func:`topics_to_look_up` first), with
-    UNKNOWN_TOPIC_OR_PARTITION, as a broker without auto-creation answers."""
+    UNKNOWN_TOPIC_OR_PARTITION, as a broker without auto-creation answers. With
+    ``producers``, idempotent batches' sequences are checked (a refused request is planned
+    without, so that it changes no state)."""
     plan = ProducePlan()
     for topic in body.topic_data:
         name = topic.name
@@ -108,21 +139,63 @@ def plan_produce(body: Any, access: ConnectionAccess, max_batch: int,
             except ProtocolError as exc:
                 part.error, part.message = ErrorCode.CORRUPT_MESSAGE, str(exc)
                 continue
+            if producers is not None and any(b.producer_id >= 0 for b in run.batches):
+                if len(run.batches) != 1:
+                    part.error = ErrorCode.INVALID_RECORD
+                    part.message = ("an idempotent producer's records must be one batch "
+                                    "per partition")
+                    continue
+                batch = run.batches[0]
+                verdict = producers.check(name, data.index, batch.producer_id,
+                                          batch.producer_epoch, batch.base_sequence,
+                                          batch.last_offset_delta)
+                if verdict.error:
+                    part.error, part.message = verdict.error, verdict.message
+                    continue
+                part.entry = verdict.entry
+                if verdict.duplicate:
+                    assert verdict.entry is not None
+                    plan.retried.append(verdict.entry)
+                    continue
             part.start, part.count = len(plan.batches), len(bundles)
             plan.batches += [ProduceBatch(name, data.index, b) for b in bundles]
         plan.topics.append((name, parts))
     return plan
 
 
+def settle(plan: ProducePlan, outcomes: list[ProduceOutcome],
+           producers: ProducerStates | None) -> None:
+    """Give the idempotent batches appended by ``plan`` their outcome (retries of them
+    wait for it); a failed one makes ``producers`` forget that producer's partition."""
+    for _, parts in plan.topics:
+        for part in parts:
+            entry = part.entry
+            if entry is None or entry.settled or part.error or not part.count:
+                continue
+            outcome = outcomes[part.start]
+            if outcome.code is ProduceCode.OK:
+                entry.settle(outcome.first_seq - 1, 0, None)
+            else:
+                if producers is not None:
+                    producers.failed(entry)
+                entry.settle(-1, _CODES.get(outcome.code, ErrorCode.UNKNOWN_SERVER_ERROR),
+                             outcome.reason or None)
+
+
 def produce_response(plan: ProducePlan, outcomes: list[ProduceOutcome]) -> ProduceResponse:
-    """The answer once the backend reported ``outcomes`` (of ``plan.batches``)."""
+    """The answer once the backend reported ``outcomes`` (of ``plan.batches``) and the
+    retried batches' originals theirs."""
     topics = []
     for name, parts in plan.topics:
         answers = []
         for part in parts:
             base = -1
             error, message = part.error, part.message
-            if not error:
+            if not error and part.entry is not None and not part.count:
+                # A retry: the original's answer.
+                entry = part.entry
+                base, error, message = entry.base_offset, entry.error, entry.message
+            elif not error:
                 mine = outcomes[part.start:part.start + part.count]
                 bad = next((o for o in mine if o.code is not ProduceCode.OK), None)
                 if bad is not None:

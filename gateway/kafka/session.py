@@ -44,11 +44,13 @@ from gateway.backend.contract import Backend, ProduceOutcome
 from gateway.io.writer import FrameWriter
 from gateway.kafka.context import RequestContext
 from gateway.kafka.handlers import HANDLERS
+from gateway.kafka.idempotence import ProducerStates
 from gateway.kafka.produce import (
     ProducePlan,
     all_ok,
     plan_produce,
     produce_response,
+    settle,
     topics_to_look_up,
 )
 from gateway.kafka.versions import SERVED, api_versions
@@ -86,7 +88,8 @@ class KafkaSession(RequestSession):
                  metrics: Metrics, counter: RequestCounter,
                  log: structlog.typing.FilteringBoundLogger, advertised: tuple[str, int],
                  principal: Principal | None = None, guard: AccessGuard | None = None,
-                 quota: PrincipalQuota | None = None) -> None:
+                 quota: PrincipalQuota | None = None,
+                 producers: ProducerStates | None = None) -> None:
         super().__init__(stream, FrameWriter(stream, settings.response_buffer_bytes),
                          settings=settings, metrics=metrics, log=log, quota=quota)
         #: Who the connection acts as (its listener, or its certificate's subject).
@@ -94,9 +97,12 @@ class KafkaSession(RequestSession):
         self._access = (guard or OPEN).connection(self.principal, log)
         self._backend = backend
         self._counter = counter
+        #: The server's idempotent producers (one for every connection and listener).
+        self._producers = (ProducerStates(settings.max_producer_states, metrics)
+                           if producers is None else producers)
         self._context = RequestContext(backend=backend, access=self._access,
                                        principal=self.principal, advertised=advertised,
-                                       log=log)
+                                       log=log, producers=self._producers)
         self._conn = KafkaServerConnection(max_frame_size=settings.max_frame_bytes)
         self._order: deque[_Slot] = deque()
         #: Bytes of Produce requests handed to the backend and not yet answered.
@@ -197,18 +203,26 @@ class KafkaSession(RequestSession):
 
     def _produce(self, request: Request) -> None:
         body = request.body
-        plan = plan_produce(body, self._access, self._settings.max_bundle_bytes,
-                            self._backend.auto_create.enabled)
+        auto_create = self._backend.auto_create.enabled
         if body.acks not in (0, 1, -1):
+            plan = plan_produce(body, self._access, self._settings.max_bundle_bytes,
+                                auto_create)
             self._counter.inc("produce", False)
             self._fill(self._slot(), self._conn.send(request, _refused(
                 plan, ErrorCode.INVALID_REQUIRED_ACKS)))
             return
+        producers = self._producers
+        plan = plan_produce(body, self._access, self._settings.max_bundle_bytes, auto_create,
+                            producers)
         slot = None if body.acks == 0 else self._slot()
         self._begin()
         self._produce_bytes += plan.size
 
         def done(outcomes: list[ProduceOutcome]) -> None:
+            settle(plan, outcomes, producers)
+            plan.when_answerable(lambda: answer(outcomes))
+
+        def answer(outcomes: list[ProduceOutcome]) -> None:
             self._produce_bytes -= plan.size
             response = produce_response(plan, outcomes)
             ok = all_ok(response)

@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import structlog
 import trio
@@ -43,6 +44,7 @@ from gateway.auth.quotas import QuotaRules, Quotas
 from gateway.backend.contract import Backend
 from gateway.backend.embedded import connection_slots, open_embedded_backend
 from gateway.figg.listener import FiggListener
+from gateway.kafka.idempotence import ProducerStates
 from gateway.kafka.listener import KafkaListener
 from gateway.server.accepting import serve_listeners
 from gateway.server.config import (
@@ -367,11 +369,14 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
         async with backend_in_use as (info.backend, readiness.unavailable), \
                 trio.open_nursery() as draining:
             listeners: dict[str, ProtocolListener] = {}
+            producers = ProducerStates(settings.max_producer_states, metrics)
             for spec in specs:
                 if spec.protocol in _LISTENERS:
                     make = _LISTENERS[spec.protocol]
                     first = next((x for x in listeners.values() if type(x) is make), None)
-                    more = {"share_with": first} if make is FiggListener and first else {}
+                    more: dict[str, Any] = (
+                        {"share_with": first} if make is FiggListener and first
+                        else {"producers": producers} if make is KafkaListener else {})
                     listeners[spec.name] = make(info.backend, settings, metrics,
                                                 name=spec.name, guard=info.guard,
                                                 quotas=info.quotas,

@@ -107,4 +107,5 @@ async def test_find_coordinator_names_this_node_and_refuses_transactions(tmp_pat
     assert (one.error_code, one.node_id, one.host, one.port) == (0, 0, *server.kafka)
     assert [(c.key, c.error_code, c.host, c.port) for c in many.coordinators] == [
         ("a", 0, *server.kafka), ("b", 0, *server.kafka)]
-    assert txn.error_code == ErrorCode.INVALID_REQUEST and "transactions" in txn.error_message
+    assert txn.error_code == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    assert "transactions" in txn.error_message

@@ -185,26 +185,24 @@ async def test_interop_kafka_tank_figg_see_the_same_messages(tmp_path):
     assert kafkaed == [(0, b"one"), (1, b"two"), (2, b"three")]
 
 
-async def test_an_idempotent_producer_fails_clearly(tmp_path):
-    def script(addr: str) -> list[int]:
-        errors: list[int] = []
-
-        def on_error(err: Any) -> None:
-            errors.append(err.code())
-
+async def test_an_idempotent_producer_works(tmp_path):
+    def script(addr: str) -> tuple[list[tuple[Any, int]], list[Any]]:
+        errors: list[Any] = []
+        reports: list[tuple[Any, int]] = []
         producer = ck.Producer({**CONFLUENT, "bootstrap.servers": addr,
-                                "enable.idempotence": True, "error_cb": on_error})
-        producer.produce("idem", b"x")
-        try:
-            producer.flush(3)
-        except ck.KafkaException as exc:
-            errors.append(exc.args[0].code())
-        return errors
+                                "enable.idempotence": True, "error_cb": errors.append})
+        for i in range(100):
+            producer.produce("idem", b"x%d" % i, partition=0, on_delivery=lambda err, msg:
+                             reports.append((err, msg.offset())))
+        assert producer.flush(10) == 0
+        return reports, errors
 
     async with kafka_server(tmp_path) as server:
         with trio.fail_after(20):
-            errors = await trio.to_thread.run_sync(script, bootstrap(server))
+            reports, errors = await trio.to_thread.run_sync(script, bootstrap(server))
             infos = await server.backend.discover_partitions("idem")
-    # ApiVersions does not list InitProducerId: librdkafka stops with a fatal error.
-    assert ck.KafkaError._UNSUPPORTED_FEATURE in errors
-    assert infos is None or infos[0].high_water_mark == 0  # nothing was written
+    # InitProducerId is served: the producer gets an id and its batches are sequenced.
+    assert errors == []
+    assert [err for err, _ in reports] == [None] * 100
+    assert sorted(offset for _, offset in reports) == list(range(100))
+    assert infos is not None and infos[0].high_water_mark == 100
