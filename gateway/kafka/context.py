@@ -4,12 +4,16 @@ listener's server-wide state, bundled once per connection."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import structlog
 
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.principal import Principal
 from gateway.backend.contract import Backend
+
+if TYPE_CHECKING:
+    from gateway.kafka.groups.coordinator import GroupCoordinator
 
 
 @dataclass(slots=True)
@@ -25,3 +29,9 @@ class RequestContext:
     #: The host and port Metadata and FindCoordinator name.
     advertised: tuple[str, int]
     log: structlog.typing.FilteringBoundLogger
+    #: The server's consumer group coordinator (None: groups not served).
+    groups: GroupCoordinator | None = None
+    #: The client id of the connection's latest request (Kafka clients keep one).
+    client_id: str = ""
+    #: The client's address, as DescribeGroups shows it (``/127.0.0.1``).
+    client_host: str = ""

@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import structlog
 import trio
@@ -43,6 +44,7 @@ from gateway.auth.quotas import QuotaRules, Quotas
 from gateway.backend.contract import Backend
 from gateway.backend.embedded import connection_slots, open_embedded_backend
 from gateway.figg.listener import FiggListener
+from gateway.kafka.groups.coordinator import GroupCoordinator
 from gateway.kafka.listener import KafkaListener
 from gateway.server.accepting import serve_listeners
 from gateway.server.config import (
@@ -90,6 +92,9 @@ class ServerInfo:
         self.listeners: dict[str, ProtocolListener] = {}
         #: The access policy in force (``auth.policy_file``), shared by every listener.
         self.guard = AccessGuard(metrics=metrics)
+        #: The Kafka consumer groups' coordinator (shared by every Kafka listener; its
+        #: ``known`` takes the committed offsets' store).
+        self.groups: GroupCoordinator | None = None
         #: The TLS of every TLS listener, by name.
         self.tls: dict[str, ListenerTLS] = {}
         self.metrics_registry = metrics
@@ -363,6 +368,8 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                                     tls=tls.get(spec.name))
                 await outer.start(partial(serve_endpoint, endpoint, bound[spec.name],
                                           name=spec.name))
+        info.groups = GroupCoordinator(settings, metrics)
+        await outer.start(info.groups.run)
         backend_in_use = open_backend(settings, metrics) if backend is None else _given(backend)
         async with backend_in_use as (info.backend, readiness.unavailable), \
                 trio.open_nursery() as draining:
@@ -371,7 +378,9 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                 if spec.protocol in _LISTENERS:
                     make = _LISTENERS[spec.protocol]
                     first = next((x for x in listeners.values() if type(x) is make), None)
-                    more = {"share_with": first} if make is FiggListener and first else {}
+                    more: dict[str, Any] = (
+                        {"share_with": first} if make is FiggListener and first
+                        else {"groups": info.groups} if make is KafkaListener else {})
                     listeners[spec.name] = make(info.backend, settings, metrics,
                                                 name=spec.name, guard=info.guard,
                                                 quotas=info.quotas,
