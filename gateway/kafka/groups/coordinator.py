@@ -397,9 +397,7 @@ class GroupCoordinator:
     def _join_new(self, group: Group, r: JoinRequest) -> JoinResult | Reply[JoinResult]:
         s = self.settings
         known = r.member_id in group.pending
-        if known:
-            del group.pending[r.member_id]
-        elif r.instance_id is not None and r.instance_id in group.instances:
+        if not known and r.instance_id is not None and r.instance_id in group.instances:
             # A static member restarted: the new instance replaces (fences) the old.
             old = group.members[group.instances[r.instance_id]]
             log.info("kafka_group_member_fenced", group=group.group_id,
@@ -407,7 +405,7 @@ class GroupCoordinator:
             self._forget(group, old, _E.FENCED_INSTANCE_ID)
             if group.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
                 self._prepare_rebalance(group, "join")
-        elif len(group.members) + len(group.pending) >= s.max_group_members:
+        elif not known and len(group.members) + len(group.pending) >= s.max_group_members:
             self._limit("groups.max_members", group=group.group_id, max=s.max_group_members)
             return JoinResult(_E.GROUP_MAX_SIZE_REACHED, r.member_id)
         member_id = r.member_id if known else self._new_member_id(r)
@@ -422,6 +420,7 @@ class GroupCoordinator:
                               member_id):
             return JoinResult(_E.GROUP_MAX_SIZE_REACHED, r.member_id)
         member.protocols = list(r.protocols)
+        group.pending.pop(member_id, None)
         if not group.members:
             group.protocol_type = r.protocol_type
         self._add(group, member)
