@@ -4,6 +4,7 @@ listener's server-wide state, bundled once per connection."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -11,6 +12,9 @@ from gateway.auth.guard import ConnectionAccess
 from gateway.auth.principal import Principal
 from gateway.backend.contract import Backend
 from gateway.kafka.idempotence import ProducerStates
+
+if TYPE_CHECKING:
+    from gateway.kafka.groups.coordinator import GroupCoordinator
 
 
 @dataclass(slots=True)
@@ -29,3 +33,9 @@ class RequestContext:
     #: The server's idempotent producers (ids and sequence state), shared by every
     #: connection of every Kafka listener.
     producers: ProducerStates
+    #: The server's consumer group coordinator (None: groups not served).
+    groups: GroupCoordinator | None = None
+    #: The client id of the connection's latest request (Kafka clients keep one).
+    client_id: str = ""
+    #: The client's address, as DescribeGroups shows it (``/127.0.0.1``).
+    client_host: str = ""

@@ -14,6 +14,14 @@ from gateway.kafka.admin import create_topics, describe_configs
 from gateway.kafka.context import RequestContext
 from gateway.kafka.coordinator import find_coordinator
 from gateway.kafka.fetch import fetch
+from gateway.kafka.groups.handlers import (
+    describe_groups,
+    heartbeat,
+    join_group,
+    leave_group,
+    list_groups,
+    sync_group,
+)
 from gateway.kafka.idempotence import init_producer_id
 from gateway.kafka.metadata import metadata
 from gateway.kafka.offsets import list_offsets
@@ -68,4 +76,10 @@ HANDLERS: Final[dict[int, Handler]] = {
     ApiKey.DESCRIBE_CONFIGS: _describe_configs,
     ApiKey.FIND_COORDINATOR: find_coordinator,
     ApiKey.INIT_PRODUCER_ID: _init_producer_id,
+    ApiKey.JOIN_GROUP: join_group,
+    ApiKey.SYNC_GROUP: sync_group,
+    ApiKey.HEARTBEAT: heartbeat,
+    ApiKey.LEAVE_GROUP: leave_group,
+    ApiKey.DESCRIBE_GROUPS: describe_groups,
+    ApiKey.LIST_GROUPS: list_groups,
 }

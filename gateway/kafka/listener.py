@@ -17,6 +17,7 @@ from gateway.auth.guard import AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.backend.contract import Backend
+from gateway.kafka.groups.coordinator import GroupCoordinator
 from gateway.kafka.idempotence import ProducerStates
 from gateway.kafka.session import KafkaSession
 from gateway.server.config import Settings
@@ -35,9 +36,13 @@ class KafkaListener(ProtocolListener):
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
                  name: str | None = None, guard: AccessGuard | None = None,
                  tls: ListenerTLS | None = None, quotas: Quotas | None = None,
-                 producers: ProducerStates | None = None) -> None:
+                 producers: ProducerStates | None = None,
+                 groups: GroupCoordinator | None = None) -> None:
         super().__init__(backend, settings, metrics, name=name, guard=guard, tls=tls,
                          quotas=quotas)
+        #: The server's group coordinator, shared by every Kafka listener (None: a
+        #: listener made without one answers no group request).
+        self.groups = groups
         self.counter = RequestCounter(metrics, "kafka")
         #: Idempotent producers: the server's (:func:`~gateway.server.run.open_server`
         #: gives every Kafka listener the same), or this listener's own.
@@ -63,7 +68,8 @@ class KafkaListener(ProtocolListener):
         return KafkaSession(stream, backend=self.backend, settings=self.settings,
                             metrics=self.metrics, counter=self.counter, log=log,
                             advertised=self.advertised, principal=principal,
-                            guard=self.guard, quota=quota, producers=self.producers)
+                            guard=self.guard, quota=quota, producers=self.producers,
+                            groups=self.groups)
 
     def stats(self, session: KafkaSession) -> dict[str, Any]:
         return {"requests": session.requests, "bytes_sent": session.bytes_sent}

@@ -43,6 +43,7 @@ from gateway.auth.quotas import OUT, PrincipalQuota
 from gateway.backend.contract import Backend, ProduceOutcome
 from gateway.io.writer import FrameWriter
 from gateway.kafka.context import RequestContext
+from gateway.kafka.groups.coordinator import GroupCoordinator
 from gateway.kafka.handlers import HANDLERS
 from gateway.kafka.idempotence import ProducerStates
 from gateway.kafka.produce import (
@@ -89,7 +90,8 @@ class KafkaSession(RequestSession):
                  log: structlog.typing.FilteringBoundLogger, advertised: tuple[str, int],
                  principal: Principal | None = None, guard: AccessGuard | None = None,
                  quota: PrincipalQuota | None = None,
-                 producers: ProducerStates | None = None) -> None:
+                 producers: ProducerStates | None = None,
+                 groups: GroupCoordinator | None = None) -> None:
         super().__init__(stream, FrameWriter(stream, settings.response_buffer_bytes),
                          settings=settings, metrics=metrics, log=log, quota=quota)
         #: Who the connection acts as (its listener, or its certificate's subject).
@@ -102,7 +104,8 @@ class KafkaSession(RequestSession):
                            if producers is None else producers)
         self._context = RequestContext(backend=backend, access=self._access,
                                        principal=self.principal, advertised=advertised,
-                                       log=log, producers=self._producers)
+                                       log=log, producers=self._producers,
+                                       groups=groups, client_host=_peer(stream))
         self._conn = KafkaServerConnection(max_frame_size=settings.max_frame_bytes)
         self._order: deque[_Slot] = deque()
         #: Bytes of Produce requests handed to the backend and not yet answered.
@@ -179,6 +182,7 @@ class KafkaSession(RequestSession):
 
     def _start(self, request: Request) -> None:
         assert self._nursery is not None
+        self._context.client_id = request.client_id or ""
         self._begin()
         self._nursery.start_soon(self._serve, request, self._slot())
 
@@ -240,6 +244,19 @@ class KafkaSession(RequestSession):
             self._backend.produce_nowait(plan.batches, done)
         else:
             done([])
+
+
+def _peer(stream: trio.abc.Stream) -> str:
+    """``/HOST`` of the client (as Kafka shows a member's host), or empty."""
+    while not isinstance(stream, trio.SocketStream):
+        inner = getattr(stream, "transport_stream", None)
+        if inner is None:
+            return ""
+        stream = inner
+    try:
+        return f"/{stream.socket.getpeername()[0]}"
+    except (OSError, IndexError, TypeError):
+        return ""
 
 
 def _refused(plan: ProducePlan, code: int) -> Any:

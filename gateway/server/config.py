@@ -393,6 +393,35 @@ class Settings:
         "figg.data_cache_bytes", 8 * MIB, _non_negative_int,
         "Memory for the DATA frames shared by Figg subscribers at the same position "
         "(0: off).")
+    group_initial_rebalance_delay_ms: int = _setting(
+        "groups.initial_rebalance_delay_ms", 300, _non_negative_int,
+        "Kafka consumer groups: how long the first rebalance of an empty group waits for "
+        "more members (Kafka's group.initial.rebalance.delay.ms), extended by this much "
+        "for each member that joins meanwhile, up to the rebalance timeout.")
+    group_min_session_timeout_ms: int = _setting(
+        "groups.min_session_timeout_ms", 6000, _positive_int,
+        "Shortest session timeout a group member may ask for (Kafka's "
+        "group.min.session.timeout.ms); shorter is INVALID_SESSION_TIMEOUT (26).")
+    group_max_session_timeout_ms: int = _setting(
+        "groups.max_session_timeout_ms", 1_800_000, _positive_int,
+        "Longest session timeout a group member may ask for (Kafka's "
+        "group.max.session.timeout.ms).")
+    max_groups: int = _setting(
+        "groups.max_groups", 1000, _positive_int,
+        "Consumer groups with members (or joining) at once; a join that would make one "
+        "more is COORDINATOR_NOT_AVAILABLE (15), retried by clients.")
+    max_group_members: int = _setting(
+        "groups.max_members", 1000, _positive_int,
+        "Members of one group, those given a member id and not yet joined included "
+        "(Kafka's group.max.size); one more is GROUP_MAX_SIZE_REACHED (81).")
+    max_group_member_bytes: int = _setting(
+        "groups.max_member_bytes", 1 * MIB, _positive_int,
+        "Protocol metadata (all its protocols) plus assignment of one member; more is "
+        "GROUP_MAX_SIZE_REACHED (81) on JoinGroup or SyncGroup.")
+    max_group_bytes: int = _setting(
+        "groups.max_bytes", 64 * MIB, _positive_int,
+        "Protocol metadata plus assignments of every member of every group together; "
+        "a join or assignment past it is GROUP_MAX_SIZE_REACHED (81).")
     policy_file: Path | None = _setting(  # noqa: RUF009 (a field, made by _setting)
         "auth.policy_file", None, _optional_path,
         "Access policy file (TOML: who may publish, subscribe, create, configure; see "

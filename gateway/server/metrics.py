@@ -164,6 +164,16 @@ class Metrics:
             "figtank_quota_delay_seconds", "Seconds connections were held back by their "
             "principal's quota, by direction (in: reads from the client waited; out: data "
             "for the client waited).", ["direction"], registry=r)
+        self.kafka_groups = Gauge(
+            "figtank_kafka_groups", "Kafka consumer groups with members (or joining), by "
+            "state.", ["state"], registry=r)
+        self.kafka_group_members = Gauge(
+            "figtank_kafka_group_members", "Members of all Kafka consumer groups "
+            "together.", registry=r)
+        self.kafka_group_rebalances = Counter(
+            "figtank_kafka_group_rebalances", "Rebalances of Kafka consumer groups begun, "
+            "by reason (join, leave, session_timeout, sync_timeout, assignment_refused).",
+            ["reason"], registry=r)
         self._included: set[int] = set()
 
         self.reader_lag = ReaderLag()

@@ -44,6 +44,7 @@ from gateway.auth.quotas import QuotaRules, Quotas
 from gateway.backend.contract import Backend
 from gateway.backend.embedded import connection_slots, open_embedded_backend
 from gateway.figg.listener import FiggListener
+from gateway.kafka.groups.coordinator import GroupCoordinator
 from gateway.kafka.idempotence import ProducerStates
 from gateway.kafka.listener import KafkaListener
 from gateway.server.accepting import serve_listeners
@@ -92,6 +93,9 @@ class ServerInfo:
         self.listeners: dict[str, ProtocolListener] = {}
         #: The access policy in force (``auth.policy_file``), shared by every listener.
         self.guard = AccessGuard(metrics=metrics)
+        #: The Kafka consumer groups' coordinator (shared by every Kafka listener; its
+        #: ``known`` takes the committed offsets' store).
+        self.groups: GroupCoordinator | None = None
         #: The TLS of every TLS listener, by name.
         self.tls: dict[str, ListenerTLS] = {}
         self.metrics_registry = metrics
@@ -365,6 +369,8 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                                     tls=tls.get(spec.name))
                 await outer.start(partial(serve_endpoint, endpoint, bound[spec.name],
                                           name=spec.name))
+        info.groups = GroupCoordinator(settings, metrics)
+        await outer.start(info.groups.run)
         backend_in_use = open_backend(settings, metrics) if backend is None else _given(backend)
         async with backend_in_use as (info.backend, readiness.unavailable), \
                 trio.open_nursery() as draining:
@@ -376,7 +382,8 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                     first = next((x for x in listeners.values() if type(x) is make), None)
                     more: dict[str, Any] = (
                         {"share_with": first} if make is FiggListener and first
-                        else {"producers": producers} if make is KafkaListener else {})
+                        else {"producers": producers, "groups": info.groups}
+                        if make is KafkaListener else {})
                     listeners[spec.name] = make(info.backend, settings, metrics,
                                                 name=spec.name, guard=info.guard,
                                                 quotas=info.quotas,

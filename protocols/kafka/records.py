@@ -614,6 +614,140 @@ else:
 
 
 @dataclass(frozen=True, slots=True)
+class DescribeGroupsRequest:
+    """Describes groups: state, protocol and members. Version 3 asks for the authorized
+    operations, 4 adds instance ids, 5 is flexible.
+    """
+
+    groups: list[str] = field(default_factory=list)
+    """The groups to describe."""
+
+    include_authorized_operations: bool = False
+    """Whether to tell the operations the client may do."""
+
+
+if TYPE_CHECKING:
+    _DescribeGroupsRequestBuilder = DescribeGroupsRequest
+else:
+    class _DescribeGroupsRequestBuilder:
+        """Makes a DescribeGroupsRequest without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('groups', 'include_authorized_operations', )
+
+        def __init__(self, groups: list[str], include_authorized_operations: bool) -> None:
+            self.groups = groups
+            self.include_authorized_operations = include_authorized_operations
+
+
+@dataclass(frozen=True, slots=True)
+class DescribedGroupMember:
+    """One element of ``DescribedGroup.members``."""
+
+    member_id: str = ''
+    """The member's id."""
+
+    group_instance_id: str | None = None
+    """The member's instance id, or null."""
+
+    client_id: str = ''
+    """The client id of the member's last join."""
+
+    client_host: str = ''
+    """The member's host."""
+
+    member_metadata: bytes = b''
+    """Its metadata for the protocol chosen (Stable groups only)."""
+
+    member_assignment: bytes = b''
+    """Its assignment (Stable groups only)."""
+
+
+if TYPE_CHECKING:
+    _DescribedGroupMemberBuilder = DescribedGroupMember
+else:
+    class _DescribedGroupMemberBuilder:
+        """Makes a DescribedGroupMember without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('client_host', 'client_id', 'group_instance_id', 'member_assignment', 'member_id', 'member_metadata', )
+
+        def __init__(self, member_id: str, group_instance_id: str | None, client_id: str, client_host: str, member_metadata: bytes, member_assignment: bytes) -> None:
+            self.member_id = member_id
+            self.group_instance_id = group_instance_id
+            self.client_id = client_id
+            self.client_host = client_host
+            self.member_metadata = member_metadata
+            self.member_assignment = member_assignment
+
+
+@dataclass(frozen=True, slots=True)
+class DescribedGroup:
+    """One element of ``DescribeGroupsResponse.groups``."""
+
+    error_code: int = 0
+    """The error code, or 0."""
+
+    group_id: str = ''
+    """The group."""
+
+    group_state: str = ''
+    """Its state (Empty, PreparingRebalance, CompletingRebalance, Stable, Dead)."""
+
+    protocol_type: str = ''
+    """Its protocol type, or empty."""
+
+    protocol_data: str = ''
+    """The protocol chosen, or empty."""
+
+    members: list[DescribedGroupMember] = field(default_factory=list)
+    """Its members."""
+
+    authorized_operations: int = -2147483648
+    """A bit field of the operations the client may do (-2^31: not asked)."""
+
+
+if TYPE_CHECKING:
+    _DescribedGroupBuilder = DescribedGroup
+else:
+    class _DescribedGroupBuilder:
+        """Makes a DescribedGroup without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('authorized_operations', 'error_code', 'group_id', 'group_state', 'members', 'protocol_data', 'protocol_type', )
+
+        def __init__(self, error_code: int, group_id: str, group_state: str, protocol_type: str, protocol_data: str, members: list[DescribedGroupMember], authorized_operations: int) -> None:
+            self.error_code = error_code
+            self.group_id = group_id
+            self.group_state = group_state
+            self.protocol_type = protocol_type
+            self.protocol_data = protocol_data
+            self.members = members
+            self.authorized_operations = authorized_operations
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeGroupsResponse:
+    """Each group described."""
+
+    throttle_time_ms: int = 0
+    """How long the request was throttled for a quota, in milliseconds."""
+
+    groups: list[DescribedGroup] = field(default_factory=list)
+    """Each group."""
+
+
+if TYPE_CHECKING:
+    _DescribeGroupsResponseBuilder = DescribeGroupsResponse
+else:
+    class _DescribeGroupsResponseBuilder:
+        """Makes a DescribeGroupsResponse without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('groups', 'throttle_time_ms', )
+
+        def __init__(self, throttle_time_ms: int, groups: list[DescribedGroup]) -> None:
+            self.throttle_time_ms = throttle_time_ms
+            self.groups = groups
+
+
+@dataclass(frozen=True, slots=True)
 class FetchPartition:
     """One element of ``FetchTopic.partitions``."""
 
@@ -1087,6 +1221,64 @@ else:
 
 
 @dataclass(frozen=True, slots=True)
+class HeartbeatRequest:
+    """A member is alive; the answer says whether the group is rebalancing. Version 3 adds
+    the instance id, 4 is flexible.
+    """
+
+    group_id: str = ''
+    """The group."""
+
+    generation_id: int = 0
+    """The member's generation."""
+
+    member_id: str = ''
+    """The member's id."""
+
+    group_instance_id: str | None = None
+    """The static member's instance id, or null."""
+
+
+if TYPE_CHECKING:
+    _HeartbeatRequestBuilder = HeartbeatRequest
+else:
+    class _HeartbeatRequestBuilder:
+        """Makes a HeartbeatRequest without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('generation_id', 'group_id', 'group_instance_id', 'member_id', )
+
+        def __init__(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None) -> None:
+            self.group_id = group_id
+            self.generation_id = generation_id
+            self.member_id = member_id
+            self.group_instance_id = group_instance_id
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatResponse:
+    """Whether the member is current (0), or must rejoin."""
+
+    throttle_time_ms: int = 0
+    """How long the request was throttled for a quota, in milliseconds."""
+
+    error_code: int = 0
+    """The error code, or 0."""
+
+
+if TYPE_CHECKING:
+    _HeartbeatResponseBuilder = HeartbeatResponse
+else:
+    class _HeartbeatResponseBuilder:
+        """Makes a HeartbeatResponse without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('error_code', 'throttle_time_ms', )
+
+        def __init__(self, throttle_time_ms: int, error_code: int) -> None:
+            self.throttle_time_ms = throttle_time_ms
+            self.error_code = error_code
+
+
+@dataclass(frozen=True, slots=True)
 class InitProducerIdRequest:
     """Asks for a producer id (idempotent or transactional producers). Version 2 is flexible."""
 
@@ -1148,6 +1340,361 @@ else:
             self.error_code = error_code
             self.producer_id = producer_id
             self.producer_epoch = producer_epoch
+
+
+@dataclass(frozen=True, slots=True)
+class JoinGroupRequestProtocol:
+    """One element of ``JoinGroupRequest.protocols``."""
+
+    name: str = ''
+    """The protocol's name."""
+
+    metadata: bytes = b''
+    """The member's metadata for that protocol."""
+
+
+if TYPE_CHECKING:
+    _JoinGroupRequestProtocolBuilder = JoinGroupRequestProtocol
+else:
+    class _JoinGroupRequestProtocolBuilder:
+        """Makes a JoinGroupRequestProtocol without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('metadata', 'name', )
+
+        def __init__(self, name: str, metadata: bytes) -> None:
+            self.name = name
+            self.metadata = metadata
+
+
+@dataclass(frozen=True, slots=True)
+class JoinGroupRequest:
+    """Joins a consumer group (the classic group protocol). Version 4 answers a first join
+    without a member id MEMBER_ID_REQUIRED with the id to join with (KIP-394); version 5
+    adds static membership (KIP-345); version 6 is flexible; version 8 adds the reason.
+    """
+
+    group_id: str = ''
+    """The group to join."""
+
+    session_timeout_ms: int = 0
+    """A member not heard from for this long is removed, in milliseconds."""
+
+    rebalance_timeout_ms: int = -1
+    """How long a rebalance waits for each member to rejoin, in milliseconds."""
+
+    member_id: str = ''
+    """The member id the coordinator gave, or empty on a first join."""
+
+    group_instance_id: str | None = None
+    """The static member's instance id, or null."""
+
+    protocol_type: str = ''
+    """The kind of group ("consumer" for consumers)."""
+
+    protocols: list[JoinGroupRequestProtocol] = field(default_factory=list)
+    """The protocols (assignors) the member supports, preferred first."""
+
+    reason: str | None = None
+    """Why the member joins, or null."""
+
+
+if TYPE_CHECKING:
+    _JoinGroupRequestBuilder = JoinGroupRequest
+else:
+    class _JoinGroupRequestBuilder:
+        """Makes a JoinGroupRequest without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('group_id', 'group_instance_id', 'member_id', 'protocol_type', 'protocols', 'reason', 'rebalance_timeout_ms', 'session_timeout_ms', )
+
+        def __init__(self, group_id: str, session_timeout_ms: int, rebalance_timeout_ms: int, member_id: str, group_instance_id: str | None, protocol_type: str, protocols: list[JoinGroupRequestProtocol], reason: str | None) -> None:
+            self.group_id = group_id
+            self.session_timeout_ms = session_timeout_ms
+            self.rebalance_timeout_ms = rebalance_timeout_ms
+            self.member_id = member_id
+            self.group_instance_id = group_instance_id
+            self.protocol_type = protocol_type
+            self.protocols = protocols
+            self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class JoinGroupResponseMember:
+    """One element of ``JoinGroupResponse.members``."""
+
+    member_id: str = ''
+    """The member's id."""
+
+    group_instance_id: str | None = None
+    """The member's instance id, or null."""
+
+    metadata: bytes = b''
+    """The member's metadata for the protocol chosen."""
+
+
+if TYPE_CHECKING:
+    _JoinGroupResponseMemberBuilder = JoinGroupResponseMember
+else:
+    class _JoinGroupResponseMemberBuilder:
+        """Makes a JoinGroupResponseMember without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('group_instance_id', 'member_id', 'metadata', )
+
+        def __init__(self, member_id: str, group_instance_id: str | None, metadata: bytes) -> None:
+            self.member_id = member_id
+            self.group_instance_id = group_instance_id
+            self.metadata = metadata
+
+
+@dataclass(frozen=True, slots=True)
+class JoinGroupResponse:
+    """The outcome of a join: the generation, the protocol chosen, the leader and (to the
+    leader only) every member's metadata.
+    """
+
+    throttle_time_ms: int = 0
+    """How long the request was throttled for a quota, in milliseconds."""
+
+    error_code: int = 0
+    """The error code, or 0."""
+
+    generation_id: int = -1
+    """The group's generation."""
+
+    protocol_type: str | None = None
+    """The group's protocol type."""
+
+    protocol_name: str | None = ''
+    """The protocol chosen."""
+
+    leader: str = ''
+    """The leader's member id."""
+
+    skip_assignment: bool = False
+    """Whether the leader is to skip the assignment (always false here)."""
+
+    member_id: str = ''
+    """The member's id."""
+
+    members: list[JoinGroupResponseMember] = field(default_factory=list)
+    """Every member, to the leader only."""
+
+
+if TYPE_CHECKING:
+    _JoinGroupResponseBuilder = JoinGroupResponse
+else:
+    class _JoinGroupResponseBuilder:
+        """Makes a JoinGroupResponse without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('error_code', 'generation_id', 'leader', 'member_id', 'members', 'protocol_name', 'protocol_type', 'skip_assignment', 'throttle_time_ms', )
+
+        def __init__(self, throttle_time_ms: int, error_code: int, generation_id: int, protocol_type: str | None, protocol_name: str | None, leader: str, skip_assignment: bool, member_id: str, members: list[JoinGroupResponseMember]) -> None:
+            self.throttle_time_ms = throttle_time_ms
+            self.error_code = error_code
+            self.generation_id = generation_id
+            self.protocol_type = protocol_type
+            self.protocol_name = protocol_name
+            self.leader = leader
+            self.skip_assignment = skip_assignment
+            self.member_id = member_id
+            self.members = members
+
+
+@dataclass(frozen=True, slots=True)
+class MemberIdentity:
+    """One element of ``LeaveGroupRequest.members``."""
+
+    member_id: str = ''
+    """The member's id (may be empty when the instance id is given)."""
+
+    group_instance_id: str | None = None
+    """The static member's instance id, or null."""
+
+    reason: str | None = None
+    """Why it leaves, or null."""
+
+
+if TYPE_CHECKING:
+    _MemberIdentityBuilder = MemberIdentity
+else:
+    class _MemberIdentityBuilder:
+        """Makes a MemberIdentity without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('group_instance_id', 'member_id', 'reason', )
+
+        def __init__(self, member_id: str, group_instance_id: str | None, reason: str | None) -> None:
+            self.member_id = member_id
+            self.group_instance_id = group_instance_id
+            self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveGroupRequest:
+    """Members leave a group. Version 3 removes several members at once (by member id or
+    instance id, KIP-345), 4 is flexible, 5 adds the reason.
+    """
+
+    group_id: str = ''
+    """The group."""
+
+    member_id: str = ''
+    """The member leaving."""
+
+    members: list[MemberIdentity] = field(default_factory=list)
+    """The members leaving."""
+
+
+if TYPE_CHECKING:
+    _LeaveGroupRequestBuilder = LeaveGroupRequest
+else:
+    class _LeaveGroupRequestBuilder:
+        """Makes a LeaveGroupRequest without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('group_id', 'member_id', 'members', )
+
+        def __init__(self, group_id: str, member_id: str, members: list[MemberIdentity]) -> None:
+            self.group_id = group_id
+            self.member_id = member_id
+            self.members = members
+
+
+@dataclass(frozen=True, slots=True)
+class MemberResponse:
+    """One element of ``LeaveGroupResponse.members``."""
+
+    member_id: str = ''
+    """The member's id."""
+
+    group_instance_id: str | None = ''
+    """The member's instance id, or null."""
+
+    error_code: int = 0
+    """The error code, or 0."""
+
+
+if TYPE_CHECKING:
+    _MemberResponseBuilder = MemberResponse
+else:
+    class _MemberResponseBuilder:
+        """Makes a MemberResponse without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('error_code', 'group_instance_id', 'member_id', )
+
+        def __init__(self, member_id: str, group_instance_id: str | None, error_code: int) -> None:
+            self.member_id = member_id
+            self.group_instance_id = group_instance_id
+            self.error_code = error_code
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveGroupResponse:
+    """The outcome of a leave, and of each member's (version 3 and later)."""
+
+    throttle_time_ms: int = 0
+    """How long the request was throttled for a quota, in milliseconds."""
+
+    error_code: int = 0
+    """The error code, or 0."""
+
+    members: list[MemberResponse] = field(default_factory=list)
+    """Each member's outcome."""
+
+
+if TYPE_CHECKING:
+    _LeaveGroupResponseBuilder = LeaveGroupResponse
+else:
+    class _LeaveGroupResponseBuilder:
+        """Makes a LeaveGroupResponse without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('error_code', 'members', 'throttle_time_ms', )
+
+        def __init__(self, throttle_time_ms: int, error_code: int, members: list[MemberResponse]) -> None:
+            self.throttle_time_ms = throttle_time_ms
+            self.error_code = error_code
+            self.members = members
+
+
+@dataclass(frozen=True, slots=True)
+class ListGroupsRequest:
+    """Lists the groups. Version 3 is flexible, 4 filters by state, 5 by type."""
+
+    states_filter: list[str] = field(default_factory=list)
+    """Only groups in these states (empty: every group)."""
+
+    types_filter: list[str] = field(default_factory=list)
+    """Only groups of these types (empty: every group)."""
+
+
+if TYPE_CHECKING:
+    _ListGroupsRequestBuilder = ListGroupsRequest
+else:
+    class _ListGroupsRequestBuilder:
+        """Makes a ListGroupsRequest without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('states_filter', 'types_filter', )
+
+        def __init__(self, states_filter: list[str], types_filter: list[str]) -> None:
+            self.states_filter = states_filter
+            self.types_filter = types_filter
+
+
+@dataclass(frozen=True, slots=True)
+class ListedGroup:
+    """One element of ``ListGroupsResponse.groups``."""
+
+    group_id: str = ''
+    """The group."""
+
+    protocol_type: str = ''
+    """Its protocol type."""
+
+    group_state: str = ''
+    """Its state."""
+
+    group_type: str = ''
+    """Its type (classic)."""
+
+
+if TYPE_CHECKING:
+    _ListedGroupBuilder = ListedGroup
+else:
+    class _ListedGroupBuilder:
+        """Makes a ListedGroup without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('group_id', 'group_state', 'group_type', 'protocol_type', )
+
+        def __init__(self, group_id: str, protocol_type: str, group_state: str, group_type: str) -> None:
+            self.group_id = group_id
+            self.protocol_type = protocol_type
+            self.group_state = group_state
+            self.group_type = group_type
+
+
+@dataclass(frozen=True, slots=True)
+class ListGroupsResponse:
+    """Every group (matching the filters)."""
+
+    throttle_time_ms: int = 0
+    """How long the request was throttled for a quota, in milliseconds."""
+
+    error_code: int = 0
+    """The error code, or 0."""
+
+    groups: list[ListedGroup] = field(default_factory=list)
+    """Each group."""
+
+
+if TYPE_CHECKING:
+    _ListGroupsResponseBuilder = ListGroupsResponse
+else:
+    class _ListGroupsResponseBuilder:
+        """Makes a ListGroupsResponse without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('error_code', 'groups', 'throttle_time_ms', )
+
+        def __init__(self, throttle_time_ms: int, error_code: int, groups: list[ListedGroup]) -> None:
+            self.throttle_time_ms = throttle_time_ms
+            self.error_code = error_code
+            self.groups = groups
 
 
 @dataclass(frozen=True, slots=True)
@@ -1885,6 +2432,112 @@ else:
         def __init__(self, error_code: int, mechanisms: list[str]) -> None:
             self.error_code = error_code
             self.mechanisms = mechanisms
+
+
+@dataclass(frozen=True, slots=True)
+class SyncGroupRequestAssignment:
+    """One element of ``SyncGroupRequest.assignments``."""
+
+    member_id: str = ''
+    """The member assigned."""
+
+    assignment: bytes = b''
+    """Its assignment."""
+
+
+if TYPE_CHECKING:
+    _SyncGroupRequestAssignmentBuilder = SyncGroupRequestAssignment
+else:
+    class _SyncGroupRequestAssignmentBuilder:
+        """Makes a SyncGroupRequestAssignment without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('assignment', 'member_id', )
+
+        def __init__(self, member_id: str, assignment: bytes) -> None:
+            self.member_id = member_id
+            self.assignment = assignment
+
+
+@dataclass(frozen=True, slots=True)
+class SyncGroupRequest:
+    """After a join: the leader sends every member's assignment, the others wait for theirs.
+    Version 3 adds the instance id, 4 is flexible, 5 names the protocol.
+    """
+
+    group_id: str = ''
+    """The group."""
+
+    generation_id: int = 0
+    """The generation the member joined."""
+
+    member_id: str = ''
+    """The member's id."""
+
+    group_instance_id: str | None = None
+    """The static member's instance id, or null."""
+
+    protocol_type: str | None = None
+    """The group's protocol type, or null."""
+
+    protocol_name: str | None = None
+    """The protocol chosen, or null."""
+
+    assignments: list[SyncGroupRequestAssignment] = field(default_factory=list)
+    """The leader's assignments (empty from the others)."""
+
+
+if TYPE_CHECKING:
+    _SyncGroupRequestBuilder = SyncGroupRequest
+else:
+    class _SyncGroupRequestBuilder:
+        """Makes a SyncGroupRequest without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('assignments', 'generation_id', 'group_id', 'group_instance_id', 'member_id', 'protocol_name', 'protocol_type', )
+
+        def __init__(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None, protocol_type: str | None, protocol_name: str | None, assignments: list[SyncGroupRequestAssignment]) -> None:
+            self.group_id = group_id
+            self.generation_id = generation_id
+            self.member_id = member_id
+            self.group_instance_id = group_instance_id
+            self.protocol_type = protocol_type
+            self.protocol_name = protocol_name
+            self.assignments = assignments
+
+
+@dataclass(frozen=True, slots=True)
+class SyncGroupResponse:
+    """The member's assignment."""
+
+    throttle_time_ms: int = 0
+    """How long the request was throttled for a quota, in milliseconds."""
+
+    error_code: int = 0
+    """The error code, or 0."""
+
+    protocol_type: str | None = None
+    """The group's protocol type."""
+
+    protocol_name: str | None = None
+    """The protocol chosen."""
+
+    assignment: bytes = b''
+    """The member's assignment."""
+
+
+if TYPE_CHECKING:
+    _SyncGroupResponseBuilder = SyncGroupResponse
+else:
+    class _SyncGroupResponseBuilder:
+        """Makes a SyncGroupResponse without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('assignment', 'error_code', 'protocol_name', 'protocol_type', 'throttle_time_ms', )
+
+        def __init__(self, throttle_time_ms: int, error_code: int, protocol_type: str | None, protocol_name: str | None, assignment: bytes) -> None:
+            self.throttle_time_ms = throttle_time_ms
+            self.error_code = error_code
+            self.protocol_type = protocol_type
+            self.protocol_name = protocol_name
+            self.assignment = assignment
 
 
 def _decode_ApiVersionsRequest(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[ApiVersionsRequest, int]:
@@ -2850,6 +3503,236 @@ def encode_describe_configs_response(record: DescribeConfigsResponse, version: i
     return bytes(out)
 
 
+def _decode_DescribeGroupsRequest(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[DescribeGroupsRequest, int]:
+    n_groups, pos = read_count(buf, pos, end, flexible, False, 'DescribeGroupsRequest.groups')
+    groups_ = []
+    for _ in range(n_groups):
+        item_groups, pos = read_string(buf, pos, end, flexible, 'DescribeGroupsRequest.groups element')
+        groups_.append(item_groups)
+    if version >= 3:
+        if end - pos < 1:
+            raise truncated('DescribeGroupsRequest.include_authorized_operations', pos, end)
+        include_authorized_operations_ = _S5.unpack_from(buf, pos)[0]
+        pos += 1
+    else:
+        include_authorized_operations_ = False
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'DescribeGroupsRequest tagged fields')
+    result = _DescribeGroupsRequestBuilder(groups_, include_authorized_operations_)
+    result.__class__ = DescribeGroupsRequest
+    return result, pos
+
+
+def _encode_DescribeGroupsRequest(record: DescribeGroupsRequest, out: bytearray, version: int, flexible: bool) -> None:
+    if record.groups is None:
+        raise null_not_allowed('DescribeGroupsRequest.groups', version)
+    write_count(out, len(record.groups), flexible)
+    for item_groups in record.groups:
+        write_string(out, item_groups, flexible)
+    if version >= 3:
+        out += _S5.pack(record.include_authorized_operations)
+    elif record.include_authorized_operations:
+        raise not_in_version('DescribeGroupsRequest.include_authorized_operations', version)
+    if flexible:
+        out.append(0)
+
+
+def decode_describe_groups_request(payload: Buffer, version: int | None = None, context: Any = None) -> DescribeGroupsRequest:
+    """Decode one whole DescribeGroupsRequest payload of ``version`` (default 0)."""
+    buf = payload if isinstance(payload, bytes) else bytes(payload)
+    if version is None:
+        version = 0
+    if not (version <= 5):
+        raise ProtocolError(f'DescribeGroupsRequest: unsupported version {version}')
+    result, pos = _decode_DescribeGroupsRequest(buf, 0, len(buf), version, version >= 5)
+    if pos != len(buf):
+        raise trailing('DescribeGroupsRequest', len(buf) - pos)
+    return result
+
+
+def read_describe_groups_request(buf: bytes, pos: int, end: int, version: int) -> tuple[DescribeGroupsRequest, int]:
+    """The DescribeGroupsRequest of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 5):
+        raise ProtocolError(f'DescribeGroupsRequest: unsupported version {version}')
+    return _decode_DescribeGroupsRequest(buf, pos, end, version, version >= 5)
+
+
+def encode_describe_groups_request(record: DescribeGroupsRequest, version: int | None = None, context: Any = None) -> bytes:
+    """Encode a DescribeGroupsRequest payload of ``version`` (default 0)."""
+    if version is None:
+        version = 0
+    if not (version <= 5):
+        raise ValueError(f'DescribeGroupsRequest: unsupported version {version}')
+    out = bytearray()
+    try:
+        _encode_DescribeGroupsRequest(record, out, version, version >= 5)
+    except StructError as exc:
+        raise cannot_encode('DescribeGroupsRequest', exc) from None
+    return bytes(out)
+
+
+def _decode_DescribedGroupMember(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[DescribedGroupMember, int]:
+    member_id_, pos = read_string(buf, pos, end, flexible, 'DescribedGroupMember.member_id')
+    if version >= 4:
+        group_instance_id_, pos = read_nullable_string(buf, pos, end, flexible, version >= 4, 'DescribedGroupMember.group_instance_id')
+    else:
+        group_instance_id_ = None
+    client_id_, pos = read_string(buf, pos, end, flexible, 'DescribedGroupMember.client_id')
+    client_host_, pos = read_string(buf, pos, end, flexible, 'DescribedGroupMember.client_host')
+    member_metadata_, pos = read_bytes(buf, pos, end, flexible, 'DescribedGroupMember.member_metadata')
+    member_assignment_, pos = read_bytes(buf, pos, end, flexible, 'DescribedGroupMember.member_assignment')
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'DescribedGroupMember tagged fields')
+    result = _DescribedGroupMemberBuilder(member_id_, group_instance_id_, client_id_, client_host_, member_metadata_, member_assignment_)
+    result.__class__ = DescribedGroupMember
+    return result, pos
+
+
+def _encode_DescribedGroupMember(record: DescribedGroupMember, out: bytearray, version: int, flexible: bool) -> None:
+    if record.member_id is None:
+        raise null_not_allowed('DescribedGroupMember.member_id', version)
+    write_string(out, record.member_id, flexible)
+    if version >= 4:
+        if record.group_instance_id is None and not (version >= 4):
+            raise null_not_allowed('DescribedGroupMember.group_instance_id', version)
+        write_string(out, record.group_instance_id, flexible)
+    if record.client_id is None:
+        raise null_not_allowed('DescribedGroupMember.client_id', version)
+    write_string(out, record.client_id, flexible)
+    if record.client_host is None:
+        raise null_not_allowed('DescribedGroupMember.client_host', version)
+    write_string(out, record.client_host, flexible)
+    if record.member_metadata is None:
+        raise null_not_allowed('DescribedGroupMember.member_metadata', version)
+    write_bytes(out, record.member_metadata, flexible)
+    if record.member_assignment is None:
+        raise null_not_allowed('DescribedGroupMember.member_assignment', version)
+    write_bytes(out, record.member_assignment, flexible)
+    if flexible:
+        out.append(0)
+
+
+def _decode_DescribedGroup(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[DescribedGroup, int]:
+    if end - pos < 2:
+        raise truncated('DescribedGroup.error_code', pos, end)
+    error_code_ = _S2.unpack_from(buf, pos)[0]
+    pos += 2
+    group_id_, pos = read_string(buf, pos, end, flexible, 'DescribedGroup.group_id')
+    group_state_, pos = read_string(buf, pos, end, flexible, 'DescribedGroup.group_state')
+    protocol_type_, pos = read_string(buf, pos, end, flexible, 'DescribedGroup.protocol_type')
+    protocol_data_, pos = read_string(buf, pos, end, flexible, 'DescribedGroup.protocol_data')
+    n_members, pos = read_count(buf, pos, end, flexible, False, 'DescribedGroup.members')
+    members_ = []
+    for _ in range(n_members):
+        item_members, pos = _decode_DescribedGroupMember(buf, pos, end, version, flexible)
+        members_.append(item_members)
+    if version >= 3:
+        if end - pos < 4:
+            raise truncated('DescribedGroup.authorized_operations', pos, end)
+        authorized_operations_ = _S3.unpack_from(buf, pos)[0]
+        pos += 4
+    else:
+        authorized_operations_ = -2147483648
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'DescribedGroup tagged fields')
+    result = _DescribedGroupBuilder(error_code_, group_id_, group_state_, protocol_type_, protocol_data_, members_, authorized_operations_)
+    result.__class__ = DescribedGroup
+    return result, pos
+
+
+def _encode_DescribedGroup(record: DescribedGroup, out: bytearray, version: int, flexible: bool) -> None:
+    out += _S2.pack(record.error_code)
+    if record.group_id is None:
+        raise null_not_allowed('DescribedGroup.group_id', version)
+    write_string(out, record.group_id, flexible)
+    if record.group_state is None:
+        raise null_not_allowed('DescribedGroup.group_state', version)
+    write_string(out, record.group_state, flexible)
+    if record.protocol_type is None:
+        raise null_not_allowed('DescribedGroup.protocol_type', version)
+    write_string(out, record.protocol_type, flexible)
+    if record.protocol_data is None:
+        raise null_not_allowed('DescribedGroup.protocol_data', version)
+    write_string(out, record.protocol_data, flexible)
+    if record.members is None:
+        raise null_not_allowed('DescribedGroup.members', version)
+    write_count(out, len(record.members), flexible)
+    for item_members in record.members:
+        _encode_DescribedGroupMember(item_members, out, version, flexible)
+    if version >= 3:
+        out += _S3.pack(record.authorized_operations)
+    elif record.authorized_operations != -2147483648:
+        raise not_in_version('DescribedGroup.authorized_operations', version)
+    if flexible:
+        out.append(0)
+
+
+def _decode_DescribeGroupsResponse(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[DescribeGroupsResponse, int]:
+    if version >= 1:
+        if end - pos < 4:
+            raise truncated('DescribeGroupsResponse.throttle_time_ms', pos, end)
+        throttle_time_ms_ = _S3.unpack_from(buf, pos)[0]
+        pos += 4
+    else:
+        throttle_time_ms_ = 0
+    n_groups, pos = read_count(buf, pos, end, flexible, False, 'DescribeGroupsResponse.groups')
+    groups_ = []
+    for _ in range(n_groups):
+        item_groups, pos = _decode_DescribedGroup(buf, pos, end, version, flexible)
+        groups_.append(item_groups)
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'DescribeGroupsResponse tagged fields')
+    result = _DescribeGroupsResponseBuilder(throttle_time_ms_, groups_)
+    result.__class__ = DescribeGroupsResponse
+    return result, pos
+
+
+def _encode_DescribeGroupsResponse(record: DescribeGroupsResponse, out: bytearray, version: int, flexible: bool) -> None:
+    if version >= 1:
+        out += _S3.pack(record.throttle_time_ms)
+    if record.groups is None:
+        raise null_not_allowed('DescribeGroupsResponse.groups', version)
+    write_count(out, len(record.groups), flexible)
+    for item_groups in record.groups:
+        _encode_DescribedGroup(item_groups, out, version, flexible)
+    if flexible:
+        out.append(0)
+
+
+def decode_describe_groups_response(payload: Buffer, version: int | None = None, context: Any = None) -> DescribeGroupsResponse:
+    """Decode one whole DescribeGroupsResponse payload of ``version`` (default 0)."""
+    buf = payload if isinstance(payload, bytes) else bytes(payload)
+    if version is None:
+        version = 0
+    if not (version <= 5):
+        raise ProtocolError(f'DescribeGroupsResponse: unsupported version {version}')
+    result, pos = _decode_DescribeGroupsResponse(buf, 0, len(buf), version, version >= 5)
+    if pos != len(buf):
+        raise trailing('DescribeGroupsResponse', len(buf) - pos)
+    return result
+
+
+def read_describe_groups_response(buf: bytes, pos: int, end: int, version: int) -> tuple[DescribeGroupsResponse, int]:
+    """The DescribeGroupsResponse of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 5):
+        raise ProtocolError(f'DescribeGroupsResponse: unsupported version {version}')
+    return _decode_DescribeGroupsResponse(buf, pos, end, version, version >= 5)
+
+
+def encode_describe_groups_response(record: DescribeGroupsResponse, version: int | None = None, context: Any = None) -> bytes:
+    """Encode a DescribeGroupsResponse payload of ``version`` (default 0)."""
+    if version is None:
+        version = 0
+    if not (version <= 5):
+        raise ValueError(f'DescribeGroupsResponse: unsupported version {version}')
+    out = bytearray()
+    try:
+        _encode_DescribeGroupsResponse(record, out, version, version >= 5)
+    except StructError as exc:
+        raise cannot_encode('DescribeGroupsResponse', exc) from None
+    return bytes(out)
+
+
 def _decode_FetchPartition(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[FetchPartition, int]:
     if end - pos < 4:
         raise truncated('FetchPartition.partition', pos, end)
@@ -3671,6 +4554,137 @@ def encode_find_coordinator_response(record: FindCoordinatorResponse, version: i
     return bytes(out)
 
 
+def _decode_HeartbeatRequest(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[HeartbeatRequest, int]:
+    group_id_, pos = read_string(buf, pos, end, flexible, 'HeartbeatRequest.group_id')
+    if end - pos < 4:
+        raise truncated('HeartbeatRequest.generation_id', pos, end)
+    generation_id_ = _S3.unpack_from(buf, pos)[0]
+    pos += 4
+    member_id_, pos = read_string(buf, pos, end, flexible, 'HeartbeatRequest.member_id')
+    if version >= 3:
+        group_instance_id_, pos = read_nullable_string(buf, pos, end, flexible, version >= 3, 'HeartbeatRequest.group_instance_id')
+    else:
+        group_instance_id_ = None
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'HeartbeatRequest tagged fields')
+    result = _HeartbeatRequestBuilder(group_id_, generation_id_, member_id_, group_instance_id_)
+    result.__class__ = HeartbeatRequest
+    return result, pos
+
+
+def _encode_HeartbeatRequest(record: HeartbeatRequest, out: bytearray, version: int, flexible: bool) -> None:
+    if record.group_id is None:
+        raise null_not_allowed('HeartbeatRequest.group_id', version)
+    write_string(out, record.group_id, flexible)
+    out += _S3.pack(record.generation_id)
+    if record.member_id is None:
+        raise null_not_allowed('HeartbeatRequest.member_id', version)
+    write_string(out, record.member_id, flexible)
+    if version >= 3:
+        if record.group_instance_id is None and not (version >= 3):
+            raise null_not_allowed('HeartbeatRequest.group_instance_id', version)
+        write_string(out, record.group_instance_id, flexible)
+    elif record.group_instance_id is not None:
+        raise not_in_version('HeartbeatRequest.group_instance_id', version)
+    if flexible:
+        out.append(0)
+
+
+def decode_heartbeat_request(payload: Buffer, version: int | None = None, context: Any = None) -> HeartbeatRequest:
+    """Decode one whole HeartbeatRequest payload of ``version`` (default 0)."""
+    buf = payload if isinstance(payload, bytes) else bytes(payload)
+    if version is None:
+        version = 0
+    if not (version <= 4):
+        raise ProtocolError(f'HeartbeatRequest: unsupported version {version}')
+    result, pos = _decode_HeartbeatRequest(buf, 0, len(buf), version, version >= 4)
+    if pos != len(buf):
+        raise trailing('HeartbeatRequest', len(buf) - pos)
+    return result
+
+
+def read_heartbeat_request(buf: bytes, pos: int, end: int, version: int) -> tuple[HeartbeatRequest, int]:
+    """The HeartbeatRequest of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 4):
+        raise ProtocolError(f'HeartbeatRequest: unsupported version {version}')
+    return _decode_HeartbeatRequest(buf, pos, end, version, version >= 4)
+
+
+def encode_heartbeat_request(record: HeartbeatRequest, version: int | None = None, context: Any = None) -> bytes:
+    """Encode a HeartbeatRequest payload of ``version`` (default 0)."""
+    if version is None:
+        version = 0
+    if not (version <= 4):
+        raise ValueError(f'HeartbeatRequest: unsupported version {version}')
+    out = bytearray()
+    try:
+        _encode_HeartbeatRequest(record, out, version, version >= 4)
+    except StructError as exc:
+        raise cannot_encode('HeartbeatRequest', exc) from None
+    return bytes(out)
+
+
+def _decode_HeartbeatResponse(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[HeartbeatResponse, int]:
+    if version >= 1:
+        if end - pos < 4:
+            raise truncated('HeartbeatResponse.throttle_time_ms', pos, end)
+        throttle_time_ms_ = _S3.unpack_from(buf, pos)[0]
+        pos += 4
+    else:
+        throttle_time_ms_ = 0
+    if end - pos < 2:
+        raise truncated('HeartbeatResponse.error_code', pos, end)
+    error_code_ = _S2.unpack_from(buf, pos)[0]
+    pos += 2
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'HeartbeatResponse tagged fields')
+    result = _HeartbeatResponseBuilder(throttle_time_ms_, error_code_)
+    result.__class__ = HeartbeatResponse
+    return result, pos
+
+
+def _encode_HeartbeatResponse(record: HeartbeatResponse, out: bytearray, version: int, flexible: bool) -> None:
+    if version >= 1:
+        out += _S3.pack(record.throttle_time_ms)
+    out += _S2.pack(record.error_code)
+    if flexible:
+        out.append(0)
+
+
+def decode_heartbeat_response(payload: Buffer, version: int | None = None, context: Any = None) -> HeartbeatResponse:
+    """Decode one whole HeartbeatResponse payload of ``version`` (default 0)."""
+    buf = payload if isinstance(payload, bytes) else bytes(payload)
+    if version is None:
+        version = 0
+    if not (version <= 4):
+        raise ProtocolError(f'HeartbeatResponse: unsupported version {version}')
+    result, pos = _decode_HeartbeatResponse(buf, 0, len(buf), version, version >= 4)
+    if pos != len(buf):
+        raise trailing('HeartbeatResponse', len(buf) - pos)
+    return result
+
+
+def read_heartbeat_response(buf: bytes, pos: int, end: int, version: int) -> tuple[HeartbeatResponse, int]:
+    """The HeartbeatResponse of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 4):
+        raise ProtocolError(f'HeartbeatResponse: unsupported version {version}')
+    return _decode_HeartbeatResponse(buf, pos, end, version, version >= 4)
+
+
+def encode_heartbeat_response(record: HeartbeatResponse, version: int | None = None, context: Any = None) -> bytes:
+    """Encode a HeartbeatResponse payload of ``version`` (default 0)."""
+    if version is None:
+        version = 0
+    if not (version <= 4):
+        raise ValueError(f'HeartbeatResponse: unsupported version {version}')
+    out = bytearray()
+    try:
+        _encode_HeartbeatResponse(record, out, version, version >= 4)
+    except StructError as exc:
+        raise cannot_encode('HeartbeatResponse', exc) from None
+    return bytes(out)
+
+
 def _decode_InitProducerIdRequest(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[InitProducerIdRequest, int]:
     transactional_id_, pos = read_nullable_string(buf, pos, end, flexible, True, 'InitProducerIdRequest.transactional_id')
     if end - pos < 4:
@@ -3786,6 +4800,685 @@ def encode_init_producer_id_response(record: InitProducerIdResponse, version: in
         _encode_InitProducerIdResponse(record, out, version, version >= 2)
     except StructError as exc:
         raise cannot_encode('InitProducerIdResponse', exc) from None
+    return bytes(out)
+
+
+def _decode_JoinGroupRequestProtocol(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[JoinGroupRequestProtocol, int]:
+    name_, pos = read_string(buf, pos, end, flexible, 'JoinGroupRequestProtocol.name')
+    metadata_, pos = read_bytes(buf, pos, end, flexible, 'JoinGroupRequestProtocol.metadata')
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'JoinGroupRequestProtocol tagged fields')
+    result = _JoinGroupRequestProtocolBuilder(name_, metadata_)
+    result.__class__ = JoinGroupRequestProtocol
+    return result, pos
+
+
+def _encode_JoinGroupRequestProtocol(record: JoinGroupRequestProtocol, out: bytearray, version: int, flexible: bool) -> None:
+    if record.name is None:
+        raise null_not_allowed('JoinGroupRequestProtocol.name', version)
+    write_string(out, record.name, flexible)
+    if record.metadata is None:
+        raise null_not_allowed('JoinGroupRequestProtocol.metadata', version)
+    write_bytes(out, record.metadata, flexible)
+    if flexible:
+        out.append(0)
+
+
+def _decode_JoinGroupRequest(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[JoinGroupRequest, int]:
+    group_id_, pos = read_string(buf, pos, end, flexible, 'JoinGroupRequest.group_id')
+    if end - pos < 4:
+        raise truncated('JoinGroupRequest.session_timeout_ms', pos, end)
+    session_timeout_ms_ = _S3.unpack_from(buf, pos)[0]
+    pos += 4
+    if version >= 1:
+        if end - pos < 4:
+            raise truncated('JoinGroupRequest.rebalance_timeout_ms', pos, end)
+        rebalance_timeout_ms_ = _S3.unpack_from(buf, pos)[0]
+        pos += 4
+    else:
+        rebalance_timeout_ms_ = -1
+    member_id_, pos = read_string(buf, pos, end, flexible, 'JoinGroupRequest.member_id')
+    if version >= 5:
+        group_instance_id_, pos = read_nullable_string(buf, pos, end, flexible, version >= 5, 'JoinGroupRequest.group_instance_id')
+    else:
+        group_instance_id_ = None
+    protocol_type_, pos = read_string(buf, pos, end, flexible, 'JoinGroupRequest.protocol_type')
+    n_protocols, pos = read_count(buf, pos, end, flexible, False, 'JoinGroupRequest.protocols')
+    protocols_ = []
+    for _ in range(n_protocols):
+        item_protocols, pos = _decode_JoinGroupRequestProtocol(buf, pos, end, version, flexible)
+        protocols_.append(item_protocols)
+    if version >= 8:
+        reason_, pos = read_nullable_string(buf, pos, end, flexible, version >= 8, 'JoinGroupRequest.reason')
+    else:
+        reason_ = None
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'JoinGroupRequest tagged fields')
+    result = _JoinGroupRequestBuilder(group_id_, session_timeout_ms_, rebalance_timeout_ms_, member_id_, group_instance_id_, protocol_type_, protocols_, reason_)
+    result.__class__ = JoinGroupRequest
+    return result, pos
+
+
+def _encode_JoinGroupRequest(record: JoinGroupRequest, out: bytearray, version: int, flexible: bool) -> None:
+    if record.group_id is None:
+        raise null_not_allowed('JoinGroupRequest.group_id', version)
+    write_string(out, record.group_id, flexible)
+    out += _S3.pack(record.session_timeout_ms)
+    if version >= 1:
+        out += _S3.pack(record.rebalance_timeout_ms)
+    if record.member_id is None:
+        raise null_not_allowed('JoinGroupRequest.member_id', version)
+    write_string(out, record.member_id, flexible)
+    if version >= 5:
+        if record.group_instance_id is None and not (version >= 5):
+            raise null_not_allowed('JoinGroupRequest.group_instance_id', version)
+        write_string(out, record.group_instance_id, flexible)
+    elif record.group_instance_id is not None:
+        raise not_in_version('JoinGroupRequest.group_instance_id', version)
+    if record.protocol_type is None:
+        raise null_not_allowed('JoinGroupRequest.protocol_type', version)
+    write_string(out, record.protocol_type, flexible)
+    if record.protocols is None:
+        raise null_not_allowed('JoinGroupRequest.protocols', version)
+    write_count(out, len(record.protocols), flexible)
+    for item_protocols in record.protocols:
+        _encode_JoinGroupRequestProtocol(item_protocols, out, version, flexible)
+    if version >= 8:
+        if record.reason is None and not (version >= 8):
+            raise null_not_allowed('JoinGroupRequest.reason', version)
+        write_string(out, record.reason, flexible)
+    if flexible:
+        out.append(0)
+
+
+def decode_join_group_request(payload: Buffer, version: int | None = None, context: Any = None) -> JoinGroupRequest:
+    """Decode one whole JoinGroupRequest payload of ``version`` (default 0)."""
+    buf = payload if isinstance(payload, bytes) else bytes(payload)
+    if version is None:
+        version = 0
+    if not (version <= 9):
+        raise ProtocolError(f'JoinGroupRequest: unsupported version {version}')
+    result, pos = _decode_JoinGroupRequest(buf, 0, len(buf), version, version >= 6)
+    if pos != len(buf):
+        raise trailing('JoinGroupRequest', len(buf) - pos)
+    return result
+
+
+def read_join_group_request(buf: bytes, pos: int, end: int, version: int) -> tuple[JoinGroupRequest, int]:
+    """The JoinGroupRequest of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 9):
+        raise ProtocolError(f'JoinGroupRequest: unsupported version {version}')
+    return _decode_JoinGroupRequest(buf, pos, end, version, version >= 6)
+
+
+def encode_join_group_request(record: JoinGroupRequest, version: int | None = None, context: Any = None) -> bytes:
+    """Encode a JoinGroupRequest payload of ``version`` (default 0)."""
+    if version is None:
+        version = 0
+    if not (version <= 9):
+        raise ValueError(f'JoinGroupRequest: unsupported version {version}')
+    out = bytearray()
+    try:
+        _encode_JoinGroupRequest(record, out, version, version >= 6)
+    except StructError as exc:
+        raise cannot_encode('JoinGroupRequest', exc) from None
+    return bytes(out)
+
+
+def _decode_JoinGroupResponseMember(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[JoinGroupResponseMember, int]:
+    member_id_, pos = read_string(buf, pos, end, flexible, 'JoinGroupResponseMember.member_id')
+    if version >= 5:
+        group_instance_id_, pos = read_nullable_string(buf, pos, end, flexible, version >= 5, 'JoinGroupResponseMember.group_instance_id')
+    else:
+        group_instance_id_ = None
+    metadata_, pos = read_bytes(buf, pos, end, flexible, 'JoinGroupResponseMember.metadata')
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'JoinGroupResponseMember tagged fields')
+    result = _JoinGroupResponseMemberBuilder(member_id_, group_instance_id_, metadata_)
+    result.__class__ = JoinGroupResponseMember
+    return result, pos
+
+
+def _encode_JoinGroupResponseMember(record: JoinGroupResponseMember, out: bytearray, version: int, flexible: bool) -> None:
+    if record.member_id is None:
+        raise null_not_allowed('JoinGroupResponseMember.member_id', version)
+    write_string(out, record.member_id, flexible)
+    if version >= 5:
+        if record.group_instance_id is None and not (version >= 5):
+            raise null_not_allowed('JoinGroupResponseMember.group_instance_id', version)
+        write_string(out, record.group_instance_id, flexible)
+    if record.metadata is None:
+        raise null_not_allowed('JoinGroupResponseMember.metadata', version)
+    write_bytes(out, record.metadata, flexible)
+    if flexible:
+        out.append(0)
+
+
+def _decode_JoinGroupResponse(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[JoinGroupResponse, int]:
+    if version >= 2:
+        if end - pos < 4:
+            raise truncated('JoinGroupResponse.throttle_time_ms', pos, end)
+        throttle_time_ms_ = _S3.unpack_from(buf, pos)[0]
+        pos += 4
+    else:
+        throttle_time_ms_ = 0
+    if end - pos < 6:
+        raise truncated('JoinGroupResponse.error_code/generation_id', pos, end)
+    error_code_, generation_id_ = _S16.unpack_from(buf, pos)
+    pos += 6
+    if version >= 7:
+        protocol_type_, pos = read_nullable_string(buf, pos, end, flexible, version >= 7, 'JoinGroupResponse.protocol_type')
+    else:
+        protocol_type_ = None
+    protocol_name_, pos = read_nullable_string(buf, pos, end, flexible, version >= 7, 'JoinGroupResponse.protocol_name')
+    leader_, pos = read_string(buf, pos, end, flexible, 'JoinGroupResponse.leader')
+    if version >= 9:
+        if end - pos < 1:
+            raise truncated('JoinGroupResponse.skip_assignment', pos, end)
+        skip_assignment_ = _S5.unpack_from(buf, pos)[0]
+        pos += 1
+    else:
+        skip_assignment_ = False
+    member_id_, pos = read_string(buf, pos, end, flexible, 'JoinGroupResponse.member_id')
+    n_members, pos = read_count(buf, pos, end, flexible, False, 'JoinGroupResponse.members')
+    members_ = []
+    for _ in range(n_members):
+        item_members, pos = _decode_JoinGroupResponseMember(buf, pos, end, version, flexible)
+        members_.append(item_members)
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'JoinGroupResponse tagged fields')
+    result = _JoinGroupResponseBuilder(throttle_time_ms_, error_code_, generation_id_, protocol_type_, protocol_name_, leader_, skip_assignment_, member_id_, members_)
+    result.__class__ = JoinGroupResponse
+    return result, pos
+
+
+def _encode_JoinGroupResponse(record: JoinGroupResponse, out: bytearray, version: int, flexible: bool) -> None:
+    if version >= 2:
+        out += _S3.pack(record.throttle_time_ms)
+    out += _S16.pack(record.error_code, record.generation_id)
+    if version >= 7:
+        if record.protocol_type is None and not (version >= 7):
+            raise null_not_allowed('JoinGroupResponse.protocol_type', version)
+        write_string(out, record.protocol_type, flexible)
+    if record.protocol_name is None and not (version >= 7):
+        raise null_not_allowed('JoinGroupResponse.protocol_name', version)
+    write_string(out, record.protocol_name, flexible)
+    if record.leader is None:
+        raise null_not_allowed('JoinGroupResponse.leader', version)
+    write_string(out, record.leader, flexible)
+    if version >= 9:
+        out += _S5.pack(record.skip_assignment)
+    elif record.skip_assignment:
+        raise not_in_version('JoinGroupResponse.skip_assignment', version)
+    if record.member_id is None:
+        raise null_not_allowed('JoinGroupResponse.member_id', version)
+    write_string(out, record.member_id, flexible)
+    if record.members is None:
+        raise null_not_allowed('JoinGroupResponse.members', version)
+    write_count(out, len(record.members), flexible)
+    for item_members in record.members:
+        _encode_JoinGroupResponseMember(item_members, out, version, flexible)
+    if flexible:
+        out.append(0)
+
+
+def decode_join_group_response(payload: Buffer, version: int | None = None, context: Any = None) -> JoinGroupResponse:
+    """Decode one whole JoinGroupResponse payload of ``version`` (default 0)."""
+    buf = payload if isinstance(payload, bytes) else bytes(payload)
+    if version is None:
+        version = 0
+    if not (version <= 9):
+        raise ProtocolError(f'JoinGroupResponse: unsupported version {version}')
+    result, pos = _decode_JoinGroupResponse(buf, 0, len(buf), version, version >= 6)
+    if pos != len(buf):
+        raise trailing('JoinGroupResponse', len(buf) - pos)
+    return result
+
+
+def read_join_group_response(buf: bytes, pos: int, end: int, version: int) -> tuple[JoinGroupResponse, int]:
+    """The JoinGroupResponse of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 9):
+        raise ProtocolError(f'JoinGroupResponse: unsupported version {version}')
+    return _decode_JoinGroupResponse(buf, pos, end, version, version >= 6)
+
+
+def encode_join_group_response(record: JoinGroupResponse, version: int | None = None, context: Any = None) -> bytes:
+    """Encode a JoinGroupResponse payload of ``version`` (default 0)."""
+    if version is None:
+        version = 0
+    if not (version <= 9):
+        raise ValueError(f'JoinGroupResponse: unsupported version {version}')
+    out = bytearray()
+    try:
+        _encode_JoinGroupResponse(record, out, version, version >= 6)
+    except StructError as exc:
+        raise cannot_encode('JoinGroupResponse', exc) from None
+    return bytes(out)
+
+
+def _decode_MemberIdentity(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[MemberIdentity, int]:
+    if version >= 3:
+        member_id_, pos = read_string(buf, pos, end, flexible, 'MemberIdentity.member_id')
+    else:
+        member_id_ = ''
+    if version >= 3:
+        group_instance_id_, pos = read_nullable_string(buf, pos, end, flexible, version >= 3, 'MemberIdentity.group_instance_id')
+    else:
+        group_instance_id_ = None
+    if version >= 5:
+        reason_, pos = read_nullable_string(buf, pos, end, flexible, version >= 5, 'MemberIdentity.reason')
+    else:
+        reason_ = None
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'MemberIdentity tagged fields')
+    result = _MemberIdentityBuilder(member_id_, group_instance_id_, reason_)
+    result.__class__ = MemberIdentity
+    return result, pos
+
+
+def _encode_MemberIdentity(record: MemberIdentity, out: bytearray, version: int, flexible: bool) -> None:
+    if version >= 3:
+        if record.member_id is None:
+            raise null_not_allowed('MemberIdentity.member_id', version)
+        write_string(out, record.member_id, flexible)
+    elif record.member_id != '':
+        raise not_in_version('MemberIdentity.member_id', version)
+    if version >= 3:
+        if record.group_instance_id is None and not (version >= 3):
+            raise null_not_allowed('MemberIdentity.group_instance_id', version)
+        write_string(out, record.group_instance_id, flexible)
+    elif record.group_instance_id is not None:
+        raise not_in_version('MemberIdentity.group_instance_id', version)
+    if version >= 5:
+        if record.reason is None and not (version >= 5):
+            raise null_not_allowed('MemberIdentity.reason', version)
+        write_string(out, record.reason, flexible)
+    if flexible:
+        out.append(0)
+
+
+def _decode_LeaveGroupRequest(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[LeaveGroupRequest, int]:
+    group_id_, pos = read_string(buf, pos, end, flexible, 'LeaveGroupRequest.group_id')
+    if version <= 2:
+        member_id_, pos = read_string(buf, pos, end, flexible, 'LeaveGroupRequest.member_id')
+    else:
+        member_id_ = ''
+    if version >= 3:
+        n_members, pos = read_count(buf, pos, end, flexible, False, 'LeaveGroupRequest.members')
+        members_ = []
+        for _ in range(n_members):
+            item_members, pos = _decode_MemberIdentity(buf, pos, end, version, flexible)
+            members_.append(item_members)
+    else:
+        members_ = []
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'LeaveGroupRequest tagged fields')
+    result = _LeaveGroupRequestBuilder(group_id_, member_id_, members_)
+    result.__class__ = LeaveGroupRequest
+    return result, pos
+
+
+def _encode_LeaveGroupRequest(record: LeaveGroupRequest, out: bytearray, version: int, flexible: bool) -> None:
+    if record.group_id is None:
+        raise null_not_allowed('LeaveGroupRequest.group_id', version)
+    write_string(out, record.group_id, flexible)
+    if version <= 2:
+        if record.member_id is None:
+            raise null_not_allowed('LeaveGroupRequest.member_id', version)
+        write_string(out, record.member_id, flexible)
+    elif record.member_id != '':
+        raise not_in_version('LeaveGroupRequest.member_id', version)
+    if version >= 3:
+        if record.members is None:
+            raise null_not_allowed('LeaveGroupRequest.members', version)
+        write_count(out, len(record.members), flexible)
+        for item_members in record.members:
+            _encode_MemberIdentity(item_members, out, version, flexible)
+    elif record.members != []:
+        raise not_in_version('LeaveGroupRequest.members', version)
+    if flexible:
+        out.append(0)
+
+
+def decode_leave_group_request(payload: Buffer, version: int | None = None, context: Any = None) -> LeaveGroupRequest:
+    """Decode one whole LeaveGroupRequest payload of ``version`` (default 0)."""
+    buf = payload if isinstance(payload, bytes) else bytes(payload)
+    if version is None:
+        version = 0
+    if not (version <= 5):
+        raise ProtocolError(f'LeaveGroupRequest: unsupported version {version}')
+    result, pos = _decode_LeaveGroupRequest(buf, 0, len(buf), version, version >= 4)
+    if pos != len(buf):
+        raise trailing('LeaveGroupRequest', len(buf) - pos)
+    return result
+
+
+def read_leave_group_request(buf: bytes, pos: int, end: int, version: int) -> tuple[LeaveGroupRequest, int]:
+    """The LeaveGroupRequest of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 5):
+        raise ProtocolError(f'LeaveGroupRequest: unsupported version {version}')
+    return _decode_LeaveGroupRequest(buf, pos, end, version, version >= 4)
+
+
+def encode_leave_group_request(record: LeaveGroupRequest, version: int | None = None, context: Any = None) -> bytes:
+    """Encode a LeaveGroupRequest payload of ``version`` (default 0)."""
+    if version is None:
+        version = 0
+    if not (version <= 5):
+        raise ValueError(f'LeaveGroupRequest: unsupported version {version}')
+    out = bytearray()
+    try:
+        _encode_LeaveGroupRequest(record, out, version, version >= 4)
+    except StructError as exc:
+        raise cannot_encode('LeaveGroupRequest', exc) from None
+    return bytes(out)
+
+
+def _decode_MemberResponse(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[MemberResponse, int]:
+    if version >= 3:
+        member_id_, pos = read_string(buf, pos, end, flexible, 'MemberResponse.member_id')
+    else:
+        member_id_ = ''
+    if version >= 3:
+        group_instance_id_, pos = read_nullable_string(buf, pos, end, flexible, version >= 3, 'MemberResponse.group_instance_id')
+    else:
+        group_instance_id_ = ''
+    if version >= 3:
+        if end - pos < 2:
+            raise truncated('MemberResponse.error_code', pos, end)
+        error_code_ = _S2.unpack_from(buf, pos)[0]
+        pos += 2
+    else:
+        error_code_ = 0
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'MemberResponse tagged fields')
+    result = _MemberResponseBuilder(member_id_, group_instance_id_, error_code_)
+    result.__class__ = MemberResponse
+    return result, pos
+
+
+def _encode_MemberResponse(record: MemberResponse, out: bytearray, version: int, flexible: bool) -> None:
+    if version >= 3:
+        if record.member_id is None:
+            raise null_not_allowed('MemberResponse.member_id', version)
+        write_string(out, record.member_id, flexible)
+    elif record.member_id != '':
+        raise not_in_version('MemberResponse.member_id', version)
+    if version >= 3:
+        if record.group_instance_id is None and not (version >= 3):
+            raise null_not_allowed('MemberResponse.group_instance_id', version)
+        write_string(out, record.group_instance_id, flexible)
+    elif record.group_instance_id != '':
+        raise not_in_version('MemberResponse.group_instance_id', version)
+    if version >= 3:
+        out += _S2.pack(record.error_code)
+    elif record.error_code != 0:
+        raise not_in_version('MemberResponse.error_code', version)
+    if flexible:
+        out.append(0)
+
+
+def _decode_LeaveGroupResponse(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[LeaveGroupResponse, int]:
+    if version >= 1:
+        if end - pos < 4:
+            raise truncated('LeaveGroupResponse.throttle_time_ms', pos, end)
+        throttle_time_ms_ = _S3.unpack_from(buf, pos)[0]
+        pos += 4
+    else:
+        throttle_time_ms_ = 0
+    if end - pos < 2:
+        raise truncated('LeaveGroupResponse.error_code', pos, end)
+    error_code_ = _S2.unpack_from(buf, pos)[0]
+    pos += 2
+    if version >= 3:
+        n_members, pos = read_count(buf, pos, end, flexible, False, 'LeaveGroupResponse.members')
+        members_ = []
+        for _ in range(n_members):
+            item_members, pos = _decode_MemberResponse(buf, pos, end, version, flexible)
+            members_.append(item_members)
+    else:
+        members_ = []
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'LeaveGroupResponse tagged fields')
+    result = _LeaveGroupResponseBuilder(throttle_time_ms_, error_code_, members_)
+    result.__class__ = LeaveGroupResponse
+    return result, pos
+
+
+def _encode_LeaveGroupResponse(record: LeaveGroupResponse, out: bytearray, version: int, flexible: bool) -> None:
+    if version >= 1:
+        out += _S3.pack(record.throttle_time_ms)
+    out += _S2.pack(record.error_code)
+    if version >= 3:
+        if record.members is None:
+            raise null_not_allowed('LeaveGroupResponse.members', version)
+        write_count(out, len(record.members), flexible)
+        for item_members in record.members:
+            _encode_MemberResponse(item_members, out, version, flexible)
+    elif record.members != []:
+        raise not_in_version('LeaveGroupResponse.members', version)
+    if flexible:
+        out.append(0)
+
+
+def decode_leave_group_response(payload: Buffer, version: int | None = None, context: Any = None) -> LeaveGroupResponse:
+    """Decode one whole LeaveGroupResponse payload of ``version`` (default 0)."""
+    buf = payload if isinstance(payload, bytes) else bytes(payload)
+    if version is None:
+        version = 0
+    if not (version <= 5):
+        raise ProtocolError(f'LeaveGroupResponse: unsupported version {version}')
+    result, pos = _decode_LeaveGroupResponse(buf, 0, len(buf), version, version >= 4)
+    if pos != len(buf):
+        raise trailing('LeaveGroupResponse', len(buf) - pos)
+    return result
+
+
+def read_leave_group_response(buf: bytes, pos: int, end: int, version: int) -> tuple[LeaveGroupResponse, int]:
+    """The LeaveGroupResponse of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 5):
+        raise ProtocolError(f'LeaveGroupResponse: unsupported version {version}')
+    return _decode_LeaveGroupResponse(buf, pos, end, version, version >= 4)
+
+
+def encode_leave_group_response(record: LeaveGroupResponse, version: int | None = None, context: Any = None) -> bytes:
+    """Encode a LeaveGroupResponse payload of ``version`` (default 0)."""
+    if version is None:
+        version = 0
+    if not (version <= 5):
+        raise ValueError(f'LeaveGroupResponse: unsupported version {version}')
+    out = bytearray()
+    try:
+        _encode_LeaveGroupResponse(record, out, version, version >= 4)
+    except StructError as exc:
+        raise cannot_encode('LeaveGroupResponse', exc) from None
+    return bytes(out)
+
+
+def _decode_ListGroupsRequest(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[ListGroupsRequest, int]:
+    if version >= 4:
+        n_states_filter, pos = read_count(buf, pos, end, flexible, False, 'ListGroupsRequest.states_filter')
+        states_filter_ = []
+        for _ in range(n_states_filter):
+            item_states_filter, pos = read_string(buf, pos, end, flexible, 'ListGroupsRequest.states_filter element')
+            states_filter_.append(item_states_filter)
+    else:
+        states_filter_ = []
+    if version >= 5:
+        n_types_filter, pos = read_count(buf, pos, end, flexible, False, 'ListGroupsRequest.types_filter')
+        types_filter_ = []
+        for _ in range(n_types_filter):
+            item_types_filter, pos = read_string(buf, pos, end, flexible, 'ListGroupsRequest.types_filter element')
+            types_filter_.append(item_types_filter)
+    else:
+        types_filter_ = []
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'ListGroupsRequest tagged fields')
+    result = _ListGroupsRequestBuilder(states_filter_, types_filter_)
+    result.__class__ = ListGroupsRequest
+    return result, pos
+
+
+def _encode_ListGroupsRequest(record: ListGroupsRequest, out: bytearray, version: int, flexible: bool) -> None:
+    if version >= 4:
+        if record.states_filter is None:
+            raise null_not_allowed('ListGroupsRequest.states_filter', version)
+        write_count(out, len(record.states_filter), flexible)
+        for item_states_filter in record.states_filter:
+            write_string(out, item_states_filter, flexible)
+    elif record.states_filter != []:
+        raise not_in_version('ListGroupsRequest.states_filter', version)
+    if version >= 5:
+        if record.types_filter is None:
+            raise null_not_allowed('ListGroupsRequest.types_filter', version)
+        write_count(out, len(record.types_filter), flexible)
+        for item_types_filter in record.types_filter:
+            write_string(out, item_types_filter, flexible)
+    elif record.types_filter != []:
+        raise not_in_version('ListGroupsRequest.types_filter', version)
+    if flexible:
+        out.append(0)
+
+
+def decode_list_groups_request(payload: Buffer, version: int | None = None, context: Any = None) -> ListGroupsRequest:
+    """Decode one whole ListGroupsRequest payload of ``version`` (default 0)."""
+    buf = payload if isinstance(payload, bytes) else bytes(payload)
+    if version is None:
+        version = 0
+    if not (version <= 5):
+        raise ProtocolError(f'ListGroupsRequest: unsupported version {version}')
+    result, pos = _decode_ListGroupsRequest(buf, 0, len(buf), version, version >= 3)
+    if pos != len(buf):
+        raise trailing('ListGroupsRequest', len(buf) - pos)
+    return result
+
+
+def read_list_groups_request(buf: bytes, pos: int, end: int, version: int) -> tuple[ListGroupsRequest, int]:
+    """The ListGroupsRequest of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 5):
+        raise ProtocolError(f'ListGroupsRequest: unsupported version {version}')
+    return _decode_ListGroupsRequest(buf, pos, end, version, version >= 3)
+
+
+def encode_list_groups_request(record: ListGroupsRequest, version: int | None = None, context: Any = None) -> bytes:
+    """Encode a ListGroupsRequest payload of ``version`` (default 0)."""
+    if version is None:
+        version = 0
+    if not (version <= 5):
+        raise ValueError(f'ListGroupsRequest: unsupported version {version}')
+    out = bytearray()
+    try:
+        _encode_ListGroupsRequest(record, out, version, version >= 3)
+    except StructError as exc:
+        raise cannot_encode('ListGroupsRequest', exc) from None
+    return bytes(out)
+
+
+def _decode_ListedGroup(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[ListedGroup, int]:
+    group_id_, pos = read_string(buf, pos, end, flexible, 'ListedGroup.group_id')
+    protocol_type_, pos = read_string(buf, pos, end, flexible, 'ListedGroup.protocol_type')
+    if version >= 4:
+        group_state_, pos = read_string(buf, pos, end, flexible, 'ListedGroup.group_state')
+    else:
+        group_state_ = ''
+    if version >= 5:
+        group_type_, pos = read_string(buf, pos, end, flexible, 'ListedGroup.group_type')
+    else:
+        group_type_ = ''
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'ListedGroup tagged fields')
+    result = _ListedGroupBuilder(group_id_, protocol_type_, group_state_, group_type_)
+    result.__class__ = ListedGroup
+    return result, pos
+
+
+def _encode_ListedGroup(record: ListedGroup, out: bytearray, version: int, flexible: bool) -> None:
+    if record.group_id is None:
+        raise null_not_allowed('ListedGroup.group_id', version)
+    write_string(out, record.group_id, flexible)
+    if record.protocol_type is None:
+        raise null_not_allowed('ListedGroup.protocol_type', version)
+    write_string(out, record.protocol_type, flexible)
+    if version >= 4:
+        if record.group_state is None:
+            raise null_not_allowed('ListedGroup.group_state', version)
+        write_string(out, record.group_state, flexible)
+    if version >= 5:
+        if record.group_type is None:
+            raise null_not_allowed('ListedGroup.group_type', version)
+        write_string(out, record.group_type, flexible)
+    if flexible:
+        out.append(0)
+
+
+def _decode_ListGroupsResponse(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[ListGroupsResponse, int]:
+    if version >= 1:
+        if end - pos < 4:
+            raise truncated('ListGroupsResponse.throttle_time_ms', pos, end)
+        throttle_time_ms_ = _S3.unpack_from(buf, pos)[0]
+        pos += 4
+    else:
+        throttle_time_ms_ = 0
+    if end - pos < 2:
+        raise truncated('ListGroupsResponse.error_code', pos, end)
+    error_code_ = _S2.unpack_from(buf, pos)[0]
+    pos += 2
+    n_groups, pos = read_count(buf, pos, end, flexible, False, 'ListGroupsResponse.groups')
+    groups_ = []
+    for _ in range(n_groups):
+        item_groups, pos = _decode_ListedGroup(buf, pos, end, version, flexible)
+        groups_.append(item_groups)
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'ListGroupsResponse tagged fields')
+    result = _ListGroupsResponseBuilder(throttle_time_ms_, error_code_, groups_)
+    result.__class__ = ListGroupsResponse
+    return result, pos
+
+
+def _encode_ListGroupsResponse(record: ListGroupsResponse, out: bytearray, version: int, flexible: bool) -> None:
+    if version >= 1:
+        out += _S3.pack(record.throttle_time_ms)
+    out += _S2.pack(record.error_code)
+    if record.groups is None:
+        raise null_not_allowed('ListGroupsResponse.groups', version)
+    write_count(out, len(record.groups), flexible)
+    for item_groups in record.groups:
+        _encode_ListedGroup(item_groups, out, version, flexible)
+    if flexible:
+        out.append(0)
+
+
+def decode_list_groups_response(payload: Buffer, version: int | None = None, context: Any = None) -> ListGroupsResponse:
+    """Decode one whole ListGroupsResponse payload of ``version`` (default 0)."""
+    buf = payload if isinstance(payload, bytes) else bytes(payload)
+    if version is None:
+        version = 0
+    if not (version <= 5):
+        raise ProtocolError(f'ListGroupsResponse: unsupported version {version}')
+    result, pos = _decode_ListGroupsResponse(buf, 0, len(buf), version, version >= 3)
+    if pos != len(buf):
+        raise trailing('ListGroupsResponse', len(buf) - pos)
+    return result
+
+
+def read_list_groups_response(buf: bytes, pos: int, end: int, version: int) -> tuple[ListGroupsResponse, int]:
+    """The ListGroupsResponse of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 5):
+        raise ProtocolError(f'ListGroupsResponse: unsupported version {version}')
+    return _decode_ListGroupsResponse(buf, pos, end, version, version >= 3)
+
+
+def encode_list_groups_response(record: ListGroupsResponse, version: int | None = None, context: Any = None) -> bytes:
+    """Encode a ListGroupsResponse payload of ``version`` (default 0)."""
+    if version is None:
+        version = 0
+    if not (version <= 5):
+        raise ValueError(f'ListGroupsResponse: unsupported version {version}')
+    out = bytearray()
+    try:
+        _encode_ListGroupsResponse(record, out, version, version >= 3)
+    except StructError as exc:
+        raise cannot_encode('ListGroupsResponse', exc) from None
     return bytes(out)
 
 
@@ -5089,6 +6782,204 @@ def encode_sasl_handshake_response(record: SaslHandshakeResponse, version: int |
     return bytes(out)
 
 
+def _decode_SyncGroupRequestAssignment(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[SyncGroupRequestAssignment, int]:
+    member_id_, pos = read_string(buf, pos, end, flexible, 'SyncGroupRequestAssignment.member_id')
+    assignment_, pos = read_bytes(buf, pos, end, flexible, 'SyncGroupRequestAssignment.assignment')
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'SyncGroupRequestAssignment tagged fields')
+    result = _SyncGroupRequestAssignmentBuilder(member_id_, assignment_)
+    result.__class__ = SyncGroupRequestAssignment
+    return result, pos
+
+
+def _encode_SyncGroupRequestAssignment(record: SyncGroupRequestAssignment, out: bytearray, version: int, flexible: bool) -> None:
+    if record.member_id is None:
+        raise null_not_allowed('SyncGroupRequestAssignment.member_id', version)
+    write_string(out, record.member_id, flexible)
+    if record.assignment is None:
+        raise null_not_allowed('SyncGroupRequestAssignment.assignment', version)
+    write_bytes(out, record.assignment, flexible)
+    if flexible:
+        out.append(0)
+
+
+def _decode_SyncGroupRequest(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[SyncGroupRequest, int]:
+    group_id_, pos = read_string(buf, pos, end, flexible, 'SyncGroupRequest.group_id')
+    if end - pos < 4:
+        raise truncated('SyncGroupRequest.generation_id', pos, end)
+    generation_id_ = _S3.unpack_from(buf, pos)[0]
+    pos += 4
+    member_id_, pos = read_string(buf, pos, end, flexible, 'SyncGroupRequest.member_id')
+    if version >= 3:
+        group_instance_id_, pos = read_nullable_string(buf, pos, end, flexible, version >= 3, 'SyncGroupRequest.group_instance_id')
+    else:
+        group_instance_id_ = None
+    if version >= 5:
+        protocol_type_, pos = read_nullable_string(buf, pos, end, flexible, version >= 5, 'SyncGroupRequest.protocol_type')
+    else:
+        protocol_type_ = None
+    if version >= 5:
+        protocol_name_, pos = read_nullable_string(buf, pos, end, flexible, version >= 5, 'SyncGroupRequest.protocol_name')
+    else:
+        protocol_name_ = None
+    n_assignments, pos = read_count(buf, pos, end, flexible, False, 'SyncGroupRequest.assignments')
+    assignments_ = []
+    for _ in range(n_assignments):
+        item_assignments, pos = _decode_SyncGroupRequestAssignment(buf, pos, end, version, flexible)
+        assignments_.append(item_assignments)
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'SyncGroupRequest tagged fields')
+    result = _SyncGroupRequestBuilder(group_id_, generation_id_, member_id_, group_instance_id_, protocol_type_, protocol_name_, assignments_)
+    result.__class__ = SyncGroupRequest
+    return result, pos
+
+
+def _encode_SyncGroupRequest(record: SyncGroupRequest, out: bytearray, version: int, flexible: bool) -> None:
+    if record.group_id is None:
+        raise null_not_allowed('SyncGroupRequest.group_id', version)
+    write_string(out, record.group_id, flexible)
+    out += _S3.pack(record.generation_id)
+    if record.member_id is None:
+        raise null_not_allowed('SyncGroupRequest.member_id', version)
+    write_string(out, record.member_id, flexible)
+    if version >= 3:
+        if record.group_instance_id is None and not (version >= 3):
+            raise null_not_allowed('SyncGroupRequest.group_instance_id', version)
+        write_string(out, record.group_instance_id, flexible)
+    elif record.group_instance_id is not None:
+        raise not_in_version('SyncGroupRequest.group_instance_id', version)
+    if version >= 5:
+        if record.protocol_type is None and not (version >= 5):
+            raise null_not_allowed('SyncGroupRequest.protocol_type', version)
+        write_string(out, record.protocol_type, flexible)
+    if version >= 5:
+        if record.protocol_name is None and not (version >= 5):
+            raise null_not_allowed('SyncGroupRequest.protocol_name', version)
+        write_string(out, record.protocol_name, flexible)
+    if record.assignments is None:
+        raise null_not_allowed('SyncGroupRequest.assignments', version)
+    write_count(out, len(record.assignments), flexible)
+    for item_assignments in record.assignments:
+        _encode_SyncGroupRequestAssignment(item_assignments, out, version, flexible)
+    if flexible:
+        out.append(0)
+
+
+def decode_sync_group_request(payload: Buffer, version: int | None = None, context: Any = None) -> SyncGroupRequest:
+    """Decode one whole SyncGroupRequest payload of ``version`` (default 0)."""
+    buf = payload if isinstance(payload, bytes) else bytes(payload)
+    if version is None:
+        version = 0
+    if not (version <= 5):
+        raise ProtocolError(f'SyncGroupRequest: unsupported version {version}')
+    result, pos = _decode_SyncGroupRequest(buf, 0, len(buf), version, version >= 4)
+    if pos != len(buf):
+        raise trailing('SyncGroupRequest', len(buf) - pos)
+    return result
+
+
+def read_sync_group_request(buf: bytes, pos: int, end: int, version: int) -> tuple[SyncGroupRequest, int]:
+    """The SyncGroupRequest of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 5):
+        raise ProtocolError(f'SyncGroupRequest: unsupported version {version}')
+    return _decode_SyncGroupRequest(buf, pos, end, version, version >= 4)
+
+
+def encode_sync_group_request(record: SyncGroupRequest, version: int | None = None, context: Any = None) -> bytes:
+    """Encode a SyncGroupRequest payload of ``version`` (default 0)."""
+    if version is None:
+        version = 0
+    if not (version <= 5):
+        raise ValueError(f'SyncGroupRequest: unsupported version {version}')
+    out = bytearray()
+    try:
+        _encode_SyncGroupRequest(record, out, version, version >= 4)
+    except StructError as exc:
+        raise cannot_encode('SyncGroupRequest', exc) from None
+    return bytes(out)
+
+
+def _decode_SyncGroupResponse(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[SyncGroupResponse, int]:
+    if version >= 1:
+        if end - pos < 4:
+            raise truncated('SyncGroupResponse.throttle_time_ms', pos, end)
+        throttle_time_ms_ = _S3.unpack_from(buf, pos)[0]
+        pos += 4
+    else:
+        throttle_time_ms_ = 0
+    if end - pos < 2:
+        raise truncated('SyncGroupResponse.error_code', pos, end)
+    error_code_ = _S2.unpack_from(buf, pos)[0]
+    pos += 2
+    if version >= 5:
+        protocol_type_, pos = read_nullable_string(buf, pos, end, flexible, version >= 5, 'SyncGroupResponse.protocol_type')
+    else:
+        protocol_type_ = None
+    if version >= 5:
+        protocol_name_, pos = read_nullable_string(buf, pos, end, flexible, version >= 5, 'SyncGroupResponse.protocol_name')
+    else:
+        protocol_name_ = None
+    assignment_, pos = read_bytes(buf, pos, end, flexible, 'SyncGroupResponse.assignment')
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'SyncGroupResponse tagged fields')
+    result = _SyncGroupResponseBuilder(throttle_time_ms_, error_code_, protocol_type_, protocol_name_, assignment_)
+    result.__class__ = SyncGroupResponse
+    return result, pos
+
+
+def _encode_SyncGroupResponse(record: SyncGroupResponse, out: bytearray, version: int, flexible: bool) -> None:
+    if version >= 1:
+        out += _S3.pack(record.throttle_time_ms)
+    out += _S2.pack(record.error_code)
+    if version >= 5:
+        if record.protocol_type is None and not (version >= 5):
+            raise null_not_allowed('SyncGroupResponse.protocol_type', version)
+        write_string(out, record.protocol_type, flexible)
+    if version >= 5:
+        if record.protocol_name is None and not (version >= 5):
+            raise null_not_allowed('SyncGroupResponse.protocol_name', version)
+        write_string(out, record.protocol_name, flexible)
+    if record.assignment is None:
+        raise null_not_allowed('SyncGroupResponse.assignment', version)
+    write_bytes(out, record.assignment, flexible)
+    if flexible:
+        out.append(0)
+
+
+def decode_sync_group_response(payload: Buffer, version: int | None = None, context: Any = None) -> SyncGroupResponse:
+    """Decode one whole SyncGroupResponse payload of ``version`` (default 0)."""
+    buf = payload if isinstance(payload, bytes) else bytes(payload)
+    if version is None:
+        version = 0
+    if not (version <= 5):
+        raise ProtocolError(f'SyncGroupResponse: unsupported version {version}')
+    result, pos = _decode_SyncGroupResponse(buf, 0, len(buf), version, version >= 4)
+    if pos != len(buf):
+        raise trailing('SyncGroupResponse', len(buf) - pos)
+    return result
+
+
+def read_sync_group_response(buf: bytes, pos: int, end: int, version: int) -> tuple[SyncGroupResponse, int]:
+    """The SyncGroupResponse of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 5):
+        raise ProtocolError(f'SyncGroupResponse: unsupported version {version}')
+    return _decode_SyncGroupResponse(buf, pos, end, version, version >= 4)
+
+
+def encode_sync_group_response(record: SyncGroupResponse, version: int | None = None, context: Any = None) -> bytes:
+    """Encode a SyncGroupResponse payload of ``version`` (default 0)."""
+    if version is None:
+        version = 0
+    if not (version <= 5):
+        raise ValueError(f'SyncGroupResponse: unsupported version {version}')
+    out = bytearray()
+    try:
+        _encode_SyncGroupResponse(record, out, version, version >= 4)
+    except StructError as exc:
+        raise cannot_encode('SyncGroupResponse', exc) from None
+    return bytes(out)
+
+
 #: Every message's record class, payload decoder and encoder, and the record classes of its
 #: inline structs by field path, by message name.
 PAYLOAD_CODECS: Final[dict[str, PayloadFunctions]] = {
@@ -5098,12 +6989,22 @@ PAYLOAD_CODECS: Final[dict[str, PayloadFunctions]] = {
     'CreateTopicsResponse': (CreateTopicsResponse, decode_create_topics_response, encode_create_topics_response, {'topics.configs': CreatableTopicConfigs, 'topics': CreatableTopicResult}),
     'DescribeConfigsRequest': (DescribeConfigsRequest, decode_describe_configs_request, encode_describe_configs_request, {'resources': DescribeConfigsResource}),
     'DescribeConfigsResponse': (DescribeConfigsResponse, decode_describe_configs_response, encode_describe_configs_response, {'results.configs.synonyms': DescribeConfigsSynonym, 'results.configs': DescribeConfigsResourceResult, 'results': DescribeConfigsResult}),
+    'DescribeGroupsRequest': (DescribeGroupsRequest, decode_describe_groups_request, encode_describe_groups_request, {}),
+    'DescribeGroupsResponse': (DescribeGroupsResponse, decode_describe_groups_response, encode_describe_groups_response, {'groups.members': DescribedGroupMember, 'groups': DescribedGroup}),
     'FetchRequest': (FetchRequest, decode_fetch_request, encode_fetch_request, {'topics.partitions': FetchPartition, 'topics': FetchTopic, 'forgotten_topics_data': ForgottenTopic}),
     'FetchResponse': (FetchResponse, decode_fetch_response, encode_fetch_response, {'responses.partitions.diverging_epoch': EpochEndOffset, 'responses.partitions.current_leader': LeaderIdAndEpoch, 'responses.partitions.snapshot_id': SnapshotId, 'responses.partitions.aborted_transactions': AbortedTransaction, 'responses.partitions': PartitionData, 'responses': FetchableTopicResponse}),
     'FindCoordinatorRequest': (FindCoordinatorRequest, decode_find_coordinator_request, encode_find_coordinator_request, {}),
     'FindCoordinatorResponse': (FindCoordinatorResponse, decode_find_coordinator_response, encode_find_coordinator_response, {'coordinators': Coordinator}),
+    'HeartbeatRequest': (HeartbeatRequest, decode_heartbeat_request, encode_heartbeat_request, {}),
+    'HeartbeatResponse': (HeartbeatResponse, decode_heartbeat_response, encode_heartbeat_response, {}),
     'InitProducerIdRequest': (InitProducerIdRequest, decode_init_producer_id_request, encode_init_producer_id_request, {}),
     'InitProducerIdResponse': (InitProducerIdResponse, decode_init_producer_id_response, encode_init_producer_id_response, {}),
+    'JoinGroupRequest': (JoinGroupRequest, decode_join_group_request, encode_join_group_request, {'protocols': JoinGroupRequestProtocol}),
+    'JoinGroupResponse': (JoinGroupResponse, decode_join_group_response, encode_join_group_response, {'members': JoinGroupResponseMember}),
+    'LeaveGroupRequest': (LeaveGroupRequest, decode_leave_group_request, encode_leave_group_request, {'members': MemberIdentity}),
+    'LeaveGroupResponse': (LeaveGroupResponse, decode_leave_group_response, encode_leave_group_response, {'members': MemberResponse}),
+    'ListGroupsRequest': (ListGroupsRequest, decode_list_groups_request, encode_list_groups_request, {}),
+    'ListGroupsResponse': (ListGroupsResponse, decode_list_groups_response, encode_list_groups_response, {'groups': ListedGroup}),
     'ListOffsetsRequest': (ListOffsetsRequest, decode_list_offsets_request, encode_list_offsets_request, {'topics.partitions': ListOffsetsPartition, 'topics': ListOffsetsTopic}),
     'ListOffsetsResponse': (ListOffsetsResponse, decode_list_offsets_response, encode_list_offsets_response, {'topics.partitions': ListOffsetsPartitionResponse, 'topics': ListOffsetsTopicResponse}),
     'MetadataRequest': (MetadataRequest, decode_metadata_request, encode_metadata_request, {'topics': MetadataRequestTopic}),
@@ -5116,6 +7017,8 @@ PAYLOAD_CODECS: Final[dict[str, PayloadFunctions]] = {
     'SaslAuthenticateResponse': (SaslAuthenticateResponse, decode_sasl_authenticate_response, encode_sasl_authenticate_response, {}),
     'SaslHandshakeRequest': (SaslHandshakeRequest, decode_sasl_handshake_request, encode_sasl_handshake_request, {}),
     'SaslHandshakeResponse': (SaslHandshakeResponse, decode_sasl_handshake_response, encode_sasl_handshake_response, {}),
+    'SyncGroupRequest': (SyncGroupRequest, decode_sync_group_request, encode_sync_group_request, {'assignments': SyncGroupRequestAssignment}),
+    'SyncGroupResponse': (SyncGroupResponse, decode_sync_group_response, encode_sync_group_response, {}),
 }
 
 #: The flexible versions of every message, by name (None: none).
@@ -5126,12 +7029,22 @@ FLEXIBLE_VERSIONS: Final[dict[str, tuple[int, int | None] | None]] = {
     'CreateTopicsResponse': (5, None),
     'DescribeConfigsRequest': (4, None),
     'DescribeConfigsResponse': (4, None),
+    'DescribeGroupsRequest': (5, None),
+    'DescribeGroupsResponse': (5, None),
     'FetchRequest': (12, None),
     'FetchResponse': (12, None),
     'FindCoordinatorRequest': (3, None),
     'FindCoordinatorResponse': (3, None),
+    'HeartbeatRequest': (4, None),
+    'HeartbeatResponse': (4, None),
     'InitProducerIdRequest': (2, None),
     'InitProducerIdResponse': (2, None),
+    'JoinGroupRequest': (6, None),
+    'JoinGroupResponse': (6, None),
+    'LeaveGroupRequest': (4, None),
+    'LeaveGroupResponse': (4, None),
+    'ListGroupsRequest': (3, None),
+    'ListGroupsResponse': (3, None),
     'ListOffsetsRequest': (6, None),
     'ListOffsetsResponse': (6, None),
     'MetadataRequest': (9, None),
@@ -5144,6 +7057,8 @@ FLEXIBLE_VERSIONS: Final[dict[str, tuple[int, int | None] | None]] = {
     'SaslAuthenticateResponse': (2, None),
     'SaslHandshakeRequest': None,
     'SaslHandshakeResponse': None,
+    'SyncGroupRequest': (4, None),
+    'SyncGroupResponse': (4, None),
 }
 
 #: ``read_<message>(buf, pos, end, version) -> (record, next pos)`` by message name:
@@ -5155,12 +7070,22 @@ READERS: Final[dict[str, Callable[[bytes, int, int, int], tuple[Any, int]]]] = {
     'CreateTopicsResponse': read_create_topics_response,
     'DescribeConfigsRequest': read_describe_configs_request,
     'DescribeConfigsResponse': read_describe_configs_response,
+    'DescribeGroupsRequest': read_describe_groups_request,
+    'DescribeGroupsResponse': read_describe_groups_response,
     'FetchRequest': read_fetch_request,
     'FetchResponse': read_fetch_response,
     'FindCoordinatorRequest': read_find_coordinator_request,
     'FindCoordinatorResponse': read_find_coordinator_response,
+    'HeartbeatRequest': read_heartbeat_request,
+    'HeartbeatResponse': read_heartbeat_response,
     'InitProducerIdRequest': read_init_producer_id_request,
     'InitProducerIdResponse': read_init_producer_id_response,
+    'JoinGroupRequest': read_join_group_request,
+    'JoinGroupResponse': read_join_group_response,
+    'LeaveGroupRequest': read_leave_group_request,
+    'LeaveGroupResponse': read_leave_group_response,
+    'ListGroupsRequest': read_list_groups_request,
+    'ListGroupsResponse': read_list_groups_response,
     'ListOffsetsRequest': read_list_offsets_request,
     'ListOffsetsResponse': read_list_offsets_response,
     'MetadataRequest': read_metadata_request,
@@ -5173,4 +7098,6 @@ READERS: Final[dict[str, Callable[[bytes, int, int, int], tuple[Any, int]]]] = {
     'SaslAuthenticateResponse': read_sasl_authenticate_response,
     'SaslHandshakeRequest': read_sasl_handshake_request,
     'SaslHandshakeResponse': read_sasl_handshake_response,
+    'SyncGroupRequest': read_sync_group_request,
+    'SyncGroupResponse': read_sync_group_response,
 }
