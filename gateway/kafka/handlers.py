@@ -14,6 +14,7 @@ from gateway.kafka.admin import create_topics, describe_configs
 from gateway.kafka.context import RequestContext
 from gateway.kafka.coordinator import find_coordinator
 from gateway.kafka.fetch import fetch
+from gateway.kafka.groups.commits import offset_commit, offset_delete, offset_fetch
 from gateway.kafka.metadata import metadata
 from gateway.kafka.offsets import list_offsets
 from protocols.kafka.types import ApiKey
@@ -55,4 +56,7 @@ HANDLERS: Final[dict[int, Handler]] = {
     ApiKey.CREATE_TOPICS: _create_topics,
     ApiKey.DESCRIBE_CONFIGS: _describe_configs,
     ApiKey.FIND_COORDINATOR: find_coordinator,
+    ApiKey.OFFSET_COMMIT: offset_commit,
+    ApiKey.OFFSET_FETCH: offset_fetch,
+    ApiKey.OFFSET_DELETE: offset_delete,
 }

@@ -17,6 +17,7 @@ from gateway.auth.guard import AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.backend.contract import Backend
+from gateway.kafka.groups.offsets import OffsetStore
 from gateway.kafka.session import KafkaSession
 from gateway.server.config import Settings
 from gateway.server.listener import ProtocolListener
@@ -33,9 +34,12 @@ class KafkaListener(ProtocolListener):
 
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
                  name: str | None = None, guard: AccessGuard | None = None,
-                 tls: ListenerTLS | None = None, quotas: Quotas | None = None) -> None:
+                 tls: ListenerTLS | None = None, quotas: Quotas | None = None,
+                 offsets: OffsetStore | None = None) -> None:
         super().__init__(backend, settings, metrics, name=name, guard=guard, tls=tls,
                          quotas=quotas)
+        #: The server's committed offsets (in memory only when none is given).
+        self.offsets = offsets if offsets is not None else OffsetStore(None)
         self.counter = RequestCounter(metrics, "kafka")
         #: The host and port Metadata names (set by :meth:`bound`).
         self.advertised: tuple[str, int] = ("127.0.0.1", 9092)
@@ -57,7 +61,7 @@ class KafkaListener(ProtocolListener):
         return KafkaSession(stream, backend=self.backend, settings=self.settings,
                             metrics=self.metrics, counter=self.counter, log=log,
                             advertised=self.advertised, principal=principal,
-                            guard=self.guard, quota=quota)
+                            guard=self.guard, quota=quota, offsets=self.offsets)
 
     def stats(self, session: KafkaSession) -> dict[str, Any]:
         return {"requests": session.requests, "bytes_sent": session.bytes_sent}

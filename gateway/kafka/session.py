@@ -30,6 +30,7 @@ from gateway.auth.quotas import PrincipalQuota
 from gateway.backend.contract import Backend, ProduceOutcome
 from gateway.io.writer import FrameWriter
 from gateway.kafka.context import RequestContext
+from gateway.kafka.groups.offsets import OffsetStore
 from gateway.kafka.handlers import HANDLERS
 from gateway.kafka.produce import ProducePlan, all_ok, plan_produce, produce_response
 from gateway.kafka.versions import SERVED, api_versions
@@ -67,7 +68,8 @@ class KafkaSession(RequestSession):
                  metrics: Metrics, counter: RequestCounter,
                  log: structlog.typing.FilteringBoundLogger, advertised: tuple[str, int],
                  principal: Principal | None = None, guard: AccessGuard | None = None,
-                 quota: PrincipalQuota | None = None) -> None:
+                 quota: PrincipalQuota | None = None,
+                 offsets: OffsetStore | None = None) -> None:
         super().__init__(stream, FrameWriter(stream, settings.response_buffer_bytes),
                          settings=settings, metrics=metrics, log=log, quota=quota)
         #: Who the connection acts as (its listener, or its certificate's subject).
@@ -77,7 +79,9 @@ class KafkaSession(RequestSession):
         self._counter = counter
         self._context = RequestContext(backend=backend, access=self._access,
                                        principal=self.principal, advertised=advertised,
-                                       log=log)
+                                       log=log,
+                                       offsets=offsets if offsets is not None
+                                       else OffsetStore(None))
         self._conn = KafkaServerConnection(max_frame_size=settings.max_frame_bytes)
         self._order: deque[_Slot] = deque()
         #: Bytes of Produce requests handed to the backend and not yet answered.

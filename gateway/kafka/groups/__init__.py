@@ -1,0 +1,1 @@
+"""Kafka consumer groups: the group coordinator and the groups' committed offsets."""
