@@ -1,6 +1,7 @@
 """Client subcommands of ``figtank`` for people at a terminal (and, with --json, programs).
 
 Figg: ``publish``, ``subscribe``. Tank: ``produce``, ``consume``, ``topics``, ``status``.
+Kafka: ``groups`` (:mod:`gateway.cli.groups`).
 Files: ``inspect``. Results go to stdout, one record a line (see :mod:`gateway.cli.output`);
 notes, log lines and errors go to stderr. A failure is one line,
 ``figtank COMMAND: what failed``, and exit status 1 (2 for usage mistakes).
@@ -22,6 +23,7 @@ import trio
 from gateway.cli.output import Output, escaped, json_payload, plural
 from gateway.client.errors import ClientError, RequestTimeout
 from gateway.client.figg import ExponentialBackoff, FiggClient, open_figg_client
+from gateway.client.kafka_admin import group_position
 from gateway.client.tank import FIRST_AVAILABLE, TankClient, open_tank_client
 from gateway.client.tls import client_context, readable
 from gateway.figg.offsets import InvalidTopic, figg_to_tank
@@ -40,6 +42,9 @@ Run = Callable[[argparse.Namespace], int]
 DEFAULT_TIMEOUT = 10.0
 #: Connection attempts a Figg command makes before it reports the server unreachable.
 FIGG_CONNECT_ATTEMPTS = 3
+#: Where each protocol's commands connect, unless told.
+DEFAULT_ENDPOINTS = {"figg": "127.0.0.1:8119", "tank": "127.0.0.1:11011",
+                     "kafka": "127.0.0.1:9092"}
 #: Messages read from stdin and sent as one Produce.
 STDIN_BATCH = 1024
 #: How long one Consume waits for new messages with --follow (ms).
@@ -123,14 +128,14 @@ def _tank_config(text: str) -> str:
 # -- options every client command takes ------------------------------------------------------
 
 
-def _common(parser: argparse.ArgumentParser, protocol: str, *, nested: bool = False,
+def common_options(parser: argparse.ArgumentParser, protocol: str, *, nested: bool = False,
             key_flags: tuple[str, ...] = ("--key", "--tls-key")) -> None:
     """The endpoint, output and logging options.
 
     ``nested`` adds them to an action of ``topics`` as well, so that they may follow
     the action; there they leave the value given before the action alone.
     """
-    default = "127.0.0.1:8119" if protocol == "figg" else "127.0.0.1:11011"
+    default = DEFAULT_ENDPOINTS[protocol]
 
     def given(value: Any) -> Any:
         return argparse.SUPPRESS if nested else value
@@ -211,7 +216,7 @@ def _failed(command: str, reason: object) -> int:
     return 1
 
 
-def _run_async(fn: Callable[[argparse.Namespace, Output], Any]) -> Run:
+def run_async(fn: Callable[[argparse.Namespace, Output], Any]) -> Run:
     def run(args: argparse.Namespace) -> int:
         configure_client_logging(args)
         try:
@@ -283,7 +288,7 @@ def _add_messages(parser: argparse.ArgumentParser, verb: str) -> None:
 
 
 def _add_publish(parser: argparse.ArgumentParser) -> None:
-    _common(parser, "figg")
+    common_options(parser, "figg")
     parser.add_argument("topic", type=_figg_topic, help="Figg topic (name or name/partition)")
     _add_messages(parser, "publish")
 
@@ -314,18 +319,46 @@ async def _publish(args: argparse.Namespace, out: Output) -> None:
 
 
 def _add_subscribe(parser: argparse.ArgumentParser) -> None:
-    _common(parser, "figg")
+    common_options(parser, "figg")
     parser.add_argument("topic", type=_figg_topic, help="Figg topic (name or name/partition)")
     parser.add_argument("--from", dest="from_offset", type=_non_negative, default=None,
                         metavar="OFFSET",
                         help="resume after OFFSET (0: from the beginning; omitted: new only)")
+    _from_group_options(parser)
     parser.add_argument("--count", type=_positive, default=None,
                         help="stop after this many messages")
     parser.add_argument("--idle", type=_seconds, default=None, metavar="SECONDS",
                         help="stop after this long without a message")
 
 
+def _from_group_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--from-group", default=None, metavar="GROUP",
+                        help="start where the Kafka consumer group GROUP is: after the "
+                             "last message it committed (asked over --kafka-endpoint)")
+    parser.add_argument("--kafka-endpoint", dest="kafka_address", type=_address,
+                        default=_address(DEFAULT_ENDPOINTS["kafka"]), metavar="HOST:PORT",
+                        help=f"Kafka endpoint --from-group asks "
+                             f"[{DEFAULT_ENDPOINTS['kafka']}]")
+
+
+async def _group_position(args: argparse.Namespace, topic: str, partition: int) -> int:
+    """The Tank sequence of the last message ``--from-group`` committed in the partition;
+    a ClientError when there is none."""
+    if args.from_offset_given:
+        raise ClientError("--from and --from-group exclude each other")
+    position = await group_position(*args.kafka_address, args.from_group, topic, partition,
+                                    timeout=args.timeout, ssl_context=args.ssl_context)
+    if position is None:
+        raise ClientError(f"group {args.from_group!r} has no committed offset for "
+                          f"{topic}/{partition}")
+    return position
+
+
 async def _subscribe(args: argparse.Namespace, out: Output) -> None:
+    if args.from_group is not None:
+        where = figg_to_tank(args.topic)
+        args.from_offset_given = args.from_offset is not None
+        args.from_offset = await _group_position(args, where.topic, where.partition)
     async with _figg_client(args) as client:
         subscription = await client.subscribe(args.topic, from_offset=args.from_offset)
         start = subscription.start_offset
@@ -359,7 +392,7 @@ async def _tank_client(args: argparse.Namespace) -> AsyncIterator[TankClient]:
 
 
 def _add_produce(parser: argparse.ArgumentParser) -> None:
-    _common(parser, "tank", key_flags=("--tls-key",))  # --key: the message key
+    common_options(parser, "tank", key_flags=("--tls-key",))  # --key: the message key
     parser.add_argument("target", type=_topic_partition, metavar="TOPIC[/P]")
     _add_messages(parser, "produce")
     parser.add_argument("--key", default=None, help="key for every message")
@@ -393,17 +426,21 @@ async def _produce(args: argparse.Namespace, out: Output) -> None:
 
 
 def _add_consume(parser: argparse.ArgumentParser) -> None:
-    _common(parser, "tank")
+    common_options(parser, "tank")
     parser.add_argument("target", type=_topic_partition, metavar="TOPIC[/P]")
     parser.add_argument("--from", dest="seq", type=_non_negative, default=FIRST_AVAILABLE,
                         metavar="SEQ", help="first sequence number (default: first available)")
     parser.add_argument("--follow", action="store_true",
                         help="keep waiting for new messages (like tail -f)")
+    _from_group_options(parser)
     parser.add_argument("--count", type=_positive, default=None, help="stop after this many")
 
 
 async def _consume(args: argparse.Namespace, out: Output) -> None:
     topic, partition = args.target
+    if args.from_group is not None:
+        args.from_offset_given = args.seq != FIRST_AVAILABLE
+        args.seq = await _group_position(args, topic, partition) + 1
     seq, shown = args.seq, 0
     async with _tank_client(args) as client:
         while args.count is None or shown < args.count:
@@ -427,7 +464,7 @@ async def _consume(args: argparse.Namespace, out: Output) -> None:
 
 
 def _add_topics(parser: argparse.ArgumentParser) -> None:
-    _common(parser, "tank")
+    common_options(parser, "tank")
     action = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = action.add_parser("create", help="create a topic")
     create.add_argument("name")
@@ -438,7 +475,7 @@ def _add_topics(parser: argparse.ArgumentParser) -> None:
     describe = action.add_parser("describe", help="partitions and their sequence bounds")
     describe.add_argument("name")
     for each in (create, listing, describe):
-        _common(each, "tank", nested=True)
+        common_options(each, "tank", nested=True)
 
 
 async def _topics(args: argparse.Namespace, out: Output) -> None:
@@ -460,7 +497,7 @@ async def _topics(args: argparse.Namespace, out: Output) -> None:
 
 
 def _add_status(parser: argparse.ArgumentParser) -> None:
-    _common(parser, "tank")
+    common_options(parser, "tank")
 
 
 async def _status(args: argparse.Namespace, out: Output) -> None:
@@ -549,11 +586,11 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, tuple[str, tuple[Callable[[argparse.ArgumentParser], None], Run]]] = {
-    "publish": ("publish messages over Figg", (_add_publish, _run_async(_publish))),
-    "subscribe": ("print a Figg topic's messages", (_add_subscribe, _run_async(_subscribe))),
-    "produce": ("produce messages over Tank", (_add_produce, _run_async(_produce))),
-    "consume": ("print a Tank partition's messages", (_add_consume, _run_async(_consume))),
-    "topics": ("create, list or describe topics (Tank)", (_add_topics, _run_async(_topics))),
-    "status": ("the broker's status (Tank)", (_add_status, _run_async(_status))),
+    "publish": ("publish messages over Figg", (_add_publish, run_async(_publish))),
+    "subscribe": ("print a Figg topic's messages", (_add_subscribe, run_async(_subscribe))),
+    "produce": ("produce messages over Tank", (_add_produce, run_async(_produce))),
+    "consume": ("print a Tank partition's messages", (_add_consume, run_async(_consume))),
+    "topics": ("create, list or describe topics (Tank)", (_add_topics, run_async(_topics))),
+    "status": ("the broker's status (Tank)", (_add_status, run_async(_status))),
     "inspect": ("dump a partition's segment and index files", (_add_inspect, _inspect)),
 }

@@ -114,11 +114,13 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def _commands() -> dict[str, tuple[str, Command]]:
     from gateway.cli.bench import COMMAND as BENCH
     from gateway.cli.clients import COMMANDS
+    from gateway.cli.groups import COMMAND as GROUPS
 
     return {
         "serve": ("run the gateway (Figg and Tank listeners over one log)",
                   (_add_serve_arguments, _run_serve)),
         **COMMANDS,
+        "groups": GROUPS,
         "bench": BENCH,
     }
 

@@ -1,20 +1,20 @@
 """What a Kafka request handler may use: the backend, the connection's access and the
-listener's server-wide state, bundled once per connection."""
+server-wide Kafka state, bundled once per connection."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import structlog
 
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.principal import Principal
 from gateway.backend.contract import Backend
+from gateway.kafka.groups.coordinator import GroupCoordinator
+from gateway.kafka.groups.membership import MembershipCheck
+from gateway.kafka.groups.offsets import OffsetStore
 from gateway.kafka.idempotence import ProducerStates
-
-if TYPE_CHECKING:
-    from gateway.kafka.groups.coordinator import GroupCoordinator
+from gateway.kafka.services import KafkaServices
 
 
 @dataclass(slots=True)
@@ -30,12 +30,29 @@ class RequestContext:
     #: The host and port Metadata and FindCoordinator name.
     advertised: tuple[str, int]
     log: structlog.typing.FilteringBoundLogger
-    #: The server's idempotent producers (ids and sequence state), shared by every
-    #: connection of every Kafka listener.
-    producers: ProducerStates
-    #: The server's consumer group coordinator (None: groups not served).
-    groups: GroupCoordinator | None = None
+    #: The server-wide Kafka state.
+    services: KafkaServices
     #: The client id of the connection's latest request (Kafka clients keep one).
     client_id: str = ""
     #: The client's address, as DescribeGroups shows it (``/127.0.0.1``).
     client_host: str = ""
+
+    @property
+    def producers(self) -> ProducerStates:
+        """The server's idempotent producers."""
+        return self.services.producers
+
+    @property
+    def groups(self) -> GroupCoordinator | None:
+        """The server's group coordinator (None: groups not served)."""
+        return self.services.groups
+
+    @property
+    def offsets(self) -> OffsetStore:
+        """The server's committed offsets."""
+        return self.services.offsets
+
+    @property
+    def membership(self) -> MembershipCheck:
+        """Who may commit for a group."""
+        return self.services.membership

@@ -14,6 +14,7 @@ from gateway.kafka.admin import create_topics, describe_configs
 from gateway.kafka.context import RequestContext
 from gateway.kafka.coordinator import find_coordinator
 from gateway.kafka.fetch import fetch
+from gateway.kafka.groups.commits import offset_commit, offset_delete, offset_fetch
 from gateway.kafka.groups.handlers import (
     describe_groups,
     heartbeat,
@@ -82,4 +83,7 @@ HANDLERS: Final[dict[int, Handler]] = {
     ApiKey.LEAVE_GROUP: leave_group,
     ApiKey.DESCRIBE_GROUPS: describe_groups,
     ApiKey.LIST_GROUPS: list_groups,
+    ApiKey.OFFSET_COMMIT: offset_commit,
+    ApiKey.OFFSET_FETCH: offset_fetch,
+    ApiKey.OFFSET_DELETE: offset_delete,
 }

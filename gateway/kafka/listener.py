@@ -17,8 +17,7 @@ from gateway.auth.guard import AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.backend.contract import Backend
-from gateway.kafka.groups.coordinator import GroupCoordinator
-from gateway.kafka.idempotence import ProducerStates
+from gateway.kafka.services import KafkaServices
 from gateway.kafka.session import KafkaSession
 from gateway.server.config import Settings
 from gateway.server.listener import ProtocolListener
@@ -36,18 +35,13 @@ class KafkaListener(ProtocolListener):
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
                  name: str | None = None, guard: AccessGuard | None = None,
                  tls: ListenerTLS | None = None, quotas: Quotas | None = None,
-                 producers: ProducerStates | None = None,
-                 groups: GroupCoordinator | None = None) -> None:
+                 services: KafkaServices | None = None) -> None:
         super().__init__(backend, settings, metrics, name=name, guard=guard, tls=tls,
                          quotas=quotas)
-        #: The server's group coordinator, shared by every Kafka listener (None: a
-        #: listener made without one answers no group request).
-        self.groups = groups
+        #: The server-wide Kafka state (:func:`~gateway.server.run.open_server` gives
+        #: every Kafka listener the same), or this listener's own.
+        self.services = services or KafkaServices.in_memory(settings, metrics)
         self.counter = RequestCounter(metrics, "kafka")
-        #: Idempotent producers: the server's (:func:`~gateway.server.run.open_server`
-        #: gives every Kafka listener the same), or this listener's own.
-        self.producers = (ProducerStates(settings.max_producer_states, metrics)
-                          if producers is None else producers)
         #: The host and port Metadata names (set by :meth:`bound`).
         self.advertised: tuple[str, int] = ("127.0.0.1", 9092)
 
@@ -68,8 +62,7 @@ class KafkaListener(ProtocolListener):
         return KafkaSession(stream, backend=self.backend, settings=self.settings,
                             metrics=self.metrics, counter=self.counter, log=log,
                             advertised=self.advertised, principal=principal,
-                            guard=self.guard, quota=quota, producers=self.producers,
-                            groups=self.groups)
+                            guard=self.guard, quota=quota, services=self.services)
 
     def stats(self, session: KafkaSession) -> dict[str, Any]:
         return {"requests": session.requests, "bytes_sent": session.bytes_sent}

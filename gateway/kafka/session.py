@@ -43,9 +43,7 @@ from gateway.auth.quotas import OUT, PrincipalQuota
 from gateway.backend.contract import Backend, ProduceOutcome
 from gateway.io.writer import FrameWriter
 from gateway.kafka.context import RequestContext
-from gateway.kafka.groups.coordinator import GroupCoordinator
 from gateway.kafka.handlers import HANDLERS
-from gateway.kafka.idempotence import ProducerStates
 from gateway.kafka.produce import (
     ProducePlan,
     all_ok,
@@ -54,6 +52,7 @@ from gateway.kafka.produce import (
     settle,
     topics_to_look_up,
 )
+from gateway.kafka.services import KafkaServices
 from gateway.kafka.versions import SERVED, api_versions
 from gateway.server.config import Settings
 from gateway.server.metrics import Metrics, RequestCounter
@@ -90,8 +89,7 @@ class KafkaSession(RequestSession):
                  log: structlog.typing.FilteringBoundLogger, advertised: tuple[str, int],
                  principal: Principal | None = None, guard: AccessGuard | None = None,
                  quota: PrincipalQuota | None = None,
-                 producers: ProducerStates | None = None,
-                 groups: GroupCoordinator | None = None) -> None:
+                 services: KafkaServices | None = None) -> None:
         super().__init__(stream, FrameWriter(stream, settings.response_buffer_bytes),
                          settings=settings, metrics=metrics, log=log, quota=quota)
         #: Who the connection acts as (its listener, or its certificate's subject).
@@ -99,13 +97,12 @@ class KafkaSession(RequestSession):
         self._access = (guard or OPEN).connection(self.principal, log)
         self._backend = backend
         self._counter = counter
-        #: The server's idempotent producers (one for every connection and listener).
-        self._producers = (ProducerStates(settings.max_producer_states, metrics)
-                           if producers is None else producers)
+        #: The server-wide Kafka state (one for every connection and listener).
+        self._services = services or KafkaServices.in_memory(settings, metrics)
         self._context = RequestContext(backend=backend, access=self._access,
                                        principal=self.principal, advertised=advertised,
-                                       log=log, producers=self._producers,
-                                       groups=groups, client_host=_peer(stream))
+                                       log=log, services=self._services,
+                                       client_host=_peer(stream))
         self._conn = KafkaServerConnection(max_frame_size=settings.max_frame_bytes)
         self._order: deque[_Slot] = deque()
         #: Bytes of Produce requests handed to the backend and not yet answered.
@@ -215,7 +212,7 @@ class KafkaSession(RequestSession):
             self._fill(self._slot(), self._conn.send(request, _refused(
                 plan, ErrorCode.INVALID_REQUIRED_ACKS)))
             return
-        producers = self._producers
+        producers = self._services.producers
         plan = plan_produce(body, self._access, self._settings.max_bundle_bytes, auto_create,
                             producers)
         slot = None if body.acks == 0 else self._slot()

@@ -283,6 +283,30 @@ class Settings:
         "listen.kafka_advertised", "", _optional_address,
         "HOST:PORT the Kafka listener tells clients to connect to in Metadata (empty: "
         "the address it is bound to).", "--kafka-advertised")
+    offsets_file: Path | None = _setting(  # noqa: RUF009 (a field, made by _setting)
+        "offsets.file", None, _optional_path,
+        "File of the Kafka groups' committed offsets (empty: figtank-offsets.log in "
+        "store.data_dir; in bridge mode empty keeps them in memory only).",
+        "--offsets-file")
+    offsets_max_entries: int = _setting(
+        "offsets.max_entries", 100_000, _positive_int,
+        "Committed offsets kept (groups x partitions); a commit of one more is refused.")
+    offsets_max_bytes: int = _setting(
+        "offsets.max_bytes", 64 * MIB, _positive_int,
+        "Bytes of committed offsets kept (group, topic and metadata strings, 64 bytes "
+        "more each): bounds their memory and file.")
+    offsets_metadata_max_bytes: int = _setting(
+        "offsets.metadata_max_bytes", 4096, _non_negative_int,
+        "Longest metadata string of a committed offset (Kafka's "
+        "offset.metadata.max.bytes); longer is OFFSET_METADATA_TOO_LARGE.")
+    offsets_compact_bytes: int = _setting(
+        "offsets.compact_bytes", 16 * MIB, _positive_int,
+        "The offsets file is rewritten with only the live offsets once larger than this "
+        "and twice what they take.")
+    offsets_lag_series: int = _setting(
+        "offsets.lag_series", 1000, _non_negative_int,
+        "Series of figtank_committed_lag_messages{group,topic,partition} at most (the "
+        "first in name order; 0: off).")
     metrics_listen: str = _setting(
         "listen.metrics", "127.0.0.1:9464", _optional_address,
         "Prometheus metrics and health endpoint (empty: off).", "--metrics-listen")

@@ -45,8 +45,17 @@ from gateway.backend.contract import Backend
 from gateway.backend.embedded import connection_slots, open_embedded_backend
 from gateway.figg.listener import FiggListener
 from gateway.kafka.groups.coordinator import GroupCoordinator
+from gateway.kafka.groups.lag import CommittedLag
+from gateway.kafka.groups.offsets import (
+    FILE_NAME,
+    OffsetFileError,
+    OffsetLimits,
+    OffsetStore,
+    open_offset_store,
+)
 from gateway.kafka.idempotence import ProducerStates
 from gateway.kafka.listener import KafkaListener
+from gateway.kafka.services import KafkaServices
 from gateway.server.accepting import serve_listeners
 from gateway.server.config import (
     OPTIONS,
@@ -102,6 +111,8 @@ class ServerInfo:
         #: The quota registry every listener holds; ``quotas.replace_rules`` swaps its
         #: rules (at start-up and on reload of the access policy).
         self.quotas = Quotas(metrics)
+        #: The Kafka groups' committed offsets (None without a Kafka listener).
+        self.offsets: OffsetStore | None = None
         self._stop = trio.Event()
         self._grace = trio.CancelScope()
         self._grace_cut = False
@@ -291,6 +302,44 @@ async def open_backend(settings: Settings, metrics: Metrics
         yield backend, lambda: None
 
 
+def offsets_path(settings: Settings) -> Path | None:
+    """Where the committed offsets are kept: ``offsets.file``, else
+    ``figtank-offsets.log`` in the data directory; None (in memory) in bridge mode
+    without ``offsets.file``."""
+    if settings.offsets_file is not None:
+        return settings.offsets_file
+    return None if settings.bridge_mode else settings.data_dir / FILE_NAME
+
+
+@asynccontextmanager
+async def open_offsets(settings: Settings, metrics: Metrics, backend: Backend,
+                       wanted: bool = True) -> AsyncIterator[OffsetStore | None]:
+    """The server's committed offsets, and their lag gauges (a ConfigError naming
+    ``offsets.file`` when the file can not be used); None unless ``wanted`` (no Kafka
+    listener: no offsets file)."""
+    if not wanted:
+        yield None
+        return
+    path = offsets_path(settings)
+    if path is None:
+        log.warning("offsets_in_memory", reason="bridge mode without offsets.file",
+                    action="committed offsets are lost when figtank stops")
+    limits = OffsetLimits(max_entries=settings.offsets_max_entries,
+                          max_bytes=settings.offsets_max_bytes,
+                          metadata_max_bytes=settings.offsets_metadata_max_bytes,
+                          compact_bytes=settings.offsets_compact_bytes)
+    try:
+        async with open_offset_store(path, fsync=settings.durability == "fsync",
+                                     limits=limits, metrics=metrics) as store, \
+                trio.open_nursery() as nursery:
+            nursery.start_soon(CommittedLag(store, backend, metrics,
+                                            settings.offsets_lag_series).run)
+            yield store
+            nursery.cancel_scope.cancel()
+    except OffsetFileError as exc:
+        raise ConfigError(f"offsets.file: {exc}") from None
+
+
 @asynccontextmanager
 async def _given(backend: Backend) -> AsyncIterator[tuple[Backend, Unavailable]]:
     """A backend the caller opened (and closes), always available."""
@@ -372,18 +421,22 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
         info.groups = GroupCoordinator(settings, metrics)
         await outer.start(info.groups.run)
         backend_in_use = open_backend(settings, metrics) if backend is None else _given(backend)
+        kafka = any(spec.protocol == "kafka" for spec in specs)
         async with backend_in_use as (info.backend, readiness.unavailable), \
+                open_offsets(settings, metrics, info.backend, kafka) as info.offsets, \
                 trio.open_nursery() as draining:
             listeners: dict[str, ProtocolListener] = {}
-            producers = ProducerStates(settings.max_producer_states, metrics)
+            services = KafkaServices(
+                ProducerStates(settings.max_producer_states, metrics),
+                info.offsets or OffsetStore(None), info.groups)
+            info.groups.known = services.offsets
             for spec in specs:
                 if spec.protocol in _LISTENERS:
                     make = _LISTENERS[spec.protocol]
                     first = next((x for x in listeners.values() if type(x) is make), None)
                     more: dict[str, Any] = (
                         {"share_with": first} if make is FiggListener and first
-                        else {"producers": producers, "groups": info.groups}
-                        if make is KafkaListener else {})
+                        else {"services": services} if make is KafkaListener else {})
                     listeners[spec.name] = make(info.backend, settings, metrics,
                                                 name=spec.name, guard=info.guard,
                                                 quotas=info.quotas,

@@ -41,7 +41,8 @@ _S16: Final = Struct('>hi')
 _S17: Final = Struct('>qh')
 _S18: Final = Struct('>ihqh')
 _S19: Final = Struct('>hii')
-_S20: Final = Struct('>hhi')
+_S20: Final = Struct('>iqi')
+_S21: Final = Struct('>hhi')
 
 
 @dataclass(frozen=True, slots=True)
@@ -2078,6 +2079,626 @@ else:
             self.controller_id = controller_id
             self.topics = topics
             self.cluster_authorized_operations = cluster_authorized_operations
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommitRequestPartition:
+    """One element of ``OffsetCommitRequestTopic.partitions``."""
+
+    partition_index: int = 0
+    """The partition index."""
+
+    committed_offset: int = 0
+    """The offset committed: the next one the group reads."""
+
+    committed_leader_epoch: int = -1
+    """The leader epoch, or -1."""
+
+    commit_timestamp: int = -1
+    """The commit's timestamp (version 1 only)."""
+
+    committed_metadata: str | None = ''
+    """The client's metadata of this offset."""
+
+
+if TYPE_CHECKING:
+    _OffsetCommitRequestPartitionBuilder = OffsetCommitRequestPartition
+else:
+    class _OffsetCommitRequestPartitionBuilder:
+        """Makes a OffsetCommitRequestPartition without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('commit_timestamp', 'committed_leader_epoch', 'committed_metadata', 'committed_offset', 'partition_index', )
+
+        def __init__(self, partition_index: int, committed_offset: int, committed_leader_epoch: int, commit_timestamp: int, committed_metadata: str | None) -> None:
+            self.partition_index = partition_index
+            self.committed_offset = committed_offset
+            self.committed_leader_epoch = committed_leader_epoch
+            self.commit_timestamp = commit_timestamp
+            self.committed_metadata = committed_metadata
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommitRequestTopic:
+    """One element of ``OffsetCommitRequest.topics``."""
+
+    name: str = ''
+    """The topic name."""
+
+    partitions: list[OffsetCommitRequestPartition] = field(default_factory=list)
+    """The partitions to commit offsets for."""
+
+
+if TYPE_CHECKING:
+    _OffsetCommitRequestTopicBuilder = OffsetCommitRequestTopic
+else:
+    class _OffsetCommitRequestTopicBuilder:
+        """Makes a OffsetCommitRequestTopic without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('name', 'partitions', )
+
+        def __init__(self, name: str, partitions: list[OffsetCommitRequestPartition]) -> None:
+            self.name = name
+            self.partitions = partitions
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommitRequest:
+    """Commits a consumer group's offsets. Version 1 adds the generation and member id (and a
+    per-partition commit timestamp, gone in version 2); versions 2-4 carry a retention time;
+    version 6 the leader epoch; version 7 the group instance id; version 8 is flexible;
+    version 9 is the same as 8 (usable by KIP-848 consumers). Version 10 (topic ids) is
+    not declared.
+    """
+
+    group_id: str = ''
+    """The group id."""
+
+    generation_id_or_member_epoch: int = -1
+    """The group's generation (classic protocol), or -1."""
+
+    member_id: str = ''
+    """The member id the coordinator assigned, or empty."""
+
+    group_instance_id: str | None = None
+    """The static member's instance id, or null."""
+
+    retention_time_ms: int = -1
+    """How long to keep the offsets (-1: the broker's setting)."""
+
+    topics: list[OffsetCommitRequestTopic] = field(default_factory=list)
+    """The topics to commit offsets for."""
+
+
+if TYPE_CHECKING:
+    _OffsetCommitRequestBuilder = OffsetCommitRequest
+else:
+    class _OffsetCommitRequestBuilder:
+        """Makes a OffsetCommitRequest without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('generation_id_or_member_epoch', 'group_id', 'group_instance_id', 'member_id', 'retention_time_ms', 'topics', )
+
+        def __init__(self, group_id: str, generation_id_or_member_epoch: int, member_id: str, group_instance_id: str | None, retention_time_ms: int, topics: list[OffsetCommitRequestTopic]) -> None:
+            self.group_id = group_id
+            self.generation_id_or_member_epoch = generation_id_or_member_epoch
+            self.member_id = member_id
+            self.group_instance_id = group_instance_id
+            self.retention_time_ms = retention_time_ms
+            self.topics = topics
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommitResponsePartition:
+    """One element of ``OffsetCommitResponseTopic.partitions``."""
+
+    partition_index: int = 0
+    """The partition index."""
+
+    error_code: int = 0
+    """The error code, or 0."""
+
+
+if TYPE_CHECKING:
+    _OffsetCommitResponsePartitionBuilder = OffsetCommitResponsePartition
+else:
+    class _OffsetCommitResponsePartitionBuilder:
+        """Makes a OffsetCommitResponsePartition without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('error_code', 'partition_index', )
+
+        def __init__(self, partition_index: int, error_code: int) -> None:
+            self.partition_index = partition_index
+            self.error_code = error_code
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommitResponseTopic:
+    """One element of ``OffsetCommitResponse.topics``."""
+
+    name: str = ''
+    """The topic name."""
+
+    partitions: list[OffsetCommitResponsePartition] = field(default_factory=list)
+    """The result of each partition."""
+
+
+if TYPE_CHECKING:
+    _OffsetCommitResponseTopicBuilder = OffsetCommitResponseTopic
+else:
+    class _OffsetCommitResponseTopicBuilder:
+        """Makes a OffsetCommitResponseTopic without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('name', 'partitions', )
+
+        def __init__(self, name: str, partitions: list[OffsetCommitResponsePartition]) -> None:
+            self.name = name
+            self.partitions = partitions
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommitResponse:
+    """The result of each partition of an OffsetCommit."""
+
+    throttle_time_ms: int = 0
+    """How long the request was throttled for a quota, in milliseconds."""
+
+    topics: list[OffsetCommitResponseTopic] = field(default_factory=list)
+    """The result of each topic."""
+
+
+if TYPE_CHECKING:
+    _OffsetCommitResponseBuilder = OffsetCommitResponse
+else:
+    class _OffsetCommitResponseBuilder:
+        """Makes a OffsetCommitResponse without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('throttle_time_ms', 'topics', )
+
+        def __init__(self, throttle_time_ms: int, topics: list[OffsetCommitResponseTopic]) -> None:
+            self.throttle_time_ms = throttle_time_ms
+            self.topics = topics
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetDeleteRequestPartition:
+    """One element of ``OffsetDeleteRequestTopic.partitions``."""
+
+    partition_index: int = 0
+    """The partition index."""
+
+
+if TYPE_CHECKING:
+    _OffsetDeleteRequestPartitionBuilder = OffsetDeleteRequestPartition
+else:
+    class _OffsetDeleteRequestPartitionBuilder:
+        """Makes a OffsetDeleteRequestPartition without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('partition_index', )
+
+        def __init__(self, partition_index: int) -> None:
+            self.partition_index = partition_index
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetDeleteRequestTopic:
+    """One element of ``OffsetDeleteRequest.topics``."""
+
+    name: str = ''
+    """The topic name."""
+
+    partitions: list[OffsetDeleteRequestPartition] = field(default_factory=list)
+    """The partitions to delete offsets of."""
+
+
+if TYPE_CHECKING:
+    _OffsetDeleteRequestTopicBuilder = OffsetDeleteRequestTopic
+else:
+    class _OffsetDeleteRequestTopicBuilder:
+        """Makes a OffsetDeleteRequestTopic without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('name', 'partitions', )
+
+        def __init__(self, name: str, partitions: list[OffsetDeleteRequestPartition]) -> None:
+            self.name = name
+            self.partitions = partitions
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetDeleteRequest:
+    """Deletes committed offsets of a group that has no member subscribed to their topics."""
+
+    group_id: str = ''
+    """The group id."""
+
+    topics: list[OffsetDeleteRequestTopic] = field(default_factory=list)
+    """The topics to delete offsets of."""
+
+
+if TYPE_CHECKING:
+    _OffsetDeleteRequestBuilder = OffsetDeleteRequest
+else:
+    class _OffsetDeleteRequestBuilder:
+        """Makes a OffsetDeleteRequest without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('group_id', 'topics', )
+
+        def __init__(self, group_id: str, topics: list[OffsetDeleteRequestTopic]) -> None:
+            self.group_id = group_id
+            self.topics = topics
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetDeleteResponsePartition:
+    """One element of ``OffsetDeleteResponseTopic.partitions``."""
+
+    partition_index: int = 0
+    """The partition index."""
+
+    error_code: int = 0
+    """The error code, or 0."""
+
+
+if TYPE_CHECKING:
+    _OffsetDeleteResponsePartitionBuilder = OffsetDeleteResponsePartition
+else:
+    class _OffsetDeleteResponsePartitionBuilder:
+        """Makes a OffsetDeleteResponsePartition without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('error_code', 'partition_index', )
+
+        def __init__(self, partition_index: int, error_code: int) -> None:
+            self.partition_index = partition_index
+            self.error_code = error_code
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetDeleteResponseTopic:
+    """One element of ``OffsetDeleteResponse.topics``."""
+
+    name: str = ''
+    """The topic name."""
+
+    partitions: list[OffsetDeleteResponsePartition] = field(default_factory=list)
+    """The result of each partition."""
+
+
+if TYPE_CHECKING:
+    _OffsetDeleteResponseTopicBuilder = OffsetDeleteResponseTopic
+else:
+    class _OffsetDeleteResponseTopicBuilder:
+        """Makes a OffsetDeleteResponseTopic without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('name', 'partitions', )
+
+        def __init__(self, name: str, partitions: list[OffsetDeleteResponsePartition]) -> None:
+            self.name = name
+            self.partitions = partitions
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetDeleteResponse:
+    """The result of an OffsetDelete: a group-level error code, and one per partition."""
+
+    error_code: int = 0
+    """The top-level error code, or 0."""
+
+    throttle_time_ms: int = 0
+    """How long the request was throttled for a quota, in milliseconds."""
+
+    topics: list[OffsetDeleteResponseTopic] = field(default_factory=list)
+    """The result of each topic."""
+
+
+if TYPE_CHECKING:
+    _OffsetDeleteResponseBuilder = OffsetDeleteResponse
+else:
+    class _OffsetDeleteResponseBuilder:
+        """Makes a OffsetDeleteResponse without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('error_code', 'throttle_time_ms', 'topics', )
+
+        def __init__(self, error_code: int, throttle_time_ms: int, topics: list[OffsetDeleteResponseTopic]) -> None:
+            self.error_code = error_code
+            self.throttle_time_ms = throttle_time_ms
+            self.topics = topics
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetFetchRequestTopic:
+    """One element of ``OffsetFetchRequest.topics``."""
+
+    name: str = ''
+    """The topic name."""
+
+    partition_indexes: list[int] = field(default_factory=list)
+    """The partitions asked about."""
+
+
+if TYPE_CHECKING:
+    _OffsetFetchRequestTopicBuilder = OffsetFetchRequestTopic
+else:
+    class _OffsetFetchRequestTopicBuilder:
+        """Makes a OffsetFetchRequestTopic without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('name', 'partition_indexes', )
+
+        def __init__(self, name: str, partition_indexes: list[int]) -> None:
+            self.name = name
+            self.partition_indexes = partition_indexes
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetFetchRequestTopics:
+    """One element of ``OffsetFetchRequestGroup.topics``."""
+
+    name: str = ''
+    """The topic name."""
+
+    partition_indexes: list[int] = field(default_factory=list)
+    """The partitions asked about."""
+
+
+if TYPE_CHECKING:
+    _OffsetFetchRequestTopicsBuilder = OffsetFetchRequestTopics
+else:
+    class _OffsetFetchRequestTopicsBuilder:
+        """Makes a OffsetFetchRequestTopics without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('name', 'partition_indexes', )
+
+        def __init__(self, name: str, partition_indexes: list[int]) -> None:
+            self.name = name
+            self.partition_indexes = partition_indexes
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetFetchRequestGroup:
+    """One element of ``OffsetFetchRequest.groups``."""
+
+    group_id: str = ''
+    """The group id."""
+
+    member_id: str | None = None
+    """The member id (KIP-848), or null."""
+
+    member_epoch: int = -1
+    """The member epoch (KIP-848), or -1."""
+
+    topics: list[OffsetFetchRequestTopics] | None = field(default_factory=list)
+    """The topics asked about, or null for every one."""
+
+
+if TYPE_CHECKING:
+    _OffsetFetchRequestGroupBuilder = OffsetFetchRequestGroup
+else:
+    class _OffsetFetchRequestGroupBuilder:
+        """Makes a OffsetFetchRequestGroup without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('group_id', 'member_epoch', 'member_id', 'topics', )
+
+        def __init__(self, group_id: str, member_id: str | None, member_epoch: int, topics: list[OffsetFetchRequestTopics] | None) -> None:
+            self.group_id = group_id
+            self.member_id = member_id
+            self.member_epoch = member_epoch
+            self.topics = topics
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetFetchRequest:
+    """Reads a consumer group's committed offsets. Version 2 allows null topics (every
+    committed partition); version 6 is flexible; version 7 adds RequireStable; version 8
+    asks for several groups at once; version 9 adds the (KIP-848) member id and epoch.
+    Version 10 (topic ids) is not declared.
+    """
+
+    group_id: str = ''
+    """The group to read the offsets of."""
+
+    topics: list[OffsetFetchRequestTopic] | None = field(default_factory=list)
+    """The topics asked about, or null for every one."""
+
+    groups: list[OffsetFetchRequestGroup] = field(default_factory=list)
+    """The groups asked about."""
+
+    require_stable: bool = False
+    """Whether to refuse offsets of pending transactions (none here)."""
+
+
+if TYPE_CHECKING:
+    _OffsetFetchRequestBuilder = OffsetFetchRequest
+else:
+    class _OffsetFetchRequestBuilder:
+        """Makes a OffsetFetchRequest without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('group_id', 'groups', 'require_stable', 'topics', )
+
+        def __init__(self, group_id: str, topics: list[OffsetFetchRequestTopic] | None, groups: list[OffsetFetchRequestGroup], require_stable: bool) -> None:
+            self.group_id = group_id
+            self.topics = topics
+            self.groups = groups
+            self.require_stable = require_stable
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetFetchResponsePartition:
+    """One element of ``OffsetFetchResponseTopic.partitions``."""
+
+    partition_index: int = 0
+    """The partition index."""
+
+    committed_offset: int = 0
+    """The committed offset, or -1."""
+
+    committed_leader_epoch: int = -1
+    """The leader epoch, or -1."""
+
+    metadata: str | None = ''
+    """The metadata committed with the offset."""
+
+    error_code: int = 0
+    """The error code, or 0."""
+
+
+if TYPE_CHECKING:
+    _OffsetFetchResponsePartitionBuilder = OffsetFetchResponsePartition
+else:
+    class _OffsetFetchResponsePartitionBuilder:
+        """Makes a OffsetFetchResponsePartition without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('committed_leader_epoch', 'committed_offset', 'error_code', 'metadata', 'partition_index', )
+
+        def __init__(self, partition_index: int, committed_offset: int, committed_leader_epoch: int, metadata: str | None, error_code: int) -> None:
+            self.partition_index = partition_index
+            self.committed_offset = committed_offset
+            self.committed_leader_epoch = committed_leader_epoch
+            self.metadata = metadata
+            self.error_code = error_code
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetFetchResponseTopic:
+    """One element of ``OffsetFetchResponse.topics``."""
+
+    name: str = ''
+    """The topic name."""
+
+    partitions: list[OffsetFetchResponsePartition] = field(default_factory=list)
+    """The offsets of each partition."""
+
+
+if TYPE_CHECKING:
+    _OffsetFetchResponseTopicBuilder = OffsetFetchResponseTopic
+else:
+    class _OffsetFetchResponseTopicBuilder:
+        """Makes a OffsetFetchResponseTopic without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('name', 'partitions', )
+
+        def __init__(self, name: str, partitions: list[OffsetFetchResponsePartition]) -> None:
+            self.name = name
+            self.partitions = partitions
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetFetchResponsePartitions:
+    """One element of ``OffsetFetchResponseTopics.partitions``."""
+
+    partition_index: int = 0
+    """The partition index."""
+
+    committed_offset: int = 0
+    """The committed offset, or -1."""
+
+    committed_leader_epoch: int = -1
+    """The leader epoch, or -1."""
+
+    metadata: str | None = ''
+    """The metadata committed with the offset."""
+
+    error_code: int = 0
+    """The error code, or 0."""
+
+
+if TYPE_CHECKING:
+    _OffsetFetchResponsePartitionsBuilder = OffsetFetchResponsePartitions
+else:
+    class _OffsetFetchResponsePartitionsBuilder:
+        """Makes a OffsetFetchResponsePartitions without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('committed_leader_epoch', 'committed_offset', 'error_code', 'metadata', 'partition_index', )
+
+        def __init__(self, partition_index: int, committed_offset: int, committed_leader_epoch: int, metadata: str | None, error_code: int) -> None:
+            self.partition_index = partition_index
+            self.committed_offset = committed_offset
+            self.committed_leader_epoch = committed_leader_epoch
+            self.metadata = metadata
+            self.error_code = error_code
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetFetchResponseTopics:
+    """One element of ``OffsetFetchResponseGroup.topics``."""
+
+    name: str = ''
+    """The topic name."""
+
+    partitions: list[OffsetFetchResponsePartitions] = field(default_factory=list)
+    """The offsets of each partition."""
+
+
+if TYPE_CHECKING:
+    _OffsetFetchResponseTopicsBuilder = OffsetFetchResponseTopics
+else:
+    class _OffsetFetchResponseTopicsBuilder:
+        """Makes a OffsetFetchResponseTopics without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('name', 'partitions', )
+
+        def __init__(self, name: str, partitions: list[OffsetFetchResponsePartitions]) -> None:
+            self.name = name
+            self.partitions = partitions
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetFetchResponseGroup:
+    """One element of ``OffsetFetchResponse.groups``."""
+
+    group_id: str = ''
+    """The group id."""
+
+    topics: list[OffsetFetchResponseTopics] = field(default_factory=list)
+    """The offsets of each topic."""
+
+    error_code: int = 0
+    """The group's error code, or 0."""
+
+
+if TYPE_CHECKING:
+    _OffsetFetchResponseGroupBuilder = OffsetFetchResponseGroup
+else:
+    class _OffsetFetchResponseGroupBuilder:
+        """Makes a OffsetFetchResponseGroup without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('error_code', 'group_id', 'topics', )
+
+        def __init__(self, group_id: str, topics: list[OffsetFetchResponseTopics], error_code: int) -> None:
+            self.group_id = group_id
+            self.topics = topics
+            self.error_code = error_code
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetFetchResponse:
+    """A consumer group's committed offsets (-1 and null metadata: none committed). Version 2
+    adds a top-level error code, 3 the throttle time, 5 the leader epoch; version 8 answers
+    per group.
+    """
+
+    throttle_time_ms: int = 0
+    """How long the request was throttled for a quota, in milliseconds."""
+
+    topics: list[OffsetFetchResponseTopic] = field(default_factory=list)
+    """The offsets of each topic."""
+
+    error_code: int = 0
+    """The top-level error code, or 0."""
+
+    groups: list[OffsetFetchResponseGroup] = field(default_factory=list)
+    """The offsets of each group."""
+
+
+if TYPE_CHECKING:
+    _OffsetFetchResponseBuilder = OffsetFetchResponse
+else:
+    class _OffsetFetchResponseBuilder:
+        """Makes a OffsetFetchResponse without the frozen ``__init__`` (see the module docstring)."""
+
+        __slots__ = ('error_code', 'groups', 'throttle_time_ms', 'topics', )
+
+        def __init__(self, throttle_time_ms: int, topics: list[OffsetFetchResponseTopic], error_code: int, groups: list[OffsetFetchResponseGroup]) -> None:
+            self.throttle_time_ms = throttle_time_ms
+            self.topics = topics
+            self.error_code = error_code
+            self.groups = groups
 
 
 @dataclass(frozen=True, slots=True)
@@ -6135,6 +6756,1065 @@ def encode_metadata_response(record: MetadataResponse, version: int | None = Non
     return bytes(out)
 
 
+def _decode_OffsetCommitRequestPartition(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetCommitRequestPartition, int]:
+    if end - pos < 12:
+        raise truncated('OffsetCommitRequestPartition.partition_index/committed_offset', pos, end)
+    partition_index_, committed_offset_ = _S12.unpack_from(buf, pos)
+    pos += 12
+    if version >= 6:
+        if end - pos < 4:
+            raise truncated('OffsetCommitRequestPartition.committed_leader_epoch', pos, end)
+        committed_leader_epoch_ = _S3.unpack_from(buf, pos)[0]
+        pos += 4
+    else:
+        committed_leader_epoch_ = -1
+    if version == 1:
+        if end - pos < 8:
+            raise truncated('OffsetCommitRequestPartition.commit_timestamp', pos, end)
+        commit_timestamp_ = _S4.unpack_from(buf, pos)[0]
+        pos += 8
+    else:
+        commit_timestamp_ = -1
+    committed_metadata_, pos = read_nullable_string(buf, pos, end, flexible, True, 'OffsetCommitRequestPartition.committed_metadata')
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'OffsetCommitRequestPartition tagged fields')
+    result = _OffsetCommitRequestPartitionBuilder(partition_index_, committed_offset_, committed_leader_epoch_, commit_timestamp_, committed_metadata_)
+    result.__class__ = OffsetCommitRequestPartition
+    return result, pos
+
+
+def _encode_OffsetCommitRequestPartition(record: OffsetCommitRequestPartition, out: bytearray, version: int, flexible: bool) -> None:
+    out += _S12.pack(record.partition_index, record.committed_offset)
+    if version >= 6:
+        out += _S3.pack(record.committed_leader_epoch)
+    if version == 1:
+        out += _S4.pack(record.commit_timestamp)
+    write_string(out, record.committed_metadata, flexible)
+    if flexible:
+        out.append(0)
+
+
+def _decode_OffsetCommitRequestTopic(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetCommitRequestTopic, int]:
+    name_, pos = read_string(buf, pos, end, flexible, 'OffsetCommitRequestTopic.name')
+    n_partitions, pos = read_count(buf, pos, end, flexible, False, 'OffsetCommitRequestTopic.partitions')
+    partitions_ = []
+    for _ in range(n_partitions):
+        item_partitions, pos = _decode_OffsetCommitRequestPartition(buf, pos, end, version, flexible)
+        partitions_.append(item_partitions)
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'OffsetCommitRequestTopic tagged fields')
+    result = _OffsetCommitRequestTopicBuilder(name_, partitions_)
+    result.__class__ = OffsetCommitRequestTopic
+    return result, pos
+
+
+def _encode_OffsetCommitRequestTopic(record: OffsetCommitRequestTopic, out: bytearray, version: int, flexible: bool) -> None:
+    if record.name is None:
+        raise null_not_allowed('OffsetCommitRequestTopic.name', version)
+    write_string(out, record.name, flexible)
+    if record.partitions is None:
+        raise null_not_allowed('OffsetCommitRequestTopic.partitions', version)
+    write_count(out, len(record.partitions), flexible)
+    for item_partitions in record.partitions:
+        _encode_OffsetCommitRequestPartition(item_partitions, out, version, flexible)
+    if flexible:
+        out.append(0)
+
+
+def _decode_OffsetCommitRequest(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetCommitRequest, int]:
+    group_id_, pos = read_string(buf, pos, end, flexible, 'OffsetCommitRequest.group_id')
+    if version >= 1:
+        if end - pos < 4:
+            raise truncated('OffsetCommitRequest.generation_id_or_member_epoch', pos, end)
+        generation_id_or_member_epoch_ = _S3.unpack_from(buf, pos)[0]
+        pos += 4
+    else:
+        generation_id_or_member_epoch_ = -1
+    if version >= 1:
+        member_id_, pos = read_string(buf, pos, end, flexible, 'OffsetCommitRequest.member_id')
+    else:
+        member_id_ = ''
+    if version >= 7:
+        group_instance_id_, pos = read_nullable_string(buf, pos, end, flexible, version >= 7, 'OffsetCommitRequest.group_instance_id')
+    else:
+        group_instance_id_ = None
+    if version >= 2 and version <= 4:
+        if end - pos < 8:
+            raise truncated('OffsetCommitRequest.retention_time_ms', pos, end)
+        retention_time_ms_ = _S4.unpack_from(buf, pos)[0]
+        pos += 8
+    else:
+        retention_time_ms_ = -1
+    n_topics, pos = read_count(buf, pos, end, flexible, False, 'OffsetCommitRequest.topics')
+    topics_ = []
+    for _ in range(n_topics):
+        item_topics, pos = _decode_OffsetCommitRequestTopic(buf, pos, end, version, flexible)
+        topics_.append(item_topics)
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'OffsetCommitRequest tagged fields')
+    result = _OffsetCommitRequestBuilder(group_id_, generation_id_or_member_epoch_, member_id_, group_instance_id_, retention_time_ms_, topics_)
+    result.__class__ = OffsetCommitRequest
+    return result, pos
+
+
+def _encode_OffsetCommitRequest(record: OffsetCommitRequest, out: bytearray, version: int, flexible: bool) -> None:
+    if record.group_id is None:
+        raise null_not_allowed('OffsetCommitRequest.group_id', version)
+    write_string(out, record.group_id, flexible)
+    if version >= 1:
+        out += _S3.pack(record.generation_id_or_member_epoch)
+    if version >= 1:
+        if record.member_id is None:
+            raise null_not_allowed('OffsetCommitRequest.member_id', version)
+        write_string(out, record.member_id, flexible)
+    if version >= 7:
+        if record.group_instance_id is None and not (version >= 7):
+            raise null_not_allowed('OffsetCommitRequest.group_instance_id', version)
+        write_string(out, record.group_instance_id, flexible)
+    elif record.group_instance_id is not None:
+        raise not_in_version('OffsetCommitRequest.group_instance_id', version)
+    if version >= 2 and version <= 4:
+        out += _S4.pack(record.retention_time_ms)
+    if record.topics is None:
+        raise null_not_allowed('OffsetCommitRequest.topics', version)
+    write_count(out, len(record.topics), flexible)
+    for item_topics in record.topics:
+        _encode_OffsetCommitRequestTopic(item_topics, out, version, flexible)
+    if flexible:
+        out.append(0)
+
+
+def decode_offset_commit_request(payload: Buffer, version: int | None = None, context: Any = None) -> OffsetCommitRequest:
+    """Decode one whole OffsetCommitRequest payload of ``version`` (default 0)."""
+    buf = payload if isinstance(payload, bytes) else bytes(payload)
+    if version is None:
+        version = 0
+    if not (version <= 9):
+        raise ProtocolError(f'OffsetCommitRequest: unsupported version {version}')
+    result, pos = _decode_OffsetCommitRequest(buf, 0, len(buf), version, version >= 8)
+    if pos != len(buf):
+        raise trailing('OffsetCommitRequest', len(buf) - pos)
+    return result
+
+
+def read_offset_commit_request(buf: bytes, pos: int, end: int, version: int) -> tuple[OffsetCommitRequest, int]:
+    """The OffsetCommitRequest of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 9):
+        raise ProtocolError(f'OffsetCommitRequest: unsupported version {version}')
+    return _decode_OffsetCommitRequest(buf, pos, end, version, version >= 8)
+
+
+def encode_offset_commit_request(record: OffsetCommitRequest, version: int | None = None, context: Any = None) -> bytes:
+    """Encode a OffsetCommitRequest payload of ``version`` (default 0)."""
+    if version is None:
+        version = 0
+    if not (version <= 9):
+        raise ValueError(f'OffsetCommitRequest: unsupported version {version}')
+    out = bytearray()
+    try:
+        _encode_OffsetCommitRequest(record, out, version, version >= 8)
+    except StructError as exc:
+        raise cannot_encode('OffsetCommitRequest', exc) from None
+    return bytes(out)
+
+
+def _decode_OffsetCommitResponsePartition(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetCommitResponsePartition, int]:
+    if end - pos < 6:
+        raise truncated('OffsetCommitResponsePartition.partition_index/error_code', pos, end)
+    partition_index_, error_code_ = _S6.unpack_from(buf, pos)
+    pos += 6
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'OffsetCommitResponsePartition tagged fields')
+    result = _OffsetCommitResponsePartitionBuilder(partition_index_, error_code_)
+    result.__class__ = OffsetCommitResponsePartition
+    return result, pos
+
+
+def _encode_OffsetCommitResponsePartition(record: OffsetCommitResponsePartition, out: bytearray, version: int, flexible: bool) -> None:
+    out += _S6.pack(record.partition_index, record.error_code)
+    if flexible:
+        out.append(0)
+
+
+def _decode_OffsetCommitResponseTopic(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetCommitResponseTopic, int]:
+    name_, pos = read_string(buf, pos, end, flexible, 'OffsetCommitResponseTopic.name')
+    n_partitions, pos = read_count(buf, pos, end, flexible, False, 'OffsetCommitResponseTopic.partitions')
+    partitions_ = []
+    for _ in range(n_partitions):
+        item_partitions, pos = _decode_OffsetCommitResponsePartition(buf, pos, end, version, flexible)
+        partitions_.append(item_partitions)
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'OffsetCommitResponseTopic tagged fields')
+    result = _OffsetCommitResponseTopicBuilder(name_, partitions_)
+    result.__class__ = OffsetCommitResponseTopic
+    return result, pos
+
+
+def _encode_OffsetCommitResponseTopic(record: OffsetCommitResponseTopic, out: bytearray, version: int, flexible: bool) -> None:
+    if record.name is None:
+        raise null_not_allowed('OffsetCommitResponseTopic.name', version)
+    write_string(out, record.name, flexible)
+    if record.partitions is None:
+        raise null_not_allowed('OffsetCommitResponseTopic.partitions', version)
+    write_count(out, len(record.partitions), flexible)
+    for item_partitions in record.partitions:
+        _encode_OffsetCommitResponsePartition(item_partitions, out, version, flexible)
+    if flexible:
+        out.append(0)
+
+
+def _decode_OffsetCommitResponse(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetCommitResponse, int]:
+    if version >= 3:
+        if end - pos < 4:
+            raise truncated('OffsetCommitResponse.throttle_time_ms', pos, end)
+        throttle_time_ms_ = _S3.unpack_from(buf, pos)[0]
+        pos += 4
+    else:
+        throttle_time_ms_ = 0
+    n_topics, pos = read_count(buf, pos, end, flexible, False, 'OffsetCommitResponse.topics')
+    topics_ = []
+    for _ in range(n_topics):
+        item_topics, pos = _decode_OffsetCommitResponseTopic(buf, pos, end, version, flexible)
+        topics_.append(item_topics)
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'OffsetCommitResponse tagged fields')
+    result = _OffsetCommitResponseBuilder(throttle_time_ms_, topics_)
+    result.__class__ = OffsetCommitResponse
+    return result, pos
+
+
+def _encode_OffsetCommitResponse(record: OffsetCommitResponse, out: bytearray, version: int, flexible: bool) -> None:
+    if version >= 3:
+        out += _S3.pack(record.throttle_time_ms)
+    if record.topics is None:
+        raise null_not_allowed('OffsetCommitResponse.topics', version)
+    write_count(out, len(record.topics), flexible)
+    for item_topics in record.topics:
+        _encode_OffsetCommitResponseTopic(item_topics, out, version, flexible)
+    if flexible:
+        out.append(0)
+
+
+def decode_offset_commit_response(payload: Buffer, version: int | None = None, context: Any = None) -> OffsetCommitResponse:
+    """Decode one whole OffsetCommitResponse payload of ``version`` (default 0)."""
+    buf = payload if isinstance(payload, bytes) else bytes(payload)
+    if version is None:
+        version = 0
+    if not (version <= 9):
+        raise ProtocolError(f'OffsetCommitResponse: unsupported version {version}')
+    result, pos = _decode_OffsetCommitResponse(buf, 0, len(buf), version, version >= 8)
+    if pos != len(buf):
+        raise trailing('OffsetCommitResponse', len(buf) - pos)
+    return result
+
+
+def read_offset_commit_response(buf: bytes, pos: int, end: int, version: int) -> tuple[OffsetCommitResponse, int]:
+    """The OffsetCommitResponse of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 9):
+        raise ProtocolError(f'OffsetCommitResponse: unsupported version {version}')
+    return _decode_OffsetCommitResponse(buf, pos, end, version, version >= 8)
+
+
+def encode_offset_commit_response(record: OffsetCommitResponse, version: int | None = None, context: Any = None) -> bytes:
+    """Encode a OffsetCommitResponse payload of ``version`` (default 0)."""
+    if version is None:
+        version = 0
+    if not (version <= 9):
+        raise ValueError(f'OffsetCommitResponse: unsupported version {version}')
+    out = bytearray()
+    try:
+        _encode_OffsetCommitResponse(record, out, version, version >= 8)
+    except StructError as exc:
+        raise cannot_encode('OffsetCommitResponse', exc) from None
+    return bytes(out)
+
+
+def _decode_OffsetDeleteRequestPartition(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetDeleteRequestPartition, int]:
+    if end - pos < 4:
+        raise truncated('OffsetDeleteRequestPartition.partition_index', pos, end)
+    partition_index_ = _S3.unpack_from(buf, pos)[0]
+    pos += 4
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'OffsetDeleteRequestPartition tagged fields')
+    result = _OffsetDeleteRequestPartitionBuilder(partition_index_)
+    result.__class__ = OffsetDeleteRequestPartition
+    return result, pos
+
+
+def _encode_OffsetDeleteRequestPartition(record: OffsetDeleteRequestPartition, out: bytearray, version: int, flexible: bool) -> None:
+    out += _S3.pack(record.partition_index)
+    if flexible:
+        out.append(0)
+
+
+def _decode_OffsetDeleteRequestTopic(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetDeleteRequestTopic, int]:
+    name_, pos = read_string(buf, pos, end, flexible, 'OffsetDeleteRequestTopic.name')
+    n_partitions, pos = read_count(buf, pos, end, flexible, False, 'OffsetDeleteRequestTopic.partitions')
+    partitions_ = []
+    for _ in range(n_partitions):
+        item_partitions, pos = _decode_OffsetDeleteRequestPartition(buf, pos, end, version, flexible)
+        partitions_.append(item_partitions)
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'OffsetDeleteRequestTopic tagged fields')
+    result = _OffsetDeleteRequestTopicBuilder(name_, partitions_)
+    result.__class__ = OffsetDeleteRequestTopic
+    return result, pos
+
+
+def _encode_OffsetDeleteRequestTopic(record: OffsetDeleteRequestTopic, out: bytearray, version: int, flexible: bool) -> None:
+    if record.name is None:
+        raise null_not_allowed('OffsetDeleteRequestTopic.name', version)
+    write_string(out, record.name, flexible)
+    if record.partitions is None:
+        raise null_not_allowed('OffsetDeleteRequestTopic.partitions', version)
+    write_count(out, len(record.partitions), flexible)
+    for item_partitions in record.partitions:
+        _encode_OffsetDeleteRequestPartition(item_partitions, out, version, flexible)
+    if flexible:
+        out.append(0)
+
+
+def _decode_OffsetDeleteRequest(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetDeleteRequest, int]:
+    group_id_, pos = read_string(buf, pos, end, flexible, 'OffsetDeleteRequest.group_id')
+    n_topics, pos = read_count(buf, pos, end, flexible, False, 'OffsetDeleteRequest.topics')
+    topics_ = []
+    for _ in range(n_topics):
+        item_topics, pos = _decode_OffsetDeleteRequestTopic(buf, pos, end, version, flexible)
+        topics_.append(item_topics)
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'OffsetDeleteRequest tagged fields')
+    result = _OffsetDeleteRequestBuilder(group_id_, topics_)
+    result.__class__ = OffsetDeleteRequest
+    return result, pos
+
+
+def _encode_OffsetDeleteRequest(record: OffsetDeleteRequest, out: bytearray, version: int, flexible: bool) -> None:
+    if record.group_id is None:
+        raise null_not_allowed('OffsetDeleteRequest.group_id', version)
+    write_string(out, record.group_id, flexible)
+    if record.topics is None:
+        raise null_not_allowed('OffsetDeleteRequest.topics', version)
+    write_count(out, len(record.topics), flexible)
+    for item_topics in record.topics:
+        _encode_OffsetDeleteRequestTopic(item_topics, out, version, flexible)
+    if flexible:
+        out.append(0)
+
+
+def decode_offset_delete_request(payload: Buffer, version: int | None = None, context: Any = None) -> OffsetDeleteRequest:
+    """Decode one whole OffsetDeleteRequest payload of ``version`` (default 0)."""
+    buf = payload if isinstance(payload, bytes) else bytes(payload)
+    if version is None:
+        version = 0
+    if not (version == 0):
+        raise ProtocolError(f'OffsetDeleteRequest: unsupported version {version}')
+    result, pos = _decode_OffsetDeleteRequest(buf, 0, len(buf), version, False)
+    if pos != len(buf):
+        raise trailing('OffsetDeleteRequest', len(buf) - pos)
+    return result
+
+
+def read_offset_delete_request(buf: bytes, pos: int, end: int, version: int) -> tuple[OffsetDeleteRequest, int]:
+    """The OffsetDeleteRequest of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version == 0):
+        raise ProtocolError(f'OffsetDeleteRequest: unsupported version {version}')
+    return _decode_OffsetDeleteRequest(buf, pos, end, version, False)
+
+
+def encode_offset_delete_request(record: OffsetDeleteRequest, version: int | None = None, context: Any = None) -> bytes:
+    """Encode a OffsetDeleteRequest payload of ``version`` (default 0)."""
+    if version is None:
+        version = 0
+    if not (version == 0):
+        raise ValueError(f'OffsetDeleteRequest: unsupported version {version}')
+    out = bytearray()
+    try:
+        _encode_OffsetDeleteRequest(record, out, version, False)
+    except StructError as exc:
+        raise cannot_encode('OffsetDeleteRequest', exc) from None
+    return bytes(out)
+
+
+def _decode_OffsetDeleteResponsePartition(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetDeleteResponsePartition, int]:
+    if end - pos < 6:
+        raise truncated('OffsetDeleteResponsePartition.partition_index/error_code', pos, end)
+    partition_index_, error_code_ = _S6.unpack_from(buf, pos)
+    pos += 6
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'OffsetDeleteResponsePartition tagged fields')
+    result = _OffsetDeleteResponsePartitionBuilder(partition_index_, error_code_)
+    result.__class__ = OffsetDeleteResponsePartition
+    return result, pos
+
+
+def _encode_OffsetDeleteResponsePartition(record: OffsetDeleteResponsePartition, out: bytearray, version: int, flexible: bool) -> None:
+    out += _S6.pack(record.partition_index, record.error_code)
+    if flexible:
+        out.append(0)
+
+
+def _decode_OffsetDeleteResponseTopic(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetDeleteResponseTopic, int]:
+    name_, pos = read_string(buf, pos, end, flexible, 'OffsetDeleteResponseTopic.name')
+    n_partitions, pos = read_count(buf, pos, end, flexible, False, 'OffsetDeleteResponseTopic.partitions')
+    partitions_ = []
+    for _ in range(n_partitions):
+        item_partitions, pos = _decode_OffsetDeleteResponsePartition(buf, pos, end, version, flexible)
+        partitions_.append(item_partitions)
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'OffsetDeleteResponseTopic tagged fields')
+    result = _OffsetDeleteResponseTopicBuilder(name_, partitions_)
+    result.__class__ = OffsetDeleteResponseTopic
+    return result, pos
+
+
+def _encode_OffsetDeleteResponseTopic(record: OffsetDeleteResponseTopic, out: bytearray, version: int, flexible: bool) -> None:
+    if record.name is None:
+        raise null_not_allowed('OffsetDeleteResponseTopic.name', version)
+    write_string(out, record.name, flexible)
+    if record.partitions is None:
+        raise null_not_allowed('OffsetDeleteResponseTopic.partitions', version)
+    write_count(out, len(record.partitions), flexible)
+    for item_partitions in record.partitions:
+        _encode_OffsetDeleteResponsePartition(item_partitions, out, version, flexible)
+    if flexible:
+        out.append(0)
+
+
+def _decode_OffsetDeleteResponse(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetDeleteResponse, int]:
+    if end - pos < 6:
+        raise truncated('OffsetDeleteResponse.error_code/throttle_time_ms', pos, end)
+    error_code_, throttle_time_ms_ = _S16.unpack_from(buf, pos)
+    pos += 6
+    n_topics, pos = read_count(buf, pos, end, flexible, False, 'OffsetDeleteResponse.topics')
+    topics_ = []
+    for _ in range(n_topics):
+        item_topics, pos = _decode_OffsetDeleteResponseTopic(buf, pos, end, version, flexible)
+        topics_.append(item_topics)
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'OffsetDeleteResponse tagged fields')
+    result = _OffsetDeleteResponseBuilder(error_code_, throttle_time_ms_, topics_)
+    result.__class__ = OffsetDeleteResponse
+    return result, pos
+
+
+def _encode_OffsetDeleteResponse(record: OffsetDeleteResponse, out: bytearray, version: int, flexible: bool) -> None:
+    out += _S16.pack(record.error_code, record.throttle_time_ms)
+    if record.topics is None:
+        raise null_not_allowed('OffsetDeleteResponse.topics', version)
+    write_count(out, len(record.topics), flexible)
+    for item_topics in record.topics:
+        _encode_OffsetDeleteResponseTopic(item_topics, out, version, flexible)
+    if flexible:
+        out.append(0)
+
+
+def decode_offset_delete_response(payload: Buffer, version: int | None = None, context: Any = None) -> OffsetDeleteResponse:
+    """Decode one whole OffsetDeleteResponse payload of ``version`` (default 0)."""
+    buf = payload if isinstance(payload, bytes) else bytes(payload)
+    if version is None:
+        version = 0
+    if not (version == 0):
+        raise ProtocolError(f'OffsetDeleteResponse: unsupported version {version}')
+    result, pos = _decode_OffsetDeleteResponse(buf, 0, len(buf), version, False)
+    if pos != len(buf):
+        raise trailing('OffsetDeleteResponse', len(buf) - pos)
+    return result
+
+
+def read_offset_delete_response(buf: bytes, pos: int, end: int, version: int) -> tuple[OffsetDeleteResponse, int]:
+    """The OffsetDeleteResponse of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version == 0):
+        raise ProtocolError(f'OffsetDeleteResponse: unsupported version {version}')
+    return _decode_OffsetDeleteResponse(buf, pos, end, version, False)
+
+
+def encode_offset_delete_response(record: OffsetDeleteResponse, version: int | None = None, context: Any = None) -> bytes:
+    """Encode a OffsetDeleteResponse payload of ``version`` (default 0)."""
+    if version is None:
+        version = 0
+    if not (version == 0):
+        raise ValueError(f'OffsetDeleteResponse: unsupported version {version}')
+    out = bytearray()
+    try:
+        _encode_OffsetDeleteResponse(record, out, version, False)
+    except StructError as exc:
+        raise cannot_encode('OffsetDeleteResponse', exc) from None
+    return bytes(out)
+
+
+def _decode_OffsetFetchRequestTopic(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetFetchRequestTopic, int]:
+    if version <= 7:
+        name_, pos = read_string(buf, pos, end, flexible, 'OffsetFetchRequestTopic.name')
+    else:
+        name_ = ''
+    if version <= 7:
+        n_partition_indexes, pos = read_count(buf, pos, end, flexible, False, 'OffsetFetchRequestTopic.partition_indexes')
+        partition_indexes_ = []
+        for _ in range(n_partition_indexes):
+            if end - pos < 4:
+                raise truncated('OffsetFetchRequestTopic.partition_indexes element', pos, end)
+            item_partition_indexes = _S3.unpack_from(buf, pos)[0]
+            pos += 4
+            partition_indexes_.append(item_partition_indexes)
+    else:
+        partition_indexes_ = []
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'OffsetFetchRequestTopic tagged fields')
+    result = _OffsetFetchRequestTopicBuilder(name_, partition_indexes_)
+    result.__class__ = OffsetFetchRequestTopic
+    return result, pos
+
+
+def _encode_OffsetFetchRequestTopic(record: OffsetFetchRequestTopic, out: bytearray, version: int, flexible: bool) -> None:
+    if version <= 7:
+        if record.name is None:
+            raise null_not_allowed('OffsetFetchRequestTopic.name', version)
+        write_string(out, record.name, flexible)
+    elif record.name != '':
+        raise not_in_version('OffsetFetchRequestTopic.name', version)
+    if version <= 7:
+        if record.partition_indexes is None:
+            raise null_not_allowed('OffsetFetchRequestTopic.partition_indexes', version)
+        write_count(out, len(record.partition_indexes), flexible)
+        for item_partition_indexes in record.partition_indexes:
+            out += _S3.pack(item_partition_indexes)
+    elif record.partition_indexes != []:
+        raise not_in_version('OffsetFetchRequestTopic.partition_indexes', version)
+    if flexible:
+        out.append(0)
+
+
+def _decode_OffsetFetchRequestTopics(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetFetchRequestTopics, int]:
+    if version >= 8:
+        name_, pos = read_string(buf, pos, end, flexible, 'OffsetFetchRequestTopics.name')
+    else:
+        name_ = ''
+    if version >= 8:
+        n_partition_indexes, pos = read_count(buf, pos, end, flexible, False, 'OffsetFetchRequestTopics.partition_indexes')
+        partition_indexes_ = []
+        for _ in range(n_partition_indexes):
+            if end - pos < 4:
+                raise truncated('OffsetFetchRequestTopics.partition_indexes element', pos, end)
+            item_partition_indexes = _S3.unpack_from(buf, pos)[0]
+            pos += 4
+            partition_indexes_.append(item_partition_indexes)
+    else:
+        partition_indexes_ = []
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'OffsetFetchRequestTopics tagged fields')
+    result = _OffsetFetchRequestTopicsBuilder(name_, partition_indexes_)
+    result.__class__ = OffsetFetchRequestTopics
+    return result, pos
+
+
+def _encode_OffsetFetchRequestTopics(record: OffsetFetchRequestTopics, out: bytearray, version: int, flexible: bool) -> None:
+    if version >= 8:
+        if record.name is None:
+            raise null_not_allowed('OffsetFetchRequestTopics.name', version)
+        write_string(out, record.name, flexible)
+    elif record.name != '':
+        raise not_in_version('OffsetFetchRequestTopics.name', version)
+    if version >= 8:
+        if record.partition_indexes is None:
+            raise null_not_allowed('OffsetFetchRequestTopics.partition_indexes', version)
+        write_count(out, len(record.partition_indexes), flexible)
+        for item_partition_indexes in record.partition_indexes:
+            out += _S3.pack(item_partition_indexes)
+    elif record.partition_indexes != []:
+        raise not_in_version('OffsetFetchRequestTopics.partition_indexes', version)
+    if flexible:
+        out.append(0)
+
+
+def _decode_OffsetFetchRequestGroup(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetFetchRequestGroup, int]:
+    if version >= 8:
+        group_id_, pos = read_string(buf, pos, end, flexible, 'OffsetFetchRequestGroup.group_id')
+    else:
+        group_id_ = ''
+    if version >= 9:
+        member_id_, pos = read_nullable_string(buf, pos, end, flexible, version >= 9, 'OffsetFetchRequestGroup.member_id')
+    else:
+        member_id_ = None
+    if version >= 9:
+        if end - pos < 4:
+            raise truncated('OffsetFetchRequestGroup.member_epoch', pos, end)
+        member_epoch_ = _S3.unpack_from(buf, pos)[0]
+        pos += 4
+    else:
+        member_epoch_ = -1
+    if version >= 8:
+        n_topics, pos = read_count(buf, pos, end, flexible, version >= 8, 'OffsetFetchRequestGroup.topics')
+        if n_topics < 0:
+            topics_ = None
+        else:
+            topics_ = []
+            for _ in range(n_topics):
+                item_topics, pos = _decode_OffsetFetchRequestTopics(buf, pos, end, version, flexible)
+                topics_.append(item_topics)
+    else:
+        topics_ = []
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'OffsetFetchRequestGroup tagged fields')
+    result = _OffsetFetchRequestGroupBuilder(group_id_, member_id_, member_epoch_, topics_)
+    result.__class__ = OffsetFetchRequestGroup
+    return result, pos
+
+
+def _encode_OffsetFetchRequestGroup(record: OffsetFetchRequestGroup, out: bytearray, version: int, flexible: bool) -> None:
+    if version >= 8:
+        if record.group_id is None:
+            raise null_not_allowed('OffsetFetchRequestGroup.group_id', version)
+        write_string(out, record.group_id, flexible)
+    elif record.group_id != '':
+        raise not_in_version('OffsetFetchRequestGroup.group_id', version)
+    if version >= 9:
+        if record.member_id is None and not (version >= 9):
+            raise null_not_allowed('OffsetFetchRequestGroup.member_id', version)
+        write_string(out, record.member_id, flexible)
+    if version >= 9:
+        out += _S3.pack(record.member_epoch)
+    if version >= 8:
+        if record.topics is None and not (version >= 8):
+            raise null_not_allowed('OffsetFetchRequestGroup.topics', version)
+        write_count(out, None if record.topics is None else len(record.topics), flexible)
+        for item_topics in record.topics or ():
+            _encode_OffsetFetchRequestTopics(item_topics, out, version, flexible)
+    elif record.topics != []:
+        raise not_in_version('OffsetFetchRequestGroup.topics', version)
+    if flexible:
+        out.append(0)
+
+
+def _decode_OffsetFetchRequest(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetFetchRequest, int]:
+    if version <= 7:
+        group_id_, pos = read_string(buf, pos, end, flexible, 'OffsetFetchRequest.group_id')
+    else:
+        group_id_ = ''
+    if version <= 7:
+        n_topics, pos = read_count(buf, pos, end, flexible, version >= 2 and version <= 7, 'OffsetFetchRequest.topics')
+        if n_topics < 0:
+            topics_ = None
+        else:
+            topics_ = []
+            for _ in range(n_topics):
+                item_topics, pos = _decode_OffsetFetchRequestTopic(buf, pos, end, version, flexible)
+                topics_.append(item_topics)
+    else:
+        topics_ = []
+    if version >= 8:
+        n_groups, pos = read_count(buf, pos, end, flexible, False, 'OffsetFetchRequest.groups')
+        groups_ = []
+        for _ in range(n_groups):
+            item_groups, pos = _decode_OffsetFetchRequestGroup(buf, pos, end, version, flexible)
+            groups_.append(item_groups)
+    else:
+        groups_ = []
+    if version >= 7:
+        if end - pos < 1:
+            raise truncated('OffsetFetchRequest.require_stable', pos, end)
+        require_stable_ = _S5.unpack_from(buf, pos)[0]
+        pos += 1
+    else:
+        require_stable_ = False
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'OffsetFetchRequest tagged fields')
+    result = _OffsetFetchRequestBuilder(group_id_, topics_, groups_, require_stable_)
+    result.__class__ = OffsetFetchRequest
+    return result, pos
+
+
+def _encode_OffsetFetchRequest(record: OffsetFetchRequest, out: bytearray, version: int, flexible: bool) -> None:
+    if version <= 7:
+        if record.group_id is None:
+            raise null_not_allowed('OffsetFetchRequest.group_id', version)
+        write_string(out, record.group_id, flexible)
+    elif record.group_id != '':
+        raise not_in_version('OffsetFetchRequest.group_id', version)
+    if version <= 7:
+        if record.topics is None and not (version >= 2 and version <= 7):
+            raise null_not_allowed('OffsetFetchRequest.topics', version)
+        write_count(out, None if record.topics is None else len(record.topics), flexible)
+        for item_topics in record.topics or ():
+            _encode_OffsetFetchRequestTopic(item_topics, out, version, flexible)
+    elif record.topics != []:
+        raise not_in_version('OffsetFetchRequest.topics', version)
+    if version >= 8:
+        if record.groups is None:
+            raise null_not_allowed('OffsetFetchRequest.groups', version)
+        write_count(out, len(record.groups), flexible)
+        for item_groups in record.groups:
+            _encode_OffsetFetchRequestGroup(item_groups, out, version, flexible)
+    elif record.groups != []:
+        raise not_in_version('OffsetFetchRequest.groups', version)
+    if version >= 7:
+        out += _S5.pack(record.require_stable)
+    elif record.require_stable:
+        raise not_in_version('OffsetFetchRequest.require_stable', version)
+    if flexible:
+        out.append(0)
+
+
+def decode_offset_fetch_request(payload: Buffer, version: int | None = None, context: Any = None) -> OffsetFetchRequest:
+    """Decode one whole OffsetFetchRequest payload of ``version`` (default 0)."""
+    buf = payload if isinstance(payload, bytes) else bytes(payload)
+    if version is None:
+        version = 0
+    if not (version <= 9):
+        raise ProtocolError(f'OffsetFetchRequest: unsupported version {version}')
+    result, pos = _decode_OffsetFetchRequest(buf, 0, len(buf), version, version >= 6)
+    if pos != len(buf):
+        raise trailing('OffsetFetchRequest', len(buf) - pos)
+    return result
+
+
+def read_offset_fetch_request(buf: bytes, pos: int, end: int, version: int) -> tuple[OffsetFetchRequest, int]:
+    """The OffsetFetchRequest of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 9):
+        raise ProtocolError(f'OffsetFetchRequest: unsupported version {version}')
+    return _decode_OffsetFetchRequest(buf, pos, end, version, version >= 6)
+
+
+def encode_offset_fetch_request(record: OffsetFetchRequest, version: int | None = None, context: Any = None) -> bytes:
+    """Encode a OffsetFetchRequest payload of ``version`` (default 0)."""
+    if version is None:
+        version = 0
+    if not (version <= 9):
+        raise ValueError(f'OffsetFetchRequest: unsupported version {version}')
+    out = bytearray()
+    try:
+        _encode_OffsetFetchRequest(record, out, version, version >= 6)
+    except StructError as exc:
+        raise cannot_encode('OffsetFetchRequest', exc) from None
+    return bytes(out)
+
+
+def _decode_OffsetFetchResponsePartition(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetFetchResponsePartition, int]:
+    if version <= 7:
+        if end - pos < 12:
+            raise truncated('OffsetFetchResponsePartition.partition_index/committed_offset', pos, end)
+        partition_index_, committed_offset_ = _S12.unpack_from(buf, pos)
+        pos += 12
+    else:
+        partition_index_ = 0
+        committed_offset_ = 0
+    if version >= 5 and version <= 7:
+        if end - pos < 4:
+            raise truncated('OffsetFetchResponsePartition.committed_leader_epoch', pos, end)
+        committed_leader_epoch_ = _S3.unpack_from(buf, pos)[0]
+        pos += 4
+    else:
+        committed_leader_epoch_ = -1
+    if version <= 7:
+        metadata_, pos = read_nullable_string(buf, pos, end, flexible, version <= 7, 'OffsetFetchResponsePartition.metadata')
+    else:
+        metadata_ = ''
+    if version <= 7:
+        if end - pos < 2:
+            raise truncated('OffsetFetchResponsePartition.error_code', pos, end)
+        error_code_ = _S2.unpack_from(buf, pos)[0]
+        pos += 2
+    else:
+        error_code_ = 0
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'OffsetFetchResponsePartition tagged fields')
+    result = _OffsetFetchResponsePartitionBuilder(partition_index_, committed_offset_, committed_leader_epoch_, metadata_, error_code_)
+    result.__class__ = OffsetFetchResponsePartition
+    return result, pos
+
+
+def _encode_OffsetFetchResponsePartition(record: OffsetFetchResponsePartition, out: bytearray, version: int, flexible: bool) -> None:
+    if version <= 7:
+        out += _S12.pack(record.partition_index, record.committed_offset)
+    elif record.partition_index != 0 or record.committed_offset != 0:
+        raise not_in_version('OffsetFetchResponsePartition.partition_index/committed_offset', version)
+    if version >= 5 and version <= 7:
+        out += _S3.pack(record.committed_leader_epoch)
+    if version <= 7:
+        if record.metadata is None and not (version <= 7):
+            raise null_not_allowed('OffsetFetchResponsePartition.metadata', version)
+        write_string(out, record.metadata, flexible)
+    elif record.metadata != '':
+        raise not_in_version('OffsetFetchResponsePartition.metadata', version)
+    if version <= 7:
+        out += _S2.pack(record.error_code)
+    elif record.error_code != 0:
+        raise not_in_version('OffsetFetchResponsePartition.error_code', version)
+    if flexible:
+        out.append(0)
+
+
+def _decode_OffsetFetchResponseTopic(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetFetchResponseTopic, int]:
+    if version <= 7:
+        name_, pos = read_string(buf, pos, end, flexible, 'OffsetFetchResponseTopic.name')
+    else:
+        name_ = ''
+    if version <= 7:
+        n_partitions, pos = read_count(buf, pos, end, flexible, False, 'OffsetFetchResponseTopic.partitions')
+        partitions_ = []
+        for _ in range(n_partitions):
+            item_partitions, pos = _decode_OffsetFetchResponsePartition(buf, pos, end, version, flexible)
+            partitions_.append(item_partitions)
+    else:
+        partitions_ = []
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'OffsetFetchResponseTopic tagged fields')
+    result = _OffsetFetchResponseTopicBuilder(name_, partitions_)
+    result.__class__ = OffsetFetchResponseTopic
+    return result, pos
+
+
+def _encode_OffsetFetchResponseTopic(record: OffsetFetchResponseTopic, out: bytearray, version: int, flexible: bool) -> None:
+    if version <= 7:
+        if record.name is None:
+            raise null_not_allowed('OffsetFetchResponseTopic.name', version)
+        write_string(out, record.name, flexible)
+    elif record.name != '':
+        raise not_in_version('OffsetFetchResponseTopic.name', version)
+    if version <= 7:
+        if record.partitions is None:
+            raise null_not_allowed('OffsetFetchResponseTopic.partitions', version)
+        write_count(out, len(record.partitions), flexible)
+        for item_partitions in record.partitions:
+            _encode_OffsetFetchResponsePartition(item_partitions, out, version, flexible)
+    elif record.partitions != []:
+        raise not_in_version('OffsetFetchResponseTopic.partitions', version)
+    if flexible:
+        out.append(0)
+
+
+def _decode_OffsetFetchResponsePartitions(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetFetchResponsePartitions, int]:
+    if version >= 8:
+        if end - pos < 16:
+            raise truncated('OffsetFetchResponsePartitions.partition_index/committed_offset/committed_leader_epoch', pos, end)
+        partition_index_, committed_offset_, committed_leader_epoch_ = _S20.unpack_from(buf, pos)
+        pos += 16
+    else:
+        partition_index_ = 0
+        committed_offset_ = 0
+        committed_leader_epoch_ = -1
+    if version >= 8:
+        metadata_, pos = read_nullable_string(buf, pos, end, flexible, version >= 8, 'OffsetFetchResponsePartitions.metadata')
+    else:
+        metadata_ = ''
+    if version >= 8:
+        if end - pos < 2:
+            raise truncated('OffsetFetchResponsePartitions.error_code', pos, end)
+        error_code_ = _S2.unpack_from(buf, pos)[0]
+        pos += 2
+    else:
+        error_code_ = 0
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'OffsetFetchResponsePartitions tagged fields')
+    result = _OffsetFetchResponsePartitionsBuilder(partition_index_, committed_offset_, committed_leader_epoch_, metadata_, error_code_)
+    result.__class__ = OffsetFetchResponsePartitions
+    return result, pos
+
+
+def _encode_OffsetFetchResponsePartitions(record: OffsetFetchResponsePartitions, out: bytearray, version: int, flexible: bool) -> None:
+    if version >= 8:
+        out += _S20.pack(record.partition_index, record.committed_offset, record.committed_leader_epoch)
+    elif record.partition_index != 0 or record.committed_offset != 0:
+        raise not_in_version('OffsetFetchResponsePartitions.partition_index/committed_offset', version)
+    if version >= 8:
+        if record.metadata is None and not (version >= 8):
+            raise null_not_allowed('OffsetFetchResponsePartitions.metadata', version)
+        write_string(out, record.metadata, flexible)
+    elif record.metadata != '':
+        raise not_in_version('OffsetFetchResponsePartitions.metadata', version)
+    if version >= 8:
+        out += _S2.pack(record.error_code)
+    elif record.error_code != 0:
+        raise not_in_version('OffsetFetchResponsePartitions.error_code', version)
+    if flexible:
+        out.append(0)
+
+
+def _decode_OffsetFetchResponseTopics(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetFetchResponseTopics, int]:
+    if version >= 8:
+        name_, pos = read_string(buf, pos, end, flexible, 'OffsetFetchResponseTopics.name')
+    else:
+        name_ = ''
+    if version >= 8:
+        n_partitions, pos = read_count(buf, pos, end, flexible, False, 'OffsetFetchResponseTopics.partitions')
+        partitions_ = []
+        for _ in range(n_partitions):
+            item_partitions, pos = _decode_OffsetFetchResponsePartitions(buf, pos, end, version, flexible)
+            partitions_.append(item_partitions)
+    else:
+        partitions_ = []
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'OffsetFetchResponseTopics tagged fields')
+    result = _OffsetFetchResponseTopicsBuilder(name_, partitions_)
+    result.__class__ = OffsetFetchResponseTopics
+    return result, pos
+
+
+def _encode_OffsetFetchResponseTopics(record: OffsetFetchResponseTopics, out: bytearray, version: int, flexible: bool) -> None:
+    if version >= 8:
+        if record.name is None:
+            raise null_not_allowed('OffsetFetchResponseTopics.name', version)
+        write_string(out, record.name, flexible)
+    elif record.name != '':
+        raise not_in_version('OffsetFetchResponseTopics.name', version)
+    if version >= 8:
+        if record.partitions is None:
+            raise null_not_allowed('OffsetFetchResponseTopics.partitions', version)
+        write_count(out, len(record.partitions), flexible)
+        for item_partitions in record.partitions:
+            _encode_OffsetFetchResponsePartitions(item_partitions, out, version, flexible)
+    elif record.partitions != []:
+        raise not_in_version('OffsetFetchResponseTopics.partitions', version)
+    if flexible:
+        out.append(0)
+
+
+def _decode_OffsetFetchResponseGroup(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetFetchResponseGroup, int]:
+    if version >= 8:
+        group_id_, pos = read_string(buf, pos, end, flexible, 'OffsetFetchResponseGroup.group_id')
+    else:
+        group_id_ = ''
+    if version >= 8:
+        n_topics, pos = read_count(buf, pos, end, flexible, False, 'OffsetFetchResponseGroup.topics')
+        topics_ = []
+        for _ in range(n_topics):
+            item_topics, pos = _decode_OffsetFetchResponseTopics(buf, pos, end, version, flexible)
+            topics_.append(item_topics)
+    else:
+        topics_ = []
+    if version >= 8:
+        if end - pos < 2:
+            raise truncated('OffsetFetchResponseGroup.error_code', pos, end)
+        error_code_ = _S2.unpack_from(buf, pos)[0]
+        pos += 2
+    else:
+        error_code_ = 0
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'OffsetFetchResponseGroup tagged fields')
+    result = _OffsetFetchResponseGroupBuilder(group_id_, topics_, error_code_)
+    result.__class__ = OffsetFetchResponseGroup
+    return result, pos
+
+
+def _encode_OffsetFetchResponseGroup(record: OffsetFetchResponseGroup, out: bytearray, version: int, flexible: bool) -> None:
+    if version >= 8:
+        if record.group_id is None:
+            raise null_not_allowed('OffsetFetchResponseGroup.group_id', version)
+        write_string(out, record.group_id, flexible)
+    elif record.group_id != '':
+        raise not_in_version('OffsetFetchResponseGroup.group_id', version)
+    if version >= 8:
+        if record.topics is None:
+            raise null_not_allowed('OffsetFetchResponseGroup.topics', version)
+        write_count(out, len(record.topics), flexible)
+        for item_topics in record.topics:
+            _encode_OffsetFetchResponseTopics(item_topics, out, version, flexible)
+    elif record.topics != []:
+        raise not_in_version('OffsetFetchResponseGroup.topics', version)
+    if version >= 8:
+        out += _S2.pack(record.error_code)
+    elif record.error_code != 0:
+        raise not_in_version('OffsetFetchResponseGroup.error_code', version)
+    if flexible:
+        out.append(0)
+
+
+def _decode_OffsetFetchResponse(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetFetchResponse, int]:
+    if version >= 3:
+        if end - pos < 4:
+            raise truncated('OffsetFetchResponse.throttle_time_ms', pos, end)
+        throttle_time_ms_ = _S3.unpack_from(buf, pos)[0]
+        pos += 4
+    else:
+        throttle_time_ms_ = 0
+    if version <= 7:
+        n_topics, pos = read_count(buf, pos, end, flexible, False, 'OffsetFetchResponse.topics')
+        topics_ = []
+        for _ in range(n_topics):
+            item_topics, pos = _decode_OffsetFetchResponseTopic(buf, pos, end, version, flexible)
+            topics_.append(item_topics)
+    else:
+        topics_ = []
+    if version >= 2 and version <= 7:
+        if end - pos < 2:
+            raise truncated('OffsetFetchResponse.error_code', pos, end)
+        error_code_ = _S2.unpack_from(buf, pos)[0]
+        pos += 2
+    else:
+        error_code_ = 0
+    if version >= 8:
+        n_groups, pos = read_count(buf, pos, end, flexible, False, 'OffsetFetchResponse.groups')
+        groups_ = []
+        for _ in range(n_groups):
+            item_groups, pos = _decode_OffsetFetchResponseGroup(buf, pos, end, version, flexible)
+            groups_.append(item_groups)
+    else:
+        groups_ = []
+    if flexible:
+        pos = skip_tagged(buf, pos, end, 'OffsetFetchResponse tagged fields')
+    result = _OffsetFetchResponseBuilder(throttle_time_ms_, topics_, error_code_, groups_)
+    result.__class__ = OffsetFetchResponse
+    return result, pos
+
+
+def _encode_OffsetFetchResponse(record: OffsetFetchResponse, out: bytearray, version: int, flexible: bool) -> None:
+    if version >= 3:
+        out += _S3.pack(record.throttle_time_ms)
+    if version <= 7:
+        if record.topics is None:
+            raise null_not_allowed('OffsetFetchResponse.topics', version)
+        write_count(out, len(record.topics), flexible)
+        for item_topics in record.topics:
+            _encode_OffsetFetchResponseTopic(item_topics, out, version, flexible)
+    elif record.topics != []:
+        raise not_in_version('OffsetFetchResponse.topics', version)
+    if version >= 2 and version <= 7:
+        out += _S2.pack(record.error_code)
+    if version >= 8:
+        if record.groups is None:
+            raise null_not_allowed('OffsetFetchResponse.groups', version)
+        write_count(out, len(record.groups), flexible)
+        for item_groups in record.groups:
+            _encode_OffsetFetchResponseGroup(item_groups, out, version, flexible)
+    elif record.groups != []:
+        raise not_in_version('OffsetFetchResponse.groups', version)
+    if flexible:
+        out.append(0)
+
+
+def decode_offset_fetch_response(payload: Buffer, version: int | None = None, context: Any = None) -> OffsetFetchResponse:
+    """Decode one whole OffsetFetchResponse payload of ``version`` (default 0)."""
+    buf = payload if isinstance(payload, bytes) else bytes(payload)
+    if version is None:
+        version = 0
+    if not (version <= 9):
+        raise ProtocolError(f'OffsetFetchResponse: unsupported version {version}')
+    result, pos = _decode_OffsetFetchResponse(buf, 0, len(buf), version, version >= 6)
+    if pos != len(buf):
+        raise trailing('OffsetFetchResponse', len(buf) - pos)
+    return result
+
+
+def read_offset_fetch_response(buf: bytes, pos: int, end: int, version: int) -> tuple[OffsetFetchResponse, int]:
+    """The OffsetFetchResponse of ``version`` at ``buf[pos:end]`` and the position after it."""
+    if not (version <= 9):
+        raise ProtocolError(f'OffsetFetchResponse: unsupported version {version}')
+    return _decode_OffsetFetchResponse(buf, pos, end, version, version >= 6)
+
+
+def encode_offset_fetch_response(record: OffsetFetchResponse, version: int | None = None, context: Any = None) -> bytes:
+    """Encode a OffsetFetchResponse payload of ``version`` (default 0)."""
+    if version is None:
+        version = 0
+    if not (version <= 9):
+        raise ValueError(f'OffsetFetchResponse: unsupported version {version}')
+    out = bytearray()
+    try:
+        _encode_OffsetFetchResponse(record, out, version, version >= 6)
+    except StructError as exc:
+        raise cannot_encode('OffsetFetchResponse', exc) from None
+    return bytes(out)
+
+
 def _decode_PartitionProduceData(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[PartitionProduceData, int]:
     if end - pos < 4:
         raise truncated('PartitionProduceData.index', pos, end)
@@ -6442,7 +8122,7 @@ def encode_produce_response(record: ProduceResponse, version: int | None = None,
 def _decode_RequestHeader(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[RequestHeader, int]:
     if end - pos < 8:
         raise truncated('RequestHeader.request_api_key/request_api_version/correlation_id', pos, end)
-    request_api_key_, request_api_version_, correlation_id_ = _S20.unpack_from(buf, pos)
+    request_api_key_, request_api_version_, correlation_id_ = _S21.unpack_from(buf, pos)
     pos += 8
     if version >= 1:
         client_id_, pos = read_nullable_string(buf, pos, end, False, version >= 1, 'RequestHeader.client_id')
@@ -6456,7 +8136,7 @@ def _decode_RequestHeader(buf: bytes, pos: int, end: int, version: int, flexible
 
 
 def _encode_RequestHeader(record: RequestHeader, out: bytearray, version: int, flexible: bool) -> None:
-    out += _S20.pack(record.request_api_key, record.request_api_version, record.correlation_id)
+    out += _S21.pack(record.request_api_key, record.request_api_version, record.correlation_id)
     if version >= 1:
         if record.client_id is None and not (version >= 1):
             raise null_not_allowed('RequestHeader.client_id', version)
@@ -7009,6 +8689,12 @@ PAYLOAD_CODECS: Final[dict[str, PayloadFunctions]] = {
     'ListOffsetsResponse': (ListOffsetsResponse, decode_list_offsets_response, encode_list_offsets_response, {'topics.partitions': ListOffsetsPartitionResponse, 'topics': ListOffsetsTopicResponse}),
     'MetadataRequest': (MetadataRequest, decode_metadata_request, encode_metadata_request, {'topics': MetadataRequestTopic}),
     'MetadataResponse': (MetadataResponse, decode_metadata_response, encode_metadata_response, {'brokers': MetadataResponseBroker, 'topics.partitions': MetadataResponsePartition, 'topics': MetadataResponseTopic}),
+    'OffsetCommitRequest': (OffsetCommitRequest, decode_offset_commit_request, encode_offset_commit_request, {'topics.partitions': OffsetCommitRequestPartition, 'topics': OffsetCommitRequestTopic}),
+    'OffsetCommitResponse': (OffsetCommitResponse, decode_offset_commit_response, encode_offset_commit_response, {'topics.partitions': OffsetCommitResponsePartition, 'topics': OffsetCommitResponseTopic}),
+    'OffsetDeleteRequest': (OffsetDeleteRequest, decode_offset_delete_request, encode_offset_delete_request, {'topics.partitions': OffsetDeleteRequestPartition, 'topics': OffsetDeleteRequestTopic}),
+    'OffsetDeleteResponse': (OffsetDeleteResponse, decode_offset_delete_response, encode_offset_delete_response, {'topics.partitions': OffsetDeleteResponsePartition, 'topics': OffsetDeleteResponseTopic}),
+    'OffsetFetchRequest': (OffsetFetchRequest, decode_offset_fetch_request, encode_offset_fetch_request, {'topics': OffsetFetchRequestTopic, 'groups.topics': OffsetFetchRequestTopics, 'groups': OffsetFetchRequestGroup}),
+    'OffsetFetchResponse': (OffsetFetchResponse, decode_offset_fetch_response, encode_offset_fetch_response, {'topics.partitions': OffsetFetchResponsePartition, 'topics': OffsetFetchResponseTopic, 'groups.topics.partitions': OffsetFetchResponsePartitions, 'groups.topics': OffsetFetchResponseTopics, 'groups': OffsetFetchResponseGroup}),
     'ProduceRequest': (ProduceRequest, decode_produce_request, encode_produce_request, {'topic_data.partition_data': PartitionProduceData, 'topic_data': TopicProduceData}),
     'ProduceResponse': (ProduceResponse, decode_produce_response, encode_produce_response, {'responses.partition_responses.record_errors': BatchIndexAndErrorMessage, 'responses.partition_responses': PartitionProduceResponse, 'responses': TopicProduceResponse}),
     'RequestHeader': (RequestHeader, decode_request_header, encode_request_header, {}),
@@ -7049,6 +8735,12 @@ FLEXIBLE_VERSIONS: Final[dict[str, tuple[int, int | None] | None]] = {
     'ListOffsetsResponse': (6, None),
     'MetadataRequest': (9, None),
     'MetadataResponse': (9, None),
+    'OffsetCommitRequest': (8, None),
+    'OffsetCommitResponse': (8, None),
+    'OffsetDeleteRequest': None,
+    'OffsetDeleteResponse': None,
+    'OffsetFetchRequest': (6, None),
+    'OffsetFetchResponse': (6, None),
     'ProduceRequest': (9, None),
     'ProduceResponse': (9, None),
     'RequestHeader': (2, None),
@@ -7090,6 +8782,12 @@ READERS: Final[dict[str, Callable[[bytes, int, int, int], tuple[Any, int]]]] = {
     'ListOffsetsResponse': read_list_offsets_response,
     'MetadataRequest': read_metadata_request,
     'MetadataResponse': read_metadata_response,
+    'OffsetCommitRequest': read_offset_commit_request,
+    'OffsetCommitResponse': read_offset_commit_response,
+    'OffsetDeleteRequest': read_offset_delete_request,
+    'OffsetDeleteResponse': read_offset_delete_response,
+    'OffsetFetchRequest': read_offset_fetch_request,
+    'OffsetFetchResponse': read_offset_fetch_response,
     'ProduceRequest': read_produce_request,
     'ProduceResponse': read_produce_response,
     'RequestHeader': read_request_header,

@@ -1,0 +1,40 @@
+"""The server-wide state of the Kafka listeners, made once per server and shared by
+every Kafka listener and connection: idempotent producers, the group coordinator and the
+groups' committed offsets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.kafka.groups.coordinator import GroupCoordinator
+from gateway.kafka.groups.membership import MembershipCheck, NoMembers
+from gateway.kafka.groups.offsets import OffsetStore
+from gateway.kafka.idempotence import ProducerStates
+from gateway.server.config import Settings
+from gateway.server.metrics import Metrics
+
+
+@dataclass(slots=True)
+class KafkaServices:
+    """What every Kafka connection of one server shares."""
+
+    #: Idempotent producers' ids and sequence state.
+    producers: ProducerStates
+    #: Committed offsets (durable, or in memory only).
+    offsets: OffsetStore
+    #: The consumer group coordinator (None: group membership requests are not served
+    #: and only standalone commits are taken).
+    groups: GroupCoordinator | None = None
+
+    @property
+    def membership(self) -> MembershipCheck:
+        """Who may commit for a group: the coordinator, or a stand-in with no members."""
+        if self.groups is not None:
+            return self.groups
+        return NoMembers(self.offsets.has_group)
+
+    @classmethod
+    def in_memory(cls, settings: Settings, metrics: Metrics) -> KafkaServices:
+        """A listener's own state when it is made outside a server (no coordinator, the
+        offsets in memory)."""
+        return cls(ProducerStates(settings.max_producer_states, metrics), OffsetStore(None))
