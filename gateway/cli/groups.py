@@ -89,7 +89,7 @@ async def groups(args: argparse.Namespace, out: Output) -> None:
 async def _list(admin: KafkaAdminClient, out: Output) -> None:
     found = await admin.list_groups()
     if found is None:
-        raise ClientError("the server lists no groups (it coordinates none); "
+        raise ClientError("the server does not list groups (no ListGroups); "
                           "'figtank groups describe GROUP' still shows one's offsets")
     for group in found:
         out.record(group, group=group)

@@ -183,7 +183,7 @@ async def test_a_failed_original_fails_its_retry_then_is_forgotten(tmp_path):
     assert first[4:] == second[4:]
     assert later[0] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     assert ok[:2] == (0, 0)
-    assert len(server.listeners["kafka"].producers) == 1  # partition 0's only
+    assert len(server.listeners["kafka"].services.producers) == 1  # partition 0's only
 
 
 async def test_producer_states_are_bounded(tmp_path):
@@ -199,7 +199,7 @@ async def test_producer_states_are_bounded(tmp_path):
             assert (await send(s, idempotent(pids[2], 0, 0)))[0] == 0  # pids[0] forgotten
             forgotten = await send(s, idempotent(pids[0], 0, 9))
             hits = limit_hits(server, "max_producer_states")
-            held = len(server.listeners["kafka"].producers)
+            held = len(server.listeners["kafka"].services.producers)
     assert forgotten[0] == 0  # not a gap any more
     assert hits == 2 and held == 2  # pids[0] then pids[1] went
     [line] = [e for e in logs if e["event"] == "producer_states_limit_reached"]  # once

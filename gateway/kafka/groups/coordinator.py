@@ -573,8 +573,9 @@ class GroupCoordinator:
         """Whether an OffsetCommit from this member may commit: an :class:`ErrorCode`
         (Kafka's rules for classic groups).
 
-        - Unknown group: a standalone commit (generation < 0) is NONE, else
-          ILLEGAL_GENERATION.
+        - A group without members: a standalone commit (generation < 0) is NONE; else
+          UNKNOWN_MEMBER_ID when the group exists (members gone, or known from its
+          committed offsets), ILLEGAL_GENERATION when it does not.
         - generation < 0, empty member id and no instance id: NONE if the group has no
           members (Empty), else UNKNOWN_MEMBER_ID.
         - Otherwise FENCED_INSTANCE_ID (the instance id now has another member id),
@@ -588,7 +589,8 @@ class GroupCoordinator:
             if generation_id < 0:
                 return _E.NONE
             if group is None:
-                return _E.ILLEGAL_GENERATION
+                known = self.known is not None and self.known.has_group(group_id)
+                return _E.UNKNOWN_MEMBER_ID if known else _E.ILLEGAL_GENERATION
         elif generation_id < 0 and not member_id and group_instance_id is None:
             return _E.UNKNOWN_MEMBER_ID
         code = group.check(member_id, group_instance_id)

@@ -31,6 +31,10 @@ class KnownGroups(Protocol):
         """The ids of the groups known."""
         ...
 
+    def has_group(self, group: str) -> bool:
+        """Whether ``group`` is known."""
+        ...
+
 
 T = TypeVar("T")
 
