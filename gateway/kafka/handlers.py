@@ -16,6 +16,7 @@ from gateway.kafka.coordinator import find_coordinator
 from gateway.kafka.fetch import fetch
 from gateway.kafka.metadata import metadata
 from gateway.kafka.offsets import list_offsets
+from gateway.kafka.sasl import refuse_authenticate, refuse_handshake
 from protocols.kafka.types import ApiKey
 
 Handler = Callable[[RequestContext, Any, int], Awaitable[Any]]
@@ -55,4 +56,7 @@ HANDLERS: Final[dict[int, Handler]] = {
     ApiKey.CREATE_TOPICS: _create_topics,
     ApiKey.DESCRIBE_CONFIGS: _describe_configs,
     ApiKey.FIND_COORDINATOR: find_coordinator,
+    # Before authentication a SASL listener's session answers these itself.
+    ApiKey.SASL_HANDSHAKE: refuse_handshake,
+    ApiKey.SASL_AUTHENTICATE: refuse_authenticate,
 }
