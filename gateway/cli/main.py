@@ -114,12 +114,14 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def _commands() -> dict[str, tuple[str, Command]]:
     from gateway.cli.bench import COMMAND as BENCH
     from gateway.cli.clients import COMMANDS
+    from gateway.cli.users import COMMAND as USERS
 
     return {
         "serve": ("run the gateway (Figg and Tank listeners over one log)",
                   (_add_serve_arguments, _run_serve)),
         **COMMANDS,
         "bench": BENCH,
+        "users": USERS,
     }
 
 
