@@ -5,6 +5,7 @@ authentication deadline, SIGHUP-reloaded users and the SASL user's quota."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from tests.kafka.helpers import kafka_server
 from tests.kafka.raw import call, read_frame, request
 from tests.kafka.sasl_helpers import PASSWORDS, RULES, failures, policy_text, sasl_server
 from tests.kafka.scram_client import ScramClient
+from tests.serving import figtank_serve
 
 HANDSHAKE = ApiKey.SASL_HANDSHAKE
 AUTHENTICATE = ApiKey.SASL_AUTHENTICATE
@@ -256,3 +258,38 @@ async def test_plain_login_over_raw_requests(tmp_path: Path) -> None:
             _, meta = await call(stream, ApiKey.METADATA, 9, metadata("t"), 3)
     assert (ok.error_code, ok.auth_bytes) == (0, b"")
     assert meta.topics[0].name == "t"
+
+
+async def test_sighup_reloads_the_users_of_a_serve_process(tmp_path: Path) -> None:
+    policy = tmp_path / "access.toml"
+    policy.write_text(policy_text())
+    config = tmp_path / "figtank.toml"
+    config.write_text(f"""
+[listen]
+tank = ""
+figg = ""
+metrics = ""
+[auth]
+policy_file = "{policy}"
+[listeners.kafka]
+sasl_mechanisms = ["SCRAM-SHA-256"]
+""")
+    with figtank_serve("--config", str(config), "--data-dir", str(tmp_path / "data"),
+                       "--durability", "os", "--kafka-listen", "127.0.0.1:0") as server:
+        [serving] = server.events("figtank_serving")
+        host, _, port = serving["kafka"].rpartition(":")
+        with trio.fail_after(20):
+            before = await trio.open_tcp_stream(host, int(port))
+            refused = await scram_login(before, "SCRAM-SHA-256", "carol", "c")
+            policy.write_text(policy_text({"carol": "c"}))
+            server.process.send_signal(signal.SIGHUP)
+            while not server.events("reloaded"):
+                await trio.sleep(0.05)
+            after = await trio.open_tcp_stream(host, int(port))
+            ok = await scram_login(after, "SCRAM-SHA-256", "carol", "c")
+            _, meta = await call(after, ApiKey.METADATA, 9, metadata("t"), 3)
+            await after.aclose()
+        assert server.stop() == 0
+    assert refused.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
+    assert ok.error_code == 0 and meta.topics[0].name == "t"
+    assert [e["user"] for e in server.events("sasl_auth_failed")] == ["carol"]
