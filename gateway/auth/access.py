@@ -2,7 +2,8 @@
 
 The file is TOML: ``default`` and ``[[rule]]`` entries make the
 :class:`~gateway.auth.policy.Policy`; its ``[[quota]]`` entries make the
-:class:`~gateway.auth.quotas.QuotaRules`. Any
+:class:`~gateway.auth.quotas.QuotaRules`; its ``[[user]]`` entries the SASL users
+(:class:`~gateway.auth.users.Users`). Any
 mistake is one :class:`~gateway.auth.policy.PolicyError` line naming the file, and for a
 rule its index and key.
 """
@@ -15,14 +16,16 @@ from pathlib import Path
 
 from gateway.auth.policy import Policy, PolicyError, parse_policy
 from gateway.auth.quotas import QuotaRules, parse_quotas
+from gateway.auth.users import Users, parse_users
 
 
 @dataclass(frozen=True, slots=True)
 class Access:
-    """What an access file says: the ``policy`` and the ``quotas``."""
+    """What an access file says: the ``policy``, the ``quotas`` and the SASL ``users``."""
 
     policy: Policy
     quotas: QuotaRules
+    users: Users
 
 
 def load_access(path: Path) -> Access:
@@ -38,6 +41,7 @@ def load_access(path: Path) -> Access:
     policy = parse_policy(document, str(path))
     try:
         quotas = parse_quotas(document.get("quota", []))
+        users = parse_users(document.get("user", []))
     except ValueError as exc:
         raise PolicyError(f"{path}: {exc}") from None
-    return Access(policy, quotas)
+    return Access(policy, quotas, users)

@@ -21,6 +21,7 @@ import structlog
 
 from gateway.auth.policy import Operation, Policy
 from gateway.auth.principal import Principal
+from gateway.auth.users import NO_USERS, Users
 
 #: Answers (and topics known to exist) one connection keeps; more start the cache over.
 CACHE_ENTRIES: Final = 1024
@@ -43,6 +44,8 @@ class AccessGuard:
         self.policy = policy
         #: Incremented by each :meth:`replace`: connections drop their cached answers.
         self.generation = 0
+        #: The SASL users of the policy file (replaced with it on reload).
+        self.users: Users = NO_USERS
         self._denied = getattr(metrics, "access_denied", None)
         self._watchers: weakref.WeakSet[Any] = weakref.WeakSet()
 

@@ -11,6 +11,8 @@ not name an operation in both); when no rule does, the default decides.
   after normalisation (attribute types in upper case, no spaces around ``,``, ``+`` and
   ``=``): ``"cn=alice, O=acme"`` is ``"CN=alice,O=acme"``. A part of the subject alone
   (``"CN=alice"``) does not match: subjects are compared whole.
+- ``user:NAME`` matches a Kafka connection authenticated (SASL) as user NAME (compared
+  exactly, case included).
 - ``listener:NAME`` matches every connection that arrived through listener NAME, with or
   without a certificate.
 - ``admin`` (Tank Status) names no topic: only rules whose topics include ``"*"`` decide it.
@@ -119,6 +121,8 @@ class Rule:
         who = self.who
         if f"listener:{principal.listener}" in who:
             return True
+        if principal.user is not None and f"user:{principal.user}" in who:
+            return True
         return principal.identity is not None and normalise_identity(principal.identity) in who
 
 
@@ -148,7 +152,7 @@ class Policy:
 ALLOW_ALL: Final = Policy(True, ())
 
 _RULE_KEYS: Final = frozenset({"who", "topics", "allow", "deny"})
-_TOP_KEYS: Final = frozenset({"default", "rule", "quota"})
+_TOP_KEYS: Final = frozenset({"default", "rule", "quota", "user"})
 
 
 def parse_policy(document: Mapping[str, Any], source: str = "policy") -> Policy:
@@ -158,7 +162,7 @@ def parse_policy(document: Mapping[str, Any], source: str = "policy") -> Policy:
     for key in document:
         if key not in _TOP_KEYS:
             raise PolicyError(f"{source}: {key}: unknown key (expected default, [[rule]], "
-                              "[[quota]])")
+                              "[[quota]], [[user]])")
     default = document.get("default", "allow")
     if default not in ("allow", "deny"):
         raise PolicyError(f"{source}: default: expected \"allow\" or \"deny\", got "
@@ -184,8 +188,9 @@ def _rule(entry: Any, where: str) -> Rule:
         raise PolicyError(f"{where}: allow: missing (a rule needs allow or deny)")
     who = _strings(entry["who"], f"{where}: who")
     for name in who:
-        if name.startswith("listener:") and not name[len("listener:"):]:
-            raise PolicyError(f"{where}: who: {name!r} names no listener")
+        for prefix in ("listener:", "user:"):
+            if name.startswith(prefix) and not name[len(prefix):]:
+                raise PolicyError(f"{where}: who: {name!r} names no {prefix[:-1]}")
     topics = _strings(entry["topics"], f"{where}: topics")
     for topic in topics:
         if "*" in topic[:-1]:
@@ -197,7 +202,7 @@ def _rule(entry: Any, where: str) -> Rule:
         names = ", ".join(sorted(op.value for op in both))
         raise PolicyError(f"{where}: deny: {names} also in allow")
     return Rule(
-        who=frozenset(w if w.startswith("listener:") else normalise_identity(w)
+        who=frozenset(w if w.startswith(("listener:", "user:")) else normalise_identity(w)
                       for w in who if w != "*"),
         anyone="*" in who,
         topics=TopicPattern(frozenset(t for t in topics if not t.endswith("*")),

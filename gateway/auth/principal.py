@@ -3,7 +3,8 @@
 The Figg and Tank protocols have no login message, so a connection's identity comes
 from how it arrived: the subject of its TLS client certificate on a mutual-TLS listener,
 else the listener itself (an operator gives each network its own listener, e.g. a
-read-only Tank listener for analytics).
+read-only Tank listener for analytics). A Kafka connection on a SASL listener becomes its
+SASL ``user`` once it has authenticated.
 """
 
 from __future__ import annotations
@@ -19,9 +20,13 @@ class Principal:
 
     listener: str
     identity: str | None = None
+    #: The SASL user the connection authenticated as (a policy names it ``user:NAME``).
+    user: str | None = None
 
     @property
     def name(self) -> str:
-        """How log lines and metrics name it: the certificate identity, else
-        ``listener:<name>``."""
+        """How log lines and metrics name it: ``user:<name>`` for a SASL user, else the
+        certificate identity, else ``listener:<name>``."""
+        if self.user is not None:
+            return f"user:{self.user}"
         return self.identity if self.identity is not None else f"listener:{self.listener}"

@@ -80,10 +80,11 @@ class QuotaRule:
     def covers(self, principal: Principal) -> bool:
         """Whether ``who`` names ``principal``: its certificate identity (compared as the
         access policy compares them: :func:`normalise_identity`), the listener it came
-        through (``listener:NAME``), or ``*``."""
+        through (``listener:NAME``), its SASL user (``user:NAME``), or ``*``."""
         who = self.who
         identity = principal.identity
         return ("*" in who or f"listener:{principal.listener}" in who
+                or (principal.user is not None and f"user:{principal.user}" in who)
                 or (identity is not None and normalise_identity(identity) in who))
 
 
@@ -131,7 +132,7 @@ def _parse_entry(index: int, entry: Any) -> QuotaRule:
     if (not isinstance(who, list) or not who
             or not all(isinstance(w, str) and w for w in who)):
         raise ValueError(f"{where}.who: must be a non-empty list of identities, "
-                         f"'listener:NAME' or '*', got {who!r}")
+                         f"'listener:NAME', 'user:NAME' or '*', got {who!r}")
     rates: dict[str, Rate] = {}
     for key, bucket in RATE_KEYS.items():
         if key in entry:
@@ -146,7 +147,7 @@ def _parse_entry(index: int, entry: Any) -> QuotaRule:
                 raise ValueError(f"{where}.{key}: given without {rate_key}")
             rates[bucket] = Rate(rates[bucket].per_sec, _positive(f"{where}.{key}",
                                                                   entry[key]))
-    return QuotaRule(tuple(w if w == "*" or w.startswith("listener:")
+    return QuotaRule(tuple(w if w == "*" or w.startswith(("listener:", "user:"))
                            else normalise_identity(w) for w in who), QuotaLimits(**rates))
 
 

@@ -115,6 +115,7 @@ def _commands() -> dict[str, tuple[str, Command]]:
     from gateway.cli.bench import COMMAND as BENCH
     from gateway.cli.clients import COMMANDS
     from gateway.cli.groups import COMMAND as GROUPS
+    from gateway.cli.users import COMMAND as USERS
 
     return {
         "serve": ("run the gateway (Figg and Tank listeners over one log)",
@@ -122,6 +123,7 @@ def _commands() -> dict[str, tuple[str, Command]]:
         **COMMANDS,
         "groups": GROUPS,
         "bench": BENCH,
+        "users": USERS,
     }
 
 

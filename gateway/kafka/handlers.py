@@ -26,6 +26,7 @@ from gateway.kafka.groups.handlers import (
 from gateway.kafka.idempotence import init_producer_id
 from gateway.kafka.metadata import metadata
 from gateway.kafka.offsets import list_offsets
+from gateway.kafka.sasl import refuse_authenticate, refuse_handshake
 from protocols.kafka.types import ApiKey
 
 Handler = Callable[[RequestContext, Any, int], Awaitable[Any]]
@@ -86,4 +87,7 @@ HANDLERS: Final[dict[int, Handler]] = {
     ApiKey.OFFSET_COMMIT: offset_commit,
     ApiKey.OFFSET_FETCH: offset_fetch,
     ApiKey.OFFSET_DELETE: offset_delete,
+    # Before authentication a SASL listener's session answers these itself.
+    ApiKey.SASL_HANDSHAKE: refuse_handshake,
+    ApiKey.SASL_AUTHENTICATE: refuse_authenticate,
 }

@@ -3,7 +3,8 @@
 Each connection is a :class:`~gateway.kafka.session.KafkaSession`; the server
 (:func:`gateway.server.run.open_server`) binds ``listen.kafka`` and tells the listener
 where it is bound (:meth:`KafkaListener.bound`): Metadata advertises
-``listen.kafka_advertised``, or that address.
+``listen.kafka_advertised``, or that address. A listener whose table sets
+``sasl_mechanisms`` makes every connection authenticate first (:mod:`gateway.kafka.sasl`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from gateway.auth.guard import AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.backend.contract import Backend
+from gateway.kafka.sasl import SaslGate
 from gateway.kafka.services import KafkaServices
 from gateway.kafka.session import KafkaSession
-from gateway.server.config import Settings
+from gateway.server.config import ListenerTable, Settings
 from gateway.server.listener import ProtocolListener
 from gateway.server.metrics import Metrics, RequestCounter
 from gateway.server.tls import ListenerTLS
@@ -44,6 +46,11 @@ class KafkaListener(ProtocolListener):
         self.counter = RequestCounter(metrics, "kafka")
         #: The host and port Metadata names (set by :meth:`bound`).
         self.advertised: tuple[str, int] = ("127.0.0.1", 9092)
+        #: The SASL mechanisms connections must authenticate with (empty: no SASL).
+        self.sasl_mechanisms = settings.listeners.get(self.name,
+                                                      ListenerTable()).sasl_mechanisms
+        #: PLAIN logins derive a key (PBKDF2) in threads: at most this many at once.
+        self._sasl_threads = trio.CapacityLimiter(2)
 
     def bound(self, address: tuple[str, int]) -> None:
         """The listener is bound to ``address``: advertise it, unless the listener named
@@ -59,10 +66,15 @@ class KafkaListener(ProtocolListener):
                 log: structlog.typing.FilteringBoundLogger, *,
                 principal: Principal, quota: PrincipalQuota | None = None
                 ) -> KafkaSession:
+        guard = self.guard
+        sasl = SaslGate(self.sasl_mechanisms, lambda: guard.users, listener=self.name,
+                        failures=self.metrics.sasl_failures, limiter=self._sasl_threads,
+                        log=log) if self.sasl_mechanisms else None
         return KafkaSession(stream, backend=self.backend, settings=self.settings,
                             metrics=self.metrics, counter=self.counter, log=log,
                             advertised=self.advertised, principal=principal,
-                            guard=self.guard, quota=quota, services=self.services)
+                            guard=guard, quota=quota, sasl=sasl, quotas=self.quotas,
+                            services=self.services)
 
     def stats(self, session: KafkaSession) -> dict[str, Any]:
         return {"requests": session.requests, "bytes_sent": session.bytes_sent}

@@ -26,6 +26,10 @@ Admission and limits are the Tank session's: ``limits.max_requests_in_flight``,
 connection only, with a log line. An API key this listener does not serve closes the
 connection (as Kafka does), except a too-new ApiVersions, answered with
 UNSUPPORTED_VERSION and the supported versions.
+
+On a SASL listener the connection must authenticate first (:mod:`gateway.kafka.sasl`,
+within ``limits.sasl_timeout_secs``); it then acts as its SASL user: its access, request
+context and quota buckets are those of that principal.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import trio
 
 from gateway.auth.guard import OPEN, AccessGuard
 from gateway.auth.principal import Principal
-from gateway.auth.quotas import OUT, PrincipalQuota
+from gateway.auth.quotas import OUT, PrincipalQuota, Quotas
 from gateway.backend.contract import Backend, ProduceOutcome
 from gateway.io.writer import FrameWriter
 from gateway.kafka.context import RequestContext
@@ -52,6 +56,7 @@ from gateway.kafka.produce import (
     settle,
     topics_to_look_up,
 )
+from gateway.kafka.sasl import SaslGate
 from gateway.kafka.services import KafkaServices
 from gateway.kafka.versions import SERVED, api_versions
 from gateway.server.config import Settings
@@ -83,18 +88,28 @@ class KafkaSession(RequestSession):
     """Serves one accepted Kafka connection until it closes; see :meth:`Session.run`."""
 
     IDLE_REASON = "no request for {:g} s with nothing in flight"
+    #: A failed SASL exchange still sends its answer (the reason) before closing.
+    DRAIN_ON = frozenset({"sasl_failed"})
 
     def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: Settings,
                  metrics: Metrics, counter: RequestCounter,
                  log: structlog.typing.FilteringBoundLogger, advertised: tuple[str, int],
                  principal: Principal | None = None, guard: AccessGuard | None = None,
-                 quota: PrincipalQuota | None = None,
-                 services: KafkaServices | None = None) -> None:
+                 quota: PrincipalQuota | None = None, sasl: SaslGate | None = None,
+                 quotas: Quotas | None = None, services: KafkaServices | None = None) -> None:
         super().__init__(stream, FrameWriter(stream, settings.response_buffer_bytes),
                          settings=settings, metrics=metrics, log=log, quota=quota)
-        #: Who the connection acts as (its listener, or its certificate's subject).
+        #: Who the connection acts as (its listener, or its certificate's subject; its
+        #: SASL user once authenticated).
         self.principal = principal or Principal("kafka")
-        self._access = (guard or OPEN).connection(self.principal, log)
+        self._guard = guard or OPEN
+        self._access = self._guard.connection(self.principal, log)
+        #: The SASL exchange still to be done (None: none, or done).
+        self._sasl = sasl
+        self._quotas = quotas
+        #: Quota buckets taken for the SASL user (given back when the session ends).
+        self._user_quota: PrincipalQuota | None = None
+        self._deadline = trio.CancelScope()
         self._backend = backend
         self._counter = counter
         #: The server-wide Kafka state (one for every connection and listener).
@@ -121,6 +136,9 @@ class KafkaSession(RequestSession):
             if event is CLOSED:
                 return True
             await self._admit_next()
+            if self._sasl is not None:
+                await self._before_authentication(event)
+                continue
             quota = self._quota
             if (quota is not None and quota.out_limited and not isinstance(
                     event, UnsupportedRequest) and event.api_key == ApiKey.FETCH):
@@ -161,6 +179,67 @@ class KafkaSession(RequestSession):
             self._produce(request)
         else:
             self._start(request)
+
+    # ------------------------------------------------------------------------- SASL
+
+    async def run(self) -> CloseConnection:
+        try:
+            return await super().run()
+        finally:
+            if self._user_quota is not None and self._quotas is not None:
+                self._quotas.release(self._user_quota)
+
+    def _start_tasks(self, nursery: trio.Nursery) -> None:
+        timeout = self._settings.sasl_timeout_secs
+        if self._sasl is not None and timeout > 0:
+            nursery.start_soon(self._authentication_deadline, timeout)
+
+    async def _authentication_deadline(self, timeout: float) -> None:
+        with self._deadline:
+            await trio.sleep(timeout)
+        gate = self._sasl
+        if gate is not None:
+            self._closing(gate.failed(gate.mechanism or "none",
+                                      f"not authenticated within {timeout:g} s"))
+
+    async def _before_authentication(self, request: Request | UnsupportedRequest) -> None:
+        """Serve a request that came before the SASL exchange succeeded: ApiVersions and
+        the exchange's own requests; anything else closes the connection."""
+        gate = self._sasl
+        assert gate is not None
+        key = request.api_key
+        if isinstance(request, UnsupportedRequest) or key == ApiKey.API_VERSIONS:
+            self._dispatch(request)
+            return
+        self._received_request()
+        if key == ApiKey.SASL_HANDSHAKE:
+            response, close = gate.handshake(request.body, request.api_version)
+        elif key == ApiKey.SASL_AUTHENTICATE:
+            response, close = await gate.authenticate(request.body)
+        else:
+            self._counter.inc(_name(key), False)
+            raise CloseConnection("sasl_required", f"{_name(key)} before SASL "
+                                  "authentication (only ApiVersions, SaslHandshake and "
+                                  "SaslAuthenticate are served before it)")
+        self._counter.inc(_name(key), close is None)
+        self._fill(self._slot(), self._conn.send(request, response))
+        if close is not None:
+            raise close
+        if gate.user is not None:
+            self._authenticated(gate.user)
+
+    def _authenticated(self, user: str) -> None:
+        """The SASL exchange succeeded: act as ``user`` from the next request on."""
+        self._sasl = None
+        self._deadline.cancel()
+        self.principal = Principal(self.principal.listener, self.principal.identity, user)
+        self._log = self._log.bind(user=user)
+        self._access = self._guard.connection(self.principal, self._log)
+        context = self._context
+        context.principal, context.access, context.log = (self.principal, self._access,
+                                                          self._log)
+        if self._quotas is not None:
+            self._user_quota = self._quota = self._quotas.acquire(self.principal)
 
     # ------------------------------------------------------------- answers in order
 

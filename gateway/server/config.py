@@ -138,7 +138,10 @@ def _topic_config(value: Any) -> dict[str, str]:
 
 #: What a listener serves.
 PROTOCOLS = ("tank", "figg", "kafka", "metrics")
-_LISTENER_KEYS = ("protocol", "address", "tls", "tls_cert", "tls_key", "tls_client_ca")
+_LISTENER_KEYS = ("protocol", "address", "tls", "tls_cert", "tls_key", "tls_client_ca",
+                  "sasl_mechanisms", "sasl_plain_without_tls")
+#: The SASL mechanisms a Kafka listener may require.
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
@@ -165,6 +168,10 @@ class ListenerTable:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
+    #: SASL mechanisms a Kafka listener requires (empty: no SASL).
+    sasl_mechanisms: tuple[str, ...] = ()
+    #: Whether PLAIN may be served without TLS.
+    sasl_plain_without_tls: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +205,8 @@ def _listener_tables(value: Any) -> dict[str, ListenerTable]:
                 raise ConfigError(f"{where}.{key}: unknown setting (known: "
                                   f"{', '.join(_LISTENER_KEYS)})")
             parse = {"protocol": _choice(*PROTOCOLS), "address": _optional_address,
-                     "tls": _boolean}.get(key, _path)
+                     "tls": _boolean, "sasl_plain_without_tls": _boolean,
+                     "sasl_mechanisms": _sasl_mechanisms}.get(key, _path)
             try:
                 values[key] = parse(raw)
             except ValueError as exc:
@@ -215,8 +223,21 @@ def _listener_tables(value: Any) -> dict[str, ListenerTable]:
                 if key not in values:
                     raise ConfigError(f"{where}.{key}: missing (a listener of its own "
                                       "needs a protocol and an address)")
+        if values.get("sasl_mechanisms") and values.get("protocol", name) != "kafka":
+            raise ConfigError(f"{where}.sasl_mechanisms: SASL is served on Kafka listeners "
+                              "only")
         tables[name] = ListenerTable(**values)
     return tables
+
+
+def _sasl_mechanisms(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError("expected a list of mechanism names")
+    for v in value:
+        if v not in SASL_MECHANISMS:
+            raise ValueError(f"unknown SASL mechanism {v!r} (known: "
+                             f"{', '.join(SASL_MECHANISMS)})")
+    return tuple(dict.fromkeys(value))
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,7 +336,10 @@ class Settings:
         "Named listeners, [listeners.NAME]: settings of the listener listen.NAME opens "
         "(tank, figg, kafka, metrics), or one more listener (its protocol: tank, figg, "
         "kafka or metrics; address = \"HOST:PORT\"); each may set tls_cert, tls_key, "
-        "tls_client_ca (over the tls.* settings) or tls = false. See *Securing figtank*.")
+        "tls_client_ca (over the tls.* settings) or tls = false; a Kafka listener may "
+        "require SASL: sasl_mechanisms = [\"SCRAM-SHA-256\", \"SCRAM-SHA-512\", \"PLAIN\"] "
+        "(PLAIN only with TLS, unless sasl_plain_without_tls = true). See *Securing "
+        "figtank*.")
     tls_cert: str = _setting(
         "tls.cert", "", _optional_file,
         "Certificate chain (PEM) of every listener without a tls_cert of its own: with "
@@ -413,6 +437,10 @@ class Settings:
         "limits.tls_handshake_timeout_secs", 10.0, _non_negative_float,
         "A TLS connection that has not finished its handshake this long after it was "
         "accepted is closed (0: never).")
+    sasl_timeout_secs: float = _setting(
+        "limits.sasl_timeout_secs", 10.0, _non_negative_float,
+        "A connection to a SASL listener that has not authenticated this long after it "
+        "was accepted (after its TLS handshake) is closed (0: never).")
     figg_data_cache_bytes: int = _setting(
         "figg.data_cache_bytes", 8 * MIB, _non_negative_int,
         "Memory for the DATA frames shared by Figg subscribers at the same position "
@@ -486,8 +514,14 @@ class Settings:
                 protocol, address = table.protocol or "", table.address or ""
                 key = f"listeners.{name}.address"
             if address:
-                specs.append(ListenerSpec(name, protocol, address, key,
-                                          *self._tls_of(name, table)))
+                spec = ListenerSpec(name, protocol, address, key, *self._tls_of(name, table))
+                if ("PLAIN" in table.sasl_mechanisms and spec.tls is None
+                        and not table.sasl_plain_without_tls):
+                    raise ConfigError(
+                        f"listeners.{name}.sasl_mechanisms: PLAIN sends passwords in the "
+                        "clear: give the listener TLS, or set "
+                        f"listeners.{name}.sasl_plain_without_tls = true")
+                specs.append(spec)
         return specs
 
     def _tls_of(self, name: str, table: ListenerTable) -> tuple[TLSFiles | None, str]:

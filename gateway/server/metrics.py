@@ -160,6 +160,10 @@ class Metrics:
         self.access_denied = Counter(
             "figtank_access_denied", "Requests (per topic) the access policy refused, by "
             "listener and operation.", ["listener", "operation"], registry=r)
+        self.sasl_failures = Counter(
+            "figtank_sasl_auth_failures", "Failed SASL authentications (wrong credentials, "
+            "malformed or out-of-order exchanges, unsupported mechanisms), by listener and "
+            "mechanism.", ["listener", "mechanism"], registry=r)
         self.quota_delay = Counter(
             "figtank_quota_delay_seconds", "Seconds connections were held back by their "
             "principal's quota, by direction (in: reads from the client waited; out: data "

@@ -358,14 +358,15 @@ class _Readiness:
 
 
 def open_guard(settings: Settings, info: ServerInfo) -> None:
-    """Load ``auth.policy_file`` into ``info.guard`` (its ``[[quota]]`` entries into
-    ``info.quotas``) and have SIGHUP reload it; a ConfigError naming the setting when the
-    file is not valid."""
+    """Load ``auth.policy_file`` into ``info.guard`` (its ``[[user]]`` entries into
+    ``info.guard.users``, its ``[[quota]]`` entries into ``info.quotas``) and have SIGHUP
+    reload it; a ConfigError naming the setting when the file is not valid."""
     path = settings.policy_file
     if path is None:
         return
 
     def apply(access: Access) -> None:
+        info.guard.users = access.users  # before the policy: a reload swaps both
         info.guard.replace(access.policy)
         info.quotas.replace_rules(access.quotas)
 

@@ -166,8 +166,8 @@ class Session:
         received = 0  # bytes read so far
         frame_at = -1  # where the frame begun and not yet complete starts in the stream
         deadline = math.inf  # when that frame must be complete
-        quota = self._quota
         while True:
+            quota = self._quota  # may change: a Kafka SASL login changes the principal
             await self._wait_readable()
             size = RECEIVE_SIZE
             if quota is not None and quota.reads_limited:

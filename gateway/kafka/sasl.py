@@ -1,0 +1,125 @@
+"""SASL on a Kafka listener: SaslHandshake and SaslAuthenticate before anything else.
+
+A listener with ``sasl_mechanisms`` (:class:`~gateway.server.config.ListenerTable`) gives
+each connection a :class:`SaslGate`. Until it has authenticated, the connection may send
+ApiVersions, one SaslHandshake (version 1: the SASL tokens then travel in SaslAuthenticate
+requests; version 0, raw SASL frames, is refused with UNSUPPORTED_VERSION) and the
+SaslAuthenticate requests of its mechanism's exchange
+(:mod:`gateway.auth.sasl`); anything else closes the connection. A mechanism the listener
+does not enable is answered UNSUPPORTED_SASL_MECHANISM with the enabled ones, a failed
+exchange SASL_AUTHENTICATION_FAILED with the reason; both then close the connection, count
+in ``figtank_sasl_auth_failures{listener,mechanism}`` and log one ``sasl_auth_failed``
+line. On success the connection acts as ``user:NAME`` (its principal's
+:attr:`~gateway.auth.principal.Principal.user`).
+
+After authentication (and on listeners without SASL) SaslHandshake and SaslAuthenticate
+are answered ILLEGAL_SASL_STATE, as Kafka's request handler does (no re-authentication:
+the session lifetime answered is 0, "forever").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+import structlog
+import trio
+
+from gateway.auth.sasl import SaslFailed, SaslServer, server
+from gateway.auth.users import Users
+from gateway.kafka.context import RequestContext
+from gateway.server.session import CloseConnection
+from protocols.kafka.records import SaslAuthenticateResponse, SaslHandshakeResponse
+from protocols.kafka.types import ErrorCode
+
+#: The SaslHandshake versions advertised: 1 only (0 means raw SASL frames, not served).
+HANDSHAKE_VERSIONS: Final = (1, 1)
+
+
+class SaslGate:
+    """One connection's SASL exchange on a SASL listener; see the module doc. The session
+    hands it SaslHandshake and SaslAuthenticate bodies until :attr:`user` is set."""
+
+    def __init__(self, mechanisms: tuple[str, ...], users: Callable[[], Users], *,
+                 listener: str, failures: Any, limiter: trio.CapacityLimiter,
+                 log: structlog.typing.FilteringBoundLogger) -> None:
+        self._mechanisms = mechanisms
+        self._users = users
+        self._listener = listener
+        self._failures = failures
+        self._limiter = limiter
+        self._log = log
+        self._exchange: SaslServer | None = None
+        #: The mechanism picked by the handshake ("" before it).
+        self.mechanism = ""
+        #: The authenticated user (None until the exchange succeeded).
+        self.user: str | None = None
+
+    def handshake(self, body: Any, version: int) -> tuple[SaslHandshakeResponse,
+                                                          CloseConnection | None]:
+        """The answer to a SaslHandshake, and the close that must follow it (or None)."""
+        mechanisms = list(self._mechanisms)
+
+        def answer(code: int) -> SaslHandshakeResponse:
+            return SaslHandshakeResponse(error_code=code, mechanisms=mechanisms)
+
+        if self._exchange is not None:
+            return (answer(ErrorCode.ILLEGAL_SASL_STATE),
+                    self.failed(self.mechanism, "a second SaslHandshake"))
+        if version < HANDSHAKE_VERSIONS[0]:
+            return (answer(ErrorCode.UNSUPPORTED_VERSION),
+                    self.failed(body.mechanism if body.mechanism in mechanisms else
+                                "unsupported", f"SaslHandshake v{version} (raw SASL "
+                                "frames) is not served: use v1 and SaslAuthenticate"))
+        if body.mechanism not in mechanisms:
+            return (answer(ErrorCode.UNSUPPORTED_SASL_MECHANISM),
+                    self.failed("unsupported", f"mechanism {body.mechanism[:64]!r} is not "
+                                f"enabled (enabled: {', '.join(mechanisms)})"))
+        self.mechanism = body.mechanism
+        self._exchange = server(body.mechanism, lambda name: self._users().lookup(name))
+        return answer(ErrorCode.NONE), None
+
+    async def authenticate(self, body: Any) -> tuple[SaslAuthenticateResponse,
+                                                     CloseConnection | None]:
+        """The answer to a SaslAuthenticate, and the close that must follow it (or None).
+        :attr:`user` is set once the exchange has succeeded."""
+        exchange = self._exchange
+        if exchange is None:
+            message = "SaslAuthenticate before SaslHandshake"
+            return (SaslAuthenticateResponse(error_code=ErrorCode.ILLEGAL_SASL_STATE,
+                                             error_message=message),
+                    self.failed("none", message))
+        try:
+            if exchange.mechanism == "PLAIN":  # derives a key: PBKDF2, off the event loop
+                token = await trio.to_thread.run_sync(exchange.step, body.auth_bytes,
+                                                      limiter=self._limiter)
+            else:
+                token = exchange.step(body.auth_bytes)
+        except SaslFailed as exc:
+            return (SaslAuthenticateResponse(error_code=ErrorCode.SASL_AUTHENTICATION_FAILED,
+                                             error_message=str(exc)),
+                    self.failed(self.mechanism, str(exc), exchange.claimed))
+        if exchange.done:
+            self.user = exchange.user
+            self._log.info("sasl_authenticated", user=self.user, mechanism=self.mechanism,
+                           listener=self._listener)
+        return SaslAuthenticateResponse(error_message=None, auth_bytes=token), None
+
+    def failed(self, mechanism: str, reason: str, user: str | None = None
+               ) -> CloseConnection:
+        """Count and log a failure; the close that ends the connection."""
+        self._failures.labels(self._listener, mechanism).inc()
+        self._log.warning("sasl_auth_failed", listener=self._listener, mechanism=mechanism,
+                          user=user, reason=reason)
+        return CloseConnection("sasl_failed", f"SASL authentication failed: {reason}")
+
+
+async def refuse_handshake(ctx: RequestContext, body: Any, version: int) -> Any:
+    """SaslHandshake on a connection that is not authenticating: ILLEGAL_SASL_STATE."""
+    return SaslHandshakeResponse(error_code=ErrorCode.ILLEGAL_SASL_STATE, mechanisms=[])
+
+
+async def refuse_authenticate(ctx: RequestContext, body: Any, version: int) -> Any:
+    """SaslAuthenticate on a connection that is not authenticating: ILLEGAL_SASL_STATE."""
+    return SaslAuthenticateResponse(error_code=ErrorCode.ILLEGAL_SASL_STATE,
+                                    error_message="no SASL exchange on this connection")
