@@ -6,7 +6,8 @@ directory) once per durability mode, runs the set against it, and writes
 throughput as a share of the loopback ceiling measured in the same run).
 
 Against another broker: ``python -m gateway.bench.suite --target tank-4.0 --tank
-HOST:PORT`` (and/or ``--figg HOST:PORT``) runs the scenarios that broker's protocols allow.
+HOST:PORT`` (and/or ``--figg HOST:PORT``, ``--kafka HOST:PORT``) runs the scenarios that
+broker's protocols allow.
 
 Beside a peer: ``python -m gateway.bench.suite --peer tank-4.0 --peer-tank HOST:PORT``
 (and/or ``--peer-figg HOST:PORT``, a peer already running) runs every case the peer's
@@ -61,6 +62,8 @@ CASES: Final = (
                             "--size", "100", "--live", "2", "--resuming", "2",
                             "--procs", "2")),
     Case("e2e 1000/s", ("e2e", "--rate", "1000", "--duration", "5", "--size", "100")),
+    Case("kafka-produce 100 B", ("kafka-produce", "--messages", "200000", "--size", "100")),
+    Case("kafka-consume 1 KB", ("kafka-consume", "--messages", "200000", "--size", "1000")),
 )
 #: Run first and last: the machine is shared, so the ceiling is the better of the two.
 LOOPBACK: Final = ("loopback", "--duration", "3")
@@ -95,8 +98,8 @@ def _run(case: Case, argv: list[str], runs: list[dict[str, Any]], mode: str,
 
 
 def run_suite(*, scale: float = 1.0, modes: Sequence[str] = ("fsync", "os"),
-              target: str | None = None, tank: str | None = None, figg: str | None = None
-              ) -> dict[str, Any]:
+              target: str | None = None, tank: str | None = None, figg: str | None = None,
+              kafka: str | None = None) -> dict[str, Any]:
     """Run the set; the results as written to ``bench-results.json``."""
     started = time.monotonic()
     runs: list[dict[str, Any]] = []
@@ -104,14 +107,16 @@ def run_suite(*, scale: float = 1.0, modes: Sequence[str] = ("fsync", "os"),
     _run(loopback, _scaled(loopback, scale), runs, "-")
     if target is None:
         for mode in modes:
-            with serve_figtank(durability=mode) as served:
-                common = ["--tank", served.tank, "--figg", served.figg, "--target",
-                          f"figtank-embedded-{mode}", "--server-pid", str(served.process.pid)]
+            with serve_figtank("--kafka-listen", "127.0.0.1:0", durability=mode) as served:
+                common = ["--tank", served.tank, "--figg", served.figg, "--kafka",
+                          served.kafka, "--target", f"figtank-embedded-{mode}",
+                          "--server-pid", str(served.process.pid)]
                 for case in CASES:
                     _run(case, _scaled(case, scale) + common, runs, mode)
     else:
-        have = {name for name, address in (("tank", tank), ("figg", figg)) if address}
-        common = _endpoint_args(target, tank, figg)
+        have = {name for name, address in (("tank", tank), ("figg", figg), ("kafka", kafka))
+                if address}
+        common = _endpoint_args(target, tank, figg) + (["--kafka", kafka] if kafka else [])
         for case in CASES:
             argv = _for_protocols(_scaled(case, scale), have)
             if argv is not None:
@@ -337,9 +342,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--modes", nargs="+", choices=("fsync", "os"),
                         default=["fsync", "os"], help="figtank durability modes to run")
     parser.add_argument("--target", default=None,
-                        help="run against another broker named so (needs --tank/--figg)")
+                        help="run against another broker named so (needs --tank/--figg/"
+                             "--kafka)")
     parser.add_argument("--tank", default=None, help="that broker's Tank HOST:PORT")
     parser.add_argument("--figg", default=None, help="that broker's Figg HOST:PORT")
+    parser.add_argument("--kafka", default=None, help="that broker's Kafka HOST:PORT")
     parser.add_argument("--peer", default=None, metavar="NAME",
                         help="also run every case against this running broker, named so "
                              "in the table (needs --peer-tank/--peer-figg), and report "
@@ -353,8 +360,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "the table shows the medians")
     args = parser.parse_args(argv)
     configure_logging("warning")
-    if args.target and not (args.tank or args.figg):
-        parser.error("--target needs --tank and/or --figg")
+    if args.target and not (args.tank or args.figg or args.kafka):
+        parser.error("--target needs --tank, --figg and/or --kafka")
     if args.peer:
         if args.target:
             parser.error("--peer and --target do not go together")
@@ -371,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         table = comparison_markdown(results)
     else:
         results = run_suite(scale=args.scale, modes=args.modes, target=args.target,
-                            tank=args.tank, figg=args.figg)
+                            tank=args.tank, figg=args.figg, kafka=args.kafka)
         table = markdown(results)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "bench-results.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -11,7 +11,7 @@ from gateway.bench.serving import Served, serve_figtank
 
 @pytest.fixture(scope="package")
 def figtank() -> Iterator[Served]:
-    with serve_figtank(durability="os") as served:
+    with serve_figtank("--kafka-listen", "127.0.0.1:0", durability="os") as served:
         yield served
 
 

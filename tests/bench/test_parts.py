@@ -52,10 +52,10 @@ def test_shares_split_the_load() -> None:
 
 def test_the_suite_against_a_running_broker(figtank) -> None:
     results = run_suite(scale=0.002, target="figtank-test", tank=figtank.tank,
-                        figg=figtank.figg)
+                        figg=figtank.figg, kafka=figtank.kafka)
     cases = [run["case"] for run in results["runs"]]
     assert cases[0] == "loopback first" and cases[-1] == "loopback last"
-    assert "e2e 1000/s" in cases and len(cases) == 10
+    assert "e2e 1000/s" in cases and "kafka-consume 1 KB" in cases and len(cases) == 12
     assert all("report" in run and run["report"]["ok"] for run in results["runs"])
     table = markdown(results)
     assert "| tank-produce 100 B | - | produce |" in table
