@@ -51,7 +51,7 @@ def main() -> None:
     down: list[KafkaError] = []  # librdkafka retries a broker that is not there; we stop
     consumer = Consumer({"bootstrap.servers": f"{host}:{port}", "group.id": "examples",
                          "enable.auto.commit": False, "socket.timeout.ms": 5000,
-                         "topic.metadata.refresh.interval.ms": 1000,
+                         "topic.metadata.refresh.interval.ms": 1000, "log_level": 0,
                          "error_cb": lambda error: down.append(error)})
     received, last_seen = 0, time.monotonic()
     try:

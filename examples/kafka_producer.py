@@ -12,6 +12,7 @@ ends it with one line on stderr and exit status 1.
 from __future__ import annotations
 
 import argparse
+import time
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from run_example import Failed, run_example
@@ -44,8 +45,9 @@ def main() -> None:
         else:
             offsets.append(message.offset())
 
+    # log_level 0: librdkafka's own log lines stay off stderr; errors come to error_cb.
     producer = Producer({"bootstrap.servers": f"{host}:{port}", "acks": "all",
-                         "compression.type": args.compression,
+                         "compression.type": args.compression, "log_level": 0,
                          "message.timeout.ms": int(args.timeout * 1000),
                          "error_cb": lambda error: failures.append(error)})
     try:
@@ -54,7 +56,10 @@ def main() -> None:
                              key=f"customer-{i % args.keys}".encode(),
                              partition=args.partition, on_delivery=delivered)
             producer.poll(0)
-        left = producer.flush(args.timeout)
+        deadline = time.monotonic() + args.timeout
+        left = producer.flush(0.1)
+        while left and not failures and time.monotonic() < deadline:
+            left = producer.flush(0.1)  # librdkafka retries a missing broker: stop early
     except KafkaException as exc:
         raise Failed(f"produce to {args.topic} failed: {exc.args[0].str()}") from None
     if failures or left:

@@ -24,6 +24,7 @@ class ServeProcess:
     metrics: tuple[str, int] | None
     log_lines: list[dict] = field(default_factory=list)
     _drain: threading.Thread | None = None
+    kafka: tuple[str, int] | None = None
 
     def events(self, name: str) -> list[dict]:
         """Log lines whose event is ``name``."""
@@ -73,7 +74,8 @@ def figtank_serve(*args: str, cwd: Path | None = None, timeout: float = 30,
                                         preexec_fn=preexec_fn)
     try:
         yield ServeProcess(process, _address(event.get("tank")), _address(event.get("figg")),
-                           _address(event.get("metrics")), lines, drain)
+                           _address(event.get("metrics")), lines, drain,
+                           _address(event.get("kafka")))
     finally:
         if process.poll() is None:
             process.kill()

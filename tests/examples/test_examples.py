@@ -38,7 +38,7 @@ tank = "127.0.0.1:0"
 figg = "127.0.0.1:0"
 metrics = ""
 """)
-    with figtank_serve("--config", str(config)) as served:
+    with figtank_serve("--config", str(config), "--kafka-listen", "127.0.0.1:0") as served:
         yield served
         assert served.stop() == 0
 
@@ -205,7 +205,30 @@ def one_line_failure(result: subprocess.CompletedProcess, name: str) -> str:
     return lines[0]
 
 
+def test_kafka_producer_then_consumer_at_the_mapped_positions(server: ServeProcess,
+                                                             examples: Examples) -> None:
+    kafka = ("--kafka", address(server.kafka), "--topic", "kafka-orders")
+    produced = examples.run("kafka_producer.py", *kafka, "--count", "6",
+                            "--compression", "zstd", timeout=30)
+    assert ("produced 6 messages to kafka-orders/0; Kafka offsets 0..5 = "
+            "Tank sequences 1..6") in produced.stdout
+    read = [fields(line) for line in examples.run(
+        "kafka_consumer.py", *kafka, "--from", "2", "--count", "3", timeout=30
+    ).stdout.splitlines()]
+    assert [(m["offset"], m["seq"], m["key"], m["value"]) for m in read] == [
+        ("2", "3", "customer-0", "order-3"), ("3", "4", "customer-1", "order-4"),
+        ("4", "5", "customer-2", "order-5")]
+    # The same messages over Tank, at sequence = Kafka offset + 1.
+    tank = [fields(line) for line in examples.run(
+        "tank_consumer.py", "--tank", address(server.tank), "--topic", "kafka-orders",
+        "--from", "3", "--count", "3").stdout.splitlines()]
+    assert [(m["seq"], m["value"]) for m in tank] == [
+        ("3", "order-3"), ("4", "order-4"), ("5", "order-5")]
+
+
 @pytest.mark.parametrize("name, flags", [
+    ("kafka_producer.py", ("--kafka",)),
+    ("kafka_consumer.py", ("--kafka",)),
     ("tank_producer.py", ("--tank",)),
     ("tank_consumer.py", ("--tank",)),
     ("handoff.py", ("--tank", "--figg")),
@@ -235,6 +258,7 @@ def test_figg_publisher_refused_topic_fails_with_one_line(server: ServeProcess,
 @pytest.mark.parametrize("name, args", [
     ("figg_publisher.py", ("--figg", "nonsense")),
     ("handoff.py", ("--count", "3", "--split", "3")),
+    ("kafka_consumer.py", ("--from", "-4")),
     ("spark_events.py", ("--figg", "nonsense", "publish")),
 ])
 def test_example_with_bad_arguments_exits_2(examples: Examples, name: str,
