@@ -9,7 +9,7 @@ where it is bound (:meth:`KafkaListener.bound`): Metadata advertises
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import structlog
 import trio
@@ -23,8 +23,12 @@ from gateway.kafka.services import KafkaServices
 from gateway.kafka.session import KafkaSession
 from gateway.server.config import ListenerTable, Settings
 from gateway.server.listener import ProtocolListener
+from gateway.server.listening import local_host
 from gateway.server.metrics import Metrics, RequestCounter
 from gateway.server.tls import ListenerTLS
+
+#: Bind addresses meaning "every interface": no client can connect to them as such.
+WILDCARD_HOSTS: Final = frozenset({"0.0.0.0", "::", ""})
 
 
 class KafkaListener(ProtocolListener):
@@ -54,13 +58,21 @@ class KafkaListener(ProtocolListener):
 
     def bound(self, address: tuple[str, int]) -> None:
         """The listener is bound to ``address``: advertise it, unless the listener named
-        kafka has ``listen.kafka_advertised``."""
+        kafka has ``listen.kafka_advertised``. Bound to every interface (0.0.0.0, ::),
+        each connection is told the address it reached."""
         given = self.settings.kafka_advertised if self.name == "kafka" else ""
         if given:
             host, _, port = given.rpartition(":")
             self.advertised = (host.strip("[]"), int(port))
         else:
             self.advertised = address
+
+    def advertised_to(self, stream: trio.abc.Stream) -> tuple[str, int]:
+        """The host and port Metadata names to the client of ``stream``."""
+        host, port = self.advertised
+        if host in WILDCARD_HOSTS:
+            host = local_host(stream) or host
+        return host, port
 
     def session(self, stream: trio.abc.Stream,
                 log: structlog.typing.FilteringBoundLogger, *,
@@ -72,7 +84,7 @@ class KafkaListener(ProtocolListener):
                         log=log) if self.sasl_mechanisms else None
         return KafkaSession(stream, backend=self.backend, settings=self.settings,
                             metrics=self.metrics, counter=self.counter, log=log,
-                            advertised=self.advertised, principal=principal,
+                            advertised=self.advertised_to(stream), principal=principal,
                             guard=guard, quota=quota, sasl=sasl, quotas=self.quotas,
                             services=self.services)
 

@@ -60,6 +60,7 @@ from gateway.kafka.sasl import SaslGate
 from gateway.kafka.services import KafkaServices
 from gateway.kafka.versions import SERVED, api_versions
 from gateway.server.config import Settings
+from gateway.server.listening import peer_host
 from gateway.server.metrics import Metrics, RequestCounter
 from gateway.server.requests import RequestSession
 from gateway.server.session import PROTOCOL_ERRORS, CloseConnection
@@ -324,15 +325,8 @@ class KafkaSession(RequestSession):
 
 def _peer(stream: trio.abc.Stream) -> str:
     """``/HOST`` of the client (as Kafka shows a member's host), or empty."""
-    while not isinstance(stream, trio.SocketStream):
-        inner = getattr(stream, "transport_stream", None)
-        if inner is None:
-            return ""
-        stream = inner
-    try:
-        return f"/{stream.socket.getpeername()[0]}"
-    except (OSError, IndexError, TypeError):
-        return ""
+    host = peer_host(stream)
+    return "" if host is None else f"/{host}"
 
 
 def _refused(plan: ProducePlan, code: int) -> Any:

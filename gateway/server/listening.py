@@ -16,15 +16,40 @@ from gateway.server.tls import ListenerTLS, peer_identity
 Start = Callable[[trio.abc.Stream, structlog.typing.FilteringBoundLogger], Any]
 
 
-def peer_name(stream: trio.abc.Stream) -> str:
-    """``host:port`` of the peer (``[v6]:port``), or ``?`` when the socket can not tell."""
+def socket_of(stream: trio.abc.Stream) -> Any:
+    """The socket under ``stream`` (TLS unwrapped), or None."""
     while isinstance(stream, trio.SSLStream):
         stream = stream.transport_stream
+    return getattr(stream, "socket", None)
+
+
+def _address(stream: trio.abc.Stream, which: str) -> tuple[str, int] | None:
     try:
-        host, port, *_ = stream.socket.getpeername()  # type: ignore[attr-defined]
-    except (OSError, ValueError, AttributeError):
+        host, port, *_ = getattr(socket_of(stream), which)()
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+    return host, port
+
+
+def peer_name(stream: trio.abc.Stream) -> str:
+    """``host:port`` of the peer (``[v6]:port``), or ``?`` when the socket can not tell."""
+    address = _address(stream, "getpeername")
+    if address is None:
         return "?"
+    host, port = address
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def peer_host(stream: trio.abc.Stream) -> str | None:
+    """The peer's host, or None when the socket can not tell."""
+    address = _address(stream, "getpeername")
+    return None if address is None else address[0]
+
+
+def local_host(stream: trio.abc.Stream) -> str | None:
+    """The host the peer reached (the connection's local address), or None."""
+    address = _address(stream, "getsockname")
+    return None if address is None else address[0]
 
 
 class ConnectionSlots:

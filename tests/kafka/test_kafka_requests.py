@@ -109,3 +109,19 @@ async def test_find_coordinator_names_this_node_and_refuses_transactions(tmp_pat
         ("a", 0, *server.kafka), ("b", 0, *server.kafka)]
     assert txn.error_code == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     assert "transactions" in txn.error_message
+
+
+async def test_a_listener_on_every_interface_advertises_the_address_reached(tmp_path):
+    async with kafka_server(tmp_path) as server:
+        listener = server.listeners["kafka"]
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream(*server.kafka)
+            # As if bound to 0.0.0.0 (tests stay on loopback): the connection was made
+            # to 127.0.0.1, so that is what Metadata must name.
+            listener.advertised = ("0.0.0.0", server.kafka[1])
+            wildcard = listener.advertised_to(stream)
+            listener.advertised = ("127.0.0.2", 9)
+            given = listener.advertised_to(stream)
+            await stream.aclose()
+    assert wildcard == ("127.0.0.1", server.kafka[1])
+    assert given == ("127.0.0.2", 9)
