@@ -188,7 +188,8 @@ class FetchBatches:
 
     __slots__ = ("consumed", "next_seq", "partial", "records")
 
-    def __init__(self, records: bytes, consumed: int, next_seq: int, partial: bool) -> None:
+    def __init__(self, records: bytes | bytearray, consumed: int, next_seq: int,
+                 partial: bool) -> None:
         #: The record batches, one per whole bundle, back to back.
         self.records = records
         #: Bytes of the chunk taken by whole bundles.
@@ -330,29 +331,31 @@ def bundles_to_batches(
     """
     buffer, bundles, next_seq, consumed, partial = kafka_sections(chunk, base_seq)
     pack_into = _HEAD.pack_into
-    view = memoryview(buffer)
-    parts: list[bytes | memoryview] = []
+    parts: list[bytes | bytearray] = []
     in_place = True
-    for first, last, base_ts, max_ts, count, codec, start, end in bundles:
-        attributes = int(DEFAULT_FETCH_COMPRESSION[Codec(codec)] if compression is None
-                         else compression)
-        at = start - BATCH_HEADER_SIZE
-        if attributes == Compression.NONE:
-            pack_into(buffer, at, first - 1, end - at - _LOG_OVERHEAD, -1, 2, 0, attributes,
-                      last - first, base_ts, max_ts, -1, -1, -1, count)
-            _CRC.pack_into(buffer, at + _CRC_AT, crc32c.crc32c(view[at + _CRC_START:end]))
-            parts.append(view[at:end])
-            continue
-        in_place = False
-        body = compress(Compression(attributes), bytes(view[start:end]))
-        head = bytearray(BATCH_HEADER_SIZE)
-        pack_into(head, 0, first - 1, BATCH_HEADER_SIZE - _LOG_OVERHEAD + len(body), -1, 2,
-                  0, attributes, last - first, base_ts, max_ts, -1, -1, -1, count)
-        crc = crc32c.crc32c(body, crc32c.crc32c(memoryview(head)[_CRC_START:]))
-        _CRC.pack_into(head, _CRC_AT, crc)
-        parts += (bytes(head), body)
-    records = bytes(buffer) if in_place else b"".join(parts)
-    view.release()
+    with memoryview(buffer) as view:
+        for first, last, base_ts, max_ts, count, codec, start, end in bundles:
+            attributes = int(DEFAULT_FETCH_COMPRESSION[Codec(codec)] if compression is None
+                             else compression)
+            at = start - BATCH_HEADER_SIZE
+            if attributes == Compression.NONE:
+                pack_into(buffer, at, first - 1, end - at - _LOG_OVERHEAD, -1, 2, 0,
+                          attributes, last - first, base_ts, max_ts, -1, -1, -1, count)
+                _CRC.pack_into(buffer, at + _CRC_AT,
+                               crc32c.crc32c(view[at + _CRC_START:end]))
+                parts.append(buffer[at:end] if not in_place else b"")
+                continue
+            if in_place:  # the batches so far, copied out after all
+                parts = [buffer[a - BATCH_HEADER_SIZE:e] for *_, a, e in bundles[:len(parts)]]
+                in_place = False
+            body = compress(Compression(attributes), bytes(view[start:end]))
+            head = bytearray(BATCH_HEADER_SIZE)
+            pack_into(head, 0, first - 1, BATCH_HEADER_SIZE - _LOG_OVERHEAD + len(body), -1,
+                      2, 0, attributes, last - first, base_ts, max_ts, -1, -1, -1, count)
+            crc = crc32c.crc32c(body, crc32c.crc32c(memoryview(head)[_CRC_START:]))
+            _CRC.pack_into(head, _CRC_AT, crc)
+            parts += (head, body)
+    records = buffer if in_place else b"".join(parts)  # no copy of plain batches
     return FetchBatches(records, consumed, next_seq,
                         partial is not None or consumed < len(chunk))
 
