@@ -20,8 +20,8 @@ from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndS
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.unicode cimport PyUnicode_DecodeUTF8
-from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
-from libc.string cimport memcmp, memcpy
+from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.string cimport memcmp, memcpy, memset
 
 import cramjam
 
@@ -56,6 +56,10 @@ cdef enum:
     # DATA: header, u32 topic length, topic, u64 seq, u32 value length, value.
     DATA_OVERHEAD = 24
     DATA_FIXED_PAYLOAD = 16
+
+# Kafka record batches (protocols/kafka/batch.py).
+cdef enum:
+    KAFKA_BATCH_HEADER = 61
 
 
 # ------------------------------------------------------------------------ byte access
@@ -284,15 +288,28 @@ cdef bytearray _snappy_plain(object source, const uint8_t* buf, Py_ssize_t pos,
     return plain
 
 
+cdef enum:
+    SINK_MESSAGES = 0
+    SINK_DATA = 1
+    SINK_KAFKA = 2
+
+
 cdef struct Sink:
-    # What a walk makes of each message with seq >= min_seq: with ``data``, a DATA frame
-    # for ``topic`` appended to ``out``; else (decode_chunk) a Message.
+    # What a walk makes of each message with seq >= min_seq: SINK_DATA, a DATA frame for
+    # ``topic`` appended to ``out``; SINK_KAFKA, a Kafka record (of the batch of its bundle)
+    # appended to ``out``; SINK_MESSAGES (decode_chunk), a Message.
     uint64_t min_seq
-    bint data
+    int kind
     const uint8_t* topic
     Py_ssize_t topic_len
     OutBuf out
     Py_ssize_t frames
+    # SINK_KAFKA, per bundle: messages so far, the first one's seq and timestamp, the
+    # largest timestamp.
+    uint64_t bundle_count
+    uint64_t bundle_first
+    uint64_t base_ts
+    uint64_t max_ts
 
 
 cdef int _walk(const uint8_t* buf, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t buf_len,
@@ -371,7 +388,9 @@ cdef int _walk(const uint8_t* buf, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t bu
         if pos > end or n > <uint64_t>(end - pos):
             raise _truncated_message()
         if sink != NULL and seq >= sink.min_seq:
-            if sink.data:
+            if sink.kind == SINK_KAFKA:
+                _kafka_record(sink, seq, ts, buf + key_pos, key_len, buf + pos, n)
+            elif sink.kind == SINK_DATA:
                 if n > 0xFFFFFFFF - DATA_FIXED_PAYLOAD - <uint64_t>sink.topic_len:
                     raise ValueError("DATA frame payload over 4 GiB")
                 _reserve(&sink.out, DATA_OVERHEAD + sink.topic_len + n)
@@ -442,6 +461,62 @@ def validate_bundle(bundle, max_uncompressed):
     return h.count, h.codec, None, None
 
 
+cdef inline Py_ssize_t _zigzag_size(int64_t v) noexcept nogil:
+    return _varint_size((<uint64_t>v << 1) ^ <uint64_t>(v >> 63))
+
+
+cdef inline Py_ssize_t _put_zigzag(uint8_t* p, int64_t v) noexcept nogil:
+    return _put_varint(p, (<uint64_t>v << 1) ^ <uint64_t>(v >> 63))
+
+
+cdef int _kafka_record(Sink* sink, uint64_t seq, uint64_t ts, const uint8_t* key,
+                       Py_ssize_t key_len, const uint8_t* value, uint64_t n) except -1:
+    """``bundles._kafka_records`` for one message: its Kafka record appended to the sink.
+
+    Deltas are taken modulo 2**64: a bundle whose timestamps or sequence numbers do not
+    fit a batch is refused by the caller after the walk, its records unused."""
+    cdef int64_t ts_delta
+    cdef int64_t seq_delta
+    cdef Py_ssize_t body
+    cdef uint8_t* w
+    if sink.bundle_count == 0:
+        sink.bundle_first = seq
+        sink.base_ts = sink.max_ts = ts
+    elif ts > sink.max_ts:
+        sink.max_ts = ts
+    sink.bundle_count += 1
+    ts_delta = <int64_t>(ts - sink.base_ts)
+    seq_delta = <int64_t>(seq - sink.bundle_first)
+    # attributes, timestampDelta, offsetDelta, key, value, headers count
+    body = 1 + _zigzag_size(ts_delta) + _zigzag_size(seq_delta) + 1
+    if key_len < 0:
+        body += 1
+    else:
+        body += _zigzag_size(key_len) + key_len
+    body += _zigzag_size(<int64_t>n) + <Py_ssize_t>n
+    _reserve(&sink.out, 10 + body)
+    w = sink.out.data + sink.out.length
+    w += _put_zigzag(w, body)
+    w[0] = 0
+    w += 1
+    w += _put_zigzag(w, ts_delta)
+    w += _put_zigzag(w, seq_delta)
+    if key_len < 0:
+        w[0] = 1  # zigzag(-1): null
+        w += 1
+    else:
+        w += _put_zigzag(w, key_len)
+        memcpy(w, key, key_len)
+        w += key_len
+    w += _put_zigzag(w, <int64_t>n)
+    memcpy(w, value, n)
+    w += n
+    w[0] = 0  # no headers
+    w += 1
+    sink.out.length = w - sink.out.data
+    return 0
+
+
 # ------------------------------------------------------------------------------ chunks
 
 
@@ -477,6 +552,7 @@ cdef tuple _walk_chunk(object chunk, object base_seq, object min_seq, object max
     cdef uint64_t last
     cdef uint64_t prev_last = 0
     cdef bint have_prev = False
+    cdef size_t section = 0
     cdef uint64_t limit = _limit(max_bundle_size, "max_bundle_size")
     # Messages are wanted from min_seq on: none when it is past every u64.
     cdef bint none_wanted = min_seq > PY_U64_MAX
@@ -521,8 +597,18 @@ cdef tuple _walk_chunk(object chunk, object base_seq, object min_seq, object max
                 last = first + h.count - 1
             # Bundles entirely below min_seq are skipped unread.
             if not none_wanted and last >= sink.min_seq:
+                if sink.kind == SINK_KAFKA:
+                    # Room for the batch header, written by the caller.
+                    _reserve(&sink.out, KAFKA_BATCH_HEADER)
+                    memset(sink.out.data + sink.out.length, 0, KAFKA_BATCH_HEADER)
+                    sink.out.length += KAFKA_BATCH_HEADER
+                    section = sink.out.length
+                    sink.bundle_count = 0
                 _walk_body(chunk, buf, bundle_end, end, &h, first, last, not h.sparse,
                            max_uncompressed, sink, messages, message_class)
+                if sink.kind == SINK_KAFKA:
+                    messages.append((first, last, sink.base_ts, sink.max_ts, h.count,
+                                     h.codec, section, sink.out.length))
             prev_last = last
             have_prev = True
             pos = bundle_end
@@ -549,7 +635,7 @@ def data_frames(topic, chunk, base_seq, min_seq, max_bundle_size, max_uncompress
     try:
         if name.len > 0xFFFFFFFF - DATA_FIXED_PAYLOAD:
             raise ValueError("topic too long for a DATA frame")
-        sink.data = True
+        sink.kind = SINK_DATA
         sink.topic = <const uint8_t*>name.buf
         sink.topic_len = name.len
         # Enough for values of about 100 bytes and a short topic (grown when needed), but
@@ -570,7 +656,7 @@ def decode_chunk(chunk, base_seq, min_seq, max_bundle_size, max_uncompressed):
     partial_bundle_len)`` (the fields of ``ChunkResult``). Same errors."""
     cdef Sink sink
     cdef list messages = []
-    sink.data = False
+    sink.kind = SINK_MESSAGES
     sink.frames = 0
     from protocols.tank.bundle import Message  # not at import: bundle imports this module
 
@@ -756,3 +842,248 @@ def scan_publishes(buf, Py_ssize_t pos, Py_ssize_t end, max_payload, timestamp):
         PyMem_Free(run)
         PyBuffer_Release(&view)
     return items, pos, error
+
+
+# ------------------------------------------------------------------------------ Kafka
+
+
+def kafka_sections(chunk, base_seq, max_bundle_size, max_uncompressed):
+    """``protocols.kafka.bundles.kafka_sections_py``: every whole framed bundle of
+    ``chunk`` as the uncompressed records section of one Kafka batch, without a Python
+    object per message.
+
+    Returns ``(buffer, bundles, next_seq, consumed, partial_bundle_len)``: ``buffer``
+    holds, per bundle, 61 zero bytes (room for the batch header) then its records;
+    ``bundles`` has ``(first_seq, last_seq, base_ts, max_ts, count, codec, start, end)``
+    per bundle, ``buffer[start:end]`` its records. Raises the errors of
+    ``decode_chunk_py``, then the first bundle a batch can not carry.
+    """
+    cdef Sink sink
+    cdef list bundles = []
+    sink.kind = SINK_KAFKA
+    sink.frames = 0
+    sink.out.data = NULL
+    sink.out.length = sink.out.capacity = 0
+    try:
+        _reserve(&sink.out, <size_t>len(chunk) + len(chunk) // 4 + 64)
+        next_seq, consumed, partial = _walk_chunk(chunk, base_seq, 0, max_bundle_size,
+                                                  max_uncompressed, &sink, bundles, None)
+        buffer = PyByteArray_FromStringAndSize(<const char*>sink.out.data,
+                                               <Py_ssize_t>sink.out.length)
+    finally:
+        PyMem_Free(sink.out.data)
+    for first, last, base_ts, max_ts, count, codec, start, end in bundles:
+        if last - 1 > 0x7FFFFFFFFFFFFFFF:
+            raise ProtocolError(f"sequence number {last} is over Kafka's int64 offsets")
+        if last - first > 0x7FFFFFFF:
+            raise ProtocolError(f"bundle spans {last - first + 1} sequence numbers: "
+                                "over a Kafka batch's int32 offset deltas")
+        if max_ts > 0x7FFFFFFFFFFFFFFF:
+            raise ProtocolError(f"timestamp {max_ts} is over Kafka's int64")
+    return buffer, bundles, next_seq, consumed, partial
+
+
+cdef object _corrupt(str message):
+    from protocols.kafka.batch import CorruptBatch  # only on the error path
+
+    return CorruptBatch(message)
+
+
+cdef int64_t _kafka_varint(const uint8_t* buf, Py_ssize_t* ppos, Py_ssize_t end,
+                           bint wide, str what) except? -1:
+    """``batch._zz32`` (or with ``wide``, ``batch._zigzag`` of a varlong with its int64
+    check): the zigzag varint at ``buf[ppos[0]:end]``, ``ppos`` moved past it."""
+    cdef Py_ssize_t pos = ppos[0]
+    cdef int max_len = 10 if wide else 5
+    cdef Py_ssize_t stop = end if end - pos < max_len else pos + max_len
+    cdef uint64_t raw = 0
+    cdef int shift = 0
+    cdef bint big = False
+    cdef uint8_t byte
+    while pos < stop:
+        byte = buf[pos]
+        pos += 1
+        raw |= <uint64_t>(byte & 0x7F) << shift
+        if shift == 63 and (byte & 0x7F) > 1:
+            big = True  # past 64 bits: outside int64
+        if byte < 0x80:
+            if wide:
+                if big:
+                    raise _corrupt(f"{what} outside int64")
+            elif raw >> 32:
+                raise _corrupt(f"{what}: varint outside int32")
+            ppos[0] = pos
+            return <int64_t>(raw >> 1) ^ -<int64_t>(raw & 1)
+        shift += 7
+    if pos >= end:
+        raise _corrupt(f"truncated {what}")
+    raise _corrupt(f"{what}: varint longer than {max_len} bytes")
+
+
+def kafka_to_tank(section, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t count, int64_t base_ts,
+                  forced, append_time, bint build, bint with_head):
+    """A produced batch's records (``buf[pos:end]`` of ``section``, ``count`` of them,
+    uncompressed) checked like ``batch.decode_records`` and, with ``build``, mapped like
+    ``bundles.batch_to_messages`` (offset deltas 0, 1, ...; ``forced`` is the timestamp
+    of every record of a LogAppendTime batch, ``append_time`` the one of records without
+    one) and encoded like ``bundle.encode_bundle``'s plain message set, in one pass.
+
+    Returns ``(out, index, why)``: ``out`` the message set (with ``with_head``, the whole
+    uncompressed bundle), or ``None`` when the record at ``index`` can not be a Tank
+    message (``why``) or nothing was built. Raises ``CorruptBatch`` like the reference.
+    """
+    cdef Py_buffer view
+    cdef const uint8_t* buf
+    cdef Py_ssize_t i
+    cdef Py_ssize_t length
+    cdef Py_ssize_t rend
+    cdef int64_t ts_delta
+    cdef int64_t off_delta
+    cdef int64_t klen
+    cdef int64_t vlen
+    cdef int64_t nheaders
+    cdef int64_t hlen
+    cdef int64_t h
+    cdef Py_ssize_t key_pos = 0
+    cdef Py_ssize_t value_pos = 0
+    cdef int64_t ts
+    cdef uint64_t uts
+    cdef bint over = False
+    cdef uint64_t last_ts = 0
+    cdef bint have_last = False
+    cdef bint have_forced = forced is not None
+    cdef int64_t forced_ts = forced if have_forced else 0
+    cdef bint have_append = append_time is not None
+    cdef int64_t append_ts = append_time if have_append else 0
+    cdef Py_ssize_t refused = -1
+    cdef uint8_t flags
+    cdef uint8_t* w = NULL
+    cdef OutBuf out
+    why = None
+    out.data = NULL
+    out.length = out.capacity = 0
+    PyObject_GetBuffer(section, &view, PyBUF_SIMPLE)
+    try:
+        if pos < 0 or end < pos or end > view.len or count < 0:
+            raise ValueError("records bounds outside the buffer")
+        buf = <const uint8_t*>view.buf
+        if count * 7 > end - pos:
+            raise _corrupt(f"batch claims {count} records in {end - pos} bytes")
+        if build:
+            # A Tank message takes at most 4 bytes more than its Kafka record.
+            _reserve(&out, 16 + (end - pos) + 4 * count)
+            w = out.data
+            if with_head:
+                if count <= 15:
+                    w[0] = <uint8_t>(count << 2)
+                    w += 1
+                else:
+                    w[0] = 0
+                    w += 1 + _put_varint(w + 1, <uint64_t>count)
+        for i in range(count):
+            length = _kafka_varint(buf, &pos, end, False, "record length")
+            rend = pos + length
+            if length < 6 or rend > end:
+                raise _corrupt(f"record length {length} does not fit the batch")
+            pos += 1  # attributes (unused)
+            ts_delta = _kafka_varint(buf, &pos, rend, True, "record timestamp delta")
+            off_delta = _kafka_varint(buf, &pos, rend, False, "record offset delta")
+            klen = _kafka_varint(buf, &pos, rend, False, "record key length")
+            if klen >= 0:
+                if klen > rend - pos:
+                    raise _corrupt("record key overruns the record")
+                key_pos = pos
+                pos += klen
+            elif klen != -1:
+                raise _corrupt(f"record key length {klen}")
+            vlen = _kafka_varint(buf, &pos, rend, False, "record value length")
+            if vlen >= 0:
+                if vlen > rend - pos:
+                    raise _corrupt("record value overruns the record")
+                value_pos = pos
+                pos += vlen
+            elif vlen != -1:
+                raise _corrupt(f"record value length {vlen}")
+            nheaders = _kafka_varint(buf, &pos, rend, False, "record header count")
+            if nheaders:
+                if nheaders < 0 or nheaders * 2 > rend - pos:
+                    raise _corrupt(f"record header count {nheaders} does not fit the record")
+                for h in range(nheaders):
+                    hlen = _kafka_varint(buf, &pos, rend, False, "header key length")
+                    if hlen < 0 or hlen > rend - pos:
+                        raise _corrupt(f"header key length {hlen} does not fit the record")
+                    pos += hlen
+                    hlen = _kafka_varint(buf, &pos, rend, False, "header value length")
+                    if hlen >= 0:
+                        if hlen > rend - pos:
+                            raise _corrupt("header value overruns the record")
+                        pos += hlen
+                    elif hlen != -1:
+                        raise _corrupt(f"header value length {hlen}")
+            if pos != rend:
+                raise _corrupt("record length disagrees with its fields")
+            if not build or refused >= 0:
+                continue
+            # batch_to_messages' checks, in its order.
+            if off_delta != i:
+                refused, why = i, f"offset delta {off_delta}, expected {i}"
+                continue
+            if vlen < 0:
+                refused, why = i, ("null value (Tank messages always have a value; "
+                                   "send an empty value instead)")
+                continue
+            if klen > 255:
+                refused, why = i, f"key of {klen} bytes (Tank keys are at most 255)"
+                continue
+            if nheaders:
+                refused, why = i, (f"{nheaders} record header(s) (Tank messages have no "
+                                   "headers)")
+                continue
+            # The timestamp as a u64 (Python ints in the reference).
+            if have_forced:
+                ts = forced_ts
+            elif ts_delta > 0 and base_ts > 0x7FFFFFFFFFFFFFFF - ts_delta:
+                ts = 0  # over int64 but within u64: a valid Tank timestamp
+                over = True
+            elif ts_delta < 0 and base_ts < -0x7FFFFFFFFFFFFFFF - 1 - ts_delta:
+                refused, why = i, (f"timestamp {<object>base_ts + <object>ts_delta} (Tank "
+                                   "timestamps are milliseconds since 1970)")
+                continue
+            else:
+                ts = base_ts + ts_delta
+            if ts < 0:
+                if ts != -1 or not have_append:
+                    refused, why = i, (f"timestamp {ts} (Tank timestamps are milliseconds "
+                                       "since 1970)")
+                    continue
+                uts = <uint64_t>append_ts
+            elif over:
+                over = False
+                uts = <uint64_t>base_ts + <uint64_t>ts_delta
+            else:
+                uts = <uint64_t>ts
+            flags = HAVE_KEY if klen >= 0 else 0
+            if have_last and uts == last_ts:
+                w[0] = flags | USE_LAST_SPECIFIED_TS
+                w += 1
+            else:
+                w[0] = flags
+                _put_le64(w + 1, uts)
+                w += 9
+                last_ts = uts
+                have_last = True
+            if klen >= 0:
+                w[0] = <uint8_t>klen
+                memcpy(w + 1, buf + key_pos, klen)
+                w += 1 + klen
+            w += _put_varint(w, <uint64_t>vlen)
+            memcpy(w, buf + value_pos, vlen)
+            w += vlen
+        if pos != end:
+            raise _corrupt(f"{end - pos} bytes after the batch's {count} records")
+        if not build or refused >= 0:
+            return None, refused, why
+        return PyBytes_FromStringAndSize(<const char*>out.data, w - out.data), -1, None
+    finally:
+        PyMem_Free(out.data)
+        PyBuffer_Release(&view)

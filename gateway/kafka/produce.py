@@ -24,8 +24,8 @@ from gateway.auth.policy import Operation
 from gateway.backend.contract import ProduceBatch, ProduceCode, ProduceOutcome
 from gateway.kafka.idempotence import BatchEntry, ProducerStates
 from protocols.errors import ProtocolError
-from protocols.kafka.batch import InvalidRecord, read_batches
-from protocols.kafka.bundles import batch_to_bundle
+from protocols.kafka.batch import InvalidRecord
+from protocols.kafka.bundles import records_to_bundles
 from protocols.kafka.records import (
     PartitionProduceResponse,
     ProduceResponse,
@@ -129,10 +129,8 @@ def plan_produce(body: Any, access: ConnectionAccess, max_batch: int,
                 part.error = code
                 continue
             try:
-                run = read_batches(records, max_batch_size=max_batch)
-                if run.partial is not None:
-                    raise ProtocolError("the records end inside a batch")
-                bundles = [batch_to_bundle(batch) for batch in run.batches]
+                # One compiled pass per batch: records checked and written as a bundle.
+                bundles = records_to_bundles(records, max_batch_size=max_batch)
             except InvalidRecord as exc:
                 part.error, part.message = ErrorCode.INVALID_RECORD, str(exc)
                 continue

@@ -58,6 +58,7 @@ __all__ = [
     "MESSAGE_TOO_LARGE",
     "UNSUPPORTED_FOR_MESSAGE_FORMAT",
     "UNSUPPORTED_VERSION",
+    "BatchHead",
     "BatchRun",
     "BatchTooLarge",
     "Compression",
@@ -70,6 +71,7 @@ __all__ = [
     "decode_records",
     "encode_batch",
     "encode_records",
+    "open_batch",
     "read_batch",
     "read_batches",
 ]
@@ -417,10 +419,42 @@ def read_batch(
     """
     if end is None:
         end = len(buf)
+    got = open_batch(buf, pos, end, max_batch_size=max_batch_size,
+                     max_uncompressed=max_uncompressed)
+    if isinstance(got, int):
+        return got
+    head, section, start, stop, after = got
+    (base_offset, _, epoch, _, crc, attributes, last_delta, base_ts, max_ts, producer_id,
+     producer_epoch, base_seq, count) = head
+    if not isinstance(section, bytes):  # keys and values are bytes
+        section, start, stop = bytes(section[start:stop]), 0, stop - start
+    records = decode_records(section, start, stop, count)
+    batch = RecordBatch(base_offset, base_ts, max_ts, last_delta, records, attributes, epoch,
+                        producer_id, producer_epoch, base_seq, crc)
+    return batch, after
+
+
+#: The 13 fields of a batch header, as :data:`_HEAD` unpacks them.
+BatchHead = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int]
+
+
+def open_batch(
+    buf: bytes | bytearray | memoryview,
+    pos: int,
+    end: int,
+    *,
+    max_batch_size: int = MAX_BATCH_SIZE,
+    max_uncompressed: int = MAX_DECOMPRESSED_SIZE,
+) -> tuple[BatchHead, bytes | bytearray | memoryview, int, int, int] | int:
+    """The batch at ``buf[pos:end]`` checked (length, magic, CRC, count) and its records
+    section uncompressed, records not decoded: ``(head, section, start, stop, next_pos)``
+    with the records in ``section[start:stop]`` (the input itself when uncompressed: no
+    copy), or the bytes the whole batch needs (see :func:`read_batch`). Same errors.
+    """
     have = end - pos
     if have < _UP_TO_MAGIC:
         return _UP_TO_MAGIC
-    base_offset, length = _LENGTH.unpack_from(buf, pos)
+    _, length = _LENGTH.unpack_from(buf, pos)
     magic = buf[pos + 16]
     if magic != 2:
         raise UnsupportedMagic(magic)
@@ -431,23 +465,20 @@ def read_batch(
         raise BatchTooLarge(size, max_batch_size)
     if have < size:
         return size
-    data = bytes(buf[pos:pos + size])
-    (_, _, epoch, _, crc, attributes, last_delta, base_ts, max_ts, producer_id, producer_epoch,
-     base_seq, count) = _HEAD.unpack_from(data, 0)
-    actual = crc32c.crc32c(memoryview(data)[_CRC_START:])
+    head: BatchHead = _HEAD.unpack_from(buf, pos)
+    crc, attributes, count = head[4], head[5], head[12]
+    with memoryview(buf) as view:
+        actual = crc32c.crc32c(view[pos + _CRC_START:pos + size])
     if actual != crc:
         raise CorruptBatch(f"record batch CRC {crc:#010x}, computed {actual:#010x}")
     if count < 0:
         raise CorruptBatch(f"record batch count {count}")
     codec = attributes & _ATTR_CODEC
     if codec == Compression.NONE:
-        records = decode_records(data, BATCH_HEADER_SIZE, size, count)
-    else:
-        section = decompress(codec, data[BATCH_HEADER_SIZE:], max_uncompressed)
-        records = decode_records(section, 0, len(section), count)
-    batch = RecordBatch(base_offset, base_ts, max_ts, last_delta, records, attributes, epoch,
-                        producer_id, producer_epoch, base_seq, crc)
-    return batch, pos + size
+        return head, buf, pos + BATCH_HEADER_SIZE, pos + size, pos + size
+    section = decompress(codec, bytes(buf[pos + BATCH_HEADER_SIZE:pos + size]),
+                         max_uncompressed)
+    return head, section, 0, len(section), pos + size
 
 
 def read_batches(

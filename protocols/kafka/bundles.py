@@ -29,31 +29,48 @@ record's, as the Java producer writes it; records keep their own order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import struct
+from collections.abc import Callable, Sequence
 from typing import Final
+
+import crc32c
+import snappy
 
 from protocols.errors import ProtocolError
 from protocols.kafka.batch import (
+    BATCH_HEADER_SIZE,
+    MAX_BATCH_SIZE,
     Compression,
     InvalidRecord,
     RecordBatch,
-    encode_batch,
+    open_batch,
+    read_batches,
 )
+from protocols.kafka.codecs import MAX_DECOMPRESSED_SIZE, compress
+from protocols.native import speedups
 from protocols.tank.bundle import (
+    MAX_BUNDLE_SIZE,
+    MAX_UNCOMPRESSED_SIZE,
     Codec,
     Message,
-    decode_chunk,
+    decode_chunk_py,
     encode_bundle,
     iter_framed_bundles,
 )
+from protocols.wire import encode_varint
 
 __all__ = [
     "DEFAULT_FETCH_COMPRESSION",
     "MAX_KEY_SIZE",
     "FetchBatches",
+    "KafkaSections",
     "batch_to_bundle",
     "batch_to_messages",
     "bundles_to_batches",
+    "kafka_sections",
+    "kafka_sections_py",
+    "records_to_bundles",
+    "records_to_bundles_py",
 ]
 
 #: Tank keys are ``u8 len | key``.
@@ -64,11 +81,31 @@ DEFAULT_FETCH_COMPRESSION: Final = {Codec.NONE: Compression.NONE,
 _INT32_MAX: Final = (1 << 31) - 1
 _INT64_MAX: Final = (1 << 63) - 1
 _NO_TIMESTAMP: Final = -1
+_ATTR_LOG_APPEND_TIME: Final = 0x08
+_ATTR_TRANSACTIONAL: Final = 0x10
+_ATTR_CONTROL: Final = 0x20
+_MAX_INLINE_COUNT: Final = 15
 
 
 def _refuse(index: int, batch: RecordBatch, why: str) -> InvalidRecord:
     return InvalidRecord(f"record at offset delta {index} of the batch at base offset "
                          f"{batch.base_offset}: {why}")
+
+
+def _batch_refusal(attributes: int, base_offset: int, count: int, last_offset_delta: int,
+                   append_time: int | None, keep_offsets: bool = False) -> InvalidRecord | None:
+    """What refuses a whole batch before its records are looked at, if anything."""
+    if attributes & _ATTR_CONTROL:
+        return InvalidRecord("control batches (transaction markers) are not supported")
+    if attributes & _ATTR_TRANSACTIONAL:
+        return InvalidRecord("transactional batches are not supported")
+    if not count:
+        return InvalidRecord(f"the batch at base offset {base_offset} has no records")
+    if not keep_offsets and last_offset_delta != count - 1:
+        return InvalidRecord(f"batch lastOffsetDelta {last_offset_delta} for {count} records")
+    if attributes & _ATTR_LOG_APPEND_TIME and append_time is None:
+        return InvalidRecord("a LogAppendTime batch needs the broker's append time")
+    return None
 
 
 def batch_to_messages(
@@ -83,24 +120,15 @@ def batch_to_messages(
     of a LogAppendTime batch; without it such records are refused. Raises
     :class:`InvalidRecord` for what Tank cannot hold (see the module docstring).
     """
-    if batch.control:
-        raise InvalidRecord("control batches (transaction markers) are not supported")
-    if batch.transactional:
-        raise InvalidRecord("transactional batches are not supported")
     records = batch.records
-    if not records:
-        raise InvalidRecord(f"the batch at base offset {batch.base_offset} has no records")
-    if not keep_offsets and batch.last_offset_delta != len(records) - 1:
-        raise InvalidRecord(f"batch lastOffsetDelta {batch.last_offset_delta} for "
-                            f"{len(records)} records")
+    refusal = _batch_refusal(batch.attributes, batch.base_offset, len(records),
+                             batch.last_offset_delta, append_time, keep_offsets)
+    if refusal is not None:
+        raise refusal
     seq_base = batch.base_offset + 1
     prev = -1
     base_ts = batch.base_timestamp
-    forced = None
-    if batch.log_append_time:
-        if append_time is None:
-            raise InvalidRecord("a LogAppendTime batch needs the broker's append time")
-        forced = append_time
+    forced = append_time if batch.log_append_time else None
     out: list[Message] = []
     append = out.append
     for index, r in enumerate(records):
@@ -160,7 +188,8 @@ class FetchBatches:
 
     __slots__ = ("consumed", "next_seq", "partial", "records")
 
-    def __init__(self, records: bytes, consumed: int, next_seq: int, partial: bool) -> None:
+    def __init__(self, records: bytes | bytearray, consumed: int, next_seq: int,
+                 partial: bool) -> None:
         #: The record batches, one per whole bundle, back to back.
         self.records = records
         #: Bytes of the chunk taken by whole bundles.
@@ -205,6 +234,85 @@ def _zz(out: bytearray, value: int) -> None:
     out.append(raw)
 
 
+#: One bundle's batch: ``(first_seq, last_seq, base_ts, max_ts, count, tank_codec, start,
+#: end)``, its uncompressed records in ``buffer[start:end]`` after 61 free bytes.
+SectionInfo = tuple[int, int, int, int, int, int, int, int]
+#: ``(buffer, bundles, next_seq, consumed, partial_bundle_len)``: see :func:`kafka_sections_py`.
+KafkaSections = tuple[bytearray, list[SectionInfo], int, int, int | None]
+
+_HEAD: Final = struct.Struct(">qiibIhiqqqhii")
+_CRC: Final = struct.Struct(">I")
+_CRC_AT: Final = 17
+_CRC_START: Final = 21
+_LOG_OVERHEAD: Final = 12
+
+
+def kafka_sections_py(
+    chunk: bytes | memoryview,
+    base_seq: int | None,
+    max_bundle_size: int = MAX_BUNDLE_SIZE,
+    max_uncompressed: int = MAX_UNCOMPRESSED_SIZE,
+) -> KafkaSections:
+    """Every whole framed bundle of ``chunk`` as the uncompressed records section of one
+    Kafka batch (the Fetch path's per-message work; the reference of the compiled twin).
+
+    Returns ``(buffer, bundles, next_seq, consumed, partial_bundle_len)``: ``buffer``
+    holds, for each bundle, 61 zero bytes (room for its batch header) then its records;
+    ``bundles`` one :data:`SectionInfo` per bundle. The chunk is decoded as
+    :func:`~protocols.tank.bundle.decode_chunk_py` does (same errors); then the first
+    bundle a batch can not carry (a timestamp over int64, a span over int32 offset
+    deltas, a sequence number over int64 offsets) raises ``ProtocolError``.
+    """
+    decoded = decode_chunk_py(chunk, base_seq, max_bundle_size=max_bundle_size,
+                              max_uncompressed=max_uncompressed)
+    messages = decoded.messages
+    buffer = bytearray()
+    bundles: list[SectionInfo] = []
+    at = 0
+    for _, _, info in iter_framed_bundles(chunk, 0, decoded.consumed,
+                                          max_bundle_size=max_bundle_size):
+        mine = messages[at:at + info.msg_count]
+        at += info.msg_count
+        first, last = mine[0].seq, mine[-1].seq
+        base_ts = mine[0].timestamp
+        buffer += bytes(BATCH_HEADER_SIZE)
+        start = len(buffer)
+        buffer += _kafka_records(mine, first, base_ts)
+        bundles.append((first, last, base_ts, max(m.timestamp for m in mine), len(mine),
+                        int(info.codec), start, len(buffer)))
+    for first, last, _, max_ts, _, _, _, _ in bundles:
+        if last - 1 > _INT64_MAX:
+            raise ProtocolError(f"sequence number {last} is over Kafka's int64 offsets")
+        if last - first > _INT32_MAX:
+            raise ProtocolError(f"bundle spans {last - first + 1} sequence numbers: "
+                                "over a Kafka batch's int32 offset deltas")
+        if max_ts > _INT64_MAX:
+            raise ProtocolError(f"timestamp {max_ts} is over Kafka's int64")
+    return (buffer, bundles, decoded.next_seq, decoded.consumed,
+            decoded.partial_bundle_len)
+
+
+def _kafka_sections_native(
+    chunk: bytes | memoryview,
+    base_seq: int | None,
+    max_bundle_size: int = MAX_BUNDLE_SIZE,
+    max_uncompressed: int = MAX_UNCOMPRESSED_SIZE,
+) -> KafkaSections:
+    """:func:`kafka_sections_py`, compiled: same arguments, results and errors."""
+    assert speedups is not None
+    got: KafkaSections = speedups.kafka_sections(chunk, base_seq, max_bundle_size,
+                                                 max_uncompressed)
+    return got
+
+
+#: The extension has the Kafka loops (an extension built before them still serves the
+#: other paths; the Kafka ones then run the references, and the selection test fails).
+_COMPILED: Final = speedups is not None and hasattr(speedups, "kafka_to_tank")
+
+kafka_sections: Callable[..., KafkaSections] = (
+    _kafka_sections_native if _COMPILED else kafka_sections_py)
+
+
 def bundles_to_batches(
     chunk: bytes | memoryview,
     base_seq: int | None,
@@ -218,36 +326,124 @@ def bundles_to_batches(
     ``baseOffset = first seq - 1`` and each message's offset its ``seq - 1`` (sparse gaps
     kept), timestamps preserved (``baseTimestamp`` the first message's), compressed with
     ``compression`` or, when ``None``, :data:`DEFAULT_FETCH_COMPRESSION`. A partial last
-    bundle is left out. Raises ``ProtocolError`` for a corrupt bundle or a bundle Kafka
-    cannot carry (a timestamp over int64, a sparse gap over int32).
+    bundle is left out. Raises ``ProtocolError`` for a corrupt chunk (as
+    :func:`~protocols.tank.bundle.decode_chunk` does) or a bundle Kafka cannot carry (a
+    timestamp over int64, a sparse gap over int32, an offset over int64).
+
+    The records are written once (by :func:`kafka_sections`); uncompressed batches get
+    their header in place, so a fetch of plain bundles builds no other copy.
     """
-    view = memoryview(chunk)
-    parts: list[bytes] = []
-    seq = base_seq
-    consumed = 0
-    for offset, framed_len, info in iter_framed_bundles(view):
-        first = info.first_seq if info.sparse else seq
-        if first is None:
-            raise ProtocolError("chunk starts with a plain bundle but no base sequence")
-        # One bundle through the (compiled) chunk decoder: its messages with their seqs.
-        messages = decode_chunk(view[offset:offset + framed_len], first).messages
-        last = messages[-1].seq
-        if last - first > _INT32_MAX:
-            raise ProtocolError(f"bundle spans {last - first + 1} sequence numbers: "
-                                "over a Kafka batch's int32 offset deltas")
-        base_ts = messages[0].timestamp
-        max_ts = max(m.timestamp for m in messages)
-        if max_ts > _INT64_MAX:
-            raise ProtocolError(f"timestamp {max_ts} is over Kafka's int64")
-        batch = RecordBatch(
-            base_offset=first - 1, base_timestamp=base_ts, max_timestamp=max_ts,
-            last_offset_delta=last - first,
-            attributes=int(DEFAULT_FETCH_COMPRESSION[info.codec] if compression is None
-                           else compression))
-        section = _kafka_records(messages, first, base_ts)
-        parts.append(encode_batch(batch, section, len(messages)))
-        seq = last + 1
-        consumed = offset + framed_len
-    partial = consumed < len(view)
-    next_seq = seq if seq is not None else 0
-    return FetchBatches(b"".join(parts), consumed, next_seq, partial)
+    buffer, bundles, next_seq, consumed, partial = kafka_sections(chunk, base_seq)
+    pack_into = _HEAD.pack_into
+    parts: list[bytes | bytearray] = []
+    in_place = True
+    with memoryview(buffer) as view:
+        for first, last, base_ts, max_ts, count, codec, start, end in bundles:
+            attributes = int(DEFAULT_FETCH_COMPRESSION[Codec(codec)] if compression is None
+                             else compression)
+            at = start - BATCH_HEADER_SIZE
+            if attributes == Compression.NONE:
+                pack_into(buffer, at, first - 1, end - at - _LOG_OVERHEAD, -1, 2, 0,
+                          attributes, last - first, base_ts, max_ts, -1, -1, -1, count)
+                _CRC.pack_into(buffer, at + _CRC_AT,
+                               crc32c.crc32c(view[at + _CRC_START:end]))
+                parts.append(buffer[at:end] if not in_place else b"")
+                continue
+            if in_place:  # the batches so far, copied out after all
+                parts = [buffer[a - BATCH_HEADER_SIZE:e] for *_, a, e in bundles[:len(parts)]]
+                in_place = False
+            body = compress(Compression(attributes), bytes(view[start:end]))
+            head = bytearray(BATCH_HEADER_SIZE)
+            pack_into(head, 0, first - 1, BATCH_HEADER_SIZE - _LOG_OVERHEAD + len(body), -1,
+                      2, 0, attributes, last - first, base_ts, max_ts, -1, -1, -1, count)
+            crc = crc32c.crc32c(body, crc32c.crc32c(memoryview(head)[_CRC_START:]))
+            _CRC.pack_into(head, _CRC_AT, crc)
+            parts += (head, body)
+    records = buffer if in_place else b"".join(parts)  # no copy of plain batches
+    return FetchBatches(records, consumed, next_seq,
+                        partial is not None or consumed < len(chunk))
+
+
+# ------------------------------------------------------------------------- produce path
+
+
+def _check_append_time(append_time: int | None) -> None:
+    if append_time is not None and not 0 <= append_time <= _INT64_MAX:
+        raise ValueError(f"append time {append_time} is not milliseconds since 1970")
+
+
+def records_to_bundles_py(
+    records: bytes | bytearray | memoryview,
+    *,
+    max_batch_size: int = MAX_BATCH_SIZE,
+    max_uncompressed: int = MAX_DECOMPRESSED_SIZE,
+    append_time: int | None = None,
+) -> list[bytes]:
+    """The Tank bundles (unframed) of a Produce partition's ``records``: one per batch,
+    made by :func:`batch_to_bundle` (the reference of the compiled path).
+
+    Every batch is read first (``CorruptBatch``, ``UnsupportedMagic``, ...; a run ending
+    inside a batch is a ``ProtocolError``), then the first record Tank can not hold raises
+    :class:`InvalidRecord`. ``append_time`` as for :func:`batch_to_messages`.
+    """
+    _check_append_time(append_time)
+    run = read_batches(records, max_batch_size=max_batch_size,
+                       max_uncompressed=max_uncompressed)
+    if run.partial is not None:
+        raise ProtocolError("the records end inside a batch")
+    return [batch_to_bundle(batch, append_time=append_time) for batch in run.batches]
+
+
+def _records_to_bundles_native(
+    records: bytes | bytearray | memoryview,
+    *,
+    max_batch_size: int = MAX_BATCH_SIZE,
+    max_uncompressed: int = MAX_DECOMPRESSED_SIZE,
+    append_time: int | None = None,
+) -> list[bytes]:
+    """:func:`records_to_bundles_py` with each batch's records decoded, checked and
+    re-encoded in one compiled pass; same arguments, results and errors."""
+    assert speedups is not None
+    _check_append_time(append_time)
+    to_tank = speedups.kafka_to_tank
+    end = len(records)
+    pos = 0
+    out: list[bytes] = []
+    refused: InvalidRecord | None = None
+    while pos < end:
+        got = open_batch(records, pos, end, max_batch_size=max_batch_size,
+                         max_uncompressed=max_uncompressed)
+        if isinstance(got, int):
+            raise ProtocolError("the records end inside a batch")
+        head, section, start, stop, pos = got
+        base_offset, attributes, last_delta, base_ts, count = (
+            head[0], head[5], head[6], head[7], head[12])
+        if refused is None:
+            refused = _batch_refusal(attributes, base_offset, count, last_delta, append_time)
+        plain = not attributes & 0x07
+        forced = append_time if attributes & _ATTR_LOG_APPEND_TIME else None
+        built, index, why = to_tank(section, start, stop, count, base_ts, forced, append_time,
+                                    refused is None, plain)
+        if refused is not None:
+            continue
+        if built is None:
+            refused = InvalidRecord(f"record at offset delta {index} of the batch at base "
+                                    f"offset {base_offset}: {why}")
+            continue
+        if not plain:
+            built = b"".join((_bundle_head(Codec.SNAPPY, count), snappy.compress(built)))
+        out.append(built)
+    if refused is not None:
+        raise refused
+    return out
+
+
+def _bundle_head(codec: Codec, count: int) -> bytes:
+    """``encode_bundle``'s header of a plain (not sparse) bundle."""
+    if count <= _MAX_INLINE_COUNT:
+        return bytes((codec | count << 2,))
+    return bytes((codec,)) + encode_varint(count)
+
+
+records_to_bundles: Callable[..., list[bytes]] = (
+    _records_to_bundles_native if _COMPILED else records_to_bundles_py)

@@ -102,7 +102,8 @@ def encode_response(api_key: int, api_version: int, correlation_id: int, body: A
     header = encode_response_header(ResponseHeader(correlation_id),
                                     response_header_version(api_key, api_version))
     payload = codec.encode(body, version=api_version)
-    return FRAME_HEADER.pack(len(header) + len(payload)) + header + payload
+    # One copy of a (maybe large: Fetch) payload, not one per concatenation.
+    return b"".join((FRAME_HEADER.pack(len(header) + len(payload)), header, payload))
 
 
 class KafkaServerConnection:
