@@ -80,8 +80,8 @@ class ConnectionAccess:
     """One connection's view of the policy: cached answers, refusal accounting, and the
     topics it saw exist (to refuse auto-creation to principals without ``create``)."""
 
-    __slots__ = ("_answers", "_generation", "_guard", "_known", "_log", "_logged",
-                 "principal")
+    __slots__ = ("_answers", "_generation", "_group_answers", "_guard", "_known", "_log",
+                 "_logged", "principal")
 
     def __init__(self, guard: AccessGuard, principal: Principal,
                  log: structlog.typing.FilteringBoundLogger) -> None:
@@ -90,6 +90,7 @@ class ConnectionAccess:
         self._log = log
         self._generation = guard.generation
         self._answers: dict[tuple[str | None, Operation], bool] = {}
+        self._group_answers: dict[tuple[str, Operation], bool] = {}
         self._known: set[str] = set()
         self._logged: set[tuple[str | None, str]] = set()
 
@@ -104,9 +105,7 @@ class ConnectionAccess:
         if policy is None:
             return True
         if self._generation != self._guard.generation:
-            self._generation = self._guard.generation
-            self._answers.clear()
-            self._logged.clear()
+            self._reset()
         key = (topic, operation)
         answer = self._answers.get(key)
         if answer is None:
@@ -115,6 +114,38 @@ class ConnectionAccess:
                 self._answers.clear()
             self._answers[key] = answer
         return answer
+
+    def _reset(self) -> None:
+        """A new policy: forget the answers and the refusals logged."""
+        self._generation = self._guard.generation
+        self._answers.clear()
+        self._group_answers.clear()
+        self._logged.clear()
+
+    def may_group(self, group: str, operation: Operation) -> bool:
+        """Whether this connection may do ``operation`` (``subscribe`` or ``discover``)
+        on the Kafka consumer group ``group``."""
+        policy = self._guard.policy
+        if policy is None:
+            return True
+        if self._generation != self._guard.generation:
+            self._reset()
+        key = (group, operation)
+        answer = self._group_answers.get(key)
+        if answer is None:
+            answer = policy.allows_group(self.principal, group, operation)
+            if len(self._group_answers) >= CACHE_ENTRIES:
+                self._group_answers.clear()
+            self._group_answers[key] = answer
+        return answer
+
+    def refused_group(self, group: str, operation: Operation, request: str) -> None:
+        """Count and log (as :meth:`refused` does) a refusal of ``operation`` on a group:
+        ``figtank_access_denied{operation="group_subscribe"}`` (or ``group_discover``)
+        and an ``access_denied`` line naming the group; the client got
+        GROUP_AUTHORIZATION_FAILED."""
+        self._deny(f"group_{operation.value}", request, "group_authorization_failed",
+                   group=group)
 
     def may_see(self, topic: str) -> bool:
         """Whether the topic is visible to this connection (some operation on it is
@@ -140,8 +171,11 @@ class ConnectionAccess:
         request that names it) and log it (rate-limited: see the module doc); ``outcome``
         says what the client got."""
         label = operation if isinstance(operation, str) else operation.value
+        self._deny(label, request, outcome, topic=topic)
+
+    def _deny(self, label: str, request: str, outcome: str, **names: str | None) -> None:
         self._guard.count_denied(self.principal.listener, label)
-        key = (topic, label)
+        key = (next(iter(names.values())), label)
         logged = self._logged
         if key in logged or len(logged) > LOGGED_REFUSALS:
             return
@@ -153,8 +187,9 @@ class ConnectionAccess:
                               "the policy is reloaded")
             return
         self._log.warning("access_denied", identity=self.principal.name,
-                          listener=self.principal.listener, topic=topic,
+                          listener=self.principal.listener, **names,
                           operation=label, request=request, outcome=outcome)
 
 
-_TOPIC_OPERATIONS: Final = tuple(op for op in Operation if op is not Operation.ADMIN)
+_TOPIC_OPERATIONS: Final = tuple(op for op in Operation
+                                 if op not in (Operation.ADMIN, Operation.DISCOVER))

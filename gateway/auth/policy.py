@@ -1,4 +1,4 @@
-"""The access policy: which principal may do which operation on which topic.
+"""The access policy: which principal may do which operation on which topic or group.
 
 A policy is a default (``allow`` or ``deny``) and an ordered list of rules, each naming
 who (certificate identities, ``listener:NAME``, or ``*``), which topics (names, prefixes
@@ -16,6 +16,17 @@ not name an operation in both); when no rule does, the default decides.
 - ``listener:NAME`` matches every connection that arrived through listener NAME, with or
   without a certificate.
 - ``admin`` (Tank Status) names no topic: only rules whose topics include ``"*"`` decide it.
+
+Kafka consumer groups: a rule may name ``groups`` (patterns as for topics) as well as, or
+instead of, ``topics``. On a group, ``subscribe`` is joining it (JoinGroup, SyncGroup,
+Heartbeat, LeaveGroup) and committing or deleting its offsets, and ``discover`` is
+describing it, listing it, finding its coordinator and reading its committed offsets
+(as Kafka's Group READ and DESCRIBE; ``subscribe`` implies ``discover``, as READ implies
+DESCRIBE). Group checks use only rules with ``groups``, topic checks only rules with
+``topics``. **A policy where no rule names groups leaves every group open** (what it
+meant before groups were in the policy, so an existing file keeps working, whatever its
+default); once one rule names groups, the groups are decided like topics, by the first
+matching rule and then the default.
 
 This module does no I/O: it takes the decoded TOML; :mod:`gateway.auth.access` reads the
 file.
@@ -39,6 +50,7 @@ class Operation(enum.Enum):
     CREATE = "create"        # Tank CreateTopic; auto-creation by publish, produce, attach
     CONFIGURE = "configure"  # Tank ReloadConf
     ADMIN = "admin"          # Tank Status (names no topic)
+    DISCOVER = "discover"    # a Kafka group: describe, list, find its coordinator
 
 
 #: Names an operation is written as in a policy file.
@@ -46,7 +58,10 @@ OPERATION_NAMES: Final = {
     "publish": Operation.PUBLISH, "produce": Operation.PUBLISH,
     "subscribe": Operation.SUBSCRIBE, "consume": Operation.SUBSCRIBE,
     "create": Operation.CREATE, "configure": Operation.CONFIGURE, "admin": Operation.ADMIN,
+    "discover": Operation.DISCOVER,
 }
+#: The operations that apply to groups; the others apply to topics only.
+GROUP_OPERATIONS: Final = frozenset({Operation.SUBSCRIBE, Operation.DISCOVER})
 
 
 class PolicyError(ValueError):
@@ -111,9 +126,10 @@ class Rule:
 
     who: frozenset[str]
     anyone: bool
-    topics: TopicPattern
+    topics: TopicPattern | None
     allow: frozenset[Operation]
     deny: frozenset[Operation]
+    groups: TopicPattern | None = None
 
     def applies_to(self, principal: Principal) -> bool:
         if self.anyone:
@@ -133,25 +149,50 @@ class Policy:
     default_allow: bool
     rules: tuple[Rule, ...]
 
+    @property
+    def names_groups(self) -> bool:
+        """Whether some rule names groups (else every group is open)."""
+        return any(rule.groups is not None for rule in self.rules)
+
     def allows(self, principal: Principal, topic: str | None, operation: Operation) -> bool:
         """Whether ``principal`` may do ``operation`` on ``topic`` (None: no topic)."""
         for rule in self.rules:
             if operation not in rule.allow and operation not in rule.deny:
                 continue
-            if rule.topics.matches(topic) and rule.applies_to(principal):
+            if (rule.topics is not None and rule.topics.matches(topic)
+                    and rule.applies_to(principal)):
+                return operation in rule.allow
+        return self.default_allow
+
+    def allows_group(self, principal: Principal, group: str, operation: Operation) -> bool:
+        """Whether ``principal`` may do ``operation`` (``subscribe`` or ``discover``,
+        which ``subscribe`` implies) on the Kafka group ``group``."""
+        if not self.names_groups:
+            return True
+        if operation is Operation.DISCOVER and self._decide_group(
+                principal, group, Operation.SUBSCRIBE):
+            return True
+        return self._decide_group(principal, group, operation)
+
+    def _decide_group(self, principal: Principal, group: str, operation: Operation) -> bool:
+        for rule in self.rules:
+            if operation not in rule.allow and operation not in rule.deny:
+                continue
+            if (rule.groups is not None and rule.groups.matches(group)
+                    and rule.applies_to(principal)):
                 return operation in rule.allow
         return self.default_allow
 
     def allows_any(self, principal: Principal, topic: str) -> bool:
         """Whether ``principal`` may do anything with ``topic`` (and so may see it)."""
         return any(self.allows(principal, topic, op) for op in Operation
-                   if op is not Operation.ADMIN)
+                   if op not in (Operation.ADMIN, Operation.DISCOVER))
 
 
 #: The policy in force without a policy file: everything allowed (as before policies).
 ALLOW_ALL: Final = Policy(True, ())
 
-_RULE_KEYS: Final = frozenset({"who", "topics", "allow", "deny"})
+_RULE_KEYS: Final = frozenset({"who", "topics", "groups", "allow", "deny"})
 _TOP_KEYS: Final = frozenset({"default", "rule", "quota", "user"})
 
 
@@ -179,11 +220,12 @@ def _rule(entry: Any, where: str) -> Rule:
         raise PolicyError(f"{where}: expected a table")
     for key in entry:
         if key not in _RULE_KEYS:
-            raise PolicyError(f"{where}: {key}: unknown key (expected who, topics, allow, "
-                              "deny)")
-    for key in ("who", "topics"):
-        if key not in entry:
-            raise PolicyError(f"{where}: {key}: missing")
+            raise PolicyError(f"{where}: {key}: unknown key (expected who, topics, groups, "
+                              "allow, deny)")
+    if "who" not in entry:
+        raise PolicyError(f"{where}: who: missing")
+    if "topics" not in entry and "groups" not in entry:
+        raise PolicyError(f"{where}: topics: missing (a rule needs topics or groups)")
     if "allow" not in entry and "deny" not in entry:
         raise PolicyError(f"{where}: allow: missing (a rule needs allow or deny)")
     who = _strings(entry["who"], f"{where}: who")
@@ -191,24 +233,39 @@ def _rule(entry: Any, where: str) -> Rule:
         for prefix in ("listener:", "user:"):
             if name.startswith(prefix) and not name[len(prefix):]:
                 raise PolicyError(f"{where}: who: {name!r} names no {prefix[:-1]}")
-    topics = _strings(entry["topics"], f"{where}: topics")
-    for topic in topics:
-        if "*" in topic[:-1]:
-            raise PolicyError(f"{where}: topics: {topic!r}: '*' may only end a prefix")
+    topics = _pattern(entry, "topics", where)
+    groups = _pattern(entry, "groups", where)
     allow = _operations(entry.get("allow", []), f"{where}: allow")
     deny = _operations(entry.get("deny", []), f"{where}: deny")
     both = allow & deny
     if both:
         names = ", ".join(sorted(op.value for op in both))
         raise PolicyError(f"{where}: deny: {names} also in allow")
+    for key, ops in (("allow", allow), ("deny", deny)):
+        if topics is None and ops - GROUP_OPERATIONS:
+            names = ", ".join(sorted(op.value for op in ops - GROUP_OPERATIONS))
+            raise PolicyError(f"{where}: {key}: {names} does not apply to groups (the "
+                              "rule names no topics; groups take subscribe and discover)")
+        if groups is None and Operation.DISCOVER in ops:
+            raise PolicyError(f"{where}: {key}: discover applies to groups only (the rule "
+                              "names no groups; a topic is visible to whoever may use it)")
     return Rule(
         who=frozenset(w if w.startswith(("listener:", "user:")) else normalise_identity(w)
                       for w in who if w != "*"),
-        anyone="*" in who,
-        topics=TopicPattern(frozenset(t for t in topics if not t.endswith("*")),
-                            tuple(t[:-1] for t in topics if t.endswith("*") and t != "*"),
-                            "*" in topics),
-        allow=allow, deny=deny)
+        anyone="*" in who, topics=topics, allow=allow, deny=deny, groups=groups)
+
+
+def _pattern(entry: Mapping[str, Any], key: str, where: str) -> TopicPattern | None:
+    """A rule's ``topics`` or ``groups`` (None when it has no such key)."""
+    if key not in entry:
+        return None
+    names = _strings(entry[key], f"{where}: {key}")
+    for name in names:
+        if "*" in name[:-1]:
+            raise PolicyError(f"{where}: {key}: {name!r}: '*' may only end a prefix")
+    return TopicPattern(frozenset(n for n in names if not n.endswith("*")),
+                        tuple(n[:-1] for n in names if n.endswith("*") and n != "*"),
+                        "*" in names)
 
 
 def _strings(value: Any, where: str) -> list[str]:

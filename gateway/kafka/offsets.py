@@ -4,10 +4,16 @@ Earliest (-2) is the first available sequence - 1 (0 for an empty partition), la
 the high-water mark (the next offset). A timestamp is looked up by bisecting the
 partition's sequence numbers (:mod:`gateway.backend.timelookup`: O(log n) bundle reads,
 on either backend). No message at or after it: offset -1, as Kafka answers.
+
+A partition named more than once in one request gets INVALID_REQUEST for every entry,
+as Kafka answers (its broker refuses duplicates rather than pick one). librdkafka never
+sends them: its offsets_for_times merges entries for the same partition before asking,
+the last one's time winning, and gives that one answer to all of them.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Final
 
 from gateway.auth.guard import ConnectionAccess
@@ -30,6 +36,7 @@ async def list_offsets(backend: Backend, body: Any, access: ConnectionAccess
                        ) -> ListOffsetsResponse:
     """Answer a ListOffsets request ``body``."""
     topics = []
+    named = Counter((t.name, p.partition_index) for t in body.topics for p in t.partitions)
     for topic in body.topics:
         answers = []
         allowed = access.may(topic.name, Operation.SUBSCRIBE)
@@ -42,6 +49,10 @@ async def list_offsets(backend: Backend, body: Any, access: ConnectionAccess
             if not allowed:
                 answers.append(ListOffsetsPartitionResponse(
                     index, ErrorCode.TOPIC_AUTHORIZATION_FAILED))
+                continue
+            if named[topic.name, index] > 1:
+                answers.append(ListOffsetsPartitionResponse(
+                    index, ErrorCode.INVALID_REQUEST, -1, -1))
                 continue
             if infos is None or not 0 <= index < len(infos):
                 answers.append(ListOffsetsPartitionResponse(

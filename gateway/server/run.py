@@ -369,6 +369,10 @@ def open_guard(settings: Settings, info: ServerInfo) -> None:
         info.guard.users = access.users  # before the policy: a reload swaps both
         info.guard.replace(access.policy)
         info.quotas.replace_rules(access.quotas)
+        if not access.policy.names_groups:
+            log.info("access_policy_groups_open", policy_file=str(path),
+                     reason="no rule names groups: every Kafka consumer group is open to "
+                     "every principal")
 
     try:
         apply(load_access(path))

@@ -9,7 +9,8 @@ A request whose API key or version this package does not declare is not an error
 comes out as :class:`UnsupportedRequest`, so the listener can answer as Kafka does
 (an ApiVersions request of a newer version gets an ApiVersions version 0 answer with
 UNSUPPORTED_VERSION and the supported versions; for other APIs Kafka closes the
-connection). Anything else malformed raises :class:`~protocols.errors.ProtocolError`.
+connection). Bytes after a request body's declared fields are ignored, as Kafka does.
+Anything else malformed raises :class:`~protocols.errors.ProtocolError`.
 """
 
 from __future__ import annotations
@@ -85,9 +86,10 @@ def decode_request(payload: bytes) -> Request | UnsupportedRequest:
     end = len(payload)
     header, pos = read_request_header(payload, 0, end,
                                       request_header_version(api_key, api_version))
-    body, pos = READERS[codec.name](payload, pos, end, api_version)  # in place: no copy
-    if pos != end:
-        raise ProtocolError(f"{end - pos} unexpected trailing bytes in {codec.name}")
+    # In place (no copy). Bytes after the declared fields are ignored, as Kafka's broker
+    # ignores them (it reads the fields off the frame and drops the rest): librdkafka 2.x
+    # relies on it, its Metadata request for all topics (v9+) carries 3 such bytes.
+    body, _ = READERS[codec.name](payload, pos, end, api_version)
     return Request(api_key, api_version, correlation_id, header.client_id, body)
 
 

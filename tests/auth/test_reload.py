@@ -146,5 +146,5 @@ def test_a_bad_policy_file_at_start_is_one_line_and_exit_2(tmp_path: Path) -> No
     [line] = result.stderr.splitlines()
     assert line == (f"figtank: configuration error: auth.policy_file: {policy}: rule[0]: "
                     "allow: unknown operation 'fly' (expected publish, produce, subscribe, "
-                    "consume, create, configure, admin)")
+                    "consume, create, configure, admin, discover)")
     assert not (tmp_path / "data").exists()  # nothing was started

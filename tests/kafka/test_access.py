@@ -107,8 +107,7 @@ def _confluent_alice(addr: str, certs: Certs) -> dict[str, Any]:
             for message in consumer.consume(5, timeout=0.2):
                 assert message.error() is None, message.error()
                 got.append(message.value())
-        # A topic named in Metadata (librdkafka's Metadata for all topics, v12, carries
-        # 3 bytes the codec refuses as trailing: see the report; kafka-python lists all).
+        # A topic named in Metadata (kafka-python's test below lists them all).
         listed = {name for name in ("orders-1", "payments")
                   if consumer.list_topics(topic=name, timeout=5).topics[name].error is None}
     finally:

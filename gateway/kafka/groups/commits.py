@@ -4,8 +4,10 @@ A committed offset is Kafka's: the next offset the group reads, which is the Tan
 sequence / Figg offset of the last message it consumed. Commits are checked against the
 group's membership (:class:`~gateway.kafka.groups.membership.MembershipCheck`: the
 coordinator, or a stand-in with no members), against the access policy (committing or
-reading a topic's offsets needs ``subscribe`` on it) and against the topic's partitions;
-then stored durably (:mod:`gateway.kafka.groups.offsets`) before the answer goes out.
+reading a topic's offsets needs ``subscribe`` on it; committing or deleting a group's
+offsets ``subscribe`` on the group, reading them ``discover``, else
+GROUP_AUTHORIZATION_FAILED) and against the topic's partitions; then stored durably
+(:mod:`gateway.kafka.groups.offsets`) before the answer goes out.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from gateway.auth.policy import Operation
 from gateway.kafka.context import RequestContext
+from gateway.kafka.groups.handlers import group_allowed
 from gateway.kafka.groups.offsets import Committed, OffsetStore
 from protocols.kafka.records import (
     OffsetCommitResponse,
@@ -50,6 +53,8 @@ async def offset_commit(ctx: RequestContext, body: Any, version: int) -> OffsetC
     codes: dict[tuple[str, int], int] = {}
     if not group:
         code: int = ErrorCode.INVALID_GROUP_ID
+    elif not group_allowed(ctx, group, Operation.SUBSCRIBE, "offset_commit"):
+        code = ErrorCode.GROUP_AUTHORIZATION_FAILED
     else:
         code = ctx.membership.check_member(group, body.member_id,
                                            body.generation_id_or_member_epoch,
@@ -124,13 +129,23 @@ async def offset_fetch(ctx: RequestContext, body: Any, version: int) -> OffsetFe
     """Answer an OffsetFetch: the committed offsets asked for (-1: none), of one group
     (versions 0-7) or of each group asked (version 8 and later)."""
     store = ctx.offsets
+    refused = ErrorCode.GROUP_AUTHORIZATION_FAILED
     if version < 8:
+        if not group_allowed(ctx, body.group_id, Operation.DISCOVER, "offset_fetch"):
+            # Versions 0-1 have no top-level error code: every partition asked carries it.
+            return OffsetFetchResponse(error_code=refused if version >= 2 else 0, topics=[
+                OffsetFetchResponseTopic(t.name, [_old_partition(i, None, refused)
+                                                  for i in t.partition_indexes])
+                for t in body.topics or ()] if version < 2 else [])
         found = _fetch_group(ctx, store, body.group_id, body.topics)
         return OffsetFetchResponse(topics=[
             OffsetFetchResponseTopic(name, [_old_partition(*p) for p in parts])
             for name, parts in found])
     groups = []
     for asked in body.groups:
+        if not group_allowed(ctx, asked.group_id, Operation.DISCOVER, "offset_fetch"):
+            groups.append(OffsetFetchResponseGroup(asked.group_id, error_code=refused))
+            continue
         found = _fetch_group(ctx, store, asked.group_id, asked.topics)
         groups.append(OffsetFetchResponseGroup(asked.group_id, [
             OffsetFetchResponseTopics(name, [_partition(*p) for p in parts])
@@ -145,6 +160,8 @@ async def offset_delete(ctx: RequestContext, body: Any, version: int) -> OffsetD
     empty = ctx.membership.is_empty(group) if group else True
     if not group:
         return OffsetDeleteResponse(error_code=ErrorCode.INVALID_GROUP_ID)
+    if not group_allowed(ctx, group, Operation.SUBSCRIBE, "offset_delete"):
+        return OffsetDeleteResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
     if empty and not ctx.offsets.has_group(group):
         return OffsetDeleteResponse(error_code=ErrorCode.GROUP_ID_NOT_FOUND)
     codes: dict[tuple[str, int], int] = {}

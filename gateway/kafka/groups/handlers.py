@@ -4,12 +4,18 @@ ListGroups): Kafka's records to and from the
 
 A JoinGroup (and a follower's SyncGroup) is a long poll: its handler task waits for the
 rebalance, and the connection's later answers wait behind it, as on a Kafka broker.
+
+The access policy's group rules apply (:meth:`~gateway.auth.guard.ConnectionAccess.
+may_group`): joining, syncing, heartbeats and leaving need ``subscribe`` on the group,
+describing it ``discover``; a refusal is GROUP_AUTHORIZATION_FAILED, and ListGroups lists
+only the groups the connection may discover.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from gateway.auth.policy import Operation
 from gateway.kafka.context import RequestContext
 from gateway.kafka.groups.coordinator import GroupCoordinator, JoinRequest
 from gateway.kafka.groups.state import GroupState
@@ -37,8 +43,22 @@ def _groups(ctx: RequestContext) -> GroupCoordinator:
     return ctx.groups
 
 
+def group_allowed(ctx: RequestContext, group: str, operation: Operation,
+                  request: str) -> bool:
+    """Whether the connection may do ``operation`` on ``group``; a refusal is counted and
+    logged (the caller answers GROUP_AUTHORIZATION_FAILED)."""
+    if ctx.access.may_group(group, operation):
+        return True
+    ctx.access.refused_group(group, operation, request)
+    return False
+
+
 async def join_group(ctx: RequestContext, body: Any, version: int) -> JoinGroupResponse:
     """JoinGroup; waits for the rebalance."""
+    if not group_allowed(ctx, body.group_id, Operation.SUBSCRIBE, "join_group"):
+        return JoinGroupResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED,
+                                 protocol_name=None if version >= 7 else "",
+                                 member_id=body.member_id)
     result = await _groups(ctx).join(JoinRequest(
         group_id=body.group_id, member_id=body.member_id,
         instance_id=body.group_instance_id, protocol_type=body.protocol_type,
@@ -62,6 +82,8 @@ async def join_group(ctx: RequestContext, body: Any, version: int) -> JoinGroupR
 
 async def sync_group(ctx: RequestContext, body: Any, version: int) -> SyncGroupResponse:
     """SyncGroup; a member waits for the leader's assignments."""
+    if not group_allowed(ctx, body.group_id, Operation.SUBSCRIBE, "sync_group"):
+        return SyncGroupResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
     result = await _groups(ctx).sync(
         body.group_id, body.generation_id, body.member_id, body.group_instance_id,
         body.protocol_type, body.protocol_name,
@@ -77,12 +99,16 @@ async def sync_group(ctx: RequestContext, body: Any, version: int) -> SyncGroupR
 
 async def heartbeat(ctx: RequestContext, body: Any, version: int) -> HeartbeatResponse:
     """Heartbeat."""
+    if not group_allowed(ctx, body.group_id, Operation.SUBSCRIBE, "heartbeat"):
+        return HeartbeatResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
     return HeartbeatResponse(error_code=_groups(ctx).heartbeat(
         body.group_id, body.generation_id, body.member_id, body.group_instance_id))
 
 
 async def leave_group(ctx: RequestContext, body: Any, version: int) -> LeaveGroupResponse:
     """LeaveGroup: one member (versions 0-2) or several."""
+    if not group_allowed(ctx, body.group_id, Operation.SUBSCRIBE, "leave_group"):
+        return LeaveGroupResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
     members = ([(body.member_id, None)] if version < 3 else
                [(m.member_id, m.group_instance_id) for m in body.members])
     codes = _groups(ctx).leave(body.group_id, members)
@@ -100,6 +126,10 @@ async def describe_groups(ctx: RequestContext, body: Any,
     groups = _groups(ctx)
     described = []
     for group_id in body.groups:
+        if not group_allowed(ctx, group_id, Operation.DISCOVER, "describe_groups"):
+            described.append(DescribedGroup(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED,
+                                            group_id=group_id))
+            continue
         summary = groups.describe(group_id)
         described.append(DescribedGroup(
             error_code=ErrorCode.NONE, group_id=group_id, group_state=summary.state.value,
@@ -113,7 +143,8 @@ async def describe_groups(ctx: RequestContext, body: Any,
 
 
 async def list_groups(ctx: RequestContext, body: Any, version: int) -> ListGroupsResponse:
-    """ListGroups, filtered by state (version 4) and type (version 5)."""
+    """ListGroups, filtered by state (version 4) and type (version 5), and to the groups
+    the connection may discover (as Kafka lists those it may describe)."""
     states = {s.lower() for s in body.states_filter} if version >= 4 else set()
     types = {t.lower() for t in body.types_filter} if version >= 5 else set()
     if types and CLASSIC not in types:
@@ -123,4 +154,5 @@ async def list_groups(ctx: RequestContext, body: Any, version: int) -> ListGroup
                     group_state=g.state.value, group_type=CLASSIC)
         for g in _groups(ctx).list()
         if not states or g.state.value.lower() in states
-        if g.state is not GroupState.DEAD])
+        if g.state is not GroupState.DEAD
+        if ctx.access.may_group(g.group_id, Operation.DISCOVER)])

@@ -204,9 +204,14 @@ def test_every_request_codec_is_reachable_by_key() -> None:
         n for n, c in CODECS.items() if c.spec.kind == "request"}
 
 
-def test_trailing_bytes_after_a_request_body_are_refused() -> None:
-    wire = request_bytes(18, 3, 1, r.ApiVersionsRequest("c", "1")) + b"\x00"
+def test_trailing_bytes_after_a_request_body_are_ignored_as_kafka_does() -> None:
+    # Kafka's broker reads a request's declared fields off the frame and drops the rest.
+    body = r.ApiVersionsRequest("c", "1")
+    wire = request_bytes(18, 3, 1, body) + b"\x00\x07"
     conn = KafkaServerConnection()
     conn.receive_data(struct.pack(">i", len(wire) - 4) + wire[4:])
-    with pytest.raises(ProtocolError, match="trailing bytes in ApiVersionsRequest"):
-        conn.next_event()
+    assert conn.next_event() == Request(18, 3, 1, "test", body)
+    # The next frame starts where the size said, not where the body ended.
+    conn.receive_data(request_bytes(18, 3, 2, body))
+    assert conn.next_event() == Request(18, 3, 2, "test", body)
+    assert conn.next_event() is NEED_DATA

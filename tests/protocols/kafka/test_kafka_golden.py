@@ -74,6 +74,39 @@ def test_metadata_v12_request() -> None:
         [r.MetadataRequestTopic(bytes(16), "orders")], allow_auto_topic_creation=True))
 
 
+# librdkafka 2.x's Metadata v12 requests, captured off a loopback socket
+# (confluent-kafka 2.16 AdminClient.list_topics()). It writes a 4-byte int32 placeholder
+# for the topic count and, for "all topics", leaves it as is instead of rewriting it as a
+# compact count: the first 00 reads as a null array, the next three as
+# AllowAutoTopicCreation=false, IncludeTopicAuthorizedOperations=false and no tagged
+# fields; what it meant for those fields (01 00 00) follows as 3 bytes Kafka ignores.
+LIBRDKAFKA_METADATA_BROKERS_ONLY = bytes.fromhex(
+    "0003" "000c" "00000002" "0007") + b"rdkafka" + bytes.fromhex(
+    "00"  # header tagged fields
+    "01"  # topics: compact array of 0 entries
+    "00" "00" "00")  # no auto-create, no authorized operations, no tagged fields
+LIBRDKAFKA_METADATA_ALL_TOPICS = bytes.fromhex(
+    "0003" "000c" "00000003" "0007") + b"rdkafka" + bytes.fromhex(
+    "00"  # header tagged fields
+    "00" "00" "00" "00"  # int32 placeholder 0: null topics, then as the three fields
+    "01" "00" "00")  # what librdkafka meant for them: ignored, as Kafka does
+
+
+def test_librdkafka_metadata_v12_for_brokers_only() -> None:
+    assert decode_request(LIBRDKAFKA_METADATA_BROKERS_ONLY) == Request(
+        3, 12, 2, "rdkafka", r.MetadataRequest(topics=[], allow_auto_topic_creation=False))
+
+
+def test_librdkafka_metadata_v12_for_all_topics() -> None:
+    # The fields decode as Kafka's broker decodes them; the 3 trailing bytes are ignored.
+    assert decode_request(LIBRDKAFKA_METADATA_ALL_TOPICS) == Request(
+        3, 12, 3, "rdkafka", r.MetadataRequest(topics=None, allow_auto_topic_creation=False))
+    # The codec itself is strict: the body alone has 3 bytes past its fields.
+    body = LIBRDKAFKA_METADATA_ALL_TOPICS[len(LIBRDKAFKA_METADATA_ALL_TOPICS) - 7:]
+    with pytest.raises(ProtocolError, match="3 unexpected trailing bytes"):
+        CODECS["MetadataRequest"].decode(body, version=12)
+
+
 def test_metadata_v12_response_header_is_v1() -> None:
     wire = encode_response(3, 12, 5, r.MetadataResponse())
     # size | correlation id | header tags | throttle | brokers [] | cluster id null |
