@@ -24,7 +24,7 @@ from gateway.auth.policy import Operation
 from gateway.backend.contract import ProduceBatch, ProduceCode, ProduceOutcome
 from gateway.kafka.idempotence import BatchEntry, ProducerStates
 from protocols.errors import ProtocolError
-from protocols.kafka.batch import InvalidRecord
+from protocols.kafka.batch import InvalidRecord, producer_stamps
 from protocols.kafka.bundles import records_to_bundles
 from protocols.kafka.records import (
     PartitionProduceResponse,
@@ -137,16 +137,17 @@ def plan_produce(body: Any, access: ConnectionAccess, max_batch: int,
             except ProtocolError as exc:
                 part.error, part.message = ErrorCode.CORRUPT_MESSAGE, str(exc)
                 continue
-            if producers is not None and any(b.producer_id >= 0 for b in run.batches):
-                if len(run.batches) != 1:
+            stamps = producer_stamps(records) if producers is not None else []
+            if producers is not None and any(b.producer_id >= 0 for b in stamps):
+                if len(stamps) != 1:
                     part.error = ErrorCode.INVALID_RECORD
                     part.message = ("an idempotent producer's records must be one batch "
                                     "per partition")
                     continue
-                batch = run.batches[0]
-                verdict = producers.check(name, data.index, batch.producer_id,
-                                          batch.producer_epoch, batch.base_sequence,
-                                          batch.last_offset_delta)
+                stamp = stamps[0]
+                verdict = producers.check(name, data.index, stamp.producer_id,
+                                          stamp.producer_epoch, stamp.base_sequence,
+                                          stamp.last_offset_delta)
                 if verdict.error:
                     part.error, part.message = verdict.error, verdict.message
                     continue

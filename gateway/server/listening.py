@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import structlog
 import trio
 
+from gateway.io.limits import RECEIVE_SIZE
 from gateway.server.metrics import Metrics
 from gateway.server.tls import ListenerTLS, peer_identity
 
@@ -50,6 +52,25 @@ def local_host(stream: trio.abc.Stream) -> str | None:
     """The host the peer reached (the connection's local address), or None."""
     address = _address(stream, "getsockname")
     return None if address is None else address[0]
+
+
+#: How long a connection closed after an error answer waits for the peer to close first.
+LINGER_SECS: Final = 1.0
+
+
+async def close_after_answer(stream: trio.abc.Stream) -> None:
+    """Close a connection whose last frame is an error answer so that the peer reads it:
+    end our side (TCP FIN) and drop what the peer still sends until it closes, at most
+    :data:`LINGER_SECS`. Closing at once with its bytes unread would reset the connection,
+    and a reset can destroy the answer before the peer reads it."""
+    with trio.move_on_after(LINGER_SECS), contextlib.suppress(
+            trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError,
+            OSError):
+        if isinstance(stream, trio.SocketStream):
+            await stream.send_eof()
+        while await stream.receive_some(RECEIVE_SIZE):
+            pass
+    await trio.aclose_forcefully(stream)
 
 
 class ConnectionSlots:
@@ -140,4 +161,7 @@ class ConnectionSlots:
             metrics.connections_closed.labels(protocol, listener, kind).inc()
             level = conn_log.info if kind in self.routine_kinds else conn_log.warning
             level("connection_closed", kind=kind, reason=reason, **stats(session))
-            await trio.aclose_forcefully(stream)
+            if kind in getattr(session, "DRAIN_ON", ()):
+                await close_after_answer(stream)
+            else:
+                await trio.aclose_forcefully(stream)

@@ -434,6 +434,29 @@ def read_batch(
     return batch, after
 
 
+@dataclass(frozen=True, slots=True)
+class ProducerStamp:
+    """What an idempotent producer's sequence check needs of one batch."""
+
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    last_offset_delta: int
+
+
+def producer_stamps(buf: bytes | bytearray | memoryview) -> list[ProducerStamp]:
+    """Each batch's producer fields, read from the headers only (no CRC check, no
+    decompression): for a ``records`` field already checked whole (e.g. by
+    :func:`~protocols.kafka.bundles.records_to_bundles`)."""
+    stamps = []
+    pos, end = 0, len(buf)
+    while pos + BATCH_HEADER_SIZE <= end:
+        head = _HEAD.unpack_from(buf, pos)
+        stamps.append(ProducerStamp(head[9], head[10], head[11], head[6]))
+        pos += _LOG_OVERHEAD + head[1]
+    return stamps
+
+
 #: The 13 fields of a batch header, as :data:`_HEAD` unpacks them.
 BatchHead = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int]
 

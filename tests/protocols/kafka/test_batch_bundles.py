@@ -10,8 +10,12 @@ from protocols.kafka.batch import (
     INVALID_RECORD,
     Compression,
     InvalidRecord,
+    ProducerStamp,
     Record,
     RecordBatch,
+    encode_batch,
+    encode_records,
+    producer_stamps,
     read_batches,
 )
 from protocols.kafka.bundles import batch_to_bundle, batch_to_messages, bundles_to_batches
@@ -160,3 +164,15 @@ def test_corrupt_bundle_is_protocol_error() -> None:
     bundle[0] |= 0x80
     with pytest.raises(ProtocolError):
         bundles_to_batches(frame_bundle(bytes(bundle)), 1)
+
+
+def test_producer_stamps_read_each_batch_header() -> None:
+    records = [Record(offset_delta=i, timestamp_delta=0, key=None, value=b"v")
+               for i in range(3)]
+    first = encode_batch(RecordBatch(base_offset=0, base_timestamp=1, max_timestamp=1,
+                                     last_offset_delta=2, producer_id=7, producer_epoch=1,
+                                     base_sequence=10), encode_records(records), 3)
+    second = encode_batch(RecordBatch(base_offset=0, base_timestamp=1, max_timestamp=1,
+                                      last_offset_delta=0), encode_records(records[:1]), 1)
+    assert producer_stamps(first + second) == [ProducerStamp(7, 1, 10, 2),
+                                               ProducerStamp(-1, -1, -1, 0)]
