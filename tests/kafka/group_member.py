@@ -6,7 +6,8 @@ subscribes with ``CLIENT`` (``confluent`` or ``kafka-python``), plain ``subscrib
 where it starts is the group's committed offset (or the earliest). ``MODE`` is ``auto``
 (auto commit every 200 ms, and on a rebalance or close) or ``explicit`` (a synchronous
 commit every :data:`EVERY` messages, and on a rebalance or close). ``DELAY`` seconds
-are spent on each message, so that a test can stop or kill it mid-stream.
+are spent on each message, so that a test can stop or kill it mid-stream (none after a
+SIGUSR1: it reads on at full speed).
 
 One line per event on stdout, flushed as it happens: ``assigned P,P,...`` when its
 assignment changes, ``m P O`` for each message consumed (printed as soon as the client
@@ -43,7 +44,7 @@ class Assignment:
 
 
 def run_confluent(address: str, topic: str, group: str, explicit: bool, session_ms: int,
-                  delay: float, stop: list[int]) -> None:
+                  pace: list[float], stop: list[int]) -> None:
     import confluent_kafka as ck
 
     consumer = ck.Consumer({
@@ -75,7 +76,7 @@ def run_confluent(address: str, topic: str, group: str, explicit: bool, session_
             continue
         say("m", message.partition(), message.offset())
         consumed += 1
-        time.sleep(delay)
+        time.sleep(pace[0])
         if explicit and consumed % EVERY == 0:
             commit()
     if explicit:
@@ -84,7 +85,7 @@ def run_confluent(address: str, topic: str, group: str, explicit: bool, session_
 
 
 def run_kafka_python(address: str, topic: str, group: str, explicit: bool,
-                     session_ms: int, delay: float, stop: list[int]) -> None:
+                     session_ms: int, pace: list[float], stop: list[int]) -> None:
     import kafka
 
     # Explicit mode: kafka-python's own commit on a rebalance is the auto commit's (a
@@ -117,7 +118,7 @@ def run_kafka_python(address: str, topic: str, group: str, explicit: bool,
                 say("m", record.partition, record.offset)
                 done[kafka.TopicPartition(record.topic, record.partition)] = record.offset + 1
                 consumed += 1
-                time.sleep(delay)
+                time.sleep(pace[0])
                 if explicit and consumed % EVERY == 0:
                     commit()
     consumer.close()  # commits, then LeaveGroup
@@ -126,9 +127,11 @@ def run_kafka_python(address: str, topic: str, group: str, explicit: bool,
 def main() -> None:
     client, address, topic, group, mode, session_ms, delay = sys.argv[1:8]
     stop: list[int] = []
+    pace = [float(delay)]
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    signal.signal(signal.SIGUSR1, lambda *_: pace.__setitem__(0, 0.0))
     run = run_confluent if client == "confluent" else run_kafka_python
-    run(address, topic, group, mode == "explicit", int(session_ms), float(delay), stop)
+    run(address, topic, group, mode == "explicit", int(session_ms), pace, stop)
     say("closed")
 
 

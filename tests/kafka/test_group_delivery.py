@@ -27,7 +27,7 @@ from tests.kafka.helpers import CONFLUENT, bootstrap, kafka_server
 TOPIC = "six"
 PARTITIONS = 6
 #: Messages per partition.
-PER_PARTITION = 40
+PER_PARTITION = 250
 #: The members' session timeout (the server's minimum is lowered to allow it).
 SESSION_MS = 2000
 #: Seconds each member spends on a message: it is mid-stream when stopped or killed.
@@ -148,6 +148,7 @@ async def test_survivors_take_over_from_the_last_commits(tmp_path, client):
             await trio.sleep(0.2)
             at_kill = {p: c.offset for (t, p), c in
                        server.offsets.committed(group).items() if t == TOPIC}
+            survivor.process.send_signal(signal.SIGUSR1)  # on at full speed
             await until(lambda: survivor.assigned == set(range(PARTITIONS)),
                         SESSION_MS / 1000 + 4, "the survivor with every partition", state)
             took = time.monotonic() - killed_at
