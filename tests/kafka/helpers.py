@@ -17,10 +17,12 @@ CONFLUENT = {"socket.timeout.ms": 5000, "message.timeout.ms": 5000,
 
 @asynccontextmanager
 async def kafka_server(tmp_path: Path, **settings: Any) -> AsyncIterator[ServerInfo]:
-    """Serve a fresh embedded store on ephemeral loopback ports (metrics off)."""
+    """Serve a fresh embedded store on ephemeral loopback ports (metrics off unless
+    ``metrics_listen`` says where)."""
     config = Settings(data_dir=tmp_path / "data", durability=settings.pop("durability", "os"),
                       kafka_listen="127.0.0.1:0", tank_listen="127.0.0.1:0",
-                      figg_listen="127.0.0.1:0", metrics_listen="", **settings)
+                      figg_listen="127.0.0.1:0",
+                      metrics_listen=settings.pop("metrics_listen", ""), **settings)
     async with open_server(config, grace=0.2) as server:
         yield server
 

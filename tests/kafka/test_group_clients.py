@@ -1,9 +1,8 @@
 """Consumer groups with the real clients: confluent-kafka (librdkafka) and kafka-python
 consumers subscribe to a six-partition topic and split it; a member closing (LeaveGroup)
-or killed with SIGKILL hands its partitions to the survivors.
-
-The consumers assign the partitions they are given at the beginning (in their rebalance
-callback), so these tests need no committed offsets."""
+or killed with SIGKILL hands its partitions to the survivors. Plain ``subscribe()``: where
+each member starts is the group's committed offset (OffsetFetch), else the earliest.
+(test_group_delivery.py counts the messages across such a hand-over.)"""
 
 from __future__ import annotations
 
@@ -50,15 +49,7 @@ class ConfluentMember(threading.Thread):
     def run(self) -> None:
         try:
             consumer = ck.Consumer(self.config)
-            cooperative = self.config.get("partition.assignment.strategy") == \
-                "cooperative-sticky"
-
-            def on_assign(c: Any, parts: list[Any]) -> None:
-                start = [ck.TopicPartition(p.topic, p.partition, ck.OFFSET_BEGINNING)
-                         for p in parts]
-                (c.incremental_assign if cooperative else c.assign)(start)
-
-            consumer.subscribe([TOPIC], on_assign=on_assign)
+            consumer.subscribe([TOPIC])
             while not self.stop.is_set():
                 consumer.poll(0.05)
                 self.assigned = frozenset(p.partition for p in consumer.assignment())
@@ -85,16 +76,7 @@ class KafkaPythonMember(threading.Thread):
                 bootstrap_servers=self.addr, group_id=self.group, enable_auto_commit=False,
                 session_timeout_ms=6000, heartbeat_interval_ms=300,
                 auto_offset_reset="earliest", request_timeout_ms=10000)
-
-            class Listener(kafka.ConsumerRebalanceListener):  # type: ignore[misc]
-                def on_partitions_revoked(self, revoked: Any) -> None:
-                    pass
-
-                def on_partitions_assigned(self, assigned: Any) -> None:
-                    if assigned:
-                        consumer.seek_to_beginning(*assigned)
-
-            consumer.subscribe([TOPIC], listener=Listener())
+            consumer.subscribe([TOPIC])
             while not self.stop.is_set():
                 consumer.poll(timeout_ms=50)
                 self.assigned = frozenset(p.partition for p in consumer.assignment())
@@ -167,12 +149,8 @@ CHILD = textwrap.dedent("""
     addr, topic, group = sys.argv[1:4]
     c = ck.Consumer({"bootstrap.servers": addr, "group.id": group,
                      "session.timeout.ms": 6000, "heartbeat.interval.ms": 300,
-                     "enable.auto.commit": False})
-    def on_assign(c, parts):
-        c.assign([ck.TopicPartition(p.topic, p.partition, ck.OFFSET_BEGINNING)
-                  for p in parts])
-        print("assigned", sorted(p.partition for p in parts), flush=True)
-    c.subscribe([topic], on_assign=on_assign)
+                     "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    c.subscribe([topic])
     while True:
         c.poll(0.05)
 """)
@@ -184,7 +162,7 @@ async def test_member_killed_with_sigkill_is_replaced_within_session_timeout(tmp
         await trio.to_thread.run_sync(create_topic, addr)
         members = [ConfluentMember(addr, "g-kill") for _ in range(2)]
         child = subprocess.Popen([sys.executable, "-c", CHILD, addr, TOPIC, "g-kill"],
-                                 stdout=subprocess.PIPE, text=True,
+                                 stdout=subprocess.DEVNULL,
                                  env={**os.environ, "PYTHONPATH": os.getcwd()})
         try:
             for m in members:

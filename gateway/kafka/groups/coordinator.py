@@ -189,8 +189,10 @@ class GroupCoordinator:
         return group
 
     def _maybe_drop(self, group: Group) -> None:
-        """Forget a group with no member and none about to join."""
-        if not group.members and not group.pending and group.state is GroupState.EMPTY:
+        """Forget a group with no member and none about to join (once: a group already
+        forgotten, e.g. by the join that emptied it, is not counted out again)."""
+        if (not group.members and not group.pending and group.state is GroupState.EMPTY
+                and self._groups.get(group.group_id) is group):
             self.metrics.kafka_groups.labels(group.state.value).dec()
             self._groups.pop(group.group_id, None)
 
