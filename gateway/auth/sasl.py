@@ -156,6 +156,7 @@ class ScramServer(SaslServer):
         self._client_first_bare = ""
         self._server_first = ""
         self._gs2_header = ""
+        self._client_nonce = ""
 
     def step(self, token: bytes) -> bytes:
         try:
@@ -206,6 +207,7 @@ class ScramServer(SaslServer):
         self._credential = credential or _decoy(user, self.mechanism)
         self._gs2_header = f"{flag},{authzid},"
         self._client_first_bare = bare
+        self._client_nonce = client_nonce
         self._nonce = client_nonce + self._nonce
         salt = base64.b64encode(self._credential.salt).decode()
         self._server_first = f"r={self._nonce},s={salt},i={self._credential.iterations}"
@@ -226,7 +228,10 @@ class ScramServer(SaslServer):
             raise self._fail("malformed client-final message (base64)") from None
         if binding != self._gs2_header.encode():
             raise self._fail("channel binding data does not match the gs2 header")
-        if attributes[1][2:] != self._nonce:
+        # librdkafka before 2.6.1 sends its own nonce again before the combined one
+        # (confluentinc/librdkafka#4895, since v0.0.99: kcat 1.7.1's 2.0.2 among them);
+        # Kafka 3.8.1 accepts any prefix (endsWith), this only that one.
+        if attributes[1][2:] not in (self._nonce, self._client_nonce + self._nonce):
             raise self._fail("the nonce does not match")
         without_proof = text[:text.rindex(",p=")]
         message = ",".join((self._client_first_bare, self._server_first,

@@ -2,12 +2,15 @@
 
 A listener with ``sasl_mechanisms`` (:class:`~gateway.server.config.ListenerTable`) gives
 each connection a :class:`SaslGate`. Until it has authenticated, the connection may send
-ApiVersions, one SaslHandshake (version 1: the SASL tokens then travel in SaslAuthenticate
-requests; version 0, raw SASL frames, is refused with UNSUPPORTED_VERSION) and the
-SaslAuthenticate requests of its mechanism's exchange
-(:mod:`gateway.auth.sasl`); anything else closes the connection. A mechanism the listener
-does not enable is answered UNSUPPORTED_SASL_MECHANISM with the enabled ones, a failed
-exchange SASL_AUTHENTICATION_FAILED with the reason; both then close the connection, count
+ApiVersions, one SaslHandshake and the tokens of its mechanism's exchange
+(:mod:`gateway.auth.sasl`); anything else closes the connection. After a SaslHandshake
+version 1 the tokens travel in SaslAuthenticate requests; after a version 0 (KIP-43: what
+clients that do not know SaslAuthenticate send, such as librdkafka without ApiVersions
+or told an old ``broker.version.fallback``) they are raw frames, ``int32 size | token``
+both ways (:meth:`SaslGate.token`). A mechanism the listener does not enable is answered
+UNSUPPORTED_SASL_MECHANISM with the enabled ones, a failed exchange
+SASL_AUTHENTICATION_FAILED with the reason (a failed raw exchange gets no answer: Kafka's
+SaslServerAuthenticator closes the connection); all then close the connection, count
 in ``figtank_sasl_auth_failures{listener,mechanism}`` and log one ``sasl_auth_failed``
 line. On success the connection acts as ``user:NAME`` (its principal's
 :attr:`~gateway.auth.principal.Principal.user`).
@@ -20,7 +23,7 @@ the session lifetime answered is 0, "forever").
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any
 
 import structlog
 import trio
@@ -31,9 +34,6 @@ from gateway.kafka.context import RequestContext
 from gateway.server.session import CloseConnection
 from protocols.kafka.records import SaslAuthenticateResponse, SaslHandshakeResponse
 from protocols.kafka.types import ErrorCode
-
-#: The SaslHandshake versions advertised: 1 only (0 means raw SASL frames, not served).
-HANDSHAKE_VERSIONS: Final = (1, 1)
 
 
 class SaslGate:
@@ -54,6 +54,8 @@ class SaslGate:
         self.mechanism = ""
         #: The authenticated user (None until the exchange succeeded).
         self.user: str | None = None
+        #: Whether the tokens come as raw frames (the handshake was version 0).
+        self.raw = False
 
     def handshake(self, body: Any, version: int) -> tuple[SaslHandshakeResponse,
                                                           CloseConnection | None]:
@@ -66,16 +68,12 @@ class SaslGate:
         if self._exchange is not None:
             return (answer(ErrorCode.ILLEGAL_SASL_STATE),
                     self.failed(self.mechanism, "a second SaslHandshake"))
-        if version < HANDSHAKE_VERSIONS[0]:
-            return (answer(ErrorCode.UNSUPPORTED_VERSION),
-                    self.failed(body.mechanism if body.mechanism in mechanisms else
-                                "unsupported", f"SaslHandshake v{version} (raw SASL "
-                                "frames) is not served: use v1 and SaslAuthenticate"))
         if body.mechanism not in mechanisms:
             return (answer(ErrorCode.UNSUPPORTED_SASL_MECHANISM),
                     self.failed("unsupported", f"mechanism {body.mechanism[:64]!r} is not "
                                 f"enabled (enabled: {', '.join(mechanisms)})"))
         self.mechanism = body.mechanism
+        self.raw = version == 0
         self._exchange = server(body.mechanism, lambda name: self._users().lookup(name))
         return answer(ErrorCode.NONE), None
 
@@ -83,27 +81,44 @@ class SaslGate:
                                                      CloseConnection | None]:
         """The answer to a SaslAuthenticate, and the close that must follow it (or None).
         :attr:`user` is set once the exchange has succeeded."""
-        exchange = self._exchange
-        if exchange is None:
+        if self._exchange is None:
             message = "SaslAuthenticate before SaslHandshake"
             return (SaslAuthenticateResponse(error_code=ErrorCode.ILLEGAL_SASL_STATE,
                                              error_message=message),
                     self.failed("none", message))
         try:
-            if exchange.mechanism == "PLAIN":  # derives a key: PBKDF2, off the event loop
-                token = await trio.to_thread.run_sync(exchange.step, body.auth_bytes,
-                                                      limiter=self._limiter)
-            else:
-                token = exchange.step(body.auth_bytes)
+            token = await self._step(body.auth_bytes)
         except SaslFailed as exc:
             return (SaslAuthenticateResponse(error_code=ErrorCode.SASL_AUTHENTICATION_FAILED,
                                              error_message=str(exc)),
-                    self.failed(self.mechanism, str(exc), exchange.claimed))
+                    self.failed(self.mechanism, str(exc), self._exchange.claimed))
+        return SaslAuthenticateResponse(error_message=None, auth_bytes=token), None
+
+    async def token(self, data: bytes) -> tuple[bytes, CloseConnection | None]:
+        """The answer to a raw SASL token (after a SaslHandshake version 0) and the close
+        that must follow it, or None. A failure has no answer (``b""`` with the close: the
+        connection is closed without one, as Kafka does). :attr:`user` is set once the
+        exchange has succeeded."""
+        assert self._exchange is not None and self.raw
+        try:
+            return await self._step(data), None
+        except SaslFailed as exc:
+            return b"", self.failed(self.mechanism, str(exc), self._exchange.claimed)
+
+    async def _step(self, data: bytes) -> bytes:
+        """Feed the exchange one client token: its answer. Raises SaslFailed."""
+        exchange = self._exchange
+        assert exchange is not None
+        if exchange.mechanism == "PLAIN":  # derives a key: PBKDF2, off the event loop
+            token = await trio.to_thread.run_sync(exchange.step, data,
+                                                  limiter=self._limiter)
+        else:
+            token = exchange.step(data)
         if exchange.done:
             self.user = exchange.user
             self._log.info("sasl_authenticated", user=self.user, mechanism=self.mechanism,
-                           listener=self._listener)
-        return SaslAuthenticateResponse(error_message=None, auth_bytes=token), None
+                           listener=self._listener, raw=self.raw)
+        return token
 
     def failed(self, mechanism: str, reason: str, user: str | None = None
                ) -> CloseConnection:

@@ -65,7 +65,12 @@ from gateway.server.metrics import Metrics, RequestCounter
 from gateway.server.requests import RequestSession
 from gateway.server.session import PROTOCOL_ERRORS, CloseConnection
 from protocols.connection import CLOSED, NEED_DATA
-from protocols.kafka.connection import KafkaServerConnection, Request, UnsupportedRequest
+from protocols.kafka.connection import (
+    KafkaServerConnection,
+    Request,
+    SaslToken,
+    UnsupportedRequest,
+)
 from protocols.kafka.types import ApiKey, ErrorCode
 
 
@@ -203,11 +208,16 @@ class KafkaSession(RequestSession):
             self._closing(gate.failed(gate.mechanism or "none",
                                       f"not authenticated within {timeout:g} s"))
 
-    async def _before_authentication(self, request: Request | UnsupportedRequest) -> None:
+    async def _before_authentication(self, request: Request | UnsupportedRequest | SaslToken
+                                     ) -> None:
         """Serve a request that came before the SASL exchange succeeded: ApiVersions and
-        the exchange's own requests; anything else closes the connection."""
+        the exchange's own requests (or raw tokens, after a SaslHandshake v0); anything
+        else closes the connection."""
         gate = self._sasl
         assert gate is not None
+        if isinstance(request, SaslToken):
+            await self._raw_token(gate, request.token)
+            return
         key = request.api_key
         if isinstance(request, UnsupportedRequest) or key == ApiKey.API_VERSIONS:
             self._dispatch(request)
@@ -226,7 +236,23 @@ class KafkaSession(RequestSession):
         self._fill(self._slot(), self._conn.send(request, response))
         if close is not None:
             raise close
+        if gate.raw:  # SaslHandshake v0: the tokens come as raw frames
+            self._conn.read_sasl_tokens()
         if gate.user is not None:
+            self._authenticated(gate.user)
+
+    async def _raw_token(self, gate: SaslGate, token: bytes) -> None:
+        """A raw SASL token (after a SaslHandshake v0): answered with a raw frame; a
+        failure closes the connection with no answer, as Kafka does."""
+        self._received_request()
+        answer, close = await gate.token(token)
+        # Counted as the SaslAuthenticate request that carries a token after a v1 handshake.
+        self._counter.inc("sasl_authenticate", close is None)
+        if close is not None:
+            raise close
+        self._fill(self._slot(), self._conn.send_sasl_token(answer))
+        if gate.user is not None:
+            self._conn.read_requests()
             self._authenticated(gate.user)
 
     def _authenticated(self, user: str) -> None:

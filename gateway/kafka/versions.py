@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Final
 
 from gateway.kafka.handlers import HANDLERS
-from gateway.kafka.sasl import HANDSHAKE_VERSIONS
 from protocols.kafka.messages import SUPPORTED_VERSIONS
 from protocols.kafka.records import ApiVersion, ApiVersionsResponse
 from protocols.kafka.types import ApiKey, ErrorCode
@@ -14,12 +13,8 @@ from protocols.kafka.types import ApiKey, ErrorCode
 #: The API keys the session answers; any other declared one closes the connection.
 SERVED: Final = frozenset({ApiKey.PRODUCE, ApiKey.API_VERSIONS, *HANDLERS})
 
-#: Versions advertised narrower than the codec decodes.
-_NARROWED: Final = {ApiKey.SASL_HANDSHAKE: HANDSHAKE_VERSIONS}
-
 #: What an ApiVersions request is answered (the same for every version).
-_API_KEYS: Final = [ApiVersion(key, *_NARROWED.get(key, (low, high if high is not None
-                                                         else low)))
+_API_KEYS: Final = [ApiVersion(key, low, high if high is not None else low)
                     for key, (low, high) in sorted(SUPPORTED_VERSIONS.items())
                     if key in SERVED]
 

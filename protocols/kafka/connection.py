@@ -11,6 +11,12 @@ comes out as :class:`UnsupportedRequest`, so the listener can answer as Kafka do
 UNSUPPORTED_VERSION and the supported versions; for other APIs Kafka closes the
 connection). Bytes after a request body's declared fields are ignored, as Kafka does.
 Anything else malformed raises :class:`~protocols.errors.ProtocolError`.
+
+After a SaslHandshake version 0 (KIP-43) the client sends its SASL tokens as raw frames,
+``int32 size | token`` with no request header, and the server answers each the same way.
+The owner switches the connection to that mode once it has accepted the handshake
+(:meth:`KafkaServerConnection.read_sasl_tokens`), gets each frame as a :class:`SaslToken`,
+and switches back when the exchange has succeeded (:meth:`~KafkaServerConnection.read_requests`).
 """
 
 from __future__ import annotations
@@ -65,6 +71,13 @@ class UnsupportedRequest:
     client_id: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class SaslToken:
+    """One raw SASL token, framed by its size only (after a SaslHandshake version 0)."""
+
+    token: bytes
+
+
 def frame(payload: bytes) -> bytes:
     """``int32 size | payload``."""
     return FRAME_HEADER.pack(len(payload)) + payload
@@ -111,7 +124,8 @@ def encode_response(api_key: int, api_version: int, correlation_id: int, body: A
 class KafkaServerConnection:
     """The server end of a Kafka connection: bytes in, requests out, responses to bytes.
 
-    :meth:`next_event` returns a :class:`Request` or :class:`UnsupportedRequest`,
+    :meth:`next_event` returns a :class:`Request` or :class:`UnsupportedRequest` (a
+    :class:`SaslToken` between :meth:`read_sasl_tokens` and :meth:`read_requests`),
     :data:`~protocols.connection.NEED_DATA` when it needs more bytes, and
     :data:`~protocols.connection.CLOSED` after a clean EOF. Bad input raises
     :class:`~protocols.errors.ProtocolError` (a frame over ``max_frame_size``:
@@ -122,6 +136,24 @@ class KafkaServerConnection:
     def __init__(self, *, max_frame_size: int = DEFAULT_MAX_FRAME) -> None:
         self._frames = FrameReader(FRAME_HEADER, 0, max_frame_size)
         self._failure: ProtocolError | None = None
+        self._raw_sasl = False
+
+    @property
+    def reading_sasl_tokens(self) -> bool:
+        """Whether frames are read as raw SASL tokens (see :meth:`read_sasl_tokens`)."""
+        return self._raw_sasl
+
+    def read_sasl_tokens(self) -> None:
+        """From the next frame on, every frame is a raw SASL token (a :class:`SaslToken`
+        event; answer with :meth:`send_sasl_token`). Call it after accepting a
+        SaslHandshake version 0, before asking for the next event: bytes the client sent
+        after the handshake are already buffered and read in this mode."""
+        self._raw_sasl = True
+
+    def read_requests(self) -> None:
+        """From the next frame on, frames are Kafka requests again (the SASL exchange
+        started by a SaslHandshake version 0 has succeeded)."""
+        self._raw_sasl = False
 
     @property
     def max_frame_size(self) -> int:
@@ -138,7 +170,8 @@ class KafkaServerConnection:
         self._frames.feed(data)
 
     def next_event(self) -> Any:
-        """The next :class:`Request` or :class:`UnsupportedRequest`, NEED_DATA or CLOSED."""
+        """The next :class:`Request`, :class:`UnsupportedRequest` or :class:`SaslToken`,
+        NEED_DATA or CLOSED."""
         if self._failure is not None:
             raise ProtocolError(f"connection already failed: {self._failure}")
         try:
@@ -146,6 +179,8 @@ class KafkaServerConnection:
             if got is NEED_DATA or got is CLOSED:
                 return got
             _, payload = got  # type: ignore[misc]  # a frame, not a sentinel
+            if self._raw_sasl:
+                return SaslToken(payload)
             return decode_request(payload)
         except ProtocolError as exc:
             self._failure = kept(exc)
@@ -160,6 +195,12 @@ class KafkaServerConnection:
                                request.api_version if version is None else version,
                                request.correlation_id, body)
 
+    @staticmethod
+    def send_sasl_token(token: bytes) -> bytes:
+        """The raw frame answering a :class:`SaslToken`: ``int32 size | token``."""
+        return frame(token)
 
-__all__ = ["FRAME_HEADER", "KafkaServerConnection", "Request", "UnsupportedRequest",
+
+__all__ = ["FRAME_HEADER", "KafkaServerConnection", "Request", "SaslToken",
+           "UnsupportedRequest",
            "decode_request", "encode_response", "frame"]

@@ -183,3 +183,20 @@ def test_users_add_refuses_bad_input_in_one_line(args: list[str], stdin: str,
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+@pytest.mark.parametrize(("prefix", "ok"), [
+    ("fyko+d2lbbFgONRv9qkxdawL", True),  # the client's nonce again: librdkafka < 2.6.1
+    ("x", False), ("fyko+d2lbbFgONRv9qkxdaw", False), ("fyko+d2lbbFgONRv9qkxdawLfyko", False)])
+def test_the_nonce_librdkafka_before_2_6_1_sends(prefix: str, ok: bool) -> None:
+    users = parse_users(tomllib.loads(user_entry("u", "pw", ["SCRAM-SHA-256"]))["user"])
+    client = ScramClient("SCRAM-SHA-256", "u", "pw")  # nonce fyko+d2lbbFgONRv9qkxdawL
+    exchange = server("SCRAM-SHA-256", users.lookup)
+    first = exchange.step(client.first())
+    final = client.final(first, nonce_prefix=prefix)
+    if ok:
+        assert client.verify(exchange.step(final)) and exchange.user == "u"
+    else:
+        with pytest.raises(SaslFailed, match="the nonce does not match"):
+            exchange.step(final)
+        assert not exchange.done

@@ -23,12 +23,14 @@ class ScramClient:
     def first(self) -> bytes:
         return ("n,," + self.first_bare).encode()
 
-    def final(self, server_first: bytes) -> bytes:
+    def final(self, server_first: bytes, nonce_prefix: str = "") -> bytes:
+        """The client-final message; ``nonce_prefix`` goes before the combined nonce
+        (librdkafka before 2.6.1 repeats its own nonce there)."""
         attrs = dict(a.split("=", 1) for a in server_first.decode().split(","))
         assert attrs["r"].startswith(self.nonce)
         self.salted = hashlib.pbkdf2_hmac(self.hash, self.password,
                                           base64.b64decode(attrs["s"]), int(attrs["i"]))
-        without_proof = f"c=biws,r={attrs['r']}"
+        without_proof = f"c=biws,r={nonce_prefix}{attrs['r']}"
         self.auth_message = ",".join((self.first_bare, server_first.decode(),
                                       without_proof)).encode()
         client_key = hmac.digest(self.salted, b"Client Key", self.hash)
