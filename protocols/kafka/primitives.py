@@ -175,6 +175,51 @@ def write_bytes(out: bytearray, value: bytes | bytearray | memoryview | None,
     out += value
 
 
+#: A ``records`` value at least this long is kept out of a :class:`Parts` encoding's bytes.
+PART_MIN: Final = 16 * 1024
+
+#: A piece of an encoding: the encoder's own bytes, or a ``records`` value as given.
+Buffer = bytes | bytearray | memoryview
+
+
+class Parts(bytearray):
+    """An encoder's output that keeps large ``records`` values apart instead of copying
+    them in: :func:`write_records` ends the current piece there and adds the value itself,
+    so that a Fetch response is sent as a list of buffers (a vectored send) without its
+    megabytes of records ever being copied into one payload.
+
+    Use it as the ``out`` of a ``write_<message>`` encoder, then :meth:`pieces`.
+    """
+
+    __slots__ = ("_pieces",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pieces: list[Buffer] = []
+
+    def keep(self, value: Buffer) -> None:
+        """End the current piece and add ``value`` as the next one (not copied)."""
+        self._pieces += (bytearray(self), value)
+        self.clear()
+
+    def pieces(self) -> list[Buffer]:
+        """Every piece in order; the first is a ``bytearray`` (a size may be patched in)."""
+        return [*self._pieces, bytearray(self)]
+
+
+def write_records(out: bytearray, value: Buffer | None, flexible: bool) -> None:
+    """:func:`write_bytes` for ``records``: a large value is kept apart by a :class:`Parts`
+    ``out`` (see there), copied into any other ``out``."""
+    if value is None or len(value) < PART_MIN or type(out) is not Parts:
+        write_bytes(out, value, flexible)
+        return
+    if flexible:
+        write_uvarint(out, len(value) + 1)
+    else:
+        out += _I32.pack(len(value))
+    out.keep(value)
+
+
 def write_count(out: bytearray, count: int | None, flexible: bool) -> None:
     """Append an array's (compact, nullable) count; ``None`` for a null array."""
     if count is None:
