@@ -34,7 +34,7 @@ FIXED: Final = {"int8": "b", "int16": "h", "uint16": "H", "int32": "i", "uint32"
                 "int64": "q", "float64": "d", "bool": "?", "uuid": "16s"}
 VARIABLE: Final = frozenset(("string", "bytes", "records"))
 _ANNOTATIONS: Final = {"float64": "float", "bool": "bool", "uuid": "bytes", "string": "str",
-                       "bytes": "bytes", "records": "bytes"}
+                       "bytes": "bytes", "records": "bytes | memoryview"}
 
 
 def _test(versions: VersionRange | None, var: str = "version") -> str:
@@ -309,7 +309,7 @@ class KafkaModule(Module):
             read = (f"{var} = {self.struct(fmt)}.unpack_from(buf, pos)[0]")
             return [f"if {end} - pos < {size}:", f"    raise truncated({what!r}, pos, {end})",
                     read, f"pos += {size}"]
-        helper = "read_string" if kind == "string" else "read_bytes"
+        helper = {"string": "read_string", "records": "read_records"}.get(kind, "read_bytes")
         if nullable == "False":
             return [f"{var}, pos = {self.helper(helper)}(buf, pos, {end}, {flexible}, "
                     f"{what!r})"]

@@ -125,6 +125,31 @@ def read_nullable_bytes(buf: bytes, pos: int, end: int, flexible: bool, nullable
     return buf[pos:pos + n], pos + n
 
 
+def read_records(buf: bytes, pos: int, end: int, flexible: bool, what: str
+                 ) -> tuple[bytes | memoryview, int]:
+    """:func:`read_nullable_records` that may not be null."""
+    value, pos = read_nullable_records(buf, pos, end, flexible, False, what)
+    if value is None:  # unreachable: not nullable raises; for the type checker
+        raise ProtocolError(f"{what}: null where records are required")
+    return value, pos
+
+
+def read_nullable_records(buf: bytes, pos: int, end: int, flexible: bool, nullable: bool,
+                          what: str) -> tuple[bytes | memoryview | None, int]:
+    """:func:`read_nullable_bytes` for ``records`` (megabytes in a Produce request): a
+    view of ``buf``, not a copy, when ``buf`` is ``bytes`` (it can not change)."""
+    if type(buf) is not bytes:
+        return read_nullable_bytes(buf, pos, end, flexible, nullable, what)
+    n, pos = _length(buf, pos, end, flexible, True, what)
+    if n < 0:
+        if not nullable:
+            raise ProtocolError(f"{what}: null where records are required")
+        return None, pos
+    if n > end - pos:
+        raise ProtocolError(f"{what}: length {n} overruns the payload ({end - pos} bytes left)")
+    return memoryview(buf)[pos:pos + n], pos + n
+
+
 def read_count(buf: bytes, pos: int, end: int, flexible: bool, nullable: bool, what: str
                ) -> tuple[int, int]:
     """An array's element count (``-1``: null, only when ``nullable``). Every element takes

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 from protocols.errors import ProtocolError
 from protocols.spec import Buffer, PayloadFunctions, cannot_encode, trailing, truncated
 from collections.abc import Callable
-from protocols.kafka.primitives import not_in_version, null_not_allowed, read_bytes, read_count, read_nullable_bytes, read_nullable_string, read_string, read_tag_header, read_uvarint, skip_tagged, write_bytes, write_count, write_records, write_string, write_tagged
+from protocols.kafka.primitives import not_in_version, null_not_allowed, read_bytes, read_count, read_nullable_records, read_nullable_string, read_string, read_tag_header, read_uvarint, skip_tagged, write_bytes, write_count, write_records, write_string, write_tagged
 
 
 _S0: Final = Struct('>hhh')
@@ -1025,7 +1025,7 @@ class PartitionData:
     preferred_read_replica: int = -1
     """The replica to fetch from instead, or -1."""
 
-    records: bytes | None = None
+    records: bytes | memoryview | None = None
     """The record batches."""
 
 
@@ -1037,7 +1037,7 @@ else:
 
         __slots__ = ('aborted_transactions', 'current_leader', 'diverging_epoch', 'error_code', 'high_watermark', 'last_stable_offset', 'log_start_offset', 'partition_index', 'preferred_read_replica', 'records', 'snapshot_id', )
 
-        def __init__(self, partition_index: int, error_code: int, high_watermark: int, last_stable_offset: int, log_start_offset: int, diverging_epoch: EpochEndOffset, current_leader: LeaderIdAndEpoch, snapshot_id: SnapshotId, aborted_transactions: list[AbortedTransaction] | None, preferred_read_replica: int, records: bytes | None) -> None:
+        def __init__(self, partition_index: int, error_code: int, high_watermark: int, last_stable_offset: int, log_start_offset: int, diverging_epoch: EpochEndOffset, current_leader: LeaderIdAndEpoch, snapshot_id: SnapshotId, aborted_transactions: list[AbortedTransaction] | None, preferred_read_replica: int, records: bytes | memoryview | None) -> None:
             self.partition_index = partition_index
             self.error_code = error_code
             self.high_watermark = high_watermark
@@ -2708,7 +2708,7 @@ class PartitionProduceData:
     index: int = 0
     """The partition index."""
 
-    records: bytes | None = None
+    records: bytes | memoryview | None = None
     """The record batches to append."""
 
 
@@ -2720,7 +2720,7 @@ else:
 
         __slots__ = ('index', 'records', )
 
-        def __init__(self, index: int, records: bytes | None) -> None:
+        def __init__(self, index: int, records: bytes | memoryview | None) -> None:
             self.index = index
             self.records = records
 
@@ -4832,7 +4832,7 @@ def _decode_PartitionData(buf: bytes, pos: int, end: int, version: int, flexible
         pos += 4
     else:
         preferred_read_replica_ = -1
-    records_, pos = read_nullable_bytes(buf, pos, end, flexible, True, 'PartitionData.records')
+    records_, pos = read_nullable_records(buf, pos, end, flexible, True, 'PartitionData.records')
     if flexible:
         ntags, pos = read_uvarint(buf, pos, end, 'PartitionData tagged fields')
         for _ in range(ntags):
@@ -8140,7 +8140,7 @@ def _decode_PartitionProduceData(buf: bytes, pos: int, end: int, version: int, f
         raise truncated('PartitionProduceData.index', pos, end)
     index_ = _S3.unpack_from(buf, pos)[0]
     pos += 4
-    records_, pos = read_nullable_bytes(buf, pos, end, flexible, True, 'PartitionProduceData.records')
+    records_, pos = read_nullable_records(buf, pos, end, flexible, True, 'PartitionProduceData.records')
     if flexible:
         pos = skip_tagged(buf, pos, end, 'PartitionProduceData tagged fields')
     result = _PartitionProduceDataBuilder(index_, records_)

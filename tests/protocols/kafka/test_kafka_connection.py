@@ -17,6 +17,7 @@ from protocols.kafka.connection import (
     KafkaServerConnection,
     Request,
     UnsupportedRequest,
+    decode_request,
     encode_response,
     encode_response_parts,
     frame,
@@ -249,3 +250,20 @@ def test_a_response_without_large_records_is_one_buffer() -> None:
     request = conn.next_event()
     body = r.ApiVersionsResponse(api_keys=[r.ApiVersion(0, 0, 9)])
     assert conn.send_parts(request, body) == [conn.send(request, body)]
+
+
+def test_a_produce_request_s_records_are_a_view_of_the_payload_not_a_copy() -> None:
+    records = random.Random(SEED).randbytes(50_000)
+    body = r.ProduceRequest(acks=1, timeout_ms=100, topic_data=[
+        r.TopicProduceData("t", [r.PartitionProduceData(0, records)])])
+    for version in (3, 9):
+        payload = request_bytes(0, version, 1, body)[4:]
+        event = decode_request(payload)
+        got = event.body.topic_data[0].partition_data[0].records
+        assert isinstance(got, memoryview) and got.obj is payload and got == records
+        # A mutable buffer is copied from (a view would pin it).
+        mutable = bytearray(payload)
+        _, pos = r.read_request_header(mutable, 0, len(mutable), 1 if version < 9 else 2)
+        copied = r.read_produce_request(mutable, pos, len(mutable), version)[0]
+        kept = copied.topic_data[0].partition_data[0].records
+        assert not isinstance(kept, memoryview) and kept == records
