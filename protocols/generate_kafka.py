@@ -34,7 +34,7 @@ FIXED: Final = {"int8": "b", "int16": "h", "uint16": "H", "int32": "i", "uint32"
                 "int64": "q", "float64": "d", "bool": "?", "uuid": "16s"}
 VARIABLE: Final = frozenset(("string", "bytes", "records"))
 _ANNOTATIONS: Final = {"float64": "float", "bool": "bool", "uuid": "bytes", "string": "str",
-                       "bytes": "bytes", "records": "bytes"}
+                       "bytes": "bytes", "records": "bytes | memoryview"}
 
 
 def _test(versions: VersionRange | None, var: str = "version") -> str:
@@ -309,7 +309,7 @@ class KafkaModule(Module):
             read = (f"{var} = {self.struct(fmt)}.unpack_from(buf, pos)[0]")
             return [f"if {end} - pos < {size}:", f"    raise truncated({what!r}, pos, {end})",
                     read, f"pos += {size}"]
-        helper = "read_string" if kind == "string" else "read_bytes"
+        helper = {"string": "read_string", "records": "read_records"}.get(kind, "read_bytes")
         if nullable == "False":
             return [f"{var}, pos = {self.helper(helper)}(buf, pos, {end}, {flexible}, "
                     f"{what!r})"]
@@ -400,7 +400,8 @@ class KafkaModule(Module):
     def write_primitive(self, kind: str, value: str, out: str, flexible: str) -> list[str]:
         if kind in FIXED:
             return [f"{out} += {self.struct(FIXED[kind])}.pack({value})"]
-        helper = self.helper("write_string" if kind == "string" else "write_bytes")
+        helper = self.helper({"string": "write_string", "records": "write_records"
+                              }.get(kind, "write_bytes"))
         return [f"{helper}({out}, {value}, {flexible})"]
 
     # -- messages -------------------------------------------------------------------------
@@ -461,6 +462,19 @@ class KafkaModule(Module):
             f"        raise cannot_encode({spec.name!r}, exc) from None",
             "    return bytes(out)",
         ]))
+        # In place: appends to ``out``, which may be a ``Parts`` (records kept apart).
+        self.codecs.append("\n".join([
+            f"def write_{snake(spec.name)}(record: {record}, out: bytearray, version: int"
+            ") -> None:",
+            *_docstring(f"Append the {spec.name} of ``version`` to ``out``.", "    "),
+            f"    if not ({_test(spec.valid_versions)}):",
+            f"        raise ValueError(f'{spec.name}: unsupported version {{version}}')",
+            "    try:",
+            f"        _encode_{spec.name}(record, out, version, "
+            f"{self._message_flexible(spec)})",
+            "    except StructError as exc:",
+            f"        raise cannot_encode({spec.name!r}, exc) from None",
+        ]))
         return name
 
     def assemble(self, tables: list[str]) -> str:
@@ -479,5 +493,10 @@ class KafkaModule(Module):
                    "int]]]] = {",
                    *(f"    {spec.name!r}: read_{snake(spec.name)}," for spec in self.specs),
                    "}"]
+        writers = ["", "#: ``write_<message>(record, out, version)`` by message name: the "
+                   "encoders that append", "#: to a given buffer.",
+                   "WRITERS: Final[dict[str, Callable[[Any, bytearray, int], None]]] = {",
+                   *(f"    {spec.name!r}: write_{snake(spec.name)}," for spec in self.specs),
+                   "}"]
         self.extra_imports.insert(0, "from collections.abc import Callable")
-        return super().assemble(tables + flexible + readers)
+        return super().assemble(tables + flexible + readers + writers)

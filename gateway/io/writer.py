@@ -10,6 +10,10 @@ socket's send side, so frames never interleave. What it queues:
   while unsent, and that are never sent once the owner is ``detached``;
 - an urgent lane (:meth:`FrameWriter.put_urgent`) that overtakes the ordered queue at the
   next write;
+- buffers that make whole frames (:meth:`FrameWriter.put_parts_nowait`: a Kafka Fetch
+  response with its records, a Tank Consume response held in memory), written with
+  vectored writes (``os.writev``) as they are, never joined into one copy, on a plain
+  socket (joined on any other stream);
 - a head and its file chunks (a Tank Consume response): the head is written, then each
   file-backed chunk with ``os.sendfile`` straight from its file, or its bytes when it is
   held in memory. On a stream that is not a plain socket (TLS, tests) sendfile can not
@@ -43,6 +47,14 @@ from gateway.io.limits import MAX_WRITE, SENDFILE_STEP
 
 #: Bytes of a file-backed chunk read and sent at once on a stream without sendfile (TLS).
 READ_PIECE = 1024 * 1024
+#: Buffers under this many bytes in all are joined (one small copy) rather than queued
+#: apart for a vectored write.
+JOIN_BELOW = 64 * 1024
+#: Most buffers handed to one ``os.writev`` (Linux's IOV_MAX).
+IOV_MAX = 1024
+
+#: A piece of a frame: any contiguous bytes.
+Buffer = bytes | bytearray | memoryview
 
 
 class ShortChunk(OSError):
@@ -150,6 +162,16 @@ class _Owned:
         self.data = data
 
 
+class _Parts:
+    """Buffers sent in order with vectored writes (never joined)."""
+
+    __slots__ = ("buffers", "size")
+
+    def __init__(self, buffers: list[Buffer], size: int) -> None:
+        self.buffers = buffers
+        self.size = size
+
+
 class _Chunks:
     """A head, then its chunks in order."""
 
@@ -181,7 +203,7 @@ class FrameWriter:
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
         self._fd = socket_fd(stream) if direct else -1
         self._budget = SendBudget(limit)
-        self._items: deque[bytes | _Owned | _Chunks] = deque()
+        self._items: deque[bytes | _Owned | _Parts | _Chunks] = deque()
         #: Items in ``_items`` that are not plain byte strings.
         self._special = 0
         self._urgent: deque[bytes] = deque()
@@ -248,17 +270,38 @@ class FrameWriter:
         self._budget.add(len(rest))
         self._wake()
 
+    def put_parts_nowait(self, buffers: Sequence[Buffer]) -> None:
+        """Queue ``buffers`` (together one or more whole frames) behind everything queued,
+        to be written as they are: a vectored write, no copy into one payload. The
+        buffers must not change until written. Few bytes in all, or a stream that is not
+        a plain socket, and they are joined into one :meth:`put_nowait`."""
+        size = sum(map(len, buffers))
+        if size < JOIN_BELOW or self._socket is None:
+            self.put_nowait(b"".join(buffers))
+            return
+        if self._budget.closed:
+            return
+        rest: list[Buffer] = list(buffers)
+        if self._idle and self._fd >= 0:
+            sent = _writev_now(self._fd, rest)
+            self.bytes_sent += sent
+            if sent == size:
+                return
+            rest = _advance(rest, sent)
+            size -= sent
+        self._push(_Parts(rest, size), size)
+
     def put_chunks_nowait(self, head: bytes, chunks: Sequence[FileChunk]) -> None:
         """Queue ``head`` followed by ``chunks``; the writer now owns the chunks and
         closes them."""
         if self._socket is not None and all(c.sendfile_source() is None for c in chunks):
-            # Held in memory (the tail cache): one write of head and chunks.
+            # Held in memory (the tail cache): head and chunks in one vectored write.
             try:
-                data = b"".join([head, *(c.read_bytes() for c in chunks)])
+                buffers = [head, *(c.read_bytes() for c in chunks)]
             finally:
                 for chunk in chunks:
                     chunk.close()
-            self.put_nowait(data)
+            self.put_parts_nowait(buffers)
             return
         item = _Chunks(head, chunks)
         if self._budget.closed:
@@ -275,7 +318,7 @@ class FrameWriter:
         self.bytes_sent += len(data) - len(rest)
         return rest
 
-    def _push(self, item: bytes | _Owned | _Chunks, size: int) -> None:
+    def _push(self, item: bytes | _Owned | _Parts | _Chunks, size: int) -> None:
         self._items.append(item)
         if type(item) is not bytes:
             self._special += 1
@@ -289,7 +332,7 @@ class FrameWriter:
 
     def drop(self, owner: Owner) -> int:
         """Remove the frames of ``owner`` not yet handed to the socket; returns their size."""
-        kept: deque[bytes | _Owned | _Chunks] = deque()
+        kept: deque[bytes | _Owned | _Parts | _Chunks] = deque()
         dropped = 0
         for item in self._items:
             if type(item) is _Owned and item.owner is owner:
@@ -351,9 +394,10 @@ class FrameWriter:
             await self._send_batch(urgent, items)
 
     async def _send_batch(self, urgent: deque[bytes],
-                          items: deque[bytes | _Owned | _Chunks]) -> None:
-        """Send the urgent lane and the queue's head, up to MAX_WRITE or a head with
-        chunks (sent whole)."""
+                          items: deque[bytes | _Owned | _Parts | _Chunks]) -> None:
+        """Send the urgent lane and the queue's head, up to MAX_WRITE, a head with
+        chunks (sent whole) or buffers (sent whole, with the frames before them in the
+        same vectored writes)."""
         parts: list[bytes] = []
         size = 0
         while urgent:
@@ -366,6 +410,12 @@ class FrameWriter:
                 items.popleft()
                 self._special -= 1
                 await self._send_chunks(parts, size, item)
+                return
+            if isinstance(item, _Parts):
+                items.popleft()
+                self._special -= 1
+                await self._writev([*parts, *item.buffers])
+                self._sent(size + item.size)
                 return
             if isinstance(item, _Owned):
                 data = item.data
@@ -445,6 +495,25 @@ class FrameWriter:
                                                    ) from exc
         self.bytes_sent += total
 
+    async def _writev(self, buffers: list[Buffer]) -> None:
+        """Write ``buffers`` in order on the socket with vectored writes."""
+        sock = self._socket
+        assert sock is not None
+        fd = sock.fileno()
+        while buffers:
+            try:
+                sent = os.writev(fd, buffers[:IOV_MAX])
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(sock)
+                continue
+            except OSError as exc:
+                raise trio.BrokenResourceError(f"socket connection broken: {exc!r}"
+                                               ) from exc
+            self.bytes_sent += sent
+            buffers = _advance(buffers, sent)
+            # A peer that keeps up never makes the write block: let other tasks run.
+            await trio.lowlevel.checkpoint()
+
     async def _send_read(self, parts: list[bytes], size: int, fd: int, offset: int,
                          count: int) -> None:
         """Send ``parts`` (``size`` bytes), then ``count`` bytes of file ``fd`` from
@@ -480,3 +549,25 @@ class FrameWriter:
             self.bytes_sent += sent
             # A peer that keeps up never makes sendfile block: let other tasks run.
             await trio.lowlevel.checkpoint()
+
+
+def _writev_now(fd: int, buffers: list[Buffer]) -> int:
+    """What the socket ``fd`` takes of ``buffers`` at once, without waiting (0 on any
+    failure: the writer task meets it); as :func:`send_now`."""
+    try:
+        return os.writev(fd, buffers[:IOV_MAX])
+    except OSError:
+        return 0
+
+
+def _advance(buffers: list[Buffer], sent: int) -> list[Buffer]:
+    """``buffers`` without their first ``sent`` bytes (a view of a buffer begun)."""
+    for i, buffer in enumerate(buffers):
+        size = len(buffer)
+        if sent < size:
+            rest = buffers[i:]
+            if sent:
+                rest[0] = memoryview(buffer)[sent:]
+            return rest
+        sent -= size
+    return []

@@ -45,7 +45,7 @@ from gateway.auth.guard import OPEN, AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import OUT, PrincipalQuota, Quotas
 from gateway.backend.contract import Backend, ProduceOutcome
-from gateway.io.writer import FrameWriter
+from gateway.io.writer import Buffer, FrameWriter
 from gateway.kafka.context import RequestContext
 from gateway.kafka.handlers import HANDLERS
 from gateway.kafka.produce import (
@@ -87,7 +87,8 @@ class _Slot:
     __slots__ = ("frame",)
 
     def __init__(self) -> None:
-        self.frame: bytes | None = None
+        #: The response: one frame's bytes, or its buffers (records not copied in).
+        self.frame: bytes | list[Buffer] | None = None
 
 
 class KafkaSession(RequestSession):
@@ -275,11 +276,17 @@ class KafkaSession(RequestSession):
         self._order.append(slot)
         return slot
 
-    def _fill(self, slot: _Slot, frame: bytes) -> None:
+    def _fill(self, slot: _Slot, frame: bytes | list[Buffer]) -> None:
         slot.frame = frame
         order = self._order
+        outbox = self._outbox
         while order and order[0].frame is not None:
-            self._outbox.put_nowait(order.popleft().frame)  # type: ignore[arg-type]
+            ready = order.popleft().frame
+            if isinstance(ready, bytes):
+                outbox.put_nowait(ready)
+            else:
+                assert ready is not None
+                outbox.put_parts_nowait(ready)
 
     # ------------------------------------------------------------------------ handlers
 
@@ -299,7 +306,8 @@ class KafkaSession(RequestSession):
                 quota.took_out(sum(len(p.records or b"") for t in response.responses
                                    for p in t.partitions))
                 response = replace(response, throttle_time_ms=quota.pending_ms(OUT))
-            self._fill(slot, self._conn.send(request, response))
+            # Buffers: a Fetch response's records are written as they are, not copied.
+            self._fill(slot, self._conn.send_parts(request, response))
             self._counter.inc(kind)
         except Exception as exc:  # a backend failure ends this connection, not the server
             self._counter.inc(kind, False)

@@ -33,9 +33,10 @@ from protocols.kafka.messages import (
     request_header_version,
     response_header_version,
 )
-from protocols.kafka.primitives import read_nullable_string
+from protocols.kafka.primitives import Buffer, Parts, read_nullable_string
 from protocols.kafka.records import (
     READERS,
+    WRITERS,
     ResponseHeader,
     encode_response_header,
     read_request_header,
@@ -121,6 +122,26 @@ def encode_response(api_key: int, api_version: int, correlation_id: int, body: A
     return b"".join((FRAME_HEADER.pack(len(header) + len(payload)), header, payload))
 
 
+def encode_response_parts(api_key: int, api_version: int, correlation_id: int, body: Any
+                          ) -> list[Buffer]:
+    """The frame of :func:`encode_response` as buffers to send in order: its large
+    ``records`` values (a Fetch response's) are pieces of their own, not copied (see
+    :class:`~protocols.kafka.primitives.Parts`); a response without any is one piece."""
+    codec = RESPONSES.get(api_key)
+    if codec is None:
+        raise ValueError(f"no response declared for API key {api_key}")
+    out = Parts()
+    out += bytes(FRAME_HEADER.size)
+    out += encode_response_header(ResponseHeader(correlation_id),
+                                  response_header_version(api_key, api_version))
+    WRITERS[codec.name](body, out, api_version)
+    pieces = out.pieces()
+    head = pieces[0]
+    assert isinstance(head, bytearray)
+    FRAME_HEADER.pack_into(head, 0, sum(map(len, pieces)) - FRAME_HEADER.size)
+    return pieces
+
+
 class KafkaServerConnection:
     """The server end of a Kafka connection: bytes in, requests out, responses to bytes.
 
@@ -200,7 +221,12 @@ class KafkaServerConnection:
         """The raw frame answering a :class:`SaslToken`: ``int32 size | token``."""
         return frame(token)
 
+    def send_parts(self, request: Request | UnsupportedRequest, body: Any) -> list[Buffer]:
+        """:meth:`send` as the buffers of :func:`encode_response_parts`."""
+        return encode_response_parts(request.api_key, request.api_version,
+                                     request.correlation_id, body)
+
 
 __all__ = ["FRAME_HEADER", "KafkaServerConnection", "Request", "SaslToken",
-           "UnsupportedRequest",
-           "decode_request", "encode_response", "frame"]
+           "UnsupportedRequest", "decode_request", "encode_response",
+           "encode_response_parts", "frame"]

@@ -125,6 +125,31 @@ def read_nullable_bytes(buf: bytes, pos: int, end: int, flexible: bool, nullable
     return buf[pos:pos + n], pos + n
 
 
+def read_records(buf: bytes, pos: int, end: int, flexible: bool, what: str
+                 ) -> tuple[bytes | memoryview, int]:
+    """:func:`read_nullable_records` that may not be null."""
+    value, pos = read_nullable_records(buf, pos, end, flexible, False, what)
+    if value is None:  # unreachable: not nullable raises; for the type checker
+        raise ProtocolError(f"{what}: null where records are required")
+    return value, pos
+
+
+def read_nullable_records(buf: bytes, pos: int, end: int, flexible: bool, nullable: bool,
+                          what: str) -> tuple[bytes | memoryview | None, int]:
+    """:func:`read_nullable_bytes` for ``records`` (megabytes in a Produce request): a
+    view of ``buf``, not a copy, when ``buf`` is ``bytes`` (it can not change)."""
+    if type(buf) is not bytes:
+        return read_nullable_bytes(buf, pos, end, flexible, nullable, what)
+    n, pos = _length(buf, pos, end, flexible, True, what)
+    if n < 0:
+        if not nullable:
+            raise ProtocolError(f"{what}: null where records are required")
+        return None, pos
+    if n > end - pos:
+        raise ProtocolError(f"{what}: length {n} overruns the payload ({end - pos} bytes left)")
+    return memoryview(buf)[pos:pos + n], pos + n
+
+
 def read_count(buf: bytes, pos: int, end: int, flexible: bool, nullable: bool, what: str
                ) -> tuple[int, int]:
     """An array's element count (``-1``: null, only when ``nullable``). Every element takes
@@ -173,6 +198,51 @@ def write_bytes(out: bytearray, value: bytes | bytearray | memoryview | None,
     else:
         out += _I32.pack(len(value))
     out += value
+
+
+#: A ``records`` value at least this long is kept out of a :class:`Parts` encoding's bytes.
+PART_MIN: Final = 16 * 1024
+
+#: A piece of an encoding: the encoder's own bytes, or a ``records`` value as given.
+Buffer = bytes | bytearray | memoryview
+
+
+class Parts(bytearray):
+    """An encoder's output that keeps large ``records`` values apart instead of copying
+    them in: :func:`write_records` ends the current piece there and adds the value itself,
+    so that a Fetch response is sent as a list of buffers (a vectored send) without its
+    megabytes of records ever being copied into one payload.
+
+    Use it as the ``out`` of a ``write_<message>`` encoder, then :meth:`pieces`.
+    """
+
+    __slots__ = ("_pieces",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pieces: list[Buffer] = []
+
+    def keep(self, value: Buffer) -> None:
+        """End the current piece and add ``value`` as the next one (not copied)."""
+        self._pieces += (bytearray(self), value)
+        self.clear()
+
+    def pieces(self) -> list[Buffer]:
+        """Every piece in order; the first is a ``bytearray`` (a size may be patched in)."""
+        return [*self._pieces, bytearray(self)]
+
+
+def write_records(out: bytearray, value: Buffer | None, flexible: bool) -> None:
+    """:func:`write_bytes` for ``records``: a large value is kept apart by a :class:`Parts`
+    ``out`` (see there), copied into any other ``out``."""
+    if value is None or len(value) < PART_MIN or type(out) is not Parts:
+        write_bytes(out, value, flexible)
+        return
+    if flexible:
+        write_uvarint(out, len(value) + 1)
+    else:
+        out += _I32.pack(len(value))
+    out.keep(value)
 
 
 def write_count(out: bytearray, count: int | None, flexible: bool) -> None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 from protocols.errors import ProtocolError
 from protocols.spec import Buffer, PayloadFunctions, cannot_encode, trailing, truncated
 from collections.abc import Callable
-from protocols.kafka.primitives import not_in_version, null_not_allowed, read_bytes, read_count, read_nullable_bytes, read_nullable_string, read_string, read_tag_header, read_uvarint, skip_tagged, write_bytes, write_count, write_string, write_tagged
+from protocols.kafka.primitives import not_in_version, null_not_allowed, read_bytes, read_count, read_nullable_records, read_nullable_string, read_string, read_tag_header, read_uvarint, skip_tagged, write_bytes, write_count, write_records, write_string, write_tagged
 
 
 _S0: Final = Struct('>hhh')
@@ -1025,7 +1025,7 @@ class PartitionData:
     preferred_read_replica: int = -1
     """The replica to fetch from instead, or -1."""
 
-    records: bytes | None = None
+    records: bytes | memoryview | None = None
     """The record batches."""
 
 
@@ -1037,7 +1037,7 @@ else:
 
         __slots__ = ('aborted_transactions', 'current_leader', 'diverging_epoch', 'error_code', 'high_watermark', 'last_stable_offset', 'log_start_offset', 'partition_index', 'preferred_read_replica', 'records', 'snapshot_id', )
 
-        def __init__(self, partition_index: int, error_code: int, high_watermark: int, last_stable_offset: int, log_start_offset: int, diverging_epoch: EpochEndOffset, current_leader: LeaderIdAndEpoch, snapshot_id: SnapshotId, aborted_transactions: list[AbortedTransaction] | None, preferred_read_replica: int, records: bytes | None) -> None:
+        def __init__(self, partition_index: int, error_code: int, high_watermark: int, last_stable_offset: int, log_start_offset: int, diverging_epoch: EpochEndOffset, current_leader: LeaderIdAndEpoch, snapshot_id: SnapshotId, aborted_transactions: list[AbortedTransaction] | None, preferred_read_replica: int, records: bytes | memoryview | None) -> None:
             self.partition_index = partition_index
             self.error_code = error_code
             self.high_watermark = high_watermark
@@ -2708,7 +2708,7 @@ class PartitionProduceData:
     index: int = 0
     """The partition index."""
 
-    records: bytes | None = None
+    records: bytes | memoryview | None = None
     """The record batches to append."""
 
 
@@ -2720,7 +2720,7 @@ else:
 
         __slots__ = ('index', 'records', )
 
-        def __init__(self, index: int, records: bytes | None) -> None:
+        def __init__(self, index: int, records: bytes | memoryview | None) -> None:
             self.index = index
             self.records = records
 
@@ -3224,6 +3224,16 @@ def encode_api_versions_request(record: ApiVersionsRequest, version: int | None 
     return bytes(out)
 
 
+def write_api_versions_request(record: ApiVersionsRequest, out: bytearray, version: int) -> None:
+    """Append the ApiVersionsRequest of ``version`` to ``out``."""
+    if not (version <= 3):
+        raise ValueError(f'ApiVersionsRequest: unsupported version {version}')
+    try:
+        _encode_ApiVersionsRequest(record, out, version, version >= 3)
+    except StructError as exc:
+        raise cannot_encode('ApiVersionsRequest', exc) from None
+
+
 def _decode_ApiVersion(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[ApiVersion, int]:
     if end - pos < 6:
         raise truncated('ApiVersion.api_key/min_version/max_version', pos, end)
@@ -3445,6 +3455,16 @@ def encode_api_versions_response(record: ApiVersionsResponse, version: int | Non
     return bytes(out)
 
 
+def write_api_versions_response(record: ApiVersionsResponse, out: bytearray, version: int) -> None:
+    """Append the ApiVersionsResponse of ``version`` to ``out``."""
+    if not (version <= 3):
+        raise ValueError(f'ApiVersionsResponse: unsupported version {version}')
+    try:
+        _encode_ApiVersionsResponse(record, out, version, version >= 3)
+    except StructError as exc:
+        raise cannot_encode('ApiVersionsResponse', exc) from None
+
+
 def _decode_CreatableReplicaAssignment(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[CreatableReplicaAssignment, int]:
     if end - pos < 4:
         raise truncated('CreatableReplicaAssignment.partition_index', pos, end)
@@ -3608,6 +3628,16 @@ def encode_create_topics_request(record: CreateTopicsRequest, version: int | Non
     except StructError as exc:
         raise cannot_encode('CreateTopicsRequest', exc) from None
     return bytes(out)
+
+
+def write_create_topics_request(record: CreateTopicsRequest, out: bytearray, version: int) -> None:
+    """Append the CreateTopicsRequest of ``version`` to ``out``."""
+    if not (version >= 2 and version <= 7):
+        raise ValueError(f'CreateTopicsRequest: unsupported version {version}')
+    try:
+        _encode_CreateTopicsRequest(record, out, version, version >= 5)
+    except StructError as exc:
+        raise cannot_encode('CreateTopicsRequest', exc) from None
 
 
 def _decode_CreatableTopicConfigs(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[CreatableTopicConfigs, int]:
@@ -3802,6 +3832,16 @@ def encode_create_topics_response(record: CreateTopicsResponse, version: int | N
     return bytes(out)
 
 
+def write_create_topics_response(record: CreateTopicsResponse, out: bytearray, version: int) -> None:
+    """Append the CreateTopicsResponse of ``version`` to ``out``."""
+    if not (version >= 2 and version <= 7):
+        raise ValueError(f'CreateTopicsResponse: unsupported version {version}')
+    try:
+        _encode_CreateTopicsResponse(record, out, version, version >= 5)
+    except StructError as exc:
+        raise cannot_encode('CreateTopicsResponse', exc) from None
+
+
 def _decode_DescribeConfigsResource(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[DescribeConfigsResource, int]:
     if end - pos < 1:
         raise truncated('DescribeConfigsResource.resource_type', pos, end)
@@ -3912,6 +3952,16 @@ def encode_describe_configs_request(record: DescribeConfigsRequest, version: int
     except StructError as exc:
         raise cannot_encode('DescribeConfigsRequest', exc) from None
     return bytes(out)
+
+
+def write_describe_configs_request(record: DescribeConfigsRequest, out: bytearray, version: int) -> None:
+    """Append the DescribeConfigsRequest of ``version`` to ``out``."""
+    if not (version >= 1 and version <= 4):
+        raise ValueError(f'DescribeConfigsRequest: unsupported version {version}')
+    try:
+        _encode_DescribeConfigsRequest(record, out, version, version >= 4)
+    except StructError as exc:
+        raise cannot_encode('DescribeConfigsRequest', exc) from None
 
 
 def _decode_DescribeConfigsSynonym(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[DescribeConfigsSynonym, int]:
@@ -4124,6 +4174,16 @@ def encode_describe_configs_response(record: DescribeConfigsResponse, version: i
     return bytes(out)
 
 
+def write_describe_configs_response(record: DescribeConfigsResponse, out: bytearray, version: int) -> None:
+    """Append the DescribeConfigsResponse of ``version`` to ``out``."""
+    if not (version >= 1 and version <= 4):
+        raise ValueError(f'DescribeConfigsResponse: unsupported version {version}')
+    try:
+        _encode_DescribeConfigsResponse(record, out, version, version >= 4)
+    except StructError as exc:
+        raise cannot_encode('DescribeConfigsResponse', exc) from None
+
+
 def _decode_DescribeGroupsRequest(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[DescribeGroupsRequest, int]:
     n_groups, pos = read_count(buf, pos, end, flexible, False, 'DescribeGroupsRequest.groups')
     groups_ = []
@@ -4190,6 +4250,16 @@ def encode_describe_groups_request(record: DescribeGroupsRequest, version: int |
     except StructError as exc:
         raise cannot_encode('DescribeGroupsRequest', exc) from None
     return bytes(out)
+
+
+def write_describe_groups_request(record: DescribeGroupsRequest, out: bytearray, version: int) -> None:
+    """Append the DescribeGroupsRequest of ``version`` to ``out``."""
+    if not (version <= 5):
+        raise ValueError(f'DescribeGroupsRequest: unsupported version {version}')
+    try:
+        _encode_DescribeGroupsRequest(record, out, version, version >= 5)
+    except StructError as exc:
+        raise cannot_encode('DescribeGroupsRequest', exc) from None
 
 
 def _decode_DescribedGroupMember(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[DescribedGroupMember, int]:
@@ -4352,6 +4422,16 @@ def encode_describe_groups_response(record: DescribeGroupsResponse, version: int
     except StructError as exc:
         raise cannot_encode('DescribeGroupsResponse', exc) from None
     return bytes(out)
+
+
+def write_describe_groups_response(record: DescribeGroupsResponse, out: bytearray, version: int) -> None:
+    """Append the DescribeGroupsResponse of ``version`` to ``out``."""
+    if not (version <= 5):
+        raise ValueError(f'DescribeGroupsResponse: unsupported version {version}')
+    try:
+        _encode_DescribeGroupsResponse(record, out, version, version >= 5)
+    except StructError as exc:
+        raise cannot_encode('DescribeGroupsResponse', exc) from None
 
 
 def _decode_FetchPartition(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[FetchPartition, int]:
@@ -4609,6 +4689,16 @@ def encode_fetch_request(record: FetchRequest, version: int | None = None, conte
     return bytes(out)
 
 
+def write_fetch_request(record: FetchRequest, out: bytearray, version: int) -> None:
+    """Append the FetchRequest of ``version`` to ``out``."""
+    if not (version >= 4 and version <= 12):
+        raise ValueError(f'FetchRequest: unsupported version {version}')
+    try:
+        _encode_FetchRequest(record, out, version, version >= 12)
+    except StructError as exc:
+        raise cannot_encode('FetchRequest', exc) from None
+
+
 def _decode_EpochEndOffset(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[EpochEndOffset, int]:
     if version >= 12:
         if end - pos < 12:
@@ -4742,7 +4832,7 @@ def _decode_PartitionData(buf: bytes, pos: int, end: int, version: int, flexible
         pos += 4
     else:
         preferred_read_replica_ = -1
-    records_, pos = read_nullable_bytes(buf, pos, end, flexible, True, 'PartitionData.records')
+    records_, pos = read_nullable_records(buf, pos, end, flexible, True, 'PartitionData.records')
     if flexible:
         ntags, pos = read_uvarint(buf, pos, end, 'PartitionData tagged fields')
         for _ in range(ntags):
@@ -4781,7 +4871,7 @@ def _encode_PartitionData(record: PartitionData, out: bytearray, version: int, f
         out += _S3.pack(record.preferred_read_replica)
     elif record.preferred_read_replica != -1:
         raise not_in_version('PartitionData.preferred_read_replica', version)
-    write_bytes(out, record.records, flexible)
+    write_records(out, record.records, flexible)
     if flexible:
         tagged: list[tuple[int, bytearray]] = []
         if version >= 12 and record.diverging_epoch != EpochEndOffset():
@@ -4904,6 +4994,16 @@ def encode_fetch_response(record: FetchResponse, version: int | None = None, con
     return bytes(out)
 
 
+def write_fetch_response(record: FetchResponse, out: bytearray, version: int) -> None:
+    """Append the FetchResponse of ``version`` to ``out``."""
+    if not (version >= 4 and version <= 12):
+        raise ValueError(f'FetchResponse: unsupported version {version}')
+    try:
+        _encode_FetchResponse(record, out, version, version >= 12)
+    except StructError as exc:
+        raise cannot_encode('FetchResponse', exc) from None
+
+
 def _decode_FindCoordinatorRequest(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[FindCoordinatorRequest, int]:
     if version <= 3:
         key_, pos = read_string(buf, pos, end, flexible, 'FindCoordinatorRequest.key')
@@ -4986,6 +5086,16 @@ def encode_find_coordinator_request(record: FindCoordinatorRequest, version: int
     except StructError as exc:
         raise cannot_encode('FindCoordinatorRequest', exc) from None
     return bytes(out)
+
+
+def write_find_coordinator_request(record: FindCoordinatorRequest, out: bytearray, version: int) -> None:
+    """Append the FindCoordinatorRequest of ``version`` to ``out``."""
+    if not (version <= 4):
+        raise ValueError(f'FindCoordinatorRequest: unsupported version {version}')
+    try:
+        _encode_FindCoordinatorRequest(record, out, version, version >= 3)
+    except StructError as exc:
+        raise cannot_encode('FindCoordinatorRequest', exc) from None
 
 
 def _decode_Coordinator(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[Coordinator, int]:
@@ -5175,6 +5285,16 @@ def encode_find_coordinator_response(record: FindCoordinatorResponse, version: i
     return bytes(out)
 
 
+def write_find_coordinator_response(record: FindCoordinatorResponse, out: bytearray, version: int) -> None:
+    """Append the FindCoordinatorResponse of ``version`` to ``out``."""
+    if not (version <= 4):
+        raise ValueError(f'FindCoordinatorResponse: unsupported version {version}')
+    try:
+        _encode_FindCoordinatorResponse(record, out, version, version >= 3)
+    except StructError as exc:
+        raise cannot_encode('FindCoordinatorResponse', exc) from None
+
+
 def _decode_HeartbeatRequest(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[HeartbeatRequest, int]:
     group_id_, pos = read_string(buf, pos, end, flexible, 'HeartbeatRequest.group_id')
     if end - pos < 4:
@@ -5245,6 +5365,16 @@ def encode_heartbeat_request(record: HeartbeatRequest, version: int | None = Non
     return bytes(out)
 
 
+def write_heartbeat_request(record: HeartbeatRequest, out: bytearray, version: int) -> None:
+    """Append the HeartbeatRequest of ``version`` to ``out``."""
+    if not (version <= 4):
+        raise ValueError(f'HeartbeatRequest: unsupported version {version}')
+    try:
+        _encode_HeartbeatRequest(record, out, version, version >= 4)
+    except StructError as exc:
+        raise cannot_encode('HeartbeatRequest', exc) from None
+
+
 def _decode_HeartbeatResponse(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[HeartbeatResponse, int]:
     if version >= 1:
         if end - pos < 4:
@@ -5304,6 +5434,16 @@ def encode_heartbeat_response(record: HeartbeatResponse, version: int | None = N
     except StructError as exc:
         raise cannot_encode('HeartbeatResponse', exc) from None
     return bytes(out)
+
+
+def write_heartbeat_response(record: HeartbeatResponse, out: bytearray, version: int) -> None:
+    """Append the HeartbeatResponse of ``version`` to ``out``."""
+    if not (version <= 4):
+        raise ValueError(f'HeartbeatResponse: unsupported version {version}')
+    try:
+        _encode_HeartbeatResponse(record, out, version, version >= 4)
+    except StructError as exc:
+        raise cannot_encode('HeartbeatResponse', exc) from None
 
 
 def _decode_InitProducerIdRequest(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[InitProducerIdRequest, int]:
@@ -5372,6 +5512,16 @@ def encode_init_producer_id_request(record: InitProducerIdRequest, version: int 
     return bytes(out)
 
 
+def write_init_producer_id_request(record: InitProducerIdRequest, out: bytearray, version: int) -> None:
+    """Append the InitProducerIdRequest of ``version`` to ``out``."""
+    if not (version <= 4):
+        raise ValueError(f'InitProducerIdRequest: unsupported version {version}')
+    try:
+        _encode_InitProducerIdRequest(record, out, version, version >= 2)
+    except StructError as exc:
+        raise cannot_encode('InitProducerIdRequest', exc) from None
+
+
 def _decode_InitProducerIdResponse(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[InitProducerIdResponse, int]:
     if end - pos < 16:
         raise truncated('InitProducerIdResponse.throttle_time_ms/error_code/producer_id/producer_epoch', pos, end)
@@ -5422,6 +5572,16 @@ def encode_init_producer_id_response(record: InitProducerIdResponse, version: in
     except StructError as exc:
         raise cannot_encode('InitProducerIdResponse', exc) from None
     return bytes(out)
+
+
+def write_init_producer_id_response(record: InitProducerIdResponse, out: bytearray, version: int) -> None:
+    """Append the InitProducerIdResponse of ``version`` to ``out``."""
+    if not (version <= 4):
+        raise ValueError(f'InitProducerIdResponse: unsupported version {version}')
+    try:
+        _encode_InitProducerIdResponse(record, out, version, version >= 2)
+    except StructError as exc:
+        raise cannot_encode('InitProducerIdResponse', exc) from None
 
 
 def _decode_JoinGroupRequestProtocol(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[JoinGroupRequestProtocol, int]:
@@ -5544,6 +5704,16 @@ def encode_join_group_request(record: JoinGroupRequest, version: int | None = No
     except StructError as exc:
         raise cannot_encode('JoinGroupRequest', exc) from None
     return bytes(out)
+
+
+def write_join_group_request(record: JoinGroupRequest, out: bytearray, version: int) -> None:
+    """Append the JoinGroupRequest of ``version`` to ``out``."""
+    if not (version <= 9):
+        raise ValueError(f'JoinGroupRequest: unsupported version {version}')
+    try:
+        _encode_JoinGroupRequest(record, out, version, version >= 6)
+    except StructError as exc:
+        raise cannot_encode('JoinGroupRequest', exc) from None
 
 
 def _decode_JoinGroupResponseMember(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[JoinGroupResponseMember, int]:
@@ -5677,6 +5847,16 @@ def encode_join_group_response(record: JoinGroupResponse, version: int | None = 
     return bytes(out)
 
 
+def write_join_group_response(record: JoinGroupResponse, out: bytearray, version: int) -> None:
+    """Append the JoinGroupResponse of ``version`` to ``out``."""
+    if not (version <= 9):
+        raise ValueError(f'JoinGroupResponse: unsupported version {version}')
+    try:
+        _encode_JoinGroupResponse(record, out, version, version >= 6)
+    except StructError as exc:
+        raise cannot_encode('JoinGroupResponse', exc) from None
+
+
 def _decode_MemberIdentity(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[MemberIdentity, int]:
     if version >= 3:
         member_id_, pos = read_string(buf, pos, end, flexible, 'MemberIdentity.member_id')
@@ -5793,6 +5973,16 @@ def encode_leave_group_request(record: LeaveGroupRequest, version: int | None = 
     except StructError as exc:
         raise cannot_encode('LeaveGroupRequest', exc) from None
     return bytes(out)
+
+
+def write_leave_group_request(record: LeaveGroupRequest, out: bytearray, version: int) -> None:
+    """Append the LeaveGroupRequest of ``version`` to ``out``."""
+    if not (version <= 5):
+        raise ValueError(f'LeaveGroupRequest: unsupported version {version}')
+    try:
+        _encode_LeaveGroupRequest(record, out, version, version >= 4)
+    except StructError as exc:
+        raise cannot_encode('LeaveGroupRequest', exc) from None
 
 
 def _decode_MemberResponse(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[MemberResponse, int]:
@@ -5916,6 +6106,16 @@ def encode_leave_group_response(record: LeaveGroupResponse, version: int | None 
     return bytes(out)
 
 
+def write_leave_group_response(record: LeaveGroupResponse, out: bytearray, version: int) -> None:
+    """Append the LeaveGroupResponse of ``version`` to ``out``."""
+    if not (version <= 5):
+        raise ValueError(f'LeaveGroupResponse: unsupported version {version}')
+    try:
+        _encode_LeaveGroupResponse(record, out, version, version >= 4)
+    except StructError as exc:
+        raise cannot_encode('LeaveGroupResponse', exc) from None
+
+
 def _decode_ListGroupsRequest(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[ListGroupsRequest, int]:
     if version >= 4:
         n_states_filter, pos = read_count(buf, pos, end, flexible, False, 'ListGroupsRequest.states_filter')
@@ -5993,6 +6193,16 @@ def encode_list_groups_request(record: ListGroupsRequest, version: int | None = 
     except StructError as exc:
         raise cannot_encode('ListGroupsRequest', exc) from None
     return bytes(out)
+
+
+def write_list_groups_request(record: ListGroupsRequest, out: bytearray, version: int) -> None:
+    """Append the ListGroupsRequest of ``version`` to ``out``."""
+    if not (version <= 5):
+        raise ValueError(f'ListGroupsRequest: unsupported version {version}')
+    try:
+        _encode_ListGroupsRequest(record, out, version, version >= 3)
+    except StructError as exc:
+        raise cannot_encode('ListGroupsRequest', exc) from None
 
 
 def _decode_ListedGroup(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[ListedGroup, int]:
@@ -6101,6 +6311,16 @@ def encode_list_groups_response(record: ListGroupsResponse, version: int | None 
     except StructError as exc:
         raise cannot_encode('ListGroupsResponse', exc) from None
     return bytes(out)
+
+
+def write_list_groups_response(record: ListGroupsResponse, out: bytearray, version: int) -> None:
+    """Append the ListGroupsResponse of ``version`` to ``out``."""
+    if not (version <= 5):
+        raise ValueError(f'ListGroupsResponse: unsupported version {version}')
+    try:
+        _encode_ListGroupsResponse(record, out, version, version >= 3)
+    except StructError as exc:
+        raise cannot_encode('ListGroupsResponse', exc) from None
 
 
 def _decode_ListOffsetsPartition(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[ListOffsetsPartition, int]:
@@ -6235,6 +6455,16 @@ def encode_list_offsets_request(record: ListOffsetsRequest, version: int | None 
     return bytes(out)
 
 
+def write_list_offsets_request(record: ListOffsetsRequest, out: bytearray, version: int) -> None:
+    """Append the ListOffsetsRequest of ``version`` to ``out``."""
+    if not (version >= 1 and version <= 7):
+        raise ValueError(f'ListOffsetsRequest: unsupported version {version}')
+    try:
+        _encode_ListOffsetsRequest(record, out, version, version >= 6)
+    except StructError as exc:
+        raise cannot_encode('ListOffsetsRequest', exc) from None
+
+
 def _decode_ListOffsetsPartitionResponse(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[ListOffsetsPartitionResponse, int]:
     if end - pos < 6:
         raise truncated('ListOffsetsPartitionResponse.partition_index/error_code', pos, end)
@@ -6367,6 +6597,16 @@ def encode_list_offsets_response(record: ListOffsetsResponse, version: int | Non
     return bytes(out)
 
 
+def write_list_offsets_response(record: ListOffsetsResponse, out: bytearray, version: int) -> None:
+    """Append the ListOffsetsResponse of ``version`` to ``out``."""
+    if not (version >= 1 and version <= 7):
+        raise ValueError(f'ListOffsetsResponse: unsupported version {version}')
+    try:
+        _encode_ListOffsetsResponse(record, out, version, version >= 6)
+    except StructError as exc:
+        raise cannot_encode('ListOffsetsResponse', exc) from None
+
+
 def _decode_MetadataRequestTopic(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[MetadataRequestTopic, int]:
     if version >= 10:
         if end - pos < 16:
@@ -6484,6 +6724,16 @@ def encode_metadata_request(record: MetadataRequest, version: int | None = None,
     except StructError as exc:
         raise cannot_encode('MetadataRequest', exc) from None
     return bytes(out)
+
+
+def write_metadata_request(record: MetadataRequest, out: bytearray, version: int) -> None:
+    """Append the MetadataRequest of ``version`` to ``out``."""
+    if not (version <= 12):
+        raise ValueError(f'MetadataRequest: unsupported version {version}')
+    try:
+        _encode_MetadataRequest(record, out, version, version >= 9)
+    except StructError as exc:
+        raise cannot_encode('MetadataRequest', exc) from None
 
 
 def _decode_MetadataResponseBroker(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[MetadataResponseBroker, int]:
@@ -6756,6 +7006,16 @@ def encode_metadata_response(record: MetadataResponse, version: int | None = Non
     return bytes(out)
 
 
+def write_metadata_response(record: MetadataResponse, out: bytearray, version: int) -> None:
+    """Append the MetadataResponse of ``version`` to ``out``."""
+    if not (version <= 12):
+        raise ValueError(f'MetadataResponse: unsupported version {version}')
+    try:
+        _encode_MetadataResponse(record, out, version, version >= 9)
+    except StructError as exc:
+        raise cannot_encode('MetadataResponse', exc) from None
+
+
 def _decode_OffsetCommitRequestPartition(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetCommitRequestPartition, int]:
     if end - pos < 12:
         raise truncated('OffsetCommitRequestPartition.partition_index/committed_offset', pos, end)
@@ -6918,6 +7178,16 @@ def encode_offset_commit_request(record: OffsetCommitRequest, version: int | Non
     return bytes(out)
 
 
+def write_offset_commit_request(record: OffsetCommitRequest, out: bytearray, version: int) -> None:
+    """Append the OffsetCommitRequest of ``version`` to ``out``."""
+    if not (version <= 9):
+        raise ValueError(f'OffsetCommitRequest: unsupported version {version}')
+    try:
+        _encode_OffsetCommitRequest(record, out, version, version >= 8)
+    except StructError as exc:
+        raise cannot_encode('OffsetCommitRequest', exc) from None
+
+
 def _decode_OffsetCommitResponsePartition(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetCommitResponsePartition, int]:
     if end - pos < 6:
         raise truncated('OffsetCommitResponsePartition.partition_index/error_code', pos, end)
@@ -7029,6 +7299,16 @@ def encode_offset_commit_response(record: OffsetCommitResponse, version: int | N
     return bytes(out)
 
 
+def write_offset_commit_response(record: OffsetCommitResponse, out: bytearray, version: int) -> None:
+    """Append the OffsetCommitResponse of ``version`` to ``out``."""
+    if not (version <= 9):
+        raise ValueError(f'OffsetCommitResponse: unsupported version {version}')
+    try:
+        _encode_OffsetCommitResponse(record, out, version, version >= 8)
+    except StructError as exc:
+        raise cannot_encode('OffsetCommitResponse', exc) from None
+
+
 def _decode_OffsetDeleteRequestPartition(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetDeleteRequestPartition, int]:
     if end - pos < 4:
         raise truncated('OffsetDeleteRequestPartition.partition_index', pos, end)
@@ -7133,6 +7413,16 @@ def encode_offset_delete_request(record: OffsetDeleteRequest, version: int | Non
     except StructError as exc:
         raise cannot_encode('OffsetDeleteRequest', exc) from None
     return bytes(out)
+
+
+def write_offset_delete_request(record: OffsetDeleteRequest, out: bytearray, version: int) -> None:
+    """Append the OffsetDeleteRequest of ``version`` to ``out``."""
+    if not (version == 0):
+        raise ValueError(f'OffsetDeleteRequest: unsupported version {version}')
+    try:
+        _encode_OffsetDeleteRequest(record, out, version, False)
+    except StructError as exc:
+        raise cannot_encode('OffsetDeleteRequest', exc) from None
 
 
 def _decode_OffsetDeleteResponsePartition(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetDeleteResponsePartition, int]:
@@ -7240,6 +7530,16 @@ def encode_offset_delete_response(record: OffsetDeleteResponse, version: int | N
     except StructError as exc:
         raise cannot_encode('OffsetDeleteResponse', exc) from None
     return bytes(out)
+
+
+def write_offset_delete_response(record: OffsetDeleteResponse, out: bytearray, version: int) -> None:
+    """Append the OffsetDeleteResponse of ``version`` to ``out``."""
+    if not (version == 0):
+        raise ValueError(f'OffsetDeleteResponse: unsupported version {version}')
+    try:
+        _encode_OffsetDeleteResponse(record, out, version, False)
+    except StructError as exc:
+        raise cannot_encode('OffsetDeleteResponse', exc) from None
 
 
 def _decode_OffsetFetchRequestTopic(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetFetchRequestTopic, int]:
@@ -7486,6 +7786,16 @@ def encode_offset_fetch_request(record: OffsetFetchRequest, version: int | None 
     except StructError as exc:
         raise cannot_encode('OffsetFetchRequest', exc) from None
     return bytes(out)
+
+
+def write_offset_fetch_request(record: OffsetFetchRequest, out: bytearray, version: int) -> None:
+    """Append the OffsetFetchRequest of ``version`` to ``out``."""
+    if not (version <= 9):
+        raise ValueError(f'OffsetFetchRequest: unsupported version {version}')
+    try:
+        _encode_OffsetFetchRequest(record, out, version, version >= 6)
+    except StructError as exc:
+        raise cannot_encode('OffsetFetchRequest', exc) from None
 
 
 def _decode_OffsetFetchResponsePartition(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[OffsetFetchResponsePartition, int]:
@@ -7815,12 +8125,22 @@ def encode_offset_fetch_response(record: OffsetFetchResponse, version: int | Non
     return bytes(out)
 
 
+def write_offset_fetch_response(record: OffsetFetchResponse, out: bytearray, version: int) -> None:
+    """Append the OffsetFetchResponse of ``version`` to ``out``."""
+    if not (version <= 9):
+        raise ValueError(f'OffsetFetchResponse: unsupported version {version}')
+    try:
+        _encode_OffsetFetchResponse(record, out, version, version >= 6)
+    except StructError as exc:
+        raise cannot_encode('OffsetFetchResponse', exc) from None
+
+
 def _decode_PartitionProduceData(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[PartitionProduceData, int]:
     if end - pos < 4:
         raise truncated('PartitionProduceData.index', pos, end)
     index_ = _S3.unpack_from(buf, pos)[0]
     pos += 4
-    records_, pos = read_nullable_bytes(buf, pos, end, flexible, True, 'PartitionProduceData.records')
+    records_, pos = read_nullable_records(buf, pos, end, flexible, True, 'PartitionProduceData.records')
     if flexible:
         pos = skip_tagged(buf, pos, end, 'PartitionProduceData tagged fields')
     result = _PartitionProduceDataBuilder(index_, records_)
@@ -7830,7 +8150,7 @@ def _decode_PartitionProduceData(buf: bytes, pos: int, end: int, version: int, f
 
 def _encode_PartitionProduceData(record: PartitionProduceData, out: bytearray, version: int, flexible: bool) -> None:
     out += _S3.pack(record.index)
-    write_bytes(out, record.records, flexible)
+    write_records(out, record.records, flexible)
     if flexible:
         out.append(0)
 
@@ -7932,6 +8252,16 @@ def encode_produce_request(record: ProduceRequest, version: int | None = None, c
     except StructError as exc:
         raise cannot_encode('ProduceRequest', exc) from None
     return bytes(out)
+
+
+def write_produce_request(record: ProduceRequest, out: bytearray, version: int) -> None:
+    """Append the ProduceRequest of ``version`` to ``out``."""
+    if not (version >= 3 and version <= 9):
+        raise ValueError(f'ProduceRequest: unsupported version {version}')
+    try:
+        _encode_ProduceRequest(record, out, version, version >= 9)
+    except StructError as exc:
+        raise cannot_encode('ProduceRequest', exc) from None
 
 
 def _decode_BatchIndexAndErrorMessage(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[BatchIndexAndErrorMessage, int]:
@@ -8119,6 +8449,16 @@ def encode_produce_response(record: ProduceResponse, version: int | None = None,
     return bytes(out)
 
 
+def write_produce_response(record: ProduceResponse, out: bytearray, version: int) -> None:
+    """Append the ProduceResponse of ``version`` to ``out``."""
+    if not (version >= 3 and version <= 9):
+        raise ValueError(f'ProduceResponse: unsupported version {version}')
+    try:
+        _encode_ProduceResponse(record, out, version, version >= 9)
+    except StructError as exc:
+        raise cannot_encode('ProduceResponse', exc) from None
+
+
 def _decode_RequestHeader(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[RequestHeader, int]:
     if end - pos < 8:
         raise truncated('RequestHeader.request_api_key/request_api_version/correlation_id', pos, end)
@@ -8179,6 +8519,16 @@ def encode_request_header(record: RequestHeader, version: int | None = None, con
     return bytes(out)
 
 
+def write_request_header(record: RequestHeader, out: bytearray, version: int) -> None:
+    """Append the RequestHeader of ``version`` to ``out``."""
+    if not (version >= 1 and version <= 2):
+        raise ValueError(f'RequestHeader: unsupported version {version}')
+    try:
+        _encode_RequestHeader(record, out, version, version >= 2)
+    except StructError as exc:
+        raise cannot_encode('RequestHeader', exc) from None
+
+
 def _decode_ResponseHeader(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[ResponseHeader, int]:
     if end - pos < 4:
         raise truncated('ResponseHeader.correlation_id', pos, end)
@@ -8231,6 +8581,16 @@ def encode_response_header(record: ResponseHeader, version: int | None = None, c
     return bytes(out)
 
 
+def write_response_header(record: ResponseHeader, out: bytearray, version: int) -> None:
+    """Append the ResponseHeader of ``version`` to ``out``."""
+    if not (version <= 1):
+        raise ValueError(f'ResponseHeader: unsupported version {version}')
+    try:
+        _encode_ResponseHeader(record, out, version, version >= 1)
+    except StructError as exc:
+        raise cannot_encode('ResponseHeader', exc) from None
+
+
 def _decode_SaslAuthenticateRequest(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[SaslAuthenticateRequest, int]:
     auth_bytes_, pos = read_bytes(buf, pos, end, flexible, 'SaslAuthenticateRequest.auth_bytes')
     if flexible:
@@ -8280,6 +8640,16 @@ def encode_sasl_authenticate_request(record: SaslAuthenticateRequest, version: i
     except StructError as exc:
         raise cannot_encode('SaslAuthenticateRequest', exc) from None
     return bytes(out)
+
+
+def write_sasl_authenticate_request(record: SaslAuthenticateRequest, out: bytearray, version: int) -> None:
+    """Append the SaslAuthenticateRequest of ``version`` to ``out``."""
+    if not (version <= 2):
+        raise ValueError(f'SaslAuthenticateRequest: unsupported version {version}')
+    try:
+        _encode_SaslAuthenticateRequest(record, out, version, version >= 2)
+    except StructError as exc:
+        raise cannot_encode('SaslAuthenticateRequest', exc) from None
 
 
 def _decode_SaslAuthenticateResponse(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[SaslAuthenticateResponse, int]:
@@ -8349,6 +8719,16 @@ def encode_sasl_authenticate_response(record: SaslAuthenticateResponse, version:
     return bytes(out)
 
 
+def write_sasl_authenticate_response(record: SaslAuthenticateResponse, out: bytearray, version: int) -> None:
+    """Append the SaslAuthenticateResponse of ``version`` to ``out``."""
+    if not (version <= 2):
+        raise ValueError(f'SaslAuthenticateResponse: unsupported version {version}')
+    try:
+        _encode_SaslAuthenticateResponse(record, out, version, version >= 2)
+    except StructError as exc:
+        raise cannot_encode('SaslAuthenticateResponse', exc) from None
+
+
 def _decode_SaslHandshakeRequest(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[SaslHandshakeRequest, int]:
     mechanism_, pos = read_string(buf, pos, end, flexible, 'SaslHandshakeRequest.mechanism')
     if flexible:
@@ -8398,6 +8778,16 @@ def encode_sasl_handshake_request(record: SaslHandshakeRequest, version: int | N
     except StructError as exc:
         raise cannot_encode('SaslHandshakeRequest', exc) from None
     return bytes(out)
+
+
+def write_sasl_handshake_request(record: SaslHandshakeRequest, out: bytearray, version: int) -> None:
+    """Append the SaslHandshakeRequest of ``version`` to ``out``."""
+    if not (version <= 1):
+        raise ValueError(f'SaslHandshakeRequest: unsupported version {version}')
+    try:
+        _encode_SaslHandshakeRequest(record, out, version, False)
+    except StructError as exc:
+        raise cannot_encode('SaslHandshakeRequest', exc) from None
 
 
 def _decode_SaslHandshakeResponse(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[SaslHandshakeResponse, int]:
@@ -8460,6 +8850,16 @@ def encode_sasl_handshake_response(record: SaslHandshakeResponse, version: int |
     except StructError as exc:
         raise cannot_encode('SaslHandshakeResponse', exc) from None
     return bytes(out)
+
+
+def write_sasl_handshake_response(record: SaslHandshakeResponse, out: bytearray, version: int) -> None:
+    """Append the SaslHandshakeResponse of ``version`` to ``out``."""
+    if not (version <= 1):
+        raise ValueError(f'SaslHandshakeResponse: unsupported version {version}')
+    try:
+        _encode_SaslHandshakeResponse(record, out, version, False)
+    except StructError as exc:
+        raise cannot_encode('SaslHandshakeResponse', exc) from None
 
 
 def _decode_SyncGroupRequestAssignment(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[SyncGroupRequestAssignment, int]:
@@ -8579,6 +8979,16 @@ def encode_sync_group_request(record: SyncGroupRequest, version: int | None = No
     return bytes(out)
 
 
+def write_sync_group_request(record: SyncGroupRequest, out: bytearray, version: int) -> None:
+    """Append the SyncGroupRequest of ``version`` to ``out``."""
+    if not (version <= 5):
+        raise ValueError(f'SyncGroupRequest: unsupported version {version}')
+    try:
+        _encode_SyncGroupRequest(record, out, version, version >= 4)
+    except StructError as exc:
+        raise cannot_encode('SyncGroupRequest', exc) from None
+
+
 def _decode_SyncGroupResponse(buf: bytes, pos: int, end: int, version: int, flexible: bool) -> tuple[SyncGroupResponse, int]:
     if version >= 1:
         if end - pos < 4:
@@ -8658,6 +9068,16 @@ def encode_sync_group_response(record: SyncGroupResponse, version: int | None = 
     except StructError as exc:
         raise cannot_encode('SyncGroupResponse', exc) from None
     return bytes(out)
+
+
+def write_sync_group_response(record: SyncGroupResponse, out: bytearray, version: int) -> None:
+    """Append the SyncGroupResponse of ``version`` to ``out``."""
+    if not (version <= 5):
+        raise ValueError(f'SyncGroupResponse: unsupported version {version}')
+    try:
+        _encode_SyncGroupResponse(record, out, version, version >= 4)
+    except StructError as exc:
+        raise cannot_encode('SyncGroupResponse', exc) from None
 
 
 #: Every message's record class, payload decoder and encoder, and the record classes of its
@@ -8798,4 +9218,51 @@ READERS: Final[dict[str, Callable[[bytes, int, int, int], tuple[Any, int]]]] = {
     'SaslHandshakeResponse': read_sasl_handshake_response,
     'SyncGroupRequest': read_sync_group_request,
     'SyncGroupResponse': read_sync_group_response,
+}
+
+#: ``write_<message>(record, out, version)`` by message name: the encoders that append
+#: to a given buffer.
+WRITERS: Final[dict[str, Callable[[Any, bytearray, int], None]]] = {
+    'ApiVersionsRequest': write_api_versions_request,
+    'ApiVersionsResponse': write_api_versions_response,
+    'CreateTopicsRequest': write_create_topics_request,
+    'CreateTopicsResponse': write_create_topics_response,
+    'DescribeConfigsRequest': write_describe_configs_request,
+    'DescribeConfigsResponse': write_describe_configs_response,
+    'DescribeGroupsRequest': write_describe_groups_request,
+    'DescribeGroupsResponse': write_describe_groups_response,
+    'FetchRequest': write_fetch_request,
+    'FetchResponse': write_fetch_response,
+    'FindCoordinatorRequest': write_find_coordinator_request,
+    'FindCoordinatorResponse': write_find_coordinator_response,
+    'HeartbeatRequest': write_heartbeat_request,
+    'HeartbeatResponse': write_heartbeat_response,
+    'InitProducerIdRequest': write_init_producer_id_request,
+    'InitProducerIdResponse': write_init_producer_id_response,
+    'JoinGroupRequest': write_join_group_request,
+    'JoinGroupResponse': write_join_group_response,
+    'LeaveGroupRequest': write_leave_group_request,
+    'LeaveGroupResponse': write_leave_group_response,
+    'ListGroupsRequest': write_list_groups_request,
+    'ListGroupsResponse': write_list_groups_response,
+    'ListOffsetsRequest': write_list_offsets_request,
+    'ListOffsetsResponse': write_list_offsets_response,
+    'MetadataRequest': write_metadata_request,
+    'MetadataResponse': write_metadata_response,
+    'OffsetCommitRequest': write_offset_commit_request,
+    'OffsetCommitResponse': write_offset_commit_response,
+    'OffsetDeleteRequest': write_offset_delete_request,
+    'OffsetDeleteResponse': write_offset_delete_response,
+    'OffsetFetchRequest': write_offset_fetch_request,
+    'OffsetFetchResponse': write_offset_fetch_response,
+    'ProduceRequest': write_produce_request,
+    'ProduceResponse': write_produce_response,
+    'RequestHeader': write_request_header,
+    'ResponseHeader': write_response_header,
+    'SaslAuthenticateRequest': write_sasl_authenticate_request,
+    'SaslAuthenticateResponse': write_sasl_authenticate_response,
+    'SaslHandshakeRequest': write_sasl_handshake_request,
+    'SaslHandshakeResponse': write_sasl_handshake_response,
+    'SyncGroupRequest': write_sync_group_request,
+    'SyncGroupResponse': write_sync_group_response,
 }

@@ -185,3 +185,96 @@ async def test_more_than_one_write_of_frames_goes_out_in_order() -> None:
             data = await written(writer, receiver, 6 + 3_000_000)
             assert data == b"urgent" + b"".join(frames)
             assert writer.bytes_sent == 3_000_006
+
+
+class Held:
+    """A chunk held in memory (the tail cache's), as the store hands one out."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.closed = False
+
+    @property
+    def length(self) -> int:
+        return len(self.data)
+
+    def read_bytes(self) -> bytes:
+        return self.data
+
+    def sendfile_source(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_buffers_go_out_as_they_are_in_order_with_the_frames_around_them() -> None:
+    # Large buffers (records) between small frames, to a peer that reads slowly: vectored
+    # writes that stop inside a buffer and resume there.
+    pieces = [bytearray(b"HEAD"), os.urandom(700_000), b"MID", bytearray(os.urandom(300_000)),
+              b"TAIL"]
+    whole = b"".join(pieces)
+    async with tcp_pair(rcvbuf=16 * 1024, sndbuf=16 * 1024) as (sender, receiver):
+        for direct in (True, False):
+            writer = FrameWriter(sender, direct=direct)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(writer.run)
+                await trio.testing.wait_all_tasks_blocked()
+                writer.put_nowait(b"before;")
+                writer.put_parts_nowait(pieces)
+                writer.put_nowait(b";after")
+                assert 0 < writer.queued_bytes <= len(whole) + 13
+                data = await receive_exactly(receiver, len(whole) + 13)
+                await writer.wait_empty()
+                nursery.cancel_scope.cancel()
+            assert data == b"before;" + whole + b";after"
+            assert writer.queued_bytes == 0
+
+
+async def test_an_idle_writer_writes_buffers_at_once_and_small_ones_are_joined() -> None:
+    async with tcp_pair(rcvbuf=1 << 20, sndbuf=1 << 20) as (sender, receiver):
+        writer = FrameWriter(sender)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.run)
+            await trio.testing.wait_all_tasks_blocked()
+            writer.put_parts_nowait([b"size", b"x" * 100])  # small: one joined put
+            big = [b"size", os.urandom(100_000)]
+            writer.put_parts_nowait(big)  # the socket takes it whole, by the put itself
+            assert writer.bytes_sent == 100_108 and writer.queued_bytes == 0
+            data = await receive_exactly(receiver, 100_108)
+            assert data == b"size" + b"x" * 100 + b"".join(big)
+            nursery.cancel_scope.cancel()
+
+
+async def test_buffers_on_a_stream_that_is_not_a_socket_are_joined() -> None:
+    sender, receiver = trio.testing.memory_stream_pair()
+    writer = FrameWriter(sender)
+    pieces = [b"head", os.urandom(200_000)]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer.run)
+        writer.put_parts_nowait(pieces)
+        data = bytearray()
+        while len(data) < 200_004:
+            data += await receiver.receive_some()
+        nursery.cancel_scope.cancel()
+    assert data == b"".join(pieces)
+
+
+async def test_chunks_held_in_memory_go_out_with_their_head_without_a_join() -> None:
+    chunks = [Held(os.urandom(90_000)), Held(os.urandom(50_000))]
+    async with tcp_pair(rcvbuf=16 * 1024, sndbuf=16 * 1024) as (sender, receiver):
+        writer = FrameWriter(sender)
+        writer.put_chunks_nowait(b"head", chunks)
+        assert all(c.closed for c in chunks)
+        data = await written(writer, receiver, 140_004)
+        assert data == b"head" + chunks[0].data + chunks[1].data
+
+
+async def test_a_reset_peer_breaks_a_vectored_write() -> None:
+    async with tcp_pair() as (sender, receiver):
+        writer = FrameWriter(sender)
+        reset(receiver)
+        await trio.sleep(0.05)
+        writer.put_parts_nowait([b"head", b"x" * 1024 * 1024])
+        with trio.fail_after(5), pytest.raises(trio.BrokenResourceError):
+            await writer.run()

@@ -17,9 +17,13 @@ from protocols.kafka.connection import (
     KafkaServerConnection,
     Request,
     UnsupportedRequest,
+    decode_request,
+    encode_response,
+    encode_response_parts,
     frame,
 )
 from protocols.kafka.messages import CODECS, REQUESTS, request_header_version
+from protocols.kafka.primitives import PART_MIN
 from protocols.kafka.records import RequestHeader, encode_request_header
 from tests.protocols.kafka.samples import random_record, versions_of
 
@@ -215,3 +219,51 @@ def test_trailing_bytes_after_a_request_body_are_ignored_as_kafka_does() -> None
     conn.receive_data(request_bytes(18, 3, 2, body))
     assert conn.next_event() == Request(18, 3, 2, "test", body)
     assert conn.next_event() is NEED_DATA
+
+
+@pytest.mark.parametrize("version", [4, 11, 12])
+def test_a_fetch_response_as_buffers_keeps_its_records_apart_without_a_copy(version: int
+                                                                            ) -> None:
+    rng = random.Random(SEED + version)
+    big = bytearray(rng.randbytes(PART_MIN + 100))
+    bigger = rng.randbytes(3 * PART_MIN)
+    small = rng.randbytes(PART_MIN - 1)
+    body = r.FetchResponse(throttle_time_ms=7, responses=[
+        r.FetchableTopicResponse(topic="a", partitions=[
+            r.PartitionData(partition_index=0, high_watermark=9, records=big),
+            r.PartitionData(partition_index=1, high_watermark=9, records=small),
+            r.PartitionData(partition_index=2, high_watermark=-1, records=None)]),
+        r.FetchableTopicResponse(topic="b", partitions=[
+            r.PartitionData(partition_index=0, high_watermark=3, records=bigger)])])
+    pieces = encode_response_parts(1, version, 1234, body)
+    # The same frame as the one-copy encoding, size included ...
+    assert b"".join(pieces) == encode_response(1, version, 1234, body)
+    # ... with the large records as pieces of their own (the very objects: not copied),
+    # the small ones copied into the encoder's bytes.
+    assert [i for i, piece in enumerate(pieces) if piece is big or piece is bigger] == [1, 3]
+    assert len(pieces) == 5 and not any(small == piece for piece in pieces)
+
+
+def test_a_response_without_large_records_is_one_buffer() -> None:
+    conn = KafkaServerConnection()
+    conn.receive_data(request_bytes(18, 3, 5, r.ApiVersionsRequest()))
+    request = conn.next_event()
+    body = r.ApiVersionsResponse(api_keys=[r.ApiVersion(0, 0, 9)])
+    assert conn.send_parts(request, body) == [conn.send(request, body)]
+
+
+def test_a_produce_request_s_records_are_a_view_of_the_payload_not_a_copy() -> None:
+    records = random.Random(SEED).randbytes(50_000)
+    body = r.ProduceRequest(acks=1, timeout_ms=100, topic_data=[
+        r.TopicProduceData("t", [r.PartitionProduceData(0, records)])])
+    for version in (3, 9):
+        payload = request_bytes(0, version, 1, body)[4:]
+        event = decode_request(payload)
+        got = event.body.topic_data[0].partition_data[0].records
+        assert isinstance(got, memoryview) and got.obj is payload and got == records
+        # A mutable buffer is copied from (a view would pin it).
+        mutable = bytearray(payload)
+        _, pos = r.read_request_header(mutable, 0, len(mutable), 1 if version < 9 else 2)
+        copied = r.read_produce_request(mutable, pos, len(mutable), version)[0]
+        kept = copied.topic_data[0].partition_data[0].records
+        assert not isinstance(kept, memoryview) and kept == records
