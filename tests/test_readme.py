@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from gateway.cli.main import build_parser
+from gateway.kafka.versions import served_table
 from gateway.server.config import reference_table
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -21,6 +22,14 @@ def test_configuration_reference_matches_the_code() -> None:
     documented = between.split("\n<!-- config-reference:end -->", 1)[0]
     assert documented == reference_table(), (
         "README's configuration table is stale: paste gateway.server.config.reference_table()")
+
+
+def test_kafka_api_table_matches_what_api_versions_answers() -> None:
+    text = README.read_text()
+    between = text.split("<!-- kafka-apis:start -->\n", 1)[1]
+    documented = between.split("\n<!-- kafka-apis:end -->", 1)[0]
+    assert documented == served_table(), (
+        "README's Kafka API table is stale: paste gateway.kafka.versions.served_table()")
 
 
 def test_subcommands_shown_in_the_readme_exist() -> None:

@@ -23,3 +23,13 @@ def api_versions(error: int = ErrorCode.NONE) -> ApiVersionsResponse:
     """The ApiVersions answer; ``error`` UNSUPPORTED_VERSION for a too-new request (sent
     as version 0, as Kafka does)."""
     return ApiVersionsResponse(error_code=error, api_keys=list(_API_KEYS))
+
+
+def served_table() -> str:
+    """The README's table of the APIs served and their versions (from the same data as
+    the ApiVersions answer)."""
+    rows = ["| API | key | versions |", "|---|---|---|"]
+    for api in _API_KEYS:
+        name = "".join(part.capitalize() for part in ApiKey(api.api_key).name.split("_"))
+        rows.append(f"| {name} | {api.api_key} | {api.min_version}-{api.max_version} |")
+    return "\n".join(rows)
