@@ -1,5 +1,6 @@
 """What a Kafka request handler may use: the backend, the connection's access and the
-server-wide Kafka state, bundled once per connection."""
+server-wide Kafka state, bundled per connection (a new bundle when a request's client id
+differs from the previous one's: a handler task keeps the one it was started with)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class RequestContext:
     log: structlog.typing.FilteringBoundLogger
     #: The server-wide Kafka state.
     services: KafkaServices
-    #: The client id of the connection's latest request (Kafka clients keep one).
+    #: The client id of the request served with this context.
     client_id: str = ""
     #: The client's address, as DescribeGroups shows it (``/127.0.0.1``).
     client_host: str = ""

@@ -3,9 +3,11 @@
 A partition's batches are decoded here (Kafka's CRC, codecs and record layout) and
 re-encoded as bundles; a batch a Tank message can not hold (a key over 255 bytes,
 headers, a null value, transactional or control batches) refuses its partition with
-INVALID_RECORD (87) and the reason as the error message, a corrupt one with
-CORRUPT_MESSAGE (2); nothing of a refused partition is appended. The answer's base
-offset is the first appended sequence - 1.
+INVALID_RECORD (87) and the reason as the error message, one over
+``store.max_bundle_bytes`` with MESSAGE_TOO_LARGE (10), an older message format (magic 0
+or 1) with UNSUPPORTED_VERSION (35), a codec not known with UNSUPPORTED_COMPRESSION_TYPE
+(76), a corrupt one with CORRUPT_MESSAGE (2); nothing of a refused partition is
+appended. The answer's base offset is the first appended sequence - 1.
 
 A batch with a producer id (an idempotent producer's) must be its partition's only batch
 (as Kafka requires) and passes the sequence checks of :mod:`gateway.kafka.idempotence`
@@ -134,8 +136,9 @@ def plan_produce(body: Any, access: ConnectionAccess, max_batch: int,
             except InvalidRecord as exc:
                 part.error, part.message = ErrorCode.INVALID_RECORD, str(exc)
                 continue
-            except ProtocolError as exc:
-                part.error, part.message = ErrorCode.CORRUPT_MESSAGE, str(exc)
+            except ProtocolError as exc:  # its Kafka code: MESSAGE_TOO_LARGE, ...
+                part.error = exc.error_code or ErrorCode.CORRUPT_MESSAGE
+                part.message = str(exc)
                 continue
             stamps = producer_stamps(records) if producers is not None else []
             if producers is not None and any(b.producer_id >= 0 for b in stamps):

@@ -292,14 +292,18 @@ class KafkaSession(RequestSession):
 
     def _start(self, request: Request) -> None:
         assert self._nursery is not None
-        self._context.client_id = request.client_id or ""
+        context = self._context
+        client_id = request.client_id or ""
+        if client_id != context.client_id:
+            # A new context, not a change to the one that tasks not yet run were given.
+            context = self._context = replace(context, client_id=client_id)
         self._begin()
-        self._nursery.start_soon(self._serve, request, self._slot())
+        self._nursery.start_soon(self._serve, request, self._slot(), context)
 
-    async def _serve(self, request: Request, slot: _Slot) -> None:
+    async def _serve(self, request: Request, slot: _Slot, context: RequestContext) -> None:
         kind = _name(request.api_key)
         try:
-            response = await HANDLERS[request.api_key](self._context, request.body,
+            response = await HANDLERS[request.api_key](context, request.body,
                                                        request.api_version)
             quota = self._quota
             if quota is not None and quota.out_limited and request.api_key == ApiKey.FETCH:
