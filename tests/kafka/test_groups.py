@@ -227,6 +227,9 @@ async def test_known_groups_are_listed_empty(tmp_path):
         def groups(self) -> list[str]:
             return ["committed-only"]
 
+        def has_group(self, group: str) -> bool:
+            return group == "committed-only"
+
     async with server_for(tmp_path) as server:
         assert server.groups is not None
         server.groups.known = Offsets()

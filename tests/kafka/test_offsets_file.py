@@ -3,6 +3,7 @@ by rename, and commits acknowledged before a SIGKILL of ``figtank serve`` found 
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import struct
@@ -132,3 +133,71 @@ def _kafka_address(lines: list[dict]) -> tuple[str, int]:
     host, _, port = serving["kafka"].rpartition(":")
     return host, int(port)
 
+
+
+async def test_commits_after_a_compaction_whose_directory_fsync_failed_are_kept(
+        tmp_path, monkeypatch):
+    # The rename is done when the directory's fsync fails (injected: a real disk does
+    # not fail on demand): later appends must go to the file now at the log's name, not
+    # to the replaced one, and the directory is fsynced before they are acknowledged.
+    import gateway.kafka.groups.offsets as offsets_module
+    path = tmp_path / FILE_NAME
+    real = offsets_module._fsync_dir
+    calls = {"failing": True, "failed": 0, "after": 0}
+
+    def flaky(directory):
+        if calls["failing"]:
+            calls["failed"] += 1
+            raise OSError(5, "Input/output error")
+        if calls["failed"]:
+            calls["after"] += 1
+        real(directory)
+
+    limits = OffsetLimits(compact_bytes=4096)
+    async with open_offset_store(path, limits=limits) as store:
+        monkeypatch.setattr(offsets_module, "_fsync_dir", flaky)
+        i = acked = 0
+        while not calls["failed"]:
+            if await store.commit("g", [("t", i % 3, i, "m" * 20)]) == [0]:
+                acked = i
+            i += 1
+        await trio.sleep(0.2)  # the failed compaction's worker thread is done
+        # What a SIGKILL now would leave: the appends go to the file at the log's name.
+        assert os.fstat(store._fd).st_ino == path.stat().st_ino
+        calls["failing"] = False
+        codes = await store.commit("g", [("t", 7, 1234, None)])
+        assert codes == [0]
+        assert calls["after"] >= 1  # the directory was fsynced before an answer
+    monkeypatch.setattr(offsets_module, "_fsync_dir", real)
+    async with open_offset_store(path) as again:
+        assert again.get("g", "t", 7).offset == 1234
+        assert again.get("g", "t", acked % 3).offset == acked
+    assert sorted(p.name for p in tmp_path.iterdir()) == [FILE_NAME]
+
+
+async def test_a_failed_compaction_leaves_no_file_behind_and_is_not_retried_at_once(
+        tmp_path, monkeypatch):
+    # The compacted copy can not be written (injected ENOSPC): the log is kept, the
+    # partial copy removed, and the next batches do not each rewrite the file again.
+    import gateway.kafka.groups.offsets as offsets_module
+    path = tmp_path / FILE_NAME
+    tries = []
+    real_replace = offsets_module.os.replace
+
+    def full(src, dst):
+        tries.append(src)
+        raise OSError(28, "No space left on device")
+
+    limits = OffsetLimits(compact_bytes=4096)
+    with capture_logs() as logs:
+        async with open_offset_store(path, limits=limits) as store:
+            monkeypatch.setattr(offsets_module.os, "replace", full)
+            for i in range(300):
+                assert await store.commit("g", [("t", i % 3, i, "m" * 20)]) == [0]
+            assert store.compactions == 0
+            monkeypatch.setattr(offsets_module.os, "replace", real_replace)
+    assert len(tries) == 1
+    assert len([e for e in logs if e["event"] == "offsets_compaction_failed"]) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [FILE_NAME]
+    async with open_offset_store(path) as again:
+        assert again.get("g", "t", 2).offset == 299

@@ -48,6 +48,10 @@ log = structlog.get_logger("figtank.kafka.groups")
 _E = ErrorCode
 #: Longest id part a client's own string contributes to a member id.
 _CLIENT_ID_CHARS = 64
+#: The timer heap is never pruned below this size.
+_MIN_PRUNE = 256
+#: Seconds between two log lines of one limit.
+_LOG_EVERY = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,9 +112,10 @@ class GroupCoordinator:
         self._wake = trio.Event()
         #: Client-chosen bytes held by every member of every group.
         self._bytes = 0
-        self._states = {state: 0 for state in GroupState}
-        self._members = 0
-        self._logged: set[str] = set()
+        #: The heap is rebuilt without stale entries when it grows past this.
+        self._prune_at = _MIN_PRUNE
+        #: When each limit's warning was last logged (trio clock).
+        self._logged: dict[str, float] = {}
 
     # ----------------------------------------------------------------------- timers
 
@@ -134,6 +139,32 @@ class GroupCoordinator:
         if not self._timers or when < self._timers[0][0]:
             self._wake.set()
         heapq.heappush(self._timers, (when, next(self._seq), kind, group_id, key))
+        if len(self._timers) > self._prune_at:
+            self._prune()
+
+    def _prune(self) -> None:
+        """Drop the timers that can no longer do anything (their member left, their
+        member id was given back, their rebalance is over): a join/leave loop would
+        otherwise keep one entry per request until its deadline, up to the session or
+        rebalance timeout. Amortised: the heap is rebuilt when it doubles."""
+        self._timers = [t for t in self._timers if self._live(*t)]
+        heapq.heapify(self._timers)
+        self._prune_at = max(_MIN_PRUNE, 2 * len(self._timers))
+        self._wake.set()
+
+    def _live(self, when: float, _seq: int, kind: str, group_id: str, key: str) -> bool:
+        group = self._groups.get(group_id)
+        if group is None:
+            return False
+        if kind == "member":
+            member = group.members.get(key)
+            return member is not None and member.timer_at == when
+        if kind == "pending":
+            return group.pending.get(key) == when
+        if kind == "join":
+            return group.state is GroupState.PREPARING_REBALANCE and group.deadline == when
+        return (group.state is GroupState.COMPLETING_REBALANCE
+                and key == str(group.generation))
 
     def _touch(self, member: Member, group: Group) -> None:
         """Heard from ``member``: its session starts again."""
@@ -227,7 +258,12 @@ class GroupCoordinator:
 
     def _limit(self, limit: str, **what: object) -> None:
         self.metrics.limit_hit(limit)
-        log.warning("kafka_group_limit_reached", limit=limit, **what)
+        now = trio.current_time()
+        if now - self._logged.get(limit, -_LOG_EVERY) >= _LOG_EVERY:
+            self._logged[limit] = now
+            log.warning("kafka_group_limit_reached", limit=limit, **what,
+                        action="refused (logged once a minute; every hit is counted in "
+                        "figtank_limit_hits_total)")
 
     def _sizes_ok(self, group: Group, old: int, new: int, member_id: str, *,
                   total: int | None = None) -> bool:
@@ -628,7 +664,7 @@ class GroupCoordinator:
         """One group; Dead when unknown (as Kafka answers)."""
         group = self._groups.get(group_id)
         if group is None:
-            known = self.known is not None and group_id in set(self.known.groups())
+            known = self.known is not None and self.known.has_group(group_id)
             return GroupSummary(group_id, GroupState.EMPTY if known else GroupState.DEAD,
                                 "", "")
         stable = group.state is GroupState.STABLE

@@ -11,6 +11,9 @@ checksum ends it (the torn tail of a crash); it is cut off, with a log line.
 When the file outgrows ``offsets.compact_bytes`` and twice what it holds live, it is
 rewritten: the live offsets go to ``figtank-offsets.log.compacting``, which is fsynced and
 renamed over the log (and the directory fsynced), so a crash leaves either file whole.
+Appends go to the new file from the rename on; when the directory's fsync fails it is
+tried again before the next append is acknowledged. A compaction that fails (the log is
+kept, the partial copy removed) is not tried again for :data:`COMPACT_RETRY_SECS`.
 
 The file is a regular file in the data directory's root: a Tank broker ignores those
 ("not a directory"), and the embedded store only loads directories. Nothing here makes a
@@ -26,6 +29,7 @@ is refused per partition (INVALID_COMMIT_OFFSET_SIZE, OFFSET_METADATA_TOO_LARGE)
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import struct
 import time
@@ -61,6 +65,8 @@ _PART = struct.Struct(">i")
 ENTRY_OVERHEAD: Final = 64
 #: At most one log line a minute per limit.
 _LOG_EVERY: Final = 60.0
+#: Seconds before a compaction that failed is tried again.
+COMPACT_RETRY_SECS: Final = 60.0
 
 Key = tuple[str, int]
 
@@ -222,13 +228,28 @@ def recover(path: Path) -> tuple[dict[str, dict[Key, Committed]], int]:
 
 def _write_new(path: Path, data: bytes) -> None:
     """Write ``path`` whole (via a temporary file renamed over it, fsynced)."""
-    tmp = path.with_name(path.name + COMPACTING)
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    os.close(_replace(path, data, 0))
     _fsync_dir(path.parent)
+
+
+def _replace(path: Path, data: bytes, flags: int) -> int:
+    """Write ``data`` to a temporary file, fsync it and rename it over ``path``; the
+    file's descriptor opened with ``flags`` (the caller closes it; the directory is not
+    fsynced yet). On failure the temporary file is removed and ``path`` is untouched."""
+    tmp = path.with_name(path.name + COMPACTING)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flags, 0o666)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return fd
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -274,6 +295,11 @@ class OffsetStore:
         self._wake = trio.Event()
         self._logged: dict[str, float] = {}
         self.compactions = 0
+        #: A compaction renamed the file but the directory's fsync failed: done again
+        #: before the next append is acknowledged.
+        self._dir_unsynced = False
+        #: No compaction before this time (trio clock) after one failed.
+        self._compact_not_before = -math.inf
 
     # -- reading -------------------------------------------------------------------------
 
@@ -399,7 +425,10 @@ class OffsetStore:
     def _append(self, data: bytes) -> None:
         """Append ``data`` (and fsync); on failure cut the file back to its whole
         records, so that what follows is not lost behind a torn record. Worker thread."""
-        assert self._fd is not None
+        assert self._fd is not None and self.path is not None
+        if self._dir_unsynced:
+            _fsync_dir(self.path.parent)
+            self._dir_unsynced = False
         try:
             written = os.write(self._fd, data)
             if written != len(data):
@@ -427,7 +456,8 @@ class OffsetStore:
     # -- compaction ----------------------------------------------------------------------
 
     def _should_compact(self) -> bool:
-        return self._size > max(self.limits.compact_bytes, 2 * (self._bytes + len(MAGIC)))
+        return (self._size > max(self.limits.compact_bytes, 2 * (self._bytes + len(MAGIC)))
+                and trio.current_time() >= self._compact_not_before)
 
     async def _compact(self) -> None:
         snapshot = [(group, [(t, p, c) for (t, p), c in offsets.items()])
@@ -436,8 +466,10 @@ class OffsetStore:
         try:
             size = await trio.to_thread.run_sync(self._rewrite, snapshot)
         except OSError as exc:
+            self._compact_not_before = trio.current_time() + COMPACT_RETRY_SECS
             log.error("offsets_compaction_failed", file=str(self.path),
-                      error=exc.strerror or repr(exc), action="the log is kept as it is")
+                      error=exc.strerror or repr(exc), action="the log is kept as it is; "
+                      f"tried again in {COMPACT_RETRY_SECS:g} s at the earliest")
             return
         self.compactions += 1
         log.info("offsets_compacted", file=str(self.path), bytes_before=before,
@@ -445,14 +477,19 @@ class OffsetStore:
 
     def _rewrite(self, snapshot: list[tuple[str, list[tuple[str, int, Committed]]]]) -> int:
         """Write the live offsets to a new file and rename it over the log. Worker
-        thread; the writer task waits for it, so nothing is appended meanwhile."""
+        thread; the writer task waits for it, so nothing is appended meanwhile. Once
+        renamed, appends go to the new file whatever fails next (an OSError from the
+        directory's fsync: see ``_dir_unsynced``)."""
         assert self.path is not None and self._fd is not None
         data = MAGIC + b"".join(encode_commit(g, entries) for g, entries in snapshot)
-        _write_new(self.path, data)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        os.close(self._fd)
-        self._fd = fd
+        fd = _replace(self.path, data, os.O_APPEND)
+        old, self._fd = self._fd, fd
         self._size = len(data)
+        self._dir_unsynced = True
+        with contextlib.suppress(OSError):
+            os.close(old)
+        _fsync_dir(self.path.parent)
+        self._dir_unsynced = False
         return self._size
 
     # -- opening -------------------------------------------------------------------------
