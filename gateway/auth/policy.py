@@ -165,23 +165,28 @@ class Policy:
         return self.default_allow
 
     def allows_group(self, principal: Principal, group: str, operation: Operation) -> bool:
-        """Whether ``principal`` may do ``operation`` (``subscribe`` or ``discover``,
-        which ``subscribe`` implies) on the Kafka group ``group``."""
+        """Whether ``principal`` may do ``operation`` (``subscribe`` or ``discover``) on the
+        Kafka group ``group``. ``subscribe`` implies ``discover`` unless a rule decides
+        ``discover`` itself (a deny of it wins, as Kafka's DENY DESCRIBE beside ALLOW
+        READ)."""
         if not self.names_groups:
             return True
-        if operation is Operation.DISCOVER and self._decide_group(
-                principal, group, Operation.SUBSCRIBE):
-            return True
-        return self._decide_group(principal, group, operation)
+        decided = self._decide_group(principal, group, operation)
+        if decided is None and operation is Operation.DISCOVER:
+            decided = self._decide_group(principal, group, Operation.SUBSCRIBE)
+        return self.default_allow if decided is None else decided
 
-    def _decide_group(self, principal: Principal, group: str, operation: Operation) -> bool:
+    def _decide_group(self, principal: Principal, group: str,
+                      operation: Operation) -> bool | None:
+        """What the first rule naming ``operation`` for ``group`` and ``principal`` says,
+        or None when no rule does."""
         for rule in self.rules:
             if operation not in rule.allow and operation not in rule.deny:
                 continue
             if (rule.groups is not None and rule.groups.matches(group)
                     and rule.applies_to(principal)):
                 return operation in rule.allow
-        return self.default_allow
+        return None
 
     def allows_any(self, principal: Principal, topic: str) -> bool:
         """Whether ``principal`` may do anything with ``topic`` (and so may see it)."""

@@ -50,6 +50,8 @@ def test_group_rules_decide_subscribe_and_discover() -> None:
     # The first rule naming the operation decides: billing's own rule comes first.
     assert p.allows_group(BILLING, "billing-audit", SUBSCRIBE)
     assert not p.allows_group(OPS, "billing-audit", SUBSCRIBE)
+    # subscribe implies discover, but a rule deciding discover itself wins (its deny).
+    assert not p.allows_group(BILLING, "billing-audit", DISCOVER)
 
 
 def test_topic_patterns_and_group_patterns_do_not_mix() -> None:
