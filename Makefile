@@ -34,18 +34,26 @@ RUN_FLAGS = $(strip $(call serve_flag,CONFIG,--config) $(call serve_flag,DATA,--
 
 ## Set everything up and run the whole suite with the compiled extension, then again in
 ## pure Python the tests whose code paths the extension replaces (PURE_TESTS).
+## Two pytest workers (one test file each at a time): most tests wait on sockets and
+## subprocesses, so two halve the wall time on two cores.
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
-	FIGTANK_PURE_PYTHON=1 $(BIN)/python -m pytest -q $(PURE_TESTS)
+	$(BIN)/python -m pytest -q $(PYTEST_WORKERS)
+	FIGTANK_PURE_PYTHON=1 $(BIN)/python -m pytest -q $(PYTEST_WORKERS) $(PURE_TESTS)
 
-# The protocol codecs, both listeners, the store, the bridge and the whole-process runs:
+PYTEST_WORKERS = -n 2 --dist loadfile
+
+# The protocol codecs, the listeners, the store, the bridge and the whole-process runs:
 # everything the compiled loops (protocols/_speedups.pyx, gateway/store/_fsync.pyx) sit
-# under. Spark, the examples, the bench and the CLI's failure lines do not depend on them.
+# under (the Kafka listener: its produce, fetch and hand-off paths; the rest of
+# tests/kafka is coordination and access, above those loops). Spark, the examples, the
+# bench and the CLI's failure lines do not depend on them.
 PURE_TESTS = tests/protocols tests/figg tests/tank tests/store tests/bridge \
 	tests/test_embedded.py tests/test_bundle.py tests/test_reader_lag.py tests/test_cli.py \
-	tests/test_serve.py tests/test_shutdown.py
+	tests/test_serve.py tests/test_shutdown.py tests/kafka/test_real_clients.py \
+	tests/kafka/test_kafka_requests.py tests/kafka/test_handoff.py \
+	tests/kafka/test_idempotence.py tests/kafka/test_produce_errors.py
 
 # mypy checks what [tool.mypy] in pyproject.toml lists (protocols/, gateway/store/), strictly.
 lint: $(STAMP)
