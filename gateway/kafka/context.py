@@ -4,7 +4,8 @@ differs from the previous one's: a handler task keeps the one it was started wit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
@@ -16,6 +17,7 @@ from gateway.kafka.groups.membership import MembershipCheck
 from gateway.kafka.groups.offsets import OffsetStore
 from gateway.kafka.idempotence import ProducerStates
 from gateway.kafka.services import KafkaServices
+from gateway.logevery import LogEvery
 
 
 @dataclass(slots=True)
@@ -37,6 +39,18 @@ class RequestContext:
     client_id: str = ""
     #: The client's address, as DescribeGroups shows it (``/127.0.0.1``).
     client_host: str = ""
+    #: How often the connection's refusal lines may be logged (shared by every context
+    #: of the connection).
+    refusals: LogEvery = field(default_factory=LogEvery)
+
+    def refused(self, event: str, **fields: Any) -> None:
+        """Log a refused request as ``event``: the first of each kind on a connection,
+        then at most one a minute, the next line counting those held back
+        (``suppressed``), so that a client repeating a bad request can not flood the
+        log."""
+        held = self.refusals.due(event)
+        if held is not None:
+            self.log.info(event, **fields, **({"suppressed": held} if held else {}))
 
     @property
     def producers(self) -> ProducerStates:

@@ -49,8 +49,8 @@ async def _create_topics(ctx: RequestContext, body: Any, version: int) -> Any:
     refused = [(t.name, t.error_code, t.error_message)
                for t in response.topics if t.error_code]
     if refused:
-        ctx.log.info("kafka_create_topics_refused", topics=refused[:10],
-                     validate_only=body.validate_only)
+        ctx.refused("kafka_create_topics_refused", topics=refused[:10],
+                    validate_only=body.validate_only)
     return response
 
 
@@ -62,10 +62,10 @@ async def _init_producer_id(ctx: RequestContext, body: Any, version: int) -> Any
     response = init_producer_id(ctx.producers, body.transactional_id, body.producer_id,
                                 body.producer_epoch)
     if response.error_code:
-        ctx.log.info("kafka_init_producer_id_refused", error_code=response.error_code,
-                     transactional_id=body.transactional_id,
-                     reason="transactions are not served" if body.transactional_id
-                     is not None else "producer id and epoch must both be given or -1")
+        ctx.refused("kafka_init_producer_id_refused", error_code=response.error_code,
+                    transactional_id=body.transactional_id,
+                    reason="transactions are not served" if body.transactional_id
+                    is not None else "producer id and epoch must both be given or -1")
     return response
 
 

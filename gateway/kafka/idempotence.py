@@ -36,6 +36,7 @@ from typing import Final
 
 import structlog
 
+from gateway.logevery import LogEvery
 from gateway.server.metrics import Metrics
 from protocols.kafka.records import InitProducerIdResponse
 from protocols.kafka.types import ErrorCode
@@ -43,8 +44,6 @@ from protocols.kafka.types import ErrorCode
 #: Batches remembered per producer and partition (Kafka's ``NUM_BATCHES_TO_RETAIN``).
 WINDOW: Final = 5
 _INT32_MAX: Final = (1 << 31) - 1
-#: Seconds between two log lines about ``limits.max_producer_states``.
-_LOG_EVERY: Final = 60.0
 
 log = structlog.get_logger("figtank.kafka")
 
@@ -133,7 +132,7 @@ class ProducerStates:
         self._next_id = time.time_ns() // 1000 if first_id is None else first_id
         self._states: OrderedDict[Key, _State] = OrderedDict()
         self._forgotten = 0
-        self._logged_at = -_LOG_EVERY
+        self._log_every = LogEvery()
 
     def __len__(self) -> int:
         return len(self._states)
@@ -201,9 +200,7 @@ class ProducerStates:
             self._forgotten += 1
             if self._metrics is not None:
                 self._metrics.limit_hit("max_producer_states")
-            now = time.monotonic()
-            if now - self._logged_at >= _LOG_EVERY:
-                self._logged_at = now
+            if self._log_every.due() is not None:
                 log.warning("producer_states_limit_reached", limit="max_producer_states",
                             max_states=self.max_states, forgotten=self._forgotten,
                             action="the least recently used producer's sequence state "

@@ -346,7 +346,7 @@ class KafkaSession(RequestSession):
             response = produce_response(plan, outcomes)
             ok = all_ok(response)
             if not ok:
-                self._log.info("kafka_produce_refused", acks=body.acks, partitions=[
+                self._context.refused("kafka_produce_refused", acks=body.acks, partitions=[
                     (t.name, p.index, p.error_code, p.error_message)
                     for t in response.responses for p in t.partition_responses
                     if p.error_code][:10])

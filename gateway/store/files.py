@@ -16,17 +16,15 @@ runs in the trio thread (a worker thread that uses a segment's file holds a refe
 from __future__ import annotations
 
 import os
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
 import structlog
 
-log = structlog.get_logger("gateway.store")
+from gateway.logevery import LogEvery
 
-#: Seconds between two ``open_segments_limit_reached`` log lines.
-_LOG_EVERY = 60.0
+log = structlog.get_logger("gateway.store")
 
 
 class SegmentFile:
@@ -78,7 +76,7 @@ class OpenFiles:
         #: Files closed to stay within the limit so far.
         self.evictions = 0
         self._open: OrderedDict[int, _Closable] = OrderedDict()
-        self._logged_at = -_LOG_EVERY
+        self._log_every = LogEvery()
         self._logged_evictions = 0
 
     def __len__(self) -> int:
@@ -105,10 +103,8 @@ class OpenFiles:
         self.evictions += 1
         if self.on_evict is not None:
             self.on_evict()
-        now = time.monotonic()
-        if now - self._logged_at >= _LOG_EVERY:
+        if self._log_every.due() is not None:
             log.info("open_segments_limit_reached", limit="max_open_segments",
-                        max_open_segments=self.limit,
-                        closed_since_last=self.evictions - self._logged_evictions)
-            self._logged_at = now
+                     max_open_segments=self.limit,
+                     closed_since_last=self.evictions - self._logged_evictions)
             self._logged_evictions = self.evictions

@@ -5,6 +5,7 @@ code for all; the other partitions of the request are appended."""
 from __future__ import annotations
 
 import trio
+from structlog.testing import capture_logs
 
 from protocols.kafka import records as r
 from protocols.kafka.batch import Record, RecordBatch, encode_batch, encode_records
@@ -38,3 +39,21 @@ async def test_each_refused_batch_gets_its_own_error_code(tmp_path):
     codes = {p.index: p.error_code for p in answer.responses[0].partition_responses}
     assert codes == {0: ErrorCode.MESSAGE_TOO_LARGE, 1: ErrorCode.UNSUPPORTED_VERSION,
                      2: ErrorCode.CORRUPT_MESSAGE, 3: ErrorCode.NONE}
+
+
+async def test_a_client_repeating_a_refused_produce_does_not_flood_the_log(tmp_path):
+    corrupt = bytearray(_batch(b"v"))
+    corrupt[-1] ^= 0xFF
+    produce = r.ProduceRequest(acks=-1, timeout_ms=1000, topic_data=[
+        r.TopicProduceData("t", [r.PartitionProduceData(0, bytes(corrupt))])])
+    async with kafka_server(tmp_path) as server:
+        with trio.fail_after(20), capture_logs() as logs:
+            for _ in range(2):  # two connections: each logs its first refusal
+                stream = await trio.open_tcp_stream(*server.kafka)
+                answers = [(await call(stream, ApiKey.PRODUCE, 7, produce, i))[1]
+                           for i in range(50)]
+                await stream.aclose()
+    lines = [line for line in logs if line["event"] == "kafka_produce_refused"]
+    assert all(a.responses[0].partition_responses[0].error_code == ErrorCode.CORRUPT_MESSAGE
+               for a in answers)
+    assert len(lines) == 2  # one per connection, not one per request

@@ -85,8 +85,8 @@ async def offset_commit(ctx: RequestContext, body: Any, version: int) -> OffsetC
     refused = [(t.name, p.partition_index, p.error_code)
                for t in response.topics for p in t.partitions if p.error_code]
     if refused:
-        ctx.log.info("kafka_offset_commit_refused", group=group, member=body.member_id,
-                     generation=body.generation_id_or_member_epoch, partitions=refused[:10])
+        ctx.refused("kafka_offset_commit_refused", group=group, member=body.member_id,
+                    generation=body.generation_id_or_member_epoch, partitions=refused[:10])
     return response
 
 

@@ -39,6 +39,7 @@ from gateway.kafka.groups.state import (
     Reply,
     SyncResult,
 )
+from gateway.logevery import LogEvery
 from gateway.server.config import Settings
 from gateway.server.metrics import Metrics
 from protocols.kafka.types import ErrorCode
@@ -50,8 +51,6 @@ _E = ErrorCode
 _CLIENT_ID_CHARS = 64
 #: The timer heap is never pruned below this size.
 _MIN_PRUNE = 256
-#: Seconds between two log lines of one limit.
-_LOG_EVERY = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +114,7 @@ class GroupCoordinator:
         #: The heap is rebuilt without stale entries when it grows past this.
         self._prune_at = _MIN_PRUNE
         #: When each limit's warning was last logged (trio clock).
-        self._logged: dict[str, float] = {}
+        self._log_every = LogEvery()
 
     # ----------------------------------------------------------------------- timers
 
@@ -258,9 +257,7 @@ class GroupCoordinator:
 
     def _limit(self, limit: str, **what: object) -> None:
         self.metrics.limit_hit(limit)
-        now = trio.current_time()
-        if now - self._logged.get(limit, -_LOG_EVERY) >= _LOG_EVERY:
-            self._logged[limit] = now
+        if self._log_every.due(limit) is not None:
             log.warning("kafka_group_limit_reached", limit=limit, **what,
                         action="refused (logged once a minute; every hit is counted in "
                         "figtank_limit_hits_total)")

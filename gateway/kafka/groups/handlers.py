@@ -68,8 +68,8 @@ async def join_group(ctx: RequestContext, body: Any, version: int) -> JoinGroupR
         require_known_member_id=version >= 4, client_id=ctx.client_id,
         client_host=ctx.client_host))
     if result.error and result.error != ErrorCode.MEMBER_ID_REQUIRED:
-        ctx.log.info("kafka_join_group_refused", group=body.group_id,
-                     member=body.member_id, error=ErrorCode(result.error).name)
+        ctx.refused("kafka_join_group_refused", group=body.group_id,
+                    member=body.member_id, error=ErrorCode(result.error).name)
     name = result.protocol_name if result.error == ErrorCode.NONE else None
     return JoinGroupResponse(
         error_code=result.error, generation_id=result.generation,
@@ -89,9 +89,9 @@ async def sync_group(ctx: RequestContext, body: Any, version: int) -> SyncGroupR
         body.protocol_type, body.protocol_name,
         [(a.member_id, a.assignment) for a in body.assignments])
     if result.error:
-        ctx.log.info("kafka_sync_group_refused", group=body.group_id,
-                     member=body.member_id, generation=body.generation_id,
-                     error=ErrorCode(result.error).name)
+        ctx.refused("kafka_sync_group_refused", group=body.group_id,
+                    member=body.member_id, generation=body.generation_id,
+                    error=ErrorCode(result.error).name)
     return SyncGroupResponse(error_code=result.error, protocol_type=result.protocol_type,
                              protocol_name=result.protocol_name,
                              assignment=result.assignment)

@@ -43,6 +43,7 @@ from typing import Final
 import structlog
 import trio
 
+from gateway.logevery import LogEvery
 from gateway.server.metrics import Metrics
 from protocols.kafka.types import ErrorCode
 
@@ -63,8 +64,6 @@ _ENTRY = struct.Struct(">iqqi")   # partition, offset, timestamp, metadata lengt
 _PART = struct.Struct(">i")
 #: What one entry costs against ``offsets.max_bytes`` beside its strings.
 ENTRY_OVERHEAD: Final = 64
-#: At most one log line a minute per limit.
-_LOG_EVERY: Final = 60.0
 #: Seconds before a compaction that failed is tried again.
 COMPACT_RETRY_SECS: Final = 60.0
 
@@ -293,7 +292,7 @@ class OffsetStore:
         self._fd: int | None = None
         self._batch: _Batch | None = None
         self._wake = trio.Event()
-        self._logged: dict[str, float] = {}
+        self._log_every = LogEvery()
         self.compactions = 0
         #: A compaction renamed the file but the directory's fsync failed: done again
         #: before the next append is acknowledged.
@@ -520,9 +519,7 @@ class OffsetStore:
         name = f"offsets.{limit}"
         if self._metrics is not None:
             self._metrics.limit_hit(name)
-        now = time.monotonic()
-        if now - self._logged.get(name, -_LOG_EVERY) >= _LOG_EVERY:
-            self._logged[name] = now
+        if self._log_every.due(name) is not None:
             limit_value = getattr(self.limits, limit)
             log.warning("offsets_limit_reached", limit=name, value=limit_value, **fields,
                         action="commit refused for this partition (logged once a minute)")
