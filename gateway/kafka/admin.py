@@ -14,6 +14,7 @@ broker (the bridge) a topic is answered with no entries.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -155,8 +156,15 @@ async def _create_one(backend: Backend, topic: Any, validate_only: bool,
 
 async def create_topics(backend: Backend, body: Any,
                         access: ConnectionAccess) -> CreateTopicsResponse:
-    """The answer to a CreateTopics request: each topic created (or checked) in turn."""
+    """The answer to a CreateTopics request: each topic created (or checked) in turn; a
+    name given more than once is INVALID_REQUEST for each entry and not created, as
+    Kafka answers."""
+    names = Counter(topic.name for topic in body.topics)
     return CreateTopicsResponse(topics=[
+        CreatableTopicResult(name=topic.name, error_code=ErrorCode.INVALID_REQUEST,
+                             error_message=f"topic {topic.name!r} is named "
+                             f"{names[topic.name]} times in the request")
+        if names[topic.name] > 1 else
         await _create_one(backend, topic, body.validate_only, access)
         for topic in body.topics])
 

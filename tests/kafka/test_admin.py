@@ -11,7 +11,10 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from kafka.admin import KafkaAdminClient
 from kafka.admin import NewTopic as KNewTopic
 
+from protocols.kafka import records as r
+from protocols.kafka.types import ApiKey, ErrorCode
 from tests.kafka.helpers import CONFLUENT, bootstrap, kafka_server
+from tests.kafka.raw import call
 
 
 def _create(addr: str, topics: list[NewTopic], **options: Any) -> dict[str, Any]:
@@ -165,3 +168,16 @@ async def test_kafka_python_creates_topics(tmp_path):
         0, 2, 1)
     assert answer["configs"]["retention.bytes"]["value"] == "1000000"
     assert type(again).__name__ == "TopicAlreadyExistsError"
+
+
+async def test_a_topic_named_twice_in_one_request_is_refused_and_not_created(tmp_path):
+    async with kafka_server(tmp_path) as server:
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream(*server.kafka)
+            _, answer = await call(stream, ApiKey.CREATE_TOPICS, 5, r.CreateTopicsRequest(
+                topics=[r.CreatableTopic("twice", 1, 1), r.CreatableTopic("twice", 2, 1),
+                        r.CreatableTopic("once", 1, 1)], timeout_ms=1000))
+        assert [(t.name, t.error_code) for t in answer.topics] == [
+            ("twice", ErrorCode.INVALID_REQUEST), ("twice", ErrorCode.INVALID_REQUEST),
+            ("once", ErrorCode.NONE)]
+        assert await server.backend.discover_partitions("twice") is None
