@@ -5,6 +5,8 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
+from tests.tls_certs import Certs, make_certs
+
 
 @pytest.fixture(autouse=True)
 def _isolated_logging_config() -> Iterator[None]:
@@ -13,3 +15,10 @@ def _isolated_logging_config() -> Iterator[None]:
     saved = structlog.get_config()
     yield
     structlog.configure(**saved)
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    """A CA, a server certificate for localhost/127.0.0.1 and a client certificate
+    (alice), made once for the run (per test worker)."""
+    return make_certs(tmp_path_factory.mktemp("certs"))

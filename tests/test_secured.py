@@ -20,7 +20,7 @@ from gateway.client.figg_blocking import BlockingFiggClient
 from gateway.client.tank_blocking import BlockingTankClient
 from tests.serving import ServeProcess, figtank_serve
 from tests.test_tls_serve import figtank, server_subject
-from tests.tls_certs import Certs, make_certs
+from tests.tls_certs import Certs
 
 ALICE = "CN=alice,OU=ops,O=acme"
 POLICY = """
@@ -39,11 +39,6 @@ allow = ["publish", "subscribe", "create", "configure", "admin"]
 #: After the reload: alice may still read her orders, no longer write them.
 READ_ONLY_POLICY = POLICY.replace('allow = ["publish", "subscribe", "create"]',
                                   'allow = ["subscribe"]')
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    return make_certs(tmp_path_factory.mktemp("certs"))
 
 
 def wait_events(server: ServeProcess, name: str, count: int, timeout: float = 10) -> None:

@@ -26,15 +26,10 @@ from gateway.client.tls import TLSHandshakeFailed, client_context, open_stream
 from gateway.server.config import ConfigError, Settings, settings_from_mapping
 from gateway.server.run import ServerInfo, open_server
 from gateway.server.tls import subject_identity
-from tests.tls_certs import Certs, make_certs
+from tests.tls_certs import Certs
 
 FAST = {"ping_interval": 0.2, "backoff": lambda attempt: 0.02 * attempt}
 ALICE = "CN=alice,OU=ops,O=acme"
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    return make_certs(tmp_path_factory.mktemp("certs"))
 
 
 def tls_settings(tmp_path: Path, certs: Certs, *, mutual: bool = True, **more: Any

@@ -14,12 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from gateway.client.figg_blocking import BlockingFiggClient
 from gateway.server.tls import subject_identity
 from tests.serving import ServeProcess, figtank_serve
-from tests.tls_certs import Certs, make_certs
+from tests.tls_certs import Certs
 
 
 def figtank(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -30,11 +28,6 @@ def figtank(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
 def addr(address: tuple[str, int] | None) -> str:
     assert address is not None
     return f"{address[0]}:{address[1]}"
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    return make_certs(tmp_path_factory.mktemp("certs"))
 
 
 def serve_mutual_tls(tmp_path: Path, certs: Certs) -> tuple[Path, Path, list[str]]:

@@ -17,7 +17,6 @@ from typing import Any
 import confluent_kafka as ck
 import kafka
 import kafka.errors
-import pytest
 import trio
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.structs import TopicPartition as KTopicPartition
@@ -31,7 +30,7 @@ from tests.auth.helpers import denied
 from tests.kafka.helpers import CONFLUENT
 from tests.kafka.raw import call
 from tests.kafka.test_kafka_requests import _batch
-from tests.tls_certs import Certs, make_certs
+from tests.tls_certs import Certs
 
 ALICE = "CN=alice,OU=ops,O=acme"
 POLICY = """
@@ -52,11 +51,6 @@ who = ["listener:ops"]
 topics = ["*"]
 allow = ["publish", "subscribe", "create", "configure", "admin"]
 """
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    return make_certs(tmp_path_factory.mktemp("certs"))
 
 
 def _settings(tmp_path: Path, certs: Certs) -> Settings:

@@ -18,12 +18,7 @@ from structlog.testing import capture_logs
 
 from tests.kafka.helpers import CONFLUENT
 from tests.kafka.sasl_helpers import MECHANISMS, PASSWORDS, address, failures, sasl_server
-from tests.tls_certs import Certs, make_certs
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    return make_certs(tmp_path_factory.mktemp("certs"))
+from tests.tls_certs import Certs
 
 
 def confluent(addr: str, mechanism: str, user: str, password: str,
