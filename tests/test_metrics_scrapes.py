@@ -199,8 +199,10 @@ async def test_scrapers_that_never_read_are_closed_and_hold_no_copy_each() -> No
     tracemalloc.start()
     try:
         with trio.fail_after(30):
+            # The timeout leaves room for 100 connects on a busy machine (the suite runs
+            # two test files at once) before the check that every one is still open.
             async with served(metrics, http_max_connections=count + 10,
-                              http_timeout_secs=1.5) as (address, _):
+                              http_timeout_secs=4) as (address, _):
                 before = tracemalloc.get_traced_memory()[0]
                 for _ in range(count):
                     sock = trio.socket.socket()
@@ -216,7 +218,7 @@ async def test_scrapers_that_never_read_are_closed_and_hold_no_copy_each() -> No
                 # One rendering for all, sent from the same bytes: not 500 KB a connection.
                 assert held < 10_000_000, held
                 # After the timeout the server has closed its side of each connection.
-                deadline = trio.current_time() + 5
+                deadline = trio.current_time() + 8
                 while _fds() > baseline_fds + count + 5:
                     assert trio.current_time() < deadline, _fds()
                     await trio.sleep(0.1)
