@@ -157,10 +157,13 @@ def test_bridge_without_upstream_says_so(tmp_path: Path) -> None:
                        "127.0.0.1:0", "--figg-listen", "127.0.0.1:0", "--metrics-listen",
                        "") as bridge:
         tank = addr(bridge.tank)
-        # The bridge waits a few seconds for its upstream on each request: both at once.
+        # The bridge waits a few seconds for its upstream on each request: both at once,
+        # with room for the bridge's answer on a busy machine (its waits add up to about
+        # the client's default 10 s).
         with ThreadPoolExecutor() as pool:
-            produced = pool.submit(figtank, "produce", "--tank", tank, "orders", "x")
-            status = pool.submit(figtank, "status", "--tank", tank)
+            produced = pool.submit(figtank, "produce", "--tank", tank, "--timeout", "30",
+                                   "orders", "x")
+            status = pool.submit(figtank, "status", "--tank", tank, "--timeout", "30")
             published = pool.submit(figtank, "publish", "--figg", addr(bridge.figg),
                                     "--timeout", "3", "orders", "x")
         failed(produced.result(), 1,
