@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 import trio
 
+from gateway.cli.main import serving_line
 from gateway.client.figg import open_figg_client
+from gateway.server.config import Settings
+from gateway.server.run import open_server
 from tests.serving import figtank_serve
 
 
@@ -85,3 +88,15 @@ async def test_serve_signal_restart_and_metrics(tmp_path: Path, sig: int) -> Non
         assert await read_back(server.figg, "orders", 20) == list(
             zip(range(1, 21), values, strict=True))
         assert server.stop() == 0
+
+
+async def test_the_serving_line_names_every_listener_in_order(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "data", durability="os", **{
+        f"{name}_listen": "127.0.0.1:0" for name in ("tank", "figg", "kafka", "metrics")})
+    async with open_server(settings, grace=0.2) as server:
+        line = serving_line(server)
+    figg, tank, kafka, metrics = (server.addresses[n] for n in ("figg", "tank", "kafka",
+                                                                 "metrics"))
+    assert line == (f"figtank: serving Figg on 127.0.0.1:{figg[1]}, Tank on "
+                    f"127.0.0.1:{tank[1]}, Kafka on 127.0.0.1:{kafka[1]}, metrics on "
+                    f"http://127.0.0.1:{metrics[1]}/metrics (Ctrl-C stops)")

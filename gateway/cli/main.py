@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Final, NoReturn
 
 import trio
 
@@ -70,18 +70,29 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 def _announce(info: ServerInfo) -> None:
     """Where the server listens, in one plain line for a person at a terminal (the
-    ``figtank_serving`` log line has it for programs)."""
+    ``figtank_serving`` log line has it for programs): the protocol listeners first
+    (Figg, Tank, Kafka, then named ones), metrics last."""
+    print(serving_line(info), file=sys.stderr)
+
+
+#: How the listeners named after their protocol are shown, in the order shown.
+_SHOWN: Final = {"figg": "Figg", "tank": "Tank", "kafka": "Kafka"}
+
+
+def serving_line(info: ServerInfo) -> str:
+    """The line :func:`_announce` prints."""
+    order = {name: i for i, name in enumerate(_SHOWN)}
+    names = sorted(info.addresses, key=lambda n: (n == "metrics", order.get(n, len(order))))
     where = []
-    for name, (host, port) in info.addresses.items():
-        scheme = "https" if name in info.tls else "http"
+    for name in names:
+        host, port = info.addresses[name]
         if name == "metrics":
-            shown = f"metrics on {scheme}://{host}:{port}/metrics"
-        else:
-            shown = f"{name.capitalize() if name in ('figg', 'tank') else name} on {host}:{port}"
-            if name in info.tls:
-                shown += " (TLS)"
-        where.append(shown)
-    print(f"figtank: serving {', '.join(where) or 'nothing'} (Ctrl-C stops)", file=sys.stderr)
+            scheme = "https" if name in info.tls else "http"
+            where.append(f"metrics on {scheme}://{host}:{port}/metrics")
+            continue
+        shown = f"{_SHOWN.get(name, name)} on {host}:{port}"
+        where.append(shown + (" (TLS)" if name in info.tls else ""))
+    return f"figtank: serving {', '.join(where) or 'nothing'} (Ctrl-C stops)"
 
 
 def _grace_secs(text: str) -> float:
