@@ -88,26 +88,17 @@ class ProducePlan:
             entry.when_settled(one_settled)
 
 
-def topics_to_look_up(body: Any, access: ConnectionAccess, auto_create: bool) -> set[str]:
-    """The topics of a Produce whose existence must be checked before it is planned: the
-    principal may publish to them but not create them, and the backend would."""
-    if access.open:
-        return set()
-    return {t.name for t in body.topic_data
-            if access.must_look_up(t.name, auto_create) and access.may(t.name,
-                                                                      Operation.PUBLISH)}
-
-
 def plan_produce(body: Any, access: ConnectionAccess, max_batch: int,
                  auto_create: bool = False,
                  producers: ProducerStates | None = None) -> ProducePlan:
     """Decode every partition's batches into bundles (ProtocolErrors of a batch refuse
     that partition only). A topic the principal may not publish to is refused with
     TOPIC_AUTHORIZATION_FAILED; one the backend would create (``auto_create``) but the
-    principal may not, and not seen to exist (:func:`topics_to_look_up` first), with
-    UNKNOWN_TOPIC_OR_PARTITION, as a broker without auto-creation answers. With
-    ``producers``, idempotent batches' sequences are checked (a refused request is planned
-    without, so that it changes no state)."""
+    principal may not, and not seen to exist (looked up first:
+    :func:`gateway.auth.lookup.topics_to_look_up`), with UNKNOWN_TOPIC_OR_PARTITION, as
+    a broker without auto-creation answers. With ``producers``, idempotent batches'
+    sequences are checked (a refused request is planned without, so that it changes no
+    state)."""
     plan = ProducePlan()
     for topic in body.topic_data:
         name = topic.name

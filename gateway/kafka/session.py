@@ -42,6 +42,7 @@ import structlog
 import trio
 
 from gateway.auth.guard import OPEN, AccessGuard
+from gateway.auth.lookup import look_up, topics_to_look_up
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import OUT, PrincipalQuota, Quotas
 from gateway.backend.contract import Backend, ProduceOutcome
@@ -54,7 +55,6 @@ from gateway.kafka.produce import (
     plan_produce,
     produce_response,
     settle,
-    topics_to_look_up,
 )
 from gateway.kafka.sasl import SaslGate
 from gateway.kafka.services import KafkaServices
@@ -158,9 +158,8 @@ class KafkaSession(RequestSession):
     async def _look_up(self, body: Any) -> None:
         """Before a Produce under a policy: see which of its topics exist, so that one the
         backend would create is refused to a principal without ``create``."""
-        for name in topics_to_look_up(body, self._access, self._backend.auto_create.enabled):
-            if await self._backend.discover_partitions(name) is not None:
-                self._access.seen(name)
+        await look_up(self._access, self._backend, topics_to_look_up(
+            self._access, (t.name for t in body.topic_data), self._backend.auto_create.enabled))
 
     def _unacked_bytes(self) -> int:
         return self._produce_bytes

@@ -15,13 +15,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Final
 
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
 from gateway.backend.contract import (
-    Backend,
     FetchOutcome,
     FetchRequest,
     FetchStatus,
@@ -53,27 +52,11 @@ RELOAD_CONF_REFUSED: Final = ReloadConfError.UNKNOWN_TOPIC
 Merge = Callable[[list[ProduceOutcome]], list[ProduceOutcome]]
 
 
-def topics_to_look_up(access: ConnectionAccess, requests: Sequence[Any],
-                      auto_create: bool) -> set[str]:
-    """The topics of Produce ``requests`` whose existence must be checked first: the
-    principal may publish to them but not create them, and the backend would."""
-    return {t.name for r in requests for t in r.topics
-            if access.must_look_up(t.name, auto_create) and access.may(t.name,
-                                                                      Operation.PUBLISH)}
-
-
-async def look_up(access: ConnectionAccess, backend: Backend, topics: set[str]) -> None:
-    """Record which of ``topics`` exist (:meth:`ConnectionAccess.seen`)."""
-    for topic in topics:
-        if await backend.discover_partitions(topic) is not None:
-            access.seen(topic)
-
-
 def guarded_produce(access: ConnectionAccess, request: Any, auto_create: bool,
                     kind: str) -> tuple[list[ProduceBatch], Merge | None]:
     """The batches of ``request`` to append and, when the policy refused some topics,
     how to make the appended ones' outcomes the outcomes of the whole request. Topics
-    still to look up (:func:`topics_to_look_up`) count as missing."""
+    still to look up (:func:`gateway.auth.lookup.topics_to_look_up`) count as missing."""
     batches = produce_batches(request)
     refused: dict[str, ProduceOutcome] = {}
     for topic in request.topics:

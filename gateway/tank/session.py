@@ -43,6 +43,7 @@ import structlog
 import trio
 
 from gateway.auth.guard import OPEN, AccessGuard
+from gateway.auth.lookup import look_up, topics_to_look_up
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota
 from gateway.backend.contract import (
@@ -206,8 +207,8 @@ class TankSession(RequestSession):
         elif kind in _PRODUCES:
             self._begin()
             size = _produce_size(request)
-            if self._lane.busy or (not self._access.open and access.topics_to_look_up(
-                    self._access, [request], self._auto_create)):
+            if self._lane.busy or topics_to_look_up(
+                    self._access, (t.name for t in request.topics), self._auto_create):
                 # Behind a CreateTopic or ReloadConf (keep the order), or its topics must
                 # be looked up first (the policy refuses their creation).
                 self._lane.put_nowait(request, size, batchable=True)
@@ -349,8 +350,9 @@ class TankSession(RequestSession):
         call, answer each."""
         guarded = not self._access.open
         if guarded:
-            await access.look_up(self._access, self._backend, access.topics_to_look_up(
-                self._access, requests, self._auto_create))
+            await look_up(self._access, self._backend, topics_to_look_up(
+                self._access, (t.name for r in requests for t in r.topics),
+                self._auto_create))
         spans = []
         merges = []
         batches = []
