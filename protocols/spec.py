@@ -31,7 +31,7 @@ Field types:
 Kafka's own format (``protocols/kafka/specs/``) adds ``flexibleVersions``,
 ``nullableVersions``, ``taggedVersions``/``tag``, ``ignorable``, ``entityType`` and
 ``mapKey``, parsed here into the same :class:`FieldSpec`/:class:`MessageSpec` and compiled
-by the generator's Kafka dialect (:mod:`protocols.generate_kafka`), whose types are
+by the generator's Kafka dialect (:mod:`protocols.codegen.kafka`), whose types are
 Kafka's (``int16``-length ``string``, ``int32``-length ``bytes``, ...).
 
 ``versions`` defaults to every version. When a message names a ``versionField``

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from protocols.generate import snake
+from protocols.codegen.core import snake
 from protocols.kafka import records
 from protocols.kafka.messages import CODECS
 from protocols.spec import FieldSpec

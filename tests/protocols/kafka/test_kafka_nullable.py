@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from protocols.generate import snake
+from protocols.codegen.core import snake
 from protocols.kafka import records
 from protocols.kafka.messages import CODECS, is_flexible
 from protocols.spec import FieldSpec

@@ -26,7 +26,7 @@ import struct
 from collections.abc import Sequence
 from typing import Final
 
-from protocols.generate import Module, Target, _check_name, _docstring, _Struct, snake
+from protocols.codegen.core import Module, RecordStruct, Target, check_name, docstring, snake
 from protocols.spec import FieldSpec, MessageSpec, VersionRange
 
 #: The ``struct`` format of each fixed-width Kafka type.
@@ -171,8 +171,8 @@ class KafkaModule(Module):
 
     # -- record classes -------------------------------------------------------------------
 
-    def record_classes(self, spec: MessageSpec) -> list[_Struct]:
-        found: list[_Struct] = []
+    def record_classes(self, spec: MessageSpec) -> list[RecordStruct]:
+        found: list[RecordStruct] = []
 
         def walk(name: str, fields: tuple[FieldSpec, ...], doc: str, path: str) -> None:
             if name in self.struct_owner:
@@ -181,7 +181,7 @@ class KafkaModule(Module):
             self.struct_owner[name] = spec.name
             tags: set[int] = set()
             for f in fields:
-                _check_name(name, f.name)
+                check_name(name, f.name)
                 self.annotation(f, name)
                 if f.tag is not None:
                     if f.tag in tags:
@@ -191,20 +191,20 @@ class KafkaModule(Module):
                     walk(f.element_type, f.fields, f"One element of ``{name}.{f.name}``."
                          if f.is_array else f"``{name}.{f.name}``.",
                          f"{path}.{f.name}".lstrip("."))
-            found.append(_Struct(name, fields, doc, path))
+            found.append(RecordStruct(name, fields, doc, path))
 
         doc = spec.about or spec.comment or f"The {spec.name} message."
         walk(spec.name, spec.fields, doc, "")
         return found
 
-    def emit_record(self, rec: _Struct) -> None:
+    def emit_record(self, rec: RecordStruct) -> None:
         super().emit_record(rec)
         self.emit_struct_decoder(rec)
         self.emit_struct_encoder(rec)
 
     # -- decoders -------------------------------------------------------------------------
 
-    def emit_struct_decoder(self, rec: _Struct) -> None:
+    def emit_struct_decoder(self, rec: RecordStruct) -> None:
         lines = [f"def _decode_{rec.name}(buf: bytes, pos: int, end: int, version: int, "
                  f"flexible: bool) -> tuple[{rec.name}, int]:"]
         body: list[str] = []
@@ -319,7 +319,7 @@ class KafkaModule(Module):
 
     # -- encoders -------------------------------------------------------------------------
 
-    def emit_struct_encoder(self, rec: _Struct) -> None:
+    def emit_struct_encoder(self, rec: RecordStruct) -> None:
         lines = [f"def _encode_{rec.name}(record: {rec.name}, out: bytearray, version: int, "
                  "flexible: bool) -> None:"]
         body: list[str] = []
@@ -416,7 +416,7 @@ class KafkaModule(Module):
         self.codecs.append("\n".join([
             f"def {name}(payload: Buffer, version: int | None = None, context: Any = None"
             f") -> {record}:",
-            *_docstring(f"Decode one whole {spec.name} payload of ``version`` "
+            *docstring(f"Decode one whole {spec.name} payload of ``version`` "
                         f"(default {low}).", "    "),
             "    buf = payload if isinstance(payload, bytes) else bytes(payload)",
             "    if version is None:", f"        version = {low}",
@@ -433,7 +433,7 @@ class KafkaModule(Module):
         self.codecs.append("\n".join([
             f"def read_{snake(spec.name)}(buf: bytes, pos: int, end: int, version: int"
             f") -> tuple[{record}, int]:",
-            *_docstring(f"The {spec.name} of ``version`` at ``buf[pos:end]`` and the "
+            *docstring(f"The {spec.name} of ``version`` at ``buf[pos:end]`` and the "
                         "position after it.", "    "),
             f"    if not ({_test(spec.valid_versions)}):",
             f"        raise ProtocolError(f'{spec.name}: unsupported version {{version}}')",
@@ -449,7 +449,7 @@ class KafkaModule(Module):
         self.codecs.append("\n".join([
             f"def {name}(record: {record}, version: int | None = None, context: Any = None"
             ") -> bytes:",
-            *_docstring(f"Encode a {spec.name} payload of ``version`` (default {low}).",
+            *docstring(f"Encode a {spec.name} payload of ``version`` (default {low}).",
                         "    "),
             "    if version is None:", f"        version = {low}",
             f"    if not ({_test(spec.valid_versions)}):",
@@ -466,7 +466,7 @@ class KafkaModule(Module):
         self.codecs.append("\n".join([
             f"def write_{snake(spec.name)}(record: {record}, out: bytearray, version: int"
             ") -> None:",
-            *_docstring(f"Append the {spec.name} of ``version`` to ``out``.", "    "),
+            *docstring(f"Append the {spec.name} of ``version`` to ``out``.", "    "),
             f"    if not ({_test(spec.valid_versions)}):",
             f"        raise ValueError(f'{spec.name}: unsupported version {{version}}')",
             "    try:",

@@ -1,0 +1,1 @@
+"""The record generator's parts; run it with ``python -m protocols.generate``."""
