@@ -13,7 +13,6 @@ import argparse
 import time
 from typing import Any, Final
 
-import confluent_kafka as ck
 import trio
 
 from gateway.bench.endpoints import ensure_topic, tank_client, unique_topic
@@ -22,6 +21,7 @@ from gateway.bench.procs import Share, WorkerResult
 from gateway.bench.report import Check, Report, Row
 from gateway.bench.scenario import Params, Scenario, make_report, samples, total, wall
 from gateway.bench.stats import summarize
+from gateway.extras import require
 
 CODECS: Final = ("none", "snappy", "lz4", "zstd", "gzip")
 #: Distinct payloads a producer cycles through (one per message would cost memory).
@@ -29,6 +29,13 @@ _VALUE_POOL: Final = 4096
 _MIB: Final = 1024 * 1024
 #: Give up reading when nothing arrives for this long (the rest counts as lost).
 _IDLE_TIMEOUT: Final = 10.0
+#: The optional library these scenarios need: (module, extra).
+REQUIRES: Final = ("confluent_kafka", "bench")
+
+
+def _ck() -> Any:
+    """confluent-kafka, imported when a scenario runs (the ``bench`` extra)."""
+    return require(REQUIRES[0], extra=REQUIRES[1], purpose="the Kafka benchmark scenarios")
 
 
 def _client_config(params: Params) -> dict[str, Any]:
@@ -46,6 +53,7 @@ def _wait(params: Params) -> float:
 def watermarks(params: Params, topic: str) -> tuple[int, int]:
     """``(low, high)`` offsets of partition 0 as the Kafka endpoint reports them
     (ListOffsets earliest and latest); blocking."""
+    ck = _ck()
     consumer = ck.Consumer({**_client_config(params), "group.id": "figtank-bench",
                             "enable.auto.commit": False})
     try:
@@ -61,6 +69,7 @@ def watermarks(params: Params, topic: str) -> tuple[int, int]:
 
 def _connect(client: Any, params: Params) -> None:
     """Wait until ``client`` has the topic's metadata; ConnectionError if it can not."""
+    ck = _ck()
     try:
         client.list_topics(params["topic"], timeout=_wait(params))
     except ck.KafkaException as exc:
@@ -86,6 +95,7 @@ def _produce_blocking(params: Params, values: list[bytes], count: int, share_sta
                       ) -> tuple[dict[str, int], list[float]]:
     """Produce ``count`` messages cycling through ``values``; counts and delivery
     latencies. ``share_start()`` is called (from this thread) once connected."""
+    ck = _ck()
     latencies: list[float] = []
     failed = 0
 
@@ -217,6 +227,7 @@ def _consume_blocking(params: Params, start: int, end: int, share_start: Any
                       ) -> tuple[dict[str, int], list[float]]:
     """Read offsets ``start..end-1`` of partition 0 with assign() (no group, no commits);
     counts and the latency of each consume() call."""
+    ck = _ck()
     consumer = ck.Consumer({
         **_client_config(params), "group.id": "figtank-bench", "enable.auto.commit": False,
         "enable.auto.offset.store": False, "enable.partition.eof": True,
@@ -298,9 +309,9 @@ SCENARIOS = (
     Scenario("kafka-produce", "Kafka (confluent-kafka): produce N messages of S bytes, "
              "acks=all; counted by the end offsets", _add_produce_arguments,
              _produce_params, _produce_work, _produce_finish, _produce_prepare,
-             frozenset({"kafka", "tank"})),
+             frozenset({"kafka", "tank"}), REQUIRES),
     Scenario("kafka-consume", "Kafka (confluent-kafka): prepare N messages, then read "
              "them with assign() from the first offset (no group)", _add_consume_arguments,
              _consume_params, _consume_work, _consume_finish, _consume_prepare,
-             frozenset({"kafka", "tank"})),
+             frozenset({"kafka", "tank"}), REQUIRES),
 )

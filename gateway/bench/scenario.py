@@ -17,6 +17,7 @@ from typing import Any
 
 from gateway.bench.procs import Share, WorkerResult, generator_load, server_load
 from gateway.bench.report import Report
+from gateway.extras import require
 
 Params = dict[str, Any]
 
@@ -40,6 +41,15 @@ class Scenario:
     prepare: Callable[[Params], Awaitable[Params]] = _unchanged
     #: Which endpoints it needs: a subset of {"tank", "figg", "kafka"}.
     needs: frozenset[str] = frozenset()
+    #: The optional library it runs on and the pip extra that installs it, if any.
+    requires: tuple[str, str] | None = None
+
+    def check_requirements(self) -> None:
+        """Raise :class:`~gateway.extras.MissingExtra` when the library it needs is
+        missing (before anything is prepared)."""
+        if self.requires is not None:
+            module, extra = self.requires
+            require(module, extra=extra, purpose=self.name)
 
 
 def make_report(scenario: str, params: Params, results: list[WorkerResult],

@@ -158,6 +158,7 @@ def bench(argv: Sequence[str]) -> Report:
 def run(args: argparse.Namespace) -> int:
     """Run the scenario the parsed ``args`` name; print its report; the exit code."""
     configure_logging("warning")  # on stderr: stdout holds the report
+    get_scenario(args.scenario).check_requirements()
     try:
         params = params_from_args(args)
     except (BenchError, ValueError) as exc:

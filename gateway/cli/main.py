@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Final, NoReturn
 
 import trio
 
+from gateway.extras import MissingExtra
 from gateway.server.config import (
     ConfigError,
     Settings,
@@ -177,6 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"figtank: configuration error: {exc}", file=sys.stderr)
         return 2
+    except MissingExtra as exc:
+        print(f"figtank {args.command}: {exc}", file=sys.stderr)
+        return 1
     except (Exception, KeyboardInterrupt, BaseExceptionGroup) as exc:
         # trio hands a Ctrl-C over in a group when several tasks were running.
         if all(isinstance(leaf, KeyboardInterrupt | trio.Cancelled) for leaf in _leaves(exc)):

@@ -53,6 +53,8 @@ import os
 import sys
 from typing import Any
 
+from gateway.extras import require
+
 __all__ = ["register"]
 
 
@@ -66,6 +68,8 @@ def register(spark: Any) -> None:
     these data sources included, run ``sys.executable`` instead. A cluster's workers
     need figtank installed in the Python their ``PYSPARK_PYTHON`` names.
     """
+    for module in ("pyspark", "pyarrow"):
+        require(module, extra="spark", purpose="the figtank Spark data sources")
     from gateway.spark.segments import FigtankSegmentsDataSource
     from gateway.spark.source import FigtankDataSource
 
