@@ -90,6 +90,31 @@ def test_publish_over_figg_consume_over_tank(config: Path, tmp_path: Path) -> No
         (1, None, 1), (2, None, 1), (3, None, 1), (4, "k1", 1)]
 
 
+def test_fetch_over_kafka_reads_what_figg_published_at_offset_seq_minus_1(
+        config: Path) -> None:
+    with figtank_serve("--config", str(config), "--kafka-listen", "127.0.0.1:0") as server:
+        kafka = addr(server.kafka)
+        published = figtank("publish", "--figg", addr(server.figg), "orders", "a", "b", "c")
+        assert published.returncode == 0, published.stderr
+
+        fetched = json_lines(figtank("fetch", "--kafka", kafka, "--json", "orders"))
+        assert [(m["offset"], m["value"]) for m in fetched] == [(0, "a"), (1, "b"), (2, "c")]
+        later = json_lines(figtank("fetch", "--kafka", kafka, "--json", "orders", "--from",
+                                   "1", "--count", "1"))
+        assert [(m["offset"], m["value"]) for m in later] == [(1, "b")]
+        # the end of the partition is no error; past it is Kafka's own
+        assert json_lines(figtank("fetch", "--kafka", kafka, "--json", "orders", "--from",
+                                  "3")) == []
+        past = figtank("fetch", "--kafka", kafka, "orders", "--from", "9")
+        assert (past.returncode, past.stderr.strip()) == (
+            1, "figtank fetch: fetch of orders/0 at 9: OFFSET_OUT_OF_RANGE")
+        unknown = figtank("fetch", "--kafka", kafka, "nosuch")
+        assert unknown.returncode == 1
+        assert "UNKNOWN_TOPIC_OR_PARTITION" in unknown.stderr
+        assert "Traceback" not in unknown.stderr
+        assert server.stop() == 0
+
+
 def test_topics_and_status(config: Path) -> None:
     with figtank_serve("--config", str(config)) as server:
         tank = addr(server.tank)

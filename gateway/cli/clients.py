@@ -1,7 +1,7 @@
 """Client subcommands of ``figtank`` for people at a terminal (and, with --json, programs).
 
 Figg: ``publish``, ``subscribe``. Tank: ``produce``, ``consume``, ``topics``, ``status``.
-Kafka: ``groups`` (:mod:`gateway.cli.groups`).
+Kafka: ``fetch``, ``groups`` (:mod:`gateway.cli.groups`).
 Files: ``inspect``. Results go to stdout, one record a line (see :mod:`gateway.cli.output`);
 notes, log lines and errors go to stderr. A failure is one line,
 ``figtank COMMAND: what failed``, and exit status 1 (2 for usage mistakes).
@@ -23,7 +23,7 @@ import trio
 from gateway.cli.output import Output, escaped, json_payload, plural
 from gateway.client.errors import ClientError, RequestTimeout
 from gateway.client.figg import ExponentialBackoff, FiggClient, open_figg_client
-from gateway.client.kafka_admin import group_position
+from gateway.client.kafka_admin import EARLIEST, group_position, open_kafka_admin
 from gateway.client.tank import FIRST_AVAILABLE, TankClient, open_tank_client
 from gateway.client.tls import client_context, readable
 from gateway.figg.offsets import InvalidTopic, figg_to_tank
@@ -463,6 +463,45 @@ async def _consume(args: argparse.Namespace, out: Output) -> None:
                              f"{result.high_water_mark}")
 
 
+def _add_fetch(parser: argparse.ArgumentParser) -> None:
+    common_options(parser, "kafka")
+    parser.add_argument("target", type=_topic_partition, metavar="TOPIC[/P]")
+    parser.add_argument("--from", dest="offset", type=_non_negative, default=None,
+                        metavar="OFFSET", help="first Kafka offset (default: the earliest)")
+    parser.add_argument("--follow", action="store_true",
+                        help="keep waiting for new messages (like tail -f)")
+    parser.add_argument("--count", type=_positive, default=None, help="stop after this many")
+
+
+async def _fetch(args: argparse.Namespace, out: Output) -> None:
+    """Read a partition over the Kafka listener (Fetch), one record a line: the Kafka
+    offset first (the message's Tank sequence minus 1)."""
+    topic, partition = args.target
+    shown = 0
+    async with open_kafka_admin(*args.address, timeout=args.timeout,
+                                ssl_context=args.ssl_context) as client:
+        offset = args.offset
+        if offset is None:
+            offset = (await client.list_offsets(topic, [partition], EARLIEST))[partition]
+        while args.count is None or shown < args.count:
+            result = await client.fetch(topic, partition, offset,
+                                        max_wait_ms=FOLLOW_WAIT_MS if args.follow else 0)
+            for record in result.records[:None if args.count is None else
+                                         args.count - shown]:
+                out.record(f"{record.offset}\t{record.timestamp}\t{escaped(record.key)}\t"
+                           f"{escaped(record.value)}", topic=topic, partition=partition,
+                           offset=record.offset, timestamp=record.timestamp,
+                           **json_payload("key", record.key),
+                           **json_payload("value", record.value))
+                shown += 1
+            if result.records:
+                offset = result.records[-1].offset + 1
+            elif not args.follow:
+                out.progress(f"{plural(shown, 'message')}, at offset {offset} of "
+                             f"{result.high_watermark}")
+                return
+
+
 def _add_topics(parser: argparse.ArgumentParser) -> None:
     common_options(parser, "tank")
     action = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -590,6 +629,8 @@ COMMANDS: dict[str, tuple[str, tuple[Callable[[argparse.ArgumentParser], None], 
     "subscribe": ("print a Figg topic's messages", (_add_subscribe, run_async(_subscribe))),
     "produce": ("produce messages over Tank", (_add_produce, run_async(_produce))),
     "consume": ("print a Tank partition's messages", (_add_consume, run_async(_consume))),
+    "fetch": ("print a partition's messages over Kafka (Fetch)",
+              (_add_fetch, run_async(_fetch))),
     "topics": ("create, list or describe topics (Tank)", (_add_topics, run_async(_topics))),
     "status": ("the broker's status (Tank)", (_add_status, run_async(_status))),
     "inspect": ("dump a partition's segment and index files", (_add_inspect, _inspect)),

@@ -1,7 +1,8 @@
-"""A small Kafka admin client (trio) for what ``figtank groups`` and ``--from-group`` ask a
-figtank Kafka listener: committed offsets (OffsetFetch, OffsetCommit), log bounds
-(ListOffsets), partition counts (Metadata), and, when the server coordinates groups,
-their state and members (ListGroups, DescribeGroups).
+"""A small Kafka admin client (trio) for what ``figtank groups``, ``figtank fetch`` and
+``--from-group`` ask a figtank Kafka listener: committed offsets (OffsetFetch,
+OffsetCommit), log bounds (ListOffsets), partition counts (Metadata), a partition's
+records (Fetch), and, when the server coordinates groups, their state and members
+(ListGroups, DescribeGroups).
 
 One connection, one request at a time, each at the highest version both sides speak
 (learnt with ApiVersions). It speaks to figtank only: one node, which coordinates every
@@ -21,6 +22,8 @@ import trio
 
 import protocols.kafka.records as records
 from gateway.client.errors import BadResponse, ConnectError, ConnectionLost, RequestTimeout
+from protocols.errors import ProtocolError
+from protocols.kafka.batch import read_batches
 from protocols.kafka.messages import (
     REQUESTS,
     RESPONSES,
@@ -30,6 +33,9 @@ from protocols.kafka.messages import (
 )
 from protocols.kafka.records import (
     ApiVersionsRequest,
+    FetchPartition,
+    FetchRequest,
+    FetchTopic,
     ListOffsetsPartition,
     ListOffsetsRequest,
     ListOffsetsTopic,
@@ -53,6 +59,26 @@ LATEST: Final = -1
 EARLIEST: Final = -2
 CLIENT_ID: Final = "figtank-admin"
 _MAX_FRAME: Final = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class KafkaRecord:
+    """One record a Fetch returned, at its absolute offset."""
+
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[bytes, bytes | None], ...] = ()
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    """A partition's records from the offset asked, and its bounds."""
+
+    records: list[KafkaRecord]
+    high_watermark: int
+    log_start_offset: int
 
 
 class KafkaError(BadResponse):
@@ -192,6 +218,35 @@ class KafkaAdminClient:
                     raise KafkaError(f"offsets of {topic}/{p.partition_index}", p.error_code)
                 found[p.partition_index] = p.offset
         return found
+
+    async def fetch(self, topic: str, partition: int, offset: int, *, max_wait_ms: int = 0,
+                    max_bytes: int = 1024 * 1024) -> FetchResult:
+        """``partition``'s records from ``offset`` on (up to about ``max_bytes``; waiting up
+        to ``max_wait_ms`` for the first one). Records before ``offset`` in the first
+        batch and control batches are left out."""
+        answer = await self.call(ApiKey.FETCH, FetchRequest(
+            replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=max_bytes,
+            topics=[FetchTopic(topic=topic, partitions=[FetchPartition(
+                partition=partition, fetch_offset=offset, partition_max_bytes=max_bytes)])]))
+        if answer.error_code:
+            raise KafkaError(f"fetch of {topic}/{partition}", answer.error_code)
+        found = [p for t in answer.responses if t.topic == topic for p in t.partitions
+                 if p.partition_index == partition]
+        if not found:
+            raise BadResponse(f"the answer to a fetch of {topic}/{partition} lacks it")
+        data = found[0]
+        if data.error_code:
+            raise KafkaError(f"fetch of {topic}/{partition} at {offset}", data.error_code)
+        try:
+            batches = read_batches(data.records or b"").batches
+        except ProtocolError as exc:
+            raise BadResponse(f"fetch of {topic}/{partition}: {exc}") from None
+        records = [KafkaRecord(batch.base_offset + r.offset_delta,
+                               batch.base_timestamp + r.timestamp_delta, r.key, r.value,
+                               r.headers)
+                   for batch in batches if not batch.control for r in batch.records
+                   if batch.base_offset + r.offset_delta >= offset]
+        return FetchResult(records, data.high_watermark, data.log_start_offset)
 
     async def committed(self, group: str, topics: Sequence[tuple[str, Sequence[int]]] | None
                         = None) -> dict[tuple[str, int], tuple[int, str | None]]:
