@@ -6,7 +6,7 @@ import json
 import signal
 import subprocess
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,14 +64,17 @@ def _address(text: str | None) -> tuple[str, int] | None:
 
 @contextmanager
 def figtank_serve(*args: str, cwd: Path | None = None, timeout: float = 30,
-                  preexec_fn: Callable[[], None] | None = None) -> Iterator[ServeProcess]:
+                  preexec_fn: Callable[[], None] | None = None,
+                  program: Sequence[str] | None = None) -> Iterator[ServeProcess]:
     """Start ``figtank serve`` with JSON logs; yield once it says it is serving. Its log
     lines keep being read into ``log_lines`` (so a chatty server never blocks on the pipe).
-    ``preexec_fn`` runs in the child before it starts (e.g. a low RLIMIT_NOFILE)."""
+    ``preexec_fn`` runs in the child before it starts (e.g. a low RLIMIT_NOFILE);
+    ``program`` is the ``figtank`` to run (default: this interpreter's)."""
     lines: list[dict] = []
     process, event, drain = start_serve(args, timeout=timeout, cwd=cwd,
                                         on_line=lambda line: lines.extend(_parse_lines(line)),
-                                        preexec_fn=preexec_fn)
+                                        preexec_fn=preexec_fn,
+                                        **({"program": program} if program else {}))
     try:
         yield ServeProcess(process, _address(event.get("tank")), _address(event.get("figg")),
                            _address(event.get("metrics")), lines, drain,

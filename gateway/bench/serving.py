@@ -46,17 +46,18 @@ def _pump(stream: IO[str], lines: queue.Queue[str | None] | None,
 
 def start_serve(args: Sequence[str], *, timeout: float = 30.0, cwd: Path | None = None,
                 on_line: Callable[[str], None] = lambda line: None,
-                preexec_fn: Callable[[], None] | None = None
+                preexec_fn: Callable[[], None] | None = None,
+                program: Sequence[str] = (sys.executable, "-m", "gateway.cli")
                 ) -> tuple[subprocess.Popen, dict, threading.Thread]:
     """Start ``figtank serve --log-format json *args`` and wait until it logs that it is
     serving: ``(process, that log event, the thread reading its log until it exits)``.
     Every log line goes to ``on_line`` (from that thread); ``preexec_fn`` runs in the
-    child before it starts (a resource limit, say). Killed if it does not start. The Kafka
+    child before it starts (a resource limit, say); ``program`` is the ``figtank`` to run
+(an installed command, say). Killed if it does not start. The Kafka
     listener is off unless ``args`` name ``--kafka-listen`` (its default port is fixed, so
     two servers, or a Kafka broker beside, would collide)."""
     kafka = [] if any(a.startswith("--kafka-listen") for a in args) else ["--kafka-listen", ""]
-    command = [sys.executable, "-m", "gateway.cli", "serve", "--log-format", "json", *kafka,
-               *args]
+    command = [*program, "serve", "--log-format", "json", *kafka, *args]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                text=True, cwd=cwd, env=dict(os.environ, PYTHONUNBUFFERED="1"),
                                preexec_fn=preexec_fn)

@@ -71,6 +71,7 @@ from gateway.server.tls import ListenerTLS
 from gateway.store import StoreError
 from gateway.store.descriptors import count_partitions, needed_at_start, raise_soft_limit
 from gateway.tank.listener import TankListener
+from protocols.native import implementation
 
 log = structlog.get_logger("figtank.server")
 
@@ -512,7 +513,7 @@ def _log_serving(settings: Settings, info: ServerInfo) -> None:
              backend="upstream" if settings.bridge_mode else "embedded",
              upstream=list(settings.upstream) or None,
              data_dir=None if settings.bridge_mode else str(settings.data_dir),
-             durability=settings.durability)
+             durability=settings.durability, hot_paths=implementation())
 
 
 async def serve_until_signalled(settings: Settings, *, grace: float = 2.0,
