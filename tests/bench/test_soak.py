@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 from gateway.bench.serving import start_serve
@@ -80,6 +81,17 @@ def test_targets_off_loopback_are_refused() -> None:
     assert "not a loopback address" in done.stderr
 
 
+def wait_for_connections(metrics: str, *, deadline: float) -> None:
+    """Until the server at ``metrics`` reports an open client connection."""
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5) as answer:
+            for line in answer.read().decode().splitlines():
+                if line.startswith("figtank_connections{") and float(line.split()[-1]) > 0:
+                    return
+        time.sleep(0.1)
+    raise AssertionError("the soak's clients never connected")
+
+
 def test_a_server_that_dies_fails_the_soak() -> None:
     with tempfile.TemporaryDirectory() as data:
         process, event, _ = start_serve(
@@ -93,7 +105,10 @@ def test_a_server_that_dies_fails_the_soak() -> None:
                  "--warm-up", "0", "--drain", "1"],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                 env={**os.environ, "PYTHONPATH": str(ROOT)})
-            time.sleep(2.5)
+            # Killed once the soak's clients are connected (on a busy machine the runner
+            # can take seconds to start; killed before, it only fails to connect).
+            wait_for_connections(event["metrics"], deadline=time.monotonic() + 60)
+            time.sleep(1)
             process.send_signal(signal.SIGKILL)
             out, err = runner.communicate(timeout=90)
         finally:
