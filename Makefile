@@ -12,7 +12,7 @@ $(BIN)/python:
 
 # setup.py builds the Cython extensions in place: edits to them rebuild.
 $(STAMP): $(BIN)/python pyproject.toml setup.py protocols/_speedups.pyx gateway/store/_fsync.pyx
-	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
+	$(BIN)/python -m pip install --quiet -e '.[test,spark,docs]'
 	touch $(STAMP)
 
 # $(call serve_flag,VAR,--flag): "--flag 'value'" when VAR was given on the command line
@@ -69,6 +69,12 @@ lint: $(STAMP)
 ## (or --peer-figg HOST:PORT; --rounds N)
 bench: $(STAMP)
 	$(BIN)/python -m gateway.bench.suite $(BENCH_ARGS)
+
+.PHONY: docs
+## Build the documentation site (docs/, mkdocs.yml) into ./site; a broken link or anchor
+## fails the build.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -1,69 +1,154 @@
-"""The README is the newcomer's entry point: keep it true to the code."""
+"""The README is the newcomer's front page: short, the two commands first, links that
+work (it is not part of the documentation site, whose build checks the pages' links), and
+commands that do what it says."""
 
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
 from gateway.cli.main import build_parser
-from gateway.kafka.versions import served_table
-from gateway.server.config import reference_table
+from tests.docs import README, ROOT, anchors, code_blocks, links, pages
+from tests.serving import figtank_serve
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+MAX_LINES = 250
+#: How a shown command starts the figtank client: the venv's console script, or an
+#: installed one.
+FIGTANK = re.compile(r"(?:^|\| )(?:\.venv/bin/)?figtank (.*)$")
 
 
-def test_quick_start_names_the_two_commands_first() -> None:
+def test_readme_is_a_front_page_under_250_lines() -> None:
+    lines = README.read_text().splitlines()
+    assert len(lines) < MAX_LINES, f"README.md has {len(lines)} lines: move text to docs/"
+
+
+def test_the_two_commands_come_first() -> None:
     text = README.read_text()
-    quick_start = text.split("## Quick start", 1)[1].split("##", 1)[0]
-    assert "make run" in quick_start and "make test" in quick_start
-    assert text.index("make run") < text.index("## What figtank is for")
+    sections = re.split(r"^## ", text, flags=re.M)
+    assert sections[1].startswith("Quick start\n")
+    first_block = next(code_blocks(sections[1]))
+    assert first_block.splitlines()[0].startswith("make run ")
+    assert first_block.splitlines()[1].startswith("make test ")
 
 
-def test_configuration_reference_matches_the_code() -> None:
-    text = README.read_text()
-    between = text.split("<!-- config-reference:start -->\n", 1)[1]
-    documented = between.split("\n<!-- config-reference:end -->", 1)[0]
-    assert documented == reference_table(), (
-        "README's configuration table is stale: paste gateway.server.config.reference_table()")
-
-
-def test_kafka_api_table_matches_what_api_versions_answers() -> None:
-    text = README.read_text()
-    between = text.split("<!-- kafka-apis:start -->\n", 1)[1]
-    documented = between.split("\n<!-- kafka-apis:end -->", 1)[0]
-    assert documented == served_table(), (
-        "README's Kafka API table is stale: paste gateway.kafka.versions.served_table()")
-
-
-def test_subcommands_shown_in_the_readme_exist() -> None:
-    text = README.read_text()
-    choices = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-    shown = {line.split()[1] for line in text.splitlines()
-             if line.startswith(".venv/bin/figtank ")}
-    assert shown and shown <= set(choices)
-
-
-def test_the_architecture_tree_matches_the_folders() -> None:
-    # The tree under "one folder per part" lists every package of gateway/ and protocols/,
-    # and every module file it names exists in its folder.
-    text = README.read_text()
-    tree = text.split("one folder per part:\n\n```\n", 1)[1].split("```", 1)[0]
-    root = README.parent
-    listed: dict[str, list[str]] = {}
-    top = ""
-    for line in tree.splitlines():
-        if not line.startswith(" "):
-            top = line.split()[0].rstrip("/")
+def test_relative_links_in_the_readme_resolve() -> None:
+    checked = 0
+    for target in links(README.read_text()):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
             continue
-        names, _, rest = line.strip().partition("  ")
-        if line.startswith("  ") and not line.startswith("   "):
-            for name in names.split():
-                listed.setdefault(f"{top}/{name.rstrip('/')}", []).append(rest)
-        else:  # a continuation line: more description of the folder above
-            listed[list(listed)[-1]].append(line.strip())
-    folders = {f"{p.parent.parent.name}/{p.parent.name}"
-               for base in ("gateway", "protocols") for p in root.glob(f"{base}/*/__init__.py")}
-    assert folders <= {k for k in listed if (root / k).is_dir()}, "README tree misses a folder"
-    for folder, descriptions in listed.items():
-        for word in " ".join(descriptions).replace(",", " ").replace("(", " ").split():
-            if word.endswith((".py", ".pyx")):
-                path = root / folder / word if (root / folder).is_dir() else root / word
-                assert path.exists() or (root / folder.split("/")[0] / word).exists(), (
-                    f"README tree names {word} in {folder}, which does not exist")
+        path, _, anchor = target.partition("#")
+        file = (README.parent / path) if path else README
+        assert file.exists(), f"README.md links to {target}: no such file"
+        if anchor:
+            assert file.suffix == ".md", f"README.md links to {target}: an anchor of a non-page"
+            assert anchor in anchors(file.read_text()), (
+                f"README.md links to {target}: {path or 'README.md'} has no such heading")
+        checked += 1
+    assert checked >= 10
+
+
+def test_the_readme_links_every_page_of_the_site() -> None:
+    linked = {target.partition("#")[0] for target in links(README.read_text())}
+    missing = [p.relative_to(ROOT).as_posix() for p in pages()
+               if p.relative_to(ROOT).as_posix() not in linked]
+    assert not missing, f"README.md does not link {missing}"
+
+
+def _figtank_commands() -> list[tuple[str, str]]:
+    """(where, arguments) of each figtank command in the sh blocks of the README and of
+    the site's pages, line continuations joined and comments dropped."""
+    found = []
+    for path in (README, *pages()):
+        for block in code_blocks(path.read_text(), "sh"):
+            for line in block.replace("\\\n", " ").splitlines():
+                match = FIGTANK.search(line)
+                if match:
+                    arguments = shlex.split(match.group(1), comments=True)
+                    found.append((f"{path.relative_to(ROOT)}: {line.strip()}", arguments))
+    return found
+
+
+def test_figtank_commands_shown_parse() -> None:
+    # Every subcommand, action and flag shown exists (`--help` exits 0).
+    commands = _figtank_commands()
+    assert len(commands) >= 20
+    parser = build_parser()
+    for where, arguments in commands:
+        stderr = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+                parser.parse_args(arguments)
+        except SystemExit as exit:
+            assert exit.code == 0, f"{where}: {stderr.getvalue().strip()}"
+
+
+def test_the_readme_shows_the_client_subcommands() -> None:
+    shown = {arguments[0] for where, arguments in _figtank_commands()
+             if where.startswith("README.md")}
+    assert {"publish", "subscribe", "produce", "consume", "topics", "groups"} <= shown
+
+
+def _try_it_blocks() -> list[list[str]]:
+    """The lines of the README's try-it blocks: Figg, Tank, Kafka."""
+    section = README.read_text().split("\n## Try it\n", 1)[1].split("\n## ", 1)[0]
+    return [block.splitlines() for block in code_blocks(section, "sh")]
+
+
+@pytest.mark.slow
+def test_the_readme_try_it_commands_work(tmp_path: Path) -> None:
+    """The README's try-it lines, run in order against a real ``figtank serve`` (its
+    addresses in place of the defaults; kcat's lines when kcat is installed), each ending
+    by itself (``--follow`` left out) with exit status 0."""
+    blocks = _try_it_blocks()
+    assert [len(block) for block in blocks] == [5, 5, 5]  # Figg, Tank, Kafka
+    figg, tank, kafka = blocks
+    # The Kafka lines need kcat (the last one reads the group kcat made).
+    lines = [*figg, *tank, *(kafka if shutil.which("kcat") else [])]
+    figtank = f"{shlex.quote(sys.executable)} -m gateway.cli"
+    with figtank_serve("--data-dir", str(tmp_path / "data"), "--tank-listen", "127.0.0.1:0",
+                       "--figg-listen", "127.0.0.1:0", "--kafka-listen", "127.0.0.1:0",
+                       "--metrics-listen", "") as server:
+        assert server.figg and server.tank and server.kafka
+        endpoints = {"figg": server.figg, "tank": server.tank, "kafka": server.kafka}
+        flags = {"publish": "figg", "subscribe": "figg", "produce": "tank", "consume": "tank",
+                 "topics": "tank", "status": "tank", "groups": "kafka"}
+        outputs = []
+        for line in lines:
+            command = line.split("  #", 1)[0].strip()
+            if "--follow" in command:
+                continue
+            command = command.replace("127.0.0.1:9092", "{}:{}".format(*server.kafka))
+            match = FIGTANK.search(command)
+            if match:
+                name = match.group(1).split()[0]
+                host, port = endpoints[flags[name]]
+                command = (command[:match.start(1)].replace(".venv/bin/figtank", figtank)
+                           + match.group(1) + f" --{flags[name]} {host}:{port}")
+            result = subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=tmp_path,
+                                    capture_output=True, text=True, timeout=60,
+                                    env=dict(os.environ, PYTHONPATH=str(ROOT)))
+            assert result.returncode == 0, f"{line}\n{result.stdout}{result.stderr}"
+            outputs.append((line, result.stdout))
+    replay = next(out for line, out in outputs if "--from 0 --count 5" in line)
+    assert [row.split("\t")[0] for row in replay.splitlines()] == ["1", "2", "3", "4", "5"]
+    as_json = next(out for line, out in outputs if "--json" in line)
+    assert '"offset": 5' in as_json
+    consumed = next(out for line, out in outputs if line.startswith(".venv/bin/figtank consume"))
+    assert consumed.splitlines()[-1].endswith("k1\tthird")
+
+
+def test_the_docs_pages_named_in_deploy_and_examples_exist() -> None:
+    # The deployment files and the examples' README say where things are documented.
+    for path in [*ROOT.glob("deploy/*"), *ROOT.glob("deploy/*/*"), ROOT / "examples/README.md"]:
+        if path.is_file():
+            for name in re.findall(r"docs/([\w/-]+\.md)", path.read_text()):
+                assert (ROOT / "docs" / name).is_file(), f"{path} names docs/{name}"

@@ -15,7 +15,7 @@ from pathlib import Path
 from gateway.client.tank_blocking import BlockingTankClient
 
 TOPICS = 40
-#: 2 per partition + 64 (README, "Limits, and what happens at them").
+#: 2 per partition + 64 (docs/limits.md, "Descriptors").
 NEEDED = 2 * TOPICS + 64
 
 

@@ -23,6 +23,7 @@ from gateway.store.descriptors import (
     descriptor_limits,
     open_descriptors,
 )
+from tests.docs import DOCS
 
 
 def settings(**kw: object) -> StoreSettings:
@@ -116,4 +117,5 @@ async def test_create_topic_and_config_files_are_bound(tmp_path):
 
 
 def test_base_reserve_is_documented():
-    assert BASE_RESERVE == 64  # README: "2 per partition + 64"
+    limits = (DOCS / "limits.md").read_text()
+    assert f"`2 x partitions + {BASE_RESERVE}`" in limits

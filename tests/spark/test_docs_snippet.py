@@ -1,5 +1,5 @@
-"""The README's Spark snippet, run as it is under this interpreter (the venv's) with
-``PYSPARK_PYTHON`` unset: ``register`` must make the workers run this Python."""
+"""The Spark page's snippet (docs/spark.md), run as it is under this interpreter (the
+venv's) with ``PYSPARK_PYTHON`` unset: ``register`` must make the workers run this Python."""
 
 from __future__ import annotations
 
@@ -14,17 +14,17 @@ from tests.spark.helpers import BackgroundServer, produce
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def readme_snippet() -> str:
-    """The first Python block of the README's Spark section."""
-    section = (ROOT / "README.md").read_text().split("\n## Spark\n", 1)[1]
+def docs_snippet() -> str:
+    """The first Python block of the Spark page."""
+    section = (ROOT / "docs" / "spark.md").read_text().split("# Spark\n", 1)[1]
     match = re.search(r"```python\n(.*?)```", section, re.S)
     assert match is not None
     return match.group(1)
 
 
-def test_readme_snippet_runs_without_pyspark_python(server: BackgroundServer) -> None:
+def test_docs_snippet_runs_without_pyspark_python(server: BackgroundServer) -> None:
     produce(server, "orders", {0: 3}, tag="readme")
-    code = readme_snippet()
+    code = docs_snippet()
     assert '"127.0.0.1:11011"' in code
     code = code.replace('"127.0.0.1:11011"', repr(server.endpoint))  # the test's server
     env = {name: value for name, value in os.environ.items()
