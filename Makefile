@@ -36,7 +36,7 @@ RUN_FLAGS = $(strip $(call serve_flag,CONFIG,--config) $(call serve_flag,DATA,--
 ## pure Python the tests whose code paths the extension replaces (PURE_TESTS).
 ## Two pytest workers (one test file each at a time): most tests wait on sockets and
 ## subprocesses, so two halve the wall time on two cores.
-test: $(STAMP)
+test: $(STAMP) system-tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q $(PYTEST_WORKERS)
@@ -70,11 +70,25 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m gateway.bench.suite $(BENCH_ARGS)
 
+# Programs the suite drives as real clients, as COMMAND:DEBIAN_PACKAGE: installed with
+# apt-get when missing (CI runs on a fresh machine as root).
+SYSTEM_TOOLS = kcat:kcat
+
+.PHONY: system-tools
+system-tools:
+	@missing=$$(for tool in $(SYSTEM_TOOLS); do command -v $${tool%%:*} >/dev/null || \
+		echo $${tool#*:}; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing the suite's system tools:" $$missing; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing \
+			|| { echo "make test needs these Debian packages: $$missing" >&2; exit 1; }; \
+	fi
+
 .PHONY: docs
 ## Build the documentation site (docs/, mkdocs.yml) into ./site; a broken link or anchor
 ## fails the build.
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

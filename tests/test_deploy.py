@@ -134,7 +134,17 @@ def test_dockerfile() -> None:
     assert {int(p) for e in docker("EXPOSE") for p in e.split()} == set(PORTS.values())
     assert [json.loads(v) for v in docker("VOLUME")] == [[DATA_DIR]]
     assert docker("COPY")[-1].split() == ["deploy/figtank.toml", CONFIG_PATH]
-    assert docker("WORKDIR")[-1] == DATA_DIR  # /src, the build directory, is removed
+    assert docker("WORKDIR")[-1] == DATA_DIR
+    # The build stage has what an sdist has (setup.py builds the extensions from the .pyx
+    # files MANIFEST.in names); the image installs the wheel it built.
+    assert docker("FROM")[0].endswith(" AS build")
+    copied = {path for args in docker("COPY") if not args.startswith("--from")
+              for path in args.split()[:-1]}
+    assert {"pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "protocols",
+            "gateway"} <= copied
+    assert any("pip wheel" in r and "--wheel-dir /wheels" in r for r in docker("RUN"))
+    assert "--from=build /wheels /wheels" in docker("COPY")
+    assert any(r.startswith("pip install --no-cache-dir /wheels/") for r in docker("RUN"))
     assert docker("USER") == ["figtank"]
     [run] = [r for r in docker("RUN") if "useradd" in r]
     assert f"--uid {UID}" in run and f"--gid {UID}" in run and f"--home-dir {DATA_DIR}" in run

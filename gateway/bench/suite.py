@@ -296,7 +296,7 @@ def _ms(latency: dict[str, float] | None, key: str) -> str:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    """The short table for people (and the README)."""
+    """The short table for people (and docs/benchmarks.md)."""
     ceiling = loopback_mb_s(results)
     lines = [
         f"figtank {results['figtank_version']}, {results['started_at']}, "

@@ -26,7 +26,7 @@ def api_versions(error: int = ErrorCode.NONE) -> ApiVersionsResponse:
 
 
 def served_table() -> str:
-    """The README's table of the APIs served and their versions (from the same data as
+    """The Kafka docs page's table of the APIs served and their versions (from the same data as
     the ApiVersions answer)."""
     rows = ["| API | key | versions |", "|---|---|---|"]
     for api in _API_KEYS:

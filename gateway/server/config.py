@@ -2,7 +2,7 @@
 
 Every option is declared once, as a field of :class:`Settings`: its key in the TOML
 file, its flag, its type, default and help. :data:`OPTIONS` (one row a setting), the
-CLI flags, the config-file parser and the README's configuration reference all derive
+CLI flags, the config-file parser and the configuration reference (docs/configuration.md) all derive
 from those fields.
 """
 
@@ -267,7 +267,7 @@ class Settings:
     """Everything the gateway is configured with. Build it with :func:`load_settings`.
 
     Each field is the one declaration of a setting: :data:`OPTIONS`, the config-file
-    parser, the command-line flags and the README's reference are made from them."""
+    parser, the command-line flags and the docs' reference are made from them."""
 
     data_dir: Path = _setting(  # noqa: RUF009 (a field, made by _setting)
         "store.data_dir", Path("data"), _path,
@@ -643,7 +643,7 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def reference_table() -> str:
-    """The configuration reference as a Markdown table (kept in the README)."""
+    """The configuration reference as a Markdown table (kept in docs/configuration.md)."""
     rows = ["| key | flag | default | meaning |", "|---|---|---|---|"]
     for option in OPTIONS:
         default = option.default
