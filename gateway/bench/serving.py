@@ -52,10 +52,12 @@ def start_serve(args: Sequence[str], *, timeout: float = 30.0, cwd: Path | None 
     serving: ``(process, that log event, the thread reading its log until it exits)``.
     Every log line goes to ``on_line`` (from that thread); ``preexec_fn`` runs in the
     child before it starts (a resource limit, say). Killed if it does not start. The Kafka
-    listener is off unless ``args`` name ``--kafka-listen`` (its default port is fixed, so
-    two servers, or a Kafka broker beside, would collide)."""
-    kafka = [] if any(a.startswith("--kafka-listen") for a in args) else ["--kafka-listen", ""]
-    command = [sys.executable, "-m", "gateway.cli", "serve", "--log-format", "json", *kafka,
+    and HTTP listeners are off unless ``args`` name ``--kafka-listen`` or ``--http-listen``
+    (their default ports are fixed, so two servers, or a Kafka broker beside, would
+    collide)."""
+    off = [flag for name in ("--kafka-listen", "--http-listen")
+           if not any(a.startswith(name) for a in args) for flag in (name, "")]
+    command = [sys.executable, "-m", "gateway.cli", "serve", "--log-format", "json", *off,
                *args]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                text=True, cwd=cwd, env=dict(os.environ, PYTHONUNBUFFERED="1"),

@@ -1,0 +1,112 @@
+"""``GET /topics/{topic}/events``: a topic (or ``?partition=`` one partition) as Server-Sent
+Events.
+
+Each message is an event whose ``data`` is the message's JSON and whose ``id`` is the
+position after it (:mod:`gateway.http.positions`); an EventSource that reconnects sends it
+back as ``Last-Event-ID`` and gets every later message exactly once, in order per
+partition. The stream starts with ``retry: 1000`` and sends a comment line every
+``http.heartbeat_secs`` it has nothing else to send.
+
+A subscriber that keeps up is served from the partitions' shared tails (each event
+encoded once for all); one behind reads the log on its own. One that falls behind by more
+than ``http.subscriber_buffer_bytes`` while live, or whose socket takes nothing for
+``limits.idle_timeout_secs``, is closed (``slow``): its last event id says where to
+resume, and the server keeps nothing for it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Final
+
+import trio
+
+from gateway.auth.policy import Operation
+from gateway.http.auth import access_of, check_topic_name, partition_param, partitions_of, require
+from gateway.http.cursor import Behind, Cursor, Gone, next_batch
+from gateway.http.positions import event_id, from_last_event_id, from_parameter
+from gateway.http.request import Request
+
+#: Bytes of events sent in one write.
+WRITE_BYTES: Final = 256 * 1024
+_HEAD = [(b"content-type", b"text/event-stream; charset=utf-8"),
+         (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+
+
+async def events(session: Any, request: Request) -> None:
+    topic = request.params["topic"]
+    check_topic_name(topic)
+    access = access_of(session, request)
+    require(access, topic, Operation.SUBSCRIBE, "events")
+    listener = session.listener
+    infos = await partitions_of(session, access, topic, "events")
+    one = partition_param(request.query.get("partition"), len(infos), topic)
+    partitions = [one] if one is not None else list(range(len(infos)))
+    last_id = request.header("last-event-id") or request.query.get("last_event_id")
+    if last_id:
+        starts = from_last_event_id(last_id, partitions, infos)
+    else:
+        starts = await from_parameter(request.query.get("from", ""), listener.backend,
+                                      topic, partitions, infos)
+    settings = listener.settings
+    tails = [listener.tails.acquire(topic, p, infos[p].high_water_mark + 1)
+             for p in partitions]
+    cursors = [Cursor(listener.backend, tail, starts[tail.partition],
+                      settings.http_subscriber_buffer_bytes) for tail in tails]
+    headers = list(_HEAD)
+    listener.cors.apply(request, headers)
+    listener.streams["sse"] += 1
+    try:
+        await session.start_stream(200, headers)
+        await _stream(session, topic, cursors, single=len(partitions) == 1)
+    finally:
+        listener.streams["sse"] -= 1
+        for tail in tails:
+            listener.tails.release(tail)
+
+
+async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bool) -> None:
+    listener = session.listener
+    settings = listener.settings
+    stall = settings.idle_timeout_secs or math.inf
+    heartbeat = settings.http_heartbeat_secs
+    delivered = listener.metrics.for_topic(listener.metrics.messages_out, topic)
+    positions = {c.partition: c.position for c in cursors}
+    first = b"retry: 1000\n: " + event_id(positions) + b"\n\n"
+    with session.cancellable() as scope:
+        try:
+            await _send(session, session.chunk(first), stall)
+            while True:
+                batch = await next_batch(cursors, WRITE_BYTES, heartbeat)
+                if not batch:
+                    await _send(session, session.chunk(b": heartbeat\n\n"), stall)
+                    continue
+                parts: list[bytes] = []
+                count = 0
+                for cursor, found in batch:
+                    count += len(found)
+                    if single:
+                        parts += [event.sse() for event in found]
+                        continue
+                    partition = cursor.partition
+                    for event in found:
+                        positions[partition] = event.seq
+                        parts.append(b"id: " + event_id(positions) + b"\n" + event.sse_data())
+                delivered.inc(count)
+                await _send(session, session.chunk(b"".join(parts)), stall)
+        except Behind as exc:
+            listener.metrics.limit_hit("http_subscriber_buffer_bytes")
+            session.ended("slow", str(exc))
+            return
+        except Gone as exc:
+            session.ended("topic_gone", str(exc))
+            return
+    if scope.cancelled_caught:
+        session.ended("shutdown", "server shutting down")
+
+
+async def _send(session: Any, data: bytes, stall: float) -> None:
+    with trio.move_on_after(stall) as stalled:
+        await session.send(data)
+    if stalled.cancelled_caught:
+        raise Behind(f"the client took nothing for {stall:g} s")
