@@ -31,7 +31,7 @@ from gateway.server.tls import ListenerTLS
 
 def build_router() -> Router:
     """Every route of the listener."""
-    from gateway.http import fetch, produce, sse, topics
+    from gateway.http import console, fetch, produce, sse, topics, websocket
 
     router = Router()
     router.add("GET", "/topics", topics.list_topics)
@@ -39,6 +39,8 @@ def build_router() -> Router:
     router.add("POST", "/topics/{topic}", produce.produce)
     router.add("GET", "/topics/{topic}/partitions/{partition}/messages", fetch.fetch)
     router.add("GET", "/topics/{topic}/events", sse.events)
+    router.add("GET", "/ws", websocket.upgrade)
+    router.add("GET", "/figtank.js", console.client_script)
     return router
 
 

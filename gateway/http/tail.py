@@ -74,7 +74,8 @@ class TailEvent:
         """The WebSocket text frame ``{"op":"data",...}`` (server frames are not masked, so
         one framing serves every connection)."""
         if self._ws is None:
-            self._ws = _frames.send_data(b'{"op":"data",' + self.json()[1:], fin=True)
+            text = (b'{"op":"data",' + self.json()[1:]).decode()
+            self._ws = _frames.send_data(text, fin=True)  # str: a text frame
         return self._ws
 
 
