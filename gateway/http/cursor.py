@@ -25,7 +25,12 @@ LOG_READ_BYTES: Final = 256 * 1024
 
 
 class Behind(Exception):
-    """A live subscriber fell too far behind; the message says where it stands."""
+    """A live subscriber fell too far behind (or its client took nothing for too long);
+    the message says where it stands, ``limit`` names the setting it hit."""
+
+    def __init__(self, message: str, limit: str = "http_subscriber_buffer_bytes") -> None:
+        super().__init__(message)
+        self.limit = limit
 
 
 class Gone(Exception):

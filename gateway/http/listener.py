@@ -60,7 +60,7 @@ class HttpListener(ProtocolListener):
         self.tails = Tails(backend, settings.http_tail_buffer_bytes)
         self.router = build_router()
         self.cors = Cors(settings.http_cors_origins)
-        self.tokens = Tokens()
+        self.tokens = Tokens(self.guard, settings)
         #: Open streams by kind (``sse``, ``websocket``).
         self.streams: dict[str, int] = {"sse": 0, "websocket": 0}
         self._scope = trio.CancelScope()

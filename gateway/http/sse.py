@@ -95,7 +95,7 @@ async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bo
                 delivered.inc(count)
                 await _send(session, session.chunk(b"".join(parts)), stall)
         except Behind as exc:
-            listener.metrics.limit_hit("http_subscriber_buffer_bytes")
+            listener.metrics.limit_hit(exc.limit)
             session.ended("slow", str(exc))
             return
         except Gone as exc:
@@ -109,4 +109,5 @@ async def _send(session: Any, data: bytes, stall: float) -> None:
     with trio.move_on_after(stall) as stalled:
         await session.send(data)
     if stalled.cancelled_caught:
-        raise Behind(f"the client took nothing for {stall:g} s")
+        raise Behind(f"the client took nothing for {stall:g} s",
+                                     "idle_timeout_secs")

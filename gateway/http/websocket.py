@@ -370,7 +370,8 @@ class WebSocket:
                         with trio.move_on_after(stall):
                             await outbox.wait_writable()
                         if outbox.full:
-                            raise Behind(f"the client took nothing for {stall:g} s")
+                            raise Behind(f"the client took nothing for {stall:g} s",
+                                     "idle_timeout_secs")
                     events = await cursor.take(WRITE_BYTES)
                     if events:
                         outbox.put_nowait(b"".join([e.ws_frame() for e in events]), sub)
@@ -382,7 +383,7 @@ class WebSocket:
                     tail.wake_me(waker)
                     await waker.wait()
             except Behind as exc:
-                self.listener.metrics.limit_hit("http_subscriber_buffer_bytes")
+                self.listener.metrics.limit_hit(exc.limit)
                 self.close(BEHIND, f"behind: {cursor.topic}/{cursor.partition} at offset "
                            f"{cursor.position}: {exc}")
             except Gone as exc:

@@ -484,6 +484,21 @@ class Settings:
         "http.ws_publish_window", 1000, _positive_int,
         "Publishes one WebSocket may have waiting for their acknowledgement; one more "
         "closes it (code 1008).")
+    http_jwt_hs256_secret_file: str = _setting(
+        "http.jwt_hs256_secret_file", "", _optional_file,
+        "File holding the shared secret of HS256 JWT bearer tokens on the HTTP listener "
+        "(their sub claim is the user a policy names user:SUB; empty: no HS256 tokens). "
+        "Needs the jwt extra.")
+    http_jwt_rs256_public_key_file: str = _setting(
+        "http.jwt_rs256_public_key_file", "", _optional_file,
+        "PEM public key of RS256 JWT bearer tokens on the HTTP listener (empty: none). "
+        "Needs the jwt extra.")
+    http_jwt_audience: str = _setting(
+        "http.jwt_audience", "", str,
+        "The aud claim JWT bearer tokens must carry (empty: not checked).")
+    http_jwt_issuer: str = _setting(
+        "http.jwt_issuer", "", str,
+        "The iss claim JWT bearer tokens must carry (empty: not checked).")
     figg_data_cache_bytes: int = _setting(
         "figg.data_cache_bytes", 8 * MIB, _non_negative_int,
         "Memory for the DATA frames shared by Figg subscribers at the same position "

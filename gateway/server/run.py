@@ -370,6 +370,7 @@ def open_guard(settings: Settings, info: ServerInfo) -> None:
 
     def apply(access: Access) -> None:
         info.guard.users = access.users  # before the policy: a reload swaps both
+        info.guard.tokens = access.tokens
         info.guard.replace(access.policy)
         info.quotas.replace_rules(access.quotas)
         if not access.policy.names_groups:

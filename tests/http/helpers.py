@@ -100,9 +100,10 @@ class H11Client:
 
 
 def sse_events(text: str) -> list[dict[str, str]]:
-    """The events of an SSE body (fields of each; comments dropped)."""
+    """The events of an SSE body (fields of each; comments dropped), the complete ones
+    only: an event counts once the blank line after it came, as in EventSource."""
     events = []
-    for block in text.split("\n\n"):
+    for block in text.split("\n\n")[:-1]:
         fields: dict[str, str] = {}
         for line in block.splitlines():
             if not line or line.startswith(":"):

@@ -9,6 +9,7 @@ from typing import Any
 import trio
 import wsproto.events as ws
 from wsproto import ConnectionType, WSConnection
+from wsproto.connection import ConnectionState
 
 
 class WsClient:
@@ -43,6 +44,8 @@ class WsClient:
 
     async def _receive(self) -> None:
         data = await self.stream.receive_some(65536)
+        if not data and self.conn.state is ConnectionState.CLOSED:
+            return  # the close handshake is over; the server then ends the TCP connection
         self.conn.receive_data(data or None)
 
     async def next(self, timeout: float = 10) -> Any:
@@ -59,7 +62,9 @@ class WsClient:
                             self.messages.append(json.loads(self._text))
                             self._text = ""
                     elif isinstance(event, ws.CloseConnection):
-                        self.closed = (event.code, event.reason)
+                        self.closed = self.closed or (event.code, event.reason)
+                        if self.conn.state is not ConnectionState.REMOTE_CLOSING:
+                            continue
                         with contextlib.suppress(trio.BrokenResourceError,
                                                  trio.ClosedResourceError):
                             await self.stream.send_all(self.conn.send(event.response()))
