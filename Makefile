@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean browser-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,13 +37,21 @@ RUN_FLAGS = $(strip $(call serve_flag,CONFIG,--config) $(call serve_flag,DATA,--
 ## pure Python the tests whose code paths the extension replaces (PURE_TESTS).
 ## Two pytest workers (one test file each at a time): most tests wait on sockets and
 ## subprocesses, so two halve the wall time on two cores.
-test: $(STAMP)
+test: $(STAMP) browser-deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q $(PYTEST_WORKERS)
 	FIGTANK_PURE_PYTHON=1 $(BIN)/python -m pytest -q $(PYTEST_WORKERS) $(PURE_TESTS)
 
 PYTEST_WORKERS = -n 2 --dist loadfile
+
+# The HTTP listener's tests run curl, and drive Debian's chromium through chromedriver;
+# installed (apt-get, as root: CI runs on a fresh machine) only where one is missing.
+browser-deps:
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null \
+			|| ! command -v curl >/dev/null; then \
+		apt-get update && apt-get install -y chromium chromium-driver curl; \
+	fi
 
 # The protocol codecs, the listeners, the store, the bridge and the whole-process runs:
 # everything the compiled loops (protocols/_speedups.pyx, gateway/store/_fsync.pyx) sit

@@ -30,3 +30,14 @@ def _serve(name: str) -> Answer:
 
 async def client_script(session: Any, request: Request) -> Answer:
     return _serve("figtank.js")
+
+
+async def index(session: Any, request: Request) -> Answer:
+    return _serve("index.html")
+
+
+async def asset(session: Any, request: Request) -> Answer:
+    name = request.params["name"]
+    if name not in ("console.js", "console.css"):
+        raise HttpError(404, "not_found", f"no file {name!r}")
+    return _serve(name)

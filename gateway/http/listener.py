@@ -31,7 +31,7 @@ from gateway.server.tls import ListenerTLS
 
 def build_router() -> Router:
     """Every route of the listener."""
-    from gateway.http import console, fetch, produce, sse, topics, websocket
+    from gateway.http import console, fetch, overview, produce, sse, topics, websocket
 
     router = Router()
     router.add("GET", "/topics", topics.list_topics)
@@ -41,6 +41,9 @@ def build_router() -> Router:
     router.add("GET", "/topics/{topic}/events", sse.events)
     router.add("GET", "/ws", websocket.upgrade)
     router.add("GET", "/figtank.js", console.client_script)
+    router.add("GET", "/", console.index)
+    router.add("GET", "/console/{name}", console.asset)
+    router.add("GET", "/api/overview", overview.overview)
     return router
 
 
