@@ -240,6 +240,11 @@ class HttpSession:
         """``data`` framed as a piece of the streamed body."""
         return self.conn.send(h11.Data(data=data)) or b""
 
+    def chunk_parts(self, data: bytes) -> list[Any]:
+        """``data`` framed as a piece of the streamed body, as buffers (``data`` itself
+        among them, not copied)."""
+        return self.conn.send_with_data_passthrough(h11.Data(data=data)) or []
+
 
 def _reason(status: int) -> bytes:
     try:

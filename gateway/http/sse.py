@@ -26,6 +26,8 @@ from gateway.http.auth import access_of, check_topic_name, partition_param, part
 from gateway.http.cursor import Behind, Cursor, Gone, next_batch
 from gateway.http.positions import event_id, from_last_event_id, from_parameter
 from gateway.http.request import Request
+from gateway.http.session import SOCKET_ERRORS
+from gateway.io.writer import FrameWriter
 
 #: Bytes of events sent in one write.
 WRITE_BYTES: Final = 256 * 1024
@@ -72,42 +74,52 @@ async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bo
     heartbeat = settings.http_heartbeat_secs
     delivered = listener.metrics.for_topic(listener.metrics.messages_out, topic)
     positions = {c.partition: c.position for c in cursors}
-    first = b"retry: 1000\n: " + event_id(positions) + b"\n\n"
-    with session.cancellable() as scope:
-        try:
-            await _send(session, session.chunk(first), stall)
-            while True:
-                batch = await next_batch(cursors, WRITE_BYTES, heartbeat)
-                if not batch:
-                    await _send(session, session.chunk(b": heartbeat\n\n"), stall)
-                    continue
-                parts: list[bytes] = []
-                count = 0
-                for cursor, found in batch:
-                    count += len(found)
-                    if single:
-                        parts += [event.sse() for event in found]
+    outbox = FrameWriter(session.stream, settings.http_subscriber_buffer_bytes)
+    outbox.put_nowait(session.chunk(b"retry: 1000\n: " + event_id(positions) + b"\n\n"))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_write, outbox, nursery.cancel_scope, session)
+        with session.cancellable() as scope:
+            try:
+                while True:
+                    if outbox.full:
+                        with trio.move_on_after(stall):
+                            await outbox.wait_writable()
+                        if outbox.full:
+                            raise Behind(f"the client took nothing for {stall:g} s",
+                                         "idle_timeout_secs")
+                    batch = await next_batch(cursors, WRITE_BYTES, heartbeat)
+                    if not batch:
+                        outbox.put_nowait(session.chunk(b": heartbeat\n\n"))
                         continue
-                    partition = cursor.partition
-                    for event in found:
-                        positions[partition] = event.seq
-                        parts.append(b"id: " + event_id(positions) + b"\n" + event.sse_data())
-                delivered.inc(count)
-                await _send(session, session.chunk(b"".join(parts)), stall)
-        except Behind as exc:
-            listener.metrics.limit_hit(exc.limit)
-            session.ended("slow", str(exc))
-            return
-        except Gone as exc:
-            session.ended("topic_gone", str(exc))
-            return
-    if scope.cancelled_caught:
-        session.ended("shutdown", "server shutting down")
+                    count = 0
+                    for cursor, found in batch:
+                        count += len(found)
+                        if single:
+                            data = cursor.tail.joined("sse", found)
+                        else:
+                            parts = []
+                            for event in found:
+                                positions[cursor.partition] = event.seq
+                                parts.append(b"id: " + event_id(positions) + b"\n"
+                                             + event.sse_data())
+                            data = b"".join(parts)
+                        outbox.put_parts_nowait(session.chunk_parts(data))
+                    delivered.inc(count)
+            except Behind as exc:
+                listener.metrics.limit_hit(exc.limit)
+                session.ended("slow", str(exc))
+            except Gone as exc:
+                session.ended("topic_gone", str(exc))
+        if scope.cancelled_caught:
+            session.ended("shutdown", "server shutting down")
+        nursery.cancel_scope.cancel()
+    session.bytes_sent += outbox.bytes_sent
 
 
-async def _send(session: Any, data: bytes, stall: float) -> None:
-    with trio.move_on_after(stall) as stalled:
-        await session.send(data)
-    if stalled.cancelled_caught:
-        raise Behind(f"the client took nothing for {stall:g} s",
-                                     "idle_timeout_secs")
+async def _write(outbox: FrameWriter, scope: trio.CancelScope, session: Any) -> None:
+    """The stream's writer task; a broken socket ends the stream."""
+    try:
+        await outbox.run()
+    except SOCKET_ERRORS:
+        session.ended("reset", "connection broken")
+        scope.cancel()

@@ -34,6 +34,8 @@ MAX_WAIT_MS: Final = 30_000
 FAULT_RETRY_SECS: Final = 0.5
 #: A tail without subscribers keeps reading this long (a reconnecting client finds it).
 LINGER_SECS: Final = 5.0
+#: Joined batches a tail keeps (subscribers at the tail send the newest few).
+JOINED_BATCHES: Final = 16
 
 _frames = FrameProtocol(client=False, extensions=[])
 
@@ -107,11 +109,27 @@ class PartitionTail:
         self._bytes = 0
         self._wakers: list[trio.Event] = []
         self.idle_since: float | None = None
+        #: The newest batches as sent, by (form, first seq, last seq, count).
+        self._joined: dict[tuple[str, int, int, int], bytes] = {}
 
     @property
     def first_seq(self) -> int:
         """The lowest sequence a subscriber can be served from the buffer."""
         return self._first_seq
+
+    def joined(self, form: str, events: list[TailEvent]) -> bytes:
+        """``events`` encoded (``form``: ``"sse"`` or ``"ws"``) and joined: made once for
+        every subscriber that sends the same batch (those at the tail all do)."""
+        key = (form, events[0].seq, events[-1].seq, len(events))
+        found = self._joined.get(key)
+        if found is None:
+            encode = TailEvent.sse if form == "sse" else TailEvent.ws_frame
+            found = events[0].sse() if len(events) == 1 and form == "sse" else b"".join(
+                [encode(e) for e in events])
+            if len(self._joined) >= JOINED_BATCHES:
+                del self._joined[next(iter(self._joined))]
+            self._joined[key] = found
+        return found
 
     def wake_me(self, waker: trio.Event) -> None:
         """Set ``waker`` at the next append (or failure)."""

@@ -374,7 +374,7 @@ class WebSocket:
                                      "idle_timeout_secs")
                     events = await cursor.take(WRITE_BYTES)
                     if events:
-                        outbox.put_nowait(b"".join([e.ws_frame() for e in events]), sub)
+                        outbox.put_nowait(tail.joined("ws", events), sub)
                         delivered.inc(len(events))
                         continue
                     if tail.next_seq > cursor.next_seq:
