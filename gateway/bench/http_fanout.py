@@ -53,11 +53,14 @@ def _params(args: argparse.Namespace) -> Params:
     if args.subscribers < 1 or args.rate <= 0 or args.duration <= 0 or args.size < 20:
         raise ValueError("--subscribers, --rate, --duration must be positive, --size >= 20")
     parse_address(args.http)
-    per_tick = max(1, round(args.rate * TICK))
-    ticks = max(1, round(args.duration / TICK))
-    return {"http": args.http, "subscribers": args.subscribers, "rate": per_tick / TICK,
-            "duration": ticks * TICK, "size": args.size, "sample_every": args.sample_every,
-            "drain": args.drain, "messages": per_tick * ticks, "_per_tick": per_tick}
+    # One batch every TICK seconds, or one message every 1/rate seconds when slower.
+    tick = max(TICK, 1 / args.rate)
+    per_tick = max(1, round(args.rate * tick))
+    ticks = max(1, round(args.duration / tick))
+    return {"http": args.http, "subscribers": args.subscribers, "rate": per_tick / tick,
+            "duration": ticks * tick, "size": args.size, "sample_every": args.sample_every,
+            "drain": args.drain, "messages": per_tick * ticks, "_per_tick": per_tick,
+            "_tick": tick}
 
 
 def _rss(pid: int | None) -> int | None:
@@ -165,8 +168,9 @@ async def _publish(host: str, port: int, topic: str, params: Params) -> int:
     pad = "x" * max(0, params["size"] - 19)
     sent = 0
     start = trio.current_time()
-    for tick in range(round(params["duration"] / TICK)):
-        await trio.sleep_until(start + tick * TICK)
+    every = params["_tick"]
+    for tick in range(round(params["duration"] / every)):
+        await trio.sleep_until(start + tick * every)
         now = time.time_ns()
         body = "".join(f'{{"value":"{now}{pad}"}}\n'
                        for _ in range(params["_per_tick"])).encode()

@@ -28,6 +28,8 @@ class Served:
     data_dir: Path
     #: The Kafka listener's ``host:port`` ("" when it is off).
     kafka: str = ""
+    #: The HTTP listener's ``host:port`` ("" when it is off).
+    http: str = ""
 
 
 def _pump(stream: IO[str], lines: queue.Queue[str | None] | None,
@@ -87,7 +89,8 @@ def serve_figtank(*flags: str, durability: str = "fsync", data_dir: Path | None 
              "--tank-listen", "127.0.0.1:0", "--figg-listen", "127.0.0.1:0",
              "--metrics-listen", "", *flags], timeout=timeout)
         try:
-            yield Served(process, event["tank"], event["figg"], where, event.get("kafka") or "")
+            yield Served(process, event["tank"], event["figg"], where, event.get("kafka") or "",
+                         event.get("http") or "")
         finally:
             if process.poll() is None:
                 process.terminate()

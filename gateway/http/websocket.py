@@ -159,8 +159,10 @@ class WebSocket:
             with trio.move_on_after(1):  # let the close frame out
                 await self.outbox.wait_empty()
             kind = {GOING_AWAY: "shutdown", BEHIND: "slow"}.get(closed.code, "websocket_close")
-            level = session.log.info if closed.code in (1000, GOING_AWAY) else (
-                session.log.warning)
+            routine = closed.code in (1000, 1001, 1005, 1006)  # ended normally or went away
+            if routine and kind == "websocket_close":
+                kind = "eof"
+            level = session.log.info if routine else session.log.warning
             level("websocket_closed", code=closed.code, reason=closed.reason)
             session.ended(kind, f"{closed.code}: {closed.reason}")
         else:
@@ -214,7 +216,7 @@ class WebSocket:
             elif isinstance(event, ws.CloseConnection):
                 if self.conn.state is ConnectionState.REMOTE_CLOSING:
                     self.outbox.put_nowait(self.conn.send(event.response()))
-                self._closed = _Close(1000, "closed by the client")
+                self._closed = _Close(event.code, event.reason or "closed by the client")
                 break
         if publishes:
             self._publish(publishes)
