@@ -38,7 +38,9 @@ class _Closed(Exception):
 class HttpSession:
     """Serves one accepted HTTP connection until it closes (see the module doc)."""
 
-    DRAIN_ON: frozenset[str] = frozenset()
+    #: Ends after which the peer gets up to a second to read the last answer (a refusal,
+    #: a WebSocket close frame) before the connection closes (see close_after_answer).
+    DRAIN_ON: frozenset[str] = frozenset({"bad_request", "websocket_close"})
 
     def __init__(self, stream: trio.abc.Stream, listener: Any,
                  log: structlog.typing.FilteringBoundLogger, principal: Principal) -> None:

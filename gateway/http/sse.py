@@ -27,6 +27,7 @@ from gateway.http.cursor import Behind, Cursor, Gone, next_batch
 from gateway.http.positions import event_id, from_last_event_id, from_parameter
 from gateway.http.request import Request
 from gateway.http.session import SOCKET_ERRORS
+from gateway.http.tail import PartitionTail, TailEvent
 from gateway.io.writer import FrameWriter
 
 #: Bytes of events sent in one write.
@@ -67,6 +68,48 @@ async def events(session: Any, request: Request) -> None:
             listener.tails.release(tail)
 
 
+class _Follower:
+    """A one-partition stream at the tail, fed by the tail's reader (no wake-up of its own
+    task per message)."""
+
+    __slots__ = ("cursor", "delivered", "outbox", "session")
+
+    def __init__(self, cursor: Cursor, outbox: FrameWriter, session: Any, delivered: Any
+                 ) -> None:
+        self.cursor = cursor
+        self.outbox = outbox
+        self.session = session
+        self.delivered = delivered
+
+    @property
+    def next_seq(self) -> int:
+        return self.cursor.next_seq
+
+    def push(self, tail: PartitionTail, events: list[TailEvent]) -> bool:
+        if self.outbox.full:
+            return False
+        self.outbox.put_parts_nowait(self.session.chunk_parts(tail.joined("sse", events)))
+        self.cursor.next_seq = events[-1].seq + 1
+        self.delivered.inc(len(events))
+        return True
+
+
+async def _follow(follower: _Follower, heartbeat: float) -> None:
+    """Be fed by the tail until released; a heartbeat every ``heartbeat`` seconds."""
+    tail = follower.cursor.tail
+    released = tail.follow(follower)
+    if released is None:
+        return
+    try:
+        while not released.is_set():
+            with trio.move_on_after(heartbeat):
+                await released.wait()
+            if not released.is_set() and not follower.outbox.full:
+                follower.outbox.put_nowait(follower.session.chunk(b": heartbeat\n\n"))
+    finally:
+        tail.unfollow(follower)
+
+
 async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bool) -> None:
     listener = session.listener
     settings = listener.settings
@@ -76,11 +119,15 @@ async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bo
     positions = {c.partition: c.position for c in cursors}
     outbox = FrameWriter(session.stream, settings.http_subscriber_buffer_bytes)
     outbox.put_nowait(session.chunk(b"retry: 1000\n: " + event_id(positions) + b"\n\n"))
+    follower = _Follower(cursors[0], outbox, session, delivered) if single else None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_write, outbox, nursery.cancel_scope, session)
         with session.cancellable() as scope:
             try:
                 while True:
+                    if follower is not None and not outbox.full and (
+                            follower.next_seq == follower.cursor.tail.next_seq):
+                        await _follow(follower, heartbeat)
                     if outbox.full:
                         with trio.move_on_after(stall):
                             await outbox.wait_writable()

@@ -16,7 +16,7 @@ stop it a few seconds after its last one left.
 from __future__ import annotations
 
 import bisect
-from typing import Final
+from typing import Final, Protocol
 
 import structlog
 import trio
@@ -81,6 +81,17 @@ class TailEvent:
         return self._ws
 
 
+class Follower(Protocol):
+    """A subscriber at the tail that the tail's reader feeds directly."""
+
+    #: The sequence the subscriber delivers next.
+    next_seq: int
+
+    def push(self, tail: PartitionTail, events: list[TailEvent]) -> bool:
+        """Queue ``events`` (those from ``next_seq`` on) for the client, and move past
+        them; False (nothing queued) when the client is too far behind to take them."""
+
+
 def events_of(topic: str, partition: int, messages: list[Message]) -> list[TailEvent]:
     return [TailEvent(topic, partition, m) for m in messages]
 
@@ -109,6 +120,8 @@ class PartitionTail:
         self._bytes = 0
         self._wakers: list[trio.Event] = []
         self.idle_since: float | None = None
+        #: Subscribers fed by the reader itself, and the event that releases each.
+        self._followers: dict[Follower, trio.Event] = {}
         #: The newest batches as sent, by (form, first seq, last seq, count).
         self._joined: dict[tuple[str, int, int, int], bytes] = {}
 
@@ -134,6 +147,24 @@ class PartitionTail:
     def wake_me(self, waker: trio.Event) -> None:
         """Set ``waker`` at the next append (or failure)."""
         self._wakers.append(waker)
+
+    def follow(self, follower: Follower) -> trio.Event | None:
+        """Feed ``follower`` (at the end of the buffer) each append from the reader task:
+        no task of its own wakes per message. Returns the event set when it is released
+        (it fell behind, the tail failed or started over), or None when it is not at the
+        end now."""
+        if follower.next_seq != self.next_seq or self.failed is not None:
+            return None
+        released = self._followers[follower] = trio.Event()
+        return released
+
+    def unfollow(self, follower: Follower) -> None:
+        self._followers.pop(follower, None)
+
+    def _release_all(self) -> None:
+        followers, self._followers = self._followers, {}
+        for released in followers.values():
+            released.set()
 
     def since(self, seq: int, max_bytes: int) -> list[TailEvent] | None:
         """Events from ``seq`` on, up to about ``max_bytes`` (at least one); None when
@@ -183,16 +214,24 @@ class PartitionTail:
                 self._start = 0
         elif not self._events:
             self._first_seq = next_seq
+        if self._followers and events:
+            start = events[0].seq
+            for follower, released in list(self._followers.items()):
+                if follower.next_seq > start or not follower.push(self, events):  # (never ahead)
+                    del self._followers[follower]
+                    released.set()
         self._wake()
 
     def skip_to(self, seq: int) -> None:
         """The log's bounds moved (retention): start over at ``seq``."""
         self._events, self._seqs, self._before, self._start, self._bytes = [], [], [], 0, 0
         self.next_seq = self._first_seq = seq
+        self._release_all()
         self._wake()
 
     def fail(self, reason: str) -> None:
         self.failed = reason
+        self._release_all()
         self._wake()
 
     def _wake(self) -> None:

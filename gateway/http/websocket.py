@@ -47,6 +47,7 @@ from gateway.http.cursor import Behind, Cursor, Gone
 from gateway.http.messages import dumps, payload_of
 from gateway.http.request import HttpError, Request
 from gateway.http.session import RECEIVE_SIZE, SOCKET_ERRORS
+from gateway.http.tail import PartitionTail, TailEvent
 from gateway.io.writer import FrameWriter
 from protocols.tank.bundle import Message, encode_bundle
 from protocols.topics import is_valid_topic_name
@@ -93,14 +94,29 @@ async def upgrade(session: Any, request: Request) -> None:
 
 
 class _Subscription:
-    """One attached partition of a WebSocket (the owner of its queued frames)."""
+    """One attached partition of a WebSocket (the owner of its queued frames; at the tail,
+    a follower its tail's reader feeds)."""
 
-    __slots__ = ("cursor", "detached", "scope")
+    __slots__ = ("cursor", "delivered", "detached", "outbox", "scope")
 
-    def __init__(self, cursor: Cursor) -> None:
+    def __init__(self, cursor: Cursor, outbox: FrameWriter, delivered: Any) -> None:
         self.cursor = cursor
+        self.outbox = outbox
+        self.delivered = delivered
         self.detached = False
         self.scope = trio.CancelScope()
+
+    @property
+    def next_seq(self) -> int:
+        return self.cursor.next_seq
+
+    def push(self, tail: PartitionTail, events: list[TailEvent]) -> bool:
+        if self.detached or self.outbox.full:
+            return False
+        self.outbox.put_nowait(tail.joined("ws", events), self)
+        self.cursor.next_seq = events[-1].seq + 1
+        self.delivered.inc(len(events))
+        return True
 
 
 class WebSocket:
@@ -343,8 +359,10 @@ class WebSocket:
         else:
             raise _Close(POLICY, "from must be earliest or latest")
         tail = self.listener.tails.acquire(topic, partition, tail_seq)
+        metrics = self.listener.metrics
         sub = _Subscription(Cursor(backend, tail, next_seq,
-                                   self.listener.settings.http_subscriber_buffer_bytes))
+                                   self.listener.settings.http_subscriber_buffer_bytes),
+                            self.outbox, metrics.for_topic(metrics.messages_out, topic))
         self.subs[(topic, partition)] = sub
         self.send_json({"op": "attached", "topic": topic, "partition": partition,
                         "offset": next_seq - 1})
@@ -363,8 +381,7 @@ class WebSocket:
         outbox = self.outbox
         tail = cursor.tail
         stall = self.listener.settings.idle_timeout_secs or math.inf
-        delivered = self.listener.metrics.for_topic(self.listener.metrics.messages_out,
-                                                    cursor.topic)
+        delivered = sub.delivered
         with sub.scope:
             try:
                 while True:
@@ -380,6 +397,13 @@ class WebSocket:
                         delivered.inc(len(events))
                         continue
                     if tail.next_seq > cursor.next_seq:
+                        continue
+                    released = None if outbox.full else tail.follow(sub)
+                    if released is not None:  # fed by the tail's reader until released
+                        try:
+                            await released.wait()
+                        finally:
+                            tail.unfollow(sub)
                         continue
                     waker = trio.Event()
                     tail.wake_me(waker)
