@@ -121,7 +121,8 @@ async def test_a_named_listener_serves_with_its_own_name(tmp_path: Path, certs: 
                                                         ) -> None:
     settings = settings_from_mapping({
         "store": {"data_dir": str(tmp_path / "data"), "durability": "os"},
-        "listen": {"tank": "127.0.0.1:0", "figg": "127.0.0.1:0", "metrics": "", "kafka": ""},
+        "listen": {"tank": "127.0.0.1:0", "figg": "127.0.0.1:0", "metrics": "", "kafka": "",
+                   "http": ""},
         "listeners": {"analytics": {"protocol": "tank", "address": "127.0.0.1:0"},
                       "figg2": {"protocol": "figg", "address": "127.0.0.1:0"},
                       "secure": {"protocol": "tank", "address": "127.0.0.1:0",
@@ -272,7 +273,7 @@ def test_tls_settings_errors(tmp_path: Path, certs: Certs) -> None:
     with pytest.raises(ConfigError, match=r"^tls.client_ca: mutual TLS needs a certificate"):
         Settings(tls_client_ca="ca.pem")
     with pytest.raises(ConfigError, match=r"^listeners.x.protocol: expected one of"):
-        settings_from_mapping({"listeners": {"x": {"protocol": "http", "address": "a:1"}}})
+        settings_from_mapping({"listeners": {"x": {"protocol": "gopher", "address": "a:1"}}})
     with pytest.raises(ConfigError, match=r"^listeners.tank.address: "):
         settings_from_mapping({"listeners": {"tank": {"address": "127.0.0.1:1"}}})
     with pytest.raises(ConfigError, match=r"^listeners.x.tls_kee: unknown setting"):
