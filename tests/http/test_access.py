@@ -7,6 +7,7 @@ import hashlib
 import time
 
 import jwt
+import trio
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
@@ -127,4 +128,19 @@ async def test_cors_origins(tmp_path):
             ("connection", "Upgrade"), ("sec-websocket-version", "13"),
             ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")])
         assert status == 403 and body["error"] == "origin_not_allowed"
+        await client.aclose()
+
+
+async def test_a_bytes_in_quota_holds_producers_back(tmp_path):
+    policy = tmp_path / "access.toml"
+    policy.write_text('[[quota]]\nwho = ["listener:http"]\nbytes_in_per_sec = 200000\n'
+                      'burst_bytes_in = 200000\n')
+    async with http_server(tmp_path, policy_file=policy) as server:
+        client = await H11Client.connect(server.host, server.port)
+        started = trio.current_time()
+        for _ in range(10):  # 500 KB: 300 KB over the burst, at 200 KB/s
+            status, _, _ = await client.request("POST", "/topics/q", b"x" * 50_000)
+            assert status == 200
+        assert trio.current_time() - started >= 1.0
+        assert (server.metric('figtank_quota_delay_seconds_total{direction="in"}') or 0) > 0.5
         await client.aclose()
