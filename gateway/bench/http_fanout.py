@@ -5,7 +5,8 @@ The subscribers connect and attach first (SSE streams of partition 0 from its en
 WebSockets attached from its end); once all are in, the server's resident memory is read
 again (``--server-pid``): the growth divided by the subscribers is the memory of an idle
 subscriber. Then the publisher POSTs ``--rate`` messages a second for ``--duration``
-seconds as NDJSON batches (one every 10 ms), each value the time it was sent; every
+seconds as NDJSON batches (one every 10 ms; from a thread with its own event loop), each
+value the time it was sent; every
 subscriber counts what it gets, and one in ``--sample-every`` also measures each message's
 publish-to-delivery latency. It stops once every subscriber has every message (or
 ``--drain`` seconds after the last publish), and checks each got each message once.
@@ -228,7 +229,10 @@ async def _work(params: Params, share: Share) -> WorkerResult:
         await share.start()
         first = time.monotonic()
         if share.index == 0:
-            sent = await _publish(host, port, topic, params)
+            # In a thread of its own (its own event loop): the subscribers' reads must
+            # not hold the publisher back.
+            sent = await trio.to_thread.run_sync(trio.run, _publish, host, port, topic,
+                                                 params)
         with trio.move_on_after(params["drain"]):
             while any(s.got < want for s in sse + ws):
                 await trio.sleep(0.05)

@@ -88,7 +88,7 @@ class _Follower:
     def push(self, tail: PartitionTail, events: list[TailEvent]) -> bool:
         if self.outbox.full:
             return False
-        self.outbox.put_parts_nowait(self.session.chunk_parts(tail.joined("sse", events)))
+        self.outbox.put_nowait(tail.joined("sse", events, self.session.chunk))
         self.cursor.next_seq = events[-1].seq + 1
         self.delivered.inc(len(events))
         return True
@@ -142,7 +142,8 @@ async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bo
                     for cursor, found in batch:
                         count += len(found)
                         if single:
-                            data = cursor.tail.joined("sse", found)
+                            outbox.put_nowait(cursor.tail.joined("sse", found, session.chunk))
+                            continue
                         else:
                             parts = []
                             for event in found:

@@ -16,6 +16,7 @@ stop it a few seconds after its last one left.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from typing import Final, Protocol
 
 import structlog
@@ -130,15 +131,22 @@ class PartitionTail:
         """The lowest sequence a subscriber can be served from the buffer."""
         return self._first_seq
 
-    def joined(self, form: str, events: list[TailEvent]) -> bytes:
-        """``events`` encoded (``form``: ``"sse"`` or ``"ws"``) and joined: made once for
-        every subscriber that sends the same batch (those at the tail all do)."""
-        key = (form, events[0].seq, events[-1].seq, len(events))
+    def joined(self, form: str, events: list[TailEvent],
+               frame: Callable[[bytes], bytes] | None = None) -> bytes:
+        """``events`` encoded (``form``: ``"sse"`` or ``"ws"``) and joined, then passed
+        through ``frame`` when given (an SSE batch as a piece of a chunked HTTP body, as
+        h11 frames it; the same for every connection): made once for every subscriber
+        that sends the same batch (those at the tail all do)."""
+        key = (form if frame is None else form + "+framed", events[0].seq, events[-1].seq,
+               len(events))
         found = self._joined.get(key)
         if found is None:
-            encode = TailEvent.sse if form == "sse" else TailEvent.ws_frame
-            found = events[0].sse() if len(events) == 1 and form == "sse" else b"".join(
-                [encode(e) for e in events])
+            if frame is not None:
+                found = frame(self.joined(form, events))
+            else:
+                encode = TailEvent.sse if form == "sse" else TailEvent.ws_frame
+                found = events[0].sse() if len(events) == 1 and form == "sse" else (
+                    b"".join([encode(e) for e in events]))
             if len(self._joined) >= JOINED_BATCHES:
                 del self._joined[next(iter(self._joined))]
             self._joined[key] = found
