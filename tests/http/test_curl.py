@@ -119,3 +119,17 @@ async def test_curl_bad_input_is_4xx_with_one_log_line_and_others_are_served(tmp
         status, body = await curl(f"{base}/topics/t/partitions/0/messages")
         assert status == 200 and json.loads(body)["messages"][0]["value"] == "ok"
 
+
+
+async def test_curl_over_tls_from_the_listeners_tls_settings(tmp_path, certs):
+    async with http_server(tmp_path, tls_cert=str(certs.server_cert),
+                           tls_key=str(certs.server_key)) as server:
+        base = f"https://127.0.0.1:{server.port}"
+        status, body = await curl("--cacert", str(certs.ca_pem), "-X", "POST",
+                                  "--data-binary", "secret", f"{base}/topics/tls")
+        assert status == 200, body
+        status, body = await curl("--cacert", str(certs.ca_pem),
+                                  f"{base}/topics/tls/partitions/0/messages")
+        assert json.loads(body)["messages"][0]["value"] == "secret"
+        status, _ = await curl(f"http://127.0.0.1:{server.port}/topics")  # plain: refused
+        assert status != 200
