@@ -58,6 +58,7 @@ async def events(session: Any, request: Request) -> None:
                       settings.http_subscriber_buffer_bytes) for tail in tails]
     headers = list(_HEAD)
     listener.cors.apply(request, headers)
+    request.headers.clear()  # read: an idle stream keeps no more of its request
     listener.streams["sse"] += 1
     try:
         await session.start_stream(200, headers)

@@ -21,7 +21,7 @@ from typing import Final, Protocol
 
 import structlog
 import trio
-from wsproto.frame_protocol import FrameProtocol  # type: ignore[import-untyped]
+from wsproto.frame_protocol import FrameProtocol
 
 from gateway.backend.contract import Backend, FetchRequest, FetchStatus
 from gateway.http.messages import decode_messages, dumps, message_json

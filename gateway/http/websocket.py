@@ -83,6 +83,10 @@ async def upgrade(session: Any, request: Request) -> None:
         (b"upgrade", b"websocket"), (b"connection", b"Upgrade"),
         (b"sec-websocket-accept", accept)])) or b"")
     trailing, _ = conn.trailing_data
+    # The HTTP exchange is over: an idle WebSocket keeps neither its h11 state nor the
+    # request's headers (memory per subscriber).
+    session.conn = None
+    request.headers.clear()
     socket = WebSocket(session, access, WsConnection(ConnectionType.SERVER,
                                                      trailing_data=trailing))
     listener = session.listener
