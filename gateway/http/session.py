@@ -42,6 +42,11 @@ class HttpSession:
     #: a WebSocket close frame) before the connection closes (see close_after_answer).
     DRAIN_ON: frozenset[str] = frozenset({"bad_request", "websocket_close"})
 
+    # Thousands of idle streams each hold one: no per-instance dict.
+    __slots__ = ("_closing", "_end", "_frame", "_idle", "_max_body", "accesses",
+                 "bytes_sent", "conn", "listener", "log", "principal", "quota", "refused",
+                 "requests", "scope", "stream")
+
     def __init__(self, stream: trio.abc.Stream, listener: Any,
                  log: structlog.typing.FilteringBoundLogger, principal: Principal) -> None:
         self.stream = stream

@@ -126,6 +126,10 @@ class _Subscription:
 class WebSocket:
     """One upgraded connection; see the module doc."""
 
+    __slots__ = ("_closed", "_nursery", "_text", "_text_size", "access", "conn", "in_flight",
+                 "listener", "max_message", "outbox", "partitions", "session", "subs",
+                 "window")
+
     def __init__(self, session: Any, access: ConnectionAccess, conn: WsConnection) -> None:
         self.session = session
         self.listener = session.listener
