@@ -144,3 +144,23 @@ async def test_a_bytes_in_quota_holds_producers_back(tmp_path):
         assert trio.current_time() - started >= 1.0
         assert (server.metric('figtank_quota_delay_seconds_total{direction="in"}') or 0) > 0.5
         await client.aclose()
+
+
+async def test_the_console_data_follows_the_access_policy(tmp_path):
+    policy = tmp_path / "access.toml"
+    policy.write_text(POLICY)
+    async with http_server(tmp_path, policy_file=policy) as server:
+        client = await H11Client.connect(server.host, server.port)
+        status, _, _ = await client.request("POST", "/topics/news", b"n", bearer(WRITER_TOKEN))
+        assert status == 200
+        status, _, body = await client.request("GET", "/api/overview")
+        assert status == 200 and body["topics"] == []  # listener:http may see nothing
+        status, _, body = await client.request("GET", "/api/overview",
+                                               headers=bearer(READER_TOKEN))
+        assert [t["name"] for t in body["topics"]] == ["news"]
+        assert body["topics"][0]["partitions"] == [
+            {"partition": 0, "first_offset": 1, "last_offset": 1}]
+        status, _, body = await client.request("GET", "/topics/news/events",
+                                               headers=bearer("nope-not-a-token"))
+        assert status == 401
+        await client.aclose()
