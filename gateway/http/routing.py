@@ -33,6 +33,7 @@ class Router:
         if request.method == "OPTIONS":
             return session.listener.cors.preflight(request)
         allowed = []
+        chosen = None
         for method, regex, handler in self._routes:
             found = regex.match(request.path)
             if found is None:
@@ -41,7 +42,12 @@ class Router:
                 allowed.append(method)
                 continue
             request.params = found.groupdict()
-            answer = await handler(session, request)
+            chosen = handler
+            break
+        if chosen is not None:
+            # Only the handler's frame stays while it serves (a stream may last for days).
+            del found, allowed
+            answer = await chosen(session, request)
             if answer is not None:
                 session.listener.cors.apply(request, answer.headers)
             return answer

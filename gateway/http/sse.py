@@ -59,6 +59,7 @@ async def events(session: Any, request: Request) -> None:
     headers = list(_HEAD)
     listener.cors.apply(request, headers)
     request.headers.clear()  # read: an idle stream keeps no more of its request
+    session.accesses.clear()  # nor the policy's cached answers
     listener.streams["sse"] += 1
     try:
         await session.start_stream(200, headers)
