@@ -21,16 +21,17 @@ $(STAMP): $(BIN)/python pyproject.toml setup.py protocols/_speedups.pyx gateway/
 serve_flag = $(if $(filter command line,$(origin $(1))),$(2) '$($(1))')
 
 ## Start the gateway on its embedded store in ./data (Figg 127.0.0.1:8119, Tank
-## 127.0.0.1:11011, Kafka 127.0.0.1:9092, metrics 127.0.0.1:9464). Other ports, another
-## place, a config file:
-## make run FIGG=127.0.0.1:8120 TANK=127.0.0.1:11012 KAFKA=127.0.0.1:9093 DATA=./data2
+## 127.0.0.1:11011, Kafka 127.0.0.1:9092, HTTP and console http://127.0.0.1:8080/, metrics
+## 127.0.0.1:9464). Other ports, another place, a config file:
+## make run FIGG=127.0.0.1:8120 TANK=127.0.0.1:11012 KAFKA=127.0.0.1:9093 HTTP=127.0.0.1:8081 DATA=./data2
 ## make run CONFIG=figtank.toml   (the variables given override the file)
 run: $(STAMP)
 	$(BIN)/figtank serve $(RUN_FLAGS)
 
 RUN_FLAGS = $(strip $(call serve_flag,CONFIG,--config) $(call serve_flag,DATA,--data-dir) \
 	$(call serve_flag,FIGG,--figg-listen) $(call serve_flag,TANK,--tank-listen) \
-	$(call serve_flag,KAFKA,--kafka-listen) $(call serve_flag,METRICS,--metrics-listen))
+	$(call serve_flag,KAFKA,--kafka-listen) $(call serve_flag,METRICS,--metrics-listen) \
+	$(call serve_flag,HTTP,--http-listen))
 
 ## Set everything up and run the whole suite with the compiled extension, then again in
 ## pure Python the tests whose code paths the extension replaces (PURE_TESTS).
@@ -70,9 +71,10 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m gateway.bench.suite $(BENCH_ARGS)
 
-# Programs the suite drives as real clients, as COMMAND:DEBIAN_PACKAGE: installed with
-# apt-get when missing (CI runs on a fresh machine as root).
-SYSTEM_TOOLS = kcat:kcat
+# Programs the suite drives as real clients (kcat; curl and headless Chromium through
+# chromedriver for the HTTP listener), as COMMAND:DEBIAN_PACKAGE: installed with apt-get
+# where missing (CI runs on a fresh machine as root).
+SYSTEM_TOOLS = kcat:kcat curl:curl chromium:chromium chromedriver:chromium-driver
 
 .PHONY: system-tools
 system-tools:

@@ -16,6 +16,7 @@ EXTRAS: Final = {
     "bench": "the Kafka benchmark client (confluent-kafka)",
     "spark": "the PySpark data source and sink (pyspark, pyarrow)",
     "docs": "the documentation site (mkdocs-material)",
+    "jwt": "JWT bearer tokens on the HTTP listener (PyJWT with its crypto)",
     "test": "the test suite and its reference clients",
 }
 

@@ -38,13 +38,14 @@ class RunningServer:
 
 
 @asynccontextmanager
-async def listening(protocol: Literal["figg", "tank", "kafka"], backend: Backend | None,
+async def listening(protocol: Literal["figg", "tank", "kafka", "http"], backend: Backend | None,
                     settings: Settings, metrics: Metrics | None = None
                     ) -> AsyncIterator[RunningServer]:
     """Serve ``protocol`` on 127.0.0.1 (an ephemeral port) until the block ends, then stop
     gracefully; the other listeners are off. Over ``backend`` when given (``metrics``
     the registry it counts in), else over the one ``settings`` select."""
-    listen = {"figg_listen": "", "tank_listen": "", "kafka_listen": "", "metrics_listen": ""}
+    listen = {"figg_listen": "", "tank_listen": "", "kafka_listen": "",
+              "http_listen": "", "metrics_listen": ""}
     settings = replace(settings, **{**listen, f"{protocol}_listen": "127.0.0.1:0"})
     async with open_server(settings, backend=backend, metrics=metrics, grace=GRACE) as server:
         host, port = getattr(server, protocol)

@@ -25,6 +25,7 @@ class ServeProcess:
     log_lines: list[dict] = field(default_factory=list)
     _drain: threading.Thread | None = None
     kafka: tuple[str, int] | None = None
+    http: tuple[str, int] | None = None
 
     def events(self, name: str) -> list[dict]:
         """Log lines whose event is ``name``."""
@@ -78,7 +79,7 @@ def figtank_serve(*args: str, cwd: Path | None = None, timeout: float = 30,
     try:
         yield ServeProcess(process, _address(event.get("tank")), _address(event.get("figg")),
                            _address(event.get("metrics")), lines, drain,
-                           _address(event.get("kafka")))
+                           _address(event.get("kafka")), _address(event.get("http")))
     finally:
         if process.poll() is None:
             process.kill()

@@ -2,7 +2,8 @@
 
 Each of systemd, Docker, compose and Kubernetes runs ``figtank serve`` with flags that must
 exist; all use the same config path, data directory and ports (8119 Figg, 11011 Tank,
-9092 Kafka, 9464 metrics). YAML is read with small targeted extractions (no YAML dependency).
+9092 Kafka, 9464 metrics, 8080 HTTP). YAML is read with small targeted extractions (no YAML
+dependency).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tests.serving import figtank_serve
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 CONFIG_PATH = "/etc/figtank/figtank.toml"
 DATA_DIR = "/var/lib/figtank"
-PORTS = {"figg": 8119, "tank": 11011, "kafka": 9092, "metrics": 9464}
+PORTS = {"figg": 8119, "tank": 11011, "kafka": 9092, "metrics": 9464, "http": 8080}
 UID = 999
 
 

@@ -18,7 +18,7 @@ from tests.figg.memory_backend import MemoryBackend
 async def endpoint(**settings: Any) -> AsyncIterator[tuple[str, int]]:
     """Only the HTTP endpoint, on 127.0.0.1 (an ephemeral port); where it listens."""
     config = Settings(figg_listen="", tank_listen="", metrics_listen="127.0.0.1:0",
-                      kafka_listen="", **settings)
+                      kafka_listen="", http_listen="", **settings)
     async with open_server(config, backend=MemoryBackend(), grace=0) as server:
         assert server.metrics is not None
         yield server.metrics

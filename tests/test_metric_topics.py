@@ -32,6 +32,7 @@ def samples(text: str, name: str) -> dict[str, float]:
 async def test_topics_over_the_limit_are_summed_under_other(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, durability="os", figg_listen="127.0.0.1:0",
                         tank_listen="127.0.0.1:0", metrics_listen="127.0.0.1:0", kafka_listen="",
+                        http_listen="",
                         metric_topics=2)
     with trio.fail_after(15), capture_logs() as logs:
         async with open_server(settings, grace=0) as server:

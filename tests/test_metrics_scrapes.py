@@ -57,7 +57,7 @@ async def served(metrics: Metrics, **settings: object
                  ) -> AsyncIterator[tuple[tuple[str, int], tuple[str, int]]]:
     """A server counting in ``metrics``: where its HTTP endpoint and Figg listener are."""
     config = Settings(figg_listen="127.0.0.1:0", tank_listen="",
-                      metrics_listen="127.0.0.1:0", kafka_listen="", **settings)  # type: ignore[arg-type]
+                      metrics_listen="127.0.0.1:0", kafka_listen="", http_listen="", **settings)  # type: ignore[arg-type]
     async with open_server(config, backend=MemoryBackend(), metrics=metrics, grace=0) as info:
         assert info.metrics is not None and info.figg is not None
         yield info.metrics, info.figg

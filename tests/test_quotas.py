@@ -39,7 +39,7 @@ async def serving(tmp_path: Path, rules: list[dict[str, Any]], **settings: Any
     """Figg and Tank on loopback ports, with ``rules`` as the quotas in force."""
     config = Settings(data_dir=tmp_path / "data", durability="os",
                       figg_listen="127.0.0.1:0", tank_listen="127.0.0.1:0", metrics_listen="",
-                      kafka_listen="", **settings)
+                      kafka_listen="", http_listen="", **settings)
     async with open_server(config, grace=0.2, quotas=parse_quotas(rules)) as server:
         yield server
 
@@ -253,7 +253,7 @@ async def test_the_access_files_quotas_apply_and_reload(tmp_path: Path) -> None:
     policy = tmp_path / "access.toml"
     policy.write_text('[[quota]]\nwho = ["listener:tank"]\nbytes_in_per_sec = 1000\n')
     config = Settings(data_dir=tmp_path / "data", durability="os", figg_listen="",
-                      tank_listen="127.0.0.1:0", metrics_listen="", kafka_listen="",
+                      tank_listen="127.0.0.1:0", metrics_listen="", kafka_listen="", http_listen="",
                       policy_file=policy)
     async with open_server(config, grace=0.2) as server:
         assert server.tank is not None

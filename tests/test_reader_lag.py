@@ -20,7 +20,8 @@ def gauge(info: ServerInfo, name: str, protocol: str, topic: str) -> float | Non
 
 async def test_lag_of_tank_consumers_and_figg_subscribers(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, durability="os", tank_listen="127.0.0.1:0",
-                        figg_listen="127.0.0.1:0", metrics_listen="", kafka_listen="")
+                        figg_listen="127.0.0.1:0", metrics_listen="", kafka_listen="",
+                        http_listen="")
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             info: ServerInfo = await nursery.start(run_server, settings)

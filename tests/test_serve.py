@@ -92,11 +92,13 @@ async def test_serve_signal_restart_and_metrics(tmp_path: Path, sig: int) -> Non
 
 async def test_the_serving_line_names_every_listener_in_order(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "data", durability="os", **{
-        f"{name}_listen": "127.0.0.1:0" for name in ("tank", "figg", "kafka", "metrics")})
+        f"{name}_listen": "127.0.0.1:0" for name in ("tank", "figg", "kafka", "metrics",
+                                                      "http")})
     async with open_server(settings, grace=0.2) as server:
         line = serving_line(server)
-    figg, tank, kafka, metrics = (server.addresses[n] for n in ("figg", "tank", "kafka",
-                                                                 "metrics"))
+    figg, tank, kafka, metrics, http = (server.addresses[n] for n in (
+        "figg", "tank", "kafka", "metrics", "http"))
     assert line == (f"figtank: serving Figg on 127.0.0.1:{figg[1]}, Tank on "
-                    f"127.0.0.1:{tank[1]}, Kafka on 127.0.0.1:{kafka[1]}, metrics on "
+                    f"127.0.0.1:{tank[1]}, Kafka on 127.0.0.1:{kafka[1]}, HTTP on "
+                    f"http://127.0.0.1:{http[1]}/, metrics on "
                     f"http://127.0.0.1:{metrics[1]}/metrics (Ctrl-C stops)")

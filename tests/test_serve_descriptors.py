@@ -32,7 +32,7 @@ def serve(data: Path, soft: int, hard: int, *flags: str) -> subprocess.Popen:
 
     command = [sys.executable, "-m", "gateway.cli", "serve", "--log-format", "json",
                "--data-dir", str(data), "--tank-listen", "127.0.0.1:0", "--figg-listen", "",
-               "--metrics-listen", "", "--kafka-listen", "", *flags]
+               "--metrics-listen", "", "--kafka-listen", "", "--http-listen", "", *flags]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, preexec_fn=limit,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))

@@ -18,6 +18,7 @@ def serve(*args: str, cwd: Path, timeout: float = 30) -> subprocess.CompletedPro
     """``figtank serve`` on ephemeral loopback ports with ``args`` (which override them)."""
     command = [sys.executable, "-m", "gateway.cli", "serve", "--tank-listen", LOOPBACK,
                "--figg-listen", LOOPBACK, "--metrics-listen", LOOPBACK, "--kafka-listen", "",
+               "--http-listen", "",
                *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd)
 

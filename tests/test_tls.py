@@ -36,6 +36,7 @@ def tls_settings(tmp_path: Path, certs: Certs, *, mutual: bool = True, **more: A
                  ) -> Settings:
     return Settings(data_dir=tmp_path / "data", durability="os", tank_listen="127.0.0.1:0",
                     figg_listen="127.0.0.1:0", metrics_listen="127.0.0.1:0", kafka_listen="",
+                    http_listen="",
                     tls_cert=str(certs.server_cert), tls_key=str(certs.server_key),
                     tls_client_ca=str(certs.ca_pem) if mutual else "", **more)
 
@@ -120,7 +121,8 @@ async def test_a_named_listener_serves_with_its_own_name(tmp_path: Path, certs: 
                                                         ) -> None:
     settings = settings_from_mapping({
         "store": {"data_dir": str(tmp_path / "data"), "durability": "os"},
-        "listen": {"tank": "127.0.0.1:0", "figg": "127.0.0.1:0", "metrics": "", "kafka": ""},
+        "listen": {"tank": "127.0.0.1:0", "figg": "127.0.0.1:0", "metrics": "", "kafka": "",
+                   "http": ""},
         "listeners": {"analytics": {"protocol": "tank", "address": "127.0.0.1:0"},
                       "figg2": {"protocol": "figg", "address": "127.0.0.1:0"},
                       "secure": {"protocol": "tank", "address": "127.0.0.1:0",
@@ -157,7 +159,8 @@ async def test_tank_consume_over_tls_returns_the_bytes_of_plain(tmp_path: Path,
     """A multi-MiB fetch from the segment files (no tail cache: sendfile on plain, pieces
     read and sent on TLS) is the same bytes on both."""
     settings = tls_settings(tmp_path, certs, mutual=False, tail_cache_bytes=0
-                            ).with_overrides(metrics_listen="", kafka_listen="", figg_listen="",
+                            ).with_overrides(metrics_listen="", kafka_listen="", http_listen="",
+                                            figg_listen="",
         listeners={"plain": {"protocol": "tank", "address": "127.0.0.1:0", "tls": False}})
     payload = random.Random(16).randbytes(256 * 1024)  # 256 KiB a message, incompressible
     with trio.fail_after(30):
@@ -224,7 +227,8 @@ async def test_reload_changes_the_certificate_of_new_connections(tmp_path: Path,
     cert.write_bytes(certs.server_cert.read_bytes())
     key.write_bytes(certs.server_key.read_bytes())
     settings = Settings(data_dir=tmp_path / "data", durability="os", figg_listen="",
-                        metrics_listen="", kafka_listen="", tank_listen="127.0.0.1:0",
+                        metrics_listen="", kafka_listen="", http_listen="",
+                        tank_listen="127.0.0.1:0",
                         tls_cert=str(cert), tls_key=str(key))
     new_cert, new_key = certs.issue_server("renewed")
 
@@ -269,7 +273,7 @@ def test_tls_settings_errors(tmp_path: Path, certs: Certs) -> None:
     with pytest.raises(ConfigError, match=r"^tls.client_ca: mutual TLS needs a certificate"):
         Settings(tls_client_ca="ca.pem")
     with pytest.raises(ConfigError, match=r"^listeners.x.protocol: expected one of"):
-        settings_from_mapping({"listeners": {"x": {"protocol": "http", "address": "a:1"}}})
+        settings_from_mapping({"listeners": {"x": {"protocol": "gopher", "address": "a:1"}}})
     with pytest.raises(ConfigError, match=r"^listeners.tank.address: "):
         settings_from_mapping({"listeners": {"tank": {"address": "127.0.0.1:1"}}})
     with pytest.raises(ConfigError, match=r"^listeners.x.tls_kee: unknown setting"):

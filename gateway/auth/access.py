@@ -3,7 +3,8 @@
 The file is TOML: ``default`` and ``[[rule]]`` entries make the
 :class:`~gateway.auth.policy.Policy`; its ``[[quota]]`` entries make the
 :class:`~gateway.auth.quotas.QuotaRules`; its ``[[user]]`` entries the SASL users
-(:class:`~gateway.auth.users.Users`). Any
+(:class:`~gateway.auth.users.Users`); its ``[[token]]`` entries the HTTP listener's static
+bearer tokens (:class:`~gateway.auth.tokens.StaticTokens`). Any
 mistake is one :class:`~gateway.auth.policy.PolicyError` line naming the file, and for a
 rule its index and key.
 """
@@ -16,16 +17,19 @@ from pathlib import Path
 
 from gateway.auth.policy import Policy, PolicyError, parse_policy
 from gateway.auth.quotas import QuotaRules, parse_quotas
+from gateway.auth.tokens import NO_TOKENS, StaticTokens, parse_tokens
 from gateway.auth.users import Users, parse_users
 
 
 @dataclass(frozen=True, slots=True)
 class Access:
-    """What an access file says: the ``policy``, the ``quotas`` and the SASL ``users``."""
+    """What an access file says: the ``policy``, the ``quotas``, the SASL ``users`` and
+    the HTTP bearer ``tokens``."""
 
     policy: Policy
     quotas: QuotaRules
     users: Users
+    tokens: StaticTokens = NO_TOKENS
 
 
 def load_access(path: Path) -> Access:
@@ -42,6 +46,7 @@ def load_access(path: Path) -> Access:
     try:
         quotas = parse_quotas(document.get("quota", []))
         users = parse_users(document.get("user", []))
+        tokens = parse_tokens(document.get("token", []))
     except ValueError as exc:
         raise PolicyError(f"{path}: {exc}") from None
-    return Access(policy, quotas, users)
+    return Access(policy, quotas, users, tokens)

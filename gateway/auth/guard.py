@@ -21,6 +21,7 @@ import structlog
 
 from gateway.auth.policy import Operation, Policy
 from gateway.auth.principal import Principal
+from gateway.auth.tokens import NO_TOKENS, StaticTokens
 from gateway.auth.users import NO_USERS, Users
 
 #: Answers (and topics known to exist) one connection keeps; more start the cache over.
@@ -46,6 +47,8 @@ class AccessGuard:
         self.generation = 0
         #: The SASL users of the policy file (replaced with it on reload).
         self.users: Users = NO_USERS
+        #: The HTTP bearer tokens of the policy file (replaced with it on reload).
+        self.tokens: StaticTokens = NO_TOKENS
         self._denied = getattr(metrics, "access_denied", None)
         self._watchers: weakref.WeakSet[Any] = weakref.WeakSet()
 

@@ -198,7 +198,7 @@ class Policy:
 ALLOW_ALL: Final = Policy(True, ())
 
 _RULE_KEYS: Final = frozenset({"who", "topics", "groups", "allow", "deny"})
-_TOP_KEYS: Final = frozenset({"default", "rule", "quota", "user"})
+_TOP_KEYS: Final = frozenset({"default", "rule", "quota", "user", "token"})
 
 
 def parse_policy(document: Mapping[str, Any], source: str = "policy") -> Policy:
@@ -208,7 +208,7 @@ def parse_policy(document: Mapping[str, Any], source: str = "policy") -> Policy:
     for key in document:
         if key not in _TOP_KEYS:
             raise PolicyError(f"{source}: {key}: unknown key (expected default, [[rule]], "
-                              "[[quota]], [[user]])")
+                              "[[quota]], [[user]], [[token]])")
     default = document.get("default", "allow")
     if default not in ("allow", "deny"):
         raise PolicyError(f"{source}: default: expected \"allow\" or \"deny\", got "

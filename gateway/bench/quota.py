@@ -159,7 +159,8 @@ async def run_bench(rate: float, seconds: float, size: int, window: int, data_di
     """Run the four clients in turn; ``pause``: seconds between two (the last one's debt
     is paid and its connection gone, so the next starts with a full burst)."""
     settings = Settings(data_dir=data_dir, durability="os", figg_listen="127.0.0.1:0",
-                        tank_listen="127.0.0.1:0", metrics_listen="", kafka_listen="")
+                        tank_listen="127.0.0.1:0", metrics_listen="", kafka_listen="",
+                        http_listen="")
     async with open_server(settings, grace=0.5) as server:
         await fill(server, int(rate * seconds * 2 + 2 * MIB), size)
         server.quotas.replace_rules(parse_quotas([{

@@ -28,6 +28,8 @@ class Served:
     data_dir: Path
     #: The Kafka listener's ``host:port`` ("" when it is off).
     kafka: str = ""
+    #: The HTTP listener's ``host:port`` ("" when it is off).
+    http: str = ""
 
 
 def _pump(stream: IO[str], lines: queue.Queue[str | None] | None,
@@ -53,11 +55,12 @@ def start_serve(args: Sequence[str], *, timeout: float = 30.0, cwd: Path | None 
     serving: ``(process, that log event, the thread reading its log until it exits)``.
     Every log line goes to ``on_line`` (from that thread); ``preexec_fn`` runs in the
     child before it starts (a resource limit, say); ``program`` is the ``figtank`` to run
-(an installed command, say). Killed if it does not start. The Kafka
-    listener is off unless ``args`` name ``--kafka-listen`` (its default port is fixed, so
-    two servers, or a Kafka broker beside, would collide)."""
-    kafka = [] if any(a.startswith("--kafka-listen") for a in args) else ["--kafka-listen", ""]
-    command = [*program, "serve", "--log-format", "json", *kafka, *args]
+    (an installed command, say). Killed if it does not start. The Kafka and HTTP listeners
+    are off unless ``args`` name ``--kafka-listen`` or ``--http-listen`` (their default
+    ports are fixed, so two servers, or a Kafka broker beside, would collide)."""
+    off = [flag for name in ("--kafka-listen", "--http-listen")
+           if not any(a.startswith(name) for a in args) for flag in (name, "")]
+    command = [*program, "serve", "--log-format", "json", *off, *args]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                text=True, cwd=cwd, env=dict(os.environ, PYTHONUNBUFFERED="1"),
                                preexec_fn=preexec_fn)
@@ -86,7 +89,8 @@ def serve_figtank(*flags: str, durability: str = "fsync", data_dir: Path | None 
              "--tank-listen", "127.0.0.1:0", "--figg-listen", "127.0.0.1:0",
              "--metrics-listen", "", *flags], timeout=timeout)
         try:
-            yield Served(process, event["tank"], event["figg"], where, event.get("kafka") or "")
+            yield Served(process, event["tank"], event["figg"], where, event.get("kafka") or "",
+                         event.get("http") or "")
         finally:
             if process.poll() is None:
                 process.terminate()

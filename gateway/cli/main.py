@@ -77,7 +77,7 @@ def _announce(info: ServerInfo) -> None:
 
 
 #: How the listeners named after their protocol are shown, in the order shown.
-_SHOWN: Final = {"figg": "Figg", "tank": "Tank", "kafka": "Kafka"}
+_SHOWN: Final = {"figg": "Figg", "tank": "Tank", "kafka": "Kafka", "http": "HTTP"}
 
 
 def serving_line(info: ServerInfo) -> str:
@@ -90,6 +90,9 @@ def serving_line(info: ServerInfo) -> str:
         if name == "metrics":
             scheme = "https" if name in info.tls else "http"
             where.append(f"metrics on {scheme}://{host}:{port}/metrics")
+            continue
+        if name == "http":
+            where.append(f"HTTP on {'https' if name in info.tls else 'http'}://{host}:{port}/")
             continue
         shown = f"{_SHOWN.get(name, name)} on {host}:{port}"
         where.append(shown + (" (TLS)" if name in info.tls else ""))

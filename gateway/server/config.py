@@ -79,6 +79,17 @@ _positive_float = _number(float, positive=True)
 _non_negative_float = _number(float, positive=False)
 
 
+def _origins(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ValueError("expected a list of origins (\"https://host[:port]\" or \"*\")")
+    for origin in value:
+        if origin != "*" and "://" not in origin:
+            raise ValueError(f"not an origin: {origin!r} (scheme://host[:port], or *)")
+    return tuple(v.rstrip("/") for v in value)
+
+
 def _boolean(value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -137,7 +148,7 @@ def _topic_config(value: Any) -> dict[str, str]:
 
 
 #: What a listener serves.
-PROTOCOLS = ("tank", "figg", "kafka", "metrics")
+PROTOCOLS = ("tank", "figg", "kafka", "metrics", "http")
 _LISTENER_KEYS = ("protocol", "address", "tls", "tls_cert", "tls_key", "tls_client_ca",
                   "sasl_mechanisms", "sasl_plain_without_tls")
 #: The SASL mechanisms a Kafka listener may require.
@@ -331,11 +342,15 @@ class Settings:
     metrics_listen: str = _setting(
         "listen.metrics", "127.0.0.1:9464", _optional_address,
         "Prometheus metrics and health endpoint (empty: off).", "--metrics-listen")
+    http_listen: str = _setting(
+        "listen.http", "127.0.0.1:8080", _optional_address,
+        "HTTP listener: produce, fetch, Server-Sent Events, WebSocket and the web console "
+        "(empty: off).", "--http-listen")
     listeners: dict[str, ListenerTable] = _setting(  # noqa: RUF009 (a field, made by _setting)
         "listeners", {}, _listener_tables,
         "Named listeners, [listeners.NAME]: settings of the listener listen.NAME opens "
-        "(tank, figg, kafka, metrics), or one more listener (its protocol: tank, figg, "
-        "kafka or metrics; address = \"HOST:PORT\"); each may set tls_cert, tls_key, "
+        "(tank, figg, kafka, metrics, http), or one more listener (its protocol: tank, "
+        "figg, kafka, metrics or http; address = \"HOST:PORT\"); each may set tls_cert, tls_key, "
         "tls_client_ca (over the tls.* settings) or tls = false; a Kafka listener may "
         "require SASL: sasl_mechanisms = [\"SCRAM-SHA-256\", \"SCRAM-SHA-512\", \"PLAIN\"] "
         "(PLAIN only with TLS, unless sasl_plain_without_tls = true). See *Securing "
@@ -441,6 +456,49 @@ class Settings:
         "limits.sasl_timeout_secs", 10.0, _non_negative_float,
         "A connection to a SASL listener that has not authenticated this long after it "
         "was accepted (after its TLS handshake) is closed (0: never).")
+    http_max_body_bytes: int = _setting(
+        "http.max_body_bytes", 1 * MIB, _positive_int,
+        "Largest request body (a produce, an NDJSON batch) and WebSocket message the HTTP "
+        "listener takes; larger is 413 (WebSocket: close code 1009).")
+    http_max_wait_ms: int = _setting(
+        "http.max_wait_ms", 30_000, _non_negative_int,
+        "Longest long-poll wait of an HTTP fetch (wait_ms above it is cut to it).")
+    http_heartbeat_secs: float = _setting(
+        "http.heartbeat_secs", 15.0, _positive_float,
+        "A Server-Sent Events stream with nothing to send this long gets a comment line, "
+        "so proxies keep it open.")
+    http_subscriber_buffer_bytes: int = _setting(
+        "http.subscriber_buffer_bytes", 1 * MIB, _positive_int,
+        "Bytes a live SSE or WebSocket subscriber may fall behind the messages read for "
+        "it; further behind, it is closed (its last event id or offset says where to "
+        "resume).")
+    http_tail_buffer_bytes: int = _setting(
+        "http.tail_buffer_bytes", 4 * MIB, _positive_int,
+        "Newest messages kept per partition for the HTTP listener's live subscribers, "
+        "encoded once for all of them.")
+    http_cors_origins: tuple[str, ...] = _setting(
+        "http.cors_origins", (), _origins,
+        "Origins (\"https://app.example\", or \"*\") whose pages may call the HTTP "
+        "listener (CORS); empty: same origin only.")
+    http_ws_publish_window: int = _setting(
+        "http.ws_publish_window", 1000, _positive_int,
+        "Publishes one WebSocket may have waiting for their acknowledgement; one more "
+        "closes it (code 1008).")
+    http_jwt_hs256_secret_file: str = _setting(
+        "http.jwt_hs256_secret_file", "", _optional_file,
+        "File holding the shared secret of HS256 JWT bearer tokens on the HTTP listener "
+        "(their sub claim is the user a policy names user:SUB; empty: no HS256 tokens). "
+        "Needs the jwt extra.")
+    http_jwt_rs256_public_key_file: str = _setting(
+        "http.jwt_rs256_public_key_file", "", _optional_file,
+        "PEM public key of RS256 JWT bearer tokens on the HTTP listener (empty: none). "
+        "Needs the jwt extra.")
+    http_jwt_audience: str = _setting(
+        "http.jwt_audience", "", str,
+        "The aud claim JWT bearer tokens must carry (empty: not checked).")
+    http_jwt_issuer: str = _setting(
+        "http.jwt_issuer", "", str,
+        "The iss claim JWT bearer tokens must carry (empty: not checked).")
     figg_data_cache_bytes: int = _setting(
         "figg.data_cache_bytes", 8 * MIB, _non_negative_int,
         "Memory for the DATA frames shared by Figg subscribers at the same position "
@@ -496,10 +554,11 @@ class Settings:
 
     def listener_specs(self) -> list[ListenerSpec]:
         """Every listener to open (those with an empty address are off), in the order
-        metrics, tank, figg, kafka, then the [listeners.NAME] ones; a ConfigError naming the key
-        when a TLS setting lacks its pair."""
+        metrics, tank, figg, kafka, http, then the [listeners.NAME] ones; a ConfigError
+        naming the key when a TLS setting lacks its pair."""
         listen = {"metrics": self.metrics_listen, "tank": self.tank_listen,
-                  "figg": self.figg_listen, "kafka": self.kafka_listen}
+                  "figg": self.figg_listen, "kafka": self.kafka_listen,
+                  "http": self.http_listen}
         if self.tls_client_ca and not self.tls_cert and not any(
                 t.tls_cert for t in self.listeners.values()):
             raise ConfigError("tls.client_ca: mutual TLS needs a certificate: set tls.cert "

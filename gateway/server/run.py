@@ -44,6 +44,7 @@ from gateway.auth.quotas import QuotaRules, Quotas
 from gateway.backend.contract import Backend
 from gateway.backend.embedded import connection_slots, open_embedded_backend
 from gateway.figg.listener import FiggListener
+from gateway.http.listener import HttpListener
 from gateway.kafka.groups.coordinator import GroupCoordinator
 from gateway.kafka.groups.lag import CommittedLag
 from gateway.kafka.groups.offsets import (
@@ -82,7 +83,7 @@ Unavailable = Callable[[], str | None]
 _FLAGS = {option.key: option.flag for option in OPTIONS}
 #: The protocol listeners, by protocol.
 _LISTENERS: dict[str, type[ProtocolListener]] = {"tank": TankListener, "figg": FiggListener,
-                                                  "kafka": KafkaListener}
+                                                  "kafka": KafkaListener, "http": HttpListener}
 
 
 class ServerInfo:
@@ -95,6 +96,8 @@ class ServerInfo:
         self.figg: Address | None = None
         self.metrics: Address | None = None
         self.kafka: Address | None = None
+        #: Where the HTTP listener named http listens.
+        self.http: Address | None = None
         #: Where every listener listens, by name (``"tank"``, ``"analytics"``...).
         self.addresses: dict[str, Address] = {}
         self.backend: Backend | None = None
@@ -368,6 +371,7 @@ def open_guard(settings: Settings, info: ServerInfo) -> None:
 
     def apply(access: Access) -> None:
         info.guard.users = access.users  # before the policy: a reload swaps both
+        info.guard.tokens = access.tokens
         info.guard.replace(access.policy)
         info.quotas.replace_rules(access.quotas)
         if not access.policy.names_groups:
@@ -454,6 +458,9 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
             info.listeners = listeners
             drain = trio.Event()
             connections = await draining.start(info._hold_connections, grace, drain)
+            for listener in listeners.values():
+                if isinstance(listener, HttpListener):
+                    await draining.start(listener.run)
             async with trio.open_nursery() as accepting:
                 for name, listener in listeners.items():
                     await accepting.start(partial(
@@ -462,6 +469,7 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                 info.tank = info.addresses.get("tank")
                 info.figg = info.addresses.get("figg")
                 info.kafka = info.addresses.get("kafka")
+                info.http = info.addresses.get("http")
                 readiness.phase = "serving"
                 _log_serving(settings, info)
                 yield info
@@ -505,9 +513,9 @@ def _show(address: Address | None) -> str | None:
 def _log_serving(settings: Settings, info: ServerInfo) -> None:
     others = {name: f"{_show(a)}{' tls' if name in info.tls else ''}"
               for name, a in info.addresses.items()
-              if name not in ("tank", "figg", "kafka", "metrics")}
+              if name not in ("tank", "figg", "kafka", "metrics", "http")}
     log.info("figtank_serving", tank=_show(info.tank), figg=_show(info.figg),
-             kafka=_show(info.kafka),
+             kafka=_show(info.kafka), http=_show(info.http),
              metrics=_show(info.metrics), listeners=others or None,
              tls=sorted(info.tls) or None,
              backend="upstream" if settings.bridge_mode else "embedded",

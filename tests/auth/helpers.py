@@ -36,7 +36,8 @@ def policy_settings(tmp_path: Path, policy: str, **overrides: Any) -> Settings:
     path.write_text(policy)
     options: dict[str, Any] = {"data_dir": tmp_path / "data", "durability": "os",
                                "policy_file": path, "tank_listen": LOOPBACK,
-                               "figg_listen": LOOPBACK, "metrics_listen": "", "kafka_listen": ""}
+                               "figg_listen": LOOPBACK, "metrics_listen": "", "kafka_listen": "",
+                               "http_listen": ""}
     options.update(overrides)
     return Settings(**options)
 

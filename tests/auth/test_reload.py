@@ -140,6 +140,7 @@ def test_a_bad_policy_file_at_start_is_one_line_and_exit_2(tmp_path: Path) -> No
     result = subprocess.run(
         [sys.executable, "-m", "gateway.cli", "serve", "--tank-listen", "127.0.0.1:0",
          "--figg-listen", "127.0.0.1:0", "--metrics-listen", "", "--kafka-listen", "",
+         "--http-listen", "",
          "--policy-file", str(policy)], capture_output=True, text=True, timeout=30, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""

@@ -45,7 +45,8 @@ async def running(settings: Settings) -> AsyncIterator[ServerInfo]:
 async def upstream_server(data_dir: Path, **overrides: Any) -> AsyncIterator[ServerInfo]:
     """An embedded-mode figtank: only its Tank listener, on an ephemeral loopback port."""
     options: dict[str, Any] = {"durability": "os", "tank_listen": LOOPBACK,
-                               "figg_listen": "", "metrics_listen": "", "kafka_listen": ""}
+                               "figg_listen": "", "metrics_listen": "", "kafka_listen": "",
+                               "http_listen": ""}
     options.update(overrides)
     async with running(Settings(data_dir=data_dir, **options)) as info:
         yield info
@@ -55,7 +56,7 @@ async def upstream_server(data_dir: Path, **overrides: Any) -> AsyncIterator[Ser
 async def bridge_server(*upstream: str, **overrides: Any) -> AsyncIterator[ServerInfo]:
     """A bridge-mode figtank in front of ``upstream``, every listener on loopback."""
     options: dict[str, Any] = {"tank_listen": LOOPBACK, "figg_listen": LOOPBACK,
-                               "metrics_listen": LOOPBACK, "kafka_listen": ""}
+                               "metrics_listen": LOOPBACK, "kafka_listen": "", "http_listen": ""}
     options.update(overrides)
     async with running(Settings(upstream=tuple(upstream), **options)) as info:
         yield info

@@ -38,7 +38,7 @@ def values_of(outcome) -> list[tuple[int, bytes]]:
 
 
 def bridge_settings(*upstream: str, **overrides) -> Settings:
-    return Settings(upstream=upstream, **{"kafka_listen": "", **overrides})
+    return Settings(upstream=upstream, **{"kafka_listen": "", "http_listen": "", **overrides})
 
 
 def test_bridge_backend_satisfies_the_protocol() -> None:

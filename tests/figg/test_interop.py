@@ -44,7 +44,7 @@ class Gateway:
 async def gateway(tmp_path: Any, **settings: Any) -> AsyncIterator[Gateway]:
     """Both listeners on 127.0.0.1 (ephemeral ports) over one embedded store."""
     config = Settings(figg_listen="127.0.0.1:0", tank_listen="127.0.0.1:0", metrics_listen="",
-                      kafka_listen="", **settings)
+                      kafka_listen="", http_listen="", **settings)
     async with open_test_backend(tmp_path, **settings) as backend, \
             open_server(config, backend=backend, grace=0.2) as server:
         assert server.figg and server.tank

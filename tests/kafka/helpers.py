@@ -20,7 +20,7 @@ async def kafka_server(tmp_path: Path, **settings: Any) -> AsyncIterator[ServerI
     """Serve a fresh embedded store on ephemeral loopback ports (metrics off unless
     ``metrics_listen`` says where)."""
     config = Settings(data_dir=tmp_path / "data", durability=settings.pop("durability", "os"),
-                      kafka_listen="127.0.0.1:0", tank_listen="127.0.0.1:0",
+                      kafka_listen="127.0.0.1:0", http_listen="", tank_listen="127.0.0.1:0",
                       figg_listen="127.0.0.1:0",
                       metrics_listen=settings.pop("metrics_listen", ""), **settings)
     async with open_server(config, grace=0.2) as server:

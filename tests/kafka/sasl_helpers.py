@@ -51,7 +51,7 @@ async def sasl_server(tmp_path: Path, certs: Certs | None = None,
                                             sasl_mechanisms=mechanisms)
         tls = {"tls_cert": str(certs.server_cert), "tls_key": str(certs.server_key)}
     settings = Settings(data_dir=tmp_path / "data", durability="os",
-                        kafka_listen="127.0.0.1:0", tank_listen="", figg_listen="",
+                        kafka_listen="127.0.0.1:0", http_listen="", tank_listen="", figg_listen="",
                         metrics_listen="", policy_file=policy, listeners=listeners,
                         **tls, **more)
     async with open_server(settings, grace=0.2) as server:

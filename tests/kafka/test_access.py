@@ -58,7 +58,7 @@ def _settings(tmp_path: Path, certs: Certs) -> Settings:
     policy.write_text(POLICY)
     plain = {"protocol": "kafka", "address": "127.0.0.1:0", "tls": False}
     return Settings(data_dir=tmp_path / "data", durability="os", policy_file=policy,
-                    kafka_listen="127.0.0.1:0", tank_listen="", figg_listen="",
+                    kafka_listen="127.0.0.1:0", http_listen="", tank_listen="", figg_listen="",
                     metrics_listen="", tls_cert=str(certs.server_cert),
                     tls_key=str(certs.server_key), tls_client_ca=str(certs.ca_pem),
                     listeners={"ops": ListenerTable(**plain),

@@ -21,7 +21,8 @@ def _join(group: str, member_id: str = "", session_ms: int = 1_800_000) -> JoinR
 
 
 async def test_join_and_leave_loops_do_not_grow_the_timer_heap(tmp_path):
-    coordinator = GroupCoordinator(Settings(data_dir=tmp_path, kafka_listen=""), Metrics())
+    coordinator = GroupCoordinator(Settings(data_dir=tmp_path, kafka_listen="",
+                                            http_listen=""), Metrics())
     async with trio.open_nursery() as nursery:
         await nursery.start(coordinator.run)
         for i in range(3000):
@@ -35,7 +36,7 @@ async def test_join_and_leave_loops_do_not_grow_the_timer_heap(tmp_path):
 
 
 async def test_a_group_limit_is_logged_once_a_minute(tmp_path):
-    settings = Settings(data_dir=tmp_path, kafka_listen="", max_group_members=2)
+    settings = Settings(data_dir=tmp_path, kafka_listen="", http_listen="", max_group_members=2)
     coordinator = GroupCoordinator(settings, Metrics())
     async with trio.open_nursery() as nursery:
         await nursery.start(coordinator.run)

@@ -40,6 +40,7 @@ EXPECTED_SECS = (COUNT * SIZE - BURST - FETCH_BYTES) / RATE
 @asynccontextmanager
 async def serving(tmp_path: Path, rule: dict[str, Any]) -> AsyncIterator[ServerInfo]:
     config = Settings(data_dir=tmp_path / "data", durability="os", kafka_listen="127.0.0.1:0",
+                      http_listen="",
                       tank_listen="", figg_listen="", metrics_listen="",
                       listeners={"slow": ListenerTable(protocol="kafka",
                                                        address="127.0.0.1:0")})

@@ -28,7 +28,7 @@ class BackgroundServer:
         self.data_dir = data_dir
         self.settings = Settings().with_overrides(
             data_dir=str(data_dir), tank_listen="127.0.0.1:0", figg_listen="",
-            metrics_listen="", kafka_listen="", **settings)
+            metrics_listen="", kafka_listen="", http_listen="", **settings)
         self._ready = threading.Event()
         self._info: ServerInfo | None = None
         self._token: trio.lowlevel.TrioToken | None = None

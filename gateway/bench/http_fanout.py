@@ -1,0 +1,286 @@
+"""``http-fanout``: one publisher, N Server-Sent Events and N WebSocket subscribers of the
+HTTP listener, on loopback.
+
+The subscribers connect and attach first (SSE streams of partition 0 from its end,
+WebSockets attached from its end); once all are in, the server's resident memory is read
+again (``--server-pid``): the growth divided by the subscribers is the memory of an idle
+subscriber. Then the publisher POSTs ``--rate`` messages a second for ``--duration``
+seconds as NDJSON batches (one every 10 ms; from a thread with its own event loop), each
+value the time it was sent; every
+subscriber counts what it gets, and one in ``--sample-every`` also measures each message's
+publish-to-delivery latency. It stops once every subscriber has every message (or
+``--drain`` seconds after the last publish), and checks each got each message once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import resource
+import time
+from typing import Final
+
+import h11
+import trio
+from wsproto.frame_protocol import FrameProtocol
+
+from gateway.bench.endpoints import unique_topic
+from gateway.bench.procs import Share, WorkerResult
+from gateway.bench.report import Check, Report, Row
+from gateway.bench.scenario import Params, Scenario, make_report, samples, total
+from gateway.bench.stats import summarize
+from gateway.server.config import parse_address
+
+TICK: Final = 0.01
+_VALUE = re.compile(rb'"value":"(\d+)')
+_SSE_EVENT = b"\nid: "
+_WS_EVENT = b'{"op":"data"'
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--http", default="127.0.0.1:8080", help="HTTP listener HOST:PORT")
+    parser.add_argument("--subscribers", type=int, default=100,
+                        help="SSE subscribers, and as many WebSocket ones")
+    parser.add_argument("--rate", type=float, default=100.0, help="messages per second")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds of publishing")
+    parser.add_argument("--size", type=int, default=64, help="bytes per message value")
+    parser.add_argument("--sample-every", type=int, default=50,
+                        help="one subscriber in this many measures latency")
+    parser.add_argument("--drain", type=float, default=30.0,
+                        help="seconds after the last publish the subscribers get")
+
+
+def _params(args: argparse.Namespace) -> Params:
+    if args.subscribers < 1 or args.rate <= 0 or args.duration <= 0 or args.size < 20:
+        raise ValueError("--subscribers, --rate, --duration must be positive, --size >= 20")
+    parse_address(args.http)
+    # One batch every TICK seconds, or one message every 1/rate seconds when slower.
+    tick = max(TICK, 1 / args.rate)
+    per_tick = max(1, round(args.rate * tick))
+    ticks = max(1, round(args.duration / tick))
+    return {"http": args.http, "subscribers": args.subscribers, "rate": per_tick / tick,
+            "duration": ticks * tick, "size": args.size, "sample_every": args.sample_every,
+            "drain": args.drain, "messages": per_tick * ticks, "_per_tick": per_tick,
+            "_tick": tick}
+
+
+def _rss(pid: int | None) -> int | None:
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _request(method: str, target: str, headers: list[tuple[str, str]], body: bytes = b""
+             ) -> bytes:
+    conn = h11.Connection(h11.CLIENT)
+    out = conn.send(h11.Request(method=method, target=target,
+                                headers=[("host", "localhost"), *headers]))
+    if body:
+        out += conn.send(h11.Data(data=body))
+    return out + (conn.send(h11.EndOfMessage()) or b"") if method == "POST" else out
+
+
+class _Subscriber:
+    """One subscriber's counts."""
+
+    __slots__ = ("got", "latencies", "ready")
+
+    def __init__(self, sampled: bool) -> None:
+        self.got = 0
+        self.latencies: list[float] | None = [] if sampled else None
+        self.ready = False
+
+
+async def _read_head(stream: trio.SocketStream) -> bytes:
+    """Read a response head; what came after it."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        more = await stream.receive_some(65536)
+        if not more:
+            raise ConnectionError("the server closed the connection")
+        data += more
+    head, _, rest = data.partition(b"\r\n\r\n")
+    if head.split(b" ", 2)[1] not in (b"200", b"101"):
+        status_line = head.split(b"\r\n", 1)[0]
+        raise ConnectionError(f"the server answered {status_line!r}")
+    return rest
+
+
+async def _count(stream: trio.SocketStream, sub: _Subscriber, marker: bytes, rest: bytes,
+                 want: int) -> None:
+    carry = b""
+    data = rest
+    keep = len(marker) - 1
+    while True:
+        if data:
+            window = carry + data
+            sub.got += window.count(marker)
+            if sub.latencies is not None:
+                now = time.time_ns()
+                sub.latencies += [(now - int(t)) / 1e9 for t in _VALUE.findall(window)]
+            carry = window[-keep:]
+        if sub.got >= want:
+            return
+        data = await stream.receive_some(65536)
+        if not data:
+            return
+
+
+async def _sse(host: str, port: int, topic: str, sub: _Subscriber, want: int,
+               connected: trio.Semaphore) -> None:
+    async with connected:
+        stream = await trio.open_tcp_stream(host, port)
+        await stream.send_all(_request("GET", f"/topics/{topic}/events?partition=0", []))
+        rest = await _read_head(stream)
+    sub.ready = True
+    await _count(stream, sub, _SSE_EVENT, rest, want)
+    await stream.aclose()
+
+
+async def _ws(host: str, port: int, topic: str, sub: _Subscriber, want: int,
+              connected: trio.Semaphore) -> None:
+    async with connected:
+        stream = await trio.open_tcp_stream(host, port)
+        await stream.send_all(_request("GET", "/ws", [
+            ("upgrade", "websocket"), ("connection", "Upgrade"),
+            ("sec-websocket-version", "13"),
+            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")]))
+        rest = await _read_head(stream)
+        frames = FrameProtocol(client=True, extensions=[])
+        await stream.send_all(frames.send_data(
+            f'{{"op":"attach","topic":"{topic}","from":"latest"}}', fin=True))
+        while b'"attached"' not in rest:
+            rest += await stream.receive_some(65536)
+    sub.ready = True
+    await _count(stream, sub, _WS_EVENT, rest.split(b'"attached"', 1)[1], want)
+    await stream.aclose()
+
+
+async def _publish(host: str, port: int, topic: str, params: Params) -> int:
+    stream = await trio.open_tcp_stream(host, port)
+    conn = h11.Connection(h11.CLIENT)
+    pad = "x" * max(0, params["size"] - 19)
+    sent = 0
+    start = trio.current_time()
+    every = params["_tick"]
+    for tick in range(round(params["duration"] / every)):
+        await trio.sleep_until(start + tick * every)
+        now = time.time_ns()
+        body = "".join(f'{{"value":"{now}{pad}"}}\n'
+                       for _ in range(params["_per_tick"])).encode()
+        await stream.send_all(conn.send(h11.Request(
+            method="POST", target=f"/topics/{topic}", headers=[
+                ("host", "localhost"), ("content-type", "application/x-ndjson"),
+                ("content-length", str(len(body)))])) + conn.send(h11.Data(data=body))
+            + conn.send(h11.EndOfMessage()))
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                conn.receive_data(await stream.receive_some(65536))
+            elif isinstance(event, h11.Response) and event.status_code != 200:
+                raise ConnectionError(f"publish answered {event.status_code}")
+            elif isinstance(event, h11.EndOfMessage):
+                break
+        conn.start_next_cycle()
+        sent += params["_per_tick"]
+    await stream.aclose()
+    return sent
+
+
+async def _prepare(params: Params) -> Params:
+    topic = params["topic"] or unique_topic("http-fanout")
+    host, port = parse_address(params["http"])
+    stream = await trio.open_tcp_stream(host, port)
+    await stream.send_all(_request("POST", f"/topics/{topic}", [("content-length", "0")]))
+    await _read_head(stream)  # the topic exists (an empty first message)
+    await stream.aclose()
+    return {**params, "topic": topic}
+
+
+async def _work(params: Params, share: Share) -> WorkerResult:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    host, port = parse_address(params["http"])
+    topic, want = params["topic"], params["messages"]
+    _, count = share.part(params["subscribers"])
+    every = params["sample_every"]
+    sse = [_Subscriber(i % every == 0) for i in range(count)]
+    ws = [_Subscriber(i % every == 0) for i in range(count)]
+    rss_before = _rss(params.get("server_pid"))
+    connecting = trio.Semaphore(200)
+    sent = 0
+    async with trio.open_nursery() as nursery:
+        for sub in sse:
+            nursery.start_soon(_sse, host, port, topic, sub, want, connecting)
+        for sub in ws:
+            nursery.start_soon(_ws, host, port, topic, sub, want, connecting)
+        with trio.fail_after(120):
+            while not all(s.ready for s in sse + ws):
+                await trio.sleep(0.1)
+        await trio.sleep(1.0)
+        rss_idle = _rss(params.get("server_pid"))
+        await share.start()
+        first = time.monotonic()
+        if share.index == 0:
+            # In a thread of its own (its own event loop): the subscribers' reads must
+            # not hold the publisher back.
+            sent = await trio.to_thread.run_sync(trio.run, _publish, host, port, topic,
+                                                 params)
+        with trio.move_on_after(params["drain"]):
+            while any(s.got < want for s in sse + ws):
+                await trio.sleep(0.05)
+        last = time.monotonic()
+        nursery.cancel_scope.cancel()
+    result = share.finish(
+        {"sent": sent, "sse": sum(s.got for s in sse), "ws": sum(s.got for s in ws),
+         "sse_subs": len(sse), "ws_subs": len(ws),
+         "exact": sum(1 for s in sse + ws if s.got == want)},
+        {"sse": [x for s in sse if s.latencies for x in s.latencies],
+         "ws": [x for s in ws if s.latencies for x in s.latencies]},
+        end=last, rss_before=rss_before, rss_idle=rss_idle, first=first)
+    return result
+
+
+async def _finish(params: Params, results: list[WorkerResult]) -> Report:
+    start = min(r.info["first"] for r in results)
+    seconds = max(r.end for r in results) - start
+    want = params["messages"]
+    subscribers = total(results, "sse_subs") + total(results, "ws_subs")
+    rows = []
+    for kind in ("sse", "ws"):
+        delivered = total(results, kind)
+        rows.append(Row(f"{kind} deliveries", delivered, seconds,
+                        delivered * params["size"], summarize(samples(results, kind)),
+                        "publish-to-delivery", delivered / total(results, f"{kind}_subs")
+                        / seconds))
+    all_delivered = total(results, "sse") + total(results, "ws")
+    rows.append(Row("all deliveries", all_delivered, seconds, all_delivered * params["size"],
+                    summarize(samples(results, "sse") + samples(results, "ws")),
+                    "publish-to-delivery"))
+    checks = [Check("deliveries (messages x subscribers)", want * subscribers,
+                    all_delivered),
+              Check("subscribers with every message once", subscribers,
+                    total(results, "exact"), unit="subscribers")]
+    notes = [f"{subscribers} subscribers ({params['subscribers']} SSE, as many WebSocket); "
+             f"{want} messages at {params['rate']:g}/s"]
+    before = [r.info["rss_before"] for r in results if r.info.get("rss_before")]
+    idle = [r.info["rss_idle"] for r in results if r.info.get("rss_idle")]
+    if before and idle:
+        per = (max(idle) - min(before)) / subscribers
+        notes.append(f"server memory per idle subscriber: {per / 1024:.1f} KiB "
+                     f"(RSS {min(before) / 2**20:.1f} MiB -> {max(idle) / 2**20:.1f} MiB)")
+    else:
+        notes.append("server memory per idle subscriber: give --server-pid to measure it")
+    return make_report("http-fanout", params, results, rows, checks, notes)
+
+
+SCENARIO = Scenario("http-fanout", "one publisher and N SSE plus N WebSocket subscribers "
+                    "of the HTTP listener: deliveries/s, publish-to-delivery latency, memory "
+                    "per idle subscriber", _add_arguments, _params, _work, _finish, _prepare)

@@ -1,0 +1,100 @@
+"""Who an HTTP request acts as, and what the access policy lets it do.
+
+Without a token a request acts as the connection's principal (the listener, or on a
+mutual-TLS listener the subject of the client's certificate), as on every other listener.
+A ``Authorization: Bearer TOKEN`` header (or ``access_token=`` in the query, for
+EventSource and WebSocket, which can not set headers) names a principal through
+:class:`~gateway.http.tokens.Tokens`; a token that is not valid is 401. Every check goes
+through the server's :class:`~gateway.auth.guard.AccessGuard`, so the topic permissions of
+the policy file apply as they do to Figg, Tank and Kafka.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.auth.guard import ConnectionAccess
+from gateway.auth.policy import Operation
+from gateway.auth.principal import Principal
+from gateway.backend.contract import PartitionInfo, TopicRefused, ensure_topic
+from gateway.http.request import HttpError, Request
+from protocols.topics import is_valid_topic_name
+
+
+def principal_of(session: Any, request: Request) -> Principal:
+    """The principal ``request`` acts as (401 for a token that is not valid)."""
+    token = _bearer(request)
+    if token is None:
+        return session.principal
+    return session.listener.tokens.principal(token, session.principal, request)
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.header("authorization")
+    if header is not None:
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise HttpError(401, "bad_authorization", "Authorization must be "
+                            "'Bearer TOKEN'", [(b"www-authenticate", b"Bearer")])
+        return token.strip()
+    return request.query.get("access_token") or None
+
+
+def access_of(session: Any, request: Request) -> ConnectionAccess:
+    """The policy's view for ``request``'s principal (kept per principal on the
+    connection, so the answers are cached as on the other listeners)."""
+    principal = principal_of(session, request)
+    cached = session.accesses.get(principal)
+    if cached is None:
+        if len(session.accesses) >= 16:
+            session.accesses.clear()
+        cached = session.accesses[principal] = session.listener.guard.connection(
+            principal, session.log)
+    return cached
+
+
+def require(access: ConnectionAccess, topic: str, operation: Operation, request: str) -> None:
+    """403 unless ``access`` may do ``operation`` on ``topic`` (counted and logged as on
+    the other listeners)."""
+    if not access.may(topic, operation):
+        access.refused(topic, operation, request, "403")
+        raise HttpError(403, "access_denied", f"{access.principal.name} may not "
+                        f"{operation.value} {topic!r}")
+
+
+def check_topic_name(topic: str) -> None:
+    if not is_valid_topic_name(topic):
+        raise HttpError(400, "invalid_topic", f"invalid topic name {topic!r} (1-64 of "
+                        "[A-Za-z0-9_-], not starting or ending with - or _)")
+
+
+async def partitions_of(session: Any, access: ConnectionAccess, topic: str, request: str
+                        ) -> list[PartitionInfo]:
+    """The partitions of ``topic``, created first when it is missing and both the backend's
+    auto-creation and the policy allow; 404 when it is not there."""
+    backend = session.listener.backend
+    may_create = access.may(topic, Operation.CREATE)
+    try:
+        if may_create:
+            return await ensure_topic(backend, topic)
+        infos = await backend.discover_partitions(topic)
+        if infos is None:
+            if backend.auto_create.allows(topic):
+                require(access, topic, Operation.CREATE, request)
+            raise TopicRefused(f"unknown topic {topic!r}")
+        return infos
+    except TopicRefused as exc:
+        raise HttpError(404, "unknown_topic", str(exc)) from None
+
+
+def partition_param(text: str | None, count: int, topic: str) -> int | None:
+    """A ``partition`` parameter checked against the topic (400 / 404)."""
+    if text is None or text == "":
+        return None
+    if not text.isascii() or not text.isdigit():
+        raise HttpError(400, "bad_parameter", f"partition must be an integer, got {text!r}")
+    partition = int(text)
+    if partition >= count:
+        raise HttpError(404, "unknown_partition", f"topic {topic!r} has {count} "
+                        f"partition{'s' if count != 1 else ''}, not {partition}")
+    return partition

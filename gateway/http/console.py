@@ -1,0 +1,43 @@
+"""The web console and ``/figtank.js``: static files shipped in the package
+(``gateway/http/static/``), read once and served from memory. No CDN, no build step."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib.resources import files
+from typing import Any
+
+from gateway.http.request import Answer, HttpError, Request
+
+_TYPES = {"js": b"text/javascript; charset=utf-8", "html": b"text/html; charset=utf-8",
+          "css": b"text/css; charset=utf-8", "svg": b"image/svg+xml"}
+
+
+@cache
+def static_file(name: str) -> bytes:
+    """The bytes of ``static/NAME`` (cached for the life of the process)."""
+    return (files("gateway.http") / "static" / name).read_bytes()
+
+
+def _serve(name: str) -> Answer:
+    try:
+        body = static_file(name)
+    except (FileNotFoundError, IsADirectoryError):
+        raise HttpError(404, "not_found", f"no file {name!r}") from None
+    kind = _TYPES.get(name.rsplit(".", 1)[-1], b"application/octet-stream")
+    return Answer(200, kind, body, [(b"cache-control", b"no-cache")])
+
+
+async def client_script(session: Any, request: Request) -> Answer:
+    return _serve("figtank.js")
+
+
+async def index(session: Any, request: Request) -> Answer:
+    return _serve("index.html")
+
+
+async def asset(session: Any, request: Request) -> Answer:
+    name = request.params["name"]
+    if name not in ("console.js", "console.css"):
+        raise HttpError(404, "not_found", f"no file {name!r}")
+    return _serve(name)

@@ -1,0 +1,138 @@
+"""One subscriber's position in a partition, and waiting for the next batch of several.
+
+A :class:`Cursor` serves its subscriber from the partition's
+:class:`~gateway.http.tail.PartitionTail` when its position is in the tail's buffer (no
+read, no decoding: the events are shared), and reads the log on its own when it is behind
+the buffer (history, a resume from an old position). A cursor that was live (served from
+the buffer) and falls further behind than ``limit`` bytes, or off the buffer, raises
+:class:`Behind`: the subscriber is closed with its position, to resume from it, instead
+of the server holding data for it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import trio
+
+from gateway.backend.contract import Backend, FetchRequest, FetchStatus
+from gateway.http.messages import decode_messages
+from gateway.http.tail import PartitionTail, TailEvent, events_of
+from protocols.errors import ProtocolError
+
+#: Bytes asked per read of the log by a subscriber that is behind.
+LOG_READ_BYTES: Final = 256 * 1024
+
+
+class Behind(Exception):
+    """A live subscriber fell too far behind (or its client took nothing for too long);
+    the message says where it stands, ``limit`` names the setting it hit."""
+
+    def __init__(self, message: str, limit: str = "http_subscriber_buffer_bytes") -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+class Gone(Exception):
+    """The partition can not be read any more (its topic went away, corrupt data)."""
+
+
+class Cursor:
+    """Delivers ``tail``'s partition from ``next_seq`` on."""
+
+    __slots__ = ("_backend", "limit", "live", "next_seq", "partition", "tail", "topic")
+
+    def __init__(self, backend: Backend, tail: PartitionTail, next_seq: int, limit: int
+                 ) -> None:
+        self._backend = backend
+        self.tail = tail
+        self.topic = tail.topic
+        self.partition = tail.partition
+        #: The sequence of the next message to deliver.
+        self.next_seq = next_seq
+        #: Bytes the subscriber may fall behind while live.
+        self.limit = limit
+        self.live = False
+
+    @property
+    def position(self) -> int:
+        """The offset of the last message delivered (what resumes after it)."""
+        return self.next_seq - 1
+
+    def has_more(self) -> bool:
+        return self.next_seq < self.tail.next_seq or self.tail.failed is not None
+
+    async def take(self, max_bytes: int) -> list[TailEvent]:
+        """The next events (possibly none), and move past them."""
+        tail = self.tail
+        if tail.failed is not None:
+            raise Gone(tail.failed)
+        events = tail.since(self.next_seq, max_bytes)
+        if events is None:
+            if self.live:
+                raise Behind(f"fell off the newest {tail.budget} bytes kept for live "
+                             f"subscribers at offset {self.position}")
+            events = await self._read_log(max_bytes)
+        elif events:
+            if not self.live:
+                self.live = True
+            elif tail.bytes_after(self.next_seq) > self.limit:
+                raise Behind(f"more than {self.limit} bytes behind at offset {self.position}")
+        if events:
+            self.next_seq = events[-1].seq + 1
+        return events
+
+    async def _read_log(self, max_bytes: int) -> list[TailEvent]:
+        request = FetchRequest(self.topic, self.partition, self.next_seq,
+                               max(max_bytes, LOG_READ_BYTES))
+        [outcome] = await self._backend.fetch([request], max_wait_ms=0, min_bytes=0)
+        status = outcome.status
+        if status is FetchStatus.DATA:
+            chunk = outcome.chunk
+            try:
+                data = chunk.read_bytes() if chunk.length else b""
+            finally:
+                chunk.close()
+            if not data:
+                return []
+            try:
+                found = decode_messages(data, outcome.base_seq, self.next_seq)
+            except ProtocolError as exc:
+                raise Gone(f"undecodable data at offset {self.next_seq}: {exc}") from None
+            if not found.messages:
+                self.next_seq = max(self.next_seq, found.next_seq)
+            return events_of(self.topic, self.partition, found.messages)
+        if status is FetchStatus.BOUNDARY:
+            if self.next_seq < outcome.first_available:
+                self.next_seq = outcome.first_available  # retention took the rest
+            elif self.next_seq > outcome.high_water_mark + 1:
+                self.next_seq = outcome.high_water_mark + 1
+            return []
+        if status is FetchStatus.FAULT:
+            await trio.sleep(0.5)
+            return []
+        raise Gone(f"{status.value}: {self.topic}/{self.partition}")
+
+
+async def next_batch(cursors: list[Cursor], max_bytes: int, timeout: float
+                     ) -> list[tuple[Cursor, list[TailEvent]]]:
+    """The next events of any of ``cursors`` (one batch each), waiting up to ``timeout``
+    seconds for some; empty when none came in time."""
+    deadline = trio.current_time() + timeout
+    while True:
+        out = []
+        for cursor in cursors:
+            events = await cursor.take(max_bytes)
+            if events:
+                out.append((cursor, events))
+        if out:
+            return out
+        if any(c.has_more() for c in cursors):
+            continue  # appended while a cursor read the log
+        waker = trio.Event()
+        for cursor in cursors:
+            cursor.tail.wake_me(waker)
+        with trio.move_on_at(deadline):
+            await waker.wait()
+        if not waker.is_set():
+            return []

@@ -1,0 +1,98 @@
+"""The HTTP listener: serves :mod:`gateway.http`'s endpoints over a backend.
+
+Connections are admitted, secured (TLS) and accounted for like every listener's
+(:class:`~gateway.server.listener.ProtocolListener`: ``limits.max_connections``, the
+``figtank_connections{protocol="http"}`` gauges, one ``connection_closed`` line each). Its
+live subscribers share the partitions' :class:`~gateway.http.tail.Tails`, whose readers
+run in :meth:`HttpListener.run`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+import trio
+
+from gateway.auth.guard import AccessGuard
+from gateway.auth.principal import Principal
+from gateway.auth.quotas import PrincipalQuota, Quotas
+from gateway.backend.contract import Backend
+from gateway.http.cors import Cors
+from gateway.http.routing import Router
+from gateway.http.session import HttpSession
+from gateway.http.tail import Tails
+from gateway.http.tokens import Tokens
+from gateway.server.config import Settings
+from gateway.server.listener import ProtocolListener
+from gateway.server.metrics import GaugeCollector, Metrics
+from gateway.server.tls import ListenerTLS
+
+
+def build_router() -> Router:
+    """Every route of the listener."""
+    from gateway.http import console, fetch, overview, produce, sse, topics, websocket
+
+    router = Router()
+    router.add("GET", "/topics", topics.list_topics)
+    router.add("GET", "/topics/{topic}", topics.describe_topic)
+    router.add("POST", "/topics/{topic}", produce.produce)
+    router.add("GET", "/topics/{topic}/partitions/{partition}/messages", fetch.fetch)
+    router.add("GET", "/topics/{topic}/events", sse.events)
+    router.add("GET", "/ws", websocket.upgrade)
+    router.add("GET", "/figtank.js", console.client_script)
+    router.add("GET", "/", console.index)
+    router.add("GET", "/console/{name}", console.asset)
+    router.add("GET", "/api/overview", overview.overview)
+    return router
+
+
+class HttpListener(ProtocolListener):
+    """Accepts HTTP connections and serves each one (:class:`HttpSession`)."""
+
+    protocol = "http"
+    routine_kinds = frozenset({"eof", "reset", "shutdown", "idle", "stream_end",
+                               "send_failed"})
+    log = structlog.get_logger("figtank.http")
+
+    def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
+                 name: str | None = None, guard: AccessGuard | None = None,
+                 tls: ListenerTLS | None = None, quotas: Quotas | None = None) -> None:
+        super().__init__(backend, settings, metrics, name=name, guard=guard, tls=tls,
+                         quotas=quotas)
+        self.tails = Tails(backend, settings.http_tail_buffer_bytes)
+        self.router = build_router()
+        self.cors = Cors(settings.http_cors_origins)
+        self.tokens = Tokens(self.guard, settings)
+        #: Open streams by kind (``sse``, ``websocket``).
+        self.streams: dict[str, int] = {"sse": 0, "websocket": 0}
+        self._scope = trio.CancelScope()
+        metrics.add_collector(GaugeCollector(
+            "figtank_http_streams", "Open Server-Sent Events streams and WebSockets of the "
+            "HTTP listener, by listener and kind.", ["listener", "kind"],
+            lambda: [([self.name, kind], float(n)) for kind, n in self.streams.items()]))
+        metrics.add_collector(GaugeCollector(
+            "figtank_http_tails", "Partitions read once for the HTTP listener's live "
+            "subscribers.", ["listener"], lambda: [([self.name], float(len(self.tails)))]))
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Run the tails' readers until :meth:`shutdown`."""
+        with self._scope:
+            await self.tails.run(task_status=task_status)
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self._scope.cancel()
+
+    def session(self, stream: trio.abc.Stream, log: structlog.typing.FilteringBoundLogger,
+                *, principal: Principal, quota: PrincipalQuota | None = None) -> HttpSession:
+        session = HttpSession(stream, self, log, principal)
+        session.quota = quota
+        return session
+
+    def stats(self, session: Any) -> dict[str, Any]:
+        if session is None:
+            return {}
+        return {"requests": session.requests, "refused": session.refused,
+                "bytes_sent": session.bytes_sent}

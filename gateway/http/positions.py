@@ -1,0 +1,79 @@
+"""Where a subscriber starts: ``Last-Event-ID`` and ``from=``.
+
+An SSE event's id is the position after it: on a one-partition stream (``?partition=``,
+or a topic of one partition) the offset of the event; on a stream of several partitions
+``P:OFFSET`` for every partition, comma-separated (``0:41,1:17``), so a reconnecting
+EventSource resumes each partition where it stood. A partition missing from the id (the
+topic grew) starts at its first message.
+
+``from=`` (first connection only): ``earliest``, ``latest`` (the default), an offset (the
+first offset delivered), or a time (ISO 8601, ``2026-11-25T08:00:00Z``): the first message
+at or after it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from gateway.backend.contract import PartitionInfo
+from gateway.backend.timelookup import find_by_time
+from gateway.http.request import HttpError
+
+
+def _clamp(seq: int, info: PartitionInfo) -> int:
+    return min(max(seq, info.first_available, 1), info.high_water_mark + 1)
+
+
+def from_last_event_id(text: str, partitions: list[int], infos: list[PartitionInfo]
+                       ) -> dict[int, int]:
+    """The next sequence of each partition after the positions ``text`` names; 400 when
+    it is not an id this stream gave out."""
+    bad = HttpError(400, "bad_last_event_id", f"Last-Event-ID {text[:80]!r} is not a "
+                    "position of this stream (OFFSET, or P:OFFSET,...)")
+    text = text.strip()
+    if ":" not in text:
+        if len(partitions) != 1 or not text.isascii() or not text.isdigit():
+            raise bad
+        [partition] = partitions
+        return {partition: _clamp(int(text) + 1, infos[partition])}
+    named: dict[int, int] = {}
+    for part in text.split(","):
+        p, _, offset = part.partition(":")
+        if not (p.isascii() and p.isdigit() and offset.isascii() and offset.isdigit()):
+            raise bad
+        named[int(p)] = int(offset)
+    if not set(named) <= set(partitions):
+        raise bad
+    return {p: _clamp(named[p] + 1, infos[p]) if p in named else _clamp(1, infos[p])
+            for p in partitions}
+
+
+async def from_parameter(text: str, backend: Any, topic: str, partitions: list[int],
+                         infos: list[PartitionInfo]) -> dict[int, int]:
+    """The first sequence of each partition for ``from=text``."""
+    if text in ("", "latest"):
+        return {p: infos[p].high_water_mark + 1 for p in partitions}
+    if text == "earliest":
+        return {p: _clamp(1, infos[p]) for p in partitions}
+    if text.isascii() and text.isdigit():
+        return {p: _clamp(int(text), infos[p]) for p in partitions}
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise HttpError(400, "bad_parameter", f"from must be earliest, latest, an offset or "
+                        f"an ISO 8601 time, got {text[:80]!r}") from None
+    if when.tzinfo is None:
+        raise HttpError(400, "bad_parameter", "a from= time needs its zone (Z or +HH:MM)")
+    ms = int(when.timestamp() * 1000)
+    out = {}
+    for p in partitions:
+        found = await find_by_time(backend, topic, p, ms, infos[p].first_available,
+                                   infos[p].high_water_mark)
+        out[p] = found.seq if found.seq is not None else infos[p].high_water_mark + 1
+    return out
+
+
+def event_id(positions: dict[int, int]) -> bytes:
+    """The id of a several-partition stream's event: every partition's position."""
+    return ",".join(f"{p}:{offset}" for p, offset in positions.items()).encode()

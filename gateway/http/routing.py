@@ -1,0 +1,57 @@
+"""Which handler serves which request: ``(method, path pattern)`` -> handler.
+
+Paths are matched as patterns of ``{name}`` segments (a segment: anything but ``/``). A
+path no route matches is 404; one matched for another method 405 (with ``Allow``).
+Preflights (``OPTIONS``) are answered by CORS.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gateway.http.request import Answer, HttpError, Request
+
+Handler = Callable[[Any, Request], Awaitable[Answer | None]]
+
+
+class Router:
+    """The routes of the listener."""
+
+    def __init__(self) -> None:
+        self._routes: list[tuple[str, re.Pattern[str], Handler]] = []
+
+    def add(self, method: str, pattern: str, handler: Handler) -> None:
+        """Serve ``method`` on paths like ``pattern`` (``/topics/{topic}``) with
+        ``handler(session, request)``."""
+        regex = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", pattern)
+        self._routes.append((method, re.compile(f"^{regex}$"), handler))
+
+    async def dispatch(self, session: Any, request: Request) -> Answer | None:
+        """Run the handler of ``request``; its answer gets the CORS headers."""
+        if request.method == "OPTIONS":
+            return session.listener.cors.preflight(request)
+        allowed = []
+        chosen = None
+        for method, regex, handler in self._routes:
+            found = regex.match(request.path)
+            if found is None:
+                continue
+            if method != request.method and not (method == "GET" and request.method == "HEAD"):
+                allowed.append(method)
+                continue
+            request.params = found.groupdict()
+            chosen = handler
+            break
+        if chosen is not None:
+            # Only the handler's frame stays while it serves (a stream may last for days).
+            del found, allowed
+            answer = await chosen(session, request)
+            if answer is not None:
+                session.listener.cors.apply(request, answer.headers)
+            return answer
+        if allowed:
+            raise HttpError(405, "method_not_allowed", f"{request.method} is not served on "
+                            f"{request.path}", [(b"allow", ", ".join(allowed).encode())])
+        raise HttpError(404, "not_found", f"nothing at {request.path}")

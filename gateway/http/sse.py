@@ -1,0 +1,175 @@
+"""``GET /topics/{topic}/events``: a topic (or ``?partition=`` one partition) as Server-Sent
+Events.
+
+Each message is an event whose ``data`` is the message's JSON and whose ``id`` is the
+position after it (:mod:`gateway.http.positions`); an EventSource that reconnects sends it
+back as ``Last-Event-ID`` and gets every later message exactly once, in order per
+partition. The stream starts with ``retry: 1000`` and sends a comment line every
+``http.heartbeat_secs`` it has nothing else to send.
+
+A subscriber that keeps up is served from the partitions' shared tails (each event
+encoded once for all); one behind reads the log on its own. One that falls behind by more
+than ``http.subscriber_buffer_bytes`` while live, or whose socket takes nothing for
+``limits.idle_timeout_secs``, is closed (``slow``): its last event id says where to
+resume, and the server keeps nothing for it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Final
+
+import trio
+
+from gateway.auth.policy import Operation
+from gateway.http.auth import access_of, check_topic_name, partition_param, partitions_of, require
+from gateway.http.cursor import Behind, Cursor, Gone, next_batch
+from gateway.http.positions import event_id, from_last_event_id, from_parameter
+from gateway.http.request import Request
+from gateway.http.session import SOCKET_ERRORS
+from gateway.http.tail import PartitionTail, TailEvent
+from gateway.io.writer import FrameWriter
+
+#: Bytes of events sent in one write.
+WRITE_BYTES: Final = 256 * 1024
+_HEAD = [(b"content-type", b"text/event-stream; charset=utf-8"),
+         (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+
+
+async def events(session: Any, request: Request) -> None:
+    topic = request.params["topic"]
+    check_topic_name(topic)
+    access = access_of(session, request)
+    require(access, topic, Operation.SUBSCRIBE, "events")
+    listener = session.listener
+    infos = await partitions_of(session, access, topic, "events")
+    one = partition_param(request.query.get("partition"), len(infos), topic)
+    partitions = [one] if one is not None else list(range(len(infos)))
+    last_id = request.header("last-event-id") or request.query.get("last_event_id")
+    if last_id:
+        starts = from_last_event_id(last_id, partitions, infos)
+    else:
+        starts = await from_parameter(request.query.get("from", ""), listener.backend,
+                                      topic, partitions, infos)
+    settings = listener.settings
+    tails = [listener.tails.acquire(topic, p, infos[p].high_water_mark + 1)
+             for p in partitions]
+    cursors = [Cursor(listener.backend, tail, starts[tail.partition],
+                      settings.http_subscriber_buffer_bytes) for tail in tails]
+    headers = list(_HEAD)
+    listener.cors.apply(request, headers)
+    request.headers.clear()  # read: an idle stream keeps no more of its request
+    session.accesses.clear()  # nor the policy's cached answers
+    listener.streams["sse"] += 1
+    try:
+        await session.start_stream(200, headers)
+        await _stream(session, topic, cursors, single=len(partitions) == 1)
+    finally:
+        listener.streams["sse"] -= 1
+        for tail in tails:
+            listener.tails.release(tail)
+
+
+class _Follower:
+    """A one-partition stream at the tail, fed by the tail's reader (no wake-up of its own
+    task per message)."""
+
+    __slots__ = ("cursor", "delivered", "outbox", "session")
+
+    def __init__(self, cursor: Cursor, outbox: FrameWriter, session: Any, delivered: Any
+                 ) -> None:
+        self.cursor = cursor
+        self.outbox = outbox
+        self.session = session
+        self.delivered = delivered
+
+    @property
+    def next_seq(self) -> int:
+        return self.cursor.next_seq
+
+    def push(self, tail: PartitionTail, events: list[TailEvent]) -> bool:
+        if self.outbox.full:
+            return False
+        self.outbox.put_nowait(tail.joined("sse", events, self.session.chunk))
+        self.cursor.next_seq = events[-1].seq + 1
+        self.delivered.inc(len(events))
+        return True
+
+
+async def _follow(follower: _Follower, heartbeat: float) -> None:
+    """Be fed by the tail until released; a heartbeat every ``heartbeat`` seconds."""
+    tail = follower.cursor.tail
+    released = tail.follow(follower)
+    if released is None:
+        return
+    try:
+        while not released.is_set():
+            with trio.move_on_after(heartbeat):
+                await released.wait()
+            if not released.is_set() and not follower.outbox.full:
+                follower.outbox.put_nowait(follower.session.chunk(b": heartbeat\n\n"))
+    finally:
+        tail.unfollow(follower)
+
+
+async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bool) -> None:
+    listener = session.listener
+    settings = listener.settings
+    stall = settings.idle_timeout_secs or math.inf
+    heartbeat = settings.http_heartbeat_secs
+    delivered = listener.metrics.for_topic(listener.metrics.messages_out, topic)
+    positions = {c.partition: c.position for c in cursors}
+    outbox = FrameWriter(session.stream, settings.http_subscriber_buffer_bytes)
+    outbox.put_nowait(session.chunk(b"retry: 1000\n: " + event_id(positions) + b"\n\n"))
+    follower = _Follower(cursors[0], outbox, session, delivered) if single else None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_write, outbox, nursery.cancel_scope, session)
+        with session.cancellable() as scope:
+            try:
+                while True:
+                    if follower is not None and not outbox.full and (
+                            follower.next_seq == follower.cursor.tail.next_seq):
+                        await _follow(follower, heartbeat)
+                    if outbox.full:
+                        with trio.move_on_after(stall):
+                            await outbox.wait_writable()
+                        if outbox.full:
+                            raise Behind(f"the client took nothing for {stall:g} s",
+                                         "idle_timeout_secs")
+                    batch = await next_batch(cursors, WRITE_BYTES, heartbeat)
+                    if not batch:
+                        outbox.put_nowait(session.chunk(b": heartbeat\n\n"))
+                        continue
+                    count = 0
+                    for cursor, found in batch:
+                        count += len(found)
+                        if single:
+                            outbox.put_nowait(cursor.tail.joined("sse", found, session.chunk))
+                            continue
+                        else:
+                            parts = []
+                            for event in found:
+                                positions[cursor.partition] = event.seq
+                                parts.append(b"id: " + event_id(positions) + b"\n"
+                                             + event.sse_data())
+                            data = b"".join(parts)
+                        outbox.put_parts_nowait(session.chunk_parts(data))
+                    delivered.inc(count)
+            except Behind as exc:
+                listener.metrics.limit_hit(exc.limit)
+                session.ended("slow", str(exc))
+            except Gone as exc:
+                session.ended("topic_gone", str(exc))
+        if scope.cancelled_caught:
+            session.ended("shutdown", "server shutting down")
+        nursery.cancel_scope.cancel()
+    session.bytes_sent += outbox.bytes_sent
+
+
+async def _write(outbox: FrameWriter, scope: trio.CancelScope, session: Any) -> None:
+    """The stream's writer task; a broken socket ends the stream."""
+    try:
+        await outbox.run()
+    except SOCKET_ERRORS:
+        session.ended("reset", "connection broken")
+        scope.cancel()

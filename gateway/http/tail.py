@@ -1,0 +1,353 @@
+"""One reader of a partition's tail for every live HTTP subscriber (SSE and WebSocket).
+
+Subscribers that keep up all want the same thing: each append as soon as it is durable.
+A :class:`PartitionTail` long-polls the backend once for all of them, decodes each chunk
+once and keeps the newest messages as :class:`TailEvent`\\ s (within
+``http.tail_buffer_bytes``). An event encodes itself once per form (its JSON, its SSE
+block, its WebSocket frame) the first time a subscriber asks, and every other subscriber
+sends the same bytes object. Subscribers wait on a :class:`trio.Event` the tail sets when
+it appends (no per-message await); one that is behind the buffer reads the log on its own
+(:mod:`gateway.http.cursor`).
+
+The :class:`Tails` of a listener start a partition's reader with its first subscriber and
+stop it a few seconds after its last one left.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from typing import Final, Protocol
+
+import structlog
+import trio
+from wsproto.frame_protocol import FrameProtocol
+
+from gateway.backend.contract import Backend, FetchRequest, FetchStatus
+from gateway.http.messages import decode_messages, dumps, message_json
+from protocols.errors import ProtocolError
+from protocols.tank.bundle import Message
+
+log = structlog.get_logger("figtank.http")
+
+FETCH_SIZE: Final = 256 * 1024
+MAX_WAIT_MS: Final = 30_000
+FAULT_RETRY_SECS: Final = 0.5
+#: A tail without subscribers keeps reading this long (a reconnecting client finds it).
+LINGER_SECS: Final = 5.0
+#: Joined batches a tail keeps (subscribers at the tail send the newest few).
+JOINED_BATCHES: Final = 16
+
+_frames = FrameProtocol(client=False, extensions=[])
+
+
+class TailEvent:
+    """One message, with its encodings made once and shared by every subscriber."""
+
+    __slots__ = ("_json", "_sse", "_ws", "message", "partition", "seq", "size", "topic")
+
+    def __init__(self, topic: str, partition: int, message: Message) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.message = message
+        self.seq = message.seq
+        self.size = len(message.value) + len(message.key or b"") + 64
+        self._json: bytes | None = None
+        self._sse: bytes | None = None
+        self._ws: bytes | None = None
+
+    def json(self) -> bytes:
+        """The message's JSON object (:func:`gateway.http.messages.message_json`)."""
+        if self._json is None:
+            self._json = dumps(message_json(self.topic, self.partition, self.message))
+        return self._json
+
+    def sse_data(self) -> bytes:
+        """The event's ``data:`` line and the blank line ending it (shared by streams whose
+        ids differ)."""
+        return b"data: " + self.json() + b"\n\n"
+
+    def sse(self) -> bytes:
+        """The whole SSE event of a one-partition stream: its id is the offset."""
+        if self._sse is None:
+            self._sse = b"id: %d\n%s" % (self.seq, self.sse_data())
+        return self._sse
+
+    def ws_frame(self) -> bytes:
+        """The WebSocket text frame ``{"op":"data",...}`` (server frames are not masked, so
+        one framing serves every connection)."""
+        if self._ws is None:
+            text = (b'{"op":"data",' + self.json()[1:]).decode()
+            self._ws = _frames.send_data(text, fin=True)  # str: a text frame
+        return self._ws
+
+
+class Follower(Protocol):
+    """A subscriber at the tail that the tail's reader feeds directly."""
+
+    #: The sequence the subscriber delivers next.
+    next_seq: int
+
+    def push(self, tail: PartitionTail, events: list[TailEvent]) -> bool:
+        """Queue ``events`` (those from ``next_seq`` on) for the client, and move past
+        them; False (nothing queued) when the client is too far behind to take them."""
+
+
+def events_of(topic: str, partition: int, messages: list[Message]) -> list[TailEvent]:
+    return [TailEvent(topic, partition, m) for m in messages]
+
+
+class PartitionTail:
+    """The newest messages of one partition and the subscribers waiting for more."""
+
+    def __init__(self, topic: str, partition: int, next_seq: int, budget: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        #: The sequence the reader asks for next; every event below it is in the buffer
+        #: from :attr:`first_seq` on.
+        self.next_seq = next_seq
+        self.budget = budget
+        #: Subscribers using the tail now.
+        self.users = 0
+        #: Why the tail stopped reading (the topic went away), or None.
+        self.failed: str | None = None
+        self._events: list[TailEvent] = []
+        self._seqs: list[int] = []
+        #: Bytes of every event appended before each event (for :meth:`bytes_after`).
+        self._before: list[int] = []
+        self._total = 0
+        self._start = 0  # index of the first live entry of _events
+        self._first_seq = next_seq
+        self._bytes = 0
+        self._wakers: list[trio.Event] = []
+        self.idle_since: float | None = None
+        #: Subscribers fed by the reader itself, and the event that releases each.
+        self._followers: dict[Follower, trio.Event] = {}
+        #: The newest batches as sent, by (form, first seq, last seq, count).
+        self._joined: dict[tuple[str, int, int, int], bytes] = {}
+
+    @property
+    def first_seq(self) -> int:
+        """The lowest sequence a subscriber can be served from the buffer."""
+        return self._first_seq
+
+    def joined(self, form: str, events: list[TailEvent],
+               frame: Callable[[bytes], bytes] | None = None) -> bytes:
+        """``events`` encoded (``form``: ``"sse"`` or ``"ws"``) and joined, then passed
+        through ``frame`` when given (an SSE batch as a piece of a chunked HTTP body, as
+        h11 frames it; the same for every connection): made once for every subscriber
+        that sends the same batch (those at the tail all do)."""
+        key = (form if frame is None else form + "+framed", events[0].seq, events[-1].seq,
+               len(events))
+        found = self._joined.get(key)
+        if found is None:
+            if frame is not None:
+                found = frame(self.joined(form, events))
+            else:
+                encode = TailEvent.sse if form == "sse" else TailEvent.ws_frame
+                found = events[0].sse() if len(events) == 1 and form == "sse" else (
+                    b"".join([encode(e) for e in events]))
+            if len(self._joined) >= JOINED_BATCHES:
+                del self._joined[next(iter(self._joined))]
+            self._joined[key] = found
+        return found
+
+    def wake_me(self, waker: trio.Event) -> None:
+        """Set ``waker`` at the next append (or failure)."""
+        self._wakers.append(waker)
+
+    def follow(self, follower: Follower) -> trio.Event | None:
+        """Feed ``follower`` (at the end of the buffer) each append from the reader task:
+        no task of its own wakes per message. Returns the event set when it is released
+        (it fell behind, the tail failed or started over), or None when it is not at the
+        end now."""
+        if follower.next_seq != self.next_seq or self.failed is not None:
+            return None
+        released = self._followers[follower] = trio.Event()
+        return released
+
+    def unfollow(self, follower: Follower) -> None:
+        self._followers.pop(follower, None)
+
+    def _release_all(self) -> None:
+        followers, self._followers = self._followers, {}
+        for released in followers.values():
+            released.set()
+
+    def since(self, seq: int, max_bytes: int) -> list[TailEvent] | None:
+        """Events from ``seq`` on, up to about ``max_bytes`` (at least one); None when
+        ``seq`` is before the buffer (read the log)."""
+        if seq < self._first_seq:
+            return None
+        if seq >= self.next_seq:
+            return []
+        i = bisect.bisect_left(self._seqs, seq, self._start)
+        out = []
+        size = 0
+        events = self._events
+        while i < len(events) and (size < max_bytes or not out):
+            event = events[i]
+            out.append(event)
+            size += event.size
+            i += 1
+        return out
+
+    def bytes_after(self, seq: int) -> int:
+        """Bytes of the buffered events from ``seq`` on (how far behind a subscriber is)."""
+        if seq >= self.next_seq:
+            return 0
+        i = bisect.bisect_left(self._seqs, seq, self._start)
+        return self._total - self._before[i] if i < len(self._before) else 0
+
+    def append(self, events: list[TailEvent], next_seq: int) -> None:
+        """Add what the reader read and wake the subscribers."""
+        before = self._before
+        total = self._total
+        for event in events:
+            before.append(total)
+            total += event.size
+        self._bytes += total - self._total
+        self._total = total
+        self._events += events
+        self._seqs += [e.seq for e in events]
+        self.next_seq = next_seq
+        while self._bytes > self.budget and self._start < len(self._events) - 1:
+            self._bytes -= self._events[self._start].size
+            self._start += 1
+        if self._start:
+            self._first_seq = self._seqs[self._start]
+            if self._start > 1024 and self._start * 2 > len(self._events):
+                del self._events[:self._start], self._seqs[:self._start]
+                del self._before[:self._start]
+                self._start = 0
+        elif not self._events:
+            self._first_seq = next_seq
+        if self._followers and events:
+            start = events[0].seq
+            for follower, released in list(self._followers.items()):
+                if follower.next_seq > start or not follower.push(self, events):  # (never ahead)
+                    del self._followers[follower]
+                    released.set()
+        self._wake()
+
+    def skip_to(self, seq: int) -> None:
+        """The log's bounds moved (retention): start over at ``seq``."""
+        self._events, self._seqs, self._before, self._start, self._bytes = [], [], [], 0, 0
+        self.next_seq = self._first_seq = seq
+        self._release_all()
+        self._wake()
+
+    def fail(self, reason: str) -> None:
+        self.failed = reason
+        self._release_all()
+        self._wake()
+
+    def _wake(self) -> None:
+        wakers, self._wakers = self._wakers, []
+        for waker in wakers:
+            waker.set()
+
+    async def read(self, backend: Backend) -> None:
+        """Read the partition's appends into the buffer until cancelled or it fails."""
+        while self.failed is None:
+            request = FetchRequest(self.topic, self.partition, self.next_seq, FETCH_SIZE)
+            [outcome] = await backend.fetch([request], max_wait_ms=MAX_WAIT_MS, min_bytes=1)
+            status = outcome.status
+            if status is FetchStatus.DATA:
+                chunk = outcome.chunk
+                try:
+                    if not chunk.length:
+                        continue
+                    data = chunk.read_bytes()
+                finally:
+                    chunk.close()
+                try:
+                    found = decode_messages(data, outcome.base_seq, self.next_seq)
+                except ProtocolError as exc:
+                    self.fail(f"undecodable data at offset {self.next_seq}: {exc}")
+                    return
+                if found.next_seq > self.next_seq:
+                    self.append(events_of(self.topic, self.partition, found.messages),
+                                found.next_seq)
+            elif status is FetchStatus.BOUNDARY:
+                seq = self.next_seq
+                target = (outcome.first_available if seq < outcome.first_available
+                          else outcome.high_water_mark + 1)
+                if target == seq:
+                    await trio.sleep(FAULT_RETRY_SECS)
+                self.skip_to(target)
+            elif status is FetchStatus.FAULT:
+                await trio.sleep(FAULT_RETRY_SECS)
+            else:
+                self.fail(f"{status.value}: {self.topic}/{self.partition}")
+
+
+class Tails:
+    """The partition tails of one listener, by (topic, partition); their readers run in
+    :meth:`run`'s nursery."""
+
+    def __init__(self, backend: Backend, budget: int) -> None:
+        self._backend = backend
+        self._budget = budget
+        self._tails: dict[tuple[str, int], PartitionTail] = {}
+        self._scopes: dict[int, trio.CancelScope] = {}
+        self._nursery: trio.Nursery | None = None
+
+    def __len__(self) -> int:
+        return len(self._tails)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Run the readers until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._reap)
+            task_status.started()
+            await trio.sleep_forever()
+
+    def acquire(self, topic: str, partition: int, next_seq: int) -> PartitionTail:
+        """The tail of ``topic``/``partition`` (started at ``next_seq``, the partition's
+        end, when new); give it back with :meth:`release`."""
+        key = (topic, partition)
+        tail = self._tails.get(key)
+        if tail is None or tail.failed is not None:
+            tail = self._tails[key] = PartitionTail(topic, partition, next_seq, self._budget)
+            if self._nursery is None:
+                raise RuntimeError("the tails are not running")
+            self._nursery.start_soon(self._read, tail)
+        tail.users += 1
+        tail.idle_since = None
+        return tail
+
+    def release(self, tail: PartitionTail) -> None:
+        tail.users -= 1
+        if tail.users <= 0:
+            tail.idle_since = trio.current_time()
+
+    async def _read(self, tail: PartitionTail) -> None:
+        with trio.CancelScope() as scope:
+            self._scopes[id(tail)] = scope
+            try:
+                await tail.read(self._backend)
+            except Exception as exc:  # a backend fault fails the tail, not the listener
+                log.warning("http_tail_failed", topic=tail.topic, partition=tail.partition,
+                            error=repr(exc))
+                tail.fail(repr(exc))
+            finally:
+                self._scopes.pop(id(tail), None)
+                if self._tails.get((tail.topic, tail.partition)) is tail:
+                    del self._tails[(tail.topic, tail.partition)]
+
+    async def _reap(self) -> None:
+        """Stop the readers of tails nobody used for :data:`LINGER_SECS`."""
+        while True:
+            await trio.sleep(1.0)
+            now = trio.current_time()
+            for tail in list(self._tails.values()):
+                if tail.users <= 0 and tail.idle_since is not None and (
+                        now - tail.idle_since >= LINGER_SECS):
+                    del self._tails[(tail.topic, tail.partition)]
+                    scope = self._scopes.get(id(tail))
+                    if scope is not None:
+                        scope.cancel()
+

@@ -1,0 +1,89 @@
+"""Bearer tokens to principals on the HTTP listener: static tokens of the policy file
+(``[[token]]``, :mod:`gateway.auth.tokens`) and JWT signed with HS256 or RS256
+(``http.jwt_hs256_secret_file``, ``http.jwt_rs256_public_key_file``; PyJWT, the ``jwt``
+extra, imported only when one is configured).
+
+A token acts as ``user:NAME`` (a static token's ``user``, a JWT's ``sub``); what that user
+may do is the policy's rules for it. A JWT must be valid now (``exp`` and ``nbf`` are
+checked when present) and carry ``http.jwt_audience`` / ``http.jwt_issuer`` when those are
+set. A token that is not valid is 401; the decisions on valid JWTs are kept (at most
+:data:`CACHE_ENTRIES`, until they expire), so a stream of requests costs one check.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Final
+
+from gateway.auth.guard import AccessGuard
+from gateway.auth.principal import Principal
+from gateway.extras import require
+from gateway.http.request import HttpError, Request
+from gateway.server.config import ConfigError, Settings
+
+CACHE_ENTRIES: Final = 4096
+_UNAUTHORIZED = [(b"www-authenticate", b'Bearer error="invalid_token"')]
+
+
+def _invalid(why: str) -> HttpError:
+    return HttpError(401, "invalid_token", why, list(_UNAUTHORIZED))
+
+
+class Tokens:
+    """What bearer tokens the listener accepts."""
+
+    def __init__(self, guard: AccessGuard, settings: Settings) -> None:
+        self._guard = guard
+        self._keys: dict[str, Any] = {}
+        for algorithm, key, read in (
+                ("HS256", "http.jwt_hs256_secret_file", settings.http_jwt_hs256_secret_file),
+                ("RS256", "http.jwt_rs256_public_key_file",
+                 settings.http_jwt_rs256_public_key_file)):
+            if read:
+                try:
+                    self._keys[algorithm] = Path(read).read_bytes().strip()
+                except OSError as exc:
+                    raise ConfigError(f"{key}: cannot read {read}: {exc.strerror}") from None
+        self._jwt = require("jwt", extra="jwt", purpose="JWT bearer tokens") if (
+            self._keys) else None
+        self._audience = settings.http_jwt_audience or None
+        self._issuer = settings.http_jwt_issuer or None
+        self._cache: dict[str, tuple[str, float]] = {}
+
+    def principal(self, token: str, connection: Principal, request: Request) -> Principal:
+        """The principal ``token`` names; 401 when it names none."""
+        user = self._guard.tokens.user_of(token)
+        if user is None and self._jwt is not None and token.count(".") == 2:
+            user = self._jwt_user(token)
+        if user is None:
+            raise _invalid("the bearer token is not valid here")
+        return Principal(connection.listener, connection.identity, user)
+
+    def _jwt_user(self, token: str) -> str:
+        cached = self._cache.get(token)
+        now = time.time()
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        jwt = self._jwt
+        assert jwt is not None
+        try:
+            algorithm = jwt.get_unverified_header(token).get("alg")
+            key = self._keys.get(algorithm)
+            if key is None:
+                raise _invalid(f"JWT algorithm {algorithm!r} is not accepted "
+                               f"(accepted: {', '.join(self._keys)})")
+            claims = jwt.decode(token, key, algorithms=[algorithm], audience=self._audience,
+                                issuer=self._issuer,
+                                options={"verify_aud": self._audience is not None})
+        except jwt.PyJWTError as exc:
+            raise _invalid(f"JWT not valid: {exc}") from None
+        subject = claims.get("sub")
+        if not isinstance(subject, str) or not subject:
+            raise _invalid("JWT has no sub claim")
+        if len(self._cache) >= CACHE_ENTRIES:
+            self._cache.clear()
+        expires = claims.get("exp")
+        self._cache[token] = (subject, float(expires) if isinstance(expires, (int, float))
+                              else now + 60)
+        return subject

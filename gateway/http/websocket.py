@@ -1,0 +1,436 @@
+"""``GET /ws``: the Figg model over WebSocket, one JSON object per text message.
+
+Client to server::
+
+    {"op": "attach", "topic": "t", "partition": 0, "offset": 41}   resume after offset 41
+    {"op": "attach", "topic": "t", "from": "earliest"}             (or "latest", the default)
+    {"op": "detach", "topic": "t", "partition": 0}
+    {"op": "publish", "topic": "t", "partition": 0, "key": "k", "value": "text",
+     "id": 7}                                     (or "value_base64"; id: echoed in the ack)
+    {"op": "ping", "ts": 123}
+
+Server to client: ``{"op": "hello", "publish_window": N}`` first, then ``attached``
+(``offset``: the position delivery starts after, as Figg's ATTACHED), ``data`` (a message:
+``topic, partition, offset, timestamp, key/value``), ``detached``, ``ack`` (``id``,
+``partition``, ``offset``: sent once the publish is durable) and ``pong``. Offsets are Tank
+sequences (Figg offsets): attach with the offset of the last message delivered resumes
+right after it.
+
+Bad input closes the WebSocket with a close code and one ``websocket_closed`` log line:
+1007 (not JSON), 1008 (an unknown op, a field of the wrong kind, access refused, more than
+``http.ws_publish_window`` publishes unacknowledged), 1009 (a message over
+``http.max_body_bytes``), 1003 (a binary message). A subscriber that falls behind is
+closed with 4000 and its position in the reason, to attach again from it. A failed
+upgrade is a 400 answer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any, Final
+
+import h11
+import trio
+import wsproto.events as ws
+from wsproto import ConnectionType
+from wsproto.connection import Connection as WsConnection
+from wsproto.connection import ConnectionState
+from wsproto.utilities import LocalProtocolError, RemoteProtocolError, generate_accept_token
+
+from gateway.auth.guard import ConnectionAccess
+from gateway.auth.policy import Operation
+from gateway.backend.contract import ProduceBatch, ProduceCode, ProduceOutcome, TopicRefused
+from gateway.http.auth import access_of, partitions_of
+from gateway.http.cursor import Behind, Cursor, Gone
+from gateway.http.messages import dumps, payload_of
+from gateway.http.request import HttpError, Request
+from gateway.http.session import RECEIVE_SIZE, SOCKET_ERRORS
+from gateway.http.tail import PartitionTail, TailEvent
+from gateway.io.writer import FrameWriter
+from protocols.tank.bundle import Message, encode_bundle
+from protocols.topics import is_valid_topic_name
+
+WRITE_BYTES: Final = 256 * 1024
+#: Close codes (RFC 6455 and the private range).
+UNSUPPORTED, INVALID, POLICY, TOO_BIG, BEHIND, GOING_AWAY = 1003, 1007, 1008, 1009, 4000, 1001
+
+
+class _Close(Exception):
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+async def upgrade(session: Any, request: Request) -> None:
+    """Check the upgrade, answer 101 and serve the WebSocket until it closes."""
+    headers = request.headers
+    if headers.get("upgrade", "").lower() != "websocket" or "upgrade" not in headers.get(
+            "connection", "").lower():
+        raise HttpError(400, "bad_upgrade", "expected a WebSocket upgrade (Upgrade: "
+                        "websocket, Connection: Upgrade)")
+    if headers.get("sec-websocket-version") != "13" or not headers.get("sec-websocket-key"):
+        raise HttpError(400, "bad_upgrade", "Sec-WebSocket-Version 13 and a "
+                        "Sec-WebSocket-Key are required",
+                        [(b"sec-websocket-version", b"13")])
+    session.listener.cors.check_websocket(request, headers.get("host"))
+    access = access_of(session, request)
+    accept = generate_accept_token(headers["sec-websocket-key"].encode())
+    conn = session.conn
+    await session.send(conn.send(h11.InformationalResponse(status_code=101, headers=[
+        (b"upgrade", b"websocket"), (b"connection", b"Upgrade"),
+        (b"sec-websocket-accept", accept)])) or b"")
+    trailing, _ = conn.trailing_data
+    # The HTTP exchange is over: an idle WebSocket keeps neither its h11 state nor the
+    # request's headers (memory per subscriber).
+    session.conn = None
+    request.headers.clear()
+    socket = WebSocket(session, access, WsConnection(ConnectionType.SERVER,
+                                                     trailing_data=trailing))
+    listener = session.listener
+    listener.streams["websocket"] += 1
+    try:
+        await socket.serve()
+    finally:
+        listener.streams["websocket"] -= 1
+
+
+class _Subscription:
+    """One attached partition of a WebSocket (the owner of its queued frames; at the tail,
+    a follower its tail's reader feeds)."""
+
+    __slots__ = ("cursor", "delivered", "detached", "outbox", "scope")
+
+    def __init__(self, cursor: Cursor, outbox: FrameWriter, delivered: Any) -> None:
+        self.cursor = cursor
+        self.outbox = outbox
+        self.delivered = delivered
+        self.detached = False
+        self.scope = trio.CancelScope()
+
+    @property
+    def next_seq(self) -> int:
+        return self.cursor.next_seq
+
+    def push(self, tail: PartitionTail, events: list[TailEvent]) -> bool:
+        if self.detached or self.outbox.full:
+            return False
+        self.outbox.put_nowait(tail.joined("ws", events), self)
+        self.cursor.next_seq = events[-1].seq + 1
+        self.delivered.inc(len(events))
+        return True
+
+
+class WebSocket:
+    """One upgraded connection; see the module doc."""
+
+    __slots__ = ("_closed", "_nursery", "_text", "_text_size", "access", "conn", "in_flight",
+                 "listener", "max_message", "outbox", "partitions", "session", "subs",
+                 "window")
+
+    def __init__(self, session: Any, access: ConnectionAccess, conn: WsConnection) -> None:
+        self.session = session
+        self.listener = session.listener
+        self.access = access
+        self.conn = conn
+        settings = self.listener.settings
+        self.outbox = FrameWriter(session.stream, settings.http_subscriber_buffer_bytes)
+        self.max_message = settings.http_max_body_bytes
+        self.window = settings.http_ws_publish_window
+        self.in_flight = 0
+        self.subs: dict[tuple[str, int], _Subscription] = {}
+        self.partitions: dict[str, int] = {}
+        self._text: list[str] = []
+        self._text_size = 0
+        self._closed: _Close | None = None
+        self._nursery: trio.Nursery | None = None
+
+    def send_json(self, value: Any, owner: Any = None) -> None:
+        self.outbox.put_nowait(self.conn.send(ws.TextMessage(data=dumps(value).decode())),
+                               owner)
+
+    def close(self, code: int, reason: str) -> None:
+        """Close with ``code`` (once): the close frame goes after what is queued."""
+        if self._closed is not None:
+            return
+        self._closed = _Close(code, reason)
+        if self.conn.state is ConnectionState.OPEN:
+            self.outbox.put_nowait(self.conn.send(ws.CloseConnection(
+                code=code, reason=reason.encode()[:120].decode(errors="ignore"))))
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def serve(self) -> None:
+        session = self.session
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._write)
+                self.send_json({"op": "hello", "publish_window": self.window})
+                with session.cancellable() as scope:
+                    await self._read()
+                if scope.cancelled_caught and self._closed is None:
+                    self.close(GOING_AWAY, "server shutting down")
+                nursery.cancel_scope.cancel()
+        finally:
+            for sub in self.subs.values():
+                self._end_sub(sub)
+            self.subs.clear()
+        closed = self._closed
+        if closed is not None:
+            with trio.move_on_after(1):  # let the close frame out
+                await self.outbox.wait_empty()
+            kind = {GOING_AWAY: "shutdown", BEHIND: "slow"}.get(closed.code, "websocket_close")
+            routine = closed.code in (1000, 1001, 1005, 1006)  # ended normally or went away
+            if routine and kind == "websocket_close":
+                kind = "eof"
+            level = session.log.info if routine else session.log.warning
+            level("websocket_closed", code=closed.code, reason=closed.reason)
+            session.ended(kind, f"{closed.code}: {closed.reason}")
+        else:
+            session.ended("eof", "websocket closed by the peer")
+
+    async def _write(self) -> None:
+        try:
+            await self.outbox.run()
+        except SOCKET_ERRORS:
+            if self._nursery is not None:
+                self._nursery.cancel_scope.cancel()
+
+    async def _read(self) -> None:
+        stream = self.session.stream
+        while self._closed is None:
+            try:
+                data = await stream.receive_some(RECEIVE_SIZE)
+            except SOCKET_ERRORS:
+                return
+            try:
+                self.conn.receive_data(data or None)
+                await self._events()
+            except RemoteProtocolError as exc:
+                self.close(exc.event_hint.code if isinstance(
+                    exc.event_hint, ws.CloseConnection) else 1002, str(exc))
+                return
+            except _Close as close:
+                self.close(close.code, close.reason)
+                return
+            if not data:
+                return
+
+    async def _events(self) -> None:
+        publishes: list[tuple[dict[str, Any], Message, int]] = []
+        for event in self.conn.events():
+            if isinstance(event, ws.TextMessage):
+                self._text_size += len(event.data)
+                if self._text_size > self.max_message:
+                    self.listener.metrics.limit_hit("http_max_body_bytes")
+                    raise _Close(TOO_BIG, f"message over {self.max_message} bytes")
+                self._text.append(event.data)
+                if not event.message_finished:
+                    continue
+                text = "".join(self._text)
+                self._text, self._text_size = [], 0
+                await self._message(text, publishes)
+            elif isinstance(event, ws.BytesMessage):
+                raise _Close(UNSUPPORTED, "binary messages are not served: send JSON text")
+            elif isinstance(event, ws.Ping):
+                self.outbox.put_urgent(self.conn.send(event.response()))
+            elif isinstance(event, ws.CloseConnection):
+                if self.conn.state is ConnectionState.REMOTE_CLOSING:
+                    self.outbox.put_nowait(self.conn.send(event.response()))
+                self._closed = _Close(event.code, event.reason or "closed by the client")
+                break
+        if publishes:
+            self._publish(publishes)
+
+    async def _message(self, text: str, publishes: list[tuple[dict[str, Any], Message, int]]
+                       ) -> None:
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            raise _Close(INVALID, "a message is not JSON") from None
+        if not isinstance(obj, dict):
+            raise _Close(INVALID, "a message is not a JSON object")
+        op = obj.get("op")
+        if op == "ping":
+            self.send_json({"op": "pong", "ts": obj.get("ts")})
+        elif op == "publish":
+            if self.in_flight + len(publishes) >= self.window:
+                self.listener.metrics.limit_hit("http_ws_publish_window")
+                raise _Close(POLICY, f"more than {self.window} publishes unacknowledged")
+            topic, partition = await self._where(obj, Operation.PUBLISH)
+            try:
+                value = payload_of(obj, "value")
+                key = payload_of(obj, "key")
+            except ValueError as exc:
+                raise _Close(POLICY, str(exc)) from None
+            if value is None or (key is not None and len(key) > 255):
+                raise _Close(POLICY, "a publish needs a value (and a key of at most 255 bytes)")
+            publishes.append((obj, Message(value, key, int(time.time() * 1000)), partition))
+        elif op == "attach":
+            if publishes:  # what came before is appended first
+                self._publish(publishes)
+                publishes.clear()
+            await self._attach(obj)
+        elif op == "detach":
+            topic, partition = _topic_partition(obj)
+            sub = self.subs.pop((topic, partition), None)
+            if sub is not None:
+                self._end_sub(sub)
+            self.send_json({"op": "detached", "topic": topic, "partition": partition})
+        else:
+            raise _Close(POLICY, f"unknown op {str(op)[:40]!r}")
+
+    async def _where(self, obj: dict[str, Any], operation: Operation) -> tuple[str, int]:
+        topic, partition = _topic_partition(obj)
+        if not self.access.may(topic, operation):
+            self.access.refused(topic, operation, f"websocket {operation.value}",
+                                "close 1008")
+            raise _Close(POLICY, f"{self.access.principal.name} may not {operation.value} "
+                         f"{topic!r}")
+        count = self.partitions.get(topic)
+        if count is None:
+            try:
+                infos = await partitions_of(self.session, self.access, topic, "websocket")
+            except HttpError as exc:
+                raise _Close(POLICY, exc.message) from None
+            count = len(infos)
+            if len(self.partitions) < 1024:
+                self.partitions[topic] = count
+        if partition >= count:
+            raise _Close(POLICY, f"topic {topic!r} has {count} partitions, not {partition}")
+        return topic, partition
+
+    # ------------------------------------------------------------------- publishing
+
+    def _publish(self, publishes: list[tuple[dict[str, Any], Message, int]]) -> None:
+        by_partition: dict[tuple[str, int], list[Message]] = {}
+        for obj, message, partition in publishes:
+            by_partition.setdefault((obj["topic"], partition), []).append(message)
+        batches = [ProduceBatch(t, p, encode_bundle(m)) for (t, p), m in by_partition.items()]
+        taken = list(publishes)
+        self.in_flight += len(taken)
+
+        def done(outcomes: list[ProduceOutcome]) -> None:
+            self.in_flight -= len(taken)
+            first = {}
+            for batch, outcome in zip(batches, outcomes, strict=True):
+                if outcome.code is not ProduceCode.OK:
+                    self.close(POLICY, f"publish to {batch.topic}/{batch.partition} failed: "
+                               f"{outcome.code.name.lower()}")
+                    return
+                first[(batch.topic, batch.partition)] = outcome.first_seq
+            seen: dict[tuple[str, int], int] = {}
+            acks = []
+            for obj, _, partition in taken:
+                where = (obj["topic"], partition)
+                index = seen.get(where, 0)
+                seen[where] = index + 1
+                offset = first[where] + index if first[where] else None
+                acks.append(dumps({"op": "ack", "id": obj.get("id"), "topic": where[0],
+                                   "partition": partition, "offset": offset}).decode())
+            self.outbox.put_urgent(b"".join(self.conn.send(ws.TextMessage(data=a))
+                                            for a in acks))
+            self.listener.metrics.requests.labels("http", "ws_publish", "ok").inc(len(acks))
+
+        self.listener.backend.produce_nowait(batches, done)
+
+    # ------------------------------------------------------------------- subscribing
+
+    async def _attach(self, obj: dict[str, Any]) -> None:
+        topic, partition = await self._where(obj, Operation.SUBSCRIBE)
+        sub = self.subs.get((topic, partition))
+        if sub is not None:
+            self.send_json({"op": "attached", "topic": topic, "partition": partition,
+                            "offset": sub.cursor.position})
+            return
+        if len(self.subs) >= self.listener.settings.max_requests_in_flight:
+            raise _Close(POLICY, "too many subscriptions on one WebSocket")
+        backend = self.listener.backend
+        infos = await backend.discover_partitions(topic)
+        if infos is None:
+            raise _Close(POLICY, str(TopicRefused(f"unknown topic {topic!r}")))
+        info = infos[partition]
+        first, tail_seq = max(info.first_available, 1), info.high_water_mark + 1
+        offset = obj.get("offset")
+        start = obj.get("from", "latest")
+        if offset is not None:
+            if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+                raise _Close(POLICY, "offset must be an integer >= 0")
+            next_seq = first if offset == 0 else min(max(offset + 1, first), tail_seq)
+        elif start == "earliest":
+            next_seq = min(first, tail_seq)
+        elif start == "latest":
+            next_seq = tail_seq
+        else:
+            raise _Close(POLICY, "from must be earliest or latest")
+        tail = self.listener.tails.acquire(topic, partition, tail_seq)
+        metrics = self.listener.metrics
+        sub = _Subscription(Cursor(backend, tail, next_seq,
+                                   self.listener.settings.http_subscriber_buffer_bytes),
+                            self.outbox, metrics.for_topic(metrics.messages_out, topic))
+        self.subs[(topic, partition)] = sub
+        self.send_json({"op": "attached", "topic": topic, "partition": partition,
+                        "offset": next_seq - 1})
+        assert self._nursery is not None
+        self._nursery.start_soon(self._deliver, sub)
+
+    def _end_sub(self, sub: _Subscription) -> None:
+        if not sub.detached:
+            sub.detached = True
+            sub.scope.cancel()
+            self.outbox.drop(sub)
+            self.listener.tails.release(sub.cursor.tail)
+
+    async def _deliver(self, sub: _Subscription) -> None:
+        cursor = sub.cursor
+        outbox = self.outbox
+        tail = cursor.tail
+        stall = self.listener.settings.idle_timeout_secs or math.inf
+        delivered = sub.delivered
+        with sub.scope:
+            try:
+                while True:
+                    if outbox.full:
+                        with trio.move_on_after(stall):
+                            await outbox.wait_writable()
+                        if outbox.full:
+                            raise Behind(f"the client took nothing for {stall:g} s",
+                                     "idle_timeout_secs")
+                    events = await cursor.take(WRITE_BYTES)
+                    if events:
+                        outbox.put_nowait(tail.joined("ws", events), sub)
+                        delivered.inc(len(events))
+                        continue
+                    if tail.next_seq > cursor.next_seq:
+                        continue
+                    released = None if outbox.full else tail.follow(sub)
+                    if released is not None:  # fed by the tail's reader until released
+                        try:
+                            await released.wait()
+                        finally:
+                            tail.unfollow(sub)
+                        continue
+                    waker = trio.Event()
+                    tail.wake_me(waker)
+                    await waker.wait()
+            except Behind as exc:
+                self.listener.metrics.limit_hit(exc.limit)
+                self.close(BEHIND, f"behind: {cursor.topic}/{cursor.partition} at offset "
+                           f"{cursor.position}: {exc}")
+            except Gone as exc:
+                self.close(POLICY, str(exc))
+            except LocalProtocolError:
+                pass
+
+
+def _topic_partition(obj: dict[str, Any]) -> tuple[str, int]:
+    topic = obj.get("topic")
+    if not isinstance(topic, str) or not is_valid_topic_name(topic):
+        raise _Close(POLICY, f"invalid topic {str(topic)[:70]!r}")
+    partition = obj.get("partition", 0)
+    if not isinstance(partition, int) or isinstance(partition, bool) or partition < 0:
+        raise _Close(POLICY, "partition must be an integer >= 0")
+    return topic, partition
