@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import urllib.request
 import venv
 import zipfile
 from collections.abc import Iterator
@@ -110,6 +111,7 @@ def test_the_wheel_carries_both_compiled_extensions(installed: Installed) -> Non
             f"{extension} missing from {installed.wheel.name}")
     # the package data the runtime reads, and no test or build leftovers
     assert any(n.startswith("protocols/tank/specs/") for n in names)
+    assert {"gateway/http/static/index.html", "gateway/http/static/figtank.js"} <= set(names)
     assert not [n for n in names if n.startswith("tests/") or n.endswith(".pyx")]
 
 
@@ -147,13 +149,14 @@ def test_a_command_that_needs_a_missing_extra_names_it(installed: Installed) -> 
 
 def serve_and_use(installed: Installed, data: Path) -> dict:
     """Serve with the installed command; publish over Figg, read back over Tank and
-    Kafka with it. The server's ``figtank_serving`` log line."""
+    Kafka with it, and over HTTP; the console's files are served. The server's
+    ``figtank_serving`` log line."""
     program = [str(installed.bin("figtank"))]
     with figtank_serve("--data-dir", str(data), "--figg-listen", "127.0.0.1:0",
                        "--tank-listen", "127.0.0.1:0", "--kafka-listen", "127.0.0.1:0",
-                       "--metrics-listen", "127.0.0.1:0", cwd=installed.home,
-                       program=program) as server:
-        assert server.figg and server.tank and server.kafka
+                       "--http-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+                       cwd=installed.home, program=program) as server:
+        assert server.figg and server.tank and server.kafka and server.http
         figg, tank, kafka = (f"{a[0]}:{a[1]}" for a in (server.figg, server.tank,
                                                         server.kafka))
         published = installed.figtank("publish", "--figg", figg, "orders", "a", "b", "c")
@@ -166,6 +169,13 @@ def serve_and_use(installed: Installed, data: Path) -> dict:
         assert fetched.returncode == 0, fetched.stderr
         assert [(m["offset"], m["value"]) for m in map(json.loads, fetched.stdout.split("\n")
                                                       [:-1])] == [(0, "a"), (1, "b"), (2, "c")]
+        http = "http://{}:{}".format(*server.http)
+        with urllib.request.urlopen(f"{http}/topics/orders/partitions/0/messages?offset=0",
+                                    timeout=10) as answer:
+            assert [m["value"] for m in json.load(answer)["messages"]] == ["a", "b", "c"]
+        for page in ("/", "/figtank.js"):
+            with urllib.request.urlopen(f"{http}{page}", timeout=10) as answer:
+                assert answer.status == 200 and answer.read()
         [serving] = server.events("figtank_serving")
         assert server.stop() == 0
     return serving

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import shlex
@@ -98,7 +99,7 @@ def test_the_readme_shows_the_client_subcommands() -> None:
 
 
 def _try_it_blocks() -> list[list[str]]:
-    """The lines of the README's try-it blocks: Figg, Tank, Kafka."""
+    """The lines of the README's try-it blocks: Figg, Tank, Kafka, HTTP."""
     section = README.read_text().split("\n## Try it\n", 1)[1].split("\n## ", 1)[0]
     return [block.splitlines() for block in code_blocks(section, "sh")]
 
@@ -107,36 +108,43 @@ def _try_it_blocks() -> list[list[str]]:
 def test_the_readme_try_it_commands_work(tmp_path: Path) -> None:
     """The README's try-it lines, run in order against a real ``figtank serve`` (its
     addresses in place of the defaults), each ending by itself (``--follow`` left out) with
-    exit status 0. kcat is a Debian package ``make test`` installs where it is missing."""
+    exit status 0; a stream the line says Ctrl-C stops is cut after a few seconds. kcat and
+    curl are Debian packages ``make test`` installs where they are missing."""
     blocks = _try_it_blocks()
-    assert [len(block) for block in blocks] == [5, 5, 5]  # Figg, Tank, Kafka
-    figg, tank, kafka = blocks
-    assert shutil.which("kcat"), "kcat is not installed (make test installs it)"
-    lines = [*figg, *tank, *kafka]
+    assert [len(block) for block in blocks] == [5, 5, 5, 5]  # Figg, Tank, Kafka, HTTP
+    figg, tank, kafka, http = blocks
+    for tool in ("kcat", "curl"):
+        assert shutil.which(tool), f"{tool} is not installed (make test installs it)"
+    lines = [*figg, *tank, *kafka, *http]
     figtank = f"{shlex.quote(sys.executable)} -m gateway.cli"
     with figtank_serve("--data-dir", str(tmp_path / "data"), "--tank-listen", "127.0.0.1:0",
                        "--figg-listen", "127.0.0.1:0", "--kafka-listen", "127.0.0.1:0",
-                       "--metrics-listen", "") as server:
-        assert server.figg and server.tank and server.kafka
+                       "--http-listen", "127.0.0.1:0", "--metrics-listen", "") as server:
+        assert server.figg and server.tank and server.kafka and server.http
         endpoints = {"figg": server.figg, "tank": server.tank, "kafka": server.kafka}
         flags = {"publish": "figg", "subscribe": "figg", "produce": "tank", "consume": "tank",
                  "topics": "tank", "status": "tank", "groups": "kafka"}
         outputs = []
         for line in lines:
-            command = line.split("  #", 1)[0].strip()
+            command, _, comment = (part.strip() for part in line.partition("  #"))
             if "--follow" in command:
                 continue
+            stream = "Ctrl-C stops" in comment
             command = command.replace("127.0.0.1:9092", "{}:{}".format(*server.kafka))
+            command = command.replace("127.0.0.1:8080", "{}:{}".format(*server.http))
             match = FIGTANK.search(command)
             if match:
                 name = match.group(1).split()[0]
                 host, port = endpoints[flags[name]]
                 command = (command[:match.start(1)].replace(".venv/bin/figtank", figtank)
                            + match.group(1) + f" --{flags[name]} {host}:{port}")
+            if stream:
+                command = f"timeout 3 {command}"
             result = subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=tmp_path,
                                     capture_output=True, text=True, timeout=60,
                                     env=dict(os.environ, PYTHONPATH=str(ROOT)))
-            assert result.returncode == 0, f"{line}\n{result.stdout}{result.stderr}"
+            assert result.returncode in ((0, 124) if stream else (0,)), (
+                f"{line}\n{result.stdout}{result.stderr}")
             outputs.append((line, result.stdout))
     replay = next(out for line, out in outputs if "--from 0 --count 5" in line)
     assert [row.split("\t")[0] for row in replay.splitlines()] == ["1", "2", "3", "4", "5"]
@@ -144,6 +152,12 @@ def test_the_readme_try_it_commands_work(tmp_path: Path) -> None:
     assert '"offset": 5' in as_json
     consumed = next(out for line, out in outputs if line.startswith(".venv/bin/figtank consume"))
     assert consumed.splitlines()[-1].endswith("k1\tthird")
+    # HTTP: the posted message takes the offset after the last Figg and Tank ones
+    posted = json.loads(next(out for line, out in outputs if "-X POST" in line))
+    last = int(consumed.splitlines()[-1].split("\t")[0])
+    assert posted["offsets"] == [{"partition": 0, "offset": last + 1}]
+    events = next(out for line, out in outputs if "/events" in line)
+    assert "data:" in events and "id:" in events
 
 
 def test_the_docs_pages_named_in_deploy_and_examples_exist() -> None:
