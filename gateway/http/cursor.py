@@ -18,6 +18,7 @@ import trio
 from gateway.backend.contract import Backend, FetchRequest, FetchStatus
 from gateway.http.messages import decode_messages
 from gateway.http.tail import PartitionTail, TailEvent, events_of
+from gateway.io.writer import FrameWriter
 from protocols.errors import ProtocolError
 
 #: Bytes asked per read of the log by a subscriber that is behind.
@@ -31,6 +32,16 @@ class Behind(Exception):
     def __init__(self, message: str, limit: str = "http_subscriber_buffer_bytes") -> None:
         super().__init__(message)
         self.limit = limit
+
+
+async def wait_for_room(outbox: FrameWriter, stall: float) -> None:
+    """Return once ``outbox`` has room; :class:`Behind` when its client took nothing for
+    ``stall`` seconds (``limits.idle_timeout_secs``)."""
+    if outbox.full:
+        with trio.move_on_after(stall):
+            await outbox.wait_writable()
+        if outbox.full:
+            raise Behind(f"the client took nothing for {stall:g} s", "idle_timeout_secs")
 
 
 class Gone(Exception):

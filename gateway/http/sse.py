@@ -23,7 +23,7 @@ import trio
 
 from gateway.auth.policy import Operation
 from gateway.http.auth import access_of, check_topic_name, partition_param, partitions_of, require
-from gateway.http.cursor import Behind, Cursor, Gone, next_batch
+from gateway.http.cursor import Behind, Cursor, Gone, next_batch, wait_for_room
 from gateway.http.positions import event_id, from_last_event_id, from_parameter
 from gateway.http.request import Request
 from gateway.http.session import SOCKET_ERRORS
@@ -130,12 +130,7 @@ async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bo
                     if follower is not None and not outbox.full and (
                             follower.next_seq == follower.cursor.tail.next_seq):
                         await _follow(follower, heartbeat)
-                    if outbox.full:
-                        with trio.move_on_after(stall):
-                            await outbox.wait_writable()
-                        if outbox.full:
-                            raise Behind(f"the client took nothing for {stall:g} s",
-                                         "idle_timeout_secs")
+                    await wait_for_room(outbox, stall)
                     batch = await next_batch(cursors, WRITE_BYTES, heartbeat)
                     if not batch:
                         outbox.put_nowait(session.chunk(b": heartbeat\n\n"))

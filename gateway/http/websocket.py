@@ -43,7 +43,7 @@ from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
 from gateway.backend.contract import ProduceBatch, ProduceCode, ProduceOutcome, TopicRefused
 from gateway.http.auth import access_of, partitions_of
-from gateway.http.cursor import Behind, Cursor, Gone
+from gateway.http.cursor import Behind, Cursor, Gone, wait_for_room
 from gateway.http.messages import dumps, payload_of
 from gateway.http.request import HttpError, Request
 from gateway.http.session import RECEIVE_SIZE, SOCKET_ERRORS
@@ -393,12 +393,7 @@ class WebSocket:
         with sub.scope:
             try:
                 while True:
-                    if outbox.full:
-                        with trio.move_on_after(stall):
-                            await outbox.wait_writable()
-                        if outbox.full:
-                            raise Behind(f"the client took nothing for {stall:g} s",
-                                     "idle_timeout_secs")
+                    await wait_for_room(outbox, stall)
                     events = await cursor.take(WRITE_BYTES)
                     if events:
                         outbox.put_nowait(tail.joined("ws", events), sub)
