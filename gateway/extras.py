@@ -16,6 +16,8 @@ EXTRAS: Final = {
     "bench": "the Kafka benchmark client (confluent-kafka)",
     "spark": "the PySpark data source and sink (pyspark, pyarrow)",
     "docs": "the documentation site (mkdocs-material)",
+    "kafka-upstream": "upstream-Kafka mode, figtank in front of a Kafka cluster "
+                      "(confluent-kafka)",
     "test": "the test suite and its reference clients",
 }
 
