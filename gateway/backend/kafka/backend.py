@@ -64,6 +64,9 @@ log = structlog.get_logger("figtank.upstream_kafka")
 
 #: How long a produce or admin call waits for an absent upstream.
 DEFAULT_WAIT_SECS: Final = 5.0
+#: How long a fetch waits for a feed that is reading data known to exist, whatever its
+#: own max wait (a feed opened for it, catching up).
+CATCH_UP_SECS: Final = 2.0
 #: How long one metadata or watermark request may take.
 REQUEST_TIMEOUT_SECS: Final = 5.0
 
@@ -317,15 +320,20 @@ class KafkaBackend:
         deadline = trio.current_time() + max(max_wait_ms, 0) / 1000
         outcomes: list[FetchOutcome | None] = [None] * len(requests)
         feeds: dict[int, PartitionFeed] = {}
+        requests = list(requests)
 
         async def resolve(i: int, r: FetchRequest) -> None:
-            outcomes[i], feed = await self._fetch_one(r)
+            outcomes[i], feed, seq = await self._fetch_one(r)
             if feed is not None:
                 feeds[i] = feed
+                requests[i] = FetchRequest(r.topic, r.partition, seq, r.fetch_size)
 
         async with trio.open_nursery() as nursery:
             for i, r in enumerate(requests):
                 nursery.start_soon(resolve, i, r)
+        if any(feed.high_water_mark >= requests[i].seq for i, feed in feeds.items()):
+            # The data is there and the feed still on its way to it: no empty answer.
+            deadline = max(deadline, trio.current_time() + CATCH_UP_SECS)
         while (not any(o is not None and (o.status is not FetchStatus.DATA or o.chunk.length)
                        for o in outcomes)
                and feeds and trio.current_time() < deadline):
@@ -354,21 +362,23 @@ class KafkaBackend:
                     outcomes[i] = got
         return [o if o is not None else FetchOutcome(FetchStatus.FAULT) for o in outcomes]
 
-    async def _fetch_one(self, r: FetchRequest) -> tuple[FetchOutcome, PartitionFeed | None]:
-        """One partition's answer now, and the feed to wait on when it is at the tail."""
+    async def _fetch_one(self, r: FetchRequest
+                         ) -> tuple[FetchOutcome, PartitionFeed | None, int]:
+        """One partition's answer now, and the feed to wait on when it is at the tail
+        with the sequence it waits for."""
+        seq = r.seq
         if not is_valid_topic_name(r.topic):
-            return FetchOutcome(FetchStatus.UNKNOWN_TOPIC), None
+            return FetchOutcome(FetchStatus.UNKNOWN_TOPIC), None, seq
         if not self.health.up:
-            return FetchOutcome(FetchStatus.FAULT), None
+            return FetchOutcome(FetchStatus.FAULT), None, seq
         try:
             count = self._partitions.get(r.topic)
             if count is None or r.partition >= count:
                 count = await self.partition_count(r.topic, fresh=True)
             if count is None:
-                return FetchOutcome(FetchStatus.UNKNOWN_TOPIC), None
+                return FetchOutcome(FetchStatus.UNKNOWN_TOPIC), None, seq
             if not 0 <= r.partition < count:
-                return FetchOutcome(FetchStatus.UNKNOWN_PARTITION), None
-            seq = r.seq
+                return FetchOutcome(FetchStatus.UNKNOWN_PARTITION), None, seq
             feed = self.feeds.feeds.get((r.topic, r.partition))
             if seq in (0, UINT64_MAX) or feed is None or feed.error is not None:
                 low, high = await self._watermarks(r.topic, r.partition)
@@ -379,26 +389,26 @@ class KafkaBackend:
                     seq = high + 1
                 elif not first <= seq <= high + 1:
                     return FetchOutcome(FetchStatus.BOUNDARY, high_water_mark=high,
-                                        first_available=first if high else 0), None
+                                        first_available=first if high else 0), None, seq
                 if feed is None or feed.error is not None:
                     feed = (self.feeds.open(r.topic, r.partition, seq) if feed is None
                             else self.feeds.reopen(feed, seq))
                     feed.high_water_mark = max(feed.high_water_mark, high)
         except UpstreamUnavailable:
-            return FetchOutcome(FetchStatus.FAULT), None
+            return FetchOutcome(FetchStatus.FAULT), None, seq
         except ConnectionError:
-            return FetchOutcome(FetchStatus.FAULT), None
+            return FetchOutcome(FetchStatus.FAULT), None, seq
         feed.last_used = trio.current_time()
         request = FetchRequest(r.topic, r.partition, seq, r.fetch_size)
         got = self._from_feed(feed, request)
         if got is not None:
-            return got, None
+            return got, None, seq
         if seq == feed.next_seq:
             return FetchOutcome(FetchStatus.DATA, high_water_mark=feed.high_water_mark,
-                                resolved_seq=seq), feed
+                                resolved_seq=seq), feed, seq
         # Older than the cache, or ahead of the feed: read from there.
         read = await self.history.read(r.topic, r.partition, seq, max(r.fetch_size, 1))
-        return self._from_history(r, seq, read), None
+        return self._from_history(r, seq, read), None, seq
 
     def _from_feed(self, feed: PartitionFeed, r: FetchRequest) -> FetchOutcome | None:
         """The answer from the feed's cache, or None (not cached there, or at its tail)."""
