@@ -12,7 +12,7 @@ $(BIN)/python:
 
 # setup.py builds the Cython extensions in place: edits to them rebuild.
 $(STAMP): $(BIN)/python pyproject.toml setup.py protocols/_speedups.pyx gateway/store/_fsync.pyx
-	$(BIN)/python -m pip install --quiet -e '.[test,spark,docs]'
+	$(BIN)/python -m pip install --quiet -e '.[test,spark,docs,kafka-upstream]'
 	touch $(STAMP)
 
 # $(call serve_flag,VAR,--flag): "--flag 'value'" when VAR was given on the command line

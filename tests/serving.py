@@ -7,9 +7,11 @@ import signal
 import subprocess
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import trio
 
 from gateway.bench.serving import start_serve
 
@@ -84,3 +86,34 @@ def figtank_serve(*args: str, cwd: Path | None = None, timeout: float = 30,
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+class Served:
+    """``figtank_serve`` entered in a worker thread, so trio keeps running meanwhile."""
+
+    def __init__(self, *args: str) -> None:
+        self.args = args
+        self._cm: AbstractContextManager[ServeProcess] | None = None
+        self.process: ServeProcess | None = None
+
+    async def start(self) -> ServeProcess:
+        self._cm = figtank_serve(*self.args)
+        self.process = await trio.to_thread.run_sync(self._cm.__enter__)
+        return self.process
+
+    async def stop(self, sig: int = signal.SIGTERM) -> int:
+        """Stop it with ``sig`` (waiting in a worker thread); its exit status."""
+        assert self.process is not None
+        code = await trio.to_thread.run_sync(self.process.stop, sig)
+        self.close()
+        return code
+
+    async def kill(self) -> None:
+        assert self.process is not None
+        await trio.to_thread.run_sync(self.process.stop, signal.SIGKILL)
+        self.close()
+
+    def close(self) -> None:
+        if self._cm is not None:
+            self._cm.__exit__(None, None, None)
+            self._cm = None

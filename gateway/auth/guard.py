@@ -176,6 +176,11 @@ class ConnectionAccess:
         label = operation if isinstance(operation, str) else operation.value
         self._deny(label, request, outcome, topic=topic)
 
+    def count_refusal(self, label: str) -> None:
+        """Count a refusal that is not the policy's (``figtank_access_denied{operation=
+        label}``); the caller logs it."""
+        self._guard.count_denied(self.principal.listener, label)
+
     def _deny(self, label: str, request: str, outcome: str, **names: str | None) -> None:
         self._guard.count_denied(self.principal.listener, label)
         key = (next(iter(names.values())), label)

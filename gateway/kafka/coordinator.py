@@ -49,6 +49,7 @@ def _locate(ctx: RequestContext, key_type: int, key: str
     if key_type == TRANSACTION_KEY:
         return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, NO_TRANSACTIONS, -1, "", -1
     if not group_allowed(ctx, key, Operation.DISCOVER, "find_coordinator"):
-        return ErrorCode.GROUP_AUTHORIZATION_FAILED, None, -1, "", -1
+        return (ErrorCode.GROUP_AUTHORIZATION_FAILED, ctx.services.groups_refused, -1, "",
+                -1)
     host, port = ctx.advertised
     return ErrorCode.NONE, None, NODE_ID, host, port

@@ -5,6 +5,7 @@ groups' committed offsets."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from gateway.kafka.groups.coordinator import GroupCoordinator
 from gateway.kafka.groups.membership import MembershipCheck, NoMembers
@@ -12,6 +13,12 @@ from gateway.kafka.groups.offsets import OffsetStore
 from gateway.kafka.idempotence import ProducerStates
 from gateway.server.config import Settings
 from gateway.server.metrics import Metrics
+
+#: Why consumer groups are refused in upstream-Kafka mode (the clients' error message).
+NO_GROUPS_UPSTREAM: Final = (
+    "figtank in upstream-Kafka mode does not coordinate consumer groups (a gateway keeps "
+    "no group state); assign partitions and keep positions in the application, or join "
+    "the group at the upstream cluster")
 
 
 @dataclass(slots=True)
@@ -25,6 +32,9 @@ class KafkaServices:
     #: The consumer group coordinator (None: group membership requests are not served
     #: and only standalone commits are taken).
     groups: GroupCoordinator | None = None
+    #: Set: every group request is refused with GROUP_AUTHORIZATION_FAILED, this the why
+    #: (upstream-Kafka mode: no group state on a gateway).
+    groups_refused: str | None = None
 
     @property
     def membership(self) -> MembershipCheck:

@@ -49,11 +49,14 @@ def _optional_address(value: Any) -> str:
 
 
 def _addresses(value: Any) -> tuple[str, ...]:
+    """A list of ``HOST:PORT`` strings; a string (and each string of a list, as repeated
+    flags give them) may hold several, comma-separated."""
     if isinstance(value, str):
-        value = [v for v in value.split(",") if v.strip()]
-    if not isinstance(value, (list, tuple)):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
         raise ValueError("expected a list of \"HOST:PORT\" strings")
-    return tuple(_address(v.strip()) for v in value)
+    return tuple(_address(part.strip()) for v in value for part in v.split(",")
+                 if part.strip())
 
 
 def _number(kind: type[int] | type[float], *, positive: bool) -> Callable[[Any], Any]:
@@ -122,6 +125,34 @@ def _optional_file(value: Any) -> str:
     if value is None or value == "":
         return ""
     return str(_path(value))
+
+
+def _librdkafka_table(value: Any) -> dict[str, str]:
+    """librdkafka settings passed through as they are (names and values as text)."""
+    if not isinstance(value, Mapping):
+        raise ValueError("expected a table of librdkafka settings")
+    table = {}
+    for key, raw in value.items():
+        if isinstance(raw, (Mapping, list, tuple)):
+            raise ValueError(f"{key}: expected a string, number or boolean")
+        table[str(key)] = (str(raw).lower() if isinstance(raw, bool) else str(raw))
+    return table
+
+
+def _optional_choice(*allowed: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        if value in ("", None):
+            return ""
+        if value not in allowed:
+            raise ValueError(f"expected one of {', '.join(allowed)} (or empty)")
+        return str(value)
+    return parse
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("expected a string")
+    return value
 
 
 def _topic_config(value: Any) -> dict[str, str]:
@@ -371,6 +402,42 @@ class Settings:
         "upstream.brokers", (), _addresses,
         "Bridge mode: upstream Tank brokers, tried in order (empty: embedded store).",
         "--upstream")
+    upstream_kafka: tuple[str, ...] = _setting(
+        "upstream_kafka.bootstrap_servers", (), _addresses,
+        "Upstream-Kafka mode: bootstrap servers of a Kafka-protocol cluster the gateway "
+        "fronts (empty: embedded store); not with upstream.brokers. See "
+        "docs/upstream-kafka.md.", "--upstream-kafka")
+    upstream_kafka_client_id: str = _setting(
+        "upstream_kafka.client_id", "figtank", _text,
+        "Client id the gateway gives the upstream cluster.", "--upstream-kafka-client-id")
+    upstream_kafka_tls: bool = _setting(
+        "upstream_kafka.tls", False, _boolean,
+        "Connect to the upstream cluster with TLS (implied by tls_ca, tls_cert).")
+    upstream_kafka_tls_ca: str = _setting(
+        "upstream_kafka.tls_ca", "", _optional_file,
+        "CA certificates (PEM) the upstream brokers' certificates are checked against "
+        "(empty: the system's).")
+    upstream_kafka_tls_cert: str = _setting(
+        "upstream_kafka.tls_cert", "", _optional_file,
+        "Client certificate (PEM) for mutual TLS with the upstream cluster.")
+    upstream_kafka_tls_key: str = _setting(
+        "upstream_kafka.tls_key", "", _optional_file,
+        "Private key (PEM) of upstream_kafka.tls_cert.")
+    upstream_kafka_sasl_mechanism: str = _setting(
+        "upstream_kafka.sasl_mechanism", "", _optional_choice(*SASL_MECHANISMS),
+        "SASL mechanism to authenticate to the upstream cluster with (PLAIN, "
+        "SCRAM-SHA-256, SCRAM-SHA-512; empty: none).")
+    upstream_kafka_sasl_username: str = _setting(
+        "upstream_kafka.sasl_username", "", _text,
+        "SASL user name at the upstream cluster.")
+    upstream_kafka_sasl_password: str = _setting(
+        "upstream_kafka.sasl_password", "", _text,
+        "SASL password at the upstream cluster.")
+    upstream_kafka_librdkafka: dict[str, str] = _setting(  # noqa: RUF009 (a field, made by _setting)
+        "upstream_kafka.librdkafka", {}, _librdkafka_table,
+        "librdkafka settings for what figtank does not name, passed through to its "
+        "producer, consumers and admin client, e.g. {\"socket.keepalive.enable\" = "
+        "\"true\"}; they override figtank's own choices.")
     auto_create_topics: bool = _setting(
         "topics.auto_create", True, _boolean,
         "Create a topic on first produce, publish or attach.", "--auto-create-topics")
@@ -547,10 +614,31 @@ class Settings:
 
     def __post_init__(self) -> None:
         self.listener_specs()  # a TLS setting missing its pair is an error now
+        if self.upstream and self.upstream_kafka:
+            raise ConfigError("upstream_kafka.bootstrap_servers: figtank fronts one log: "
+                              "give either upstream.brokers (--upstream, a Tank broker) or "
+                              "upstream_kafka.bootstrap_servers (--upstream-kafka), not both")
+        if bool(self.upstream_kafka_tls_cert) != bool(self.upstream_kafka_tls_key):
+            raise ConfigError("upstream_kafka.tls_cert: a client certificate and its key "
+                              "go together: set upstream_kafka.tls_cert and tls_key")
+        if self.upstream_kafka_sasl_mechanism and not self.upstream_kafka_sasl_username:
+            raise ConfigError("upstream_kafka.sasl_username: SASL to the upstream needs a "
+                              "user name (and upstream_kafka.sasl_password)")
 
     @property
     def bridge_mode(self) -> bool:
+        """In front of an upstream Tank broker."""
         return bool(self.upstream)
+
+    @property
+    def upstream_kafka_mode(self) -> bool:
+        """In front of an upstream Kafka-protocol cluster."""
+        return bool(self.upstream_kafka)
+
+    @property
+    def upstream_mode(self) -> bool:
+        """Fronting an upstream log of either kind: no log of the gateway's own."""
+        return self.bridge_mode or self.upstream_kafka_mode
 
     def listener_specs(self) -> list[ListenerSpec]:
         """Every listener to open (those with an empty address are off), in the order
@@ -639,7 +727,8 @@ def _parse_option(option: Option, value: Any) -> Any:
 
 
 def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    known_tables = {o.key for o in OPTIONS if o.parse in (_topic_config, _listener_tables)}
+    known_tables = {o.key for o in OPTIONS
+                    if o.parse in (_topic_config, _listener_tables, _librdkafka_table)}
     flat: dict[str, Any] = {}
     for name, value in table.items():
         key = f"{prefix}{name}"

@@ -139,12 +139,17 @@ class Metrics:
         # Exported only by the backend they describe (see include()).
         self.fsync_seconds = Histogram("figtank_fsync_seconds", "Duration of one group fsync.",
                                        buckets=_LATENCY_BUCKETS, registry=None)
-        self.upstream_up = Gauge("figtank_upstream_up",
-                                 "Bridge mode: 1 while the upstream broker is reachable.",
-                                 registry=None)
-        self.upstream_outages = Counter("figtank_upstream_outages",
-                                        "Bridge mode: times the upstream became unreachable.",
-                                        registry=None)
+        self.upstream_up = Gauge(
+            "figtank_upstream_up", "Bridge and upstream-Kafka modes: 1 while the upstream "
+            "answers.", registry=None)
+        self.upstream_outages = Counter(
+            "figtank_upstream_outages", "Bridge and upstream-Kafka modes: times the upstream "
+            "became unreachable.", registry=None)
+        self.upstream_errors = Counter(
+            "figtank_upstream_errors", "Upstream-Kafka mode: errors the upstream cluster "
+            "answered, by operation (produce, fetch, create_topic) and error (its name, "
+            "e.g. MSG_SIZE_TOO_LARGE, TOPIC_AUTHORIZATION_FAILED).", ["operation", "error"],
+            registry=None)
         self.data_loss_events = Counter(
             "figtank_data_loss_events", "Damaged regions found in rolled segments, and "
             "corrupt or torn tails recovery cut off active segments.", registry=None)

@@ -43,6 +43,7 @@ from gateway.auth.policy import PolicyError
 from gateway.auth.quotas import QuotaRules, Quotas
 from gateway.backend.contract import Backend
 from gateway.backend.embedded import connection_slots, open_embedded_backend
+from gateway.extras import MissingExtra
 from gateway.figg.listener import FiggListener
 from gateway.http.listener import HttpListener
 from gateway.kafka.groups.coordinator import GroupCoordinator
@@ -56,7 +57,7 @@ from gateway.kafka.groups.offsets import (
 )
 from gateway.kafka.idempotence import ProducerStates
 from gateway.kafka.listener import KafkaListener
-from gateway.kafka.services import KafkaServices
+from gateway.kafka.services import NO_GROUPS_UPSTREAM, KafkaServices
 from gateway.server.accepting import serve_listeners
 from gateway.server.config import (
     OPTIONS,
@@ -295,6 +296,17 @@ async def open_backend(settings: Settings, metrics: Metrics
         async with open_bridge_backend(settings, metrics) as bridge:
             yield bridge, bridge.unavailable
         return
+    if settings.upstream_kafka_mode:
+        from gateway.backend.kafka import open_kafka_backend  # needs the extra
+        from gateway.backend.kafka.clients import librdkafka
+
+        try:
+            librdkafka()
+        except MissingExtra as exc:
+            raise ConfigError(f"upstream_kafka.bootstrap_servers: {exc}") from None
+        async with open_kafka_backend(settings, metrics) as upstream:
+            yield upstream, upstream.unavailable
+        return
     check_data_dir(settings.data_dir)
     apply_descriptor_limit(settings)
     async with AsyncExitStack() as stack:
@@ -433,12 +445,14 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
         backend_in_use = open_backend(settings, metrics) if backend is None else _given(backend)
         kafka = any(spec.protocol == "kafka" for spec in specs)
         async with backend_in_use as (info.backend, readiness.unavailable), \
-                open_offsets(settings, metrics, info.backend, kafka) as info.offsets, \
+                open_offsets(settings, metrics, info.backend,
+                             kafka and not settings.upstream_kafka_mode) as info.offsets, \
                 trio.open_nursery() as draining:
             listeners: dict[str, ProtocolListener] = {}
             services = KafkaServices(
                 ProducerStates(settings.max_producer_states, metrics),
-                info.offsets or OffsetStore(None), info.groups)
+                info.offsets or OffsetStore(None), info.groups,
+                groups_refused=NO_GROUPS_UPSTREAM if settings.upstream_kafka_mode else None)
             info.groups.known = services.offsets
             for spec in specs:
                 if spec.protocol in _LISTENERS:
@@ -518,9 +532,11 @@ def _log_serving(settings: Settings, info: ServerInfo) -> None:
              kafka=_show(info.kafka), http=_show(info.http),
              metrics=_show(info.metrics), listeners=others or None,
              tls=sorted(info.tls) or None,
-             backend="upstream" if settings.bridge_mode else "embedded",
+             backend=("upstream" if settings.bridge_mode else "upstream_kafka"
+                      if settings.upstream_kafka_mode else "embedded"),
              upstream=list(settings.upstream) or None,
-             data_dir=None if settings.bridge_mode else str(settings.data_dir),
+             upstream_kafka=list(settings.upstream_kafka) or None,
+             data_dir=None if settings.upstream_mode else str(settings.data_dir),
              durability=settings.durability, hot_paths=implementation())
 
 

@@ -3,8 +3,6 @@ restart in the middle of publishing and subscribing."""
 
 from __future__ import annotations
 
-import signal
-from contextlib import AbstractContextManager
 from pathlib import Path
 
 import trio
@@ -12,34 +10,10 @@ import trio
 from gateway.client.figg import open_figg_client
 from gateway.client.tank import open_tank_client
 from tests.bridge.helpers import free_port, metric
-from tests.serving import ServeProcess, figtank_serve
+from tests.serving import Served
 
 OFF = ""
 LOOPBACK = "127.0.0.1:0"
-
-
-class Served:
-    """``figtank_serve`` entered in a worker thread, so trio keeps running meanwhile."""
-
-    def __init__(self, *args: str) -> None:
-        self.args = args
-        self._cm: AbstractContextManager[ServeProcess] | None = None
-        self.process: ServeProcess | None = None
-
-    async def start(self) -> ServeProcess:
-        self._cm = figtank_serve(*self.args)
-        self.process = await trio.to_thread.run_sync(self._cm.__enter__)
-        return self.process
-
-    async def kill(self) -> None:
-        assert self.process is not None
-        await trio.to_thread.run_sync(self.process.stop, signal.SIGKILL)
-        self.close()
-
-    def close(self) -> None:
-        if self._cm is not None:
-            self._cm.__exit__(None, None, None)
-            self._cm = None
 
 
 def upstream_args(data_dir: Path, port: int) -> tuple[str, ...]:

@@ -46,7 +46,13 @@ def _groups(ctx: RequestContext) -> GroupCoordinator:
 def group_allowed(ctx: RequestContext, group: str, operation: Operation,
                   request: str) -> bool:
     """Whether the connection may do ``operation`` on ``group``; a refusal is counted and
-    logged (the caller answers GROUP_AUTHORIZATION_FAILED)."""
+    logged (the caller answers GROUP_AUTHORIZATION_FAILED). Always refused where the
+    server serves no groups (upstream-Kafka mode)."""
+    if ctx.services.groups_refused is not None:
+        ctx.refused("kafka_groups_not_served", group=group, request=request,
+                    reason=ctx.services.groups_refused)
+        ctx.access.count_refusal("group_not_served")
+        return False
     if ctx.access.may_group(group, operation):
         return True
     ctx.access.refused_group(group, operation, request)

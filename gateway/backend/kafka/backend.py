@@ -1,0 +1,525 @@
+"""The upstream-Kafka backend: every listener served from a Kafka-protocol cluster.
+
+:class:`KafkaBackend` implements :class:`~gateway.backend.contract.Backend` with
+librdkafka (confluent-kafka): figtank keeps no log, no offsets and no group state of its
+own, so gateways in front of one cluster are interchangeable. Positions are the
+cluster's: **Figg offset = Tank sequence = Kafka offset + 1**.
+
+- produce: each bundle is checked (as the other backends do), its messages handed to
+  the idempotent producer (:mod:`gateway.backend.kafka.produce`); the outcome comes when
+  the upstream acknowledged them all (``acks=all``). A bundle naming its own sequence
+  numbers (sparse, or ProduceWithSeqnum) is refused with INVALID_SEQUENCE: the upstream
+  numbers records. A missing topic is created through the admin client when
+  :class:`~gateway.backend.contract.AutoCreate` allows it.
+- fetch: from the partition's tail feed (:mod:`gateway.backend.kafka.feeds`) when the
+  position is in its cache or at its tail (the long poll waits on the feed), else one
+  read from the position (:mod:`gateway.backend.kafka.history`).
+- admin and bounds: metadata, watermarks and topic creation through librdkafka, each in a
+  worker thread.
+
+While the upstream does not answer (:mod:`gateway.backend.kafka.health`), calls give the
+answers the front ends turn into their "unavailable": produce I/O fault, fetch FAULT,
+create_topic system error, and discovery raises :class:`UpstreamUnavailable`, after
+waiting for it up to ``wait_secs`` (a fetch: within its ``max_wait``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+import structlog
+import trio
+
+from gateway.backend.contract import (
+    AutoCreate,
+    BackendStatus,
+    BytesChunk,
+    CreateTopicCode,
+    FetchOutcome,
+    FetchRequest,
+    FetchStatus,
+    PartitionInfo,
+    ProduceBatch,
+    ProduceCode,
+    ProduceDone,
+    ProduceOutcome,
+    ReloadConfCode,
+    TopicInfo,
+)
+from gateway.backend.kafka.feeds import PartitionFeed, TailFeeds
+from gateway.backend.kafka.health import UpstreamHealth
+from gateway.backend.kafka.history import HistoryRead, HistoryReader
+from gateway.backend.kafka.produce import UpstreamProducer
+from gateway.server.metrics import Metrics
+from protocols.errors import ProtocolError
+from protocols.kafka.upstream import UpstreamBundle
+from protocols.tank.bundle import decode_bundle, validate_bundle
+from protocols.topics import MAX_PARTITIONS, is_valid_topic_name
+from protocols.wire import UINT64_MAX
+
+log = structlog.get_logger("figtank.upstream_kafka")
+
+#: How long a produce or admin call waits for an absent upstream.
+DEFAULT_WAIT_SECS: Final = 5.0
+#: How long a fetch waits for a feed that is reading data known to exist, whatever its
+#: own max wait (a feed opened for it, catching up).
+CATCH_UP_SECS: Final = 2.0
+#: How long one metadata or watermark request may take.
+REQUEST_TIMEOUT_SECS: Final = 5.0
+
+
+class UpstreamUnavailable(ConnectionError):
+    """The upstream cluster did not answer in time."""
+
+
+class KafkaBackend:
+    """Serves the listeners from an upstream Kafka cluster; see the module doc.
+
+    ``admin`` is a ``confluent_kafka.admin.AdminClient``, ``meta`` a consumer used for
+    watermark queries only, ``ck`` the ``confluent_kafka`` module.
+    """
+
+    def __init__(self, *, ck: Any, admin: Any, meta: Any, producer: UpstreamProducer,
+                 feeds: TailFeeds, history: HistoryReader, health: UpstreamHealth,
+                 auto_create_topics: bool = True, default_partitions: int = 1,
+                 replication_factor: int = -1, max_bundle_bytes: int = 64 * 1024 * 1024,
+                 wait_secs: float = DEFAULT_WAIT_SECS, metrics: Metrics | None = None) -> None:
+        self._ck = ck
+        self._admin = admin
+        self._meta = meta
+        self.producer = producer
+        self.feeds = feeds
+        self.history = history
+        self.health = health
+        self.auto_create = AutoCreate(auto_create_topics, default_partitions)
+        self.replication_factor = replication_factor
+        self.max_bundle_bytes = max_bundle_bytes
+        self.wait_secs = wait_secs
+        self._metrics = metrics
+        #: Partition counts of the topics seen (topics are not deleted while serving;
+        #: a partition past the count asks again).
+        self._partitions: dict[str, int] = {}
+        self._waiting: deque[tuple[Sequence[ProduceBatch],
+                                   Callable[[int, ProduceOutcome], None]]] = deque()
+        self._draining = False
+        #: Starts background tasks (set by open_kafka_backend).
+        self._spawn: Callable[..., Any] = _no_nursery
+        self._started = int(time.time() * 1000)
+
+    def unavailable(self) -> str | None:
+        """Why the gateway can not serve now, or None."""
+        return self.health.unavailable()
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    async def _blocking(self, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)`` in a worker thread (librdkafka's blocking calls)."""
+        return await trio.to_thread.run_sync(call, *args, abandon_on_cancel=True)
+
+    def _tp(self, topic: str, partition: int, offset: int = -1001) -> Any:
+        return self._ck.TopicPartition(topic, partition, offset)
+
+    def _count(self, operation: str, error: str) -> None:
+        if self._metrics is not None:
+            self._metrics.upstream_errors.labels(operation, error).inc()
+
+    async def _ready(self) -> None:
+        if not await self.health.wait_up(trio.current_time() + self.wait_secs):
+            raise UpstreamUnavailable(self.health.unavailable() or "upstream unreachable")
+
+    async def partition_count(self, topic: str, *, fresh: bool = False) -> int | None:
+        """Partitions of ``topic`` upstream; None when it does not exist."""
+        if not fresh and topic in self._partitions:
+            return self._partitions[topic]
+        await self._ready()
+        try:
+            metadata = await self._blocking(self._admin.list_topics, topic,
+                                            REQUEST_TIMEOUT_SECS)
+        except self._ck.KafkaException as exc:
+            self.health.suspect()
+            raise UpstreamUnavailable(f"metadata of {topic!r}: {exc}") from exc
+        found = metadata.topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            if found is not None and found.error is not None:
+                name = found.error.name()
+                if name not in ("UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC"):
+                    self._count("metadata", name)
+            return None
+        self._partitions[topic] = len(found.partitions)
+        return len(found.partitions)
+
+    async def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        try:
+            low, high = await self._blocking(self._meta.get_watermark_offsets,
+                                             self._tp(topic, partition), REQUEST_TIMEOUT_SECS)
+        except self._ck.KafkaException as exc:
+            self.health.suspect()
+            raise UpstreamUnavailable(f"watermarks of {topic}/{partition}: {exc}") from exc
+        return int(low), int(high)
+
+    # -- produce -----------------------------------------------------------------------------
+
+    async def produce(self, batches: Sequence[ProduceBatch]) -> list[ProduceOutcome]:
+        """Append each batch upstream; outcomes in the same order."""
+        outcomes: list[ProduceOutcome | None] = [None] * len(batches)
+        done = trio.Event()
+        left = len(batches)
+
+        def finish(i: int, outcome: ProduceOutcome) -> None:
+            nonlocal left
+            outcomes[i] = outcome
+            left -= 1
+            if not left:
+                done.set()
+
+        if not batches:
+            return []
+        await self._send(batches, finish)
+        await done.wait()
+        return outcomes  # type: ignore[return-value]  # every slot filled
+
+    def produce_nowait(self, batches: Sequence[ProduceBatch], on_done: ProduceDone) -> None:
+        """:meth:`produce` without waiting: bundles of known topics are queued to the
+        producer before this returns (so calls keep their order); ``on_done`` gets the
+        outcomes once the upstream acknowledged them."""
+        outcomes: list[ProduceOutcome | None] = [None] * len(batches)
+        left = len(batches)
+        if not batches:
+            on_done([])
+            return
+
+        def finish(i: int, outcome: ProduceOutcome) -> None:
+            nonlocal left
+            outcomes[i] = outcome
+            left -= 1
+            if not left:
+                on_done(outcomes)  # type: ignore[arg-type]  # every slot filled
+
+        if self._all_known(batches) and not self._waiting:
+            self._queue(batches, finish)
+        else:  # a topic to look up or create first: later calls wait behind it
+            self._waiting.append((batches, finish))
+            if not self._draining:
+                self._draining = True
+                self._spawn(self._drain_waiting)
+
+    def _all_known(self, batches: Sequence[ProduceBatch]) -> bool:
+        known = self._partitions
+        return all(b.topic in known for b in batches)
+
+    async def _drain_waiting(self) -> None:
+        """Queue the calls that waited for a topic's lookup, in call order."""
+        try:
+            while self._waiting:
+                batches, finish = self._waiting[0]
+                await self._look_up(batches)
+                self._waiting.popleft()
+                self._queue(batches, finish)
+        finally:
+            self._draining = False
+
+    async def _send(self, batches: Sequence[ProduceBatch],
+                    finish: Callable[[int, ProduceOutcome], None]) -> None:
+        await self._look_up(batches)
+        self._queue(batches, finish)
+
+    async def _look_up(self, batches: Sequence[ProduceBatch]) -> None:
+        """Learn the partitions of the batches' topics not known yet, creating those
+        missing as :attr:`auto_create` allows (a failure fails their batches later)."""
+        for topic in dict.fromkeys(b.topic for b in batches):
+            if topic in self._partitions or not is_valid_topic_name(topic):
+                continue
+            try:
+                count = await self.partition_count(topic)
+                if count is None and self.auto_create.allows(topic):
+                    await self.auto_create.create(topic, self.create_topic)
+                    await self.partition_count(topic, fresh=True)
+            except Exception as exc:  # unavailable, refused: those batches fail below
+                log.debug("upstream_topic_lookup_failed", topic=topic, error=repr(exc))
+
+    def _queue(self, batches: Sequence[ProduceBatch],
+               finish: Callable[[int, ProduceOutcome], None]) -> None:
+        # Away for longer than a call waits (or never seen): fail now, not at the
+        # delivery timeout.
+        down = not self.health.up and (not self.health.ever_up
+                                       or self.health.down_for() > self.wait_secs)
+        for i, batch in enumerate(batches):
+            refused = self._check(batch)
+            if refused is not None:
+                finish(i, refused)
+                continue
+            if down:
+                finish(i, ProduceOutcome(ProduceCode.IO_FAULT,
+                                         reason=self.health.unavailable() or "upstream"))
+                continue
+            messages = decode_bundle(batch.bundle, 1)
+            started = time.perf_counter()
+
+            def done(outcome: ProduceOutcome, i: int = i, batch: ProduceBatch = batch,
+                     count: int = len(messages), started: float = started) -> None:
+                if self._metrics is not None:
+                    self._metrics.append_seconds.observe(time.perf_counter() - started)
+                    if outcome.code is ProduceCode.OK:
+                        self._metrics.appended(batch.topic, count, len(batch.bundle))
+                finish(i, outcome)
+
+            self.producer.send(batch.topic, batch.partition, messages, done)
+
+    def _check(self, batch: ProduceBatch) -> ProduceOutcome | None:
+        """The outcome refusing ``batch`` before it goes upstream, or None."""
+        count = self._partitions.get(batch.topic)
+        if not is_valid_topic_name(batch.topic):
+            return ProduceOutcome(ProduceCode.UNKNOWN_TOPIC,
+                                  reason=f"invalid topic name {batch.topic!r}")
+        if count is None:
+            return ProduceOutcome(ProduceCode.UNKNOWN_TOPIC,
+                                  reason=f"unknown topic {batch.topic!r}")
+        if not 0 <= batch.partition < count:
+            self._partitions.pop(batch.topic, None)  # it may have grown: ask next time
+            return ProduceOutcome(ProduceCode.UNKNOWN_PARTITION)
+        if batch.base_seq is not None:
+            return ProduceOutcome(ProduceCode.INVALID_SEQUENCE, reason=(
+                "the upstream Kafka cluster numbers records: a produce can not name "
+                "its sequence numbers"))
+        if len(batch.bundle) > self.max_bundle_bytes:
+            return ProduceOutcome(ProduceCode.IO_FAULT, reason=(
+                f"bundle of {len(batch.bundle)} bytes is over {self.max_bundle_bytes}"))
+        info = batch.info
+        if info is None:
+            try:
+                info = validate_bundle(batch.bundle)
+            except ProtocolError as exc:
+                return ProduceOutcome(ProduceCode.IO_FAULT, reason=f"invalid bundle: {exc}")
+        if info.sparse:
+            return ProduceOutcome(ProduceCode.INVALID_SEQUENCE, reason=(
+                "a sparse bundle names its sequence numbers; the upstream numbers records"))
+        return None
+
+    # -- fetch -------------------------------------------------------------------------------
+
+    def fetch_nowait(self, requests: Sequence[FetchRequest]) -> list[FetchOutcome] | None:
+        """What the feeds' caches answer at once, or None."""
+        outcomes = []
+        for r in requests:
+            feed = self.feeds.feeds.get((r.topic, r.partition))
+            if feed is None or feed.error is not None:
+                return None
+            outcome = self._from_feed(feed, r)
+            if outcome is None:
+                return None
+            outcomes.append(outcome)
+        return outcomes if any(o.chunk.length for o in outcomes) else None
+
+    async def fetch(self, requests: Sequence[FetchRequest], *, max_wait_ms: int,
+                    min_bytes: int) -> list[FetchOutcome]:
+        """Each partition from its feed or a history read; waits at the tail when none
+        has data (``min_bytes`` is taken as 1: any arrival answers)."""
+        deadline = trio.current_time() + max(max_wait_ms, 0) / 1000
+        outcomes: list[FetchOutcome | None] = [None] * len(requests)
+        feeds: dict[int, PartitionFeed] = {}
+        requests = list(requests)
+
+        async def resolve(i: int, r: FetchRequest) -> None:
+            outcomes[i], feed, seq = await self._fetch_one(r)
+            if feed is not None:
+                feeds[i] = feed
+                requests[i] = FetchRequest(r.topic, r.partition, seq, r.fetch_size)
+
+        async with trio.open_nursery() as nursery:
+            for i, r in enumerate(requests):
+                nursery.start_soon(resolve, i, r)
+        if any(feed.high_water_mark >= requests[i].seq for i, feed in feeds.items()):
+            # The data is there and the feed still on its way to it: no empty answer.
+            deadline = max(deadline, trio.current_time() + CATCH_UP_SECS)
+        while (not any(o is not None and (o.status is not FetchStatus.DATA or o.chunk.length)
+                       for o in outcomes)
+               and feeds and trio.current_time() < deadline):
+            # Every partition is at its feed's tail: wait for any of them.
+            arrived = trio.Event()
+
+            async def wait_one(feed: PartitionFeed, arrived: trio.Event) -> None:
+                await feed.arrived.wait()
+                arrived.set()
+
+            for feed in feeds.values():
+                feed.readers += 1
+            try:
+                with trio.move_on_at(deadline):
+                    async with trio.open_nursery() as nursery:
+                        for feed in feeds.values():
+                            nursery.start_soon(wait_one, feed, arrived)
+                        await arrived.wait()
+                        nursery.cancel_scope.cancel()
+            finally:
+                for feed in feeds.values():
+                    feed.readers -= 1
+            for i, feed in feeds.items():
+                got = self._from_feed(feed, requests[i])
+                if got is not None:
+                    outcomes[i] = got
+        return [o if o is not None else FetchOutcome(FetchStatus.FAULT) for o in outcomes]
+
+    async def _fetch_one(self, r: FetchRequest
+                         ) -> tuple[FetchOutcome, PartitionFeed | None, int]:
+        """One partition's answer now, and the feed to wait on when it is at the tail
+        with the sequence it waits for."""
+        seq = r.seq
+        if not is_valid_topic_name(r.topic):
+            return FetchOutcome(FetchStatus.UNKNOWN_TOPIC), None, seq
+        if not self.health.up:
+            return FetchOutcome(FetchStatus.FAULT), None, seq
+        try:
+            count = self._partitions.get(r.topic)
+            if count is None or r.partition >= count:
+                count = await self.partition_count(r.topic, fresh=True)
+            if count is None:
+                return FetchOutcome(FetchStatus.UNKNOWN_TOPIC), None, seq
+            if not 0 <= r.partition < count:
+                return FetchOutcome(FetchStatus.UNKNOWN_PARTITION), None, seq
+            feed = self.feeds.feeds.get((r.topic, r.partition))
+            if seq in (0, UINT64_MAX) or feed is None or feed.error is not None:
+                low, high = await self._watermarks(r.topic, r.partition)
+                first = low + 1
+                if seq == 0:
+                    seq = first
+                elif seq == UINT64_MAX:
+                    seq = high + 1
+                elif not first <= seq <= high + 1:
+                    return FetchOutcome(FetchStatus.BOUNDARY, high_water_mark=high,
+                                        first_available=first if high else 0), None, seq
+                if feed is None or feed.error is not None:
+                    feed = (self.feeds.open(r.topic, r.partition, seq) if feed is None
+                            else self.feeds.reopen(feed, seq))
+                    feed.high_water_mark = max(feed.high_water_mark, high)
+        except UpstreamUnavailable:
+            return FetchOutcome(FetchStatus.FAULT), None, seq
+        except ConnectionError:
+            return FetchOutcome(FetchStatus.FAULT), None, seq
+        feed.last_used = trio.current_time()
+        request = FetchRequest(r.topic, r.partition, seq, r.fetch_size)
+        got = self._from_feed(feed, request)
+        if got is not None:
+            return got, None, seq
+        if seq == feed.next_seq:
+            return FetchOutcome(FetchStatus.DATA, high_water_mark=feed.high_water_mark,
+                                resolved_seq=seq), feed, seq
+        # Older than the cache, or ahead of the feed: read from there.
+        read = await self.history.read(r.topic, r.partition, seq, max(r.fetch_size, 1))
+        return self._from_history(r, seq, read), None, seq
+
+    def _from_feed(self, feed: PartitionFeed, r: FetchRequest) -> FetchOutcome | None:
+        """The answer from the feed's cache, or None (not cached there, or at its tail)."""
+        if not feed.bundles or not feed.first_cached <= r.seq < feed.next_seq:
+            return None
+        bundles, _ = feed.bundles_from(r.seq, max(r.fetch_size, 1))
+        if not bundles:
+            return None
+        self.feeds.served += 1
+        feed.last_used = trio.current_time()
+        return _outcome(bundles, feed.high_water_mark, r.seq)
+
+    def _from_history(self, r: FetchRequest, seq: int, read: HistoryRead) -> FetchOutcome:
+        if read.error is not None:
+            name, _ = read.error
+            self._count("fetch", name)
+            if name == "OFFSET_OUT_OF_RANGE":
+                return FetchOutcome(FetchStatus.BOUNDARY, high_water_mark=read.high_water_mark)
+            return FetchOutcome(FetchStatus.FAULT)
+        if not read.bundles:
+            return FetchOutcome(FetchStatus.DATA, high_water_mark=read.high_water_mark,
+                                resolved_seq=seq)
+        high = max(read.high_water_mark, read.bundles[-1].last_seq)
+        return _outcome(read.bundles, high, seq)
+
+    # -- admin -------------------------------------------------------------------------------
+
+    async def create_topic(self, name: str, partitions: int, config: str = ""
+                           ) -> CreateTopicCode:
+        """CreateTopics upstream (Tank config keys are not Kafka's: ``config`` is not
+        passed on)."""
+        if not is_valid_topic_name(name) or not 0 < partitions <= MAX_PARTITIONS:
+            return CreateTopicCode.INVALID
+        try:
+            await self._ready()
+        except UpstreamUnavailable:
+            return CreateTopicCode.SYSTEM_ERROR
+        new = self._ck.admin.NewTopic(name, partitions, self.replication_factor)
+        futures = self._admin.create_topics([new], operation_timeout=REQUEST_TIMEOUT_SECS,
+                                            request_timeout=REQUEST_TIMEOUT_SECS)
+        try:
+            await self._blocking(futures[name].result)
+        except self._ck.KafkaException as exc:
+            error = exc.args[0]
+            code = error.name() if hasattr(error, "name") else "_FAIL"
+            if code == "TOPIC_ALREADY_EXISTS":
+                return CreateTopicCode.EXISTS
+            self._count("create_topic", code)
+            log.info("upstream_create_topic_refused", topic=name, error=code,
+                     reason=error.str() if hasattr(error, "str") else repr(exc))
+            if code in ("TOPIC_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED",
+                        "POLICY_VIOLATION"):
+                return CreateTopicCode.READ_ONLY
+            if code in ("INVALID_PARTITIONS", "INVALID_REPLICATION_FACTOR", "INVALID_CONFIG",
+                        "INVALID_TOPIC_EXCEPTION"):
+                return CreateTopicCode.BAD_CONFIG
+            return CreateTopicCode.SYSTEM_ERROR
+        self._partitions[name] = partitions
+        return CreateTopicCode.OK
+
+    async def discover_partitions(self, topic: str) -> list[PartitionInfo] | None:
+        """The upstream's bounds: ``(low + 1, high)`` per partition, ``(0, 0)`` when it
+        never held a record."""
+        if not is_valid_topic_name(topic):
+            return None
+        count = await self.partition_count(topic, fresh=True)
+        if count is None:
+            return None
+        infos = []
+        for partition in range(count):
+            low, high = await self._watermarks(topic, partition)
+            infos.append(PartitionInfo(low + 1, high) if high else PartitionInfo(0, 0))
+        return infos
+
+    async def discover_topics(self) -> list[TopicInfo]:
+        await self._ready()
+        try:
+            metadata = await self._blocking(self._admin.list_topics, None, REQUEST_TIMEOUT_SECS)
+        except self._ck.KafkaException as exc:
+            self.health.suspect()
+            raise UpstreamUnavailable(f"metadata: {exc}") from exc
+        topics = []
+        for name, topic in sorted(metadata.topics.items()):
+            if topic.error is None and is_valid_topic_name(name):
+                self._partitions[name] = len(topic.partitions)
+                topics.append(TopicInfo(name, len(topic.partitions)))
+        return topics
+
+    async def reload_conf(self, topic: str, partition: int) -> ReloadConfCode:
+        """Nothing to reload: the upstream owns its topics' configuration."""
+        if await self.partition_count(topic) is None:
+            return ReloadConfCode.UNKNOWN_TOPIC
+        return ReloadConfCode.OK
+
+    async def status(self) -> BackendStatus:
+        topics = await self.discover_topics()
+        return BackendStatus(len(topics), sum(t.partitions for t in topics),
+                             len(self.feeds.feeds), 0, self._started, 0)
+
+    async def aclose(self) -> None:
+        """Nothing here: :func:`open_kafka_backend` flushes and closes the clients."""
+
+
+def _no_nursery(*args: Any) -> None:
+    raise RuntimeError("the backend runs inside open_kafka_backend")
+
+
+def _outcome(bundles: list[UpstreamBundle], high_water_mark: int, seq: int) -> FetchOutcome:
+    chunk = b"".join(b.framed for b in bundles)
+    first = bundles[0]
+    return FetchOutcome(FetchStatus.DATA, high_water_mark=max(high_water_mark,
+                                                              bundles[-1].last_seq),
+                        base_seq=first.first_seq if first.plain else None,
+                        chunk=BytesChunk(chunk), resolved_seq=seq)

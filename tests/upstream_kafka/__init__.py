@@ -1,0 +1,1 @@
+"""Upstream-Kafka mode: figtank in front of a Kafka-protocol cluster."""
