@@ -89,7 +89,8 @@ async def open_kafka_backend(settings: Settings, metrics: Metrics | None = None,
     history = HistoryReader(lambda: ck.Consumer({**reader_config(settings, queued_kbytes=1024),
                                                  **common}), ck.TopicPartition)
     meta = ck.Consumer({**reader_config(settings, queued_kbytes=64), **common})
-    health = UpstreamHealth(lambda: admin.list_topics(timeout=2.0), settings.upstream_kafka,
+    health = UpstreamHealth(lambda timeout: admin.list_topics(timeout=timeout),
+                            settings.upstream_kafka,
                             metrics=metrics, interval=probe_interval)
     health_box.append(health)
     backend = KafkaBackend(ck=ck, admin=admin, meta=meta, producer=producer, feeds=feeds,

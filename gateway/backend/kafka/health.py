@@ -24,17 +24,24 @@ log = structlog.get_logger("figtank.upstream_kafka")
 class UpstreamHealth:
     """Tracks whether the upstream answers; see the module doc.
 
-    ``probe()`` runs in a worker thread and raises when the upstream does not answer.
+    ``probe(timeout)`` runs in a worker thread and raises when the upstream does not
+    answer within ``timeout`` seconds: ``timeout`` normally, ``suspect_timeout`` right
+    after librdkafka reported its brokers down (a short outage, a restart, is then seen
+    even when the upstream is back before the next regular probe).
     """
 
     def __init__(self, probe: Callable[[], Any], addresses: tuple[str, ...], *,
                  metrics: Metrics | None = None, interval: float = 5.0,
-                 down_interval: float = 0.5) -> None:
+                 down_interval: float = 0.5, timeout: float = 2.0,
+                 suspect_timeout: float = 0.5) -> None:
         self._probe = probe
         self.addresses = addresses
         self._metrics = metrics
         self.interval = interval
         self.down_interval = down_interval
+        self.timeout = timeout
+        self.suspect_timeout = suspect_timeout
+        self._suspected = False
         self._up: bool | None = None  # None until the first probe
         self._ever_up = False
         self._changed = trio.Event()
@@ -70,8 +77,9 @@ class UpstreamHealth:
         return f"upstream unreachable: {', '.join(self.addresses)}: {self.reason}"
 
     def suspect(self) -> None:
-        """Something failed (librdkafka reported all brokers down): probe now. Trio
-        thread only."""
+        """Something failed (librdkafka reported all brokers down): probe now, with the
+        short timeout. Trio thread only."""
+        self._suspected = True
         self._wake.set()
 
     async def wait_up(self, deadline: float) -> bool:
@@ -89,8 +97,10 @@ class UpstreamHealth:
         self._down_since = trio.current_time()
         started = False
         while True:
+            timeout = self.suspect_timeout if self._suspected else self.timeout
+            self._suspected = False
             try:
-                await trio.to_thread.run_sync(self._probe, abandon_on_cancel=True)
+                await trio.to_thread.run_sync(self._probe, timeout, abandon_on_cancel=True)
             except Exception as exc:
                 self._went_down(_short(exc))
             else:
