@@ -145,6 +145,13 @@ def test_a_command_that_needs_a_missing_extra_names_it(installed: Installed) -> 
         "figtank bench: kafka-produce needs the 'bench' extra (confluent_kafka is not "
         "installed): pip install 'figtank[bench]'")
     assert result.stdout == ""
+    upstream = installed.figtank("serve", "--upstream-kafka", "127.0.0.1:9", "--figg-listen",
+                                 "127.0.0.1:0", "--tank-listen", "127.0.0.1:0", "--kafka-listen",
+                                 "", "--http-listen", "", "--metrics-listen", "")
+    assert upstream.returncode == 1
+    assert upstream.stderr.strip() == (
+        "figtank serve: figtank serve --upstream-kafka needs the 'kafka-upstream' extra "
+        "(confluent_kafka is not installed): pip install 'figtank[kafka-upstream]'")
 
 
 def serve_and_use(installed: Installed, data: Path) -> dict:

@@ -43,8 +43,9 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 def _run_serve(args: argparse.Namespace) -> int:
     """``figtank serve``: 0 after a signal-initiated shutdown; a setting that is wrong or
     that the machine refuses (a port in use, an unusable data directory) raises
-    ConfigError (exit 2); any other failure is one line and exit 1. Tracebacks only with
-    ``--log-level debug``."""
+    ConfigError (exit 2); a missing extra (``--upstream-kafka`` without
+    ``figtank[kafka-upstream]``) and any other failure are one line and exit 1. Tracebacks
+    only with ``--log-level debug``."""
     from gateway.server.run import serve_until_signalled
 
     grace = _grace_secs(args.grace)
@@ -60,7 +61,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         if settings.log_level == "debug":
             traceback.print_exception(exc)
         for leaf in leaves:
-            if isinstance(leaf, ConfigError):
+            if isinstance(leaf, ConfigError | MissingExtra):
                 raise leaf from None
         failure = next((leaf for leaf in leaves if not isinstance(leaf, KeyboardInterrupt)),
                        exc)

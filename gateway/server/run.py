@@ -43,7 +43,6 @@ from gateway.auth.policy import PolicyError
 from gateway.auth.quotas import QuotaRules, Quotas
 from gateway.backend.contract import Backend
 from gateway.backend.embedded import connection_slots, open_embedded_backend
-from gateway.extras import MissingExtra
 from gateway.figg.listener import FiggListener
 from gateway.http.listener import HttpListener
 from gateway.kafka.groups.coordinator import GroupCoordinator
@@ -297,13 +296,10 @@ async def open_backend(settings: Settings, metrics: Metrics
             yield bridge, bridge.unavailable
         return
     if settings.upstream_kafka_mode:
-        from gateway.backend.kafka import open_kafka_backend  # needs the extra
+        from gateway.backend.kafka import open_kafka_backend
         from gateway.backend.kafka.clients import librdkafka
 
-        try:
-            librdkafka()
-        except MissingExtra as exc:
-            raise ConfigError(f"upstream_kafka.bootstrap_servers: {exc}") from None
+        librdkafka()  # MissingExtra (one line, exit 1) before anything starts
         async with open_kafka_backend(settings, metrics) as upstream:
             yield upstream, upstream.unavailable
         return
