@@ -17,6 +17,8 @@ import hmac
 from collections.abc import Mapping
 from typing import Any, Final
 
+from gateway.auth.entries import policy_tables
+
 _KEYS: Final = ("user", "sha256", "token")
 
 
@@ -45,16 +47,8 @@ NO_TOKENS: Final = StaticTokens()
 def parse_tokens(entries: Any) -> StaticTokens:
     """The tokens of a policy file's ``[[token]]`` entries; ``ValueError`` with one line
     naming the entry's index and key."""
-    if not isinstance(entries, list):
-        raise ValueError("token: must be an array of tables ([[token]])")
     by_digest: dict[bytes, str] = {}
-    for i, entry in enumerate(entries):
-        where = f"token[{i}]"
-        if not isinstance(entry, Mapping):
-            raise ValueError(f"{where}: expected a table")
-        for key in entry:
-            if key not in _KEYS:
-                raise ValueError(f"{where}.{key}: unknown key (expected {', '.join(_KEYS)})")
+    for where, entry in policy_tables(entries, "token", _KEYS):
         user = entry.get("user")
         if not isinstance(user, str) or not user:
             raise ValueError(f"{where}.user: must be a non-empty string")

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
+from gateway.auth.entries import policy_tables
 from gateway.auth.sasl import (
     MAX_USER_CHARS,
     MIN_ITERATIONS,
@@ -61,17 +62,8 @@ def parse_users(entries: Any) -> Users:
 
     Raises ``ValueError`` with one line naming the entry's index and key, e.g.
     ``user[0].scram_sha_256.iterations: must be an integer >= 4096, got 100``."""
-    if not isinstance(entries, list):
-        raise ValueError("user: must be an array of tables ([[user]])")
     users: dict[str, UserCredentials] = {}
-    for i, entry in enumerate(entries):
-        where = f"user[{i}]"
-        if not isinstance(entry, Mapping):
-            raise ValueError(f"{where}: expected a table")
-        for key in entry:
-            if key != "name" and key not in CREDENTIAL_KEYS:
-                raise ValueError(f"{where}.{key}: unknown key (expected name, "
-                                 f"{', '.join(CREDENTIAL_KEYS)})")
+    for where, entry in policy_tables(entries, "user", ("name", *CREDENTIAL_KEYS)):
         name = entry.get("name")
         if not isinstance(name, str) or not name or len(name) > MAX_USER_CHARS:
             raise ValueError(f"{where}.name: must be a non-empty string of at most "
