@@ -21,11 +21,14 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gateway.backend.completion import completed
 from protocols.tank.bundle import BundleInfo
 from protocols.topics import is_valid_topic_name
+
+if TYPE_CHECKING:
+    from gateway.store.producers import ProducerBatch
 
 
 class ProduceCode(enum.IntEnum):
@@ -107,6 +110,9 @@ class ProduceBatch:
     bundle: bytes
     base_seq: int | None = None
     info: BundleInfo | None = None
+    #: An idempotent Kafka producer's stamp (checked by the Kafka listener): the embedded
+    #: store keeps it durably with the batch (:mod:`gateway.store.producers`).
+    producer: ProducerBatch | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,7 @@ from gateway.store import (
 )
 from gateway.store.descriptors import descriptor_limits, open_descriptors
 from gateway.store.partition import AppendEntry
+from gateway.store.producers import StoredProducer
 
 log = structlog.get_logger("figtank.embedded")
 
@@ -103,8 +104,9 @@ class EmbeddedBackend:
             by_partition.setdefault((batch.topic, batch.partition), []).append(i)
         for (topic, index), indexes in by_partition.items():
             call.expect()
-            entries = [(batches[i].bundle, batches[i].base_seq, batches[i].info)
-                       for i in indexes]
+            entries: list[AppendEntry] = [
+                (batches[i].bundle, batches[i].base_seq, batches[i].info, batches[i].producer)
+                for i in indexes]
             report = partial(call.partition_done, batches, indexes)
             waiting = self._awaiting_topic.get(topic)
             if waiting is not None:  # behind appends that wait for the topic's creation
@@ -326,6 +328,15 @@ class EmbeddedBackend:
                 samples.append(([name, str(p.index)], float(p.size_bytes)))
         return samples
 
+    def stored_producer(self, topic: str, partition: int, producer_id: int
+                        ) -> StoredProducer | None:
+        """What the partition durably remembers of an idempotent Kafka producer (kept with
+        its batches, so it outlives a restart), or None."""
+        try:
+            return self.store.partition(topic, partition).stored_producer(producer_id)
+        except StoreError:
+            return None
+
     async def aclose(self) -> None:
         await self.store.aclose()
 
@@ -436,6 +447,7 @@ def store_settings(settings: Settings, config_bounds: ConfigBounds | None = None
         check_rolled_segments=settings.check_rolled_segments,
         descriptor_allowance=settings.max_open_segments + connection_slots(settings),
         raise_descriptor_limit=settings.open_files == 0,
+        max_producer_states=settings.max_producer_states,
     )
 
 
@@ -458,8 +470,10 @@ async def open_embedded_backend(settings: Settings, metrics: Metrics | None = No
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     observe = None if metrics is None else metrics.fsync_seconds.observe
     on_data_loss = None if metrics is None else metrics.data_lost
+    on_evicted = None if metrics is None else partial(metrics.limit_hit, "max_producer_states")
     async with open_store(settings.data_dir, store_settings(settings, config_bounds),
-                          observe_fsync=observe, on_data_loss=on_data_loss) as store:
+                          observe_fsync=observe, on_data_loss=on_data_loss,
+                          on_producer_evicted=on_evicted) as store:
         backend = EmbeddedBackend(store, auto_create_topics=settings.auto_create_topics,
                                   metrics=metrics)
         if metrics is not None:
@@ -491,6 +505,9 @@ def _add_store_gauges(metrics: Metrics, store: LogStore) -> None:
     gauge("figtank_topics", "Topics held (limits.max_topics).", lambda: store.topic_count)
     gauge("figtank_partitions", "Partitions of all topics (limits.max_partitions).",
           lambda: store.partition_count)
+    gauge("figtank_stored_producer_states",
+          "Idempotent Kafka producers remembered durably by all partitions together "
+          "(limits.max_producer_states).", lambda: store.producers.held)
     gauge("figtank_open_segment_files",
           "Rolled segment files open for readers (limits.max_open_segments).",
           lambda: len(store.open_files))

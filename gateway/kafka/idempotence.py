@@ -11,9 +11,18 @@ connection), so a batch retried on a new connection is recognised. Kafka's rules
 - a batch of the same epoch is appended when its base sequence follows the last one
   (wrapping after 2**31 - 1), else refused OUT_OF_ORDER_SEQUENCE_NUMBER; a newer epoch
   must start at sequence 0;
-- a producer the partition has no state for (a new one, one forgotten because
-  ``limits.max_producer_states`` was reached, or any after a restart: the state is kept
-  in memory only) is accepted at whatever sequence, as Kafka does since KIP-360.
+- a producer the partition has no state for (a new one, or one forgotten because
+  ``limits.max_producer_states`` was reached) is accepted at whatever sequence, as Kafka
+  does since KIP-360.
+
+The state is held in memory here; over the embedded store, each partition also keeps it
+durably with its batches (:mod:`gateway.store.producers`: written in the same fsync round
+as the batch), and a producer this table does not hold is looked up there
+(``recovered``) before it counts as new. So after a restart (a crash included) a retry of
+a batch the partition stored is answered with the original's offset instead of being
+appended again, and the producer's sequences go on being checked. Over a Tank broker
+(bridge mode) or an upstream Kafka cluster the state is in memory only (the upstream
+cluster keeps its own for figtank's producer).
 
 The check runs when the request is read (in request order, before the next request of
 any connection), so the state moves on as soon as a batch is handed to the backend; a
@@ -38,16 +47,19 @@ import structlog
 
 from gateway.logevery import LogEvery
 from gateway.server.metrics import Metrics
+from gateway.store.producers import KEEP_BATCHES, StoredProducer
 from protocols.kafka.records import InitProducerIdResponse
 from protocols.kafka.types import ErrorCode
 
 #: Batches remembered per producer and partition (Kafka's ``NUM_BATCHES_TO_RETAIN``).
-WINDOW: Final = 5
+WINDOW: Final = KEEP_BATCHES
 _INT32_MAX: Final = (1 << 31) - 1
 
 log = structlog.get_logger("figtank.kafka")
 
 Key = tuple[str, int, int]
+#: ``(topic, partition, producer_id)`` -> what the partition keeps durably, or None.
+Recovered = Callable[[str, int, int], StoredProducer | None]
 
 
 def last_sequence(base: int, delta: int) -> int:
@@ -123,12 +135,16 @@ class ProducerStates:
     """The server's idempotent producers: ids handed out and, per producer id and
     partition, the epoch and last :data:`WINDOW` batches, for at most ``max_states``
     (producer, partition) pairs, the least recently used forgotten first (counted as
-    ``figtank_limit_hits{limit="max_producer_states"}``)."""
+    ``figtank_limit_hits{limit="max_producer_states"}``). ``recovered`` looks up what
+    the backend keeps durably of a producer this table does not hold: with it, a state
+    dropped here is not forgotten (it comes back from there), and the backend counts
+    what it forgets itself."""
 
     def __init__(self, max_states: int, metrics: Metrics | None = None, *,
-                 first_id: int | None = None) -> None:
+                 first_id: int | None = None, recovered: Recovered | None = None) -> None:
         self.max_states = max_states
         self._metrics = metrics
+        self._recovered = recovered
         self._next_id = time.time_ns() // 1000 if first_id is None else first_id
         self._states: OrderedDict[Key, _State] = OrderedDict()
         self._forgotten = 0
@@ -155,6 +171,8 @@ class ProducerStates:
         key = (topic, partition, producer_id)
         last_seq = last_sequence(base_seq, last_delta)
         state = self._states.get(key)
+        if state is None:
+            state = self._restore(key)
         if state is None:
             state = self._add(key, epoch)
         else:
@@ -194,9 +212,24 @@ class ProducerStates:
         if state is not None and entry in state.batches:
             del self._states[entry.key]
 
+    def _restore(self, key: Key) -> _State | None:
+        """The state the backend keeps durably for ``key``, taken into the table (its
+        batches answered with their stored offsets), or None."""
+        stored = self._recovered(*key) if self._recovered is not None else None
+        if stored is None or not stored.batches:
+            return None
+        state = self._add(key, stored.epoch)
+        for batch in stored.batches:
+            entry = BatchEntry(key, batch.first_seq, batch.last_seq)
+            entry.settle(batch.first_offset - 1, 0, None)
+            state.batches.append(entry)
+        return state
+
     def _add(self, key: Key, epoch: int) -> _State:
         if len(self._states) >= self.max_states:
             self._states.popitem(last=False)
+            if self._recovered is not None:
+                return self._new_state(key, epoch)
             self._forgotten += 1
             if self._metrics is not None:
                 self._metrics.limit_hit("max_producer_states")
@@ -206,6 +239,9 @@ class ProducerStates:
                             action="the least recently used producer's sequence state "
                                    "on a partition is forgotten (its next batch is "
                                    "accepted at any sequence)")
+        return self._new_state(key, epoch)
+
+    def _new_state(self, key: Key, epoch: int) -> _State:
         state = _State(epoch)
         self._states[key] = state
         return state

@@ -25,6 +25,7 @@ from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
 from gateway.backend.contract import ProduceBatch, ProduceCode, ProduceOutcome
 from gateway.kafka.idempotence import BatchEntry, ProducerStates
+from gateway.store.producers import ProducerBatch
 from protocols.errors import ProtocolError
 from protocols.kafka.batch import InvalidRecord, producer_stamps
 from protocols.kafka.bundles import records_to_bundles
@@ -151,7 +152,14 @@ def plan_produce(body: Any, access: ConnectionAccess, max_batch: int,
                     plan.retried.append(verdict.entry)
                     continue
             part.start, part.count = len(plan.batches), len(bundles)
-            plan.batches += [ProduceBatch(name, data.index, b) for b in bundles]
+            if part.entry is not None:  # one batch, one bundle: its stamp goes with it
+                entry = part.entry
+                producer = ProducerBatch(entry.key[2], stamp.producer_epoch,
+                                         entry.first_seq, entry.last_seq)
+                plan.batches += [ProduceBatch(name, data.index, b, producer=producer)
+                                 for b in bundles]
+            else:
+                plan.batches += [ProduceBatch(name, data.index, b) for b in bundles]
         plan.topics.append((name, parts))
     return plan
 

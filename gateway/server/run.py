@@ -446,7 +446,8 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                 trio.open_nursery() as draining:
             listeners: dict[str, ProtocolListener] = {}
             services = KafkaServices(
-                ProducerStates(settings.max_producer_states, metrics),
+                ProducerStates(settings.max_producer_states, metrics,
+                               recovered=getattr(info.backend, "stored_producer", None)),
                 info.offsets or OffsetStore(None), info.groups,
                 groups_refused=NO_GROUPS_UPSTREAM if settings.upstream_kafka_mode else None)
             info.groups.known = services.offsets

@@ -38,6 +38,12 @@ from gateway.store.errors import (
 )
 from gateway.store.files import OpenFiles
 from gateway.store.index import ENTRY_SIZE, read_index_file
+from gateway.store.producers import (
+    ProducerBatch,
+    ProducerBudget,
+    ProducerTable,
+    StoredProducer,
+)
 from gateway.store.results import AppendResult, ReadResult
 from gateway.store.scan import ScanError
 from gateway.store.segment import MAX_REL_SEQ, LogSegment, Recovery, parse_segment_name
@@ -98,6 +104,8 @@ class PartitionEnv:
     inline_check_bytes: int = 64 * 1024
     #: Called with ``(messages, bytes)`` each time damage or a recovery cut loses data.
     on_data_loss: Callable[[int, int], None] | None = None
+    #: The bound on idempotent producers remembered by all partitions together.
+    producers: ProducerBudget | None = None
 
 
 @dataclass(slots=True)
@@ -109,8 +117,10 @@ class _Written:
     size: int
 
 
-#: ``(bundle, base_seq)``, or ``(bundle, base_seq, info)`` for a bundle the caller built.
-AppendEntry = tuple[bytes, int | None] | tuple[bytes, int | None, BundleInfo | None]
+#: ``(bundle, base_seq)``, or ``(bundle, base_seq, info)`` for a bundle the caller built,
+#: or ``(bundle, base_seq, info, producer)`` for an idempotent producer's batch.
+AppendEntry = (tuple[bytes, int | None] | tuple[bytes, int | None, BundleInfo | None]
+               | tuple[bytes, int | None, BundleInfo | None, ProducerBatch | None])
 AppendOutcome = AppendResult | StoreError
 
 
@@ -168,6 +178,7 @@ class Partition:
                                    on_durable=self._on_durable, on_failure=self._on_sync_failed,
                                    observe=env.observe_fsync)
         self._sync_extra: list[int] = []
+        self._producers = ProducerTable(directory, env.producers or ProducerBudget(1 << 62))
         self._dir_dirty = False
         self._unflushed_msgs = 0
         self._dirty_since: float | None = None
@@ -216,6 +227,16 @@ class Partition:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def producer_count(self) -> int:
+        """Idempotent producers the partition remembers."""
+        return len(self._producers)
+
+    def stored_producer(self, producer_id: int) -> StoredProducer | None:
+        """What the partition durably remembers of an idempotent producer (its epoch and
+        last batches, with their sequence numbers in the log), or None."""
+        return self._producers.get(producer_id)
 
     # -- opening --------------------------------------------------------------------------------
 
@@ -283,6 +304,7 @@ class Partition:
         for seg in segments:
             hwm = max(hwm, seg.last_seq if seg.last_seq is not None else seg.base - 1)
         self._hwm = self._written_hwm = hwm
+        self._producers.load(hwm)
         if self._active is not None:
             self._roll_at = self._roll_deadline(self._active.created_ts)
 
@@ -440,9 +462,11 @@ class Partition:
         except ProtocolError as exc:
             raise InvalidBundle(str(exc)) from None
 
-    def _write_now(self, bundle: bytes, base_seq: int | None, info: BundleInfo | None = None
+    def _write_now(self, bundle: bytes, base_seq: int | None, info: BundleInfo | None = None,
+                   producer: ProducerBatch | None = None
                    ) -> tuple[AppendResult, Ticket | None]:
-        """Validate (unless ``info`` vouches for the bundle), plan and write one bundle.
+        """Validate (unless ``info`` vouches for the bundle), plan and write one bundle
+        (and, for an idempotent producer's batch, its producer state record first).
 
         Raises :class:`_MustWait` when the bundle needs a new segment while appends still
         wait for their fsync: every non-durable byte stays in the active segment.
@@ -459,7 +483,7 @@ class Partition:
         plan = self._plan(info, bundle, base_seq, now)
         if plan.action and self._active is not None and self._commit.pending:
             raise _MustWait()
-        return self._execute(plan, info.msg_count, now)
+        return self._execute(plan, info.msg_count, now, producer)
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -523,7 +547,8 @@ class Partition:
             raise BundleTooLarge("bundle over the size limit once stored sparse")
         return data
 
-    def _execute(self, plan: _Plan, msg_count: int, now: float
+    def _execute(self, plan: _Plan, msg_count: int, now: float,
+                 producer: ProducerBatch | None = None
                  ) -> tuple[AppendResult, Ticket | None]:
         """The synchronous part of an append: segment changes and the write."""
         try:
@@ -540,11 +565,26 @@ class Partition:
         seg = self._active
         assert seg is not None
         prefix = encode_varint(len(plan.data))
+        undo = None
+        if producer is not None:
+            # Written first: a record whose bundle is lost is dropped at the next open; a
+            # bundle whose record is lost would be appended again when retried.
+            try:
+                undo = self._producers.record(producer, plan.first, plan.last)
+            except OSError as exc:
+                self._log.error("producer_state_write_failed", error=str(exc))
+                raise StoreIOError(f"write failed: {exc}") from exc
         try:
             offset = seg.append(prefix, plan.data, plan.first, plan.last,
                                 self.config.index_interval_bytes)
         except OSError as exc:
             self._log.error("append_failed", segment=seg.name, error=str(exc))
+            if undo is not None:
+                try:
+                    undo()
+                except OSError as undo_exc:
+                    self._broken = f"cannot take back a producer state record: {undo_exc}"
+                    self._log.error("partition_broken", error=str(undo_exc))
             raise StoreIOError(f"write failed: {exc}") from exc
         self._written_hwm = plan.last
         size = len(prefix) + len(plan.data)
@@ -682,6 +722,12 @@ class Partition:
     def _prepare_sync(self) -> SyncJob:
         job = SyncJob()
         job.fds, self._sync_extra = self._sync_extra, []
+        producers_fd = self._producers.sync_fd()
+        if producers_fd is not None:
+            job.fds.append(producers_fd)
+        if self._producers.renamed:
+            self._producers.renamed = False
+            self._dir_dirty = True
         seg = self._active
         if seg is not None and seg.file_open:
             job.fds.append(os.dup(seg.fd))
@@ -710,6 +756,11 @@ class Partition:
             self._broken = f"cannot cut back unsynced bundles: {exc}"
             self._log.error("partition_broken", error=str(exc))
         self._written_hwm = self._hwm
+        try:
+            self._producers.cut(self._hwm)
+        except OSError as exc:
+            self._broken = f"cannot cut back producer state records: {exc}"
+            self._log.error("partition_broken", error=str(exc))
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -984,6 +1035,7 @@ class Partition:
                 job.close()
                 for seg in self._segments:
                     seg.close()
+                self._producers.close()
                 self._notify()
 
     def close_now(self) -> None:
@@ -992,6 +1044,7 @@ class Partition:
         self._trim_active()
         for seg in self._segments:
             seg.close()
+        self._producers.close()
         self._notify()
 
 

@@ -29,6 +29,7 @@ from gateway.store.errors import (
 from gateway.store.files import OpenFiles
 from gateway.store.names import is_valid_topic_name, validate_partition_count, validate_topic_name
 from gateway.store.partition import Partition, PartitionEnv
+from gateway.store.producers import ProducerBudget
 from gateway.store.syncer import open_syncer
 from gateway.store.tail import TailCache
 from protocols.tank.bundle import MAX_BUNDLE_SIZE
@@ -86,6 +87,9 @@ class StoreSettings:
     #: A lazy check of a rolled segment up to this size runs in the reader's call; a
     #: bigger one in a worker thread (the event loop goes on meanwhile).
     inline_check_bytes: int = 64 * 1024
+    #: Idempotent Kafka producers remembered durably, across all partitions (each
+    #: partition's ``.kafka-producers``; :mod:`gateway.store.producers`).
+    max_producer_states: int = 20_000
 
     def __post_init__(self) -> None:
         Durability(self.durability)  # raises ValueError for anything else
@@ -98,6 +102,8 @@ class StoreSettings:
             raise ValueError("max_open_segments must be at least 1")
         if self.max_topics < 1 or self.max_partitions < 1:
             raise ValueError("max_topics and max_partitions must be at least 1")
+        if self.max_producer_states < 1:
+            raise ValueError("max_producer_states must be at least 1")
 
 
 class Topic:
@@ -126,7 +132,8 @@ class LogStore:
     def __init__(self, data_dir: str, settings: StoreSettings,
                  clock: Callable[[], float],
                  observe_fsync: Callable[[float], None] | None = None,
-                 on_data_loss: Callable[[int, int], None] | None = None) -> None:
+                 on_data_loss: Callable[[int, int], None] | None = None,
+                 on_producer_evicted: Callable[[], None] | None = None) -> None:
         self.data_dir = data_dir
         self.settings = settings
         self._clock = clock
@@ -145,6 +152,8 @@ class LogStore:
         #: The rolled segment files open now, within ``settings.max_open_segments``.
         self.open_files = OpenFiles(settings.max_open_segments)
         self._closed = False
+        #: Idempotent producers remembered by every partition together.
+        self.producers = ProducerBudget(settings.max_producer_states, on_producer_evicted)
         self._env = PartitionEnv(
             durability=Durability(settings.durability),
             max_bundle_size=settings.max_bundle_size,
@@ -160,6 +169,7 @@ class LogStore:
             check_rolled=settings.check_rolled_segments,
             inline_check_bytes=settings.inline_check_bytes,
             on_data_loss=on_data_loss,
+            producers=self.producers,
         )
 
     # -- opening --------------------------------------------------------------------------------
@@ -418,7 +428,8 @@ async def open_store(data_dir: str | os.PathLike[str], settings: StoreSettings |
                      *, clock: Callable[[], float] = time.time,
                      maintenance: bool = True,
                      observe_fsync: Callable[[float], None] | None = None,
-                     on_data_loss: Callable[[int, int], None] | None = None
+                     on_data_loss: Callable[[int, int], None] | None = None,
+                     on_producer_evicted: Callable[[], None] | None = None
                      ) -> AsyncIterator[LogStore]:
     """Open (and recover) the store in ``data_dir``; close it on exit.
 
@@ -426,10 +437,12 @@ async def open_store(data_dir: str | os.PathLike[str], settings: StoreSettings |
     (fsync rounds, and with ``maintenance`` the periodic retention pass) in its own
     nursery. ``clock`` gives wall-clock seconds (segment names, retention);
     ``observe_fsync`` is called with the duration of every group fsync, ``on_data_loss``
-    with ``(messages, bytes)`` of every damaged region found and every recovery cut.
+    with ``(messages, bytes)`` of every damaged region found and every recovery cut,
+    ``on_producer_evicted`` each time a partition forgets an idempotent producer for
+    ``StoreSettings.max_producer_states``.
     """
     store = LogStore(os.fspath(data_dir), settings or StoreSettings(), clock, observe_fsync,
-                     on_data_loss)
+                     on_data_loss, on_producer_evicted)
     try:
         await trio.to_thread.run_sync(store._load)
     except BaseException as exc:

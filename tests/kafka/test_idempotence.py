@@ -74,7 +74,12 @@ async def read_frames(stream: trio.SocketStream, count: int) -> list[bytes]:
 
 
 def limit_hits(server: ServerInfo, limit: str) -> float:
-    start = f'figtank_limit_hits_total{{limit="{limit}"}} '
+    return metric_value(server, f'figtank_limit_hits_total{{limit="{limit}"}}')
+
+
+def metric_value(server: ServerInfo, sample: str) -> float:
+    """The value of the metric sample (name and labels) ``sample``; 0 when absent."""
+    start = sample + " "
     for line in server.metrics_registry.render().decode().splitlines():
         if line.startswith(start):
             return float(line.rsplit(" ", 1)[1])
@@ -206,10 +211,10 @@ async def test_producer_states_are_bounded(tmp_path):
     assert line["limit"] == "max_producer_states" and line["forgotten"] == 1
 
 
-async def test_after_a_restart_ids_are_new_and_sequences_start_over(tmp_path):
-    """Sequence state is in memory: after a restart a producer's next batch on a
-    partition is accepted at whatever sequence, so a retry of a batch stored before the
-    restart is stored again; producer ids are not handed out again."""
+async def test_after_a_restart_ids_are_new_and_sequences_go_on(tmp_path):
+    """The partition keeps producer state with its batches: after a restart a retry of a
+    batch stored before it is answered with the original's offset (not stored again),
+    the producer's sequences go on being checked, and ids are not handed out again."""
     async with kafka_server(tmp_path) as server:
         with trio.fail_after(10):
             s = await trio.open_tcp_stream(*server.kafka)
@@ -221,14 +226,20 @@ async def test_after_a_restart_ids_are_new_and_sequences_start_over(tmp_path):
             s = await trio.open_tcp_stream(*server.kafka)
             later = (await init_id(s)).producer_id
             retried = await send(s, idempotent(pid, 0, 2))  # stored before the restart
-            following = await send(s, idempotent(pid, 0, 4))
             gap = await send(s, idempotent(pid, 0, 9))
+            following = await send(s, idempotent(pid, 0, 4))
+            newer = await send(s, idempotent(pid, 1, 0, tag=b"x"))
+            fenced = await send(s, idempotent(pid, 0, 6))
             hwm = await high_water_mark(server)
+            stored = metric_value(server, "figtank_stored_producer_states")
     assert later > pid
-    assert retried[:2] == (0, 4)  # stored a second time
-    assert following[:2] == (0, 6)
-    assert gap[0] == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER  # checked again from there
+    assert retried[:2] == (0, 2)  # the original's offset
+    assert gap[0] == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER  # still checked
+    assert following[:2] == (0, 4)
+    assert newer[:2] == (0, 6)
+    assert fenced[0] == ErrorCode.INVALID_PRODUCER_EPOCH
     assert hwm == 8
+    assert stored == 1
 
 
 async def test_sequences_wrap_after_int32_max(tmp_path):
