@@ -15,6 +15,7 @@ from protocols.kafka.batch import Record, RecordBatch, encode_batch, encode_reco
 from protocols.kafka.types import ApiKey, ErrorCode
 from tests.kafka.helpers import kafka_server
 from tests.kafka.raw import call, request
+from tests.serving import Served
 
 PRODUCE_VERSION = 9
 INIT_VERSION = 4
@@ -255,3 +256,35 @@ async def test_sequences_wrap_after_int32_max(tmp_path):
     assert first[:2] == again[:2] == (0, 0)
     assert gap[0] == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
     assert wrapped[:2] == (0, 3)
+
+
+async def test_a_retry_after_sigkill_is_answered_as_the_original(tmp_path):
+    """A ``figtank serve`` killed with SIGKILL after it stored a producer's batches: once
+    restarted over the same data directory, the same batch (same producer id, epoch and
+    sequence) is answered with the original's offset, not stored again, and the
+    producer's next sequence is still checked."""
+    args = ("--data-dir", str(tmp_path / "data"), "--durability", "fsync",
+            "--kafka-listen", "127.0.0.1:0", "--tank-listen", "", "--figg-listen", "",
+            "--metrics-listen", "")
+    first = Served(*args)
+    again = Served(*args)
+    try:
+        with trio.fail_after(60):
+            served = await first.start()
+            s = await trio.open_tcp_stream(*served.kafka)
+            pid = (await init_id(s)).producer_id
+            original = [await send(s, idempotent(pid, 0, seq)) for seq in (0, 2, 4)]
+            await first.kill()
+            served = await again.start()
+            s = await trio.open_tcp_stream(*served.kafka)
+            retried = await send(s, idempotent(pid, 0, 4))
+            older = await send(s, idempotent(pid, 0, 2))
+            gap = await send(s, idempotent(pid, 0, 8))
+            following = await send(s, idempotent(pid, 0, 6))
+    finally:
+        first.close()
+        again.close()
+    assert [o[:2] for o in original] == [(0, 0), (0, 2), (0, 4)]
+    assert retried[:2] == (0, 4) and older[:2] == (0, 2)
+    assert gap[0] == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert following[:2] == (0, 6)  # nothing was stored twice
