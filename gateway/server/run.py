@@ -25,6 +25,7 @@ written), then cancel them and close the backend, which fsyncs everything it sti
 from __future__ import annotations
 
 import errno
+import math
 import os
 import signal
 import tempfile
@@ -148,6 +149,14 @@ class ServerInfo:
     def stopping(self) -> bool:
         """True once the shutdown began."""
         return self._stop.is_set()
+
+    def grace_deadline(self) -> float | None:
+        """When the grace period ends (trio time; now once it was cut short), or None
+        while it has not begun."""
+        if self._grace_cut:
+            return trio.current_time()
+        deadline = self._grace.deadline
+        return None if math.isinf(deadline) else deadline
 
     def request_shutdown(self) -> None:
         """Begin the graceful shutdown (what the first SIGINT or SIGTERM does)."""
@@ -284,11 +293,13 @@ def _data_dir_problem(path: Path, reason: str) -> str:
 
 
 @asynccontextmanager
-async def open_backend(settings: Settings, metrics: Metrics
+async def open_backend(settings: Settings, metrics: Metrics,
+                       grace_deadline: Callable[[], float | None] | None = None
                        ) -> AsyncIterator[tuple[Backend, Unavailable]]:
     """The backend the settings select (an upstream broker in bridge mode, else the store)
     and what says why it can not serve now. A data directory that can not be opened is a
-    ConfigError naming ``store.data_dir``."""
+    ConfigError naming ``store.data_dir``. ``grace_deadline`` says when the shutdown's
+    grace period ends: an upstream Kafka producer flushes what it holds until then."""
     if settings.bridge_mode:
         from gateway.backend.bridge import open_bridge_backend  # bridge mode only
 
@@ -300,7 +311,8 @@ async def open_backend(settings: Settings, metrics: Metrics
         from gateway.backend.kafka.clients import librdkafka
 
         librdkafka()  # MissingExtra (one line, exit 1) before anything starts
-        async with open_kafka_backend(settings, metrics) as upstream:
+        async with open_kafka_backend(settings, metrics,
+                                      flush_deadline=grace_deadline) as upstream:
             yield upstream, upstream.unavailable
         return
     check_data_dir(settings.data_dir)
@@ -438,7 +450,8 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                                           name=spec.name))
         info.groups = GroupCoordinator(settings, metrics)
         await outer.start(info.groups.run)
-        backend_in_use = open_backend(settings, metrics) if backend is None else _given(backend)
+        backend_in_use = (open_backend(settings, metrics, info.grace_deadline)
+                          if backend is None else _given(backend))
         kafka = any(spec.protocol == "kafka" for spec in specs)
         async with backend_in_use as (info.backend, readiness.unavailable), \
                 open_offsets(settings, metrics, info.backend,

@@ -19,9 +19,10 @@ record; that batch was not acknowledged, and its retry is then appended again.
 
 Bounded: at most ``max_states`` producers across every partition of the store (each with
 at most :data:`KEEP_BATCHES` batches), and one more per partition that holds none of
-them; past it a partition forgets its least recently written producer (``on_evicted``). When the file holds many more records than the live
-ones, it is rewritten with only those before the next record (a temporary file renamed
-over it; the next sync round makes both durable, with the directory).
+them; past it a partition forgets its least recently written producer (``on_evicted``).
+When the file holds many more records than can be live, it is rewritten with only those
+before the next record (a temporary file renamed over it; the next sync round makes both
+durable, with the directory).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ librdkafka (confluent-kafka, the ``kafka-upstream`` extra). The listeners see a
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -47,18 +47,25 @@ log = structlog.get_logger("figtank.upstream_kafka")
 #: How long a message may wait for the upstream's acknowledgement (librdkafka's
 #: message.timeout.ms; the pass-through table may change it).
 DELIVERY_TIMEOUT_MS = 10_000
-#: Seconds the producer gets to deliver what it holds when the gateway stops.
+#: Seconds the producer gets to deliver what it holds when the backend closes outside a
+#: graceful stop (a graceful stop gives it what is left of the grace period).
 FLUSH_SECS = 5.0
 
 
 @asynccontextmanager
 async def open_kafka_backend(settings: Settings, metrics: Metrics | None = None, *,
                              wait_secs: float = 5.0, probe_interval: float = 5.0,
-                             feed_idle_secs: float = 30.0) -> AsyncIterator[KafkaBackend]:
+                             feed_idle_secs: float = 30.0,
+                             flush_deadline: Callable[[], float | None] | None = None
+                             ) -> AsyncIterator[KafkaBackend]:
     """Serve ``settings.upstream_kafka`` as a backend for the block.
 
     Returns after the first probe of the upstream whether or not it answered (the gateway
-    starts, not ready, and serves once the upstream answers).
+    starts, not ready, and serves once the upstream answers). On exit the producer
+    delivers what it still holds until ``flush_deadline()`` (the end of the server's
+    grace period, trio time), or for :data:`FLUSH_SECS` when that gives None; with nothing
+    in flight it closes at once. Messages it then still holds were never acknowledged to
+    a client (a front end answers only after the upstream did).
     """
     ck = librdkafka()
     admin_module = librdkafka("confluent_kafka.admin")
@@ -113,10 +120,19 @@ async def open_kafka_backend(settings: Settings, metrics: Metrics | None = None,
             raise_lone(group)
     finally:
         with trio.CancelScope(shield=True):
-            left = await trio.to_thread.run_sync(producer.close, FLUSH_SECS)
+            left = await trio.to_thread.run_sync(producer.close,
+                                                 _flush_secs(flush_deadline))
             if left:
                 log.warning("upstream_unacknowledged_at_stop", messages=left)
             await trio.to_thread.run_sync(_close_readers, feeds, history, meta)
+
+
+def _flush_secs(deadline: Callable[[], float | None] | None) -> float:
+    """How long the producer may flush: until the deadline, else :data:`FLUSH_SECS`."""
+    at = deadline() if deadline is not None else None
+    if at is None:
+        return FLUSH_SECS
+    return max(0.0, at - trio.current_time())
 
 
 def _close_readers(feeds: TailFeeds, history: HistoryReader, meta: Any) -> None:

@@ -1,0 +1,138 @@
+"""SIGTERM to a gateway in upstream-Kafka mode: with nothing in flight it exits at once;
+with publishes in flight its producer delivers what it can within the grace period (and
+no longer, even when the upstream does not answer), and nothing acknowledged is lost.
+
+The bounds asserted are generous (a loaded machine is slow); they are far below the
+producer's delivery timeout (10 s), which an unbounded flush would wait for."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import trio
+
+from gateway.client.errors import ClientError
+from gateway.client.figg import open_figg_client
+from tests.serving import Served
+from tests.upstream_kafka.helpers import Upstream, gateway
+
+#: Seconds a SIGTERM'd gateway may take to exit beyond its grace period.
+EXIT_BOUND = 3.0
+
+
+async def stopped_in(front: Served) -> tuple[int, float]:
+    """SIGTERM the gateway: its exit status and the seconds it took."""
+    started = time.monotonic()
+    code = await front.stop(signal.SIGTERM)
+    return code, time.monotonic() - started
+
+
+async def publish_burst(address: tuple[str, int], count: int, acked: set[bytes],
+                        wait: bool) -> None:
+    """Publish ``count`` messages (a window of 256), recording the acknowledged ones; keep
+    the client open until the gateway goes away."""
+    async with open_figg_client(*address, window=256, max_refusals=1) as client:
+        for i in range(count):
+            value = b"m-%05d" % i
+            await client.publish("burst", value, on_ack=lambda _, v=value: acked.add(v))
+        if wait:
+            await client.wait_all_acked()
+        await trio.sleep_forever()
+
+
+async def test_an_idle_gateway_exits_at_once(tmp_path: Path) -> None:
+    upstream = Upstream(tmp_path / "up")
+    front = gateway(upstream.address)
+    try:
+        with trio.fail_after(60):
+            await upstream.served.start()
+            served = await front.start()
+            assert served.figg
+            async with open_figg_client(*served.figg) as client:
+                for i in range(5):
+                    await client.publish_and_wait("idle", b"%d" % i)
+                code, seconds = await stopped_in(front)
+            lines = served.log_lines
+    finally:
+        front.close()
+        upstream.served.close()
+    assert code == 0
+    assert seconds < EXIT_BOUND, f"an idle gateway took {seconds:.1f} s to exit"
+    assert not [line for line in lines if line.get("event") == "upstream_unacknowledged_at_stop"]
+
+
+async def test_in_flight_publishes_are_flushed_and_nothing_acknowledged_is_lost(
+        tmp_path: Path) -> None:
+    upstream = Upstream(tmp_path / "up")
+    front = gateway(upstream.address)
+    acked: set[bytes] = set()
+    try:
+        with trio.fail_after(60):
+            await upstream.served.start()
+            served = await front.start()
+            assert served.figg
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_tolerating_the_end, publish_burst, served.figg, 3000,
+                                   acked, False)
+                while len(acked) < 200:
+                    await trio.sleep(0.01)
+                code, seconds = await stopped_in(front)  # acks still coming in
+                nursery.cancel_scope.cancel()
+            stored = {value for _, value in await upstream.stored("burst")}
+    finally:
+        front.close()
+        upstream.served.close()
+    assert code == 0
+    assert seconds < 0.2 + EXIT_BOUND  # the helper's --grace 0.2
+    assert acked and acked <= stored  # every acknowledged message is upstream
+
+
+async def test_an_unanswering_upstream_holds_the_exit_only_for_the_grace(
+        tmp_path: Path) -> None:
+    """The upstream stopped (SIGSTOP: connections open, nothing answered) while publishes
+    are in flight: the gateway exits after its grace period, saying how many messages it
+    could not deliver; none of them had been acknowledged."""
+    upstream = Upstream(tmp_path / "up")
+    front = gateway(upstream.address)
+    acked: set[bytes] = set()
+    try:
+        with trio.fail_after(60):
+            await upstream.served.start()
+            served = await front.start()
+            assert served.figg and upstream.served.process
+            pid = upstream.served.process.process.pid
+            async with open_figg_client(*served.figg) as client:
+                for i in range(20):
+                    await client.publish_and_wait("stuck", b"before-%d" % i)
+                os.kill(pid, signal.SIGSTOP)
+                try:
+                    for i in range(50):
+                        value = b"during-%d" % i
+                        await client.publish("stuck", value,
+                                             on_ack=lambda _, v=value: acked.add(v))
+                    await trio.sleep(0.3)
+                    code, seconds = await stopped_in(front)
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+            lines = served.log_lines
+            stored = [value for _, value in await upstream.stored("stuck")]
+    finally:
+        front.close()
+        upstream.served.close()
+    assert code == 0
+    assert seconds < 0.2 + EXIT_BOUND, f"the exit took {seconds:.1f} s"
+    assert not acked  # nothing in flight was acknowledged
+    [left] = [line for line in lines if line.get("event") == "upstream_unacknowledged_at_stop"]
+    assert left["messages"] > 0
+    assert stored[:20] == [b"before-%d" % i for i in range(20)]
+
+
+async def _tolerating_the_end(fn, *args) -> None:  # type: ignore[no-untyped-def]
+    """Run a client until cancelled; the gateway going away is expected."""
+    try:
+        await fn(*args)
+    except ClientError:
+        await trio.sleep_forever()
