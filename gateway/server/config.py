@@ -496,9 +496,10 @@ class Settings:
     max_producer_states: int = _setting(
         "limits.max_producer_states", 20_000, _positive_int,
         "Idempotent Kafka producers' sequence states kept (one per producer id and "
-        "partition written, with its last 5 batches: about 1.5 KB); past it the least "
-        "recently used is forgotten, and that producer's next batch there is accepted at "
-        "any sequence.")
+        "partition written, with its last 5 batches: about 1.5 KB), in memory and, over "
+        "the embedded store, on disk with each partition (all partitions together); past "
+        "it the least recently used is forgotten, and that producer's next batch there is "
+        "accepted at any sequence.")
     metric_topics: int = _setting(
         "limits.metric_topics", 1000, _positive_int,
         "Topics with their own series in per-topic metrics (the first seen); the others "

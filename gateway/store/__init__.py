@@ -12,6 +12,10 @@ Layout (``../shared/notes/protocol-facts.md``, "On-disk layout of the real broke
 fileOffset`` entries) and an optional ``config``; ``<data>/<topic>/config`` applies to
 every partition. A segment is a run of ``varint len | bundle``, byte-identical to a
 Tank Consume chunk, so a data directory is readable by the Tank broker and back.
+A partition that stored idempotent Kafka producers' batches also holds
+``.kafka-producers``, their sequence state (:mod:`gateway.store.producers`): an append
+entry ``(bundle, base_seq, info, producer)`` writes its record with the bundle, synced in
+the same round; ``Partition.stored_producer(pid)`` reads it back.
 
 Store API, see :class:`LogStore`: ``open_store(data_dir, settings)`` (async context
 manager; recovers every partition in a worker thread, runs fsync rounds and the periodic
