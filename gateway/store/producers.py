@@ -27,7 +27,6 @@ durable, with the directory).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import struct
 import zlib
@@ -130,20 +129,21 @@ def _unpack(data: bytes, pos: int) -> tuple[int, int, StoredBatch] | None:
 
 
 class ProducerTable:
-    """One partition's producers, in memory and in its ``.kafka-producers`` file (opened
-    at the first write). Not thread-safe: used from the trio thread, or while the
-    partition loads."""
+    """One partition's producers, in memory and in its ``.kafka-producers`` file. The file
+    is opened for each record and for each sync round, never held open (a partition's
+    descriptors stay those of its segments). Not thread-safe: used from the trio thread,
+    or while the partition loads."""
 
     def __init__(self, directory: str, budget: ProducerBudget) -> None:
         self.path = os.path.join(directory, FILE_NAME)
         self._budget = budget
         self._producers: OrderedDict[int, StoredProducer] = OrderedDict()
-        self._fd = -1
+        #: Bytes and records in the file (only this table writes it).
         self._size = 0
         self._records = 0
-        #: Written since the last sync round took the descriptor.
+        #: Written since the last sync round.
         self._dirty = False
-        #: The file was replaced: the directory must be synced too.
+        #: The file was created or replaced: the directory must be synced too.
         self.renamed = False
 
     def __len__(self) -> int:
@@ -181,8 +181,9 @@ class ProducerTable:
         self._records = (len(data) - torn) // RECORD_SIZE - dropped
         self._size = len(data)
         if dropped or torn or self._compaction_due():
-            self._rewrite()
+            self._rewrite(sync=True)
             self._sync_now()
+            self._dirty = False
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -192,17 +193,18 @@ class ProducerTable:
         record (raises OSError: then nothing changed). Returns the undo, for when the
         bundle's own write then fails."""
         stored = StoredBatch(batch.first_seq, batch.last_seq, first_offset, last_offset)
-        if self._fd < 0:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
-                               0o644)
-            self._size = os.fstat(self._fd).st_size
-            self.renamed = True  # a new directory entry
-        elif self._compaction_due():
-            self._compact()
+        if self._compaction_due():
+            self._rewrite(sync=False)
         size = self._size
-        if os.write(self._fd, _pack(batch.producer_id, batch.epoch, stored)) != RECORD_SIZE:
-            os.ftruncate(self._fd, size)
-            raise OSError(f"short write to {self.path}")
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        try:
+            if os.write(fd, _pack(batch.producer_id, batch.epoch, stored)) != RECORD_SIZE:
+                os.ftruncate(fd, size)
+                raise OSError(f"short write to {self.path}")
+        finally:
+            os.close(fd)
+        if not size:
+            self.renamed = True  # perhaps a new directory entry
         self._size += RECORD_SIZE
         self._records += 1
         self._dirty = True
@@ -211,7 +213,7 @@ class ProducerTable:
         self._remember(batch.producer_id, batch.epoch, stored)
 
         def undo() -> None:
-            os.ftruncate(self._fd, size)
+            os.truncate(self.path, size)
             self._size = size
             self._records -= 1
             if saved is None:
@@ -233,23 +235,20 @@ class ProducerTable:
             if not producer.batches:
                 del self._producers[pid]
                 self._budget.held -= 1
-        if self._fd >= 0 or os.path.exists(self.path):
-            self._compact()
+        if self._size:
+            self._rewrite(sync=False)
 
     def sync_fd(self) -> int | None:
         """A descriptor (the caller's to close) to fdatasync in this round, or None when
         nothing was written since the last round (when :attr:`renamed` is set, the
         directory must be synced in the round too)."""
-        if not self._dirty or self._fd < 0:
+        if not self._dirty:
             return None
         self._dirty = False
-        return os.dup(self._fd)
+        return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
 
     def close(self) -> None:
-        if self._fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = -1
+        """Give back the producers' places in the budget (the file stays)."""
         self._budget.held -= len(self._producers)
         self._producers.clear()
 
@@ -275,31 +274,25 @@ class ProducerTable:
             self._producers.move_to_end(producer_id)
         producer.add(epoch, batch)
 
-    def _compact(self) -> None:
-        """Replace the file by one with the live records only (in the event loop: it is
-        small, and rare: amortised, a record or two per record written)."""
-        self._rewrite()
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-        self._dirty = True
-
-    def _rewrite(self) -> None:
+    def _rewrite(self, *, sync: bool) -> None:
+        """Replace the file by one with the live records only: a temporary file renamed
+        over it. ``sync``: fsync it now (while loading); else the next sync round does
+        (in the event loop it is small, and rare: amortised, a record or two per record
+        written)."""
         data = b"".join(_pack(pid, p.epoch, b) for pid, p in self._producers.items()
                         for b in p.batches)
         tmp = os.path.join(os.path.dirname(self.path), FILE_NAME + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
             os.write(fd, data)
-            if self._fd < 0:  # while loading; otherwise the next sync round does it
+            if sync:
                 os.fdatasync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, self.path)
-        if self._fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = -1
         self._size = len(data)
         self._records = len(data) // RECORD_SIZE
+        self._dirty = True
         self.renamed = True
 
     def _sync_now(self) -> None:
