@@ -26,8 +26,10 @@ cluster keeps its own for figtank's producer).
 
 The check runs when the request is read (in request order, before the next request of
 any connection), so the state moves on as soon as a batch is handed to the backend; a
-batch the backend then fails makes the partition forget the producer (its retry is
-accepted like a new producer's).
+batch the backend then fails makes the partition forget the producer here (its retry is
+then checked against what the backend stored durably, or accepted like a new producer's).
+Retries answered as their original are counted in
+``figtank_kafka_producer_retries{known_from="memory"|"stored"}``.
 
 Producer ids come from the clock: the first is the time the process started in
 microseconds, each next one is one more, so a restarted server does not hand out an id
@@ -75,10 +77,13 @@ class BatchEntry:
     sequences and, once the backend has answered, its base offset or error."""
 
     __slots__ = ("_waiters", "base_offset", "error", "first_seq", "key", "last_seq",
-                 "message")
+                 "message", "stored")
 
-    def __init__(self, key: Key, first_seq: int, last_seq: int) -> None:
+    def __init__(self, key: Key, first_seq: int, last_seq: int, *, stored: bool = False
+                 ) -> None:
         self.key = key
+        #: Taken from the backend's durable state (not seen by this process).
+        self.stored = stored
         self.first_seq = first_seq
         self.last_seq = last_seq
         self.base_offset = -1
@@ -180,6 +185,9 @@ class ProducerStates:
             if epoch == state.epoch:
                 for entry in state.batches:
                     if entry.first_seq == base_seq and entry.last_seq == last_seq:
+                        if self._metrics is not None:
+                            self._metrics.kafka_producer_retries.labels(
+                                "stored" if entry.stored else "memory").inc()
                         return Verdict(entry, duplicate=True)
                 if state.batches:
                     expected = last_sequence(state.batches[-1].last_seq, 1)
@@ -220,7 +228,7 @@ class ProducerStates:
             return None
         state = self._add(key, stored.epoch)
         for batch in stored.batches:
-            entry = BatchEntry(key, batch.first_seq, batch.last_seq)
+            entry = BatchEntry(key, batch.first_seq, batch.last_seq, stored=True)
             entry.settle(batch.first_offset - 1, 0, None)
             state.batches.append(entry)
         return state

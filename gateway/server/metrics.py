@@ -183,6 +183,11 @@ class Metrics:
             "figtank_kafka_group_rebalances", "Rebalances of Kafka consumer groups begun, "
             "by reason (join, leave, session_timeout, sync_timeout, assignment_refused).",
             ["reason"], registry=r)
+        self.kafka_producer_retries = Counter(
+            "figtank_kafka_producer_retries", "Idempotent producers' batches answered as "
+            "the batch they retry (not stored again), by where the original was known: "
+            "memory, or stored (the partition's durable producer state: after a restart).",
+            ["known_from"], registry=r)
         self._included: set[int] = set()
 
         self.reader_lag = ReaderLag()

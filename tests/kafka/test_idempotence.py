@@ -233,6 +233,8 @@ async def test_after_a_restart_ids_are_new_and_sequences_go_on(tmp_path):
             fenced = await send(s, idempotent(pid, 0, 6))
             hwm = await high_water_mark(server)
             stored = metric_value(server, "figtank_stored_producer_states")
+            answered = metric_value(
+                server, 'figtank_kafka_producer_retries_total{known_from="stored"}')
     assert later > pid
     assert retried[:2] == (0, 2)  # the original's offset
     assert gap[0] == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER  # still checked
@@ -241,6 +243,7 @@ async def test_after_a_restart_ids_are_new_and_sequences_go_on(tmp_path):
     assert fenced[0] == ErrorCode.INVALID_PRODUCER_EPOCH
     assert hwm == 8
     assert stored == 1
+    assert answered == 1
 
 
 async def test_sequences_wrap_after_int32_max(tmp_path):

@@ -16,6 +16,7 @@ import trio
 from gateway.client.errors import ClientError
 from gateway.client.figg import open_figg_client
 from gateway.client.tank import open_tank_client
+from tests.bridge.helpers import metric
 from tests.serving import Served
 from tests.upstream_kafka.helpers import Upstream, gateway, kafka_address
 
@@ -127,7 +128,11 @@ def check(ledger: Ledger, stored: list[bytes]) -> tuple[int, int, int]:
 
 async def test_sigkill_and_restart_of_the_upstream_under_load(tmp_path: Path) -> None:
     upstream = Upstream(tmp_path / "up")
-    front = gateway(upstream.address)
+    # The restart must come within the gateway producer's delivery timeout: a loaded test
+    # machine may take several seconds to start the upstream again, so give it 30.
+    config = tmp_path / "gateway.toml"
+    config.write_text('[upstream_kafka.librdkafka]\n"message.timeout.ms" = 30000\n')
+    front = gateway(upstream.address, "--config", str(config))
     again: Served | None = None
     ledger = Ledger()
     stop, kafka_stop = trio.Event(), threading.Event()
@@ -151,8 +156,8 @@ async def test_sigkill_and_restart_of_the_upstream_under_load(tmp_path: Path) ->
                 acked_before = len(ledger.acked)
                 await upstream.served.kill()
                 killed_at = trio.current_time()
-                again = Served(*upstream.served.args)
-                await again.start()
+                again = Served(*upstream.served.args, "--metrics-listen", "127.0.0.1:0")
+                restarted = await again.start()
                 restarted_after = trio.current_time() - killed_at
                 await trio.sleep(AFTER_RESTART_SECS)
                 stop.set()
@@ -162,6 +167,9 @@ async def test_sigkill_and_restart_of_the_upstream_under_load(tmp_path: Path) ->
                                       ("kafka-load", 2)]:
                 for p in range(partitions):
                     stored[f"{topic}/{p}"] = [v for _, v in await upstream.stored(topic, p)]
+            assert restarted.metrics
+            recognised = metric(restarted.metrics,
+                                'figtank_kafka_producer_retries_total{known_from="stored"}')
     finally:
         front.close()
         upstream.served.close()
@@ -172,6 +180,7 @@ async def test_sigkill_and_restart_of_the_upstream_under_load(tmp_path: Path) ->
     print(f"upstream restart: acked={len(ledger.acked)} acked_before_kill={acked_before} "
           f"stored={len(every)} lost={lost} duplicated={duplicated} "
           f"unacked_present={unacked_present} failed={ledger.failed} "
+          f"retries_recognised_after_restart={recognised or 0:.0f} "
           f"restarted_after={restarted_after:.2f}s")
     assert acked_before > 0 and len(ledger.acked) > acked_before  # load on both sides
     # Every family got messages through on both sides of the kill.
