@@ -41,7 +41,8 @@ from gateway.logevery import LogEvery
 
 log = structlog.get_logger("gateway.store")
 
-#: The file's name in the partition directory (a dot-file: a Tank broker ignores it).
+#: The file's name in the partition directory (a dot-file: the partition's own scan skips
+#: it; not part of Tank's layout).
 FILE_NAME: Final = ".kafka-producers"
 #: Batches remembered per producer (Kafka's ``NUM_BATCHES_TO_RETAIN``).
 KEEP_BATCHES: Final = 5
