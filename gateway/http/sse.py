@@ -19,13 +19,23 @@ from __future__ import annotations
 import math
 from typing import Any, Final
 
+import h11
 import trio
 
 from gateway.auth.policy import Operation
-from gateway.http.auth import access_of, check_topic_name, partition_param, partitions_of, require
+from gateway.auth.principal import Principal
+from gateway.http.auth import (
+    access_of,
+    bearer_token,
+    check_topic_name,
+    partition_param,
+    partitions_of,
+    require,
+)
 from gateway.http.cursor import Behind, Cursor, Gone, next_batch, wait_for_room
 from gateway.http.positions import event_id, from_last_event_id, from_parameter
 from gateway.http.request import Request
+from gateway.http.revocation import revoked_event
 from gateway.http.session import SOCKET_ERRORS
 from gateway.http.tail import PartitionTail, TailEvent
 from gateway.io.writer import FrameWriter
@@ -41,6 +51,7 @@ async def events(session: Any, request: Request) -> None:
     check_topic_name(topic)
     access = access_of(session, request)
     require(access, topic, Operation.SUBSCRIBE, "events")
+    token = bearer_token(request)
     listener = session.listener
     infos = await partitions_of(session, access, topic, "events")
     one = partition_param(request.query.get("partition"), len(infos), topic)
@@ -63,7 +74,8 @@ async def events(session: Any, request: Request) -> None:
     listener.streams["sse"] += 1
     try:
         await session.start_stream(200, headers)
-        await _stream(session, topic, cursors, single=len(partitions) == 1)
+        await _stream(session, topic, cursors, single=len(partitions) == 1,
+                      admitted=_Admitted(session, topic, access.principal, token))
     finally:
         listener.streams["sse"] -= 1
         for tail in tails:
@@ -112,7 +124,39 @@ async def _follow(follower: _Follower, heartbeat: float) -> None:
         tail.unfollow(follower)
 
 
-async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bool) -> None:
+class _Admitted:
+    """What let the stream in, for :class:`~gateway.http.revocation.OpenStreams` to look
+    at again on a reload."""
+
+    __slots__ = ("outbox", "principal", "reason", "scope", "session", "token", "topic")
+    kind = "sse"
+
+    def __init__(self, session: Any, topic: str, principal: Principal, token: str | None
+                 ) -> None:
+        self.session = session
+        self.topic = topic
+        self.principal = principal
+        self.token = token
+        #: Why access was revoked, once it was.
+        self.reason: str | None = None
+        self.outbox: FrameWriter | None = None
+        self.scope: trio.CancelScope | None = None
+
+    def topics(self) -> tuple[str]:
+        return (self.topic,)
+
+    def revoke(self, reason: str) -> None:
+        self.reason = reason
+        if self.outbox is not None:
+            session = self.session
+            self.outbox.put_nowait(session.chunk(revoked_event(reason))
+                                   + (session.conn.send(h11.EndOfMessage()) or b""))
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bool,
+                  admitted: _Admitted) -> None:
     listener = session.listener
     settings = listener.settings
     stall = settings.idle_timeout_secs or math.inf
@@ -124,7 +168,9 @@ async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bo
     follower = _Follower(cursors[0], outbox, session, delivered) if single else None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_write, outbox, nursery.cancel_scope, session)
-        with session.cancellable() as scope:
+        admitted.outbox = outbox
+        with session.cancellable() as scope, listener.open_streams.holding(admitted):
+            admitted.scope = scope
             try:
                 while True:
                     if follower is not None and not outbox.full and (
@@ -155,7 +201,11 @@ async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bo
                 session.ended("slow", str(exc))
             except Gone as exc:
                 session.ended("topic_gone", str(exc))
-        if scope.cancelled_caught:
+        if admitted.reason is not None:
+            session.ended("access_revoked", admitted.reason)
+            with trio.move_on_after(1):  # let the last event out
+                await outbox.wait_empty()
+        elif scope.cancelled_caught:
             session.ended("shutdown", "server shutting down")
         nursery.cancel_scope.cancel()
     session.bytes_sent += outbox.bytes_sent

@@ -20,7 +20,8 @@ Bad input closes the WebSocket with a close code and one ``websocket_closed`` lo
 1007 (not JSON), 1008 (an unknown op, a field of the wrong kind, access refused, more than
 ``http.ws_publish_window`` publishes unacknowledged), 1009 (a message over
 ``http.max_body_bytes``), 1003 (a binary message). A subscriber that falls behind is
-closed with 4000 and its position in the reason, to attach again from it. A failed
+closed with 4000 and its position in the reason, to attach again from it; one whose
+access a reload revoked (:mod:`gateway.http.revocation`) with 4003 and why. A failed
 upgrade is a 400 answer.
 """
 
@@ -42,10 +43,11 @@ from wsproto.utilities import LocalProtocolError, RemoteProtocolError, generate_
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
 from gateway.backend.contract import ProduceBatch, ProduceCode, ProduceOutcome, TopicRefused
-from gateway.http.auth import access_of, partitions_of
+from gateway.http.auth import access_of, bearer_token, partitions_of
 from gateway.http.cursor import Behind, Cursor, Gone, wait_for_room
 from gateway.http.messages import dumps, payload_of
 from gateway.http.request import HttpError, Request
+from gateway.http.revocation import REVOKED
 from gateway.http.session import RECEIVE_SIZE, SOCKET_ERRORS
 from gateway.http.tail import PartitionTail, TailEvent
 from gateway.io.writer import FrameWriter
@@ -77,6 +79,7 @@ async def upgrade(session: Any, request: Request) -> None:
                         [(b"sec-websocket-version", b"13")])
     session.listener.cors.check_websocket(request, headers.get("host"))
     access = access_of(session, request)
+    token = bearer_token(request)
     accept = generate_accept_token(headers["sec-websocket-key"].encode())
     conn = session.conn
     await session.send(conn.send(h11.InformationalResponse(status_code=101, headers=[
@@ -88,11 +91,12 @@ async def upgrade(session: Any, request: Request) -> None:
     session.conn = None
     request.headers.clear()
     socket = WebSocket(session, access, WsConnection(ConnectionType.SERVER,
-                                                     trailing_data=trailing))
+                                                     trailing_data=trailing), token)
     listener = session.listener
     listener.streams["websocket"] += 1
     try:
-        await socket.serve()
+        with listener.open_streams.holding(socket):
+            await socket.serve()
     finally:
         listener.streams["websocket"] -= 1
 
@@ -127,13 +131,18 @@ class WebSocket:
     """One upgraded connection; see the module doc."""
 
     __slots__ = ("_closed", "_nursery", "_text", "_text_size", "access", "conn", "in_flight",
-                 "listener", "max_message", "outbox", "partitions", "session", "subs",
-                 "window")
+                 "listener", "max_message", "outbox", "partitions", "principal", "session",
+                 "subs", "token", "window")
+    kind = "websocket"
 
-    def __init__(self, session: Any, access: ConnectionAccess, conn: WsConnection) -> None:
+    def __init__(self, session: Any, access: ConnectionAccess, conn: WsConnection,
+                 token: str | None = None) -> None:
         self.session = session
         self.listener = session.listener
         self.access = access
+        #: Who it acts as, and the bearer token that said so (for a reload to look at).
+        self.principal = access.principal
+        self.token = token
         self.conn = conn
         settings = self.listener.settings
         self.outbox = FrameWriter(session.stream, settings.http_subscriber_buffer_bytes)
@@ -162,6 +171,14 @@ class WebSocket:
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
+    def topics(self) -> set[str]:
+        """The topics attached now."""
+        return {topic for topic, _ in self.subs}
+
+    def revoke(self, reason: str) -> None:
+        """Access was revoked (a reload): close with :data:`REVOKED`."""
+        self.close(REVOKED, reason)
+
     async def serve(self) -> None:
         session = self.session
         try:
@@ -182,7 +199,8 @@ class WebSocket:
         if closed is not None:
             with trio.move_on_after(1):  # let the close frame out
                 await self.outbox.wait_empty()
-            kind = {GOING_AWAY: "shutdown", BEHIND: "slow"}.get(closed.code, "websocket_close")
+            kind = {GOING_AWAY: "shutdown", BEHIND: "slow", REVOKED: "access_revoked"}.get(
+                closed.code, "websocket_close")
             routine = closed.code in (1000, 1001, 1005, 1006)  # ended normally or went away
             if routine and kind == "websocket_close":
                 kind = "eof"
