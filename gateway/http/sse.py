@@ -12,6 +12,9 @@ encoded once for all); one behind reads the log on its own. One that falls behin
 than ``http.subscriber_buffer_bytes`` while live, or whose socket takes nothing for
 ``limits.idle_timeout_secs``, is closed (``slow``): its last event id says where to
 resume, and the server keeps nothing for it.
+
+Events count against the principal's bytes-out quota; while it is in debt no event is
+made for the stream (:mod:`gateway.http.quota`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import trio
 
 from gateway.auth.policy import Operation
 from gateway.auth.principal import Principal
+from gateway.auth.quotas import PrincipalQuota
 from gateway.http.auth import (
     access_of,
     bearer_token,
@@ -34,6 +38,7 @@ from gateway.http.auth import (
 )
 from gateway.http.cursor import Behind, Cursor, Gone, next_batch, wait_for_room
 from gateway.http.positions import event_id, from_last_event_id, from_parameter
+from gateway.http.quota import owes, quota_of, took_out, wait_out
 from gateway.http.request import Request
 from gateway.http.revocation import revoked_event
 from gateway.http.session import SOCKET_ERRORS
@@ -74,8 +79,10 @@ async def events(session: Any, request: Request) -> None:
     listener.streams["sse"] += 1
     try:
         await session.start_stream(200, headers)
-        await _stream(session, topic, cursors, single=len(partitions) == 1,
-                      admitted=_Admitted(session, topic, access.principal, token))
+        with quota_of(session, access.principal) as quota:
+            await _stream(session, topic, cursors, single=len(partitions) == 1,
+                          admitted=_Admitted(session, topic, access.principal, token),
+                          quota=quota)
     finally:
         listener.streams["sse"] -= 1
         for tail in tails:
@@ -86,23 +93,26 @@ class _Follower:
     """A one-partition stream at the tail, fed by the tail's reader (no wake-up of its own
     task per message)."""
 
-    __slots__ = ("cursor", "delivered", "outbox", "session")
+    __slots__ = ("cursor", "delivered", "outbox", "quota", "session")
 
-    def __init__(self, cursor: Cursor, outbox: FrameWriter, session: Any, delivered: Any
-                 ) -> None:
+    def __init__(self, cursor: Cursor, outbox: FrameWriter, session: Any, delivered: Any,
+                 quota: PrincipalQuota | None = None) -> None:
         self.cursor = cursor
         self.outbox = outbox
         self.session = session
         self.delivered = delivered
+        self.quota = quota
 
     @property
     def next_seq(self) -> int:
         return self.cursor.next_seq
 
     def push(self, tail: PartitionTail, events: list[TailEvent]) -> bool:
-        if self.outbox.full:
+        if self.outbox.full or owes(self.quota):
             return False
-        self.outbox.put_nowait(tail.joined("sse", events, self.session.chunk))
+        data = tail.joined("sse", events, self.session.chunk)
+        self.outbox.put_nowait(data)
+        took_out(self.quota, len(data))
         self.cursor.next_seq = events[-1].seq + 1
         self.delivered.inc(len(events))
         return True
@@ -156,7 +166,7 @@ class _Admitted:
 
 
 async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bool,
-                  admitted: _Admitted) -> None:
+                  admitted: _Admitted, quota: PrincipalQuota | None = None) -> None:
     listener = session.listener
     settings = listener.settings
     stall = settings.idle_timeout_secs or math.inf
@@ -165,7 +175,7 @@ async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bo
     positions = {c.partition: c.position for c in cursors}
     outbox = FrameWriter(session.stream, settings.http_subscriber_buffer_bytes)
     outbox.put_nowait(session.chunk(b"retry: 1000\n: " + event_id(positions) + b"\n\n"))
-    follower = _Follower(cursors[0], outbox, session, delivered) if single else None
+    follower = _Follower(cursors[0], outbox, session, delivered, quota) if single else None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_write, outbox, nursery.cancel_scope, session)
         admitted.outbox = outbox
@@ -173,6 +183,7 @@ async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bo
             admitted.scope = scope
             try:
                 while True:
+                    await wait_out(quota)
                     if follower is not None and not outbox.full and (
                             follower.next_seq == follower.cursor.tail.next_seq):
                         await _follow(follower, heartbeat)
@@ -185,7 +196,9 @@ async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bo
                     for cursor, found in batch:
                         count += len(found)
                         if single:
-                            outbox.put_nowait(cursor.tail.joined("sse", found, session.chunk))
+                            data = cursor.tail.joined("sse", found, session.chunk)
+                            outbox.put_nowait(data)
+                            took_out(quota, len(data))
                             continue
                         else:
                             parts = []
@@ -195,6 +208,7 @@ async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bo
                                              + event.sse_data())
                             data = b"".join(parts)
                         outbox.put_parts_nowait(session.chunk_parts(data))
+                        took_out(quota, len(data))
                     delivered.inc(count)
             except Behind as exc:
                 listener.metrics.limit_hit(exc.limit)

@@ -23,6 +23,9 @@ Bad input closes the WebSocket with a close code and one ``websocket_closed`` lo
 closed with 4000 and its position in the reason, to attach again from it; one whose
 access a reload revoked (:mod:`gateway.http.revocation`) with 4003 and why. A failed
 upgrade is a 400 answer.
+
+Data frames count against the principal's bytes-out quota; while it is in debt no frame
+is made for the socket (:mod:`gateway.http.quota`).
 """
 
 from __future__ import annotations
@@ -42,10 +45,12 @@ from wsproto.utilities import LocalProtocolError, RemoteProtocolError, generate_
 
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
+from gateway.auth.quotas import PrincipalQuota
 from gateway.backend.contract import ProduceBatch, ProduceCode, ProduceOutcome, TopicRefused
 from gateway.http.auth import access_of, bearer_token, partitions_of
 from gateway.http.cursor import Behind, Cursor, Gone, wait_for_room
 from gateway.http.messages import dumps, payload_of
+from gateway.http.quota import owes, quota_of, took_out, wait_out
 from gateway.http.request import HttpError, Request
 from gateway.http.revocation import REVOKED
 from gateway.http.session import RECEIVE_SIZE, SOCKET_ERRORS
@@ -90,13 +95,14 @@ async def upgrade(session: Any, request: Request) -> None:
     # request's headers (memory per subscriber).
     session.conn = None
     request.headers.clear()
-    socket = WebSocket(session, access, WsConnection(ConnectionType.SERVER,
-                                                     trailing_data=trailing), token)
     listener = session.listener
     listener.streams["websocket"] += 1
     try:
-        with listener.open_streams.holding(socket):
-            await socket.serve()
+        with quota_of(session, access.principal) as quota:
+            socket = WebSocket(session, access, WsConnection(
+                ConnectionType.SERVER, trailing_data=trailing), token, quota)
+            with listener.open_streams.holding(socket):
+                await socket.serve()
     finally:
         listener.streams["websocket"] -= 1
 
@@ -105,12 +111,14 @@ class _Subscription:
     """One attached partition of a WebSocket (the owner of its queued frames; at the tail,
     a follower its tail's reader feeds)."""
 
-    __slots__ = ("cursor", "delivered", "detached", "outbox", "scope")
+    __slots__ = ("cursor", "delivered", "detached", "outbox", "quota", "scope")
 
-    def __init__(self, cursor: Cursor, outbox: FrameWriter, delivered: Any) -> None:
+    def __init__(self, cursor: Cursor, outbox: FrameWriter, delivered: Any,
+                 quota: PrincipalQuota | None = None) -> None:
         self.cursor = cursor
         self.outbox = outbox
         self.delivered = delivered
+        self.quota = quota
         self.detached = False
         self.scope = trio.CancelScope()
 
@@ -119,9 +127,11 @@ class _Subscription:
         return self.cursor.next_seq
 
     def push(self, tail: PartitionTail, events: list[TailEvent]) -> bool:
-        if self.detached or self.outbox.full:
+        if self.detached or self.outbox.full or owes(self.quota):
             return False
-        self.outbox.put_nowait(tail.joined("ws", events), self)
+        data = tail.joined("ws", events)
+        self.outbox.put_nowait(data, self)
+        took_out(self.quota, len(data))
         self.cursor.next_seq = events[-1].seq + 1
         self.delivered.inc(len(events))
         return True
@@ -131,18 +141,20 @@ class WebSocket:
     """One upgraded connection; see the module doc."""
 
     __slots__ = ("_closed", "_nursery", "_text", "_text_size", "access", "conn", "in_flight",
-                 "listener", "max_message", "outbox", "partitions", "principal", "session",
-                 "subs", "token", "window")
+                 "listener", "max_message", "outbox", "partitions", "principal", "quota",
+                 "session", "subs", "token", "window")
     kind = "websocket"
 
     def __init__(self, session: Any, access: ConnectionAccess, conn: WsConnection,
-                 token: str | None = None) -> None:
+                 token: str | None = None, quota: PrincipalQuota | None = None) -> None:
         self.session = session
         self.listener = session.listener
         self.access = access
         #: Who it acts as, and the bearer token that said so (for a reload to look at).
         self.principal = access.principal
         self.token = token
+        #: The principal's quota buckets (its data frames count as bytes out).
+        self.quota = quota
         self.conn = conn
         settings = self.listener.settings
         self.outbox = FrameWriter(session.stream, settings.http_subscriber_buffer_bytes)
@@ -388,7 +400,8 @@ class WebSocket:
         metrics = self.listener.metrics
         sub = _Subscription(Cursor(backend, tail, next_seq,
                                    self.listener.settings.http_subscriber_buffer_bytes),
-                            self.outbox, metrics.for_topic(metrics.messages_out, topic))
+                            self.outbox, metrics.for_topic(metrics.messages_out, topic),
+                            self.quota)
         self.subs[(topic, partition)] = sub
         self.send_json({"op": "attached", "topic": topic, "partition": partition,
                         "offset": next_seq - 1})
@@ -411,10 +424,13 @@ class WebSocket:
         with sub.scope:
             try:
                 while True:
+                    await wait_out(sub.quota)
                     await wait_for_room(outbox, stall)
                     events = await cursor.take(WRITE_BYTES)
                     if events:
-                        outbox.put_nowait(tail.joined("ws", events), sub)
+                        data = tail.joined("ws", events)
+                        outbox.put_nowait(data, sub)
+                        took_out(sub.quota, len(data))
                         delivered.inc(len(events))
                         continue
                     if tail.next_seq > cursor.next_seq:
