@@ -24,7 +24,8 @@ from typing import Any
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
 from gateway.auth.quotas import PrincipalQuota
-from gateway.backend.contract import ProduceBatch, ProduceCode, produce_and_wait
+from gateway.backend.contract import ProduceBatch, ProduceCode
+from gateway.backend.placed import produce_placed
 from gateway.http.auth import access_of, check_topic_name, partition_param, partitions_of, require
 from gateway.http.messages import payload_of
 from gateway.http.quota import quota_of
@@ -124,7 +125,7 @@ async def _append(session: Any, request: Request, access: ConnectionAccess, topi
         placed.append((partition, len(batch)))
         batch.append(message)
     batches = [ProduceBatch(topic, p, encode_bundle(m)) for p, m in by_partition.items()]
-    outcomes = await produce_and_wait(session.listener.backend, batches)
+    outcomes = await produce_placed(session.listener.backend, batches)
     if quota is not None:
         quota.took_in(len(request.body), 1)
     first: dict[int, int | None] = {}
