@@ -8,7 +8,9 @@ partition. The stream starts with ``retry: 1000`` and sends a comment line every
 ``http.heartbeat_secs`` it has nothing else to send.
 
 A subscriber that keeps up is served from the partitions' shared tails (each event
-encoded once for all); one behind reads the log on its own. One that falls behind by more
+encoded once for all), and at the end of every partition it streams is fed by the tails'
+readers (a whole topic: :mod:`gateway.http.topic_follow`); one behind reads the log on
+its own. One that falls behind by more
 than ``http.subscriber_buffer_bytes`` while live, or whose socket takes nothing for
 ``limits.idle_timeout_secs``, is closed (``slow``): its last event id says where to
 resume, and the server keeps nothing for it.
@@ -43,6 +45,7 @@ from gateway.http.request import Request
 from gateway.http.revocation import revoked_event
 from gateway.http.session import SOCKET_ERRORS
 from gateway.http.tail import PartitionTail, TailEvent
+from gateway.http.topic_follow import TopicFollower
 from gateway.io.writer import FrameWriter
 
 #: Bytes of events sent in one write.
@@ -176,6 +179,8 @@ async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bo
     outbox = FrameWriter(session.stream, settings.http_subscriber_buffer_bytes)
     outbox.put_nowait(session.chunk(b"retry: 1000\n: " + event_id(positions) + b"\n\n"))
     follower = _Follower(cursors[0], outbox, session, delivered, quota) if single else None
+    whole = None if single else TopicFollower(cursors, positions, outbox, session, delivered,
+                                              quota)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_write, outbox, nursery.cancel_scope, session)
         admitted.outbox = outbox
@@ -187,6 +192,8 @@ async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bo
                     if follower is not None and not outbox.full and (
                             follower.next_seq == follower.cursor.tail.next_seq):
                         await _follow(follower, heartbeat)
+                    elif whole is not None and whole.at_the_end():
+                        await whole.follow(heartbeat)
                     await wait_for_room(outbox, stall)
                     batch = await next_batch(cursors, WRITE_BYTES, heartbeat)
                     if not batch:
