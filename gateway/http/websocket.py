@@ -46,7 +46,14 @@ from wsproto.utilities import LocalProtocolError, RemoteProtocolError, generate_
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
 from gateway.auth.quotas import PrincipalQuota
-from gateway.backend.contract import ProduceBatch, ProduceCode, ProduceOutcome, TopicRefused
+from gateway.backend.contract import (
+    ProduceBatch,
+    ProduceCode,
+    ProduceDone,
+    ProduceOutcome,
+    TopicRefused,
+)
+from gateway.backend.placed import produce_placed, reports_offsets
 from gateway.http.auth import access_of, bearer_token, partitions_of
 from gateway.http.cursor import Behind, Cursor, Gone, wait_for_room
 from gateway.http.messages import dumps, payload_of
@@ -140,9 +147,9 @@ class _Subscription:
 class WebSocket:
     """One upgraded connection; see the module doc."""
 
-    __slots__ = ("_closed", "_nursery", "_text", "_text_size", "access", "conn", "in_flight",
-                 "listener", "max_message", "outbox", "partitions", "principal", "quota",
-                 "session", "subs", "token", "window")
+    __slots__ = ("_closed", "_nursery", "_placing", "_text", "_text_size", "access", "conn",
+                 "in_flight", "listener", "max_message", "outbox", "partitions", "principal",
+                 "quota", "session", "subs", "token", "window")
     kind = "websocket"
 
     def __init__(self, session: Any, access: ConnectionAccess, conn: WsConnection,
@@ -167,6 +174,8 @@ class WebSocket:
         self._text_size = 0
         self._closed: _Close | None = None
         self._nursery: trio.Nursery | None = None
+        #: Publishes waiting to be placed (bridge mode), in order; None: no placer runs.
+        self._placing: list[tuple[list[ProduceBatch], ProduceDone]] | None = None
 
     def send_json(self, value: Any, owner: Any = None) -> None:
         self.outbox.put_nowait(self.conn.send(ws.TextMessage(data=dumps(value).decode())),
@@ -365,7 +374,29 @@ class WebSocket:
                                             for a in acks))
             self.listener.metrics.requests.labels("http", "ws_publish", "ok").inc(len(acks))
 
-        self.listener.backend.produce_nowait(batches, done)
+        backend = self.listener.backend
+        if reports_offsets(backend):
+            backend.produce_nowait(batches, done)
+        else:
+            self._place(batches, done)
+
+    def _place(self, batches: list[ProduceBatch], done: ProduceDone) -> None:
+        """Append through :func:`~gateway.backend.placed.produce_placed` (a backend that
+        does not report offsets: a Tank upstream), one call after another, so the
+        socket's publishes keep their order."""
+        if self._placing is None:
+            self._placing = []
+            assert self._nursery is not None
+            self._nursery.start_soon(self._placer)
+        self._placing.append((batches, done))
+
+    async def _placer(self) -> None:
+        placing = self._placing
+        assert placing is not None
+        while placing:
+            batches, done = placing.pop(0)
+            done(await produce_placed(self.listener.backend, batches))
+        self._placing = None
 
     # ------------------------------------------------------------------- subscribing
 

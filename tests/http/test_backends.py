@@ -15,6 +15,7 @@ import trio
 from gateway.client.tank import open_tank_client
 from tests.bridge.helpers import address, bridge_server, upstream_server
 from tests.http.helpers import H11Client, sse_events
+from tests.http.ws_client import WsClient
 from tests.upstream_kafka.helpers import Upstream, gateway
 
 
@@ -62,12 +63,24 @@ async def produce_fetch_and_resume(host: str, port: int, topic: str) -> None:
     await client.aclose()
 
 
+async def websocket_acks(host: str, port: int, topic: str) -> list[int]:
+    """Publish three messages over a WebSocket; the offsets of their acks."""
+    ws = await WsClient.connect(host, port)
+    for i in range(3):
+        await ws.send({"op": "publish", "topic": topic, "value": f"ws{i}", "id": i})
+    acks = [await ws.until("ack") for _ in range(3)]
+    await ws.aclose()
+    assert [a["id"] for a in acks] == [0, 1, 2]
+    return [a["offset"] for a in acks]
+
+
 async def test_http_through_a_bridge_in_front_of_a_tank_broker(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with upstream_server(tmp_path / "up") as up, \
                 bridge_server(address(up.tank), http_listen="127.0.0.1:0") as bridge:
             assert bridge.http is not None
             await produce_fetch_and_resume(*bridge.http, "bridged")
+            assert await websocket_acks(*bridge.http, "bridged") == [7, 8, 9]
 
 
 async def test_bridge_offsets_are_right_while_others_append_to_the_broker(
@@ -133,9 +146,10 @@ async def test_http_through_a_gateway_in_upstream_kafka_mode(tmp_path: Path) -> 
             served = await front.start()
             assert served.http is not None
             await produce_fetch_and_resume(*served.http, "kafkaed")
+            assert await websocket_acks(*served.http, "kafkaed") == [7, 8, 9]
             # What the HTTP produce answered is what the upstream stored.
-            assert [v for _, v in await upstream.stored("kafkaed")] == [
-                b"first", b"m0", b"m1", b"m2", b"m3", b"after"]
+            assert await upstream.stored("kafkaed") == list(enumerate(
+                [b"first", b"m0", b"m1", b"m2", b"m3", b"after", b"ws0", b"ws1", b"ws2"], 1))
     finally:
         front.close()
         upstream.served.close()
