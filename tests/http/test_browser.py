@@ -37,6 +37,12 @@ def _post(base: str, topic: str, value: str, token: str | None = None) -> int:
         return json.load(answer)["offsets"][0]["offset"]
 
 
+def _topics_text(page) -> str:
+    """The topics table's text, read in one script (the console re-renders it on every
+    poll: an element found first may be stale by the time its text is asked)."""
+    return page.execute_script("return document.getElementById('topics').innerText")
+
+
 def test_console_lists_a_tank_topic_and_tails_a_figg_publish(tmp_path):
     port = free_port()
     with _serve(tmp_path / "data", port) as served, chromium(tmp_path / "profile") as page:
@@ -45,12 +51,15 @@ def test_console_lists_a_tank_topic_and_tails_a_figg_publish(tmp_path):
         base = f"http://127.0.0.1:{port}"
         page.get(f"{base}/")
         WebDriverWait(page, 10).until(
-            lambda d: "made-over-tank" in d.find_element(By.ID, "topics").text)
-        rows = page.find_element(By.ID, "topics").text
+            lambda d: "made-over-tank" in _topics_text(d))
+        rows = _topics_text(page)
         assert "made-over-tank" in rows
         screenshot(page, tmp_path / "console-topics.png")
 
-        page.find_element(By.CSS_SELECTOR, 'button[data-topic="made-over-tank"]').click()
+        # Found and clicked in one script: the console re-renders the table on every poll,
+        # so a button found first may be gone by the time a click is sent (stale).
+        page.execute_script(
+            'document.querySelector(\'button[data-topic="made-over-tank"]\').click()')
         WebDriverWait(page, 10).until(
             lambda d: d.execute_script("return window.figtankConsole.tailState()") == 1)
         with BlockingFiggClient(*served.figg) as figg:
