@@ -28,6 +28,8 @@ class RunningServer:
     settings: Settings
     #: The protocol listener serving (a FiggListener or a TankListener).
     listener: Any
+    #: The server (its ``reload()`` is what SIGHUP does).
+    info: Any = None
 
     def metric(self, text: str) -> float | None:
         """The value of the exposition line starting with ``text`` (None: absent)."""
@@ -50,4 +52,4 @@ async def listening(protocol: Literal["figg", "tank", "kafka", "http"], backend:
     async with open_server(settings, backend=backend, metrics=metrics, grace=GRACE) as server:
         host, port = getattr(server, protocol)
         yield RunningServer(host, port, server.backend, server.metrics_registry, settings,
-                            server.listeners[protocol])
+                            server.listeners[protocol], server)

@@ -14,8 +14,9 @@ with Kafka's throttling.
 
 - **bytes in**: every byte a client sends (its frames, whatever their type);
 - **requests**: each Figg frame (every PUBLISH counts) and each Tank or Kafka request;
-- **bytes out**: Tank Consume chunk bytes, Kafka Fetch record bytes and Figg DATA frames
-  (not ACKs, PONGs or replies to admin requests).
+- **bytes out**: Tank Consume chunk bytes, Kafka Fetch record bytes, Figg DATA frames and
+  on the HTTP listener fetch answers, SSE events and WebSocket data frames (not ACKs,
+  PONGs or replies to admin requests).
 
 :meth:`Quotas.replace_rules` swaps the rules (SIGHUP): every open connection gets its new
 limits at once, also one waiting for tokens.

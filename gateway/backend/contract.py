@@ -121,7 +121,8 @@ class ProduceOutcome:
 
     ``first_seq``/``last_seq`` are set when ``code`` is OK and the backend knows them (the
     embedded store always does; a Tank upstream's Produce response does not carry them,
-    so the bridge leaves them 0 unless the batch named its own sequence numbers).
+    so the bridge leaves them 0 unless the batch named its own sequence numbers:
+    :func:`gateway.backend.placed.produce_placed` names them for callers that need them).
     """
 
     code: ProduceCode
@@ -268,6 +269,9 @@ class Backend(Protocol):
 
     #: When a missing topic is created (by produce and by :func:`ensure_topic`).
     auto_create: AutoCreate
+    #: Whether produce outcomes carry the offsets appended (False for a Tank upstream,
+    #: whose Produce response does not: :mod:`gateway.backend.placed` finds them).
+    reports_offsets: bool
 
     async def produce(self, batches: Sequence[ProduceBatch]) -> list[ProduceOutcome]:
         """Append each batch; the outcomes come back in the same order.

@@ -72,6 +72,9 @@ def _version_number() -> int:
 class EmbeddedBackend:
     """Serves both listeners from a :class:`LogStore` on this machine."""
 
+    #: Whether produce outcomes carry the offsets (see the Backend contract).
+    reports_offsets = True
+
     def __init__(self, store: LogStore, *, auto_create_topics: bool = True,
                  metrics: Metrics | None = None) -> None:
         self.store = store

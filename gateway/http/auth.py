@@ -23,13 +23,15 @@ from protocols.topics import is_valid_topic_name
 
 def principal_of(session: Any, request: Request) -> Principal:
     """The principal ``request`` acts as (401 for a token that is not valid)."""
-    token = _bearer(request)
+    token = bearer_token(request)
     if token is None:
         return session.principal
     return session.listener.tokens.principal(token, session.principal, request)
 
 
-def _bearer(request: Request) -> str | None:
+def bearer_token(request: Request) -> str | None:
+    """The bearer token ``request`` carries (header or query), or None; 401 for an
+    ``Authorization`` header that is not ``Bearer TOKEN``."""
     header = request.header("authorization")
     if header is not None:
         scheme, _, token = header.partition(" ")

@@ -10,6 +10,9 @@ the first available message; one past the end waits for it (``last_offset + 1``)
 JSON: ``{"topic", "partition", "messages": [...], "next_offset", "last_offset"}``; NDJSON
 (``format=ndjson`` or ``Accept: application/x-ndjson``): one message a line, with
 ``Figtank-Next-Offset`` and ``Figtank-High-Water-Mark`` headers.
+
+The answer's body counts against the principal's bytes-out quota; a request waits before
+reading while the quota is in debt (:mod:`gateway.http.quota`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from gateway.auth.policy import Operation
 from gateway.backend.contract import FetchRequest, FetchStatus
 from gateway.http.auth import access_of, check_topic_name, partition_param, require
 from gateway.http.messages import decode_messages, dumps, message_json
+from gateway.http.quota import quota_of, took_out, wait_out
 from gateway.http.request import NDJSON, Answer, HttpError, Request, json_answer
 from protocols.errors import ProtocolError
 
@@ -33,6 +37,14 @@ async def fetch(session: Any, request: Request) -> Answer:
     check_topic_name(topic)
     access = access_of(session, request)
     require(access, topic, Operation.SUBSCRIBE, "fetch")
+    with quota_of(session, access.principal) as quota:
+        await wait_out(quota)
+        answer = await _fetch(session, request, topic)
+        took_out(quota, len(answer.body))
+    return answer
+
+
+async def _fetch(session: Any, request: Request, topic: str) -> Answer:
     backend = session.listener.backend
     settings = session.listener.settings
     infos = await backend.discover_partitions(topic)

@@ -19,6 +19,7 @@ from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.backend.contract import Backend
 from gateway.http.cors import Cors
+from gateway.http.revocation import OpenStreams
 from gateway.http.routing import Router
 from gateway.http.session import HttpSession
 from gateway.http.tail import Tails
@@ -64,6 +65,8 @@ class HttpListener(ProtocolListener):
         self.router = build_router()
         self.cors = Cors(settings.http_cors_origins)
         self.tokens = Tokens(self.guard, settings)
+        #: The open SSE streams and WebSockets a reload may end.
+        self.open_streams = OpenStreams(self.guard, self.tokens, self.log)
         #: Open streams by kind (``sse``, ``websocket``).
         self.streams: dict[str, int] = {"sse": 0, "websocket": 0}
         self._scope = trio.CancelScope()
@@ -80,6 +83,12 @@ class HttpListener(ProtocolListener):
         """Run the tails' readers until :meth:`shutdown`."""
         with self._scope:
             await self.tails.run(task_status=task_status)
+
+    def reload_keys(self) -> None:
+        """Read the JWT key files again (SIGHUP) and end the open streams whose token no
+        longer verifies; a file that can not be read keeps the keys in force."""
+        self.tokens.reload()
+        self.open_streams.recheck()
 
     def shutdown(self) -> None:
         super().shutdown()

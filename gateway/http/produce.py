@@ -21,10 +21,14 @@ import json
 import time
 from typing import Any
 
+from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
-from gateway.backend.contract import ProduceBatch, ProduceCode, produce_and_wait
+from gateway.auth.quotas import PrincipalQuota
+from gateway.backend.contract import ProduceBatch, ProduceCode
+from gateway.backend.placed import produce_placed
 from gateway.http.auth import access_of, check_topic_name, partition_param, partitions_of, require
 from gateway.http.messages import payload_of
+from gateway.http.quota import quota_of
 from gateway.http.request import Answer, HttpError, Request, json_answer
 from protocols.tank.bundle import Message, encode_bundle
 
@@ -94,7 +98,13 @@ async def produce(session: Any, request: Request) -> Answer:
     for _, message in wanted:
         if message.key is not None and len(message.key) > MAX_KEY:
             raise HttpError(400, "bad_key", f"a key is at most {MAX_KEY} bytes")
-    quota = session.quota
+    with quota_of(session, access.principal) as quota:
+        return await _append(session, request, access, topic, wanted, quota)
+
+
+async def _append(session: Any, request: Request, access: ConnectionAccess, topic: str,
+                  wanted: list[tuple[int | None, Message]], quota: PrincipalQuota | None
+                  ) -> Answer:
     if quota is not None and quota.reads_limited:
         await quota.wait_in()
     infos = await partitions_of(session, access, topic, "produce")
@@ -115,7 +125,7 @@ async def produce(session: Any, request: Request) -> Answer:
         placed.append((partition, len(batch)))
         batch.append(message)
     batches = [ProduceBatch(topic, p, encode_bundle(m)) for p, m in by_partition.items()]
-    outcomes = await produce_and_wait(session.listener.backend, batches)
+    outcomes = await produce_placed(session.listener.backend, batches)
     if quota is not None:
         quota.took_in(len(request.body), 1)
     first: dict[int, int | None] = {}

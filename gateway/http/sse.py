@@ -8,10 +8,15 @@ partition. The stream starts with ``retry: 1000`` and sends a comment line every
 ``http.heartbeat_secs`` it has nothing else to send.
 
 A subscriber that keeps up is served from the partitions' shared tails (each event
-encoded once for all); one behind reads the log on its own. One that falls behind by more
+encoded once for all), and at the end of every partition it streams is fed by the tails'
+readers (a whole topic: :mod:`gateway.http.topic_follow`); one behind reads the log on
+its own. One that falls behind by more
 than ``http.subscriber_buffer_bytes`` while live, or whose socket takes nothing for
 ``limits.idle_timeout_secs``, is closed (``slow``): its last event id says where to
 resume, and the server keeps nothing for it.
+
+Events count against the principal's bytes-out quota; while it is in debt no event is
+made for the stream (:mod:`gateway.http.quota`).
 """
 
 from __future__ import annotations
@@ -19,15 +24,28 @@ from __future__ import annotations
 import math
 from typing import Any, Final
 
+import h11
 import trio
 
 from gateway.auth.policy import Operation
-from gateway.http.auth import access_of, check_topic_name, partition_param, partitions_of, require
+from gateway.auth.principal import Principal
+from gateway.auth.quotas import PrincipalQuota
+from gateway.http.auth import (
+    access_of,
+    bearer_token,
+    check_topic_name,
+    partition_param,
+    partitions_of,
+    require,
+)
 from gateway.http.cursor import Behind, Cursor, Gone, next_batch, wait_for_room
 from gateway.http.positions import event_id, from_last_event_id, from_parameter
+from gateway.http.quota import owes, quota_of, took_out, wait_out
 from gateway.http.request import Request
+from gateway.http.revocation import revoked_event
 from gateway.http.session import SOCKET_ERRORS
 from gateway.http.tail import PartitionTail, TailEvent
+from gateway.http.topic_follow import TopicFollower
 from gateway.io.writer import FrameWriter
 
 #: Bytes of events sent in one write.
@@ -41,6 +59,7 @@ async def events(session: Any, request: Request) -> None:
     check_topic_name(topic)
     access = access_of(session, request)
     require(access, topic, Operation.SUBSCRIBE, "events")
+    token = bearer_token(request)
     listener = session.listener
     infos = await partitions_of(session, access, topic, "events")
     one = partition_param(request.query.get("partition"), len(infos), topic)
@@ -63,7 +82,10 @@ async def events(session: Any, request: Request) -> None:
     listener.streams["sse"] += 1
     try:
         await session.start_stream(200, headers)
-        await _stream(session, topic, cursors, single=len(partitions) == 1)
+        with quota_of(session, access.principal) as quota:
+            await _stream(session, topic, cursors, single=len(partitions) == 1,
+                          admitted=_Admitted(session, topic, access.principal, token),
+                          quota=quota)
     finally:
         listener.streams["sse"] -= 1
         for tail in tails:
@@ -74,23 +96,26 @@ class _Follower:
     """A one-partition stream at the tail, fed by the tail's reader (no wake-up of its own
     task per message)."""
 
-    __slots__ = ("cursor", "delivered", "outbox", "session")
+    __slots__ = ("cursor", "delivered", "outbox", "quota", "session")
 
-    def __init__(self, cursor: Cursor, outbox: FrameWriter, session: Any, delivered: Any
-                 ) -> None:
+    def __init__(self, cursor: Cursor, outbox: FrameWriter, session: Any, delivered: Any,
+                 quota: PrincipalQuota | None = None) -> None:
         self.cursor = cursor
         self.outbox = outbox
         self.session = session
         self.delivered = delivered
+        self.quota = quota
 
     @property
     def next_seq(self) -> int:
         return self.cursor.next_seq
 
     def push(self, tail: PartitionTail, events: list[TailEvent]) -> bool:
-        if self.outbox.full:
+        if self.outbox.full or owes(self.quota):
             return False
-        self.outbox.put_nowait(tail.joined("sse", events, self.session.chunk))
+        data = tail.joined("sse", events, self.session.chunk)
+        self.outbox.put_nowait(data)
+        took_out(self.quota, len(data))
         self.cursor.next_seq = events[-1].seq + 1
         self.delivered.inc(len(events))
         return True
@@ -112,7 +137,39 @@ async def _follow(follower: _Follower, heartbeat: float) -> None:
         tail.unfollow(follower)
 
 
-async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bool) -> None:
+class _Admitted:
+    """What let the stream in, for :class:`~gateway.http.revocation.OpenStreams` to look
+    at again on a reload."""
+
+    __slots__ = ("outbox", "principal", "reason", "scope", "session", "token", "topic")
+    kind = "sse"
+
+    def __init__(self, session: Any, topic: str, principal: Principal, token: str | None
+                 ) -> None:
+        self.session = session
+        self.topic = topic
+        self.principal = principal
+        self.token = token
+        #: Why access was revoked, once it was.
+        self.reason: str | None = None
+        self.outbox: FrameWriter | None = None
+        self.scope: trio.CancelScope | None = None
+
+    def topics(self) -> tuple[str]:
+        return (self.topic,)
+
+    def revoke(self, reason: str) -> None:
+        self.reason = reason
+        if self.outbox is not None:
+            session = self.session
+            self.outbox.put_nowait(session.chunk(revoked_event(reason))
+                                   + (session.conn.send(h11.EndOfMessage()) or b""))
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bool,
+                  admitted: _Admitted, quota: PrincipalQuota | None = None) -> None:
     listener = session.listener
     settings = listener.settings
     stall = settings.idle_timeout_secs or math.inf
@@ -121,15 +178,22 @@ async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bo
     positions = {c.partition: c.position for c in cursors}
     outbox = FrameWriter(session.stream, settings.http_subscriber_buffer_bytes)
     outbox.put_nowait(session.chunk(b"retry: 1000\n: " + event_id(positions) + b"\n\n"))
-    follower = _Follower(cursors[0], outbox, session, delivered) if single else None
+    follower = _Follower(cursors[0], outbox, session, delivered, quota) if single else None
+    whole = None if single else TopicFollower(cursors, positions, outbox, session, delivered,
+                                              quota)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_write, outbox, nursery.cancel_scope, session)
-        with session.cancellable() as scope:
+        admitted.outbox = outbox
+        with session.cancellable() as scope, listener.open_streams.holding(admitted):
+            admitted.scope = scope
             try:
                 while True:
+                    await wait_out(quota)
                     if follower is not None and not outbox.full and (
                             follower.next_seq == follower.cursor.tail.next_seq):
                         await _follow(follower, heartbeat)
+                    elif whole is not None and whole.at_the_end():
+                        await whole.follow(heartbeat)
                     await wait_for_room(outbox, stall)
                     batch = await next_batch(cursors, WRITE_BYTES, heartbeat)
                     if not batch:
@@ -139,7 +203,9 @@ async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bo
                     for cursor, found in batch:
                         count += len(found)
                         if single:
-                            outbox.put_nowait(cursor.tail.joined("sse", found, session.chunk))
+                            data = cursor.tail.joined("sse", found, session.chunk)
+                            outbox.put_nowait(data)
+                            took_out(quota, len(data))
                             continue
                         else:
                             parts = []
@@ -149,13 +215,18 @@ async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bo
                                              + event.sse_data())
                             data = b"".join(parts)
                         outbox.put_parts_nowait(session.chunk_parts(data))
+                        took_out(quota, len(data))
                     delivered.inc(count)
             except Behind as exc:
                 listener.metrics.limit_hit(exc.limit)
                 session.ended("slow", str(exc))
             except Gone as exc:
                 session.ended("topic_gone", str(exc))
-        if scope.cancelled_caught:
+        if admitted.reason is not None:
+            session.ended("access_revoked", admitted.reason)
+            with trio.move_on_after(1):  # let the last event out
+                await outbox.wait_empty()
+        elif scope.cancelled_caught:
             session.ended("shutdown", "server shutting down")
         nursery.cancel_scope.cancel()
     session.bytes_sent += outbox.bytes_sent

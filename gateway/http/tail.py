@@ -156,14 +156,18 @@ class PartitionTail:
         """Set ``waker`` at the next append (or failure)."""
         self._wakers.append(waker)
 
-    def follow(self, follower: Follower) -> trio.Event | None:
+    def follow(self, follower: Follower, released: trio.Event | None = None
+               ) -> trio.Event | None:
         """Feed ``follower`` (at the end of the buffer) each append from the reader task:
         no task of its own wakes per message. Returns the event set when it is released
         (it fell behind, the tail failed or started over), or None when it is not at the
-        end now."""
+        end now. ``released``: that event, shared by the followers of several tails (one
+        whole-topic stream: :mod:`gateway.http.topic_follow`)."""
         if follower.next_seq != self.next_seq or self.failed is not None:
             return None
-        released = self._followers[follower] = trio.Event()
+        if released is None:
+            released = trio.Event()
+        self._followers[follower] = released
         return released
 
     def unfollow(self, follower: Follower) -> None:

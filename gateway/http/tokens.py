@@ -8,6 +8,10 @@ may do is the policy's rules for it. A JWT must be valid now (``exp`` and ``nbf`
 checked when present) and carry ``http.jwt_audience`` / ``http.jwt_issuer`` when those are
 set. A token that is not valid is 401; the decisions on valid JWTs are kept (at most
 :data:`CACHE_ENTRIES`, until they expire), so a stream of requests costs one check.
+
+:meth:`Tokens.reload` (SIGHUP) reads the key files again: a token signed with a key no
+longer there is refused from then on (the kept decisions are dropped), and the listener's
+open streams are looked at again (:mod:`gateway.http.revocation`).
 """
 
 from __future__ import annotations
@@ -35,21 +39,49 @@ class Tokens:
 
     def __init__(self, guard: AccessGuard, settings: Settings) -> None:
         self._guard = guard
-        self._keys: dict[str, Any] = {}
-        for algorithm, key, read in (
-                ("HS256", "http.jwt_hs256_secret_file", settings.http_jwt_hs256_secret_file),
-                ("RS256", "http.jwt_rs256_public_key_file",
-                 settings.http_jwt_rs256_public_key_file)):
-            if read:
-                try:
-                    self._keys[algorithm] = Path(read).read_bytes().strip()
-                except OSError as exc:
-                    raise ConfigError(f"{key}: cannot read {read}: {exc.strerror}") from None
+        self._files = {algorithm: (key, read) for algorithm, key, read in (
+            ("HS256", "http.jwt_hs256_secret_file", settings.http_jwt_hs256_secret_file),
+            ("RS256", "http.jwt_rs256_public_key_file",
+             settings.http_jwt_rs256_public_key_file)) if read}
+        self._keys: dict[str, Any] = self._read_keys()
         self._jwt = require("jwt", extra="jwt", purpose="JWT bearer tokens") if (
             self._keys) else None
         self._audience = settings.http_jwt_audience or None
         self._issuer = settings.http_jwt_issuer or None
         self._cache: dict[str, tuple[str, float]] = {}
+
+    @property
+    def has_keys(self) -> bool:
+        """Whether JWT keys are configured (and so can be reloaded)."""
+        return bool(self._files)
+
+    def _read_keys(self) -> dict[str, Any]:
+        keys = {}
+        for algorithm, (key, read) in self._files.items():
+            try:
+                keys[algorithm] = Path(read).read_bytes().strip()
+            except OSError as exc:
+                raise ConfigError(f"{key}: cannot read {read}: {exc.strerror}") from None
+            if not keys[algorithm]:
+                raise ConfigError(f"{key}: {read} is empty")
+        return keys
+
+    def reload(self) -> None:
+        """Read the key files again (SIGHUP); a file that can not be read keeps the keys
+        in force (``ValueError``, one line naming the setting)."""
+        self._keys = self._read_keys()
+        self._cache.clear()
+
+    def user_now(self, token: str) -> str | None:
+        """The user ``token`` names under the tokens and keys in force now (no kept
+        decision), or None: what an open stream is checked against on reload."""
+        user = self._guard.tokens.user_of(token)
+        if user is None and self._jwt is not None and token.count(".") == 2:
+            try:
+                user = self._jwt_user(token, cached=False)
+            except HttpError:
+                return None
+        return user
 
     def principal(self, token: str, connection: Principal, request: Request) -> Principal:
         """The principal ``token`` names; 401 when it names none."""
@@ -60,11 +92,11 @@ class Tokens:
             raise _invalid("the bearer token is not valid here")
         return Principal(connection.listener, connection.identity, user)
 
-    def _jwt_user(self, token: str) -> str:
-        cached = self._cache.get(token)
+    def _jwt_user(self, token: str, *, cached: bool = True) -> str:
+        kept = self._cache.get(token) if cached else None
         now = time.time()
-        if cached is not None and cached[1] > now:
-            return cached[0]
+        if kept is not None and kept[1] > now:
+            return kept[0]
         jwt = self._jwt
         assert jwt is not None
         try:

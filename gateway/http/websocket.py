@@ -20,8 +20,12 @@ Bad input closes the WebSocket with a close code and one ``websocket_closed`` lo
 1007 (not JSON), 1008 (an unknown op, a field of the wrong kind, access refused, more than
 ``http.ws_publish_window`` publishes unacknowledged), 1009 (a message over
 ``http.max_body_bytes``), 1003 (a binary message). A subscriber that falls behind is
-closed with 4000 and its position in the reason, to attach again from it. A failed
+closed with 4000 and its position in the reason, to attach again from it; one whose
+access a reload revoked (:mod:`gateway.http.revocation`) with 4003 and why. A failed
 upgrade is a 400 answer.
+
+Data frames count against the principal's bytes-out quota; while it is in debt no frame
+is made for the socket (:mod:`gateway.http.quota`).
 """
 
 from __future__ import annotations
@@ -41,11 +45,21 @@ from wsproto.utilities import LocalProtocolError, RemoteProtocolError, generate_
 
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
-from gateway.backend.contract import ProduceBatch, ProduceCode, ProduceOutcome, TopicRefused
-from gateway.http.auth import access_of, partitions_of
+from gateway.auth.quotas import PrincipalQuota
+from gateway.backend.contract import (
+    ProduceBatch,
+    ProduceCode,
+    ProduceDone,
+    ProduceOutcome,
+    TopicRefused,
+)
+from gateway.backend.placed import produce_placed, reports_offsets
+from gateway.http.auth import access_of, bearer_token, partitions_of
 from gateway.http.cursor import Behind, Cursor, Gone, wait_for_room
 from gateway.http.messages import dumps, payload_of
+from gateway.http.quota import owes, quota_of, took_out, wait_out
 from gateway.http.request import HttpError, Request
+from gateway.http.revocation import REVOKED
 from gateway.http.session import RECEIVE_SIZE, SOCKET_ERRORS
 from gateway.http.tail import PartitionTail, TailEvent
 from gateway.io.writer import FrameWriter
@@ -77,6 +91,7 @@ async def upgrade(session: Any, request: Request) -> None:
                         [(b"sec-websocket-version", b"13")])
     session.listener.cors.check_websocket(request, headers.get("host"))
     access = access_of(session, request)
+    token = bearer_token(request)
     accept = generate_accept_token(headers["sec-websocket-key"].encode())
     conn = session.conn
     await session.send(conn.send(h11.InformationalResponse(status_code=101, headers=[
@@ -87,12 +102,14 @@ async def upgrade(session: Any, request: Request) -> None:
     # request's headers (memory per subscriber).
     session.conn = None
     request.headers.clear()
-    socket = WebSocket(session, access, WsConnection(ConnectionType.SERVER,
-                                                     trailing_data=trailing))
     listener = session.listener
     listener.streams["websocket"] += 1
     try:
-        await socket.serve()
+        with quota_of(session, access.principal) as quota:
+            socket = WebSocket(session, access, WsConnection(
+                ConnectionType.SERVER, trailing_data=trailing), token, quota)
+            with listener.open_streams.holding(socket):
+                await socket.serve()
     finally:
         listener.streams["websocket"] -= 1
 
@@ -101,12 +118,14 @@ class _Subscription:
     """One attached partition of a WebSocket (the owner of its queued frames; at the tail,
     a follower its tail's reader feeds)."""
 
-    __slots__ = ("cursor", "delivered", "detached", "outbox", "scope")
+    __slots__ = ("cursor", "delivered", "detached", "outbox", "quota", "scope")
 
-    def __init__(self, cursor: Cursor, outbox: FrameWriter, delivered: Any) -> None:
+    def __init__(self, cursor: Cursor, outbox: FrameWriter, delivered: Any,
+                 quota: PrincipalQuota | None = None) -> None:
         self.cursor = cursor
         self.outbox = outbox
         self.delivered = delivered
+        self.quota = quota
         self.detached = False
         self.scope = trio.CancelScope()
 
@@ -115,9 +134,11 @@ class _Subscription:
         return self.cursor.next_seq
 
     def push(self, tail: PartitionTail, events: list[TailEvent]) -> bool:
-        if self.detached or self.outbox.full:
+        if self.detached or self.outbox.full or owes(self.quota):
             return False
-        self.outbox.put_nowait(tail.joined("ws", events), self)
+        data = tail.joined("ws", events)
+        self.outbox.put_nowait(data, self)
+        took_out(self.quota, len(data))
         self.cursor.next_seq = events[-1].seq + 1
         self.delivered.inc(len(events))
         return True
@@ -126,14 +147,21 @@ class _Subscription:
 class WebSocket:
     """One upgraded connection; see the module doc."""
 
-    __slots__ = ("_closed", "_nursery", "_text", "_text_size", "access", "conn", "in_flight",
-                 "listener", "max_message", "outbox", "partitions", "session", "subs",
-                 "window")
+    __slots__ = ("_closed", "_nursery", "_placing", "_text", "_text_size", "access", "conn",
+                 "in_flight", "listener", "max_message", "outbox", "partitions", "principal",
+                 "quota", "session", "subs", "token", "window")
+    kind = "websocket"
 
-    def __init__(self, session: Any, access: ConnectionAccess, conn: WsConnection) -> None:
+    def __init__(self, session: Any, access: ConnectionAccess, conn: WsConnection,
+                 token: str | None = None, quota: PrincipalQuota | None = None) -> None:
         self.session = session
         self.listener = session.listener
         self.access = access
+        #: Who it acts as, and the bearer token that said so (for a reload to look at).
+        self.principal = access.principal
+        self.token = token
+        #: The principal's quota buckets (its data frames count as bytes out).
+        self.quota = quota
         self.conn = conn
         settings = self.listener.settings
         self.outbox = FrameWriter(session.stream, settings.http_subscriber_buffer_bytes)
@@ -146,6 +174,8 @@ class WebSocket:
         self._text_size = 0
         self._closed: _Close | None = None
         self._nursery: trio.Nursery | None = None
+        #: Publishes waiting to be placed (bridge mode), in order; None: no placer runs.
+        self._placing: list[tuple[list[ProduceBatch], ProduceDone]] | None = None
 
     def send_json(self, value: Any, owner: Any = None) -> None:
         self.outbox.put_nowait(self.conn.send(ws.TextMessage(data=dumps(value).decode())),
@@ -161,6 +191,14 @@ class WebSocket:
                 code=code, reason=reason.encode()[:120].decode(errors="ignore"))))
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
+
+    def topics(self) -> set[str]:
+        """The topics attached now."""
+        return {topic for topic, _ in self.subs}
+
+    def revoke(self, reason: str) -> None:
+        """Access was revoked (a reload): close with :data:`REVOKED`."""
+        self.close(REVOKED, reason)
 
     async def serve(self) -> None:
         session = self.session
@@ -182,7 +220,8 @@ class WebSocket:
         if closed is not None:
             with trio.move_on_after(1):  # let the close frame out
                 await self.outbox.wait_empty()
-            kind = {GOING_AWAY: "shutdown", BEHIND: "slow"}.get(closed.code, "websocket_close")
+            kind = {GOING_AWAY: "shutdown", BEHIND: "slow", REVOKED: "access_revoked"}.get(
+                closed.code, "websocket_close")
             routine = closed.code in (1000, 1001, 1005, 1006)  # ended normally or went away
             if routine and kind == "websocket_close":
                 kind = "eof"
@@ -335,7 +374,29 @@ class WebSocket:
                                             for a in acks))
             self.listener.metrics.requests.labels("http", "ws_publish", "ok").inc(len(acks))
 
-        self.listener.backend.produce_nowait(batches, done)
+        backend = self.listener.backend
+        if reports_offsets(backend):
+            backend.produce_nowait(batches, done)
+        else:
+            self._place(batches, done)
+
+    def _place(self, batches: list[ProduceBatch], done: ProduceDone) -> None:
+        """Append through :func:`~gateway.backend.placed.produce_placed` (a backend that
+        does not report offsets: a Tank upstream), one call after another, so the
+        socket's publishes keep their order."""
+        if self._placing is None:
+            self._placing = []
+            assert self._nursery is not None
+            self._nursery.start_soon(self._placer)
+        self._placing.append((batches, done))
+
+    async def _placer(self) -> None:
+        placing = self._placing
+        assert placing is not None
+        while placing:
+            batches, done = placing.pop(0)
+            done(await produce_placed(self.listener.backend, batches))
+        self._placing = None
 
     # ------------------------------------------------------------------- subscribing
 
@@ -370,7 +431,8 @@ class WebSocket:
         metrics = self.listener.metrics
         sub = _Subscription(Cursor(backend, tail, next_seq,
                                    self.listener.settings.http_subscriber_buffer_bytes),
-                            self.outbox, metrics.for_topic(metrics.messages_out, topic))
+                            self.outbox, metrics.for_topic(metrics.messages_out, topic),
+                            self.quota)
         self.subs[(topic, partition)] = sub
         self.send_json({"op": "attached", "topic": topic, "partition": partition,
                         "offset": next_seq - 1})
@@ -393,10 +455,13 @@ class WebSocket:
         with sub.scope:
             try:
                 while True:
+                    await wait_out(sub.quota)
                     await wait_for_room(outbox, stall)
                     events = await cursor.take(WRITE_BYTES)
                     if events:
-                        outbox.put_nowait(tail.joined("ws", events), sub)
+                        data = tail.joined("ws", events)
+                        outbox.put_nowait(data, sub)
+                        took_out(sub.quota, len(data))
                         delivered.inc(len(events))
                         continue
                     if tail.next_seq > cursor.next_seq:

@@ -479,6 +479,9 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                     made = listeners[spec.name]
                     if isinstance(made, KafkaListener):
                         made.bound(info.addresses[spec.name])
+                    if isinstance(made, HttpListener) and made.tokens.has_keys:
+                        info.add_reloader(f"jwt keys of listener {spec.name}",
+                                          made.reload_keys)
             info.listeners = listeners
             drain = trio.Event()
             connections = await draining.start(info._hold_connections, grace, drain)

@@ -74,6 +74,9 @@ class BridgeBackend:
     for topics created upstream.
     """
 
+    #: Whether produce outcomes carry the offsets (see the Backend contract).
+    reports_offsets = False
+
     def __init__(self, upstream: Upstream, nursery: trio.Nursery, *,
                  auto_create_topics: bool = True, default_partitions: int = 1,
                  topic_config: Mapping[str, str] | None = None,

@@ -82,6 +82,9 @@ class KafkaBackend:
     watermark queries only, ``ck`` the ``confluent_kafka`` module.
     """
 
+    #: Whether produce outcomes carry the offsets (see the Backend contract).
+    reports_offsets = True
+
     def __init__(self, *, ck: Any, admin: Any, meta: Any, producer: UpstreamProducer,
                  feeds: TailFeeds, history: HistoryReader, health: UpstreamHealth,
                  auto_create_topics: bool = True, default_partitions: int = 1,

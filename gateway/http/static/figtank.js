@@ -1,7 +1,9 @@
 // figtank.js: a WebSocket client for figtank's HTTP listener (served at /figtank.js).
 // No build step, no dependencies. It reconnects with backoff and resumes every
 // subscription after the last offset it delivered, so a handler sees each message once
-// and in order per partition, across server restarts.
+// and in order per partition, across server restarts. Closed with 4003 (access revoked
+// by the server's policy), it stops: onstate("revoked", 4003, reason), and the publishes
+// not acknowledged are rejected.
 //
 //   const fig = new Figtank("ws://127.0.0.1:8080/ws", {token: "..."});
 //   fig.subscribe("orders", (m) => console.log(m.offset, m.value), {from: "earliest"});
@@ -69,6 +71,15 @@
       };
       ws.onmessage = (event) => this._receive(JSON.parse(event.data));
       ws.onclose = (event) => {
+        if (event.code === 4003) {
+          // The server's access policy no longer lets this client in (a reload): coming
+          // back would only be refused again.
+          this.closed = true;
+          for (const p of this.pending.values()) p.reject(new Error(event.reason));
+          this.pending.clear();
+          this.onstate("revoked", event.code, event.reason);
+          return;
+        }
         this.onstate("closed", event.code, event.reason);
         if (this.closed) return;
         const delay = Math.min(this.maxDelay, this.minDelay * 2 ** this.attempt++);
