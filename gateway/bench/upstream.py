@@ -49,7 +49,6 @@ from gateway.bench.stall import cancel_when_stalled
 from gateway.bench.stats import summarize
 from gateway.bench.tank import (
     _bundle_sizes,
-    _consume_range,
     _make_batches,
     _pipelined_produce,
 )
@@ -291,13 +290,34 @@ async def _figg_read(params: Params, address: str, topic: str, count: int, clock
 
 async def _tank_read(params: Params, address: str, topic: str, count: int, clock: _Clock
                      ) -> tuple[int, list[float], int, int]:
-    """Read sequence numbers 1..count with the bench's Tank consumer."""
+    """Read sequence numbers 1..count with Tank Consume, as a Tank consumer does: each
+    request waits up to half a second for data (an answer with nothing is not the end;
+    ``stall`` seconds of them are)."""
+    got = gaps = repeats = 0
+    expected = 1
+    latencies: list[float] = []
     async with tank_client(address) as client:
         clock.start()
-        counts, latencies = await _consume_range(client, topic, 1, count,
-                                                 params["fetch_size"])
-    missing = max(0, count - counts["messages"] - counts["gaps"])  # the end never came
-    return counts["messages"], latencies, counts["gaps"] + missing, counts["repeats"]
+        idle_since = time.monotonic()
+        while expected <= count:
+            sent = time.perf_counter()
+            result = await client.consume(topic, 0, expected, max_wait_ms=500, min_bytes=1,
+                                          fetch_size=params["fetch_size"])
+            latencies.append(time.perf_counter() - sent)
+            messages = [m for m in result.messages if m.seq <= count]
+            if not messages:
+                if time.monotonic() - idle_since > params["stall"]:
+                    break
+                continue
+            idle_since = time.monotonic()
+            for m in messages:
+                if m.seq < expected:
+                    repeats += 1
+                    continue
+                gaps += m.seq - expected
+                expected = m.seq + 1
+                got += 1
+    return got, latencies, gaps + count + 1 - expected, repeats
 
 
 async def _tank_publish_one_at_a_time(params: Params, address: str, topic: str,
