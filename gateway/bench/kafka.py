@@ -145,8 +145,9 @@ def produce_blocking(params: Params, values: list[bytes], count: int, share_star
 
 
 def warm(producer: Any, topic: str, value: bytes, timeout: float) -> None:
-    """Produce one message to ``topic`` and wait for it (blocking)."""
-    producer.produce(topic, value, partition=0)
+    """Produce one message to ``topic`` and wait for it (blocking); its delivery report
+    goes to a callback of its own, not the producer's."""
+    producer.produce(topic, value, partition=0, on_delivery=lambda err, msg: None)
     if producer.flush(timeout):
         raise ConnectionError(f"warming up: a message to {topic} was not delivered")
 
