@@ -359,10 +359,19 @@ class KafkaBackend:
             finally:
                 for feed in feeds.values():
                     feed.readers -= 1
+            passed = False
             for i, feed in feeds.items():
                 got = self._from_feed(feed, requests[i])
                 if got is not None:
                     outcomes[i] = got
+                elif feed.next_seq != requests[i].seq or feed.error is not None:
+                    # The feed went past this reader in one go (catching up, it can move
+                    # more than its cache between two wake-ups) or failed: waiting on it
+                    # would last until the deadline. Answer now; the next fetch reads
+                    # from the reader's position.
+                    passed = True
+            if passed:
+                break
         return [o if o is not None else FetchOutcome(FetchStatus.FAULT) for o in outcomes]
 
     async def _fetch_one(self, r: FetchRequest

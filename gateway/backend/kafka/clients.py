@@ -84,10 +84,6 @@ def reader_config(settings: Settings, *, queued_kbytes: int) -> dict[str, Any]:
         "enable.partition.eof": True,
         "fetch.wait.max.ms": 100,
         "queued.max.messages.kbytes": queued_kbytes,
-        # librdkafka pauses a partition's fetches for this long once its local queue
-        # holds queued_kbytes; its default (1 s) stalled every reader that drains the
-        # queue faster than that, a history read ending at its deadline with less.
-        "fetch.queue.backoff.ms": 10,
     }, settings)
 
 
