@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
-from typing import Any, Final
+from typing import Any
 
 import structlog
 import trio
@@ -50,10 +50,6 @@ DELIVERY_TIMEOUT_MS = 10_000
 #: Seconds the producer gets to deliver what it holds when the backend closes outside a
 #: graceful stop (a graceful stop gives it what is left of the grace period).
 FLUSH_SECS = 5.0
-#: The history readers' own librdkafka settings. librdkafka pauses a partition's fetches
-#: for fetch.queue.backoff.ms once its local queue holds queued.max.messages.kbytes; with
-#: its default (1 s) every history read that drained the queue waited out its deadline.
-HISTORY_EXTRA: Final = {"fetch.queue.backoff.ms": 10}
 
 
 @asynccontextmanager
@@ -98,7 +94,7 @@ async def open_kafka_backend(settings: Settings, metrics: Metrics | None = None,
                           settings.tail_cache_bytes // 16, 256 * 1024),
                       idle_secs=feed_idle_secs, metrics=metrics)
     history = HistoryReader(lambda: ck.Consumer({**reader_config(settings, queued_kbytes=1024),
-                                                 **HISTORY_EXTRA, **common}), ck.TopicPartition)
+                                                 **common}), ck.TopicPartition)
     meta = ck.Consumer({**reader_config(settings, queued_kbytes=64), **common})
     health = UpstreamHealth(lambda timeout: admin.list_topics(timeout=timeout),
                             settings.upstream_kafka,
