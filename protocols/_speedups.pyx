@@ -6,7 +6,8 @@ Each function here has a pure-Python reference that defines it:
 - :func:`validate_bundle`: ``protocols.tank.bundle.validate_bundle_py``;
 - :func:`decode_chunk`: ``protocols.tank.bundle.decode_chunk_py``;
 - :func:`scan_publishes`: ``protocols.translate.scan_publishes_py``;
-- :func:`data_frames`: ``protocols.translate.data_frames_py``.
+- :func:`data_frames`: ``protocols.translate.data_frames_py``;
+- :func:`plain_run`: the plain bundles of ``protocols.kafka.upstream.records_to_bundles``.
 
 They give the same results and raise the same :class:`ProtocolError` (same class, same
 text) for the same input; ``tests/protocols/test_speedups.py`` holds them to that. Every
@@ -1087,3 +1088,117 @@ def kafka_to_tank(section, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t count, int
     finally:
         PyMem_Free(out.data)
         PyBuffer_Release(&view)
+
+
+# ---------------------------------------------------------------- client records
+
+
+def plain_run(list records, Py_ssize_t start, Py_ssize_t max_messages, Py_ssize_t max_bytes):
+    """The plain bundle ``protocols.kafka.upstream.records_to_bundles`` makes of the run
+    of ``records`` (``(offset, timestamp ms or -1, key, value)``) that starts at ``start``:
+    ``(end, bundle)`` (unframed; the run is ``records[start:end]``), or None where the
+    reference must decide: the run would not be plain (a gap after its first record),
+    offsets that do not increase, a key over 255 bytes, a key or value that is not bytes
+    (or None), an offset or timestamp outside int64."""
+    cdef Py_ssize_t count = len(records)
+    cdef Py_ssize_t limit = min(count, start + max_messages)
+    cdef Py_ssize_t end = start, size = 0, grown, klen, vlen, i, messages
+    cdef size_t total = 16
+    cdef int64_t offset, previous = 0, ts, last_ts = 0
+    cdef bint have_last = False
+    cdef object record, key, value
+    cdef OutBuf out
+    cdef uint8_t* w
+    if start < 0 or start >= count or max_messages < 1:
+        return None
+    # What the reference's _run keeps: cut at the limits, or before a gap that follows a
+    # consecutive run.
+    try:
+        while end < limit:
+            record = records[end]
+            if type(record) is not tuple or len(<tuple>record) != 4:
+                return None
+            offset = record[0]
+            key = record[2]
+            value = record[3]
+            if end > start:
+                if offset <= previous:
+                    return None
+                if offset != previous + 1:
+                    if end - start > 1:
+                        break
+                    return None
+            if key is None:
+                klen = 0
+            elif type(key) is bytes:
+                klen = len(<bytes>key)
+                if klen > 0xFF:
+                    return None
+            else:
+                return None
+            if value is None:
+                vlen = 0
+            elif type(value) is bytes:
+                vlen = len(<bytes>value)
+            else:
+                return None
+            ts = record[1]  # checked to fit here, not while writing
+            grown = size + klen + vlen
+            if end > start and grown > max_bytes:
+                break
+            size = grown
+            total += <size_t>(21 + klen + vlen)
+            previous = offset
+            end += 1
+    except (TypeError, OverflowError):
+        return None
+    messages = end - start
+    out.data = NULL
+    out.length = 0
+    out.capacity = 0
+    try:
+        _reserve(&out, total)
+        w = out.data
+        if messages <= 15:  # codec none, the count inline
+            w[0] = <uint8_t>(messages << 2)
+            w += 1
+        else:
+            w[0] = 0
+            w += 1
+            w += _put_varint(w, <uint64_t>messages)
+        for i in range(start, end):
+            record = records[i]
+            ts = record[1]
+            if ts < 0:
+                ts = 0
+            key = record[2]
+            value = record[3]
+            vlen = 0 if value is None else len(<bytes>value)
+            if have_last and ts == last_ts:
+                if key is None and vlen < 0x4000:
+                    w[0] = USE_LAST_SPECIFIED_TS
+                    w += 1 + _put_varint(w + 1, <uint64_t>vlen)
+                    if vlen:
+                        memcpy(w, PyBytes_AS_STRING(value), vlen)
+                        w += vlen
+                    continue
+                w[0] = USE_LAST_SPECIFIED_TS | (0 if key is None else HAVE_KEY)
+                w += 1
+            else:
+                w[0] = 0 if key is None else HAVE_KEY
+                _put_le64(w + 1, <uint64_t>ts)
+                w += 9
+                last_ts = ts
+                have_last = True
+            if key is not None:
+                klen = len(<bytes>key)
+                w[0] = <uint8_t>klen
+                memcpy(w + 1, PyBytes_AS_STRING(key), klen)
+                w += 1 + klen
+            w += _put_varint(w, <uint64_t>vlen)
+            if vlen:
+                memcpy(w, PyBytes_AS_STRING(value), vlen)
+                w += vlen
+        return end, PyBytes_FromStringAndSize(<const char*>out.data, w - out.data)
+    finally:
+        PyMem_Free(out.data)

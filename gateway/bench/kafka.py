@@ -67,7 +67,7 @@ def watermarks(params: Params, topic: str) -> tuple[int, int]:
         consumer.close()
 
 
-def _connect(client: Any, params: Params) -> None:
+def connect(client: Any, params: Params) -> None:
     """Wait until ``client`` has the topic's metadata; ConnectionError if it can not."""
     ck = _ck()
     try:
@@ -91,10 +91,24 @@ def _values(params: Params, first: int, count: int) -> list[bytes]:
     return [payloads.body(first + i) for i in range(min(count, _VALUE_POOL))]
 
 
-def _produce_blocking(params: Params, values: list[bytes], count: int, share_start: Any
-                      ) -> tuple[dict[str, int], list[float]]:
-    """Produce ``count`` messages cycling through ``values``; counts and delivery
-    latencies. ``share_start()`` is called (from this thread) once connected."""
+def _producer_config(params: Params) -> dict[str, Any]:
+    """The bench producer's settings, from the scenario's options."""
+    return {
+        **_client_config(params), "acks": "all", "enable.idempotence": False,
+        "compression.type": params["compression"], "linger.ms": params["linger_ms"],
+        "batch.size": params["batch_bytes"], "batch.num.messages": 1_000_000,
+        "queue.buffering.max.messages": 1_000_000,
+        "message.timeout.ms": int(params["timeout"] * 1000)}
+
+
+def produce_blocking(params: Params, values: list[bytes], count: int, share_start: Any,
+                     config: dict[str, Any] | None = None, warm_up: str | None = None
+                     ) -> tuple[dict[str, int], list[float]]:
+    """Produce ``count`` messages to ``params["topic"]`` cycling through ``values``;
+    counts and delivery latencies. ``share_start()`` is called (from this thread) once
+    connected. ``config``: the producer's librdkafka settings (default: from the
+    options of the kafka-* scenarios); ``warm_up``: a topic that gets one message
+    before the clock starts (an idempotent producer gets its producer id then)."""
     ck = _ck()
     latencies: list[float] = []
     failed = 0
@@ -106,14 +120,12 @@ def _produce_blocking(params: Params, values: list[bytes], count: int, share_sta
         else:
             latencies.append(msg.latency())
 
-    producer = ck.Producer({
-        **_client_config(params), "acks": "all", "enable.idempotence": False,
-        "compression.type": params["compression"], "linger.ms": params["linger_ms"],
-        "batch.size": params["batch_bytes"], "batch.num.messages": 1_000_000,
-        "queue.buffering.max.messages": 1_000_000,
-        "message.timeout.ms": int(params["timeout"] * 1000), "on_delivery": delivered})
+    producer = ck.Producer({**(config or _producer_config(params)),
+                            "on_delivery": delivered})
     topic, pool = params["topic"], len(values)
-    _connect(producer, params)  # connected and the topic known before the clock starts
+    connect(producer, params)  # connected and the topic known before the clock starts
+    if warm_up is not None:
+        warm(producer, warm_up, values[0], params["timeout"])
     share_start()
     produce, poll = producer.produce, producer.poll
     for i in range(count):
@@ -130,6 +142,14 @@ def _produce_blocking(params: Params, values: list[bytes], count: int, share_sta
     failed += undelivered
     return {"messages": count - failed, "bytes": (count - failed) * params["size"],
             "failed": failed}, latencies
+
+
+def warm(producer: Any, topic: str, value: bytes, timeout: float) -> None:
+    """Produce one message to ``topic`` and wait for it (blocking); its delivery report
+    goes to a callback of its own, not the producer's."""
+    producer.produce(topic, value, partition=0, on_delivery=lambda err, msg: None)
+    if producer.flush(timeout):
+        raise ConnectionError(f"warming up: a message to {topic} was not delivered")
 
 
 def _starter(share: Share) -> Any:
@@ -176,7 +196,7 @@ async def _produce_work(params: Params, share: Share) -> WorkerResult:
         return share.finish({"messages": 0, "bytes": 0, "failed": 0})
     values = _values(params, first, count)
     counts, latencies = await trio.to_thread.run_sync(
-        _produce_blocking, params, values, count, _starter(share))
+        produce_blocking, params, values, count, _starter(share))
     return share.finish(counts, {"delivery": latencies})
 
 
@@ -215,7 +235,7 @@ async def _consume_prepare(params: Params) -> Params:
     params = await _prepare_topic(params, "bench-kafka-consume")
     if params["messages"]:
         counts, _ = await trio.to_thread.run_sync(
-            _produce_blocking, params, _values(params, 0, params["messages"]),
+            produce_blocking, params, _values(params, 0, params["messages"]),
             params["messages"], lambda: None)
         if counts["failed"]:
             raise ConnectionError(f"preparing: {counts['failed']:,} messages not delivered")
@@ -223,7 +243,7 @@ async def _consume_prepare(params: Params) -> Params:
     return {**params, "first_offset": max(low, params["end_before"]), "end_offset": high}
 
 
-def _consume_blocking(params: Params, start: int, end: int, share_start: Any
+def consume_blocking(params: Params, start: int, end: int, share_start: Any
                       ) -> tuple[dict[str, int], list[float]]:
     """Read offsets ``start..end-1`` of partition 0 with assign() (no group, no commits);
     counts and the latency of each consume() call."""
@@ -240,7 +260,7 @@ def _consume_blocking(params: Params, start: int, end: int, share_start: Any
     got = size = gaps = repeats = 0
     latencies: list[float] = []
     try:
-        _connect(consumer, params)
+        connect(consumer, params)
         share_start()
         consumer.assign([ck.TopicPartition(params["topic"], 0, start)])
         expected, idle_since = start, time.monotonic()
@@ -289,7 +309,7 @@ async def _consume_work(params: Params, share: Share) -> WorkerResult:
         await share.start()
         return share.finish({"messages": 0, "bytes": 0})
     counts, latencies = await trio.to_thread.run_sync(
-        _consume_blocking, params, start, start + count, _starter(share))
+        consume_blocking, params, start, start + count, _starter(share))
     return share.finish(counts, {"fetch": latencies})
 
 

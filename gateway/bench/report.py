@@ -99,6 +99,8 @@ class Report:
     generator: dict[str, float]
     server: dict[str, float] | None = None
     notes: list[str] = field(default_factory=list)
+    #: Figures a scenario derives from its rows (ratios, added latency), by name.
+    figures: dict[str, Any] = field(default_factory=dict)
     version: str = field(default_factory=lambda: figtank_version())
     machine: dict[str, Any] = field(default_factory=lambda: machine_info())
     started_at: str = field(default_factory=lambda: datetime.datetime.now(
@@ -115,7 +117,8 @@ class Report:
                 "machine": self.machine, "params": self.params,
                 "rows": [row.to_dict() for row in self.rows],
                 "checks": [check.to_dict() for check in self.checks],
-                "generator": self.generator, "server": self.server, "notes": self.notes}
+                "generator": self.generator, "server": self.server, "notes": self.notes,
+                "figures": self.figures}
 
     def table(self) -> str:
         """The report for people: a header line, one table line per row, the checks."""

@@ -8,9 +8,10 @@ it builds on :mod:`protocols.kafka.bundles` (each run of records becomes a
 :func:`~protocols.kafka.bundles.batch_to_bundle`, so the rules of the Kafka listener
 apply: offset = sequence - 1, keys at most 255 bytes, timestamps kept).
 
-Reading (:func:`records_to_bundles`): a run of records with consecutive offsets becomes a
-plain bundle; a run that follows a gap in the offsets (compaction, transaction markers)
-becomes a sparse bundle naming its sequence numbers, so that offsets are never renumbered.
+Reading (:func:`records_to_bundles`, a plain run compiled where the extension is built):
+a run of records with consecutive offsets becomes a plain bundle; a run that follows a
+gap in the offsets (compaction, transaction markers) becomes a sparse bundle naming its
+sequence numbers, so that offsets are never renumbered.
 What a Tank message can not hold and other Kafka producers may have written is mapped,
 not refused: headers are not carried, a null value reads as an empty one, a record without
 a timestamp (-1) reads as timestamp 0. A key over 255 bytes can not be mapped:
@@ -29,6 +30,7 @@ from typing import Final, TypeAlias
 
 from protocols.kafka.batch import Record, RecordBatch
 from protocols.kafka.bundles import batch_to_bundle
+from protocols.native import speedups
 from protocols.tank.bundle import Codec, frame_bundle
 
 #: ``(offset, timestamp ms or -1, key, value)``: one record as a client library gives it.
@@ -38,6 +40,10 @@ ClientRecord: TypeAlias = tuple[int, int, bytes | None, bytes | None]
 MAX_BUNDLE_MESSAGES: Final = 1024
 #: Key and value bytes in one bundle at most (a single larger record goes alone).
 MAX_BUNDLE_BYTES: Final = 256 * 1024
+#: The compiled twin of a plain run's encoding (``protocols._speedups.plain_run``), or
+#: None: the pure Python below is the reference (tests/protocols/kafka/
+#: test_upstream_speedup.py holds the two to the same bundles).
+_plain_run = getattr(speedups, "plain_run", None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +76,18 @@ def records_to_bundles(records: Sequence[ClientRecord], *, after_seq: int | None
     previous = after_seq
     start = 0
     count = len(records)
+    compiled = _plain_run if isinstance(records, list) else None
     while start < count:
+        if compiled is not None and (previous is None or records[start][0] == previous):
+            made = compiled(records, start, max_messages, max_bytes)
+            if made is not None:  # else the reference below decides (and raises)
+                end, bundle = made
+                last_seq = records[end - 1][0] + 1
+                out.append(UpstreamBundle(records[start][0] + 1, last_seq,
+                                          frame_bundle(bundle), True, end - start))
+                previous = last_seq
+                start = end
+                continue
         end, contiguous = _run(records, start, max_messages, max_bytes)
         run = records[start:end]
         first_seq = run[0][0] + 1

@@ -84,6 +84,11 @@ def reader_config(settings: Settings, *, queued_kbytes: int) -> dict[str, Any]:
         "enable.partition.eof": True,
         "fetch.wait.max.ms": 100,
         "queued.max.messages.kbytes": queued_kbytes,
+        # librdkafka pauses a partition's fetches for this long once its local queue
+        # holds queued_kbytes, which one fetch response can fill; its default (1 s) held
+        # a tail feed to about a queue a second and made history reads wait out their
+        # deadline.
+        "fetch.queue.backoff.ms": 10,
     }, settings)
 
 

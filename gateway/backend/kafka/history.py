@@ -1,10 +1,11 @@
 """Reads away from the tail: a reader older than its partition's feed cache, or a lookup.
 
 A read assigns one partition, at the reader's offset, to a consumer of a small pool and
-polls it until it has about the bytes asked, reaches the partition's end, or a short
-wait passes; all of it in a worker thread (``assign`` and ``consume`` block). A consumer
-is lent to one read at a time and kept assigned afterwards, so the next read of the same
-reader (which continues where the last ended) finds its records already prefetched.
+polls it until it has about the bytes asked, has taken what librdkafka had prefetched,
+reaches the partition's end, or a short wait passes with nothing; all of it in a worker
+thread (``assign`` and ``consume`` block). A consumer is lent to one read at a time and
+kept assigned afterwards, so the next read of the same reader (which continues where the
+last ended) finds its records already prefetched.
 ``max_consumers`` bounds the consumers (and so the concurrent history reads: more wait
 their turn).
 """
@@ -20,6 +21,9 @@ import trio
 
 from protocols.kafka.batch import InvalidRecord
 from protocols.kafka.upstream import ClientRecord, UpstreamBundle, records_to_bundles
+
+#: Records taken from librdkafka at a time.
+_BATCH = 500
 
 
 @dataclass(slots=True)
@@ -99,7 +103,10 @@ class HistoryReader:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            messages = consumer.consume(500, min(left, 0.1))
+            # Once something arrived, take only what librdkafka already holds: a read
+            # answers with what there is (a Kafka fetch's min bytes of 1) rather than
+            # waiting out its deadline for the bytes asked.
+            messages = consumer.consume(_BATCH, 0 if records else min(left, 0.1))
             for m in messages:
                 error = m.error()
                 if error is not None:
@@ -110,7 +117,8 @@ class HistoryReader:
                     continue
                 records.append((m.offset(), m.timestamp()[1], m.key(), m.value()))
                 size += len(m.value() or b"") + len(m.key() or b"")
-            if result.at_end or result.error is not None:
+            if result.at_end or result.error is not None or (
+                    records and len(messages) < _BATCH):
                 break
         try:
             _, high = consumer.get_watermark_offsets(where, cached=True)

@@ -1,0 +1,82 @@
+"""The upstream-kafka scenario at a tiny size: it starts its own upstream (a ``figtank
+serve`` with its Kafka listener) and a gateway in upstream-Kafka mode, drives confluent-kafka
+straight at the upstream and the Figg and Tank clients through the gateway, and reports
+each path with the counts checked against what the upstream holds. The figures themselves
+are not asserted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.cli.bench import BenchError, bench
+from gateway.cli.main import main
+from tests.bench.test_scenarios import check_report
+
+MESSAGES = 300
+LATENCY_MESSAGES = 20
+SIZE = 64
+PATHS = ("direct librdkafka", "figtank Figg", "figtank Tank")
+
+
+def test_upstream_kafka_reports_every_path_with_matching_counts() -> None:
+    report = bench(["upstream-kafka", "--messages", str(MESSAGES), "--size", str(SIZE),
+                    "--latency-messages", str(LATENCY_MESSAGES), "--target", "figtank-test",
+                    "--timeout", "120", "--stall", "10"])
+    check_report(report, "upstream-kafka", 9)
+    labels = [row.label for row in report.rows]
+    assert labels == [f"{kind} {path}" for kind in ("produce", "consume",
+                                                    "publish 1 at a time")
+                      for path in PATHS]
+    for row in report.rows[:6]:
+        assert (row.messages, row.payload_bytes) == (MESSAGES, MESSAGES * SIZE), row.label
+    for row in report.rows[6:]:
+        assert row.messages == LATENCY_MESSAGES
+        assert row.latency_of == "ack"
+        assert row.latency is not None and row.latency["count"] == LATENCY_MESSAGES
+    assert report.rows[0].latency is not None
+    assert report.rows[0].latency["count"] == MESSAGES  # one delivery report each
+    # Every path's messages are in the upstream once, and every reader read them all.
+    held = [c for c in report.checks if "held by the upstream" in c.what]
+    assert [(c.expected, c.received) for c in held] == \
+        [(MESSAGES + LATENCY_MESSAGES, MESSAGES + LATENCY_MESSAGES)] * 3
+    read = [c for c in report.checks if "read from the first offset" in c.what]
+    assert [(c.expected, c.received, c.duplicates) for c in read] == [(MESSAGES, MESSAGES,
+                                                                       0)] * 3
+    figures = report.figures
+    assert set(figures["produce_ratio"]) == set(figures["consume_ratio"]) == {"figg", "tank"}
+    assert figures["produce_ratio"]["figg"] == pytest.approx(
+        report.rows[1].rate / report.rows[0].rate)
+    assert set(figures["publish_latency"]) == {"direct", "figg", "tank"}
+    assert figures["added_p99_ms"]["tank"] == pytest.approx(
+        figures["publish_latency"]["tank"]["p99_ms"]
+        - figures["publish_latency"]["direct"]["p99_ms"])
+    data = report.to_dict()
+    assert data["figures"] == figures
+    json.dumps(data)
+    assert any("not a Kafka broker" in note for note in report.notes)
+    assert "added p99" in report.table()
+
+
+def test_upstream_kafka_without_the_latency_phase() -> None:
+    report = bench(["upstream-kafka", "--messages", "50", "--latency-messages", "0",
+                    "--target", "figtank-test", "--timeout", "120", "--stall", "10"])
+    check_report(report, "upstream-kafka", 6)
+    assert "added_p99_ms" not in report.figures
+    assert all(c.expected == 50 for c in report.checks)
+
+
+@pytest.mark.parametrize("options", [["--procs", "2"], ["--size", "8"],
+                                     ["--fetch-size", "0"], ["--tls"]])
+def test_upstream_kafka_refuses_options_it_can_not_honour(options: list[str]) -> None:
+    with pytest.raises(BenchError):
+        bench(["upstream-kafka", *options])
+
+
+def test_upstream_kafka_bad_option_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]
+                                                          ) -> None:
+    assert main(["bench", "upstream-kafka", "--procs", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("figtank bench: ") and "--procs 1" in err
+    assert err.count("\n") == 1
