@@ -124,11 +124,15 @@ async def test_wrong_password_is_not_ready_and_each_front_end_says_unavailable(
             up = await upstream.served.start()
             served = await front.start()
             assert served.figg and served.tank and served.metrics
+            # One clear line: the upstream refused the gateway's credentials.
+            with trio.fail_after(15):
+                while not served.events("upstream_authentication_failed"):
+                    await trio.sleep(0.05)
+            [refused] = served.events("upstream_authentication_failed")
+            assert "SASL authentication" in refused["reason"], refused
             status, body = await blocking(wait_for_health, served.metrics, 503, 1)
             assert status == 503 and body.startswith(f"upstream unreachable: {upstream.address}")
-            assert "Authentication" in body or "authentication" in body
-            down = served.events("upstream_down")
-            assert len(down) == 1 and "uthentication" in down[0]["reason"]
+            assert "SASL authentication" in body
             assert up.events("sasl_auth_failed")
             async with open_tank_client(*served.tank, request_timeout=10) as tank:
                 with pytest.raises(ProduceFailed):
@@ -142,7 +146,9 @@ async def test_wrong_password_is_not_ready_and_each_front_end_says_unavailable(
                                   for e in served.events("connection_closed")):
                         await trio.sleep(0.05)
             assert metric(served.metrics, "figtank_upstream_up") == 0
-            assert len(served.events("upstream_down")) == 1  # one line, not one per retry
+            # One line each, not one per retry.
+            assert len(served.events("upstream_down")) == 1
+            assert len(served.events("upstream_authentication_failed")) == 1
             assert not [e for e in served.log_lines if "Traceback" in str(e)]
     finally:
         front.close()
