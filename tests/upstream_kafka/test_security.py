@@ -77,8 +77,6 @@ async def test_figg_tank_and_kafka_clients_through_tls_and_sasl(
             up = await upstream.served.start()
             served = await front.start()
             assert served.figg and served.tank and served.metrics
-            status, _ = await blocking(wait_for_health, served.metrics, 200, 15)
-            assert status == 200
             # Figg: publishes acknowledged after the upstream stored them; attach reads them.
             async with open_figg_client(*served.figg) as figg:
                 for i in range(5):
