@@ -31,7 +31,11 @@ _ERROR_FLAGS: Final = {
     FetchStatus.FAULT: ConsumeFlags.SYSTEM_FAULT,
     # A single partition reported as an unknown topic while its siblings were found.
     FetchStatus.UNKNOWN_TOPIC: ConsumeFlags.UNKNOWN_PARTITION,
+    FetchStatus.DENIED: ConsumeFlags.UNKNOWN_PARTITION,
 }
+#: Statuses a consumer sees as "no such topic": a read the upstream denies is answered
+#: as the access policy answers one it denies itself.
+_HIDDEN: Final = (FetchStatus.UNKNOWN_TOPIC, FetchStatus.DENIED)
 
 
 def fetch_requests(request: Any) -> list[FetchRequest]:
@@ -77,7 +81,7 @@ def _build(request: Any, outcomes: Sequence[FetchOutcome]) -> ConsumeReply:
         parts = topic.partitions
         mine = outcomes[i:i + len(parts)]
         i += len(parts)
-        if mine and all(o.status is FetchStatus.UNKNOWN_TOPIC for o in mine):
+        if mine and all(o.status in _HIDDEN for o in mine):
             topics.append(ConsumeTopicResult(topic.name, [], True, len(parts)))
             ok = False
             continue

@@ -35,7 +35,7 @@ UPSTREAM_MAX_BUNDLE = 4096
 def upstream_errors(served: ServeProcess, operation: str, error: str) -> float:
     """``figtank_upstream_errors_total{operation,error}`` scraped from /metrics."""
     assert served.metrics
-    name = f'figtank_upstream_errors_total{{operation="{operation}",error="{error}"}}'
+    name = f'figtank_upstream_errors_total{{error="{error}",operation="{operation}"}}'
     return metric(served.metrics, name) or 0.0
 
 

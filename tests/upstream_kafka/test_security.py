@@ -16,6 +16,7 @@ from gateway.client.errors import ProduceFailed
 from gateway.client.figg import open_figg_client
 from gateway.client.tank import open_tank_client
 from tests.bridge.helpers import metric
+from tests.serving import Served
 from tests.test_health import wait_for_health
 from tests.tls_certs import Certs
 from tests.upstream_kafka.helpers import (
@@ -54,7 +55,7 @@ def _kafka_produce_consume(address: str, topic: str, values: list[bytes]
 
 
 def _secured_gateway(tmp_path: Path, certs: Certs, upstream: SecuredUpstream,
-                     mechanism: str, password: str | None = None):  # type: ignore[no-untyped-def]
+                     mechanism: str, password: str | None = None) -> Served:
     client_cert = f'tls_cert = "{certs.client_cert}"\ntls_key = "{certs.client_key}"\n'
     config = gateway_config(tmp_path / "gw", certs=certs, mechanism=mechanism,
                             **({"password": password} if password else {}),

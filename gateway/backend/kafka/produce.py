@@ -44,6 +44,14 @@ _CODES = {
 }
 
 
+#: librdkafka error names a Kafka client in front gets as the upstream's own error (Kafka
+#: codes); others get the Kafka listener's answer for the Tank code.
+_KAFKA_ERRORS = {
+    "MSG_SIZE_TOO_LARGE": 10,  # MESSAGE_TOO_LARGE: not retriable, unlike a storage error
+    "_MSG_SIZE_TOO_LARGE": 10,
+}
+
+
 def produce_code(error_name: str) -> ProduceCode:
     """The Tank produce code for a librdkafka error (by its name)."""
     return _CODES.get(error_name, ProduceCode.IO_FAULT)
@@ -104,7 +112,8 @@ class UpstreamProducer:
             self._count("MSG_SIZE_TOO_LARGE")
             done(ProduceOutcome(ProduceCode.IO_FAULT, reason=_reason(
                 "MSG_SIZE_TOO_LARGE", f"{len(too_large.value)} bytes, over the "
-                f"{self.max_message_bytes} of message.max.bytes")))
+                f"{self.max_message_bytes} of message.max.bytes"),
+                kafka_error=_KAFKA_ERRORS["MSG_SIZE_TOO_LARGE"]))
             return
         delivery = _Delivery(len(messages), done)
         report = self._make_report(delivery)
@@ -165,7 +174,8 @@ class UpstreamProducer:
             else:
                 name, text = delivery.error
                 self._count(name)
-                outcome = ProduceOutcome(produce_code(name), reason=_reason(name, text))
+                outcome = ProduceOutcome(produce_code(name), reason=_reason(name, text),
+                                         kafka_error=_KAFKA_ERRORS.get(name, 0))
             try:
                 delivery.done(outcome)
             except Exception:  # a front end's bug must not stop the others' acks
