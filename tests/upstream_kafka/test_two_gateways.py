@@ -13,6 +13,7 @@ import trio
 
 from gateway.client.figg import open_figg_client
 from gateway.client.tank import open_tank_client
+from protocols.tank.bundle import Message
 from tests.serving import ServeProcess
 from tests.upstream_kafka.helpers import Upstream, blocking, gateway, kafka_address
 
@@ -20,6 +21,8 @@ from tests.upstream_kafka.helpers import Upstream, blocking, gateway, kafka_addr
 PER_PUBLISHER = 150
 #: Messages the subscriber reads through gateway A before it moves to B.
 BEFORE_MOVE = 60
+#: Timestamp (ms) of the first message the Tank clients produce.
+TIMESTAMP = 1_700_000_000_000
 
 
 async def _publish(served: ServeProcess, tag: bytes, acked: list[bytes]) -> None:
@@ -44,15 +47,15 @@ async def _read(served: ServeProcess, from_offset: int, count: int
         return [(m.offset, m.data) for m in [await sub.receive() for _ in range(count)]]
 
 
-def _kafka_read(address: str, topic: str, count: int) -> list[tuple[int, int, bytes]]:
+def _kafka_read(address: str, topic: str, count: int) -> list[tuple[int, int, int, bytes]]:
     consumer = ck.Consumer({"bootstrap.servers": address, "group.id": "unused",
                             "enable.auto.commit": False})
     try:
         consumer.assign([ck.TopicPartition(topic, p, 0) for p in (0, 1)])
-        got: list[tuple[int, int, bytes]] = []
+        got: list[tuple[int, int, int, bytes]] = []
         for _ in range(100):
-            got += [(m.partition(), m.offset(), m.value()) for m in consumer.consume(50, 0.2)
-                    if not m.error()]
+            got += [(m.partition(), m.offset(), m.timestamp()[1], m.value())
+                    for m in consumer.consume(50, 0.2) if not m.error()]
             if len(got) >= count:
                 break
         return sorted(got)
@@ -108,13 +111,14 @@ async def test_tank_and_kafka_clients_see_the_same_offsets_through_either_gatewa
                 await tank_a.create_topic("shared", 2)
                 for i in range(6):  # interleaved through both gateways
                     writer = tank_a if i % 2 else tank_b
-                    await writer.produce({("shared", i % 2): [b"t%d-%d" % (i, j)
-                                                              for j in range(3)]})
+                    await writer.produce({("shared", i % 2): [
+                        Message(b"t%d-%d" % (i, j), None, TIMESTAMP + 10 * i + j)
+                        for j in range(3)]})
                 views: list[Any] = []
                 for tank in (tank_a, tank_b):
                     bounds = [(x.first_available, x.high_water_mark)
                               for x in await tank.discover_partitions("shared")]
-                    read = [[(m.seq, m.value) for m in (await tank.consume(
+                    read = [[(m.seq, m.timestamp, m.value) for m in (await tank.consume(
                         "shared", p, 1, fetch_size=1 << 20)).messages] for p in (0, 1)]
                     views.append((bounds, read))
             assert views[0] == views[1]
@@ -124,8 +128,11 @@ async def test_tank_and_kafka_clients_see_the_same_offsets_through_either_gatewa
                      for served in (a, b)]
             assert kafka[0] == kafka[1]
             # Kafka offset + 1 = Tank sequence, through either gateway.
-            assert kafka[0] == sorted((p, seq - 1, value) for p in (0, 1)
-                                      for seq, value in read[p])
+            assert kafka[0] == sorted((p, seq - 1, ts, value) for p in (0, 1)
+                                      for seq, ts, value in read[p])
+            # The producers' timestamps, not the time the gateway sent them.
+            assert sorted(ts for p in (0, 1) for _, ts, _ in read[p]) == [
+                TIMESTAMP + 10 * i + j for i in range(6) for j in range(3)]
     finally:
         front_a.close()
         front_b.close()

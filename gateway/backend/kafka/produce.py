@@ -122,7 +122,8 @@ class UpstreamProducer:
         failure: tuple[str, str] | None = None
         for m in messages:
             try:
-                produce(topic, m.value, m.key, partition, report, m.timestamp or 0)
+                # By keyword: the sixth positional slot is on_delivery (callback's alias).
+                produce(topic, m.value, m.key, partition, report, timestamp=m.timestamp or 0)
             except BufferError:
                 failure = ("_QUEUE_FULL", "the producer's queue to the upstream is full")
                 break
