@@ -53,7 +53,7 @@ def test_the_source_reads_through_a_gateway_in_upstream_kafka_mode(
         rows += [(1, 31 + i, START_TS + 100 + i, None, b"tank-%d" % i) for i in range(5)]
         host, port = front.tank
         read = (spark.read.format("figtank").option("endpoint", f"{host}:{port}")
-                .option("topic", "spark-up").option("maxMessagesPerSplit", 20))
+                .option("topic", "spark-up"))
         assert rows_of(read.load()) == sorted(rows)
         # A sequence range: Kafka offsets 10..19 of partition 0.
         ranged = read.option("partitions", "0").option("startingSequence", 11) \

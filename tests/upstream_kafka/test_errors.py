@@ -187,7 +187,8 @@ async def test_the_upstream_denies_the_gateway_a_write_and_a_read(
             assert await blocking(_kafka_fetch_error, address, "readonly") == "read"
             reason = await _figg_publish_closed(served, "readonly", b"x")
             assert "upstream authorization failed" in reason
-            assert await _figg_attach_refused(served, "writeonly")
+            closed = await _figg_attach_refused(served, "writeonly")
+            assert closed["kind"] == "subscription_failed" and "denied" in closed["reason"]
             assert upstream_errors(served, "produce", "TOPIC_AUTHORIZATION_FAILED") == 3
             assert upstream_errors(served, "fetch", "TOPIC_AUTHORIZATION_FAILED") >= 3
             assert [v for _, v in await upstream.stored("readonly")] == [b"r1"]
