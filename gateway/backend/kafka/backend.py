@@ -179,7 +179,7 @@ class KafkaBackend:
         except self._ck.KafkaException as exc:
             error = exc.args[0] if exc.args else None
             name = error.name() if hasattr(error, "name") else ""
-            if _read_refusal(name) is not FetchStatus.FAULT:
+            if read_refusal(name) is not FetchStatus.FAULT:
                 self._count(operation, name)
                 raise UpstreamRefused(name, error.str()) from exc
             self.health.suspect()
@@ -389,7 +389,7 @@ class KafkaBackend:
                 if got is not None:
                     outcomes[i] = got
                 elif feed.error is not None:  # counted by the feed
-                    outcomes[i] = FetchOutcome(_read_refusal(feed.error[0]))
+                    outcomes[i] = FetchOutcome(read_refusal(feed.error[0]))
         return [o if o is not None else FetchOutcome(FetchStatus.FAULT) for o in outcomes]
 
     async def _fetch_one(self, r: FetchRequest
@@ -428,7 +428,7 @@ class KafkaBackend:
         except UpstreamUnavailable:
             return FetchOutcome(FetchStatus.FAULT), None, seq
         except UpstreamRefused as refused:
-            return FetchOutcome(_read_refusal(refused.error)), None, seq
+            return FetchOutcome(read_refusal(refused.error)), None, seq
         except ConnectionError:
             return FetchOutcome(FetchStatus.FAULT), None, seq
         feed.last_used = trio.current_time()
@@ -460,7 +460,7 @@ class KafkaBackend:
             self._count("fetch", name)
             if name == "OFFSET_OUT_OF_RANGE":
                 return FetchOutcome(FetchStatus.BOUNDARY, high_water_mark=read.high_water_mark)
-            return FetchOutcome(_read_refusal(name))
+            return FetchOutcome(read_refusal(name))
         if not read.bundles:
             return FetchOutcome(FetchStatus.DATA, high_water_mark=read.high_water_mark,
                                 resolved_seq=seq)
@@ -554,7 +554,7 @@ class KafkaBackend:
         """Nothing here: :func:`open_kafka_backend` flushes and closes the clients."""
 
 
-def _read_refusal(error_name: str) -> FetchStatus:
+def read_refusal(error_name: str) -> FetchStatus:
     """The fetch status of a read the upstream refused with ``error_name`` (librdkafka's):
     DENIED for an authorization failure, UNKNOWN_TOPIC for a topic it does not have,
     else FAULT (a reader retries)."""
