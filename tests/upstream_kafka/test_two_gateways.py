@@ -18,9 +18,9 @@ from tests.serving import ServeProcess
 from tests.upstream_kafka.helpers import Upstream, blocking, gateway, kafka_address
 
 #: Messages each publisher sends (one through each gateway).
-PER_PUBLISHER = 150
+PER_PUBLISHER = 80
 #: Messages the subscriber reads through gateway A before it moves to B.
-BEFORE_MOVE = 60
+BEFORE_MOVE = 40
 #: Timestamp (ms) of the first message the Tank clients produce.
 TIMESTAMP = 1_700_000_000_000
 

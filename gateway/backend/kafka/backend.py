@@ -388,8 +388,10 @@ class KafkaBackend:
                 got = self._from_feed(feed, requests[i])
                 if got is not None:
                     outcomes[i] = got
-                elif feed.error is not None:  # counted by the feed
-                    outcomes[i] = FetchOutcome(read_refusal(feed.error[0]))
+                elif feed.error is not None and (
+                        status := read_refusal(feed.error[0])) is not FetchStatus.FAULT:
+                    # Refused (counted by the feed); a fault is retried by the next fetch.
+                    outcomes[i] = FetchOutcome(status)
         return [o if o is not None else FetchOutcome(FetchStatus.FAULT) for o in outcomes]
 
     async def _fetch_one(self, r: FetchRequest
