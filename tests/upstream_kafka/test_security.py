@@ -133,17 +133,30 @@ async def test_wrong_password_is_not_ready_and_each_front_end_says_unavailable(
             assert status == 503 and body.startswith(f"upstream unreachable: {upstream.address}")
             assert "SASL authentication" in body
             assert up.events("sasl_auth_failed")
-            async with open_tank_client(*served.tank, request_timeout=10) as tank:
-                with pytest.raises(ProduceFailed):
-                    await tank.produce({("tank", 0): [b"x"]})
-            assert await blocking(_kafka_delivery_error, kafka_address(served)) in (
-                "KAFKA_STORAGE_ERROR", "_MSG_TIMED_OUT")
-            async with open_figg_client(*served.figg) as figg:
-                await figg.publish("figg", b"x")
-                with trio.fail_after(15):
-                    while not any("upstream unreachable" in str(e.get("reason", ""))
-                                  for e in served.events("connection_closed")):
-                        await trio.sleep(0.05)
+            kafka: list[str] = []
+
+            async def tank_refused() -> None:
+                assert served.tank
+                async with open_tank_client(*served.tank, request_timeout=10) as tank:
+                    with pytest.raises(ProduceFailed):
+                        await tank.produce({("tank", 0): [b"x"]})
+
+            async def kafka_refused() -> None:
+                kafka.append(await blocking(_kafka_delivery_error, kafka_address(served)))
+
+            async def figg_closed() -> None:
+                assert served.figg
+                async with open_figg_client(*served.figg) as figg:
+                    await figg.publish("figg", b"x")
+                    with trio.fail_after(15):
+                        while not any("upstream unreachable" in str(e.get("reason", ""))
+                                      for e in served.events("connection_closed")):
+                            await trio.sleep(0.05)
+
+            async with trio.open_nursery() as nursery:  # the three front ends at once
+                for ask in (tank_refused, kafka_refused, figg_closed):
+                    nursery.start_soon(ask)
+            assert kafka[0] in ("KAFKA_STORAGE_ERROR", "_MSG_TIMED_OUT")
             assert metric(served.metrics, "figtank_upstream_up") == 0
             # One line each, not one per retry.
             assert len(served.events("upstream_down")) == 1

@@ -20,7 +20,7 @@ cluster's: **Figg offset = Tank sequence = Kafka offset + 1**.
 While the upstream does not answer (:mod:`gateway.backend.kafka.health`), calls give the
 answers the front ends turn into their "unavailable": produce I/O fault, fetch FAULT,
 create_topic system error, and discovery raises :class:`UpstreamUnavailable`, after
-waiting for it up to ``wait_secs`` (a fetch: within its ``max_wait``).
+waiting for it up to ``wait_secs`` into the outage (a fetch: within its ``max_wait``).
 """
 
 from __future__ import annotations
@@ -145,7 +145,10 @@ class KafkaBackend:
             self._metrics.upstream_errors.labels(operation, error).inc()
 
     async def _ready(self) -> None:
-        if not await self.health.wait_up(trio.current_time() + self.wait_secs):
+        # Up to wait_secs into an outage, not from each call: look-ups queued behind each
+        # other (produce_nowait's, one at a time) would each wait it again.
+        left = max(self.wait_secs - self.health.down_for(), 0.0)
+        if not await self.health.wait_up(trio.current_time() + left):
             raise UpstreamUnavailable(self.health.unavailable() or "upstream unreachable")
 
     async def partition_count(self, topic: str, *, fresh: bool = False) -> int | None:
