@@ -9,7 +9,9 @@ translates. Per partition, by :class:`~gateway.backend.contract.FetchStatus`:
   ``FetchOutcome.resolved_seq``), or 0xfe where the backend does not know it;
 - BOUNDARY: 0x01 with the high-water mark and the first available sequence;
 - UNKNOWN_PARTITION: 0xff; FAULT: 0xfb;
-- UNKNOWN_TOPIC for every partition of a topic: the topic's ``u16 0xFFFF`` sentinel.
+- UNKNOWN_TOPIC for every partition of a topic: the topic's ``u16 0xFFFF`` sentinel;
+- DENIED (an upstream Kafka cluster refused the read) as UNKNOWN_TOPIC: hidden, as the
+  access policy hides a topic one may not read.
 """
 
 from __future__ import annotations
