@@ -34,7 +34,14 @@ MAX_USER_CHARS: Final = 256
 
 
 class SaslFailed(Exception):
-    """Authentication failed; ``str()`` is the message for the client and the log."""
+    """Authentication failed; ``str()`` is the message for the client and the log.
+    ``detail`` is what only the log says, which the client must not learn: no such user,
+    no credential for this mechanism, or a wrong password."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +106,15 @@ def server(mechanism: str, lookup: Lookup, *, nonce: str | None = None) -> SaslS
     raise ValueError(f"unsupported SASL mechanism {mechanism!r}")
 
 
+def _why(user: str, credentials: UserCredentials | None, mechanism: str) -> str:
+    """Why ``user`` could not log in with ``mechanism`` (for the log only)."""
+    if not credentials:
+        return f"no user {user!r}"
+    if mechanism not in credentials:
+        return (f"user {user!r} has no {mechanism} credential (it has "
+                f"{', '.join(sorted(credentials))})")
+    return f"wrong password for user {user!r}"
+
 class PlainServer(SaslServer):
     """PLAIN: one token ``authzid NUL authcid NUL password``, an empty answer."""
 
@@ -134,7 +150,8 @@ class PlainServer(SaslServer):
                                    credential.salt)
         if not (hmac.compare_digest(derived.stored_key, credential.stored_key)
                 and known is not None):
-            raise SaslFailed("Authentication failed: Invalid username or password")
+            raise SaslFailed("Authentication failed: Invalid username or password",
+                             _why(user, credentials, mechanism))
         self.user = user
         self.done = True
         return b""
@@ -153,6 +170,7 @@ class ScramServer(SaslServer):
         self._state = "client-first"
         self._credential: ScramCredential | None = None
         self._known = False
+        self._why = ""
         self._client_first_bare = ""
         self._server_first = ""
         self._gs2_header = ""
@@ -204,6 +222,7 @@ class ScramServer(SaslServer):
         credentials = self._lookup(user)
         credential = credentials.get(self.mechanism) if credentials else None
         self._known = credential is not None
+        self._why = _why(user, credentials, self.mechanism)
         self._credential = credential or _decoy(user, self.mechanism)
         self._gs2_header = f"{flag},{authzid},"
         self._client_first_bare = bare
@@ -244,7 +263,7 @@ class ScramServer(SaslServer):
         if not (hmac.compare_digest(stored, credential.stored_key) and self._known):
             self._state = "failed"
             raise SaslFailed("Authentication failed during authentication due to invalid "
-                             f"credentials with SASL mechanism {self.mechanism}")
+                             f"credentials with SASL mechanism {self.mechanism}", self._why)
         server_signature = hmac.digest(credential.server_key, message, self._hash)
         self._state = "done"
         self.user = self.claimed

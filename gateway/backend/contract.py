@@ -51,6 +51,7 @@ class FetchStatus(enum.Enum):
     UNKNOWN_TOPIC = "unknown_topic"
     UNKNOWN_PARTITION = "unknown_partition"
     FAULT = "fault"                # the partition could not be read (I/O error, upstream down)
+    DENIED = "denied"              # an upstream cluster refused the gateway the read
 
 
 class Chunk(Protocol):
@@ -129,6 +130,9 @@ class ProduceOutcome:
     first_seq: int = 0
     last_seq: int = 0
     reason: str = ""
+    #: The Kafka error code a Kafka client gets instead of ``code``'s usual one (0: that
+    #: one): an upstream Kafka cluster's own refusal, e.g. MESSAGE_TOO_LARGE.
+    kafka_error: int = 0
 
 
 @dataclass(frozen=True, slots=True)

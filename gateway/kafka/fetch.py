@@ -26,6 +26,7 @@ _ERRORS: Final = {
     FetchStatus.UNKNOWN_TOPIC: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
     FetchStatus.UNKNOWN_PARTITION: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
     FetchStatus.FAULT: ErrorCode.KAFKA_STORAGE_ERROR,
+    FetchStatus.DENIED: ErrorCode.TOPIC_AUTHORIZATION_FAILED,
 }
 #: Bytes read for a partition asking for less than one byte.
 _MIN_FETCH: Final = 1024

@@ -179,7 +179,8 @@ def settle(plan: ProducePlan, outcomes: list[ProduceOutcome],
             else:
                 if producers is not None:
                     producers.failed(entry)
-                entry.settle(-1, _CODES.get(outcome.code, ErrorCode.UNKNOWN_SERVER_ERROR),
+                entry.settle(-1, outcome.kafka_error or _CODES.get(
+                    outcome.code, ErrorCode.UNKNOWN_SERVER_ERROR),
                              outcome.reason or None)
 
 
@@ -200,7 +201,8 @@ def produce_response(plan: ProducePlan, outcomes: list[ProduceOutcome]) -> Produ
                 mine = outcomes[part.start:part.start + part.count]
                 bad = next((o for o in mine if o.code is not ProduceCode.OK), None)
                 if bad is not None:
-                    error = _CODES.get(bad.code, ErrorCode.UNKNOWN_SERVER_ERROR)
+                    error = bad.kafka_error or _CODES.get(bad.code,
+                                                          ErrorCode.UNKNOWN_SERVER_ERROR)
                     message = bad.reason or None
                 elif mine:
                     base = mine[0].first_seq - 1

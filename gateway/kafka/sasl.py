@@ -91,7 +91,7 @@ class SaslGate:
         except SaslFailed as exc:
             return (SaslAuthenticateResponse(error_code=ErrorCode.SASL_AUTHENTICATION_FAILED,
                                              error_message=str(exc)),
-                    self.failed(self.mechanism, str(exc), self._exchange.claimed))
+                    self.failed(self.mechanism, _logged(exc), self._exchange.claimed))
         return SaslAuthenticateResponse(error_message=None, auth_bytes=token), None
 
     async def token(self, data: bytes) -> tuple[bytes, CloseConnection | None]:
@@ -103,7 +103,7 @@ class SaslGate:
         try:
             return await self._step(data), None
         except SaslFailed as exc:
-            return b"", self.failed(self.mechanism, str(exc), self._exchange.claimed)
+            return b"", self.failed(self.mechanism, _logged(exc), self._exchange.claimed)
 
     async def _step(self, data: bytes) -> bytes:
         """Feed the exchange one client token: its answer. Raises SaslFailed."""
@@ -127,6 +127,11 @@ class SaslGate:
         self._log.warning("sasl_auth_failed", listener=self._listener, mechanism=mechanism,
                           user=user, reason=reason)
         return CloseConnection("sasl_failed", f"SASL authentication failed: {reason}")
+
+
+def _logged(exc: SaslFailed) -> str:
+    """The log's reason: the client's message and what only the log may say."""
+    return f"{exc} ({exc.detail})" if exc.detail else str(exc)
 
 
 async def refuse_handshake(ctx: RequestContext, body: Any, version: int) -> Any:

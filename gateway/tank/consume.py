@@ -9,7 +9,9 @@ translates. Per partition, by :class:`~gateway.backend.contract.FetchStatus`:
   ``FetchOutcome.resolved_seq``), or 0xfe where the backend does not know it;
 - BOUNDARY: 0x01 with the high-water mark and the first available sequence;
 - UNKNOWN_PARTITION: 0xff; FAULT: 0xfb;
-- UNKNOWN_TOPIC for every partition of a topic: the topic's ``u16 0xFFFF`` sentinel.
+- UNKNOWN_TOPIC for every partition of a topic: the topic's ``u16 0xFFFF`` sentinel;
+- DENIED (an upstream Kafka cluster refused the read) as UNKNOWN_TOPIC: hidden, as the
+  access policy hides a topic one may not read.
 """
 
 from __future__ import annotations
@@ -31,7 +33,11 @@ _ERROR_FLAGS: Final = {
     FetchStatus.FAULT: ConsumeFlags.SYSTEM_FAULT,
     # A single partition reported as an unknown topic while its siblings were found.
     FetchStatus.UNKNOWN_TOPIC: ConsumeFlags.UNKNOWN_PARTITION,
+    FetchStatus.DENIED: ConsumeFlags.UNKNOWN_PARTITION,
 }
+#: Statuses a consumer sees as "no such topic": a read the upstream denies is answered
+#: as the access policy answers one it denies itself.
+_HIDDEN: Final = (FetchStatus.UNKNOWN_TOPIC, FetchStatus.DENIED)
 
 
 def fetch_requests(request: Any) -> list[FetchRequest]:
@@ -77,7 +83,7 @@ def _build(request: Any, outcomes: Sequence[FetchOutcome]) -> ConsumeReply:
         parts = topic.partitions
         mine = outcomes[i:i + len(parts)]
         i += len(parts)
-        if mine and all(o.status is FetchStatus.UNKNOWN_TOPIC for o in mine):
+        if mine and all(o.status in _HIDDEN for o in mine):
             topics.append(ConsumeTopicResult(topic.name, [], True, len(parts)))
             ok = False
             continue

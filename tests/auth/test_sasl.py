@@ -82,6 +82,28 @@ def test_plain_checks_the_scram_credential() -> None:
             server("PLAIN", users.lookup).step(token)
 
 
+@pytest.mark.parametrize(("mechanism", "user", "password", "why"), [
+    ("SCRAM-SHA-512", "bob", "pw", "user 'bob' has no SCRAM-SHA-512 credential (it has "
+                                   "SCRAM-SHA-256)"),
+    ("SCRAM-SHA-256", "bob", "wrong", "wrong password for user 'bob'"),
+    ("SCRAM-SHA-256", "eve", "pw", "no user 'eve'"),
+    ("PLAIN", "bob", "wrong", "wrong password for user 'bob'"),
+    ("PLAIN", "eve", "pw", "no user 'eve'"),
+])
+def test_a_failure_says_why_to_the_log_only(mechanism: str, user: str, password: str,
+                                            why: str) -> None:
+    users = parse_users(tomllib.loads(user_entry("bob", "pw", ["SCRAM-SHA-256"]))["user"])
+    exchange = server(mechanism, users.lookup)
+    with pytest.raises(SaslFailed) as failed:
+        if mechanism == "PLAIN":
+            exchange.step(f"\0{user}\0{password}".encode())
+        else:
+            client = ScramClient(mechanism, user, password)
+            exchange.step(client.final(exchange.step(client.first())))
+    assert failed.value.detail == why
+    assert why not in str(failed.value)  # the client's message does not tell
+
+
 def test_credentials_never_hold_the_password_and_need_4096_iterations() -> None:
     entry = user_entry("bob", "hunter2-password", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
     assert "hunter2" not in entry

@@ -10,9 +10,11 @@ from typing import Any
 
 import trio
 
+from gateway.auth.users import user_entry
 from gateway.client.tank import open_tank_client
 from tests.bridge.helpers import free_port
 from tests.serving import Served
+from tests.tls_certs import Certs
 
 LOOPBACK = "127.0.0.1:0"
 
@@ -43,6 +45,66 @@ class Upstream:
                 out += [(m.seq, m.value) for m in result.messages if m.seq >= seq]
                 seq = result.next_seq if result.messages else high + 1
             return out
+
+
+#: SASL mechanisms the secured upstream's Kafka listener enables.
+MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+#: The gateway's user at the secured upstream, and its password.
+GATEWAY_USER, GATEWAY_PASSWORD = "gateway", "gateway-secret"
+
+
+def upstream_config(root: Path, *, certs: Certs | None = None, rules: str = "",
+                    listener: str = "", settings: str = "") -> Path:
+    """A config file for an upstream: with ``certs``, its Kafka listener ``secure``
+    (port :attr:`Upstream.kafka_port`, given with ``--kafka-listen ""``) requires TLS and
+    SASL (:data:`MECHANISMS`) and user :data:`GATEWAY_USER` exists; ``rules`` are access
+    policy rules (default allow), ``listener`` more keys of that listener, ``settings``
+    more TOML (tables after the listener)."""
+    root.mkdir(parents=True, exist_ok=True)
+    policy = root / "access.toml"
+    policy.write_text('default = "allow"\n' + rules + "\n" + user_entry(
+        GATEWAY_USER, GATEWAY_PASSWORD, ["SCRAM-SHA-256", "SCRAM-SHA-512"]))
+    text = f'[auth]\npolicy_file = "{policy}"\n'
+    if certs is not None:
+        mechanisms = ", ".join(f'"{m}"' for m in MECHANISMS)
+        text += (f'[listeners.secure]\nprotocol = "kafka"\naddress = "{{address}}"\n'
+                 f'tls_cert = "{certs.server_cert}"\ntls_key = "{certs.server_key}"\n'
+                 f'sasl_mechanisms = [{mechanisms}]\n{listener}')
+    config = root / "upstream.toml"
+    config.write_text(text + settings)
+    return config
+
+
+class SecuredUpstream(Upstream):
+    """An upstream whose Kafka listener requires TLS and SASL (:func:`upstream_config`):
+    :attr:`address` is that listener's."""
+
+    def __init__(self, root: Path, certs: Certs, *, rules: str = "", listener: str = "",
+                 settings: str = "", more: tuple[str, ...] = ()) -> None:
+        config = upstream_config(root, certs=certs, rules=rules, listener=listener,
+                                 settings=settings)
+        super().__init__(root / "data", "--config", str(config), *more)
+        config.write_text(config.read_text().replace("{address}", self.address))
+        # The secure listener replaces the plain one.
+        args = list(self.served.args)
+        args[args.index("--kafka-listen") + 1] = ""
+        self.served.args = tuple(args)
+
+
+def gateway_config(root: Path, *, certs: Certs | None = None, mechanism: str = "",
+                   password: str = GATEWAY_PASSWORD, settings: str = "") -> Path:
+    """A gateway's config file: ``[upstream_kafka]`` TLS (the test CA) and SASL
+    (``mechanism`` as :data:`GATEWAY_USER`), and ``settings`` (more TOML)."""
+    root.mkdir(parents=True, exist_ok=True)
+    text = "[upstream_kafka]\n"
+    if certs is not None:
+        text += f'tls_ca = "{certs.ca_pem}"\n'
+    if mechanism:
+        text += (f'sasl_mechanism = "{mechanism}"\nsasl_username = "{GATEWAY_USER}"\n'
+                 f'sasl_password = "{password}"\n')
+    config = root / "gateway.toml"
+    config.write_text(text + settings)
+    return config
 
 
 def gateway(upstream: str, *more: str) -> Served:

@@ -73,10 +73,15 @@ async def open_kafka_backend(settings: Settings, metrics: Metrics | None = None,
     health_box: list[UpstreamHealth] = []
 
     def on_error(error: Any) -> None:  # librdkafka's thread: report, never raise
-        if error.name() in ("_ALL_BROKERS_DOWN", "_AUTHENTICATION", "_TRANSPORT") \
+        name = error.name()
+        if name in ("_ALL_BROKERS_DOWN", "_AUTHENTICATION", "_TRANSPORT", "_SSL") \
                 and health_box:
+            health = health_box[0]
             with suppress(trio.RunFinishedError):
-                token.run_sync_soon(health_box[0].suspect)
+                if name in ("_AUTHENTICATION", "_SSL"):
+                    token.run_sync_soon(health.refused, error.str())
+                else:
+                    token.run_sync_soon(health.suspect)
         if error.fatal():
             log.error("upstream_client_fatal", error=error.name(), reason=error.str())
 

@@ -20,7 +20,7 @@ cluster's: **Figg offset = Tank sequence = Kafka offset + 1**.
 While the upstream does not answer (:mod:`gateway.backend.kafka.health`), calls give the
 answers the front ends turn into their "unavailable": produce I/O fault, fetch FAULT,
 create_topic system error, and discovery raises :class:`UpstreamUnavailable`, after
-waiting for it up to ``wait_secs`` (a fetch: within its ``max_wait``).
+waiting for it up to ``wait_secs`` into the outage (a fetch: within its ``max_wait``).
 """
 
 from __future__ import annotations
@@ -71,8 +71,23 @@ CATCH_UP_SECS: Final = 2.0
 REQUEST_TIMEOUT_SECS: Final = 5.0
 
 
+#: librdkafka's name of the upstream's "no such topic" (counted under it).
+UNKNOWN_TOPIC: Final = "UNKNOWN_TOPIC_OR_PART"
+#: librdkafka's names of the upstream's authorization failures.
+_DENIED: Final = ("TOPIC_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED")
+
+
 class UpstreamUnavailable(ConnectionError):
     """The upstream cluster did not answer in time."""
+
+
+class UpstreamRefused(Exception):
+    """The upstream answered a partition's request with an error that is not an outage
+    (an authorization failure, an unknown topic): ``error`` is librdkafka's name."""
+
+    def __init__(self, error: str, text: str) -> None:
+        super().__init__(f"{error}: {text}")
+        self.error = error
 
 
 class KafkaBackend:
@@ -130,7 +145,10 @@ class KafkaBackend:
             self._metrics.upstream_errors.labels(operation, error).inc()
 
     async def _ready(self) -> None:
-        if not await self.health.wait_up(trio.current_time() + self.wait_secs):
+        # Up to wait_secs into an outage, not from each call: look-ups queued behind each
+        # other (produce_nowait's, one at a time) would each wait it again.
+        left = max(self.wait_secs - self.health.down_for(), 0.0)
+        if not await self.health.wait_up(trio.current_time() + left):
             raise UpstreamUnavailable(self.health.unavailable() or "upstream unreachable")
 
     async def partition_count(self, topic: str, *, fresh: bool = False) -> int | None:
@@ -154,11 +172,19 @@ class KafkaBackend:
         self._partitions[topic] = len(found.partitions)
         return len(found.partitions)
 
-    async def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+    async def _watermarks(self, topic: str, partition: int, operation: str = "fetch"
+                          ) -> tuple[int, int]:
+        """The upstream's low and high watermarks; a refusal is counted under
+        ``operation`` and raised as :class:`UpstreamRefused`."""
         try:
             low, high = await self._blocking(self._meta.get_watermark_offsets,
                                              self._tp(topic, partition), REQUEST_TIMEOUT_SECS)
         except self._ck.KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            name = error.name() if hasattr(error, "name") else ""
+            if read_refusal(name) is not FetchStatus.FAULT:
+                self._count(operation, name)
+                raise UpstreamRefused(name, error.str()) from exc
             self.health.suspect()
             raise UpstreamUnavailable(f"watermarks of {topic}/{partition}: {exc}") from exc
         return int(low), int(high)
@@ -278,6 +304,8 @@ class KafkaBackend:
             return ProduceOutcome(ProduceCode.UNKNOWN_TOPIC,
                                   reason=f"invalid topic name {batch.topic!r}")
         if count is None:
+            if self.health.up:  # else it was not looked up: the upstream did not answer
+                self._count("produce", UNKNOWN_TOPIC)
             return ProduceOutcome(ProduceCode.UNKNOWN_TOPIC,
                                   reason=f"unknown topic {batch.topic!r}")
         if not 0 <= batch.partition < count:
@@ -364,11 +392,15 @@ class KafkaBackend:
                 got = self._from_feed(feed, requests[i])
                 if got is not None:
                     outcomes[i] = got
-                elif feed.next_seq != requests[i].seq or feed.error is not None:
+                elif feed.error is not None and (
+                        status := read_refusal(feed.error[0])) is not FetchStatus.FAULT:
+                    # Refused (counted by the feed); a fault is retried by the next fetch.
+                    outcomes[i] = FetchOutcome(status)
+                elif feed.next_seq != requests[i].seq:
                     # The feed went past this reader in one go (catching up, it can move
-                    # more than its cache between two wake-ups) or failed: waiting on it
-                    # would last until the deadline. Answer now; the next fetch reads
-                    # from the reader's position.
+                    # more than its cache between two wake-ups): waiting on it would last
+                    # until the deadline. Answer now; the next fetch reads from the
+                    # reader's position.
                     passed = True
             if passed:
                 break
@@ -388,6 +420,7 @@ class KafkaBackend:
             if count is None or r.partition >= count:
                 count = await self.partition_count(r.topic, fresh=True)
             if count is None:
+                self._count("fetch", UNKNOWN_TOPIC)
                 return FetchOutcome(FetchStatus.UNKNOWN_TOPIC), None, seq
             if not 0 <= r.partition < count:
                 return FetchOutcome(FetchStatus.UNKNOWN_PARTITION), None, seq
@@ -408,6 +441,8 @@ class KafkaBackend:
                     feed.high_water_mark = max(feed.high_water_mark, high)
         except UpstreamUnavailable:
             return FetchOutcome(FetchStatus.FAULT), None, seq
+        except UpstreamRefused as refused:
+            return FetchOutcome(read_refusal(refused.error)), None, seq
         except ConnectionError:
             return FetchOutcome(FetchStatus.FAULT), None, seq
         feed.last_used = trio.current_time()
@@ -439,7 +474,7 @@ class KafkaBackend:
             self._count("fetch", name)
             if name == "OFFSET_OUT_OF_RANGE":
                 return FetchOutcome(FetchStatus.BOUNDARY, high_water_mark=read.high_water_mark)
-            return FetchOutcome(FetchStatus.FAULT)
+            return FetchOutcome(read_refusal(name))
         if not read.bundles:
             return FetchOutcome(FetchStatus.DATA, high_water_mark=read.high_water_mark,
                                 resolved_seq=seq)
@@ -488,10 +523,19 @@ class KafkaBackend:
             return None
         count = await self.partition_count(topic, fresh=True)
         if count is None:
+            if not self.auto_create.allows(topic):  # else the caller may create it
+                self._count("metadata", UNKNOWN_TOPIC)
             return None
         infos = []
         for partition in range(count):
-            low, high = await self._watermarks(topic, partition)
+            try:
+                low, high = await self._watermarks(topic, partition, "metadata")
+            except UpstreamRefused as refused:
+                if refused.error not in _DENIED:
+                    return None  # gone
+                # Listed, but its bounds may not be read: shown (a Kafka client then
+                # fetches and is told TOPIC_AUTHORIZATION_FAILED), its reads refused.
+                low = high = 0
             infos.append(PartitionInfo(low + 1, high) if high else PartitionInfo(0, 0))
         return infos
 
@@ -530,6 +574,17 @@ def _messages(bundle: bytes | memoryview) -> list[Message]:
     half of the event loop's time per Figg publish)."""
     framed = b"".join((encode_varint(len(bundle)), bundle))
     return decode_chunk(framed, 1, max_bundle_size=len(bundle)).messages
+
+
+def read_refusal(error_name: str) -> FetchStatus:
+    """The fetch status of a read the upstream refused with ``error_name`` (librdkafka's):
+    DENIED for an authorization failure, UNKNOWN_TOPIC for a topic it does not have,
+    else FAULT (a reader retries)."""
+    if error_name in _DENIED:
+        return FetchStatus.DENIED
+    if error_name in (UNKNOWN_TOPIC, "_UNKNOWN_TOPIC", "_UNKNOWN_PARTITION"):
+        return FetchStatus.UNKNOWN_TOPIC
+    return FetchStatus.FAULT
 
 
 def _no_nursery(*args: Any) -> None:

@@ -93,7 +93,9 @@ def reader_config(settings: Settings, *, queued_kbytes: int) -> dict[str, Any]:
 
 
 def admin_config(settings: Settings) -> dict[str, Any]:
-    """The admin client (metadata, topic creation)."""
-    config = {**common_config(settings)}
-    config.pop("allow.auto.create.topics")  # not an admin client setting
-    return _with_table(config, settings)
+    """The admin client (metadata, topic creation). It is a producer to librdkafka, whose
+    Metadata requests for a topic ask the cluster to create it unless
+    ``allow.auto.create.topics`` is off (set by :func:`common_config`): with it on, a
+    gateway looking a topic up would create it where the cluster auto-creates topics,
+    whatever ``topics.auto_create`` says."""
+    return _with_table(common_config(settings), settings)

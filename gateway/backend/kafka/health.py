@@ -6,6 +6,11 @@ asks: a metadata request through the admin client, in a worker thread, every
 (librdkafka's "all brokers down" error report makes it ask at once). Each change of state
 is one log line (``upstream_up`` / ``upstream_down``), the ``figtank_upstream_up`` gauge
 and the ``figtank_upstream_outages`` counter, as in bridge mode.
+
+A probe only learns "transport failure" when the upstream refuses the gateway's
+credentials; librdkafka's error report says why (:meth:`UpstreamHealth.refused`): that
+reason is logged once (``upstream_authentication_failed``) and given by
+:meth:`~UpstreamHealth.unavailable` until the upstream answers.
 """
 
 from __future__ import annotations
@@ -49,6 +54,9 @@ class UpstreamHealth:
         self._down_since: float | None = None
         self.outages = 0
         self.reason = "not asked yet"
+        #: Why the upstream refused the gateway's credentials (librdkafka's report), until
+        #: it answers again.
+        self.refusal: str | None = None
         if metrics is not None:
             metrics.include(metrics.upstream_up, metrics.upstream_outages,
                             metrics.upstream_errors)
@@ -74,13 +82,23 @@ class UpstreamHealth:
         """Why the gateway can not serve now, or None while the upstream answers."""
         if self._up:
             return None
-        return f"upstream unreachable: {', '.join(self.addresses)}: {self.reason}"
+        reason = f"{self.refusal}; {self.reason}" if self.refusal else self.reason
+        return f"upstream unreachable: {', '.join(self.addresses)}: {reason}"
 
     def suspect(self) -> None:
         """Something failed (librdkafka reported all brokers down): probe now, with the
         short timeout. Trio thread only."""
         self._suspected = True
         self._wake.set()
+
+    def refused(self, reason: str) -> None:
+        """librdkafka reported that the upstream refused the gateway's credentials (SASL,
+        TLS): logged once until the upstream answers; probe now. Trio thread only."""
+        if self.refusal is None:
+            log.error("upstream_authentication_failed", addresses=list(self.addresses),
+                      reason=_short_text(reason))
+        self.refusal = _short_text(reason)
+        self.suspect()
 
     async def wait_up(self, deadline: float) -> bool:
         """Wait until the upstream answers or ``deadline`` (trio time) passes."""
@@ -119,6 +137,7 @@ class UpstreamHealth:
         self._up = True
         self._ever_up = True
         self.reason = ""
+        self.refusal = None
         if self._metrics is not None:
             self._metrics.upstream_up.set(1)
         log.info("upstream_up", addresses=list(self.addresses), down_secs=round(down, 3))
@@ -142,5 +161,8 @@ class UpstreamHealth:
 
 
 def _short(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
+    return _short_text(str(exc) or type(exc).__name__)
+
+
+def _short_text(text: str) -> str:
     return text if len(text) <= 300 else text[:297] + "..."

@@ -26,6 +26,7 @@ import trio
 
 from gateway.backend.contract import ProduceCode, ProduceOutcome
 from gateway.server.metrics import Metrics
+from protocols.kafka.types import ErrorCode
 from protocols.tank.bundle import Message
 
 log = structlog.get_logger("figtank.upstream_kafka")
@@ -44,9 +45,24 @@ _CODES = {
 }
 
 
+#: librdkafka error names a Kafka client in front gets as the upstream's own error (Kafka
+#: codes); others get the Kafka listener's answer for the Tank code.
+_KAFKA_ERRORS = {
+    # Not retriable: a client told KAFKA_STORAGE_ERROR retries until its timeout.
+    "MSG_SIZE_TOO_LARGE": ErrorCode.MESSAGE_TOO_LARGE,
+    "_MSG_SIZE_TOO_LARGE": ErrorCode.MESSAGE_TOO_LARGE,
+}
+
+
 def produce_code(error_name: str) -> ProduceCode:
     """The Tank produce code for a librdkafka error (by its name)."""
     return _CODES.get(error_name, ProduceCode.IO_FAULT)
+
+
+def refused_outcome(error_name: str, text: str) -> ProduceOutcome:
+    """The outcome of a bundle the upstream (or librdkafka) refused with ``error_name``."""
+    return ProduceOutcome(produce_code(error_name), reason=_reason(error_name, text),
+                          kafka_error=_KAFKA_ERRORS.get(error_name, 0))
 
 
 def _reason(name: str, text: str) -> str:
@@ -102,9 +118,8 @@ class UpstreamProducer:
                           > self.max_message_bytes), None)
         if too_large is not None:
             self._count("MSG_SIZE_TOO_LARGE")
-            done(ProduceOutcome(ProduceCode.IO_FAULT, reason=_reason(
-                "MSG_SIZE_TOO_LARGE", f"{len(too_large.value)} bytes, over the "
-                f"{self.max_message_bytes} of message.max.bytes")))
+            done(refused_outcome("MSG_SIZE_TOO_LARGE", f"{len(too_large.value)} bytes, over "
+                                 f"the {self.max_message_bytes} of message.max.bytes"))
             return
         delivery = _Delivery(len(messages), done)
         report = self._make_report(delivery)
@@ -113,7 +128,8 @@ class UpstreamProducer:
         failure: tuple[str, str] | None = None
         for m in messages:
             try:
-                produce(topic, m.value, m.key, partition, report, m.timestamp or 0)
+                # By keyword: the sixth positional slot is on_delivery (callback's alias).
+                produce(topic, m.value, m.key, partition, report, timestamp=m.timestamp or 0)
             except BufferError:
                 failure = ("_QUEUE_FULL", "the producer's queue to the upstream is full")
                 break
@@ -165,7 +181,7 @@ class UpstreamProducer:
             else:
                 name, text = delivery.error
                 self._count(name)
-                outcome = ProduceOutcome(produce_code(name), reason=_reason(name, text))
+                outcome = refused_outcome(name, text)
             try:
                 delivery.done(outcome)
             except Exception:  # a front end's bug must not stop the others' acks
