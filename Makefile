@@ -11,7 +11,8 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 # setup.py builds the Cython extensions in place: edits to them rebuild.
-$(STAMP): $(BIN)/python pyproject.toml setup.py protocols/_speedups.pyx gateway/store/_fsync.pyx
+$(STAMP): $(BIN)/python pyproject.toml setup.py protocols/_speedups.pyx gateway/store/_fsync.pyx \
+		gateway/io/_fanout.pyx
 	$(BIN)/python -m pip install --quiet -e '.[test,spark,docs,kafka-upstream]'
 	touch $(STAMP)
 

@@ -1,6 +1,7 @@
 """Builds the optional compiled parts (Cython): ``protocols._speedups``, the inner loops
 of the protocol hot paths, and ``gateway.store._fsync``, the fsync workers that run without
-the GIL.
+the GIL, and ``gateway.io._fanout``, the
+loop that sends the same bytes to many subscribers' sockets.
 
 Everything else is declared in ``pyproject.toml``. Without a C compiler (or with a
 failing build) the install goes on with a warning and the package runs its pure-Python
@@ -17,6 +18,7 @@ from setuptools.command.build_ext import build_ext
 EXTENSIONS = {
     "protocols._speedups": "protocols/_speedups.pyx",
     "gateway.store._fsync": "gateway/store/_fsync.pyx",
+    "gateway.io._fanout": "gateway/io/_fanout.pyx",
 }
 
 

@@ -94,7 +94,7 @@ async def events(session: Any, request: Request) -> None:
 
 class _Follower:
     """A one-partition stream at the tail, fed by the tail's reader (no wake-up of its own
-    task per message)."""
+    task per message; while its socket is free, through the tail's fan-out group)."""
 
     __slots__ = ("cursor", "delivered", "outbox", "quota", "session")
 
@@ -110,15 +110,29 @@ class _Follower:
     def next_seq(self) -> int:
         return self.cursor.next_seq
 
+    @property
+    def fanout_form(self) -> str | None:
+        """Every one-partition stream of a tail sends the same bytes (chunked, as h11
+        frames them); one whose principal has a bytes-out quota counts each write."""
+        quota = self.quota
+        return "sse" if quota is None or not quota.out_limited else None
+
+    def encode(self, tail: PartitionTail, events: list[TailEvent]) -> bytes:
+        return tail.joined("sse", events, self.session.chunk)
+
     def push(self, tail: PartitionTail, events: list[TailEvent]) -> bool:
         if self.outbox.full or owes(self.quota):
             return False
-        data = tail.joined("sse", events, self.session.chunk)
+        data = self.encode(tail, events)
         self.outbox.put_nowait(data)
         took_out(self.quota, len(data))
         self.cursor.next_seq = events[-1].seq + 1
         self.delivered.inc(len(events))
         return True
+
+    def settle(self, next_seq: int, sent: int) -> None:
+        self.cursor.next_seq = next_seq
+        self.outbox.bytes_sent += sent
 
 
 async def _follow(follower: _Follower, heartbeat: float) -> None:

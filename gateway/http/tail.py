@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from typing import Final, Protocol
+from functools import partial
+from typing import Any, Final, Protocol
 
 import structlog
 import trio
@@ -25,6 +26,8 @@ from wsproto.frame_protocol import FrameProtocol
 
 from gateway.backend.contract import Backend, FetchRequest, FetchStatus
 from gateway.http.messages import decode_messages, dumps, message_json
+from gateway.io.fanout import FanoutGroup
+from gateway.io.writer import FrameWriter
 from protocols.errors import ProtocolError
 from protocols.tank.bundle import Message
 
@@ -85,12 +88,32 @@ class TailEvent:
 class Follower(Protocol):
     """A subscriber at the tail that the tail's reader feeds directly."""
 
-    #: The sequence the subscriber delivers next.
-    next_seq: int
+    #: Followers with the same form get the same bytes at the tail (one fan-out group);
+    #: None: never through a group (its bytes are its own, or each write is counted).
+    fanout_form: str | None
+    #: Its connection's writer.
+    outbox: FrameWriter
+
+    @property
+    def next_seq(self) -> int:
+        """The sequence the subscriber delivers next (stale while in a fan-out group:
+        :meth:`settle` brings it up to date when it leaves)."""
+
+    @property
+    def delivered(self) -> Any:
+        """The counter of messages delivered (one per topic: ``inc(n)``)."""
+
+    def encode(self, tail: PartitionTail, events: list[TailEvent]) -> bytes:
+        """``events`` as sent on the subscriber's connection (the same bytes for every
+        follower of its form)."""
 
     def push(self, tail: PartitionTail, events: list[TailEvent]) -> bool:
         """Queue ``events`` (those from ``next_seq`` on) for the client, and move past
         them; False (nothing queued) when the client is too far behind to take them."""
+
+    def settle(self, next_seq: int, sent: int) -> None:
+        """It left its fan-out group at ``next_seq``, having been sent ``sent`` bytes
+        through it."""
 
 
 def events_of(topic: str, partition: int, messages: list[Message]) -> list[TailEvent]:
@@ -123,6 +146,12 @@ class PartitionTail:
         self.idle_since: float | None = None
         #: Subscribers fed by the reader itself, and the event that releases each.
         self._followers: dict[Follower, trio.Event] = {}
+        #: Those of them fed through their own writers (the others are in a group).
+        self._slow: dict[Follower, None] = {}
+        #: Followers whose sockets are free, by form: sent each append in one call.
+        self._groups: dict[str, FanoutGroup[Follower]] = {}
+        #: The callback each group member left with its writer (see _join_fast).
+        self._hooks: dict[Follower, Callable[[], None]] = {}
         #: The newest batches as sent, by (form, first seq, last seq, count).
         self._joined: dict[tuple[str, int, int, int], bytes] = {}
 
@@ -168,12 +197,64 @@ class PartitionTail:
         if released is None:
             released = trio.Event()
         self._followers[follower] = released
+        self._slow[follower] = None
         return released
 
     def unfollow(self, follower: Follower) -> None:
-        self._followers.pop(follower, None)
+        """Stop feeding ``follower`` (its position is up to date after this)."""
+        if self._followers.pop(follower, None) is None:
+            return
+        if follower in self._slow:
+            del self._slow[follower]
+        else:
+            self._leave_fast(follower)
+
+    def _join_fast(self, follower: Follower) -> None:
+        form = follower.fanout_form
+        assert form is not None
+        group = self._groups.get(form)
+        if group is None:
+            group = self._groups[form] = FanoutGroup()
+        group.add(follower, follower.outbox.fd)
+        # Anything queued in its writer (a partial write, a heartbeat, a reply) must go
+        # out before the group writes to its socket again.
+        hook = self._hooks[follower] = partial(self.settle, follower)
+        follower.outbox.on_queue(hook)
+
+    def _leave_fast(self, follower: Follower) -> None:
+        form = follower.fanout_form
+        group = self._groups.get(form) if form is not None else None
+        sent = group.remove(follower) if group is not None else None
+        if sent is None:
+            return
+        follower.outbox.forget_on_queue(self._hooks.pop(follower))
+        follower.settle(self.next_seq, sent)
+
+    def settle(self, follower: Follower) -> None:
+        """Bring ``follower``'s position up to date: out of its fan-out group (it joins
+        again at an append that finds its socket free). Called when bytes are queued in
+        its writer: from then on it is fed through the writer, in order."""
+        self._leave_fast(follower)
+        if follower in self._followers:
+            self._slow[follower] = None
+
+    def _fan_out(self, group: FanoutGroup[Follower], events: list[TailEvent]) -> None:
+        """Send ``events`` to every member of ``group`` in one call; the members it could
+        not finish get the rest through their writers."""
+        first = group.first()
+        data = first.encode(self, events)
+        first.delivered.inc(len(group) * len(events))
+        for member, result, before in group.send(data):
+            member.outbox.forget_on_queue(self._hooks.pop(member))
+            member.settle(self.next_seq, before + max(result, 0))
+            self._slow[member] = None
+            member.outbox.put_nowait(data[result:] if result > 0 else data)
 
     def _release_all(self) -> None:
+        for group in self._groups.values():
+            for member in group.members:
+                self._leave_fast(member)
+        self._slow.clear()
         followers, self._followers = self._followers, {}
         for released in followers.values():
             released.set()
@@ -228,17 +309,29 @@ class PartitionTail:
             self._first_seq = next_seq
         if self._followers and events:
             start = events[0].seq
-            for follower, released in list(self._followers.items()):
-                if follower.next_seq > start or not follower.push(self, events):  # (never ahead)
-                    del self._followers[follower]
-                    released.set()
+            for follower in list(self._slow):  # (the fast ones are in the groups)
+                if follower.next_seq > start:  # (never ahead)
+                    self._release(follower)
+                elif (follower.fanout_form is not None and follower.next_seq == start
+                      and follower.outbox.free):
+                    del self._slow[follower]
+                    self._join_fast(follower)
+                elif not follower.push(self, events):
+                    self._release(follower)
+            for group in self._groups.values():
+                if len(group):
+                    self._fan_out(group, events)
         self._wake()
+
+    def _release(self, follower: Follower) -> None:
+        del self._slow[follower]
+        self._followers.pop(follower).set()
 
     def skip_to(self, seq: int) -> None:
         """The log's bounds moved (retention): start over at ``seq``."""
+        self._release_all()  # (at the positions they had)
         self._events, self._seqs, self._before, self._start, self._bytes = [], [], [], 0, 0
         self.next_seq = self._first_seq = seq
-        self._release_all()
         self._wake()
 
     def fail(self, reason: str) -> None:

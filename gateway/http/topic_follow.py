@@ -32,6 +32,9 @@ class PartitionFollower:
 
     __slots__ = ("cursor", "stream")
 
+    #: Never in a tail's fan-out group: a whole-topic stream's ids are its own.
+    fanout_form = None
+
     def __init__(self, stream: TopicFollower, cursor: Cursor) -> None:
         self.stream = stream
         self.cursor = cursor

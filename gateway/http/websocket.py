@@ -116,7 +116,8 @@ async def upgrade(session: Any, request: Request) -> None:
 
 class _Subscription:
     """One attached partition of a WebSocket (the owner of its queued frames; at the tail,
-    a follower its tail's reader feeds)."""
+    a follower its tail's reader feeds, through the tail's fan-out group while its socket
+    is free)."""
 
     __slots__ = ("cursor", "delivered", "detached", "outbox", "quota", "scope")
 
@@ -133,6 +134,16 @@ class _Subscription:
     def next_seq(self) -> int:
         return self.cursor.next_seq
 
+    @property
+    def fanout_form(self) -> str | None:
+        """Server frames are not masked: every WebSocket at a tail gets the same bytes;
+        one whose principal has a bytes-out quota counts each write."""
+        quota = self.quota
+        return "ws" if quota is None or not quota.out_limited else None
+
+    def encode(self, tail: PartitionTail, events: list[TailEvent]) -> bytes:
+        return tail.joined("ws", events)
+
     def push(self, tail: PartitionTail, events: list[TailEvent]) -> bool:
         if self.detached or self.outbox.full or owes(self.quota):
             return False
@@ -142,6 +153,10 @@ class _Subscription:
         self.cursor.next_seq = events[-1].seq + 1
         self.delivered.inc(len(events))
         return True
+
+    def settle(self, next_seq: int, sent: int) -> None:
+        self.cursor.next_seq = next_seq
+        self.outbox.bytes_sent += sent
 
 
 class WebSocket:
@@ -404,6 +419,7 @@ class WebSocket:
         topic, partition = await self._where(obj, Operation.SUBSCRIBE)
         sub = self.subs.get((topic, partition))
         if sub is not None:
+            sub.cursor.tail.settle(sub)  # its position up to date
             self.send_json({"op": "attached", "topic": topic, "partition": partition,
                             "offset": sub.cursor.position})
             return
@@ -442,6 +458,7 @@ class WebSocket:
     def _end_sub(self, sub: _Subscription) -> None:
         if not sub.detached:
             sub.detached = True
+            sub.cursor.tail.unfollow(sub)  # the tail's group writes nothing more for it
             sub.scope.cancel()
             self.outbox.drop(sub)
             self.listener.tails.release(sub.cursor.tail)

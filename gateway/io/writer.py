@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import os
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
 import trio
@@ -213,6 +213,42 @@ class FrameWriter:
         self.bytes_sent = 0
         #: Set to ``trio.current_time()`` whenever a write empties the queue.
         self.drained_at = 0.0
+        #: Called (once) when bytes are queued: writers of a fan-out that send to the
+        #: socket directly stop (see :mod:`gateway.io.fanout`).
+        self._on_queue: list[Callable[[], None]] | None = None
+
+    @property
+    def fd(self) -> int:
+        """The socket's descriptor when writes may go to it directly, else -1."""
+        return self._fd
+
+    @property
+    def free(self) -> bool:
+        """Nothing queued, the writer task parked, a plain socket: bytes written to the
+        socket directly now keep their order (a fan-out's fast path)."""
+        return self._idle and not self._budget.queued and self._fd >= 0 and (
+            not self._budget.closed)
+
+    def on_queue(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once, the next time bytes are queued (not written at once)
+        or the writer closes."""
+        if self._on_queue is None:
+            self._on_queue = [callback]
+        else:
+            self._on_queue.append(callback)
+
+    def forget_on_queue(self, callback: Callable[[], None]) -> None:
+        callbacks = self._on_queue
+        if callbacks is not None and callback in callbacks:
+            callbacks.remove(callback)
+            if not callbacks:
+                self._on_queue = None
+
+    def _queued(self) -> None:
+        callbacks, self._on_queue = self._on_queue, None
+        if callbacks is not None:
+            for callback in callbacks:
+                callback()
 
     @property
     def queued_bytes(self) -> int:
@@ -266,6 +302,8 @@ class FrameWriter:
         rest = self._write_now(data)
         if not rest:
             return
+        if self._on_queue is not None:
+            self._queued()
         self._urgent.append(rest)
         self._budget.add(len(rest))
         self._wake()
@@ -319,6 +357,8 @@ class FrameWriter:
         return rest
 
     def _push(self, item: bytes | _Owned | _Parts | _Chunks, size: int) -> None:
+        if self._on_queue is not None:
+            self._queued()
         self._items.append(item)
         if type(item) is not bytes:
             self._special += 1
@@ -347,6 +387,8 @@ class FrameWriter:
 
     def close(self) -> None:
         """Drop everything queued, closing its chunks; later puts are dropped too."""
+        if self._on_queue is not None:
+            self._queued()
         for item in self._items:
             if type(item) is _Chunks:
                 item.close()
