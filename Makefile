@@ -47,7 +47,8 @@ test: $(STAMP) system-tools
 PYTEST_WORKERS = -n 2 --dist loadfile
 
 # The protocol codecs, the listeners, the store, the bridge and the whole-process runs:
-# everything the compiled loops (protocols/_speedups.pyx, gateway/store/_fsync.pyx) sit
+# everything the compiled loops (protocols/_speedups.pyx, gateway/store/_fsync.pyx,
+# gateway/io/_fanout.pyx: the HTTP fan-out and its slow subscribers) sit
 # under (the Kafka listener: its produce, fetch and hand-off paths; the rest of
 # tests/kafka is coordination and access, above those loops). Spark, the examples, the
 # bench and the CLI's failure lines do not depend on them.
@@ -55,7 +56,8 @@ PURE_TESTS = tests/protocols tests/figg tests/tank tests/store tests/bridge \
 	tests/test_embedded.py tests/test_bundle.py tests/test_reader_lag.py tests/test_cli.py \
 	tests/test_serve.py tests/test_shutdown.py tests/kafka/test_real_clients.py \
 	tests/kafka/test_kafka_requests.py tests/kafka/test_handoff.py \
-	tests/kafka/test_idempotence.py tests/kafka/test_produce_errors.py
+	tests/kafka/test_idempotence.py tests/kafka/test_produce_errors.py tests/io/test_fanout.py \
+	tests/http/test_slow_subscribers.py
 
 # mypy checks what [tool.mypy] in pyproject.toml lists (protocols/, gateway/store/), strictly.
 # (ruff's formatter is not the house style: the code is laid out by hand, so no format check.)

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The compiled extensions a wheel built with a compiler carries.
-EXTENSIONS = ("protocols/_speedups", "gateway/store/_fsync")
+EXTENSIONS = ("protocols/_speedups", "gateway/store/_fsync", "gateway/io/_fanout")
 #: Time for one pip or build step (downloads come from the package index's cache).
 STEP_TIMEOUT = 600
 
@@ -119,7 +119,7 @@ def test_the_sdist_carries_the_sources_to_build_from(installed: Installed) -> No
     with tarfile.open(installed.sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
     assert {"setup.py", "pyproject.toml", "protocols/_speedups.pyx",
-            "gateway/store/_fsync.pyx"} <= names
+            "gateway/store/_fsync.pyx", "gateway/io/_fanout.pyx"} <= names
     assert not [n for n in names if n.endswith(".so")]
 
 

@@ -9,7 +9,7 @@ The subscribers connect and attach first (SSE streams of partition 0 from its en
 WebSockets attached from its end); once all are in, the server's resident memory is read
 again (``--server-pid``): the growth divided by the subscribers is the memory of an idle
 subscriber. Then the publisher POSTs ``--rate`` messages a second for ``--duration``
-seconds as NDJSON batches (one every 10 ms; from a thread with its own event loop), each
+seconds as NDJSON batches (one every 10 ms; from a process of its own), each
 value the time it was sent; every
 subscriber counts what it gets, and one in ``--sample-every`` also measures each message's
 publish-to-delivery latency. It stops once every subscriber has every message (or
@@ -24,7 +24,9 @@ import resource
 import select
 import socket
 import time
+from concurrent.futures import ProcessPoolExecutor
 from functools import partial
+from multiprocessing import get_context
 from typing import Final
 
 import h11
@@ -201,34 +203,53 @@ def _read_all(subs: list[_Subscriber], want: int, until: float) -> None:
 
 
 async def _publish(host: str, port: int, topic: str, params: Params) -> int:
+    """POST one NDJSON batch every tick, on time: requests are pipelined (the next one
+    does not wait for the answer to the last), the answers counted as they come."""
     stream = await trio.open_tcp_stream(host, port)
-    conn = h11.Connection(h11.CLIENT)
     pad = "x" * max(0, params["size"] - 19)
-    sent = 0
-    start = trio.current_time()
-    every = params["_tick"]
-    for tick in range(round(params["duration"] / every)):
-        await trio.sleep_until(start + tick * every)
-        now = time.time_ns()
-        body = "".join(f'{{"value":"{now}{pad}"}}\n'
-                       for _ in range(params["_per_tick"])).encode()
-        await stream.send_all(conn.send(h11.Request(
-            method="POST", target=f"/topics/{topic}", headers=[
-                ("host", "localhost"), ("content-type", "application/x-ndjson"),
-                ("content-length", str(len(body)))])) + conn.send(h11.Data(data=body))
-            + conn.send(h11.EndOfMessage()))
-        while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                conn.receive_data(await stream.receive_some(65536))
-            elif isinstance(event, h11.Response) and event.status_code != 200:
-                raise ConnectionError(f"publish answered {event.status_code}")
-            elif isinstance(event, h11.EndOfMessage):
-                break
-        conn.start_next_cycle()
-        sent += params["_per_tick"]
-    await stream.aclose()
-    return sent
+    ticks = round(params["duration"] / params["_tick"])
+    head = (f"POST /topics/{topic} HTTP/1.1\r\nhost: localhost\r\n"
+            "content-type: application/x-ndjson\r\ncontent-length: %d\r\n\r\n")
+    async with stream, trio.open_nursery() as nursery:
+        nursery.start_soon(_answers, stream, ticks)
+        start = trio.current_time()
+        for tick in range(ticks):
+            await trio.sleep_until(start + tick * params["_tick"])
+            now = time.time_ns()
+            body = "".join(f'{{"value":"{now}{pad}"}}\n'
+                           for _ in range(params["_per_tick"])).encode()
+            await stream.send_all((head % len(body)).encode() + body)
+    return ticks * params["_per_tick"]
+
+
+async def _answers(stream: trio.SocketStream, count: int) -> None:
+    """Wait for ``count`` answers, each a 200."""
+    seen = 0
+    pending = b""
+    with trio.fail_after(CONNECT_TIMEOUT + 60):
+        while seen < count:
+            data = await stream.receive_some(65536)
+            if not data:
+                raise ConnectionError("the server closed the publisher's connection")
+            pending += data
+            while True:
+                at = pending.find(b"HTTP/1.1 ")
+                if at < 0 or len(pending) < at + 12:
+                    pending = pending[at:] if at >= 0 else pending[-8:]
+                    break
+                if pending[at + 9:at + 12] != b"200":
+                    raise ConnectionError(f"a publish was refused: {pending[at:at + 200]!r}")
+                seen += 1
+                pending = pending[at + 12:]
+
+
+def _ready() -> bool:
+    """Nothing: run once, the publisher's process has imported this module."""
+    return True
+
+
+def _publish_in_process(host: str, port: int, topic: str, params: Params) -> int:
+    return trio.run(_publish, host, port, topic, params)
 
 
 def _create_topic(host: str, port: int, topic: str) -> None:
@@ -257,7 +278,12 @@ async def _work(params: Params, share: Share) -> WorkerResult:
     subs = await trio.to_thread.run_sync(_connect, host, port, topic, ["sse", "ws"] * count,
                                          params["sample_every"])
     sent = 0
+    # The publisher runs in a process of its own (a reading thread holding the GIL would
+    # delay each publish by the interpreter's switch interval), started before the clock.
+    pool = ProcessPoolExecutor(1, mp_context=get_context("spawn")) if share.index == 0 else None
     try:
+        if pool is not None:
+            await trio.to_thread.run_sync(pool.submit(_ready).result)
         await trio.sleep(1.0)
         rss_idle = _rss(params.get("server_pid"))
         await share.start()
@@ -265,13 +291,13 @@ async def _work(params: Params, share: Share) -> WorkerResult:
         until = first + params["duration"] + params["drain"]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(partial(trio.to_thread.run_sync, _read_all, subs, want, until))
-            if share.index == 0:
-                # In a thread of its own (its own event loop): the reading must not hold
-                # the publisher back.
-                sent = await trio.to_thread.run_sync(trio.run, _publish, host, port, topic,
-                                                     params)
+            if pool is not None:
+                publishing = pool.submit(_publish_in_process, host, port, topic, params)
+                sent = await trio.to_thread.run_sync(publishing.result)
         last = time.monotonic()
     finally:
+        if pool is not None:
+            pool.shutdown()
         for sub in subs:
             sub.sock.close()
     sse, ws = subs[0::2], subs[1::2]

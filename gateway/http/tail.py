@@ -209,6 +209,11 @@ class PartitionTail:
         else:
             self._leave_fast(follower)
 
+    def in_group(self, follower: Follower) -> bool:
+        """Whether ``follower`` is fed through its form's fan-out group now."""
+        group = self._groups.get(follower.fanout_form)
+        return group is not None and follower in group
+
     def _join_fast(self, follower: Follower) -> None:
         form = follower.fanout_form
         assert form is not None
