@@ -220,7 +220,8 @@ async def _publish(host: str, port: int, topic: str, params: Params) -> int:
     try:
         async with trio.open_nursery() as nursery:
             for i, stream in enumerate(streams):
-                nursery.start_soon(_answers, stream, len(range(i, ticks, PUBLISHERS)))
+                nursery.start_soon(_answers, stream, len(range(i, ticks, PUBLISHERS)),
+                                   params["duration"] + params["drain"])
             start = trio.current_time()
             for tick in range(ticks):
                 await trio.sleep_until(start + tick * params["_tick"])
@@ -234,11 +235,11 @@ async def _publish(host: str, port: int, topic: str, params: Params) -> int:
     return ticks * params["_per_tick"]
 
 
-async def _answers(stream: trio.SocketStream, count: int) -> None:
-    """Wait for ``count`` answers, each a 200."""
+async def _answers(stream: trio.SocketStream, count: int, within: float) -> None:
+    """Wait for ``count`` answers, each a 200, for up to ``within`` seconds."""
     seen = 0
     pending = b""
-    with trio.fail_after(CONNECT_TIMEOUT + 60):
+    with trio.fail_after(within):
         while seen < count:
             data = await stream.receive_some(65536)
             if not data:
