@@ -122,7 +122,8 @@ class SendBudget:
         self.queued = 0
         self.closed = False
         self._has_space = ParkingLot()
-        self._drained = ParkingLot()
+        #: Made by the first wait_empty (memory per idle connection).
+        self._drained: ParkingLot | None = None
 
     def add(self, size: int) -> None:
         self.queued += size
@@ -132,14 +133,15 @@ class SendBudget:
         self.queued -= size
         if self.queued < self.limit:
             self._has_space.unpark_all()
-            if not self.queued:
+            if not self.queued and self._drained is not None:
                 self._drained.unpark_all()
 
     def close(self) -> None:
         self.closed = True
         self.queued = 0
         self._has_space.unpark_all()
-        self._drained.unpark_all()
+        if self._drained is not None:
+            self._drained.unpark_all()
 
     async def wait_writable(self) -> None:
         """Wait until the queue is under its limit (no checkpoint when it already is)."""
@@ -149,6 +151,8 @@ class SendBudget:
     async def wait_empty(self) -> None:
         """Wait until everything queued has been written."""
         while self.queued and not self.closed:
+            if self._drained is None:
+                self._drained = ParkingLot()
             await self._drained.park()
 
 
@@ -196,6 +200,10 @@ class FrameWriter:
     is idle.
     """
 
+    # Each idle subscriber holds one: no per-instance dict.
+    __slots__ = ("_budget", "_fd", "_has_items", "_idle", "_items", "_on_queue", "_socket",
+                 "_special", "_stream", "_urgent", "bytes_sent", "drained_at")
+
     def __init__(self, stream: trio.abc.SendStream, limit: float = math.inf, *,
                  direct: bool = True) -> None:
         self._stream = stream
@@ -206,7 +214,7 @@ class FrameWriter:
         self._items: deque[bytes | _Owned | _Parts | _Chunks] = deque()
         #: Items in ``_items`` that are not plain byte strings.
         self._special = 0
-        self._urgent: deque[bytes] = deque()
+        self._urgent: list[bytes] = []
         self._idle = False
         self._has_items = ParkingLot()
         #: Bytes written to the socket so far.
@@ -435,17 +443,17 @@ class FrameWriter:
                 continue
             await self._send_batch(urgent, items)
 
-    async def _send_batch(self, urgent: deque[bytes],
+    async def _send_batch(self, urgent: list[bytes],
                           items: deque[bytes | _Owned | _Parts | _Chunks]) -> None:
         """Send the urgent lane and the queue's head, up to MAX_WRITE, a head with
         chunks (sent whole) or buffers (sent whole, with the frames before them in the
         same vectored writes)."""
         parts: list[bytes] = []
         size = 0
-        while urgent:
-            data = urgent.popleft()
+        for data in urgent:
             parts.append(data)
             size += len(data)
+        urgent.clear()
         while items:
             item = items[0]
             if isinstance(item, _Chunks):
