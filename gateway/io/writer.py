@@ -121,8 +121,8 @@ class SendBudget:
         #: Bytes queued or being written.
         self.queued = 0
         self.closed = False
-        self._has_space = ParkingLot()
-        #: Made by the first wait_empty (memory per idle connection).
+        #: Made by the first wait that needs them (memory per idle connection).
+        self._has_space: ParkingLot | None = None
         self._drained: ParkingLot | None = None
 
     def add(self, size: int) -> None:
@@ -132,20 +132,24 @@ class SendBudget:
         """``size`` bytes left the queue: wake whoever waits for space or for empty."""
         self.queued -= size
         if self.queued < self.limit:
-            self._has_space.unpark_all()
+            if self._has_space is not None:
+                self._has_space.unpark_all()
             if not self.queued and self._drained is not None:
                 self._drained.unpark_all()
 
     def close(self) -> None:
         self.closed = True
         self.queued = 0
-        self._has_space.unpark_all()
+        if self._has_space is not None:
+            self._has_space.unpark_all()
         if self._drained is not None:
             self._drained.unpark_all()
 
     async def wait_writable(self) -> None:
         """Wait until the queue is under its limit (no checkpoint when it already is)."""
         while self.queued >= self.limit and not self.closed:
+            if self._has_space is None:
+                self._has_space = ParkingLot()
             await self._has_space.park()
 
     async def wait_empty(self) -> None:
