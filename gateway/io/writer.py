@@ -195,6 +195,12 @@ class _Chunks:
             chunk.close()
 
 
+#: The queue of every parked writer: always empty (a writer takes a deque of its own
+#: before it queues anything, see ``_push`` and ``_wake``), so that an idle connection
+#: does not hold one (a deque is 760 bytes).
+_PARKED: deque[bytes | _Owned | _Parts | _Chunks] = deque(maxlen=0)
+
+
 class FrameWriter:
     """An ordered queue of frames and file chunks for one connection; see the module doc.
 
@@ -371,6 +377,8 @@ class FrameWriter:
     def _push(self, item: bytes | _Owned | _Parts | _Chunks, size: int) -> None:
         if self._on_queue is not None:
             self._queued()
+        if self._items is _PARKED:
+            self._items = deque()
         self._items.append(item)
         if type(item) is not bytes:
             self._special += 1
@@ -380,6 +388,8 @@ class FrameWriter:
     def _wake(self) -> None:
         if self._idle:
             self._idle = False
+            if self._items is _PARKED:  # (put_nowait appends to it while not idle)
+                self._items = deque()
             self._has_items.unpark_all()
 
     def drop(self, owner: Owner) -> int:
@@ -430,6 +440,7 @@ class FrameWriter:
         while True:
             # Read on every round: drop() replaces the deque.
             while not self._items and not urgent:
+                self._items = _PARKED  # an idle connection holds no queue of its own
                 self._idle = True
                 await self._has_items.park()
             items = self._items
