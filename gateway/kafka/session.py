@@ -98,6 +98,10 @@ class KafkaSession(RequestSession):
     #: A failed SASL exchange still sends its answer (the reason) before closing.
     DRAIN_ON = frozenset({"sasl_failed"})
 
+    __slots__ = ("_access", "_backend", "_context", "_counter", "_deadline", "_guard",
+                 "_order", "_produce_bytes", "_quotas", "_sasl", "_services", "_user_quota",
+                 "principal")
+
     def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: Settings,
                  metrics: Metrics, counter: RequestCounter,
                  log: structlog.typing.FilteringBoundLogger, advertised: tuple[str, int],

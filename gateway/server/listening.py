@@ -10,6 +10,7 @@ import structlog
 import trio
 
 from gateway.io.limits import RECEIVE_SIZE
+from gateway.server.idling import IdleSweeper
 from gateway.server.metrics import Metrics
 from gateway.server.tls import ListenerTLS, peer_identity
 
@@ -97,6 +98,8 @@ class ConnectionSlots:
         #: Connections being served.
         self.active = 0
         self._sessions: set[Any] = set()
+        #: Closes the idle ones among them.
+        self._idle = IdleSweeper(self._sessions)
         self._closing = False
 
     def shutdown(self) -> None:
@@ -145,6 +148,7 @@ class ConnectionSlots:
                 metrics.connections.labels(protocol, listener).dec()
                 await trio.aclose_forcefully(stream)
         self._sessions.add(session)
+        self._idle.started(session)
         if self._closing:
             session.shutdown()
         kind, reason = "shutdown", "server shutting down"
@@ -156,6 +160,7 @@ class ConnectionSlots:
             conn_log.exception("session_crashed")
         finally:
             self._sessions.discard(session)
+            self._idle.ended()
             self.active -= 1
             metrics.connections.labels(protocol, listener).dec()
             metrics.connections_closed.labels(protocol, listener, kind).inc()

@@ -29,6 +29,9 @@ class RequestSession(Session):
     set ``_conn`` (whose ``buffered`` counts a partial frame) and say what their
     unacknowledged produce bytes are."""
 
+    __slots__ = ("_conn", "_held_by", "_in_flight", "_last_activity", "_log", "_max_in_flight",
+                 "_max_unacked", "_metrics", "_settings", "_settled", "requests")
+
     _conn: Any
 
     def __init__(self, stream: trio.abc.Stream, outbox: FrameWriter, *, settings: Settings,

@@ -19,7 +19,10 @@ Two timers guard the reads (0 turns either off):
   session waits for the peer's bytes: time the session held the peer back (its output
   piling up) does not count.
 - ``idle_timeout``: a connection that sends nothing for that long while it is not busy
-  (:meth:`Session._busy`) and nothing is queued for it closes (``idle``).
+  (:meth:`Session._busy`) and nothing is queued for it closes (``idle``). No task of the
+  connection watches this: the listener's :class:`~gateway.server.idling.IdleSweeper`
+  looks at all its connections a few times per timeout (:meth:`Session.close_if_idle`),
+  so an idle connection costs no timer of its own.
 
 A connection whose principal has a quota (:class:`~gateway.auth.quotas.PrincipalQuota`)
 takes the tokens of each read after handling it (bytes, and the requests it held:
@@ -86,7 +89,15 @@ SEND_ERRORS: Final = socket_errors("send", partial(CloseConnection, "send_failed
 
 class Session:
     """One connection of a listener; see the module doc. Subclasses implement
-    :meth:`_received` and may override the other hooks."""
+    :meth:`_received` and may override the other hooks.
+
+    Sessions have ``__slots__`` (so must their subclasses): ten thousand idle connections
+    are ten thousand of them, and an instance dict of thirty-odd attributes is ~1.6 KB.
+    """
+
+    __slots__ = ("__weakref__", "_active_at", "_close", "_frame_timeout", "_idle_timeout",
+                 "_last_read", "_nursery", "_outbox", "_quota", "_reading", "_stream",
+                 "_throttling", "_unthrottled_at")
 
     #: Close kinds after which what is queued is still sent (the socket works).
     DRAIN_ON: ClassVar[frozenset[str]] = frozenset()
@@ -115,6 +126,13 @@ class Session:
         #: last stopped doing so (the idle timer counts from then).
         self._throttling = False
         self._unthrottled_at = -math.inf
+        #: When the idle sweeper last found the connection busy (that counts as activity).
+        self._active_at = -math.inf
+
+    @property
+    def idle_timeout(self) -> float:
+        """Seconds of inactivity after which the connection closes (``math.inf``: never)."""
+        return self._idle_timeout
 
     @property
     def bytes_sent(self) -> int:
@@ -126,8 +144,6 @@ class Session:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._write)
-                if self._idle_timeout < math.inf:
-                    nursery.start_soon(self._watch_idle, self._idle_timeout)
                 self._start_tasks(nursery)
                 try:
                     with self._reading:
@@ -225,21 +241,23 @@ class Session:
             await self._settle()
             await self._outbox.wait_empty()
 
-    async def _watch_idle(self, timeout: float) -> None:
-        """Close the connection once the peer sent nothing, the session was not busy and
-        nothing was queued for ``timeout`` seconds."""
+    def close_if_idle(self, now: float) -> bool:
+        """Close the connection (``idle``) if the peer sent nothing, the session was not
+        busy and nothing was queued for its idle timeout up to ``now``; True if it did.
+        Found busy, that counts as activity: it gets a whole timeout after finishing."""
+        timeout = self._idle_timeout
         outbox = self._outbox
-        while True:
-            last = max(self._idle_since(), outbox.drained_at, self._unthrottled_at)
-            await trio.sleep_until(last + timeout)
-            if self._busy() or outbox.queued_bytes or self._throttling:
-                # Busy: finishing it counts as activity, so look again a timeout later.
-                await trio.sleep(timeout)
-                continue
-            last = max(self._idle_since(), outbox.drained_at, self._unthrottled_at)
-            if trio.current_time() >= last + timeout:
-                self._closing(CloseConnection("idle", self.IDLE_REASON.format(timeout)))
-                return
+        if self._close is not None or timeout == math.inf:
+            return False
+        if self._busy() or outbox.queued_bytes or self._throttling:
+            self._active_at = now
+            return False
+        last = max(self._idle_since(), outbox.drained_at, self._unthrottled_at,
+                   self._active_at)
+        if now < last + timeout:
+            return False
+        self._closing(CloseConnection("idle", self.IDLE_REASON.format(timeout)))
+        return True
 
     # -------------------------------------------------------------------------- hooks
 

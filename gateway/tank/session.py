@@ -123,6 +123,9 @@ class TankSession(RequestSession):
 
     IDLE_REASON = "no request for {:g} s with nothing in flight"
 
+    __slots__ = ("_access", "_auto_create", "_backend", "_counter", "_lane", "_polls",
+                 "_produce_bytes", "_read_partitions", "_stopping", "principal")
+
     _outbox: TankOutbox
 
     def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: Settings,
