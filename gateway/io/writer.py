@@ -30,6 +30,12 @@ With ``direct`` (the listeners), a put that finds the writer task idle writes wh
 socket takes at once (:func:`send_now`) instead of waking the task: a reply leaves the
 moment it is made. The clients leave it off, so that a burst of requests is batched into
 one write.
+
+A listener's connection runs its writer task only while there is something to write
+(:meth:`FrameWriter.on_demand`): the task is started when a put leaves bytes the socket
+did not take, and :meth:`FrameWriter.retire` (the idle sweeper's) lets a parked one end.
+An idle connection whose replies all went out at once never has one; its queues are
+given back whenever they empty, so an idle writer holds no deque either.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from __future__ import annotations
 import math
 import os
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
 import trio
@@ -121,8 +127,9 @@ class SendBudget:
         #: Bytes queued or being written.
         self.queued = 0
         self.closed = False
-        self._has_space = ParkingLot()
-        self._drained = ParkingLot()
+        # Made when someone first waits: most connections never do.
+        self._has_space: ParkingLot | None = None
+        self._drained: ParkingLot | None = None
 
     def add(self, size: int) -> None:
         self.queued += size
@@ -131,24 +138,31 @@ class SendBudget:
         """``size`` bytes left the queue: wake whoever waits for space or for empty."""
         self.queued -= size
         if self.queued < self.limit:
-            self._has_space.unpark_all()
-            if not self.queued:
+            if self._has_space is not None:
+                self._has_space.unpark_all()
+            if not self.queued and self._drained is not None:
                 self._drained.unpark_all()
 
     def close(self) -> None:
         self.closed = True
         self.queued = 0
-        self._has_space.unpark_all()
-        self._drained.unpark_all()
+        if self._has_space is not None:
+            self._has_space.unpark_all()
+        if self._drained is not None:
+            self._drained.unpark_all()
 
     async def wait_writable(self) -> None:
         """Wait until the queue is under its limit (no checkpoint when it already is)."""
         while self.queued >= self.limit and not self.closed:
+            if self._has_space is None:
+                self._has_space = ParkingLot()
             await self._has_space.park()
 
     async def wait_empty(self) -> None:
         """Wait until everything queued has been written."""
         while self.queued and not self.closed:
+            if self._drained is None:
+                self._drained = ParkingLot()
             await self._drained.park()
 
 
@@ -187,6 +201,11 @@ class _Chunks:
             chunk.close()
 
 
+Item = bytes | _Owned | _Parts | _Chunks
+#: What the writer sends from when nothing is queued (never appended to).
+_NOTHING: deque[Item] = deque(maxlen=0)
+
+
 class FrameWriter:
     """An ordered queue of frames and file chunks for one connection; see the module doc.
 
@@ -196,6 +215,10 @@ class FrameWriter:
     is idle.
     """
 
+    __slots__ = ("_budget", "_fd", "_has_items", "_idle", "_items", "_parked", "_retiring",
+                 "_running", "_socket", "_spawn", "_special", "_stream", "_urgent",
+                 "bytes_sent", "drained_at")
+
     def __init__(self, stream: trio.abc.SendStream, limit: float = math.inf, *,
                  direct: bool = True) -> None:
         self._stream = stream
@@ -203,16 +226,42 @@ class FrameWriter:
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
         self._fd = socket_fd(stream) if direct else -1
         self._budget = SendBudget(limit)
-        self._items: deque[bytes | _Owned | _Parts | _Chunks] = deque()
+        #: The ordered queue and the urgent lane; None while empty (an idle connection
+        #: holds no deque).
+        self._items: deque[Item] | None = None
+        self._urgent: list[bytes] | None = None
         #: Items in ``_items`` that are not plain byte strings.
         self._special = 0
-        self._urgent: deque[bytes] = deque()
+        #: Nothing is queued and no writer task is busy: a put may write at once.
         self._idle = False
         self._has_items = ParkingLot()
+        #: The writer task is parked in ``_has_items``.
+        self._parked = False
+        #: Starts a writer task (on_demand), None: the owner runs :meth:`run` itself.
+        self._spawn: Callable[[], None] | None = None
+        #: A writer task started by ``_spawn`` is running.
+        self._running = False
+        #: The parked writer task is to end (:meth:`retire`).
+        self._retiring = False
         #: Bytes written to the socket so far.
         self.bytes_sent = 0
         #: Set to ``trio.current_time()`` whenever a write empties the queue.
         self.drained_at = 0.0
+
+    def on_demand(self, spawn: Callable[[], None]) -> None:
+        """Run the writer task only while there is something to write: ``spawn()`` starts
+        a task that awaits :meth:`run`, which returns once :meth:`retire` lets it go. Call
+        before anything is put; the owner calls :meth:`close` when the connection ends
+        (there may be no writer task then to do it)."""
+        self._spawn = spawn
+        self._idle = True
+
+    def retire(self) -> None:
+        """Let a writer task started on demand end if it is parked with nothing to write
+        (it is started again when there is); no effect otherwise."""
+        if self._spawn is not None and self._parked and not self._retiring:
+            self._retiring = True
+            self._has_items.unpark_all()
 
     @property
     def queued_bytes(self) -> int:
@@ -248,7 +297,10 @@ class FrameWriter:
                 return
         elif not self._idle:
             # The common case, kept short: the writer task is busy or already woken.
-            self._items.append(data)
+            items = self._items
+            if items is None:
+                items = self._items = deque()
+            items.append(data)
             budget.queued += len(data)
             return
         rest = self._write_now(data)
@@ -266,6 +318,8 @@ class FrameWriter:
         rest = self._write_now(data)
         if not rest:
             return
+        if self._urgent is None:
+            self._urgent = []
         self._urgent.append(rest)
         self._budget.add(len(rest))
         self._wake()
@@ -318,8 +372,11 @@ class FrameWriter:
         self.bytes_sent += len(data) - len(rest)
         return rest
 
-    def _push(self, item: bytes | _Owned | _Parts | _Chunks, size: int) -> None:
-        self._items.append(item)
+    def _push(self, item: Item, size: int) -> None:
+        items = self._items
+        if items is None:
+            items = self._items = deque()
+        items.append(item)
         if type(item) is not bytes:
             self._special += 1
         self._budget.add(size)
@@ -328,11 +385,17 @@ class FrameWriter:
     def _wake(self) -> None:
         if self._idle:
             self._idle = False
-            self._has_items.unpark_all()
+            if self._parked:
+                self._has_items.unpark_all()
+            elif self._spawn is not None and not self._running:
+                self._running = True
+                self._spawn()
 
     def drop(self, owner: Owner) -> int:
         """Remove the frames of ``owner`` not yet handed to the socket; returns their size."""
-        kept: deque[bytes | _Owned | _Parts | _Chunks] = deque()
+        if not self._items:
+            return 0
+        kept: deque[Item] = deque()
         dropped = 0
         for item in self._items:
             if type(item) is _Owned and item.owner is owner:
@@ -347,12 +410,12 @@ class FrameWriter:
 
     def close(self) -> None:
         """Drop everything queued, closing its chunks; later puts are dropped too."""
-        for item in self._items:
+        for item in self._items or ():
             if type(item) is _Chunks:
                 item.close()
-        self._items.clear()
+        self._items = self._urgent = None
         self._special = 0
-        self._urgent.clear()
+        self._spawn = None  # it holds the owner's nursery and task: no cycle left behind
         self._budget.close()
 
     # ------------------------------------------------------------------------- writer
@@ -362,48 +425,56 @@ class FrameWriter:
 
         Raises ``trio.BrokenResourceError`` / ``trio.ClosedResourceError`` when the peer is
         gone, :class:`ShortChunk` when a file is shorter than its chunk, and the
-        ``OSError`` of reading a chunk's bytes. Whatever is still queued when it ends is
-        closed.
+        ``OSError`` of reading a chunk's bytes. Whatever is still queued when it fails or is
+        cancelled is closed. Started on demand (:meth:`on_demand`), it returns once
+        :meth:`retire` lets it go.
         """
         try:
             await self._run()
-        finally:
+        except BaseException:
             self.close()
+            raise
+        finally:
+            self._running = False
 
     async def _run(self) -> None:
-        urgent = self._urgent
         budget = self._budget
         while True:
-            # Read on every round: drop() replaces the deque.
-            while not self._items and not urgent:
+            # Read on every round: drop() replaces the deque, an idle writer drops both.
+            items, urgent = self._items, self._urgent
+            if not items and not urgent:
+                self._items = self._urgent = None  # give their memory back while idle
                 self._idle = True
-                await self._has_items.park()
-            items = self._items
+                if self._retiring:
+                    self._retiring = False
+                    return
+                self._parked = True
+                try:
+                    await self._has_items.park()
+                finally:
+                    self._parked = False
+                continue
             if not self._special and budget.queued <= MAX_WRITE:
                 # Byte strings only, few enough for one write: all of them at once.
-                parts = cast("deque[bytes]", items)
+                parts = cast("deque[bytes]", items or _NOTHING)
                 if urgent:
                     data = b"".join([*urgent, *parts])
                     urgent.clear()
                 else:
                     data = parts[0] if len(parts) == 1 else b"".join(parts)
-                items.clear()
+                parts.clear()
                 await self._send(data)
                 self._sent(len(data))
                 continue
-            await self._send_batch(urgent, items)
+            await self._send_batch(urgent or [], items or _NOTHING)
 
-    async def _send_batch(self, urgent: deque[bytes],
-                          items: deque[bytes | _Owned | _Parts | _Chunks]) -> None:
+    async def _send_batch(self, urgent: list[bytes], items: deque[Item]) -> None:
         """Send the urgent lane and the queue's head, up to MAX_WRITE, a head with
         chunks (sent whole) or buffers (sent whole, with the frames before them in the
         same vectored writes)."""
-        parts: list[bytes] = []
-        size = 0
-        while urgent:
-            data = urgent.popleft()
-            parts.append(data)
-            size += len(data)
+        parts: list[bytes] = urgent[:]
+        size = sum(map(len, urgent))
+        urgent.clear()
         while items:
             item = items[0]
             if isinstance(item, _Chunks):

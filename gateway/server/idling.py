@@ -5,9 +5,10 @@ until its idle deadline is a coroutine, a cancel scope and a timer (about 2 KB),
 deadline armed around every read would cost time on every request. The
 :class:`IdleSweeper` of a listener instead looks at all its connections every
 :func:`sweep_interval` (a quarter of the idle timeout, at most a second) and asks each to
-close if it has been idle for its timeout (:meth:`Session.close_if_idle
-<gateway.server.session.Session.close_if_idle>`). A connection therefore closes between its
-timeout and a quarter of it later. The task runs only while the listener has connections.
+close if it has been idle for its timeout (:meth:`Session.sweep
+<gateway.server.session.Session.sweep>`, which also lets a parked writer task end). A
+connection therefore closes between its timeout and a quarter of it later. The task runs
+only while the listener has connections.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def idle_timeout(session: Any) -> float:
 
 class IdleSweeper:
     """Closes the idle ones among ``sessions`` (a live collection: the listener's own;
-    those with an ``idle_timeout`` and ``close_if_idle(now)``), from one task started with
+    those with an ``idle_timeout`` and ``sweep(now)``), from one task started with
     the first connection (:meth:`started`) and ended with the last (:meth:`ended`). The
     sessions of one listener share their settings: the first one's timeout sets the pace."""
 
@@ -69,8 +70,8 @@ class IdleSweeper:
                 await trio.sleep(interval)
                 now = trio.current_time()
                 for session in list(self._sessions):
-                    close_if_idle = getattr(session, "close_if_idle", None)
-                    if close_if_idle is not None:
-                        close_if_idle(now)
+                    sweep = getattr(session, "sweep", None)
+                    if sweep is not None:
+                        sweep(now)
         if self._scope is scope:
             self._scope = None

@@ -21,8 +21,12 @@ Two timers guard the reads (0 turns either off):
 - ``idle_timeout``: a connection that sends nothing for that long while it is not busy
   (:meth:`Session._busy`) and nothing is queued for it closes (``idle``). No task of the
   connection watches this: the listener's :class:`~gateway.server.idling.IdleSweeper`
-  looks at all its connections a few times per timeout (:meth:`Session.close_if_idle`),
-  so an idle connection costs no timer of its own.
+  looks at all its connections a few times per timeout (:meth:`Session.sweep`), so an
+  idle connection costs no timer of its own.
+
+The writer task runs only while there is something to write
+(:meth:`~gateway.io.writer.FrameWriter.on_demand`; the sweeper lets an idle one end): an
+idle connection is its reader task alone.
 
 A connection whose principal has a quota (:class:`~gateway.auth.quotas.PrincipalQuota`)
 takes the tokens of each read after handling it (bytes, and the requests it held:
@@ -143,7 +147,7 @@ class Session:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._write)
+                self._outbox.on_demand(partial(nursery.start_soon, self._write))
                 self._start_tasks(nursery)
                 try:
                     with self._reading:
@@ -160,6 +164,7 @@ class Session:
                         await self._drain()
                 nursery.cancel_scope.cancel()
         finally:
+            self._outbox.close()  # no writer task may be left to do it
             self._ended()
         return self._close or CloseConnection("eof", "peer closed the connection")
 
@@ -241,12 +246,14 @@ class Session:
             await self._settle()
             await self._outbox.wait_empty()
 
-    def close_if_idle(self, now: float) -> bool:
-        """Close the connection (``idle``) if the peer sent nothing, the session was not
-        busy and nothing was queued for its idle timeout up to ``now``; True if it did.
-        Found busy, that counts as activity: it gets a whole timeout after finishing."""
+    def sweep(self, now: float) -> bool:
+        """The idle sweeper's visit: let a parked writer task end, and close the connection
+        (``idle``) if the peer sent nothing, the session was not busy and nothing was
+        queued for its idle timeout up to ``now``; True if it closed. Found busy, that
+        counts as activity: it gets a whole timeout after finishing."""
         timeout = self._idle_timeout
         outbox = self._outbox
+        outbox.retire()
         if self._close is not None or timeout == math.inf:
             return False
         if self._busy() or outbox.queued_bytes or self._throttling:
