@@ -234,7 +234,7 @@ class FrameWriter:
         self._special = 0
         #: Nothing is queued and no writer task is busy: a put may write at once.
         self._idle = False
-        self._has_items = ParkingLot()
+        self._has_items: ParkingLot | None = None  # made when the writer first parks
         #: The writer task is parked in ``_has_items``.
         self._parked = False
         #: Starts a writer task (on_demand), None: the owner runs :meth:`run` itself.
@@ -261,6 +261,7 @@ class FrameWriter:
         (it is started again when there is); no effect otherwise."""
         if self._spawn is not None and self._parked and not self._retiring:
             self._retiring = True
+            assert self._has_items is not None
             self._has_items.unpark_all()
 
     @property
@@ -386,6 +387,7 @@ class FrameWriter:
         if self._idle:
             self._idle = False
             if self._parked:
+                assert self._has_items is not None
                 self._has_items.unpark_all()
             elif self._spawn is not None and not self._running:
                 self._running = True
@@ -448,6 +450,8 @@ class FrameWriter:
                 if self._retiring:
                     self._retiring = False
                     return
+                if self._has_items is None:
+                    self._has_items = ParkingLot()
                 self._parked = True
                 try:
                     await self._has_items.park()

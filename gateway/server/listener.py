@@ -10,6 +10,7 @@ an upstream broker serve it alike.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable
 from functools import partial
 from typing import Any, ClassVar
 
@@ -64,25 +65,33 @@ class ProtocolListener(ABC):
         flight and closes (idle ones at once)."""
         self._slots.shutdown()
 
-    async def handle(self, stream: trio.SocketStream) -> None:
+    def handle(self, stream: trio.SocketStream) -> Awaitable[None]:
         """Serve one accepted connection until it ends, then close it (on a TLS listener:
-        after its handshake, in this task). Never raises (except Cancelled): a failing
-        connection must not stop the accept loop."""
+        after its handshake, in this task): await what this returns. Never raises (except
+        Cancelled): a failing connection must not stop the accept loop."""
+        if self.quotas is None:
+            # Nothing to give back afterwards: the connection's task awaits serve() itself,
+            # with no coroutine of ours around it (an idle connection keeps its frames).
+            return self._slots.serve(stream, self._start, self.stats)
+        return self._handle_with_quotas(stream, self.quotas)
+
+    async def _handle_with_quotas(self, stream: trio.SocketStream, quotas: Quotas) -> None:
+        """:meth:`handle`, giving the principal's quota buckets back at the end."""
         taken: list[PrincipalQuota] = []
         try:
             await self._slots.serve(stream, partial(self._start, taken=taken), self.stats)
         finally:
-            if self.quotas is not None:
-                for quota in taken:
-                    self.quotas.release(quota)
+            for quota in taken:
+                quotas.release(quota)
 
     def _start(self, stream: trio.abc.Stream, log: structlog.typing.FilteringBoundLogger,
-               *, taken: list[PrincipalQuota]) -> Any:
+               *, taken: list[PrincipalQuota] | None = None) -> Any:
         """The session for ``stream`` once its principal is known (after a handshake),
         with its principal's quota buckets (given back in :meth:`handle`)."""
         principal = self.principal_of(stream)
         quota = self.quotas.acquire(principal) if self.quotas is not None else None
         if quota is not None:
+            assert taken is not None  # quotas: handle() gives a list
             taken.append(quota)
         return self.session(stream, log, principal=principal, quota=quota)
 
