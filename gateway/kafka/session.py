@@ -296,6 +296,8 @@ class KafkaSession(RequestSession):
             else:
                 assert ready is not None
                 outbox.put_parts_nowait(ready)
+        if not order:
+            self._order = None  # an idle connection holds no deque
 
     # ------------------------------------------------------------------------ handlers
 

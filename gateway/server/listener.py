@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable
-from functools import partial
 from typing import Any, ClassVar
 
 import structlog
@@ -77,23 +76,18 @@ class ProtocolListener(ABC):
 
     async def _handle_with_quotas(self, stream: trio.SocketStream, quotas: Quotas) -> None:
         """:meth:`handle`, giving the principal's quota buckets back at the end."""
-        taken: list[PrincipalQuota] = []
+        start = _StartWithQuota(self, quotas)
         try:
-            await self._slots.serve(stream, partial(self._start, taken=taken), self.stats)
+            await self._slots.serve(stream, start, self.stats)
         finally:
-            for quota in taken:
-                quotas.release(quota)
+            if start.quota is not None:
+                quotas.release(start.quota)
 
-    def _start(self, stream: trio.abc.Stream, log: structlog.typing.FilteringBoundLogger,
-               *, taken: list[PrincipalQuota] | None = None) -> Any:
-        """The session for ``stream`` once its principal is known (after a handshake),
-        with its principal's quota buckets (given back in :meth:`handle`)."""
-        principal = self.principal_of(stream)
-        quota = self.quotas.acquire(principal) if self.quotas is not None else None
-        if quota is not None:
-            assert taken is not None  # quotas: handle() gives a list
-            taken.append(quota)
-        return self.session(stream, log, principal=principal, quota=quota)
+    def _start(self, stream: trio.abc.Stream,
+               log: structlog.typing.FilteringBoundLogger) -> Any:
+        """The session for ``stream`` once its principal is known (after a handshake), on
+        a server without quotas."""
+        return self.session(stream, log, principal=self.principal_of(stream))
 
     def principal_of(self, stream: trio.abc.Stream) -> Principal:
         """Who the connection on ``stream`` (after its TLS handshake) acts as: this
@@ -111,3 +105,23 @@ class ProtocolListener(ABC):
     @abstractmethod
     def stats(self, session: Any) -> dict[str, Any]:
         """What the ``connection_closed`` log line says of ``session``'s work."""
+
+
+class _StartWithQuota:
+    """Builds a connection's session once its principal is known (after a handshake),
+    with its principal's quota buckets, and keeps them to be given back (one small
+    object per connection, where a list and a partial were three)."""
+
+    __slots__ = ("listener", "quota", "quotas")
+
+    def __init__(self, listener: ProtocolListener, quotas: Quotas) -> None:
+        self.listener = listener
+        self.quotas = quotas
+        self.quota: PrincipalQuota | None = None
+
+    def __call__(self, stream: trio.abc.Stream,
+                 log: structlog.typing.FilteringBoundLogger) -> Any:
+        listener = self.listener
+        principal = listener.principal_of(stream)
+        quota = self.quota = self.quotas.acquire(principal)
+        return listener.session(stream, log, principal=principal, quota=quota)
