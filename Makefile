@@ -74,6 +74,23 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m gateway.bench.suite $(BENCH_ARGS)
 
+## figtank beside the peers, measured by the peers' own clients (issue 27's table):
+## make bench-peers FIGG_BENCH=PATH TANK_CLI=PATH PEER_FIGG=HOST:PORT PEER_TANK=HOST:PORT
+## starts figtank twice (fsync, then os): figg-bench against each, tank-cli against os.
+## Leave out a client and its peer to skip that protocol; PEERS_ARGS="--rounds 1" etc.
+FIGG_BENCH ?=
+TANK_CLI ?=
+PEER_FIGG ?=
+PEER_TANK ?=
+PEERS_ARGS ?=
+
+.PHONY: bench-peers
+bench-peers: $(STAMP)
+	$(BIN)/python -m gateway.bench.peers --start-figtank fsync,os \
+		$(if $(FIGG_BENCH),--figg-bench $(FIGG_BENCH)) $(if $(PEER_FIGG),--peer-figg $(PEER_FIGG)) \
+		$(if $(TANK_CLI),--tank-cli $(TANK_CLI)) $(if $(PEER_TANK),--peer-tank $(PEER_TANK)) \
+		$(PEERS_ARGS)
+
 # Programs the suite drives as real clients (kcat; curl and headless Chromium through
 # chromedriver for the HTTP listener), as COMMAND:DEBIAN_PACKAGE: installed with apt-get
 # where missing (CI runs on a fresh machine as root).

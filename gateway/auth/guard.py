@@ -94,8 +94,9 @@ class ConnectionAccess:
         self._generation = guard.generation
         self._answers: dict[tuple[str | None, Operation], bool] = {}
         self._group_answers: dict[tuple[str, Operation], bool] = {}
-        self._known: set[str] = set()
-        self._logged: set[tuple[str | None, str]] = set()
+        # Made when first needed: most connections see no refusal, many no policy.
+        self._known: set[str] | None = None
+        self._logged: set[tuple[str | None, str]] | None = None
 
     @property
     def open(self) -> bool:
@@ -123,7 +124,7 @@ class ConnectionAccess:
         self._generation = self._guard.generation
         self._answers.clear()
         self._group_answers.clear()
-        self._logged.clear()
+        self._logged = None
 
     def may_group(self, group: str, operation: Operation) -> bool:
         """Whether this connection may do ``operation`` (``subscribe`` or ``discover``)
@@ -159,13 +160,13 @@ class ConnectionAccess:
         """Whether ``topic`` must be looked up before a publish or attach: the backend
         would create it when missing (``auto_create``) but this connection may not, and
         it has not seen it exist yet."""
-        return auto_create and topic not in self._known and not self.may(topic,
-                                                                          Operation.CREATE)
+        return auto_create and topic not in (self._known or ()) and not self.may(
+            topic, Operation.CREATE)
 
     def seen(self, topic: str) -> None:
         """``topic`` exists (it does for good: topics are not deleted while serving)."""
-        if len(self._known) >= CACHE_ENTRIES:
-            self._known.clear()
+        if self._known is None or len(self._known) >= CACHE_ENTRIES:
+            self._known = set()
         self._known.add(topic)
 
     def refused(self, topic: str | None, operation: Operation | str, request: str,
@@ -185,6 +186,8 @@ class ConnectionAccess:
         self._guard.count_denied(self.principal.listener, label)
         key = (next(iter(names.values())), label)
         logged = self._logged
+        if logged is None:
+            logged = self._logged = set()
         if key in logged or len(logged) > LOGGED_REFUSALS:
             return
         logged.add(key)

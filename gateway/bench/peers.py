@@ -2,10 +2,14 @@
 
 Run: ``python -m gateway.bench.peers --figg-bench PATH --tank-cli PATH
 --peer-figg HOST:PORT --peer-tank HOST:PORT (--figtank-figg HOST:PORT --figtank-tank
-HOST:PORT | --start-figtank fsync|os) [--rounds 3] [--scale 1] [--json]``
+HOST:PORT | --start-figtank fsync,os) [--rounds 3] [--scale 1] [--json]``
+(``make bench-peers`` runs it with ``--start-figtank fsync,os``).
 
 Every server must already be running on this machine (loopback), except figtank with
-``--start-figtank MODE`` (started here on free loopback ports with a temporary store).
+``--start-figtank MODES`` (started here on free loopback ports with a temporary store, once
+per durability mode named: ``fsync``, ``os`` or both). With both, the Figg measures run
+once against each (the peer alternating with each in turn) and the Tank measures against
+``os`` (a Tank broker acknowledges from the page cache).
 Each measure runs only when its client binary and both its endpoints are given, against
 the peer and against figtank in turn (the side that goes first swaps every round),
 ``--rounds`` times; the tables show each side's median and the ratio. Every client run is
@@ -244,14 +248,17 @@ def scaled(count: int, scale: float, least: int = 1) -> int:
     return max(least, round(count * scale))
 
 
-def figg_measures(setup: Setup) -> list[Measure]:
-    """figg-bench against both sides: pub/sub/resume msgs/s, two shapes."""
+def figg_measures(setup: Setup, mode: str | None = None) -> list[Measure]:
+    """figg-bench against both sides: pub/sub/resume msgs/s, two shapes; ``mode``: the
+    durability figtank was started with, named in the labels."""
     msgs = scaled(FIGG_MSGS, setup.scale)
     out: list[Measure] = []
+    suffix = f", figtank `{mode}`" if mode else ""
     for shape, extra in (("1 pub, 1 sub", []), ("4 pubs, 4 subs",
                                                  ["--pubs", "4", "--subs", "4"])):
         stats = {kind: Measure("figg", f"figg-bench {msgs:,} x {FIGG_MSG_SIZE} B, {shape}: "
-                               f"{kind} stats", "msgs/s") for kind in ("pub", "sub", "resume")}
+                               f"{kind} stats{suffix}", "msgs/s")
+                 for kind in ("pub", "sub", "resume")}
         out += stats.values()
         for round_ in range(1, setup.rounds + 1):
             for side in sides_in_order(round_):
@@ -325,21 +332,23 @@ def tank_round(cli: str, endpoint: str, p2b: tuple[int, int], kib_msgs: int,
     return out
 
 
-def tank_measures(setup: Setup) -> list[Measure]:
-    """tank-cli (and figtank bench's request-by-request produce) against both sides."""
+def tank_measures(setup: Setup, mode: str | None = None) -> list[Measure]:
+    """tank-cli (and figtank bench's request-by-request produce) against both sides;
+    ``mode``: the durability figtank was started with, named in the labels."""
     p2b_msgs = scaled(P2B_MSGS, setup.scale)
     p2b_bundle = min(P2B_BUNDLE, p2b_msgs)
     kib_msgs = scaled(KIB_MSGS, setup.scale, KIB_BUNDLE)
+    suffix = f", figtank `{mode}`" if mode else ""
     measures = {
         "p2b": Measure("tank", f"tank-cli bm p2b: {p2b_msgs:,} x {P2B_SIZE} B in bundles of "
-                       f"{p2b_bundle:,}, one request", "msgs/s"),
+                       f"{p2b_bundle:,}, one request{suffix}", "msgs/s"),
         "produce": Measure("tank", f"produce {KIB_BUNDLE} x 1 KiB bundles, "
                            f"{kib_msgs * KIB_SIZE / MB:,.0f} MB, request by request "
-                           "(figtank bench tank-produce --in-flight 1)", "s"),
+                           f"(figtank bench tank-produce --in-flight 1){suffix}", "s"),
         "consume_wall": Measure("tank", "tank-cli consume of that topic, wall clock around "
-                                "the process", "s"),
-        "consume_own": Measure("tank", "tank-cli consume of that topic, its \"consumed in\"",
-                               "s"),
+                                f"the process{suffix}", "s"),
+        "consume_own": Measure("tank", "tank-cli consume of that topic, its \"consumed "
+                               f"in\"{suffix}", "s"),
     }
     for round_ in range(1, setup.rounds + 1):
         for side in sides_in_order(round_):
@@ -367,6 +376,18 @@ def _loopback(text: str) -> str:
     return text
 
 
+DURABILITIES = ("fsync", "os")
+
+
+def _modes(text: str) -> list[str]:
+    """``fsync``, ``os`` or both, comma-separated: the durabilities to start figtank with."""
+    modes = [mode.strip() for mode in text.split(",") if mode.strip()]
+    if not modes or any(mode not in DURABILITIES for mode in modes) or \
+            len(set(modes)) != len(modes):
+        raise argparse.ArgumentTypeError(f"{text!r}: give fsync, os or fsync,os")
+    return modes
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -386,8 +407,9 @@ def parser() -> argparse.ArgumentParser:
                    help="figtank's Figg listener")
     p.add_argument("--figtank-tank", type=_loopback, metavar="HOST:PORT",
                    help="figtank's Tank listener")
-    p.add_argument("--start-figtank", choices=("fsync", "os"), metavar="MODE",
-                   help="start figtank serve here with this durability (fsync or os) "
+    p.add_argument("--start-figtank", type=_modes, metavar="MODES",
+                   help="start figtank serve here with this durability (fsync, os, or "
+                        "fsync,os: the Figg measures against each, Tank's against os) "
                         "instead of --figtank-figg/--figtank-tank")
     p.add_argument("--rounds", type=_positive, default=3, help="runs of each side (default 3)")
     p.add_argument("--scale", type=float, default=1.0,
@@ -409,13 +431,20 @@ def _figtank(mode: str | None) -> Iterator[tuple[str | None, str | None]]:
         yield served.figg, served.tank
 
 
+def tank_mode(modes: Sequence[str]) -> str:
+    """Which of the started figtanks the Tank measures run against: ``os`` when started
+    (what a Tank broker does), else the one there is."""
+    return "os" if "os" in modes else modes[-1]
+
+
 def notes(setup: Setup, figtank_mode: str | None, names: dict[str, str]) -> list[str]:
     """The footnote of the tables."""
     out = [f"Medians of {setup.rounds} round(s) a side, the peer and figtank alternating "
            "(the side that goes first swaps every round), the same client binary and "
            "options on both; ratio: figtank's throughput over the peer's (above 1: "
            "figtank is faster). (failed k/n): k of n rounds gave no figure (see --json).",
-           "figtank durability: " + (f"`{figtank_mode}`." if figtank_mode
+           "figtank durability: " + (f"{figtank_mode} (started here, a fresh store each)."
+                                     if figtank_mode
                                      else "as the running figtank was started.")]
     if setup.figg["peer"]:
         out.append(f"{names['figg']}: the Go Figg server does not fsync. figg-bench times "
@@ -447,21 +476,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     names = {"figg": args.figg_name, "tank": args.tank_name}
-    with _figtank(args.start_figtank) as (figg, tank):
-        setup = Setup(args.rounds, args.scale, args.timeout, args.figg_bench, args.tank_cli,
-                      {"peer": args.peer_figg, "figtank": figg or args.figtank_figg},
-                      {"peer": args.peer_tank, "figtank": tank or args.figtank_tank})
-        tables: dict[str, list[Measure]] = {}
-        if want_figg:
-            tables["figg"] = figg_measures(setup)
-        if want_tank:
-            tables["tank"] = tank_measures(setup)
-    footnote = notes(setup, args.start_figtank, names)
+    modes: list[str | None] = list(args.start_figtank or [None])
+    labelled = len(modes) > 1
+    tables: dict[str, list[Measure]] = {"figg": [], "tank": []}
+    for mode in modes:
+        run_tank = want_tank and (mode is None or mode == tank_mode(args.start_figtank))
+        if not (want_figg or run_tank):
+            continue
+        with _figtank(mode) as (figg, tank):
+            setup = Setup(args.rounds, args.scale, args.timeout, args.figg_bench,
+                          args.tank_cli,
+                          {"peer": args.peer_figg, "figtank": figg or args.figtank_figg},
+                          {"peer": args.peer_tank, "figtank": tank or args.figtank_tank})
+            if want_figg:
+                tables["figg"] += figg_measures(setup, mode if labelled else None)
+            if run_tank:
+                tables["tank"] += tank_measures(setup, mode if labelled else None)
+    tables = {group: measures for group, measures in tables.items() if measures}
+    footnote = notes(setup, ", ".join(f"`{m}`" for m in args.start_figtank)
+                     if args.start_figtank else None, names)
     if args.json:
         print(json.dumps({
             "started_at": started_at, "figtank_version": figtank_version(),
             "machine": machine_info(), "rounds": args.rounds, "scale": args.scale,
-            "figtank_durability": args.start_figtank,
+            "figtank_durability": ",".join(args.start_figtank or []) or None,
             "endpoints": {"figg": setup.figg, "tank": setup.tank}, "names": names,
             "measures": [m.to_dict() for ms in tables.values() for m in ms],
             "notes": footnote}, indent=1))

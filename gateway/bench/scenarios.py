@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import Final
 
-from gateway.bench import e2e, figg, http_fanout, kafka, loopback, tank, upstream
+from gateway.bench import e2e, figg, http_fanout, idle, kafka, loopback, tank, upstream
 from gateway.bench.scenario import Scenario
 
 #: In the order ``figtank bench --help`` lists them.
 SCENARIOS: Final[dict[str, Scenario]] = {
     scenario.name: scenario
     for scenario in (*tank.SCENARIOS, *figg.SCENARIOS, *kafka.SCENARIOS, e2e.SCENARIO,
-                     loopback.SCENARIO, http_fanout.SCENARIO, upstream.SCENARIO)}
+                     loopback.SCENARIO, http_fanout.SCENARIO, upstream.SCENARIO, idle.SCENARIO)}
 
 
 def get_scenario(name: str) -> Scenario:

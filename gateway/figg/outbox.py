@@ -27,3 +27,5 @@ class Outbox(FrameWriter):
     is bounded because subscriptions wait for :meth:`wait_writable` first), so the queue
     holds at most ``limit`` bytes plus what was put since the last wait: one chunk.
     """
+
+    __slots__ = ()

@@ -61,12 +61,16 @@ class AckQueue:
     after it is acknowledged) and calls ``on_failure`` once.
     """
 
+    __slots__ = ("_below", "_calls", "_inflight", "_limit", "_on_failure", "_outbox", "acked",
+                 "closed")
+
     def __init__(self, outbox: Outbox, on_failure: Callable[[str], None]) -> None:
         self._outbox = outbox
         self._on_failure = on_failure
-        self._calls: deque[PublishCall] = deque()
+        # Made when first needed: a connection that never publishes holds neither.
+        self._calls: deque[PublishCall] | None = None
         self._inflight = 0
-        self._below = ParkingLot()
+        self._below: ParkingLot | None = None
         self._limit = 0
         self.closed = False
         #: PUBLISHes acknowledged so far.
@@ -79,6 +83,8 @@ class AckQueue:
 
     def track(self, call: PublishCall) -> None:
         """Remember ``call`` (in publish order) before it is handed to the backend."""
+        if self._calls is None:
+            self._calls = deque()
         self._calls.append(call)
         self._inflight += call.nbytes
 
@@ -86,6 +92,8 @@ class AckQueue:
         """Wait until the bytes in flight are under ``limit``."""
         while self._inflight >= limit and not self.closed:
             self._limit = limit
+            if self._below is None:
+                self._below = ParkingLot()
             await self._below.park()
 
     def call_finished(self) -> None:
@@ -93,6 +101,8 @@ class AckQueue:
         if self.closed:
             return
         calls = self._calls
+        if calls is None:
+            return
         acks: list[bytes] = []
         released = count = 0
         failed: PublishCall | None = None
@@ -108,7 +118,7 @@ class AckQueue:
             self._outbox.put_urgent(acks[0] if len(acks) == 1 else b"".join(acks))
             self.acked += count
             self._inflight -= released
-            if self._inflight < self._limit:
+            if self._inflight < self._limit and self._below is not None:
                 self._below.unpark_all()
         if failed is not None:
             on_failure = self._on_failure
@@ -119,7 +129,8 @@ class AckQueue:
         """Stop acknowledging (the connection is going away)."""
         self.closed = True
         self._on_failure = _ignore  # the session's method: no cycle left behind
-        self._below.unpark_all()
+        if self._below is not None:
+            self._below.unpark_all()
 
 
 class Publishing:

@@ -65,6 +65,11 @@ class FiggSession(Session):
                           "subscription_limit", "access_denied"})
     IDLE_REASON = "nothing received for {:g} s with no subscription and nothing in flight"
 
+    __slots__ = ("_access", "_acks", "_backend", "_conn", "_feeds", "_frames", "_held_by",
+                 "_log", "_max_subscriptions", "_max_unacked", "_metrics", "_partitions",
+                 "_published_ok", "_publishing", "_requests", "_settings", "_subs",
+                 "messages_received", "principal")
+
     _outbox: Outbox
 
     def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: Settings,

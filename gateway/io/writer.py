@@ -30,6 +30,12 @@ With ``direct`` (the listeners), a put that finds the writer task idle writes wh
 socket takes at once (:func:`send_now`) instead of waking the task: a reply leaves the
 moment it is made. The clients leave it off, so that a burst of requests is batched into
 one write.
+
+A listener's connection runs its writer task only while there is something to write
+(:meth:`FrameWriter.on_demand`): the task is started when a put leaves bytes the socket
+did not take, and :meth:`FrameWriter.retire` (the idle sweeper's) lets a parked one end.
+An idle connection whose replies all went out at once never has one; its queues are
+given back whenever they empty, so an idle writer holds no deque either.
 """
 
 from __future__ import annotations
@@ -121,7 +127,7 @@ class SendBudget:
         #: Bytes queued or being written.
         self.queued = 0
         self.closed = False
-        #: Made by the first wait that needs them (memory per idle connection).
+        # Made when someone first waits: most connections never do.
         self._has_space: ParkingLot | None = None
         self._drained: ParkingLot | None = None
 
@@ -195,10 +201,9 @@ class _Chunks:
             chunk.close()
 
 
-#: The queue of every parked writer: always empty (a writer takes a deque of its own
-#: before it queues anything, see ``_push`` and ``_wake``), so that an idle connection
-#: does not hold one (a deque is 760 bytes).
-_PARKED: deque[bytes | _Owned | _Parts | _Chunks] = deque(maxlen=0)
+Item = bytes | _Owned | _Parts | _Chunks
+#: What the writer sends from when nothing is queued (never appended to).
+_NOTHING: deque[Item] = deque(maxlen=0)
 
 
 class FrameWriter:
@@ -210,9 +215,9 @@ class FrameWriter:
     is idle.
     """
 
-    # Each idle subscriber holds one: no per-instance dict.
-    __slots__ = ("_budget", "_fd", "_has_items", "_idle", "_items", "_on_queue", "_socket",
-                 "_special", "_stream", "_urgent", "bytes_sent", "drained_at")
+    __slots__ = ("_budget", "_fd", "_has_items", "_idle", "_items", "_on_queue", "_parked",
+                 "_retiring", "_running", "_socket", "_spawn", "_special", "_stream",
+                 "_urgent", "bytes_sent", "drained_at")
 
     def __init__(self, stream: trio.abc.SendStream, limit: float = math.inf, *,
                  direct: bool = True) -> None:
@@ -221,12 +226,23 @@ class FrameWriter:
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
         self._fd = socket_fd(stream) if direct else -1
         self._budget = SendBudget(limit)
-        self._items: deque[bytes | _Owned | _Parts | _Chunks] = deque()
+        #: The ordered queue and the urgent lane; None while empty (an idle connection
+        #: holds no deque).
+        self._items: deque[Item] | None = None
+        self._urgent: list[bytes] | None = None
         #: Items in ``_items`` that are not plain byte strings.
         self._special = 0
-        self._urgent: list[bytes] = []
+        #: Nothing is queued and no writer task is busy: a put may write at once.
         self._idle = False
-        self._has_items = ParkingLot()
+        self._has_items: ParkingLot | None = None  # made when the writer first parks
+        #: The writer task is parked in ``_has_items``.
+        self._parked = False
+        #: Starts a writer task (on_demand), None: the owner runs :meth:`run` itself.
+        self._spawn: Callable[[], None] | None = None
+        #: A writer task started by ``_spawn`` is running.
+        self._running = False
+        #: The parked writer task is to end (:meth:`retire`).
+        self._retiring = False
         #: Bytes written to the socket so far.
         self.bytes_sent = 0
         #: Set to ``trio.current_time()`` whenever a write empties the queue.
@@ -268,6 +284,22 @@ class FrameWriter:
             for callback in callbacks:
                 callback()
 
+    def on_demand(self, spawn: Callable[[], None]) -> None:
+        """Run the writer task only while there is something to write: ``spawn()`` starts
+        a task that awaits :meth:`run`, which returns once :meth:`retire` lets it go. Call
+        before anything is put; the owner calls :meth:`close` when the connection ends
+        (there may be no writer task then to do it)."""
+        self._spawn = spawn
+        self._idle = True
+
+    def retire(self) -> None:
+        """Let a writer task started on demand end if it is parked with nothing to write
+        (it is started again when there is); no effect otherwise."""
+        if self._spawn is not None and self._parked and not self._retiring:
+            self._retiring = True
+            assert self._has_items is not None
+            self._has_items.unpark_all()
+
     @property
     def queued_bytes(self) -> int:
         """Bytes queued or being written."""
@@ -302,7 +334,10 @@ class FrameWriter:
                 return
         elif not self._idle:
             # The common case, kept short: the writer task is busy or already woken.
-            self._items.append(data)
+            items = self._items
+            if items is None:
+                items = self._items = deque()
+            items.append(data)
             budget.queued += len(data)
             return
         rest = self._write_now(data)
@@ -322,6 +357,8 @@ class FrameWriter:
             return
         if self._on_queue is not None:
             self._queued()
+        if self._urgent is None:
+            self._urgent = []
         self._urgent.append(rest)
         self._budget.add(len(rest))
         self._wake()
@@ -374,12 +411,13 @@ class FrameWriter:
         self.bytes_sent += len(data) - len(rest)
         return rest
 
-    def _push(self, item: bytes | _Owned | _Parts | _Chunks, size: int) -> None:
+    def _push(self, item: Item, size: int) -> None:
         if self._on_queue is not None:
             self._queued()
-        if self._items is _PARKED:
-            self._items = deque()
-        self._items.append(item)
+        items = self._items
+        if items is None:
+            items = self._items = deque()
+        items.append(item)
         if type(item) is not bytes:
             self._special += 1
         self._budget.add(size)
@@ -388,13 +426,18 @@ class FrameWriter:
     def _wake(self) -> None:
         if self._idle:
             self._idle = False
-            if self._items is _PARKED:  # (put_nowait appends to it while not idle)
-                self._items = deque()
-            self._has_items.unpark_all()
+            if self._parked:
+                assert self._has_items is not None
+                self._has_items.unpark_all()
+            elif self._spawn is not None and not self._running:
+                self._running = True
+                self._spawn()
 
     def drop(self, owner: Owner) -> int:
         """Remove the frames of ``owner`` not yet handed to the socket; returns their size."""
-        kept: deque[bytes | _Owned | _Parts | _Chunks] = deque()
+        if not self._items:
+            return 0
+        kept: deque[Item] = deque()
         dropped = 0
         for item in self._items:
             if type(item) is _Owned and item.owner is owner:
@@ -411,12 +454,12 @@ class FrameWriter:
         """Drop everything queued, closing its chunks; later puts are dropped too."""
         if self._on_queue is not None:
             self._queued()
-        for item in self._items:
+        for item in self._items or ():
             if type(item) is _Chunks:
                 item.close()
-        self._items.clear()
+        self._items = self._urgent = None
         self._special = 0
-        self._urgent.clear()
+        self._spawn = None  # it holds the owner's nursery and task: no cycle left behind
         self._budget.close()
 
     # ------------------------------------------------------------------------- writer
@@ -426,48 +469,57 @@ class FrameWriter:
 
         Raises ``trio.BrokenResourceError`` / ``trio.ClosedResourceError`` when the peer is
         gone, :class:`ShortChunk` when a file is shorter than its chunk, and the
-        ``OSError`` of reading a chunk's bytes. Whatever is still queued when it ends is
-        closed.
+        ``OSError`` of reading a chunk's bytes. Whatever is still queued when it fails or is
+        cancelled is closed. Started on demand (:meth:`on_demand`), it returns once
+        :meth:`retire` lets it go.
         """
         try:
             await self._run()
-        finally:
+        except BaseException:
             self.close()
+            raise
+        finally:
+            self._running = False
 
     async def _run(self) -> None:
-        urgent = self._urgent
         budget = self._budget
         while True:
-            # Read on every round: drop() replaces the deque.
-            while not self._items and not urgent:
-                self._items = _PARKED  # an idle connection holds no queue of its own
+            # Read on every round: drop() replaces the deque, an idle writer drops both.
+            items, urgent = self._items, self._urgent
+            if not items and not urgent:
+                self._items = self._urgent = None  # give their memory back while idle
                 self._idle = True
-                await self._has_items.park()
-            items = self._items
+                if self._retiring:
+                    self._retiring = False
+                    return
+                if self._has_items is None:
+                    self._has_items = ParkingLot()
+                self._parked = True
+                try:
+                    await self._has_items.park()
+                finally:
+                    self._parked = False
+                continue
             if not self._special and budget.queued <= MAX_WRITE:
                 # Byte strings only, few enough for one write: all of them at once.
-                parts = cast("deque[bytes]", items)
+                parts = cast("deque[bytes]", items or _NOTHING)
                 if urgent:
                     data = b"".join([*urgent, *parts])
                     urgent.clear()
                 else:
                     data = parts[0] if len(parts) == 1 else b"".join(parts)
-                items.clear()
+                parts.clear()
                 await self._send(data)
                 self._sent(len(data))
                 continue
-            await self._send_batch(urgent, items)
+            await self._send_batch(urgent or [], items or _NOTHING)
 
-    async def _send_batch(self, urgent: list[bytes],
-                          items: deque[bytes | _Owned | _Parts | _Chunks]) -> None:
+    async def _send_batch(self, urgent: list[bytes], items: deque[Item]) -> None:
         """Send the urgent lane and the queue's head, up to MAX_WRITE, a head with
         chunks (sent whole) or buffers (sent whole, with the frames before them in the
         same vectored writes)."""
-        parts: list[bytes] = []
-        size = 0
-        for data in urgent:
-            parts.append(data)
-            size += len(data)
+        parts: list[bytes] = urgent[:]
+        size = sum(map(len, urgent))
         urgent.clear()
         while items:
             item = items[0]

@@ -98,6 +98,10 @@ class KafkaSession(RequestSession):
     #: A failed SASL exchange still sends its answer (the reason) before closing.
     DRAIN_ON = frozenset({"sasl_failed"})
 
+    __slots__ = ("_access", "_backend", "_context", "_counter", "_deadline", "_guard",
+                 "_order", "_produce_bytes", "_quotas", "_sasl", "_services", "_user_quota",
+                 "principal")
+
     def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: Settings,
                  metrics: Metrics, counter: RequestCounter,
                  log: structlog.typing.FilteringBoundLogger, advertised: tuple[str, int],
@@ -116,7 +120,8 @@ class KafkaSession(RequestSession):
         self._quotas = quotas
         #: Quota buckets taken for the SASL user (given back when the session ends).
         self._user_quota: PrincipalQuota | None = None
-        self._deadline = trio.CancelScope()
+        #: Around the wait for the SASL exchange (only on a SASL listener).
+        self._deadline = trio.CancelScope() if sasl is not None else None
         self._backend = backend
         self._counter = counter
         #: The server-wide Kafka state (one for every connection and listener).
@@ -126,7 +131,7 @@ class KafkaSession(RequestSession):
                                        log=log, services=self._services,
                                        client_host=_peer(stream))
         self._conn = KafkaServerConnection(max_frame_size=settings.max_frame_bytes)
-        self._order: deque[_Slot] = deque()
+        self._order: deque[_Slot] | None = None  # made with the first request
         #: Bytes of Produce requests handed to the backend and not yet answered.
         self._produce_bytes = 0
 
@@ -201,6 +206,7 @@ class KafkaSession(RequestSession):
             nursery.start_soon(self._authentication_deadline, timeout)
 
     async def _authentication_deadline(self, timeout: float) -> None:
+        assert self._deadline is not None
         with self._deadline:
             await trio.sleep(timeout)
         gate = self._sasl
@@ -258,7 +264,8 @@ class KafkaSession(RequestSession):
     def _authenticated(self, user: str) -> None:
         """The SASL exchange succeeded: act as ``user`` from the next request on."""
         self._sasl = None
-        self._deadline.cancel()
+        if self._deadline is not None:
+            self._deadline.cancel()
         self.principal = Principal(self.principal.listener, self.principal.identity, user)
         self._log = self._log.bind(user=user)
         self._access = self._guard.connection(self.principal, self._log)
@@ -272,12 +279,15 @@ class KafkaSession(RequestSession):
 
     def _slot(self) -> _Slot:
         slot = _Slot()
+        if self._order is None:
+            self._order = deque()
         self._order.append(slot)
         return slot
 
     def _fill(self, slot: _Slot, frame: bytes | list[Buffer]) -> None:
         slot.frame = frame
         order = self._order
+        assert order is not None  # the slot is in it
         outbox = self._outbox
         while order and order[0].frame is not None:
             ready = order.popleft().frame
@@ -286,6 +296,8 @@ class KafkaSession(RequestSession):
             else:
                 assert ready is not None
                 outbox.put_parts_nowait(ready)
+        if not order:
+            self._order = None  # an idle connection holds no deque
 
     # ------------------------------------------------------------------------ handlers
 

@@ -10,7 +10,7 @@ an upstream broker serve it alike.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from functools import partial
+from collections.abc import Awaitable
 from typing import Any, ClassVar
 
 import structlog
@@ -64,27 +64,30 @@ class ProtocolListener(ABC):
         flight and closes (idle ones at once)."""
         self._slots.shutdown()
 
-    async def handle(self, stream: trio.SocketStream) -> None:
+    def handle(self, stream: trio.SocketStream) -> Awaitable[None]:
         """Serve one accepted connection until it ends, then close it (on a TLS listener:
-        after its handshake, in this task). Never raises (except Cancelled): a failing
-        connection must not stop the accept loop."""
-        taken: list[PrincipalQuota] = []
-        try:
-            await self._slots.serve(stream, partial(self._start, taken=taken), self.stats)
-        finally:
-            if self.quotas is not None:
-                for quota in taken:
-                    self.quotas.release(quota)
+        after its handshake, in this task): await what this returns. Never raises (except
+        Cancelled): a failing connection must not stop the accept loop."""
+        if self.quotas is None:
+            # Nothing to give back afterwards: the connection's task awaits serve() itself,
+            # with no coroutine of ours around it (an idle connection keeps its frames).
+            return self._slots.serve(stream, self._start, self.stats)
+        return self._handle_with_quotas(stream, self.quotas)
 
-    def _start(self, stream: trio.abc.Stream, log: structlog.typing.FilteringBoundLogger,
-               *, taken: list[PrincipalQuota]) -> Any:
-        """The session for ``stream`` once its principal is known (after a handshake),
-        with its principal's quota buckets (given back in :meth:`handle`)."""
-        principal = self.principal_of(stream)
-        quota = self.quotas.acquire(principal) if self.quotas is not None else None
-        if quota is not None:
-            taken.append(quota)
-        return self.session(stream, log, principal=principal, quota=quota)
+    async def _handle_with_quotas(self, stream: trio.SocketStream, quotas: Quotas) -> None:
+        """:meth:`handle`, giving the principal's quota buckets back at the end."""
+        start = _StartWithQuota(self, quotas)
+        try:
+            await self._slots.serve(stream, start, self.stats)
+        finally:
+            if start.quota is not None:
+                quotas.release(start.quota)
+
+    def _start(self, stream: trio.abc.Stream,
+               log: structlog.typing.FilteringBoundLogger) -> Any:
+        """The session for ``stream`` once its principal is known (after a handshake), on
+        a server without quotas."""
+        return self.session(stream, log, principal=self.principal_of(stream))
 
     def principal_of(self, stream: trio.abc.Stream) -> Principal:
         """Who the connection on ``stream`` (after its TLS handshake) acts as: this
@@ -102,3 +105,23 @@ class ProtocolListener(ABC):
     @abstractmethod
     def stats(self, session: Any) -> dict[str, Any]:
         """What the ``connection_closed`` log line says of ``session``'s work."""
+
+
+class _StartWithQuota:
+    """Builds a connection's session once its principal is known (after a handshake),
+    with its principal's quota buckets, and keeps them to be given back (one small
+    object per connection, where a list and a partial were three)."""
+
+    __slots__ = ("listener", "quota", "quotas")
+
+    def __init__(self, listener: ProtocolListener, quotas: Quotas) -> None:
+        self.listener = listener
+        self.quotas = quotas
+        self.quota: PrincipalQuota | None = None
+
+    def __call__(self, stream: trio.abc.Stream,
+                 log: structlog.typing.FilteringBoundLogger) -> Any:
+        listener = self.listener
+        principal = listener.principal_of(stream)
+        quota = self.quota = self.quotas.acquire(principal)
+        return listener.session(stream, log, principal=principal, quota=quota)

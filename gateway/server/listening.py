@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import structlog
 import trio
 
 from gateway.io.limits import RECEIVE_SIZE
+from gateway.server.idling import IdleSweeper
 from gateway.server.metrics import Metrics
 from gateway.server.tls import ListenerTLS, peer_identity
 
@@ -73,6 +74,27 @@ async def close_after_answer(stream: trio.abc.Stream) -> None:
     await trio.aclose_forcefully(stream)
 
 
+class ConnectionLog:
+    """A connection's logger: ``log`` bound to its peer, protocol and listener when it is
+    first used (most connections log their closing line only, and a bound logger and its
+    context held while idle are ~300 bytes). Anything asked of it is the bound logger's."""
+
+    __slots__ = ("_bound", "_listener", "_log", "_peer", "_protocol")
+
+    def __init__(self, log: structlog.typing.FilteringBoundLogger, peer: str, protocol: str,
+                 listener: str) -> None:
+        self._log = log
+        self._peer, self._protocol, self._listener = peer, protocol, listener
+        self._bound: structlog.typing.FilteringBoundLogger | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        bound = self._bound
+        if bound is None:
+            bound = self._bound = self._log.bind(peer=self._peer, protocol=self._protocol,
+                                                 listener=self._listener)
+        return getattr(bound, name)
+
+
 class ConnectionSlots:
     """Admits a listener's connections up to ``limit`` and accounts for each one.
 
@@ -97,6 +119,8 @@ class ConnectionSlots:
         #: Connections being served.
         self.active = 0
         self._sessions: set[Any] = set()
+        #: Closes the idle ones among them.
+        self._idle = IdleSweeper(self._sessions)
         self._closing = False
 
     def shutdown(self) -> None:
@@ -116,7 +140,8 @@ class ConnectionSlots:
         """
         protocol, listener, metrics = self.protocol, self.listener, self.metrics
         peer = peer_name(stream)
-        conn_log = self.log.bind(peer=peer, protocol=protocol, listener=listener)
+        conn_log = cast(structlog.typing.FilteringBoundLogger,
+                        ConnectionLog(self.log, peer, protocol, listener))
         metrics.connections_accepted.labels(protocol, listener).inc()
         if self.active >= self.limit:
             metrics.connections_closed.labels(protocol, listener, "limit").inc()
@@ -145,6 +170,7 @@ class ConnectionSlots:
                 metrics.connections.labels(protocol, listener).dec()
                 await trio.aclose_forcefully(stream)
         self._sessions.add(session)
+        self._idle.started(session)
         if self._closing:
             session.shutdown()
         kind, reason = "shutdown", "server shutting down"
@@ -156,6 +182,7 @@ class ConnectionSlots:
             conn_log.exception("session_crashed")
         finally:
             self._sessions.discard(session)
+            self._idle.ended()
             self.active -= 1
             metrics.connections.labels(protocol, listener).dec()
             metrics.connections_closed.labels(protocol, listener, kind).inc()

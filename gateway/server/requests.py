@@ -29,6 +29,9 @@ class RequestSession(Session):
     set ``_conn`` (whose ``buffered`` counts a partial frame) and say what their
     unacknowledged produce bytes are."""
 
+    __slots__ = ("_conn", "_held_by", "_in_flight", "_last_activity", "_log", "_max_in_flight",
+                 "_max_unacked", "_metrics", "_settings", "_settled", "requests")
+
     _conn: Any
 
     def __init__(self, stream: trio.abc.Stream, outbox: FrameWriter, *, settings: Settings,
@@ -44,7 +47,7 @@ class RequestSession(Session):
         self._max_unacked = settings.unacked_bytes
         #: The limit holding the connection back now (its setting's name), or None.
         self._held_by: str | None = None
-        self._settled = ParkingLot()
+        self._settled: ParkingLot | None = None  # made when someone first waits
         self._last_activity = trio.current_time()
         #: Requests received on this connection.
         self.requests = 0
@@ -87,7 +90,7 @@ class RequestSession(Session):
             if limit == "response_buffer_bytes":
                 await self._outbox.wait_writable()
             else:
-                await self._settled.park()
+                await self._settle_lot().park()
 
     # ----------------------------------------------------------- requests in flight
 
@@ -102,11 +105,17 @@ class RequestSession(Session):
     def _end(self, count: int = 1) -> None:
         self._in_flight -= count
         self._last_activity = trio.current_time()
-        self._settled.unpark_all()
+        if self._settled is not None:
+            self._settled.unpark_all()
+
+    def _settle_lot(self) -> ParkingLot:
+        if self._settled is None:
+            self._settled = ParkingLot()
+        return self._settled
 
     async def _settle(self) -> None:
         while self._in_flight:
-            await self._settled.park()
+            await self._settle_lot().park()
 
     def _buffered(self) -> int:
         return int(self._conn.buffered)

@@ -19,7 +19,14 @@ Two timers guard the reads (0 turns either off):
   session waits for the peer's bytes: time the session held the peer back (its output
   piling up) does not count.
 - ``idle_timeout``: a connection that sends nothing for that long while it is not busy
-  (:meth:`Session._busy`) and nothing is queued for it closes (``idle``).
+  (:meth:`Session._busy`) and nothing is queued for it closes (``idle``). No task of the
+  connection watches this: the listener's :class:`~gateway.server.idling.IdleSweeper`
+  looks at all its connections a few times per timeout (:meth:`Session.sweep`), so an
+  idle connection costs no timer of its own.
+
+The writer task runs only while there is something to write
+(:meth:`~gateway.io.writer.FrameWriter.on_demand`; the sweeper lets an idle one end): an
+idle connection is its reader task alone.
 
 A connection whose principal has a quota (:class:`~gateway.auth.quotas.PrincipalQuota`)
 takes the tokens of each read after handling it (bytes, and the requests it held:
@@ -35,6 +42,7 @@ what it does with the bytes (:meth:`Session._received`), how much of a frame it 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import ClassVar, Final
@@ -44,7 +52,7 @@ import trio
 from gateway.auth.quotas import PrincipalQuota
 from gateway.io.errors import ExceptionMap, socket_errors
 from gateway.io.limits import RECEIVE_SIZE
-from gateway.io.writer import FrameWriter
+from gateway.io.writer import FrameWriter, socket_fd
 from protocols.errors import FrameTooLarge, ProtocolError
 
 #: Seconds a closing connection gets to send what it still owes (ACKs, replies).
@@ -86,7 +94,15 @@ SEND_ERRORS: Final = socket_errors("send", partial(CloseConnection, "send_failed
 
 class Session:
     """One connection of a listener; see the module doc. Subclasses implement
-    :meth:`_received` and may override the other hooks."""
+    :meth:`_received` and may override the other hooks.
+
+    Sessions have ``__slots__`` (so must their subclasses): ten thousand idle connections
+    are ten thousand of them, and an instance dict of thirty-odd attributes is ~1.6 KB.
+    """
+
+    __slots__ = ("__weakref__", "_active_at", "_close", "_frame_timeout", "_idle_timeout",
+                 "_last_read", "_nursery", "_outbox", "_quota", "_reading", "_stream",
+                 "_throttling", "_unthrottled_at")
 
     #: Close kinds after which what is queued is still sent (the socket works).
     DRAIN_ON: ClassVar[frozenset[str]] = frozenset()
@@ -115,6 +131,13 @@ class Session:
         #: last stopped doing so (the idle timer counts from then).
         self._throttling = False
         self._unthrottled_at = -math.inf
+        #: When the idle sweeper last found the connection busy (that counts as activity).
+        self._active_at = -math.inf
+
+    @property
+    def idle_timeout(self) -> float:
+        """Seconds of inactivity after which the connection closes (``math.inf``: never)."""
+        return self._idle_timeout
 
     @property
     def bytes_sent(self) -> int:
@@ -125,9 +148,7 @@ class Session:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._write)
-                if self._idle_timeout < math.inf:
-                    nursery.start_soon(self._watch_idle, self._idle_timeout)
+                self._outbox.on_demand(self._start_writer)
                 self._start_tasks(nursery)
                 try:
                     with self._reading:
@@ -144,6 +165,7 @@ class Session:
                         await self._drain()
                 nursery.cancel_scope.cancel()
         finally:
+            self._outbox.close()  # no writer task may be left to do it
             self._ended()
         return self._close or CloseConnection("eof", "peer closed the connection")
 
@@ -162,6 +184,7 @@ class Session:
     async def _read(self) -> None:
         """Receive and handle input until a clean EOF (returns) or a reason to close."""
         stream = self._stream
+        fd = socket_fd(stream)  # a plain socket is read directly: see receive()
         frame_timeout = self._frame_timeout
         received = 0  # bytes read so far
         frame_at = -1  # where the frame begun and not yet complete starts in the stream
@@ -175,13 +198,14 @@ class Session:
                 size = quota.receive_size
             if deadline == math.inf:
                 with RECEIVE_ERRORS:
-                    data = await stream.receive_some(size)
+                    data = await (receive(fd, size) if fd >= 0 else stream.receive_some(size))
             else:
                 # The clock runs only while we wait for the peer, not while we hold it back.
                 deadline += trio.current_time() - self._last_read
                 with trio.move_on_at(deadline) as timer:
                     with RECEIVE_ERRORS:
-                        data = await stream.receive_some(size)
+                        data = await (receive(fd, size) if fd >= 0
+                                      else stream.receive_some(size))
                 if timer.cancelled_caught:
                     raise CloseConnection(
                         "frame_timeout", f"a frame begun {frame_timeout:g} s ago is not "
@@ -212,6 +236,11 @@ class Session:
             self._throttling = False
             self._unthrottled_at = trio.current_time()
 
+    def _start_writer(self) -> None:
+        """Start the writer task (the outbox asks when it has bytes to write)."""
+        assert self._nursery is not None
+        self._nursery.start_soon(self._write)
+
     async def _write(self) -> None:
         try:
             with self.WRITE_ERRORS:
@@ -225,21 +254,25 @@ class Session:
             await self._settle()
             await self._outbox.wait_empty()
 
-    async def _watch_idle(self, timeout: float) -> None:
-        """Close the connection once the peer sent nothing, the session was not busy and
-        nothing was queued for ``timeout`` seconds."""
+    def sweep(self, now: float) -> bool:
+        """The idle sweeper's visit: let a parked writer task end, and close the connection
+        (``idle``) if the peer sent nothing, the session was not busy and nothing was
+        queued for its idle timeout up to ``now``; True if it closed. Found busy, that
+        counts as activity: it gets a whole timeout after finishing."""
+        timeout = self._idle_timeout
         outbox = self._outbox
-        while True:
-            last = max(self._idle_since(), outbox.drained_at, self._unthrottled_at)
-            await trio.sleep_until(last + timeout)
-            if self._busy() or outbox.queued_bytes or self._throttling:
-                # Busy: finishing it counts as activity, so look again a timeout later.
-                await trio.sleep(timeout)
-                continue
-            last = max(self._idle_since(), outbox.drained_at, self._unthrottled_at)
-            if trio.current_time() >= last + timeout:
-                self._closing(CloseConnection("idle", self.IDLE_REASON.format(timeout)))
-                return
+        outbox.retire()
+        if self._close is not None or timeout == math.inf:
+            return False
+        if self._busy() or outbox.queued_bytes or self._throttling:
+            self._active_at = now
+            return False
+        last = max(self._idle_since(), outbox.drained_at, self._unthrottled_at,
+                   self._active_at)
+        if now < last + timeout:
+            return False
+        self._closing(CloseConnection("idle", self.IDLE_REASON.format(timeout)))
+        return True
 
     # -------------------------------------------------------------------------- hooks
 
@@ -276,6 +309,27 @@ class Session:
 
     def _ended(self) -> None:
         """After the connection's tasks ended, whichever way."""
+
+
+async def receive(fd: int, size: int) -> bytes:
+    """Up to ``size`` bytes from the plain socket ``fd`` (``b""``: EOF), as
+    ``trio.SocketStream.receive_some`` does it (a checkpoint either way) with two
+    coroutines fewer: an idle connection's reader keeps this frame while it waits, not
+    the stream's, the socket wrapper's and their helpers' (~1 KB)."""
+    await trio.lowlevel.checkpoint_if_cancelled()
+    try:
+        data = os.read(fd, size)
+    except BlockingIOError:
+        pass
+    else:
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return data
+    while True:
+        await trio.lowlevel.wait_readable(fd)
+        try:
+            return os.read(fd, size)
+        except BlockingIOError:
+            pass
 
 
 def _seconds(timeout: float) -> float:

@@ -6,6 +6,10 @@ one batch at a time, and Produces that arrive while one is queued or served queu
 (consecutive ones form one batch, one backend call). Otherwise a Produce does not wait
 here: it is handed to the backend when it is read, which keeps pipelined Produces in order.
 Read-only requests (Consume, Status, Discover*) never wait in the lane.
+
+The lane is served by a task of the connection that runs only while the lane has
+requests (the session starts it with the first one): most connections never use the lane,
+and an idle one holds neither the task nor the queue.
 """
 
 from __future__ import annotations
@@ -13,22 +17,21 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from trio.lowlevel import ParkingLot
-
 
 class OrderedLane:
     """A FIFO of requests, handed out as batches of consecutive batchable ones."""
 
+    __slots__ = ("_items", "_max_batch_bytes", "_serving", "queued_bytes")
+
     def __init__(self, max_batch_bytes: int) -> None:
-        self._items: deque[tuple[Any, int, bool]] = deque()
+        self._items: deque[tuple[Any, int, bool]] | None = None  # made with the first
         self._max_batch_bytes = max_batch_bytes
-        self._has_items = ParkingLot()
         self._serving = 0
         #: Bytes of requests queued or being served.
         self.queued_bytes = 0
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._items) if self._items is not None else 0
 
     @property
     def busy(self) -> bool:
@@ -38,17 +41,19 @@ class OrderedLane:
 
     def put_nowait(self, request: Any, size: int, *, batchable: bool) -> None:
         """Queue ``request`` (``size`` bytes); ``batchable`` ones may share a batch."""
+        if self._items is None:
+            self._items = deque()
         self._items.append((request, size, batchable))
         self.queued_bytes += size
-        if len(self._items) == 1:
-            self._has_items.unpark_all()
 
-    async def get_batch(self) -> tuple[list[Any], int]:
+    def next_batch(self) -> tuple[list[Any], int] | None:
         """The next batch and its size: consecutive batchable requests (at least one, up to
-        ``max_batch_bytes``), or one other request. Call :meth:`done` with the size after."""
+        ``max_batch_bytes``), or one other request; None when the lane is empty (its queue
+        is given back). Call :meth:`done` with the size after."""
         items = self._items
-        while not items:
-            await self._has_items.park()
+        if not items:
+            self._items = None
+            return None
         request, size, batchable = items.popleft()
         self._serving += 1
         batch = [request]

@@ -24,5 +24,7 @@ class TankOutbox(FrameWriter):
     read.
     """
 
+    __slots__ = ()
+
     #: Queue a Consume response: its head, then its chunks (the outbox closes them).
     put_consume_nowait = FrameWriter.put_chunks_nowait

@@ -123,6 +123,9 @@ class TankSession(RequestSession):
 
     IDLE_REASON = "no request for {:g} s with nothing in flight"
 
+    __slots__ = ("_access", "_auto_create", "_backend", "_counter", "_lane", "_lane_served",
+                 "_polls", "_produce_bytes", "_read_partitions", "_stopping", "principal")
+
     _outbox: TankOutbox
 
     def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: Settings,
@@ -141,21 +144,22 @@ class TankSession(RequestSession):
         self._backend = backend
         self._counter = counter
         #: Partitions this connection consumed, for the reader-lag gauge.
-        self._read_partitions: set[tuple[str, int]] = set()
+        self._read_partitions: set[tuple[str, int]] | None = None  # made with the first
         self._conn = TankConnection(Role.SERVER, max_frame_size=settings.max_frame_bytes)
         self._lane = OrderedLane(LANE_BATCH_BYTES)
+        #: A task serves the lane (started with the lane's first request, ends with its last).
+        self._lane_served = False
         #: Bytes of Produce requests handed to the backend and not yet answered.
         self._produce_bytes = 0
         #: Each long poll's scope: cancelled by shutdown().
-        self._polls: set[trio.CancelScope] = set()
+        self._polls: set[trio.CancelScope] | None = None  # made with the first
         self._stopping = False
 
     def _start_tasks(self, nursery: trio.Nursery) -> None:
-        nursery.start_soon(self._serve_lane)
         self._outbox.put_nowait(self._conn.send(Ping()))
 
     def _ended(self) -> None:
-        for where in self._read_partitions:
+        for where in self._read_partitions or ():
             self._metrics.reader_lag.remove((self, where))
 
     def shutdown(self) -> None:
@@ -164,7 +168,7 @@ class TankSession(RequestSession):
         the connection closes. An idle connection closes at once."""
         self._stopping = True
         super().shutdown()
-        for poll in self._polls:
+        for poll in self._polls or ():
             poll.cancel()
 
     # ------------------------------------------------------------------------- reading
@@ -211,12 +215,12 @@ class TankSession(RequestSession):
                     self._access, (t.name for t in request.topics), self._auto_create):
                 # Behind a CreateTopic or ReloadConf (keep the order), or its topics must
                 # be looked up first (the policy refuses their creation).
-                self._lane.put_nowait(request, size, batchable=True)
+                self._to_lane(request, size, batchable=True)
             else:
                 self._produce_now(request, size)
         elif kind is CreateTopicRequest or kind is ReloadConfRequest:
             self._begin()
-            self._lane.put_nowait(request, 0, batchable=False)
+            self._to_lane(request, 0, batchable=False)
         elif kind in _ADMIN:
             self._start(self._admin, request)
         elif kind is DiscoverTopologyRequest:
@@ -256,6 +260,8 @@ class TankSession(RequestSession):
         with trio.CancelScope() as poll:
             if self._stopping:
                 poll.cancel()
+            if self._polls is None:
+                self._polls = set()
             self._polls.add(poll)
             try:
                 outcomes = await self._backend.fetch(access.visible(asked, hidden),
@@ -273,6 +279,8 @@ class TankSession(RequestSession):
         for fetch, outcome in zip(asked, outcomes, strict=True):
             if outcome.status is FetchStatus.DATA:
                 where = (fetch.topic, fetch.partition)
+                if self._read_partitions is None:
+                    self._read_partitions = set()
                 self._read_partitions.add(where)
                 at = fetch.seq if 0 < fetch.seq < UINT64_MAX else (
                     outcome.resolved_seq or outcome.base_seq or outcome.first_available)
@@ -304,21 +312,33 @@ class TankSession(RequestSession):
         self._outbox.put_nowait(self._conn.send(response))
         self._counter.inc(_NAMES[type(request)], getattr(response, "error", 0) == 0)
 
+    def _to_lane(self, request: Any, size: int, *, batchable: bool) -> None:
+        """Queue ``request`` in the ordered lane; start its task if none serves it."""
+        self._lane.put_nowait(request, size, batchable=batchable)
+        if not self._lane_served:
+            assert self._nursery is not None
+            self._lane_served = True
+            self._nursery.start_soon(self._serve_lane)
+
     async def _serve_lane(self) -> None:
+        """Serve the lane until it is empty."""
         lane = self._lane
-        while True:
-            batch, size = await lane.get_batch()
-            try:
-                if type(batch[0]) in _PRODUCES:
-                    await self._produce(batch)
-                else:
-                    await self._admin(batch[0])
-            except Exception as exc:
-                self._failed(batch[0], exc)
-                return
-            finally:
-                lane.done(size)
-                self._end(len(batch))
+        try:
+            while (next_batch := lane.next_batch()) is not None:
+                batch, size = next_batch
+                try:
+                    if type(batch[0]) in _PRODUCES:
+                        await self._produce(batch)
+                    else:
+                        await self._admin(batch[0])
+                except Exception as exc:
+                    self._failed(batch[0], exc)
+                    return
+                finally:
+                    lane.done(size)
+                    self._end(len(batch))
+        finally:
+            self._lane_served = False
 
     def _produce_now(self, request: Any, size: int) -> None:
         """Hand a Produce to the backend at once (written before the next request is

@@ -7,6 +7,7 @@ from :mod:`protocols.figg.messages`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
@@ -40,6 +41,18 @@ def encode_data_frames(topic: bytes, items: Iterable[tuple[int, bytes]]) -> byte
     return _encode_data_frames(topic, items)
 
 
+@functools.cache
+def _codecs(role: Role) -> tuple[dict[int, Callable[[bytes], Any]],
+                                 dict[type, Callable[[Any], bytes]]]:
+    """The decoders (by message type) of what ``role`` receives and the encoders (by
+    record class) of what it sends."""
+    inbound = REQUESTS if role is Role.SERVER else RESPONSES
+    decoders: dict[int, Callable[[bytes], Any]] = {t: FAST[t].decode for t in inbound}
+    encoders = {record: FAST[t].encode_record for record, t in TYPE_OF.items()
+                if t not in inbound}
+    return decoders, encoders
+
+
 class FiggConnection:
     """One end of a Figg connection.
 
@@ -59,11 +72,7 @@ class FiggConnection:
     def __init__(self, role: Role, *, max_frame_size: int = DEFAULT_MAX_FRAME) -> None:
         self.role = role
         self._frames = FrameReader(HEADER, _LENGTH_INDEX, max_frame_size)
-        inbound = REQUESTS if role is Role.SERVER else RESPONSES
-        self._decoders: dict[int, Callable[[bytes], Any]] = {
-            t: FAST[t].decode for t in inbound}
-        self._encoders: dict[type, Callable[[Any], bytes]] = {
-            record: FAST[t].encode_record for record, t in TYPE_OF.items() if t not in inbound}
+        self._decoders, self._encoders = _codecs(role)  # one pair per role, shared
         self._error: ProtocolError | None = None
 
     @property

@@ -109,7 +109,8 @@ class TankConnection:
         self.role = role
         self._frames = FrameReader(FRAME_HEADER, 1, max_frame_size)
         self._pending: dict[int, Any] = {}
-        self._pending_peer: deque[Any] = deque()  # ConsumePeer has no request id
+        # ConsumePeer has no request id; made with the first (a client's only).
+        self._pending_peer: deque[Any] | None = None
         self._failure: ProtocolError | None = None
 
     @property
@@ -163,6 +164,8 @@ class TankConnection:
         msg_id, payload = encode_payload(message)
         if self.role is Role.CLIENT and kind in RESPONSE_ID:
             if kind is ConsumePeerRequest:
+                if self._pending_peer is None:
+                    self._pending_peer = deque()
                 self._pending_peer.append(message)
             elif message.request_id in self._pending:
                 raise ValueError(f"request id {message.request_id} is already pending")

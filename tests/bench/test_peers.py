@@ -277,3 +277,46 @@ else:
     assert own["figtank"]["values"] == [pytest.approx(850e-6)] * 2
     wall = measures["tank-cli consume of that topic, wall clock around the process"]
     assert wall["peer"]["failures"] == [] and len(wall["peer"]["values"]) == 2
+
+
+def test_start_figtank_takes_one_durability_or_both() -> None:
+    parser = cp.parser()
+    assert parser.parse_args(["--start-figtank", "fsync,os"]).start_figtank == ["fsync", "os"]
+    assert parser.parse_args(["--start-figtank", "os"]).start_figtank == ["os"]
+    for bad in ("", "fsync,fsync", "sync", "os,none"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--start-figtank", bad])
+    assert cp.tank_mode(["fsync", "os"]) == "os"
+    assert cp.tank_mode(["fsync"]) == "fsync"
+
+
+def test_both_durabilities_in_one_run(figtank: Served, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``--start-figtank fsync,os`` (what ``make bench-peers`` runs): the Figg measures
+    against a figtank started in each mode, labelled with it, the Tank ones against the
+    ``os`` one only; the "peer" is the package's figtank, the clients stand-ins."""
+    figg_bench = _stand_in(tmp_path / "figg-bench", f"print({FIGG_BENCH_OUTPUT!r})")
+    tank_cli = _stand_in(tmp_path / "tank-cli", f"""
+with open({str(tmp_path / "calls")!r}, "a") as calls:
+    calls.write(args[1] + "\\n")
+if "bm" in args:
+    print("Got ACK after publishing 50 message(s) of size 100b (1mb), took 2ms")
+elif "consume" in args:
+    print(">> 100 messages\\n100 messages consumed in 850us, 0.1mb consumed")
+""")
+    code = cp.main(["--figg-bench", figg_bench, "--tank-cli", tank_cli,
+                    "--peer-figg", figtank.figg, "--peer-tank", figtank.tank,
+                    "--start-figtank", "fsync,os", "--rounds", "1", "--scale", "0.0001",
+                    "--json", "--timeout", "60"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["figtank_durability"] == "fsync,os"
+    labels = [m["label"] for m in data["measures"]]
+    for mode in ("fsync", "os"):
+        assert sum(label.endswith(f", figtank `{mode}`") for label in labels
+                   if label.startswith("figg-bench")) == 6
+    tank = [label for label in labels if not label.startswith("figg-bench")]
+    assert len(tank) == 4 and all(label.endswith(", figtank `os`") for label in tank)
+    # tank-cli ran against the peer and one figtank (not two): its endpoints.
+    endpoints = set((tmp_path / "calls").read_text().split())
+    assert figtank.tank in endpoints and len(endpoints) == 2

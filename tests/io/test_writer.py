@@ -278,3 +278,71 @@ async def test_a_reset_peer_breaks_a_vectored_write() -> None:
         writer.put_parts_nowait([b"head", b"x" * 1024 * 1024])
         with trio.fail_after(5), pytest.raises(trio.BrokenResourceError):
             await writer.run()
+
+
+class OnDemand:
+    """Starts a writer's task on demand in ``nursery`` and counts the starts and ends."""
+
+    def __init__(self, writer: FrameWriter, nursery: trio.Nursery) -> None:
+        self.writer = writer
+        self.nursery = nursery
+        self.started = self.ended = 0
+        writer.on_demand(self.spawn)
+
+    def spawn(self) -> None:
+        self.started += 1
+        self.nursery.start_soon(self.run)
+
+    async def run(self) -> None:
+        await self.writer.run()
+        self.ended += 1
+
+
+async def test_on_demand_a_writer_task_runs_only_while_the_socket_is_behind() -> None:
+    async with tcp_pair(rcvbuf=16 * 1024, sndbuf=16 * 1024) as (sender, receiver):
+        writer = FrameWriter(sender, 1024 * 1024)
+        async with trio.open_nursery() as nursery:
+            tasks = OnDemand(writer, nursery)
+            writer.put_nowait(b"reply")  # the socket takes it: no task
+            await trio.testing.wait_all_tasks_blocked()
+            assert tasks.started == 0 and writer.bytes_sent == 5
+            assert await receive_exactly(receiver, 5) == b"reply"
+            payload = os.urandom(256 * 1024)  # more than the socket takes at once
+            writer.put_nowait(payload)
+            writer.put_nowait(b"after")
+            assert tasks.started == 1 and writer.queued_bytes > 0
+            received = await receive_exactly(receiver, len(payload) + 5)
+            assert received == payload + b"after"
+            await writer.wait_empty()
+            await trio.testing.wait_all_tasks_blocked()
+            assert tasks.ended == 0  # parked, not gone, until retired
+            writer.retire()
+            await trio.testing.wait_all_tasks_blocked()
+            assert tasks.ended == 1
+            writer.retire()  # nothing to retire: no effect
+            writer.put_nowait(payload)  # started again when needed
+            assert tasks.started == 2
+            assert await receive_exactly(receiver, len(payload)) == payload
+            await writer.wait_empty()
+            writer.close()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_put_between_retire_and_the_task_ending_is_still_sent() -> None:
+    async with tcp_pair(rcvbuf=16 * 1024, sndbuf=16 * 1024) as (sender, receiver):
+        writer = FrameWriter(sender)
+        async with trio.open_nursery() as nursery:
+            tasks = OnDemand(writer, nursery)
+            payload = os.urandom(256 * 1024)
+            writer.put_nowait(payload)
+            assert await receive_exactly(receiver, len(payload)) == payload
+            await writer.wait_empty()
+            await trio.testing.wait_all_tasks_blocked()
+            writer.retire()  # the task is woken to end, but has not run yet
+            writer.put_nowait(payload)
+            assert await receive_exactly(receiver, len(payload)) == payload
+            await writer.wait_empty()
+            await trio.testing.wait_all_tasks_blocked()
+            assert tasks.started == 1 and tasks.ended == 1  # it sent, then ended
+            writer.close()
+            nursery.cancel_scope.cancel()
