@@ -7,10 +7,13 @@ Each function here has a pure-Python reference that defines it:
 - :func:`decode_chunk`: ``protocols.tank.bundle.decode_chunk_py``;
 - :func:`scan_publishes`: ``protocols.translate.scan_publishes_py``;
 - :func:`data_frames`: ``protocols.translate.data_frames_py``;
-- :func:`plain_run`: the plain bundles of ``protocols.kafka.upstream.records_to_bundles``.
+- :func:`plain_run`: the plain bundles of ``protocols.kafka.upstream.records_to_bundles``;
+- :func:`scan_tank_requests`: ``protocols.tank.scan.scan_requests_py``;
+- :func:`tank_produce_response`: ``gateway.tank.produce.produce_response_frame_py``.
 
 They give the same results and raise the same :class:`ProtocolError` (same class, same
-text) for the same input; ``tests/protocols/test_speedups.py`` holds them to that. Every
+text) for the same input; ``tests/protocols/test_speedups.py`` and
+``tests/protocols/test_tank_scan.py`` hold them to that. Every
 read is checked against the end of its buffer by hand (raw pointers, no Cython bounds
 checks): no input can make them read or write outside a buffer. They keep no state
 between calls and hold the GIL except while cramjam decompresses.
