@@ -35,6 +35,7 @@ what it does with the bytes (:meth:`Session._received`), how much of a frame it 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import ClassVar, Final
@@ -44,7 +45,7 @@ import trio
 from gateway.auth.quotas import PrincipalQuota
 from gateway.io.errors import ExceptionMap, socket_errors
 from gateway.io.limits import RECEIVE_SIZE
-from gateway.io.writer import FrameWriter
+from gateway.io.writer import FrameWriter, socket_fd
 from protocols.errors import FrameTooLarge, ProtocolError
 
 #: Seconds a closing connection gets to send what it still owes (ACKs, replies).
@@ -82,6 +83,25 @@ PROTOCOL_ERRORS: Final = ExceptionMap((ProtocolError, protocol_close))
 RECEIVE_ERRORS: Final = socket_errors("receive", partial(CloseConnection, "reset"))
 #: Around the writer task: a broken socket closes the connection.
 SEND_ERRORS: Final = socket_errors("send", partial(CloseConnection, "send_failed"))
+
+
+async def receive_plain(fd: int, size: int) -> bytes:
+    """``receive_some(size)`` of the plain TCP socket ``fd`` (:func:`socket_fd`) with the
+    same checkpoints as trio's (a cancelled caller reads nothing; data that was there
+    still yields to the other tasks once), without its layers of wrappers: a read of a
+    Tank or Figg connection is one ``read`` after the wake-up."""
+    await trio.lowlevel.checkpoint_if_cancelled()
+    try:
+        data = os.read(fd, size)
+    except BlockingIOError:
+        while True:
+            await trio.lowlevel.wait_readable(fd)
+            try:
+                return os.read(fd, size)
+            except BlockingIOError:
+                continue
+    await trio.lowlevel.cancel_shielded_checkpoint()
+    return data
 
 
 class Session:
@@ -162,6 +182,7 @@ class Session:
     async def _read(self) -> None:
         """Receive and handle input until a clean EOF (returns) or a reason to close."""
         stream = self._stream
+        fd = socket_fd(stream)
         frame_timeout = self._frame_timeout
         received = 0  # bytes read so far
         frame_at = -1  # where the frame begun and not yet complete starts in the stream
@@ -175,7 +196,10 @@ class Session:
                 size = quota.receive_size
             if deadline == math.inf:
                 with RECEIVE_ERRORS:
-                    data = await stream.receive_some(size)
+                    if fd >= 0:
+                        data = await receive_plain(fd, size)
+                    else:
+                        data = await stream.receive_some(size)
             else:
                 # The clock runs only while we wait for the peer, not while we hold it back.
                 deadline += trio.current_time() - self._last_read
