@@ -7,10 +7,13 @@ Each function here has a pure-Python reference that defines it:
 - :func:`decode_chunk`: ``protocols.tank.bundle.decode_chunk_py``;
 - :func:`scan_publishes`: ``protocols.translate.scan_publishes_py``;
 - :func:`data_frames`: ``protocols.translate.data_frames_py``;
-- :func:`plain_run`: the plain bundles of ``protocols.kafka.upstream.records_to_bundles``.
+- :func:`plain_run`: the plain bundles of ``protocols.kafka.upstream.records_to_bundles``;
+- :func:`scan_tank_requests`: ``protocols.tank.scan.scan_requests_py``;
+- :func:`tank_produce_response`: ``gateway.tank.produce.produce_response_frame_py``.
 
 They give the same results and raise the same :class:`ProtocolError` (same class, same
-text) for the same input; ``tests/protocols/test_speedups.py`` holds them to that. Every
+text) for the same input; ``tests/protocols/test_speedups.py`` and
+``tests/protocols/test_tank_scan.py`` hold them to that. Every
 read is checked against the end of its buffer by hand (raw pointers, no Cython bounds
 checks): no input can make them read or write outside a buffer. They keep no state
 between calls and hold the GIL except while cramjam decompresses.
@@ -1202,3 +1205,240 @@ def plain_run(list records, Py_ssize_t start, Py_ssize_t max_messages, Py_ssize_
         return end, PyBytes_FromStringAndSize(<const char*>out.data, w - out.data)
     finally:
         PyMem_Free(out.data)
+
+
+# ------------------------------------------------------------------------- Tank requests
+
+cdef enum:
+    TANK_HEADER = 5
+    TANK_PRODUCE = 0x01
+    # Longest bundle length varint read here (35 bits); longer ones go to the reference.
+    TANK_VARINT_MAX = 5
+    TANK_UNKNOWN_PARTITION = 1
+    TANK_OTHER_LEADER = 0xFC
+    TANK_READ_ONLY = 0xFE
+    TANK_UNKNOWN_TOPIC = 0xFF
+
+
+cdef inline uint16_t _le16(const uint8_t* p) noexcept nogil:
+    return <uint16_t>(p[0] | (<uint16_t>p[1] << 8))
+
+
+cdef inline uint32_t _le32(const uint8_t* p) noexcept nogil:
+    return (<uint32_t>p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16)
+            | (<uint32_t>p[3] << 24))
+
+
+cdef object _utf8(const uint8_t* p, Py_ssize_t n):
+    """``p[:n]`` decoded, or None when it is not UTF-8 (the reference then says why)."""
+    try:
+        return PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
+    except UnicodeDecodeError:
+        return None
+
+
+cdef object _produce_pass(const uint8_t* b, Py_ssize_t n, object make_batch,
+                          object pass_type):
+    """The ProducePass of the Produce payload ``b[:n]``, or None for anything the
+    reference decoder must look at (it raises the error, or reads what this does not)."""
+    cdef Py_ssize_t pos = 6
+    cdef Py_ssize_t stop
+    cdef Py_ssize_t blen
+    cdef Py_ssize_t size = 0
+    cdef uint64_t v
+    cdef int shift, k
+    cdef uint8_t byte
+    cdef unsigned int t, j, topic_count, part_count
+    cdef uint16_t partition
+    cdef list layout = []
+    cdef list batches = []
+    cdef list partitions
+    if n < 7:
+        return None
+    client_version = _le16(b)
+    request_id = _le32(b + 2)
+    stop = pos + 1 + b[pos]
+    if stop > n:
+        return None
+    client_id = _utf8(b + pos + 1, stop - pos - 1)
+    if client_id is None:
+        return None
+    pos = stop
+    if n - pos < 5:
+        return None
+    required_acks = b[pos]
+    ack_timeout_ms = _le32(b + pos + 1)
+    pos += 5
+    if n - pos < 1:
+        return None
+    topic_count = b[pos]
+    pos += 1
+    if topic_count > n - pos:
+        return None
+    for t in range(topic_count):
+        if pos >= n:
+            return None
+        stop = pos + 1 + b[pos]
+        if stop > n:
+            return None
+        name = _utf8(b + pos + 1, stop - pos - 1)
+        if name is None:
+            return None
+        pos = stop
+        if n - pos < 1:
+            return None
+        part_count = b[pos]
+        pos += 1
+        if part_count > n - pos:
+            return None
+        partitions = []
+        for j in range(part_count):
+            if n - pos < 2:
+                return None
+            partition = _le16(b + pos)
+            pos += 2
+            v = 0
+            shift = 0
+            k = 0
+            while True:
+                if pos >= n or k == TANK_VARINT_MAX:
+                    return None
+                byte = b[pos]
+                pos += 1
+                k += 1
+                v |= <uint64_t>(byte & 0x7F) << shift
+                if byte < 0x80:
+                    if byte == 0 and shift > 0:
+                        return None  # over-long: the reference names it
+                    break
+                shift += 7
+            if v > <uint64_t>(n - pos):
+                return None
+            blen = <Py_ssize_t>v
+            bundle = PyBytes_FromStringAndSize(<const char*>b + pos, blen)
+            pos += blen
+            size += blen
+            batches.append(make_batch(name, partition, bundle))
+            partitions.append(partition)
+        layout.append((name, tuple(partitions)))
+    if pos != n:
+        return None
+    return tuple.__new__(pass_type, (client_version, request_id, client_id, required_acks,
+                                     ack_timeout_ms, tuple(layout), batches, size))
+
+
+def scan_tank_requests(buf, Py_ssize_t pos, Py_ssize_t end, max_payload, make_batch,
+                       pass_type, reference):
+    """``protocols.tank.scan.scan_requests_py`` without a Python record per topic or
+    partition: a Produce becomes ``pass_type`` (the ``ProducePass``) straight from the
+    bytes. A Produce payload this does not read cleanly (malformed, truncated, a name that
+    is not UTF-8, a varint over 5 bytes) goes to ``reference(payload, make_batch)``, whose
+    pass or ProtocolError it reports.
+    """
+    cdef Py_buffer view
+    cdef const uint8_t* p
+    cdef long long limit = (-1 if max_payload < 0 else
+                            0xFFFFFFFF if max_payload > 0xFFFFFFFF else max_payload)
+    cdef uint8_t msg_id
+    cdef uint32_t length
+    cdef Py_ssize_t start
+    cdef list items = []
+    error = None
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        if pos < 0 or end < 0 or end > view.len or pos > end:
+            raise ValueError("scan bounds outside the buffer")
+        p = <const uint8_t*>view.buf
+        while end - pos >= TANK_HEADER:
+            msg_id = p[pos]
+            length = _le32(p + pos + 1)
+            if <long long>length > limit:
+                error = FrameTooLarge(f"frame payload of {length} bytes exceeds the maximum "
+                                      f"of {max_payload}")
+                break
+            start = pos + TANK_HEADER
+            if end - start < length:
+                break
+            if msg_id == TANK_PRODUCE:
+                item = _produce_pass(p + start, length, make_batch, pass_type)
+                if item is None:
+                    try:
+                        item = reference(PyBytes_FromStringAndSize(
+                            <const char*>p + start, length), make_batch)
+                    except ProtocolError as exc:
+                        error = exc
+                        break
+                items.append(item)
+            else:
+                items.append((msg_id, PyBytes_FromStringAndSize(<const char*>p + start,
+                                                                length)))
+            pos = start + length
+    finally:
+        PyBuffer_Release(&view)
+    return items, pos, error
+
+
+def tank_produce_response(request_id, layout, outcomes):
+    """``gateway.tank.produce.produce_response_frame_py``: the whole ProduceResponse frame
+    for a ProducePass's ``request_id`` and ``layout`` from its batches' ``outcomes`` (each
+    with a ``code``), and whether every code is OK."""
+    cdef Py_ssize_t total = 0
+    cdef Py_ssize_t i = 0
+    cdef Py_ssize_t k, parts, w
+    cdef int code, first
+    cdef bint mixed, wide
+    cdef bint ok = True
+    cdef uint8_t* out
+    cdef uint32_t rid = request_id
+    cdef uint8_t* c
+    for entry in layout:
+        total += len(entry[1])
+    if len(outcomes) != total:
+        raise ValueError(f"{len(outcomes)} outcomes for the {total} partitions requested")
+    codes = PyByteArray_FromStringAndSize(NULL, total if total else 1)
+    c = <uint8_t*>PyByteArray_AS_STRING(codes)
+    for k in range(total):
+        value = outcomes[k].code
+        if not 0 <= value <= 0xFF or value == TANK_OTHER_LEADER:
+            raise ValueError(f"produce code {int(value)} cannot be answered")
+        code = value
+        c[k] = <uint8_t>code
+        if code:
+            ok = False
+    frame = PyBytes_FromStringAndSize(NULL, TANK_HEADER + 4 + total)
+    out = <uint8_t*>PyBytes_AS_STRING(frame)
+    w = TANK_HEADER + 4
+    for entry in layout:
+        parts = len(entry[1])
+        if not parts:
+            continue
+        first = c[i]
+        mixed = False
+        wide = False
+        for k in range(i, i + parts):
+            if c[k] != first:
+                mixed = True
+            if c[k] == TANK_UNKNOWN_TOPIC or c[k] == TANK_READ_ONLY:
+                wide = True
+        if wide and not mixed:
+            out[w] = <uint8_t>first  # one code covers the whole topic
+            w += 1
+        else:
+            for k in range(i, i + parts):
+                code = c[k]
+                if code == TANK_UNKNOWN_TOPIC or code == TANK_READ_ONLY:
+                    code = TANK_UNKNOWN_PARTITION
+                out[w] = <uint8_t>code
+                w += 1
+        i += parts
+    out[0] = TANK_PRODUCE
+    length = w - TANK_HEADER
+    out[1] = <uint8_t>length
+    out[2] = <uint8_t>(length >> 8)
+    out[3] = <uint8_t>(length >> 16)
+    out[4] = <uint8_t>(length >> 24)
+    out[5] = <uint8_t>rid
+    out[6] = <uint8_t>(rid >> 8)
+    out[7] = <uint8_t>(rid >> 16)
+    out[8] = <uint8_t>(rid >> 24)
+    return frame[:w], ok

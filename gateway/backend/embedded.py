@@ -101,6 +101,8 @@ class EmbeddedBackend:
         them); ``on_done(outcomes)`` runs in the trio thread once all are durable, possibly
         before this returns. A topic that must be created first is appended to by a task
         of the store."""
+        if len(batches) == 1 and self._produce_one_nowait(batches[0], on_done):
+            return
         call = _ProduceCall(len(batches), on_done, self._metrics)
         by_partition: dict[tuple[str, int], list[int]] = {}
         for i, batch in enumerate(batches):
@@ -124,6 +126,33 @@ class EmbeddedBackend:
             else:
                 partition.append_nowait(entries, report)
         call.release()
+
+    def _produce_one_nowait(self, batch: ProduceBatch,
+                            on_done: Callable[[list[ProduceOutcome]], None]) -> bool:
+        """:meth:`produce_nowait` of one batch to a partition that is there (the usual
+        Produce): the same outcome and metrics without the per-partition bookkeeping.
+        False, having done nothing, when the general path must take it."""
+        if self._awaiting_topic.get(batch.topic) is not None:
+            return False
+        partition = self._writable_partition_nowait(batch.topic, batch.partition)
+        if not isinstance(partition, Partition):
+            return False
+        metrics = self._metrics
+        started = time.perf_counter()
+
+        def report(results: list[AppendResult | StoreError]) -> None:
+            result = results[0]
+            elapsed = time.perf_counter() - started
+            on_done([_outcome(batch, result)])  # the answer first, the metrics after
+            if metrics is not None:
+                if isinstance(result, AppendResult):
+                    metrics.appended(batch.topic, result.last_seq - result.first_seq + 1,
+                                     result.size)
+                metrics.append_seconds.observe(elapsed)
+
+        partition.append_nowait([(batch.bundle, batch.base_seq, batch.info, batch.producer)],
+                                 report)
+        return True
 
     def _writable_partition_nowait(self, topic: str, index: int
                                    ) -> Partition | ProduceOutcome | None:
@@ -418,18 +447,19 @@ class _ProduceCall:
             if isinstance(result, AppendResult):
                 appended += result.last_seq - result.first_seq + 1
                 appended_bytes += result.size
+        self.release()  # the answer first, the metrics after
         if self._metrics is not None and appended:
             topic = batches[indexes[0]].topic
             self._metrics.appended(topic, appended, appended_bytes)
-        self.release()
 
     def release(self) -> None:
         self._waiting -= 1
         if self._waiting:
             return
-        if self._metrics is not None:
-            self._metrics.append_seconds.observe(time.perf_counter() - self._started)
+        elapsed = time.perf_counter() - self._started
         self._on_done(self._outcomes)  # type: ignore[arg-type]  # every slot filled
+        if self._metrics is not None:
+            self._metrics.append_seconds.observe(elapsed)
 
 
 def store_settings(settings: Settings, config_bounds: ConfigBounds | None = None

@@ -180,9 +180,11 @@ class GroupCommit:
     def _finish(self, mark: int, generation: int, job: SyncJob | None,
                 error: OSError | None, seconds: float) -> None:
         """The end of a round, in the trio thread (a callback from the syncer: it must not
-        raise). ``mark`` is how many tickets had been added when the round started."""
-        if job is not None:
-            job.close()
+        raise). ``mark`` is how many tickets had been added when the round started.
+
+        The tickets' callbacks (the acknowledgements) run before the bookkeeping that
+        does not decide them: closing the job's descriptors, the duration metric."""
+        observe = error is None and generation == self._generation and self._observe
         self._running -= 1
         self.rounds += 1
         done: list[Ticket] = []
@@ -198,8 +200,6 @@ class GroupCommit:
                 ticket.error = error
             _guarded(self._on_failure, error, [t.payload for t in done])
         elif generation == self._generation:
-            if self._observe is not None:
-                self._observe(seconds)
             first_pending = self._added - len(self._pending)
             while self._pending and first_pending < mark:
                 done.append(self._pending.popleft())
@@ -214,6 +214,10 @@ class GroupCommit:
             on_resolved, ticket.on_resolved = ticket.on_resolved, None
             if on_resolved is not None:
                 _guarded(on_resolved, ticket)
+        if job is not None:
+            job.close()
+        if observe:
+            observe(seconds)
         done_event, self._round_done = self._round_done, trio.Event()
         done_event.set()
         self.start()

@@ -208,10 +208,10 @@ class NativeSyncer:
                 continue
             for job_id, code, _, nanoseconds in _RESULT.iter_unpack(data):
                 _, on_done, opened = self._running.pop(job_id)
+                error = OSError(code, os.strerror(code)) if code else None
+                on_done(error, nanoseconds / 1e9)  # first: it acknowledges appends
                 for fd in opened:
                     os.close(fd)
-                error = OSError(code, os.strerror(code)) if code else None
-                on_done(error, nanoseconds / 1e9)
             while self._waiting and len(self._running) < _MAX_QUEUED_JOBS:
                 self._send(*self._waiting.popleft())
 

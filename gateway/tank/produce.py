@@ -11,14 +11,17 @@ as "invalid request"), and nothing of it is appended.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from gateway.backend.contract import ProduceBatch, ProduceCode, ProduceOutcome
+from protocols.native import speedups
+from protocols.tank.connection import frame
 from protocols.tank.messages import (
     ProducePartitionResult,
     ProduceResponse,
     ProduceTopicResult,
     ProduceWithSeqnumRequest,
+    encode_payload,
 )
 from protocols.tank.types import TOPIC_WIDE_PRODUCE_ERRORS, ProduceError
 
@@ -50,15 +53,55 @@ def produce_response(request: Any, outcomes: Sequence[ProduceOutcome]) -> Produc
     i = 0
     for topic in request.topics:
         parts = topic.partitions
-        codes = [int(o.code) for o in outcomes[i:i + len(parts)]]
+        codes = _topic_codes([int(o.code) for o in outcomes[i:i + len(parts)]])
         i += len(parts)
-        if len(set(codes)) > 1 and any(c in TOPIC_WIDE_PRODUCE_ERRORS for c in codes):
-            codes = [ProduceError.UNKNOWN_PARTITION if c in TOPIC_WIDE_PRODUCE_ERRORS else c
-                     for c in codes]
         results.append(ProduceTopicResult(
             topic.name, [ProducePartitionResult(p.partition, c) for p, c in zip(parts, codes,
                                                                                 strict=True)]))
     return ProduceResponse(request.request_id, results)
+
+
+def _topic_codes(codes: list[int]) -> list[int]:
+    if len(set(codes)) > 1 and any(c in TOPIC_WIDE_PRODUCE_ERRORS for c in codes):
+        return [ProduceError.UNKNOWN_PARTITION if c in TOPIC_WIDE_PRODUCE_ERRORS else c
+                for c in codes]
+    return codes
+
+
+def produce_response_frame_py(request_id: int, layout: Sequence[tuple[str, Sequence[int]]],
+                              outcomes: Sequence[Any]) -> tuple[bytes, bool]:
+    """The whole ProduceResponse frame for a
+    :class:`~protocols.tank.scan.ProducePass` (its ``request_id`` and ``layout``) from its
+    batches' outcomes (in request order), and whether every outcome is OK.
+
+    The reference of ``protocols._speedups.tank_produce_response``; the codes follow
+    :func:`produce_response`'s rule. ValueError for a count of outcomes that is not the
+    count of partitions, or a code a Produce response cannot carry.
+    """
+    total = sum(len(partitions) for _, partitions in layout)
+    if len(outcomes) != total:
+        raise ValueError(f"{len(outcomes)} outcomes for the {total} partitions requested")
+    codes = []
+    for outcome in outcomes:
+        code = outcome.code
+        if not 0 <= code <= 0xFF or code == ProduceError.OTHER_LEADER:
+            raise ValueError(f"produce code {int(code)} cannot be answered")
+        codes.append(int(code))
+    results = []
+    i = 0
+    for name, partitions in layout:
+        mine = _topic_codes(codes[i:i + len(partitions)])
+        i += len(partitions)
+        results.append(ProduceTopicResult(
+            name, [ProducePartitionResult(p, c) for p, c in zip(partitions, mine, strict=True)]))
+    msg_id, payload = encode_payload(ProduceResponse(request_id, results))
+    return frame(msg_id, payload), not any(codes)
+
+
+#: The response builder in use: compiled when the extension is, else the reference.
+produce_response_frame: Final = (
+    produce_response_frame_py if speedups is None
+    or not hasattr(speedups, "tank_produce_response") else speedups.tank_produce_response)
 
 
 def all_ok(outcomes: Sequence[ProduceOutcome]) -> bool:

@@ -31,6 +31,7 @@ from protocols.tank.messages import (
     decode_response,
     encode_payload,
 )
+from protocols.tank.scan import MakeBatch, scan_requests
 from protocols.tank.types import (
     CONSUME_PEER_RESPONSE_BODY,
     CONSUME_RESPONSE_BODY,
@@ -148,6 +149,34 @@ class TankConnection:
         except ProtocolError as exc:
             self._failure = kept(exc)
             raise
+
+    def next_requests(self, make_batch: MakeBatch) -> tuple[list[Any], ProtocolError | None]:
+        """Server role, the fast way: every complete request buffered, in one pass.
+
+        A Produce comes as a :class:`~protocols.tank.scan.ProducePass` (its batches made
+        with ``make_batch(topic, partition, bundle)``), every other request as its record;
+        after a clean EOF the list ends with :data:`~protocols.connection.CLOSED`. Returns
+        ``(requests, error)``: the error that stopped the pass (as :meth:`next_event` would
+        raise it) comes after the requests read before it; the connection is then unusable.
+        """
+        if self.role is not Role.SERVER:
+            raise RuntimeError("next_requests reads what clients send: server role only")
+        if self._failure is not None:
+            raise ProtocolError(f"connection already failed: {self._failure}")
+        max_payload = self._frames.max_payload
+        items, error = self._frames.scan(
+            lambda buf, pos, end: scan_requests(buf, pos, end, max_payload, make_batch))
+        for i, item in enumerate(items):
+            if type(item) is tuple:
+                try:
+                    items[i] = decode_request(item[0], item[1])
+                except ProtocolError as exc:
+                    del items[i:]
+                    error = exc
+                    break
+        if error is not None:
+            self._failure = kept(error)
+        return items, error
 
     def send(self, message: Any) -> bytes:
         """The whole frame for ``message``; in the client role, also remember the request.

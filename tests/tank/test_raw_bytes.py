@@ -164,3 +164,34 @@ async def test_produce_with_seqnum_is_answered_as_produce(server: RunningServer)
     assert struct.pack("<HBQQ", 0, 0, 40, 40) in response
     assert response.endswith(bundle)
     await stream.aclose()
+
+
+async def test_one_write_of_produces_around_a_create_topic(server: RunningServer) -> None:
+    """Produces read in one pass with a CreateTopic between them: the ones after it wait
+    in the connection's lane; every answer comes in request order and the data is there.
+    A malformed Produce after a valid one in one write: the valid one is answered, then
+    the connection closes."""
+    stream = await trio.open_tcp_stream(server.host, server.port)
+    await receive_frame(stream)
+    create = frame(0x07, struct.pack("<I", 2) + str8("made") + struct.pack("<H", 2) + b"\x00")
+    await stream.send_all(produce(0, [("auto", [(0, one_message_bundle(b"zero"))])]))
+    assert await receive_frame(stream) == frame(0x01, struct.pack("<IB", 0, 0))
+    first = produce(1, [("auto", [(0, one_message_bundle(b"one"))])])
+    later = produce(3, [("made", [(1, one_message_bundle(b"two")),
+                                  (5, one_message_bundle(b"nope"))])])
+    await stream.send_all(first + create + later)
+    assert await receive_frame(stream) == frame(0x01, struct.pack("<IB", 1, 0))
+    assert await receive_frame(stream) == frame(0x07, struct.pack("<I", 2) + str8("made")
+                                                + b"\x00")
+    assert await receive_frame(stream) == frame(0x01, struct.pack("<IBB", 3, 0, 1))
+    await stream.send_all(produce(5, [("made", [(0, one_message_bundle(b"three"))])])
+                          + frame(0x01, b"\x02\x00"))
+    assert await receive_frame(stream) == frame(0x01, struct.pack("<IB", 5, 0))
+    with trio.fail_after(5):
+        assert await stream.receive_some(100) == b""
+    await stream.aclose()
+    stream = await trio.open_tcp_stream(server.host, server.port)
+    await receive_frame(stream)
+    await stream.send_all(consume(4, [("made", [(1, 0, 100)])]))
+    assert (await receive_frame(stream)).endswith(one_message_bundle(b"two"))
+    await stream.aclose()

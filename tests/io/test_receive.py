@@ -1,0 +1,83 @@
+"""``receive``: a session's read of a plain socket, without trio's stream wrappers,
+keeps ``receive_some``'s rules (real loopback sockets)."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import pytest
+import trio
+
+from gateway.server.session import receive
+
+
+def loopback_pair() -> tuple[socket.socket, socket.socket]:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        accepted, _ = server.accept()
+    accepted.setblocking(False)
+    return client, accepted
+
+
+async def test_waits_for_data_then_returns_what_is_there() -> None:
+    client, accepted = loopback_pair()
+    with client, accepted:
+        async def send_later() -> None:
+            await trio.sleep(0.05)
+            client.sendall(b"hello")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send_later)
+            with trio.fail_after(5):
+                assert await receive(accepted.fileno(), 100) == b"hello"
+        client.sendall(b"abcdef")
+        await trio.sleep(0.05)
+        assert await receive(accepted.fileno(), 4) == b"abcd"
+        assert await receive(accepted.fileno(), 100) == b"ef"
+        client.shutdown(socket.SHUT_WR)
+        with trio.fail_after(5):
+            assert await receive(accepted.fileno(), 100) == b""
+
+
+async def test_a_cancelled_caller_reads_nothing() -> None:
+    client, accepted = loopback_pair()
+    with client, accepted:
+        client.sendall(b"kept")
+        await trio.sleep(0.05)
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await receive(accepted.fileno(), 100)
+            pytest.fail("a cancelled read returned")
+        assert scope.cancelled_caught
+        assert await receive(accepted.fileno(), 100) == b"kept"
+
+
+async def test_data_that_was_there_still_yields_to_other_tasks() -> None:
+    client, accepted = loopback_pair()
+    turns = 0
+
+    async def other() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await trio.lowlevel.checkpoint()
+
+    with client, accepted:
+        client.sendall(b"x" * 50)
+        await trio.sleep(0.05)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other)
+            for _ in range(50):  # never waits: the bytes are there
+                assert await receive(accepted.fileno(), 1) == b"x"
+            assert turns > 0
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_reset_connection_raises_oserror() -> None:
+    client, accepted = loopback_pair()
+    with accepted:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()  # linger 0: RST
+        with trio.fail_after(5), pytest.raises(ConnectionResetError):
+            await receive(accepted.fileno(), 100)
