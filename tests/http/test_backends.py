@@ -16,7 +16,7 @@ from gateway.client.tank import open_tank_client
 from tests.bridge.helpers import address, bridge_server, upstream_server
 from tests.http.helpers import H11Client, sse_events
 from tests.http.ws_client import WsClient
-from tests.upstream_kafka.helpers import Upstream, gateway
+from tests.upstream_kafka.helpers import upstream_and_gateway
 
 
 async def read_events(client: H11Client, want: int, timeout: float = 15) -> list[dict]:
@@ -138,18 +138,12 @@ async def test_bridge_offsets_are_right_while_others_append_to_the_broker(
 
 
 async def test_http_through_a_gateway_in_upstream_kafka_mode(tmp_path: Path) -> None:
-    upstream = Upstream(tmp_path / "up")
-    front = gateway(upstream.address, "--http-listen", "127.0.0.1:0")
-    try:
+    async with upstream_and_gateway(tmp_path, "--http-listen", "127.0.0.1:0") as (
+            upstream, _, served):
         with trio.fail_after(60):
-            await upstream.served.start()
-            served = await front.start()
             assert served.http is not None
             await produce_fetch_and_resume(*served.http, "kafkaed")
             assert await websocket_acks(*served.http, "kafkaed") == [7, 8, 9]
             # What the HTTP produce answered is what the upstream stored.
             assert await upstream.stored("kafkaed") == list(enumerate(
                 [b"first", b"m0", b"m1", b"m2", b"m3", b"after", b"ws0", b"ws1", b"ws2"], 1))
-    finally:
-        front.close()
-        upstream.served.close()

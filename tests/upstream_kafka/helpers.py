@@ -4,7 +4,8 @@ store behind its Kafka listener, since no Kafka broker can be installed here) an
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import trio
 from gateway.auth.users import user_entry
 from gateway.client.tank import open_tank_client
 from tests.bridge.helpers import free_port
-from tests.serving import Served
+from tests.serving import Served, ServeProcess
 from tests.tls_certs import Certs
 
 LOOPBACK = "127.0.0.1:0"
@@ -112,6 +113,24 @@ def gateway(upstream: str, *more: str) -> Served:
     return Served("--upstream-kafka", upstream, "--tank-listen", LOOPBACK,
                   "--figg-listen", LOOPBACK, "--kafka-listen", LOOPBACK,
                   "--metrics-listen", LOOPBACK, "--grace", "0.2", *more)
+
+
+@asynccontextmanager
+async def upstream_and_gateway(root: Path, *more: str
+                               ) -> AsyncIterator[tuple[Upstream, Served, ServeProcess]]:
+    """An upstream (its data in ``root / "up"``) and a gateway in front of it (``more``:
+    its further arguments), both started (within 60 s) and closed on the way out: the
+    upstream, the gateway's :class:`Served` and its running process."""
+    upstream = Upstream(root / "up")
+    front = gateway(upstream.address, *more)
+    try:
+        with trio.fail_after(60):
+            await upstream.served.start()
+            served = await front.start()
+        yield upstream, front, served
+    finally:
+        front.close()
+        upstream.served.close()
 
 
 def kafka_address(served: Any) -> str:

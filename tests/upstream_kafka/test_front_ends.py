@@ -16,17 +16,19 @@ from gateway.client.figg import open_figg_client
 from gateway.client.tank import TAIL, open_tank_client
 from gateway.kafka.services import NO_GROUPS_UPSTREAM
 from tests.bridge.helpers import metric
-from tests.upstream_kafka.helpers import Upstream, blocking, gateway, kafka_address
+from tests.upstream_kafka.helpers import (
+    Upstream,
+    blocking,
+    gateway,
+    kafka_address,
+    upstream_and_gateway,
+)
 
 
 async def test_figg_publish_is_acked_after_the_upstream_and_attach_resume_detach(
         tmp_path: Path) -> None:
-    upstream = Upstream(tmp_path / "up")
-    front = gateway(upstream.address)
-    try:
+    async with upstream_and_gateway(tmp_path) as (upstream, _, served):
         with trio.fail_after(60):
-            await upstream.served.start()
-            served = await front.start()
             assert served.figg and served.metrics
             serving = served.events("figtank_serving")[-1]
             assert serving["backend"] == "upstream_kafka" and serving["data_dir"] is None
@@ -59,18 +61,11 @@ async def test_figg_publish_is_acked_after_the_upstream_and_attach_resume_detach
                 assert (message.offset, message.data) == (42, b"next")
             assert metric(served.metrics, "figtank_upstream_up") == 1
             assert not (tmp_path / "data").exists()  # no log of its own
-    finally:
-        front.close()
-        upstream.served.close()
 
 
 async def test_tank_produce_consume_long_poll_discover_and_create(tmp_path: Path) -> None:
-    upstream = Upstream(tmp_path / "up")
-    front = gateway(upstream.address)
-    try:
+    async with upstream_and_gateway(tmp_path) as (upstream, _, served):
         with trio.fail_after(60):
-            await upstream.served.start()
-            served = await front.start()
             assert served.tank
             async with open_tank_client(*served.tank, request_timeout=10) as tank:
                 await tank.create_topic("orders", 3)
@@ -107,9 +102,6 @@ async def test_tank_produce_consume_long_poll_discover_and_create(tmp_path: Path
                 assert len(await direct.discover_partitions("orders")) == 3
             assert [v for _, v in await upstream.stored("orders", 1)] == [b"a", b"b", b"c",
                                                                           b"d"]
-    finally:
-        front.close()
-        upstream.served.close()
 
 
 def _kafka_produce(address: str, topic: str, values: list[bytes]) -> list[int]:

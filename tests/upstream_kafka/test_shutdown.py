@@ -17,7 +17,7 @@ import trio
 from gateway.client.errors import ClientError
 from gateway.client.figg import open_figg_client
 from tests.serving import Served
-from tests.upstream_kafka.helpers import Upstream, gateway
+from tests.upstream_kafka.helpers import upstream_and_gateway
 
 #: Seconds a SIGTERM'd gateway may take to exit beyond its grace period.
 EXIT_BOUND = 3.0
@@ -44,21 +44,14 @@ async def publish_burst(address: tuple[str, int], count: int, acked: set[bytes],
 
 
 async def test_an_idle_gateway_exits_at_once(tmp_path: Path) -> None:
-    upstream = Upstream(tmp_path / "up")
-    front = gateway(upstream.address)
-    try:
+    async with upstream_and_gateway(tmp_path) as (_, front, served):
         with trio.fail_after(60):
-            await upstream.served.start()
-            served = await front.start()
             assert served.figg
             async with open_figg_client(*served.figg) as client:
                 for i in range(5):
                     await client.publish_and_wait("idle", b"%d" % i)
                 code, seconds = await stopped_in(front)
             lines = served.log_lines
-    finally:
-        front.close()
-        upstream.served.close()
     assert code == 0
     assert seconds < EXIT_BOUND, f"an idle gateway took {seconds:.1f} s to exit"
     assert not [line for line in lines if line.get("event") == "upstream_unacknowledged_at_stop"]
@@ -66,13 +59,9 @@ async def test_an_idle_gateway_exits_at_once(tmp_path: Path) -> None:
 
 async def test_in_flight_publishes_are_flushed_and_nothing_acknowledged_is_lost(
         tmp_path: Path) -> None:
-    upstream = Upstream(tmp_path / "up")
-    front = gateway(upstream.address)
     acked: set[bytes] = set()
-    try:
+    async with upstream_and_gateway(tmp_path) as (upstream, front, served):
         with trio.fail_after(60):
-            await upstream.served.start()
-            served = await front.start()
             assert served.figg
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_tolerating_the_end, publish_burst, served.figg, 3000,
@@ -82,9 +71,6 @@ async def test_in_flight_publishes_are_flushed_and_nothing_acknowledged_is_lost(
                 code, seconds = await stopped_in(front)  # acks still coming in
                 nursery.cancel_scope.cancel()
             stored = {value for _, value in await upstream.stored("burst")}
-    finally:
-        front.close()
-        upstream.served.close()
     assert code == 0
     assert seconds < 0.2 + EXIT_BOUND  # the helper's --grace 0.2
     assert acked and acked <= stored  # every acknowledged message is upstream
@@ -95,13 +81,9 @@ async def test_an_unanswering_upstream_holds_the_exit_only_for_the_grace(
     """The upstream stopped (SIGSTOP: connections open, nothing answered) while publishes
     are in flight: the gateway exits after its grace period, saying how many messages it
     could not deliver; none of them had been acknowledged."""
-    upstream = Upstream(tmp_path / "up")
-    front = gateway(upstream.address)
     acked: set[bytes] = set()
-    try:
+    async with upstream_and_gateway(tmp_path) as (upstream, front, served):
         with trio.fail_after(60):
-            await upstream.served.start()
-            served = await front.start()
             assert served.figg and upstream.served.process
             pid = upstream.served.process.process.pid
             async with open_figg_client(*served.figg) as client:
@@ -119,9 +101,6 @@ async def test_an_unanswering_upstream_holds_the_exit_only_for_the_grace(
                     os.kill(pid, signal.SIGCONT)
             lines = served.log_lines
             stored = [value for _, value in await upstream.stored("stuck")]
-    finally:
-        front.close()
-        upstream.served.close()
     assert code == 0
     assert seconds < 0.2 + EXIT_BOUND, f"the exit took {seconds:.1f} s"
     assert not acked  # nothing in flight was acknowledged
