@@ -1384,7 +1384,7 @@ def tank_produce_response(request_id, layout, outcomes):
     with a ``code``), and whether every code is OK."""
     cdef Py_ssize_t total = 0
     cdef Py_ssize_t i = 0
-    cdef Py_ssize_t k, parts, w
+    cdef Py_ssize_t k, parts, w, length
     cdef int code, first
     cdef bint mixed, wide
     cdef bint ok = True

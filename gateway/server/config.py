@@ -402,6 +402,11 @@ class Settings:
         "upstream.brokers", (), _addresses,
         "Bridge mode: upstream Tank brokers, tried in order (empty: embedded store).",
         "--upstream")
+    upstream_wait_secs: float = _setting(
+        "upstream.wait_secs", 5.0, _positive_float,
+        "Bridge and upstream-Kafka modes: how long a request waits for an unreachable "
+        "upstream (a produce, a look-up) before it fails with the protocol's unavailable "
+        "answer (a Figg publisher's connection is closed).")
     upstream_kafka: tuple[str, ...] = _setting(
         "upstream_kafka.bootstrap_servers", (), _addresses,
         "Upstream-Kafka mode: bootstrap servers of a Kafka-protocol cluster the gateway "

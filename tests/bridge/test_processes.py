@@ -55,8 +55,13 @@ async def test_upstream_restart_mid_publish_and_subscribe(tmp_path: Path) -> Non
     count = 600
     values = [b"m%05d" % i for i in range(count)]
     upstream = Served(*upstream_args(tmp_path / "up", port))
+    # A restarted upstream can take several seconds to listen again on a busy machine:
+    # publishes wait for it up to upstream.wait_secs, here beyond the test's own bound.
+    config = tmp_path / "bridge.toml"
+    config.write_text("[upstream]\nwait_secs = 40.0\n")
     bridge = Served("--upstream", f"127.0.0.1:{port}", "--tank-listen", LOOPBACK,
-                    "--figg-listen", LOOPBACK, "--metrics-listen", LOOPBACK, "--grace", "0.2")
+                    "--figg-listen", LOOPBACK, "--metrics-listen", LOOPBACK, "--grace", "0.2",
+                    "--config", str(config))
     acked: set[bytes] = set()
     received: list[tuple[int, bytes]] = []
     try:

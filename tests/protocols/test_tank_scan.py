@@ -255,6 +255,19 @@ def test_response_matches_the_record_path(topics: list[Any], request_id: int) ->
     assert expected == ("ok", (old, P.all_ok(outcomes)))
 
 
+@pytest.mark.parametrize("topics", [100, 255])
+def test_a_response_longer_than_a_byte_counts(topics: int) -> None:
+    # A bridge sends hundreds of bundles in one Produce after an outage: the frame's
+    # length must not be taken as one byte (a Produce names up to 255 topics of up to
+    # 255 partitions each).
+    layout = tuple((f"t{i}", (0, 1, 2)) for i in range(topics))
+    codes = [ProduceCode.OK, ProduceCode.IO_FAULT, ProduceCode.UNKNOWN_PARTITION]
+    outcomes = [ProduceOutcome(codes[i % 3]) for i in range(3 * topics)]
+    kind, (frame_bytes, ok) = same_response(0x01020304, layout, outcomes)
+    assert kind == "ok" and not ok
+    assert int.from_bytes(frame_bytes[1:5], "little") == len(frame_bytes) - 5 > 255
+
+
 def test_response_errors() -> None:
     layout = (("t", (0, 1)),)
     ok = [ProduceOutcome(ProduceCode.OK)] * 2

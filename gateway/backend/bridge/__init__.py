@@ -54,7 +54,7 @@ async def open_bridge_backend(settings: Settings, metrics: Metrics | None = None
                 upstream, nursery, auto_create_topics=settings.auto_create_topics,
                 default_partitions=settings.default_partitions,
                 topic_config=settings.topic_config, max_bundle_bytes=settings.max_bundle_bytes,
-                metrics=metrics, **backend_options)
+                metrics=metrics, **{"wait_secs": settings.upstream_wait_secs, **backend_options})
             try:
                 yield backend
             finally:

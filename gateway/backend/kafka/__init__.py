@@ -54,7 +54,7 @@ FLUSH_SECS = 5.0
 
 @asynccontextmanager
 async def open_kafka_backend(settings: Settings, metrics: Metrics | None = None, *,
-                             wait_secs: float = 5.0, probe_interval: float = 5.0,
+                             wait_secs: float | None = None, probe_interval: float = 5.0,
                              feed_idle_secs: float = 30.0,
                              flush_deadline: Callable[[], float | None] | None = None
                              ) -> AsyncIterator[KafkaBackend]:
@@ -109,7 +109,9 @@ async def open_kafka_backend(settings: Settings, metrics: Metrics | None = None,
                            history=history, health=health,
                            auto_create_topics=settings.auto_create_topics,
                            default_partitions=settings.default_partitions,
-                           max_bundle_bytes=settings.max_bundle_bytes, wait_secs=wait_secs,
+                           max_bundle_bytes=settings.max_bundle_bytes,
+                           wait_secs=(settings.upstream_wait_secs if wait_secs is None
+                                      else wait_secs),
                            metrics=metrics)
     try:
         try:
