@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import confluent_kafka as ck
 import trio
 
 from gateway.auth.users import user_entry
@@ -131,6 +132,19 @@ async def upstream_and_gateway(root: Path, *more: str
     finally:
         front.close()
         upstream.served.close()
+
+
+def kafka_delivery_error(address: str, topic: str, value: bytes = b"x", *,
+                         timeout_ms: int = 4000, **config: Any) -> str:
+    """The error name librdkafka reports for one produce to ``topic``/0 at ``address``
+    ("" when written; ``config``: more producer settings, e.g. ``acks``)."""
+    producer = ck.Producer({"bootstrap.servers": address, "message.timeout.ms": timeout_ms,
+                            **config})
+    errors: list[str] = []
+    producer.produce(topic, value, partition=0,
+                     on_delivery=lambda err, msg: errors.append(err.name() if err else ""))
+    producer.flush(timeout_ms / 1000 + 4)
+    return errors[0] if errors else "no report"
 
 
 def kafka_address(served: Any) -> str:

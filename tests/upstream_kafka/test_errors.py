@@ -26,6 +26,7 @@ from tests.upstream_kafka.helpers import (
     gateway,
     gateway_config,
     kafka_address,
+    kafka_delivery_error,
 )
 
 #: The largest bundle the upstream stores in the message-size test.
@@ -39,16 +40,10 @@ def upstream_errors(served: ServeProcess, operation: str, error: str) -> float:
     return metric(served.metrics, name) or 0.0
 
 
-def _kafka_delivery(address: str, topic: str, value: bytes) -> str:
+def _delivery(address: str, topic: str, value: bytes) -> str:
     """The error name of one produce through the gateway ("" when written)."""
-    producer = ck.Producer({"bootstrap.servers": address, "acks": "all",
-                            "message.timeout.ms": 8000,
-                            "topic.metadata.propagation.max.ms": 500})
-    errors: list[str] = []
-    producer.produce(topic, value, partition=0,
-                     on_delivery=lambda err, msg: errors.append(err.name() if err else ""))
-    producer.flush(12)
-    return errors[0] if errors else "no report"
+    return kafka_delivery_error(address, topic, value, timeout_ms=8000, acks="all",
+                                **{"topic.metadata.propagation.max.ms": 500})
 
 
 def _kafka_fetch_error(address: str, topic: str) -> str:
@@ -99,7 +94,7 @@ async def test_a_message_too_large_for_the_upstream(tmp_path: Path) -> None:
                     await tank.produce({("sized", 0): [large]})
                 assert refused.value.errors == {("sized", 0): 2}  # Tank's I/O fault
                 await tank.produce({("sized", 0): [b"small"]})  # the partition goes on
-            assert await blocking(_kafka_delivery, kafka_address(served), "sized",
+            assert await blocking(_delivery, kafka_address(served), "sized",
                                   large) == "MSG_SIZE_TOO_LARGE"
             reason = await _figg_publish_closed(served, "sized", large)
             assert "message too large for the upstream" in reason
@@ -125,7 +120,7 @@ async def test_an_unknown_topic_the_gateway_may_not_create(tmp_path: Path) -> No
                 assert refused.value.errors == {("absent", 0): 0xFF}
                 with pytest.raises(UnknownTopicError):
                     await tank.consume("absent", 0, 1)
-            assert await blocking(_kafka_delivery, kafka_address(served), "absent",
+            assert await blocking(_delivery, kafka_address(served), "absent",
                                   b"x") in ("UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC")
             reason = await _figg_publish_closed(served, "absent", b"x")
             assert "unknown topic 'absent'" in reason
@@ -180,7 +175,7 @@ async def test_the_upstream_denies_the_gateway_a_write_and_a_read(
                 with pytest.raises(UnknownTopicError):
                     await tank.consume("writeonly", 0, 1)
             address = kafka_address(served)
-            assert await blocking(_kafka_delivery, address, "readonly",
+            assert await blocking(_delivery, address, "readonly",
                                   b"x") == "TOPIC_AUTHORIZATION_FAILED"
             assert await blocking(_kafka_fetch_error, address,
                                   "writeonly") == "TOPIC_AUTHORIZATION_FAILED"

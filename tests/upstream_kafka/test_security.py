@@ -26,6 +26,7 @@ from tests.upstream_kafka.helpers import (
     gateway,
     gateway_config,
     kafka_address,
+    kafka_delivery_error,
 )
 
 
@@ -145,7 +146,7 @@ async def test_wrong_password_is_not_ready_and_each_front_end_says_unavailable(
                         await tank.produce({("tank", 0): [b"x"]})
 
             async def kafka_refused() -> None:
-                kafka.append(await blocking(_kafka_delivery_error, kafka_address(served)))
+                kafka.append(await blocking(kafka_delivery_error, kafka_address(served), "kafka"))
 
             async def figg_closed() -> None:
                 assert served.figg
@@ -170,10 +171,3 @@ async def test_wrong_password_is_not_ready_and_each_front_end_says_unavailable(
         upstream.served.close()
 
 
-def _kafka_delivery_error(address: str) -> str:
-    producer = ck.Producer({"bootstrap.servers": address, "message.timeout.ms": 4000})
-    errors: list[str] = []
-    producer.produce("kafka", b"x", partition=0,
-                     on_delivery=lambda err, msg: errors.append(err.name() if err else ""))
-    producer.flush(10)
-    return errors[0] if errors else "no report"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import confluent_kafka as ck
 import trio
 
 from gateway.client.errors import ProduceFailed
@@ -14,16 +13,13 @@ from gateway.client.figg import open_figg_client
 from gateway.client.tank import open_tank_client
 from tests.bridge.helpers import metric
 from tests.test_health import wait_for_health
-from tests.upstream_kafka.helpers import Upstream, blocking, gateway, kafka_address
-
-
-def _kafka_produce_error(address: str) -> str:
-    producer = ck.Producer({"bootstrap.servers": address, "message.timeout.ms": 4000})
-    errors: list[str] = []
-    producer.produce("later", b"x", partition=0,
-                     on_delivery=lambda err, msg: errors.append(err.name() if err else ""))
-    producer.flush(10)
-    return errors[0] if errors else "no report"
+from tests.upstream_kafka.helpers import (
+    Upstream,
+    blocking,
+    gateway,
+    kafka_address,
+    kafka_delivery_error,
+)
 
 
 async def test_unreachable_upstream_then_it_comes(tmp_path: Path) -> None:
@@ -49,7 +45,7 @@ async def test_unreachable_upstream_then_it_comes(tmp_path: Path) -> None:
                 assert trio.current_time() - started < 8
             assert "later" in refused
             # Kafka: the delivery fails with the listener's storage error, in time.
-            assert await blocking(_kafka_produce_error, kafka_address(served)) in (
+            assert await blocking(kafka_delivery_error, kafka_address(served), "later") in (
                 "KAFKA_STORAGE_ERROR", "_MSG_TIMED_OUT")
             # Figg has no NACK: the gateway closes the publisher's connection and says why.
             async with open_figg_client(*served.figg) as figg:
