@@ -71,8 +71,9 @@ async def _place(backend: Backend, batch: ProduceBatch) -> ProduceOutcome:
     key = (batch.topic, batch.partition)
     lock = locks.get(key)
     if lock is None:
-        if len(locks) >= 4096:
-            locks.clear()
+        if len(locks) >= 4096:  # forget idle partitions' locks, never one in use
+            for idle in [k for k, held in locks.items() if not held.locked()]:
+                del locks[idle]
         lock = locks[key] = trio.Lock()
     async with lock:
         outcome = ProduceOutcome(ProduceCode.INVALID_SEQUENCE)
