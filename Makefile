@@ -37,14 +37,15 @@ RUN_FLAGS = $(strip $(call serve_flag,CONFIG,--config) $(call serve_flag,DATA,--
 ## Set everything up and run the whole suite with the compiled extension, then again in
 ## pure Python the tests whose code paths the extension replaces (PURE_TESTS).
 ## Two pytest workers (one test file each at a time): most tests wait on sockets and
-## subprocesses, so two halve the wall time on two cores.
+## subprocesses, so two halve the wall time on two cores. Files with tests marked slow go
+## first (tests/conftest.py), so no long file is left to run alone at the end.
 test: $(STAMP) system-tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q $(PYTEST_WORKERS)
 	FIGTANK_PURE_PYTHON=1 $(BIN)/python -m pytest -q $(PYTEST_WORKERS) $(PURE_TESTS)
 
-PYTEST_WORKERS = -n 2 --dist loadfile
+PYTEST_WORKERS = -n 2 --dist loadfile --no-loadscope-reorder
 
 # The protocol codecs, the listeners, the store, the bridge and the whole-process runs:
 # everything the compiled loops (protocols/_speedups.pyx, gateway/store/_fsync.pyx,

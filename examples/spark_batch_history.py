@@ -13,9 +13,13 @@ cancels the jobs, stops Spark and exits with status 130; a failure (no such dire
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
+from run_example import fail
 from spark_events import add_spark_log_argument, per_key_minute, run_spark
+
+from gateway.spark.segments import topic_names
 
 
 def main() -> None:
@@ -27,6 +31,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=50, help="rows to print")
     add_spark_log_argument(parser)
     args = parser.parse_args()
+    try:  # a missing directory or topic is told in a second, before Spark starts
+        topic_names(args.data_dir, args.topic)
+    except OSError as exc:
+        fail(str(exc))
+        sys.exit(1)
     run_spark("figtank-batch-history", lambda spark: history(spark, args),
               args.spark_log)
 

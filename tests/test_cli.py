@@ -13,6 +13,8 @@ from protocols.errors import ProtocolError
 from protocols.tank.bundle import Message, encode_bundle, frame_bundle
 from tests.serving import ServeProcess, figtank_serve
 
+pytestmark = pytest.mark.slow
+
 
 def figtank(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gateway.cli", *args], capture_output=True,

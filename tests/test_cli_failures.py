@@ -24,6 +24,8 @@ from protocols.tank.bundle import Message
 from tests.figg.proxy import dropping_proxy
 from tests.serving import ServeProcess, figtank_serve
 
+pytestmark = pytest.mark.slow
+
 FIGTANK = [sys.executable, "-m", "gateway.cli"]
 
 

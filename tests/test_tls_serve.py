@@ -14,10 +14,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from gateway.client.figg_blocking import BlockingFiggClient
 from gateway.server.tls import subject_identity
 from tests.serving import ServeProcess, figtank_serve
 from tests.tls_certs import Certs
+
+pytestmark = pytest.mark.slow
 
 
 def figtank(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:

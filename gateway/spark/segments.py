@@ -62,7 +62,9 @@ def _bound(position: Position, if_latest: int) -> int:
     return position.seq
 
 
-def _topics(root: str, topic: str | None) -> list[str]:
+def topic_names(root: str, topic: str | None) -> list[str]:
+    """The topics of data directory ``root`` to read: ``[topic]`` when it has that topic
+    (else FileNotFoundError naming it), every topic when ``topic`` is None."""
     if topic is not None:
         if not os.path.isdir(os.path.join(root, topic)):
             raise FileNotFoundError(f"no topic {topic!r} in {root}")
@@ -101,7 +103,7 @@ def plan_segments(options: SegmentOptions) -> list[SegmentSplit]:
     """The splits of every selected segment holding sequence numbers in range."""
     root = os.path.abspath(options.path)
     splits: list[SegmentSplit] = []
-    for topic in _topics(root, options.topic):
+    for topic in topic_names(root, options.topic):
         topic_dir = os.path.join(root, topic)
         for partition in _partitions(topic_dir, options.partitions):
             directory = os.path.join(topic_dir, str(partition))

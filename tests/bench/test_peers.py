@@ -15,6 +15,8 @@ from gateway.bench import peers as cp
 from gateway.bench.serving import Served
 from gateway.bench.suite import _for_protocols, compare, comparison_markdown, main
 
+pytestmark = pytest.mark.slow
+
 # ------------------------------------------------------------------ suite: medians, table
 
 

@@ -15,8 +15,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from gateway.bench.serving import start_serve
 from gateway.bench.soak.abusers import ABUSERS
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 

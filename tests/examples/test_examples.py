@@ -21,6 +21,8 @@ import pytest
 
 from tests.serving import ServeProcess, figtank_serve
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 

@@ -21,6 +21,8 @@ from tests.kafka.test_offsets_file import _kafka_address
 from tests.kafka.test_real_clients import produce
 from tests.serving import figtank_serve
 
+pytestmark = pytest.mark.slow
+
 
 def figtank(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gateway.cli", *args], capture_output=True,

@@ -9,6 +9,8 @@ import pytest
 
 from tests.spark.helpers import BackgroundServer, Produced, expected, produce, reader, rows_of
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def two_partitions(server: BackgroundServer) -> list[Produced]:

@@ -5,7 +5,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.spark.helpers import BackgroundServer, produce
+
+pytestmark = pytest.mark.slow
 
 
 class BatchSink:
