@@ -85,12 +85,14 @@ def test_targets_off_loopback_are_refused() -> None:
     assert "not a loopback address" in done.stderr
 
 
-def wait_for_connections(metrics: str, *, deadline: float) -> None:
-    """Until the server at ``metrics`` reports an open client connection."""
+def wait_for_figg_connection(metrics: str, *, deadline: float) -> None:
+    """Until the server at ``metrics`` reports an open Figg connection: the well-behaved
+    client's (the soak's setup fills its topic over Tank first)."""
     while time.monotonic() < deadline:
         with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5) as answer:
             for line in answer.read().decode().splitlines():
-                if line.startswith("figtank_connections{") and float(line.split()[-1]) > 0:
+                if (line.startswith("figtank_connections{") and 'protocol="figg"' in line
+                        and float(line.split()[-1]) > 0):
                     return
         time.sleep(0.1)
     raise AssertionError("the soak's clients never connected")
@@ -109,9 +111,9 @@ def test_a_server_that_dies_fails_the_soak() -> None:
                  "--warm-up", "0", "--drain", "1"],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                 env={**os.environ, "PYTHONPATH": str(ROOT)})
-            # Killed once the soak's clients are connected (on a busy machine the runner
-            # can take seconds to start; killed before, it only fails to connect).
-            wait_for_connections(event["metrics"], deadline=time.monotonic() + 60)
+            # Killed once the well-behaved client is connected (on a busy machine the
+            # runner can take seconds to start; killed before, it only fails to connect).
+            wait_for_figg_connection(event["metrics"], deadline=time.monotonic() + 60)
             time.sleep(1)
             process.send_signal(signal.SIGKILL)
             out, err = runner.communicate(timeout=90)
@@ -119,6 +121,7 @@ def test_a_server_that_dies_fails_the_soak() -> None:
             process.kill()
             process.wait()
     assert runner.returncode == 1, err[-3000:]
+    assert out, err[-3000:]
     report = json.loads(out)
     assert report["server"]["alive"] is False
     assert report["server"]["survived"] is False
