@@ -10,8 +10,11 @@ record to another pipe, which the event loop watches.
 Records (native byte order, fixed size, so that a pipe hands each reader whole ones):
 
 - job: ``u64 job_id | i32 count | i32 pad | i32 flags[MAX_FDS] | i32 fds[MAX_FDS]`` where
-  a flag of 1
-  asks for ``fsync`` (a directory) instead of ``fdatasync``; job id 0 stops the worker;
+  flag bit :data:`FSYNC` asks for ``fsync`` (a directory) instead of ``fdatasync`` and bit
+  :data:`CLOSE` hands the descriptor to the worker, which closes it once the job is done
+  (after a failed sync too, and after the result is written: the closes are not on the
+  acknowledgements' path), so that the event loop's thread spends no ``close`` on it; job
+  id 0 stops the worker;
 - result: ``u64 job_id | i32 errno (0: done) | i32 pad | u64 nanoseconds``.
 """
 
@@ -19,9 +22,11 @@ from libc.errno cimport EINTR, errno
 from libc.stdint cimport int32_t, uint64_t
 from libc.string cimport memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
-from posix.unistd cimport fdatasync, fsync, read, write
+from posix.unistd cimport close, fdatasync, fsync, read, write
 
 DEF _MAX_FDS = 30
+DEF _FSYNC = 1
+DEF _CLOSE = 2
 
 cdef struct Job:
     uint64_t job_id
@@ -41,6 +46,9 @@ MAX_FDS = _MAX_FDS
 #: Bytes of a job record and of a result record.
 JOB_SIZE = sizeof(Job)
 RESULT_SIZE = sizeof(Result)
+#: Job flag bits: ``fsync`` instead of ``fdatasync``; close the descriptor once done.
+FSYNC = _FSYNC
+CLOSE = _CLOSE
 
 
 cdef uint64_t _now_ns() noexcept nogil:
@@ -99,7 +107,7 @@ def run_worker(int jobs_fd, int results_fd):
                 result.error = 22  # EINVAL: a malformed job syncs nothing
             else:
                 for i in range(job.count):
-                    if job.flags[i]:
+                    if job.flags[i] & _FSYNC:
                         rc = fsync(job.fds[i])
                     else:
                         rc = fdatasync(job.fds[i])
@@ -107,5 +115,11 @@ def run_worker(int jobs_fd, int results_fd):
                         result.error = errno
                         break
             result.nanoseconds = _now_ns() - started
-            if _write_full(results_fd, <const char*>&result, sizeof(Result)) != 0:
+            status = _write_full(results_fd, <const char*>&result, sizeof(Result))
+            # After the report: the closes are not on the acknowledgements' path.
+            if 0 <= job.count <= _MAX_FDS:
+                for i in range(job.count):
+                    if job.flags[i] & _CLOSE:
+                        close(job.fds[i])
+            if status != 0:
                 break

@@ -144,8 +144,8 @@ class NativeSyncer:
         self._results_r, self._results_w = os.pipe()
         os.set_blocking(self._results_r, False)
         self._ids = itertools.count(1)
-        #: Jobs with the workers: id -> (job, on_done, descriptors opened for it).
-        self._running: dict[int, tuple[Job, Done, list[int]]] = {}
+        #: Jobs with the workers (which close their descriptors): id -> (job, on_done).
+        self._running: dict[int, tuple[Job, Done]] = {}
         self._waiting: deque[tuple[Job, Done]] = deque()
         self._closed = False
         self._threads = [threading.Thread(target=module.run_worker,
@@ -166,26 +166,28 @@ class NativeSyncer:
 
     def _send(self, job: Job, on_done: Done) -> None:
         fds = list(job.fds)
-        flags = [0] * len(fds)
-        opened = []
-        try:
+        module = self._module
+        flags = [module.CLOSE] * len(fds)
+        if job.directory is not None:
+            try:
+                fds.append(os.open(job.directory, os.O_RDONLY | os.O_DIRECTORY))
+            except OSError as exc:
+                on_done(exc, 0.0)
+                return
+            flags.append(module.FSYNC | module.CLOSE)
+        if len(fds) > module.MAX_FDS:  # rare: many rolls in one round
             if job.directory is not None:
-                opened.append(os.open(job.directory, os.O_RDONLY | os.O_DIRECTORY))
-                fds.append(opened[-1])
-                flags.append(1)  # fsync, not fdatasync
-        except OSError as exc:
-            on_done(exc, 0.0)
-            return
-        if len(fds) > self._module.MAX_FDS:  # rare: many rolls in one round
-            for fd in opened:
-                os.close(fd)
+                os.close(fds[-1])
             self._run_here(job, on_done)
             return
         job_id = next(self._ids)
-        pad = self._module.MAX_FDS - len(fds)
+        pad = module.MAX_FDS - len(fds)
         record = self._job.pack(job_id, len(fds), 0, *flags, *([0] * pad), *fds, *([0] * pad))
-        self._running[job_id] = (job, on_done, opened)
+        self._running[job_id] = (job, on_done)
         os.write(self._jobs_w, record)  # whole records under PIPE_BUF: never split
+        # The worker owns the descriptors now and closes them once the job is done, off
+        # the event loop's thread; the job's own close() finds none left.
+        job.fds = []
 
     @staticmethod
     def _run_here(job: Job, on_done: Done) -> None:
@@ -207,11 +209,8 @@ class NativeSyncer:
             except BlockingIOError:
                 continue
             for job_id, code, _, nanoseconds in _RESULT.iter_unpack(data):
-                _, on_done, opened = self._running.pop(job_id)
-                error = OSError(code, os.strerror(code)) if code else None
-                on_done(error, nanoseconds / 1e9)  # first: it acknowledges appends
-                for fd in opened:
-                    os.close(fd)
+                on_done = self._running.pop(job_id)[1]
+                on_done(OSError(code, os.strerror(code)) if code else None, nanoseconds / 1e9)
             while self._waiting and len(self._running) < _MAX_QUEUED_JOBS:
                 self._send(*self._waiting.popleft())
 

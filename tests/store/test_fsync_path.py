@@ -145,3 +145,46 @@ def test_tail_cache_keeps_the_newest_bundles_of_all_partitions_within_its_budget
     assert [e.first_seq for e in a.find(4, 6)] == [3, 5]  # up to what is visible
     add(a, 900)  # a big one pushes out the oldest, whoever's they are
     assert cache.size <= 1000 and a.first_seq == 11 and len(b) <= 1
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError as exc:
+        assert exc.errno == errno.EBADF
+        return False
+    return True
+
+
+@pytest.mark.parametrize("kind", syncers())
+async def test_syncer_closes_the_descriptors_of_a_job_off_the_event_loop(tmp_path, kind):
+    """A job owns its descriptors: the syncer's worker closes them once the job is done
+    (the C workers after writing their report), failed syncs and directories included, and
+    the job is left holding none, so the round's own ``close()`` can not close a descriptor
+    that has since been reused."""
+    target = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    syncer = open_kind(kind, threads=2)
+    jobs = [SyncJob([os.dup(target), os.dup(target)], str(tmp_path) if i % 2 else None)
+            for i in range(6)]
+    jobs.append(SyncJob([os.dup(target), NO_SUCH_FD]))  # fails: still closed
+    handed = [fd for job in jobs for fd in job.fds if fd != NO_SUCH_FD]
+    reports: list[OSError | None] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(syncer.run)
+            for job in jobs:
+                syncer.submit(job, lambda error, seconds: reports.append(error))
+            with trio.fail_after(10):
+                while len(reports) < len(jobs) or any(_is_open(fd) for fd in handed):
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    finally:
+        syncer.close()
+    assert [r is None for r in reports].count(False) == 1
+    assert all(job.fds == [] for job in jobs)
+    reused = os.dup(target)  # may take the number of a descriptor the workers closed
+    for job in jobs:
+        job.close()
+    assert _is_open(reused) and _is_open(target)
+    os.close(reused)
+    os.close(target)
