@@ -59,3 +59,29 @@ def test_renderings_in_threads_while_the_loop_counts() -> None:
     assert samples(text, "figtank_bytes_in_total") == {'topic="t"': 40_000}
     assert samples(text, "figtank_requests_total") == {
         'protocol="kafka",result="ok",type="fetch"': 20_000}
+
+
+def test_loop_histogram_renders_as_prometheus_client_histogram() -> None:
+    import random
+
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from gateway.server.metrics import _LATENCY_BUCKETS
+
+    metrics = Metrics()
+    registry = CollectorRegistry()
+    reference = Histogram("figtank_append_seconds", "Time from append request to "
+                          "acknowledgement.", buckets=_LATENCY_BUCKETS, registry=registry)
+    rng = random.Random(5)
+    values = [*_LATENCY_BUCKETS, 0.0, 1e-9, 99.0] + [rng.expovariate(500) for _ in range(500)]
+    for value in values:
+        metrics.append_seconds.observe(value)
+        reference.observe(value)
+
+    def lines(text: str) -> list[str]:
+        return sorted(line for line in text.splitlines()
+                      if line.startswith("figtank_append_seconds") and "_created" not in line)
+
+    want = lines(generate_latest(registry).decode())
+    assert len(want) == len(_LATENCY_BUCKETS) + 3  # the buckets, +Inf, count and sum
+    assert lines(metrics.render().decode()) == want

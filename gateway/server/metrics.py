@@ -19,15 +19,18 @@ own series, the others are summed under ``topic="_other"`` (see :class:`TopicLab
 
 from __future__ import annotations
 
+import math
 import operator
 import threading
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 log = structlog.get_logger("figtank.metrics")
 
@@ -137,9 +140,10 @@ class Metrics:
                                     registry=r)
         self.bytes_out = Counter("figtank_bytes_out", "Chunk and DATA bytes sent.", ["topic"],
                                  registry=r)
-        self.append_seconds = Histogram(
+        self.append_seconds = LoopHistogram(
             "figtank_append_seconds", "Time from append request to acknowledgement.",
-            buckets=_LATENCY_BUCKETS, registry=r)
+            _LATENCY_BUCKETS)
+        r.register(self.append_seconds)
         # Exported only by the backend they describe (see include()).
         self.fsync_seconds = Histogram("figtank_fsync_seconds", "Duration of one group fsync.",
                                        buckets=_LATENCY_BUCKETS, registry=None)
@@ -352,3 +356,36 @@ class GaugeCollector(Collector):
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
         yield GaugeMetricFamily(self._name, self._documentation, labels=self._labels)
+
+
+class LoopHistogram(Collector):
+    """A histogram (no labels) observed by the event loop alone: plain counts, one writer,
+    made into the family when the registry is collected (a consistent snapshot of the
+    bucket counts; the sum at most an observation apart). :meth:`observe` is one call,
+    where prometheus_client's takes a lock per bucket and sum."""
+
+    def __init__(self, name: str, documentation: str, buckets: Iterable[float]) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._bounds = [*buckets, math.inf]
+        self._counts = [0] * len(self._bounds)
+        self._sum = 0.0
+
+    def observe(self, amount: float) -> None:
+        """Count one observation of ``amount``."""
+        self._counts[bisect_left(self._bounds, amount)] += 1
+        self._sum += amount
+
+    def collect(self) -> Iterable[HistogramMetricFamily]:
+        counts = list(self._counts)
+        total = self._sum
+        buckets = []
+        cumulative = 0
+        for bound, count in zip(self._bounds, counts, strict=True):
+            cumulative += count
+            buckets.append((floatToGoString(bound), cumulative))
+        yield HistogramMetricFamily(self._name, self._documentation, buckets=buckets,
+                                    sum_value=total)
+
+    def describe(self) -> Iterable[HistogramMetricFamily]:
+        yield HistogramMetricFamily(self._name, self._documentation)
