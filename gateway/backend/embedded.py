@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from importlib.metadata import PackageNotFoundError, version
+from typing import Final
 
 import structlog
 import trio
@@ -132,22 +133,27 @@ class EmbeddedBackend:
         """:meth:`produce_nowait` of one batch to a partition that is there (the usual
         Produce): the same outcome and metrics without the per-partition bookkeeping.
         False, having done nothing, when the general path must take it."""
-        if self._awaiting_topic.get(batch.topic) is not None:
+        topic = batch.topic
+        if self._awaiting_topic and self._awaiting_topic.get(topic) is not None:
             return False
-        partition = self._writable_partition_nowait(batch.topic, batch.partition)
-        if not isinstance(partition, Partition):
+        partition = self.store.find_partition(topic, batch.partition)
+        if partition is None:
             return False
         metrics = self._metrics
-        started = time.perf_counter()
+        started = _perf_counter()
 
         def report(results: list[AppendResult | StoreError]) -> None:
             result = results[0]
-            elapsed = time.perf_counter() - started
-            on_done([_outcome(batch, result)])  # the answer first, the metrics after
-            if metrics is not None:
-                if isinstance(result, AppendResult):
-                    metrics.appended(batch.topic, result.last_seq - result.first_seq + 1,
+            elapsed = _perf_counter() - started
+            if type(result) is AppendResult:  # the answer first, the metrics after
+                on_done([ProduceOutcome(_OK, result.first_seq, result.last_seq)])
+                if metrics is not None:
+                    metrics.appended(topic, result.last_seq - result.first_seq + 1,
                                      result.size)
+                    metrics.append_seconds.observe(elapsed)
+                return
+            on_done([_outcome(batch, result)])
+            if metrics is not None:
                 metrics.append_seconds.observe(elapsed)
 
         partition.append_nowait([(batch.bundle, batch.base_seq, batch.info, batch.producer)],
@@ -371,6 +377,10 @@ class EmbeddedBackend:
 
     async def aclose(self) -> None:
         await self.store.aclose()
+
+
+_OK: Final = ProduceCode.OK
+_perf_counter: Final = time.perf_counter
 
 
 def _outcome(batch: ProduceBatch, result: AppendResult | StoreError) -> ProduceOutcome:

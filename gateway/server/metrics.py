@@ -9,21 +9,28 @@ what it reports: everything a collector reads must be safe to read from another 
 (prometheus_client's own metrics lock; the callbacks here take ``list(...)`` snapshots of
 the loop's dicts, which CPython copies without running Python code in between).
 
+The busiest counts (:meth:`Metrics.appended`, :class:`RequestCounter`) are plain totals
+that the event loop adds to, one writer, moved into their counters when the metrics are
+rendered (:meth:`Metrics.flush`): a Produce costs no counter lock.
+
 Per-topic series are bounded (``limits.metric_topics``): the first topics seen get their
 own series, the others are summed under ``topic="_other"`` (see :class:`TopicLabels`).
 """
 
 from __future__ import annotations
 
+import math
 import operator
 import threading
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 log = structlog.get_logger("figtank.metrics")
 
@@ -133,9 +140,10 @@ class Metrics:
                                     registry=r)
         self.bytes_out = Counter("figtank_bytes_out", "Chunk and DATA bytes sent.", ["topic"],
                                  registry=r)
-        self.append_seconds = Histogram(
+        self.append_seconds = LoopHistogram(
             "figtank_append_seconds", "Time from append request to acknowledgement.",
-            buckets=_LATENCY_BUCKETS, registry=r)
+            _LATENCY_BUCKETS)
+        r.register(self.append_seconds)
         # Exported only by the backend they describe (see include()).
         self.fsync_seconds = Histogram("figtank_fsync_seconds", "Duration of one group fsync.",
                                        buckets=_LATENCY_BUCKETS, registry=None)
@@ -201,18 +209,43 @@ class Metrics:
             "figtank_readers", "Readers of a partition.", labels,
             lambda: self.fold_topics(self.reader_lag.samples()[1], operator.add, topic_at=1)))
 
-        self._appended: dict[str, tuple[Any, Any]] = {}
+        #: By topic: ``[messages, bytes, messages counted, bytes counted, messages
+        #: counter, bytes counter]``, the first two written by the event loop only.
+        self._appended: dict[str, list[Any]] = {}
+        self._flushes: list[Callable[[], None]] = [self._flush_appended]
+        self._flush_lock = threading.Lock()
 
     def appended(self, topic: str, messages: int, size: int) -> None:
-        """Count an append of ``messages`` messages in ``size`` bytes to ``topic`` (the
-        topic's two counters are looked up once, not per append)."""
-        counters = self._appended.get(topic)
-        if counters is None:
+        """Count an append of ``messages`` messages in ``size`` bytes to ``topic`` (in the
+        event loop: added to the counters by :meth:`flush`)."""
+        totals = self._appended.get(topic)
+        if totals is None:
             label = self.topic_label(topic)
-            counters = self._appended[topic] = (self.messages_in.labels(label),
-                                                self.bytes_in.labels(label))
-        counters[0].inc(messages)
-        counters[1].inc(size)
+            totals = [0, 0, 0, 0, self.messages_in.labels(label), self.bytes_in.labels(label)]
+            self._appended[topic] = totals
+        totals[0] += messages
+        totals[1] += size
+
+    def _flush_appended(self) -> None:
+        for totals in list(self._appended.values()):
+            messages, size = totals[0], totals[1]
+            if messages != totals[2]:
+                totals[4].inc(messages - totals[2])
+                totals[2] = messages
+            if size != totals[3]:
+                totals[5].inc(size - totals[3])
+                totals[3] = size
+
+    def on_flush(self, flush: Callable[[], None]) -> None:
+        """Have :meth:`flush` call ``flush`` (which moves totals into counters)."""
+        self._flushes.append(flush)
+
+    def flush(self) -> None:
+        """Move the totals counted without a lock into their counters (any thread; done
+        by :meth:`render`, and by whoever reads those counters themselves)."""
+        with self._flush_lock:
+            for flush in self._flushes:
+                flush()
 
     def for_topic(self, family: Any, topic: str) -> Any:
         """The child of the per-topic ``family`` (``messages_out``, ``bytes_out``...) that
@@ -266,6 +299,7 @@ class Metrics:
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
+        self.flush()
         return generate_latest(self.registry)
 
 
@@ -276,14 +310,31 @@ class RequestCounter:
     def __init__(self, metrics: Metrics, protocol: str) -> None:
         self._requests = metrics.requests
         self._protocol = protocol
+        #: Requests counted, by (type, ok): written by the event loop only.
+        self._totals: dict[tuple[str, bool], int] = {}
+        #: What :meth:`_flush` moved into the counter so far, and the counter's children.
+        self._counted: dict[tuple[str, bool], int] = {}
         self._children: dict[tuple[str, bool], Any] = {}
+        metrics.on_flush(self._flush)
 
     def inc(self, kind: str, ok: bool = True) -> None:
-        child = self._children.get((kind, ok))
-        if child is None:
-            child = self._requests.labels(self._protocol, kind, "ok" if ok else "error")
-            self._children[(kind, ok)] = child
-        child.inc()
+        """Count a request (in the event loop: added to the counter by the next flush)."""
+        totals = self._totals
+        key = (kind, ok)
+        totals[key] = totals.get(key, 0) + 1
+
+    def _flush(self) -> None:
+        counted = self._counted
+        for key, total in list(self._totals.items()):
+            delta = total - counted.get(key, 0)
+            if delta:
+                child = self._children.get(key)
+                if child is None:
+                    kind, ok = key
+                    child = self._requests.labels(self._protocol, kind, "ok" if ok else "error")
+                    self._children[key] = child
+                child.inc(delta)
+                counted[key] = total
 
 
 class GaugeCollector(Collector):
@@ -305,3 +356,36 @@ class GaugeCollector(Collector):
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
         yield GaugeMetricFamily(self._name, self._documentation, labels=self._labels)
+
+
+class LoopHistogram(Collector):
+    """A histogram (no labels) observed by the event loop alone: plain counts, one writer,
+    made into the family when the registry is collected (a consistent snapshot of the
+    bucket counts; the sum at most an observation apart). :meth:`observe` is one call,
+    where prometheus_client's takes a lock per bucket and sum."""
+
+    def __init__(self, name: str, documentation: str, buckets: Iterable[float]) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._bounds = [*buckets, math.inf]
+        self._counts = [0] * len(self._bounds)
+        self._sum = 0.0
+
+    def observe(self, amount: float) -> None:
+        """Count one observation of ``amount``."""
+        self._counts[bisect_left(self._bounds, amount)] += 1
+        self._sum += amount
+
+    def collect(self) -> Iterable[HistogramMetricFamily]:
+        counts = list(self._counts)
+        total = self._sum
+        buckets = []
+        cumulative = 0
+        for bound, count in zip(self._bounds, counts, strict=True):
+            cumulative += count
+            buckets.append((floatToGoString(bound), cumulative))
+        yield HistogramMetricFamily(self._name, self._documentation, buckets=buckets,
+                                    sum_value=total)
+
+    def describe(self) -> Iterable[HistogramMetricFamily]:
+        yield HistogramMetricFamily(self._name, self._documentation)

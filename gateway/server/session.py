@@ -189,6 +189,7 @@ class Session:
         received = 0  # bytes read so far
         frame_at = -1  # where the frame begun and not yet complete starts in the stream
         deadline = math.inf  # when that frame must be complete
+        eager = False  # every other read of bytes already there skips the scheduler round
         while True:
             quota = self._quota  # may change: a Kafka SASL login changes the principal
             await self._wait_readable()
@@ -197,8 +198,10 @@ class Session:
                 await self._throttle(quota.wait_in)
                 size = quota.receive_size
             if deadline == math.inf:
+                eager = not eager
                 with RECEIVE_ERRORS:
-                    data = await (receive(fd, size) if fd >= 0 else stream.receive_some(size))
+                    data = await (receive(fd, size, eager) if fd >= 0
+                                  else stream.receive_some(size))
             else:
                 # The clock runs only while we wait for the peer, not while we hold it back.
                 deadline += trio.current_time() - self._last_read
@@ -311,18 +314,24 @@ class Session:
         """After the connection's tasks ended, whichever way."""
 
 
-async def receive(fd: int, size: int) -> bytes:
+async def receive(fd: int, size: int, eager: bool = False) -> bytes:
     """Up to ``size`` bytes from the plain socket ``fd`` (``b""``: EOF), as
     ``trio.SocketStream.receive_some`` does it (a checkpoint either way) with two
     coroutines fewer: an idle connection's reader keeps this frame while it waits, not
-    the stream's, the socket wrapper's and their helpers' (~1 KB)."""
+    the stream's, the socket wrapper's and their helpers' (~1 KB).
+
+    ``eager``: bytes that are there at once come back without the scheduler round
+    (cancellation is still checked); the caller makes sure that the next read is not
+    eager, so a peer that always has bytes ready still lets the other tasks run every
+    second read."""
     await trio.lowlevel.checkpoint_if_cancelled()
     try:
         data = os.read(fd, size)
     except BlockingIOError:
         pass
     else:
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        if not eager:
+            await trio.lowlevel.cancel_shielded_checkpoint()
         return data
     while True:
         await trio.lowlevel.wait_readable(fd)

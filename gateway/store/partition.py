@@ -10,7 +10,7 @@ import random
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import structlog
 import trio
@@ -152,6 +152,10 @@ class Partition:
     never held a message (Tank's DiscoverPartitions says ``(0, 0)`` then), and
     ``high_water_mark + 1`` when retention removed every message.
     """
+
+    #: Take the one-call path for the usual append (:meth:`_append_plain_now`); tests
+    #: turn it off to compare it with the general path, its reference.
+    fast_append: ClassVar[bool] = True
 
     def __init__(self, topic: str, index: int, directory: str, config: TopicConfig,
                  env: PartitionEnv) -> None:
@@ -386,6 +390,11 @@ class Partition:
         if self._lock.locked() or self._queued:
             self._append_later(entries, on_done)
             return
+        if self.fast_append and not self._fsync and len(entries) == 1:
+            result = self._append_plain_now(entries[0])
+            if result is not None:
+                on_done([result])
+                return
         try:
             outcomes, tickets = self._write_all_now(entries)
         except _MustWait as wait:
@@ -452,6 +461,55 @@ class Partition:
             if tickets:
                 self._commit.start()  # one round for everything written here
         return outcomes, tickets
+
+    def _append_plain_now(self, entry: AppendEntry) -> AppendOutcome | None:
+        """The usual append in ``os`` durability, in one call: a plain bundle (no chosen
+        sequence, no producer state) that fits the active segment. Does what
+        :meth:`_write_now` and :meth:`_execute` do for it and returns the outcome; None,
+        having done nothing, when the general path must take the entry (anything that
+        plans a segment change, a gap, a sparse bundle, an error to report)."""
+        bundle = entry[0]
+        info = entry[2] if len(entry) > 2 else None
+        if (entry[1] or (len(entry) > 3 and entry[3] is not None)
+                or self._closed or self._broken is not None
+                or len(bundle) > self._env.max_bundle_size):
+            return None
+        if info is None:
+            try:
+                info = validate_bundle(bundle)
+            except ProtocolError:
+                return None  # the general path reports it
+        seg = self._active
+        if info.sparse or seg is None or not seg.size:
+            return None
+        first = self._written_hwm + 1
+        last = first + info.msg_count - 1
+        size = len(bundle)
+        prefix = _varint(size)
+        framed = len(prefix) + size
+        now = self._env.clock()
+        if (seg.size + framed > self.config.segment_bytes or last >= UINT64_MAX
+                or seg.index().size_bytes + ENTRY_SIZE > self.config.index_max_bytes
+                or last - seg.base > MAX_REL_SEQ or now >= self._roll_at):
+            return None  # a segment roll: the general path
+        try:
+            offset = seg.append(prefix, bundle, first, last, self.config.index_interval_bytes)
+        except OSError as exc:
+            self._log.error("append_failed", segment=seg.name, error=str(exc))
+            return StoreIOError(f"write failed: {exc}")
+        self._written_hwm = last
+        if self._tail is not None:
+            self._tail.add(TailEntry(first, last, False, seg, offset, prefix, bundle))
+        seg.visible_size = seg.size
+        self._hwm = last
+        self.appended_bytes += framed
+        self._changed.unpark_all()
+        if self._waiters:
+            waiters, self._waiters = self._waiters, set()
+            for event in waiters:
+                event.set()
+        self._count_unflushed(info.msg_count, now)
+        return AppendResult(first, last, framed)
 
     def _check_bundle(self, bundle: bytes) -> BundleInfo:
         if len(bundle) > self._env.max_bundle_size:
@@ -1056,6 +1114,15 @@ class Partition:
             except OSError as exc:  # recovery trims the zeros at the next start
                 self._log.warning("segment_trim_failed", segment=self._active.name,
                                   error=str(exc))
+
+
+def _varint(n: int) -> bytes:
+    """:func:`~protocols.wire.encode_varint` with the usual sizes unrolled."""
+    if n < 0x4000:
+        return bytes((n,)) if n < 0x80 else bytes((n & 0x7F | 0x80, n >> 7))
+    if n < 0x200000:
+        return bytes((n & 0x7F | 0x80, (n >> 7) & 0x7F | 0x80, n >> 14))
+    return encode_varint(n)
 
 
 def _report_when_durable(outcomes: list[AppendOutcome], tickets: list[tuple[int, Ticket]],

@@ -297,6 +297,14 @@ class LogStore:
             raise UnknownTopic(f"no topic {topic!r}")
         return t.partition(index)
 
+    def find_partition(self, topic: str, index: int) -> Partition | None:
+        """:meth:`partition`, or None where that raises (for the hot path)."""
+        t = self._topics.get(topic)
+        if t is None:
+            return None
+        partitions = t.partitions
+        return partitions[index] if 0 <= index < len(partitions) else None
+
     async def create_topic(self, name: str, partitions: int | None = None,
                            config_text: str = "") -> Topic:
         """Create a topic atomically: build ``.<name>`` then rename it to ``<name>``.

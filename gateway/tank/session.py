@@ -182,14 +182,15 @@ class TankSession(RequestSession):
 
     async def _received(self, data: bytes | bytearray) -> bool:
         """Dispatch every request in the buffer (read in one pass); True after a clean EOF."""
-        conn = self._conn
-        conn.receive_data(data)
         with PROTOCOL_ERRORS:
-            events, error = conn.next_requests(ProduceBatch)
+            events, error = self._conn.receive_requests(data, ProduceBatch)
         for event in events:
             if event is CLOSED:
                 return True
-            await self._admit_next()
+            if self._spent() is not None:  # _admit_next(), one coroutine fewer
+                await self._admit()
+            elif self._held_by is not None:
+                self._held_by = None
             if type(event) is ProducePass:
                 self._produce_pass(event)
                 continue
@@ -244,8 +245,10 @@ class TankSession(RequestSession):
         """A Produce as the read's pass made it: straight to the backend, answered with a
         frame built from the outcomes; through the records when the lane or the access
         policy has a say."""
-        self._received_request()
-        self._begin()
+        # _received_request() and _begin() in place; its activity time is the read's
+        # (it is in flight from now on, and _end() stamps the time it is answered).
+        self.requests += 1
+        self._in_flight += 1
         if self._lane.busy or not self._access.open:
             self._produce_request(produce.as_request(), produce.size)
             return

@@ -166,6 +166,26 @@ class TankConnection:
         max_payload = self._frames.max_payload
         items, error = self._frames.scan(
             lambda buf, pos, end: scan_requests(buf, pos, end, max_payload, make_batch))
+        return self._requests(items, error)
+
+    def receive_requests(self, data: bytes | bytearray | memoryview, make_batch: MakeBatch
+                         ) -> tuple[list[Any], ProtocolError | None]:
+        """:meth:`receive_data` then :meth:`next_requests`, the same results; when no frame
+        is partly buffered, the pass reads ``data`` where it is and only the incomplete
+        frame at its end (if any) is buffered: a read of whole requests is not copied."""
+        frames = self._frames
+        if (not data or frames.buffered or frames.eof or type(data) is not bytes
+                or self.role is not Role.SERVER or self._failure is not None):
+            frames.feed(data)
+            return self.next_requests(make_batch)
+        items, pos, error = scan_requests(data, 0, len(data), frames.max_payload, make_batch)
+        if error is None and pos < len(data):
+            frames.feed(data[pos:])
+        return self._requests(items, error)
+
+    def _requests(self, items: list[Any], error: ProtocolError | None
+                  ) -> tuple[list[Any], ProtocolError | None]:
+        """The pass's items with every frame that is not a Produce decoded."""
         for i, item in enumerate(items):
             if type(item) is tuple:
                 try:

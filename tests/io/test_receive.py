@@ -81,3 +81,36 @@ async def test_a_reset_connection_raises_oserror() -> None:
         client.close()  # linger 0: RST
         with trio.fail_after(5), pytest.raises(ConnectionResetError):
             await receive(accepted.fileno(), 100)
+
+
+async def test_an_eager_read_of_data_that_is_there_does_not_yield() -> None:
+    client, accepted = loopback_pair()
+    turns = 0
+
+    async def other() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await trio.lowlevel.checkpoint()
+
+    with client, accepted:
+        client.sendall(b"x" * 50)
+        await trio.sleep(0.05)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other)
+            await trio.lowlevel.checkpoint()  # the other task runs once
+            seen = turns
+            for _ in range(20):
+                assert await receive(accepted.fileno(), 1, eager=True) == b"x"
+            assert turns == seen
+            # A read that is not eager yields: by the second, the other task has had a turn
+            # (whichever order the scheduler ran the two in the first round).
+            for _ in range(2):
+                assert await receive(accepted.fileno(), 1) == b"x"
+            assert turns > seen
+            with trio.CancelScope() as scope:  # a cancelled eager read reads nothing
+                scope.cancel()
+                await receive(accepted.fileno(), 1, eager=True)
+            assert scope.cancelled_caught
+            assert await receive(accepted.fileno(), 100, eager=True) == b"x" * 28
+            nursery.cancel_scope.cancel()

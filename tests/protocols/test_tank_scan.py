@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from gateway.backend.contract import ProduceBatch, ProduceCode, ProduceOutcome
 from gateway.tank import produce as P
 from protocols import native
-from protocols.connection import Role
+from protocols.connection import CLOSED, Role
 from protocols.errors import FrameTooLarge, ProtocolError
 from protocols.tank import scan as S
 from protocols.tank.connection import TankConnection, frame
@@ -278,3 +278,56 @@ def test_response_errors() -> None:
     assert same_response(1, layout, [ok[0], mock.Mock(code=256)])[0] == "error"
     assert same_response(1, (), []) == ("ok", (b"\x01\x04\x00\x00\x00\x01\x00\x00\x00",
                                                 True))
+
+
+# ------------------------------------------------------------------------- reads in place
+
+
+def _same_reads(reads: list[bytes], max_frame: int = MAX_PAYLOAD) -> list[Any]:
+    """Each read through ``receive_requests`` and through ``receive_data`` then
+    ``next_requests`` (the reference): the same requests, errors and partial frame."""
+    fast = TankConnection(Role.SERVER, max_frame_size=max_frame)
+    ref = TankConnection(Role.SERVER, max_frame_size=max_frame)
+    out: list[Any] = []
+    for data in reads:
+        got = run(fast.receive_requests, data, ProduceBatch)
+        ref.receive_data(data)
+        expected = run(ref.next_requests, ProduceBatch)
+        if expected[0] == "ok":
+            assert got[0] == "ok"
+            (items, error), (want, want_error) = got[1], expected[1]
+            assert items == want
+            assert type(error) is type(want_error) and str(error) == str(want_error)
+            out += items
+            if error is not None:
+                break  # the connection is unusable: what it buffered no longer counts
+        else:
+            assert got == expected
+            break
+        assert fast.buffered == ref.buffered
+    return out
+
+
+def test_reads_scanned_in_place_match_the_buffered_path() -> None:
+    rng = random.Random(2711)
+    ping = frame(*encode_payload(Ping()))
+    consume = frame(*encode_payload(ConsumeRequest(
+        2, 7, "c", 0, 0, [ConsumeTopic("t", [ConsumePartition(0, 1, 100)])])))
+    stream = produce_frame(GOOD) + ping + consume + produce_frame(
+        ProduceRequest(2, 10, "", 0, 0, [ProduceTopic("é", [ProducePartition(1, b"x" * 300)])]))
+    whole = _same_reads([stream, b""])
+    assert [type(i) for i in whole] == [S.ProducePass, Ping, ConsumeRequest, S.ProducePass,
+                                        type(CLOSED)]
+    for _ in range(300):
+        cuts = sorted(rng.sample(range(1, len(stream)), rng.randint(0, 4)))
+        reads = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+        assert _same_reads([*reads, b""]) == whole
+    # errors: a bad Produce after good requests, a frame over the limit, EOF mid-frame
+    bad = frame(MsgId.PRODUCE, BAD_PAYLOADS["short"])
+    assert len(_same_reads([produce_frame(GOOD) + bad + ping])) == 1
+    assert _same_reads([ping + struct.pack("<BI", 1, 1 << 30)], max_frame=1 << 10) == [Ping()]
+    assert _same_reads([ping + stream[:7], b""])[0] == Ping()
+    conn = TankConnection(Role.SERVER)  # a failed connection stays failed
+    conn.receive_requests(bad, ProduceBatch)
+    with pytest.raises(ProtocolError, match="already failed"):
+        conn.receive_requests(ping, ProduceBatch)
