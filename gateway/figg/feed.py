@@ -20,8 +20,10 @@ the group and get the rest through their own outbox, in order; a follower also l
 group the moment anything is queued in its outbox (an ACK or reply its socket did not take
 at once), so nothing the group writes can overtake it. The others are fed one by one
 (:meth:`Follower.take`) and join the group at a delivery that finds their socket free.
-A member's position and reader lag are brought up to date when it leaves the group
-(every member has had every delivery since it joined: the group sends whole deliveries).
+A member's position is brought up to date when it leaves the group (every member has
+had every delivery since it joined: the group sends whole deliveries); its reader lag
+(which records only how far behind it is, the same for every member) when it joins and
+whenever a delivery's lag differs from the one before.
 """
 
 from __future__ import annotations
@@ -71,7 +73,11 @@ class Follower(Protocol):
         frame already partly written, which must go out even if it detaches)."""
 
     def settle(self, next_seq: int, high_water_mark: int) -> None:
-        """It left the feed's group at ``next_seq``: bring its position up to date."""
+        """It left the feed's group at ``next_seq``: bring its position (and its reader
+        lag) up to date."""
+
+    def report_lag(self, next_seq: int, high_water_mark: int) -> None:
+        """Record its reader lag as of a delivery up to ``next_seq - 1``."""
 
     def count_out(self, messages: int, size: int) -> None:
         """Count ``messages`` DATA frames (``size`` bytes) sent to the group's members."""
@@ -80,8 +86,8 @@ class Follower(Protocol):
 class TailFeed:
     """One figg topic's subscribers at the tail; see the module docstring."""
 
-    __slots__ = ("_followers", "_group", "_hooks", "_quotas", "_slow", "high_water_mark",
-                 "next_seq")
+    __slots__ = ("_followers", "_group", "_hooks", "_members_lag", "_quotas", "_slow",
+                 "high_water_mark", "next_seq")
 
     def __init__(self, next_seq: int) -> None:
         #: Where the feed reads next; followers join only here.
@@ -98,6 +104,8 @@ class TailFeed:
         self._hooks: dict[Follower, Callable[[], None]] = {}
         #: The quotas of the group's members, with how many members have each.
         self._quotas: dict[OutQuota, int] = {}
+        #: The reader lag the members last reported (None: not yet).
+        self._members_lag: int | None = None
 
     @property
     def followers(self) -> int:
@@ -146,6 +154,7 @@ class TailFeed:
                 elif (fd := sub.direct_fd()) >= 0:
                     del slow[sub]
                     self._join_group(sub, fd)
+                    sub.report_lag(next_seq, high_water_mark)
                 elif not sub.take(frames, count, next_seq, high_water_mark):
                     self._release(sub)
         if len(group):
@@ -157,6 +166,11 @@ class TailFeed:
                 slow[member] = None
                 member.settle(next_seq, high_water_mark)
                 member.queue_rest(frames[result:] if result > 0 else frames, result > 0)
+            lag = high_water_mark - next_seq + 1
+            if lag != self._members_lag:  # (rare: at the tail it stays 0)
+                self._members_lag = lag
+                for member in group.members:
+                    member.report_lag(next_seq, high_water_mark)
         self.next_seq = next_seq
         self.high_water_mark = high_water_mark
 

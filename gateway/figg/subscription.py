@@ -224,6 +224,11 @@ class Subscription:
     def settle(self, next_seq: int, high_water_mark: int) -> None:
         """Left a feed's fan-out group, having been sent everything before ``next_seq``."""
         self.next_seq = next_seq
+        self.report_lag(next_seq, high_water_mark)
+
+    def report_lag(self, next_seq: int, high_water_mark: int) -> None:
+        """Record the reader lag as of a delivery up to ``next_seq - 1`` (nothing once
+        detached: its entry is gone or going)."""
         if not self.detached:
             where = self.where
             self._lag.update(self, "figg", where.topic, where.partition, next_seq,

@@ -67,6 +67,7 @@ class Sub:
         self.detached = False
         self._quota = quota
         self.counted = [0, 0]
+        self.lag: int | None = None
 
     @property
     def quota(self) -> Quota | None:
@@ -96,6 +97,10 @@ class Sub:
 
     def settle(self, next_seq: int, high_water_mark: int) -> None:
         self.next_seq = next_seq
+        self.report_lag(next_seq, high_water_mark)
+
+    def report_lag(self, next_seq: int, high_water_mark: int) -> None:
+        self.lag = high_water_mark - (next_seq - 1)
 
     def count_out(self, messages: int, size: int) -> None:
         self.counted[0] += messages
@@ -344,3 +349,29 @@ def _peer_of(sub: Any, peers: list[RawPeer]) -> RawPeer:
     where = sub._outbox._socket.getpeername()
     [peer] = [p for p in peers if p.stream.socket.getsockname() == where]
     return peer
+
+
+async def test_group_members_report_the_lag_of_each_delivery(loop: Any) -> None:
+    """A member's reader lag is the delivery's: reported when it joins and again whenever
+    it differs from the delivery before (at the tail it stays put: nothing to do)."""
+    with trio.fail_after(20):
+        async with AsyncExitStack() as stack, trio.open_nursery() as nursery:
+            (a, a_peer), (b, b_peer) = [await _subscriber(stack, nursery) for _ in range(2)]
+            feed = TailFeed(1)
+            nursery.start_soon(feed.follow, a)
+            await trio.testing.wait_all_tasks_blocked()
+            feed.deliver(b"1", 1, 2, 6)  # 5 more in the log than this delivery holds
+            assert feed.in_group(a) and a.lag == 5
+            b.next_seq = 2
+            nursery.start_soon(feed.follow, b)
+            await trio.testing.wait_all_tasks_blocked()
+            feed.deliver(b"2", 1, 3, 6)
+            assert feed.grouped == 2 and (a.lag, b.lag) == (4, 4)
+            feed.deliver(b"3456", 4, 7, 6)
+            assert (a.lag, b.lag) == (0, 0)
+            a.lag = b.lag = None
+            feed.deliver(b"7", 1, 8, 7)  # the same lag: not reported again
+            assert (a.lag, b.lag) == (None, None)
+            assert await _read(a_peer, 7) == b"1234567"
+            assert await _read(b_peer, 6) == b"234567"
+            nursery.cancel_scope.cancel()
