@@ -49,6 +49,7 @@ class Follower(Protocol):
 
     next_seq: int
     detached: bool
+
     @property
     def quota(self) -> OutQuota | None:
         """Its principal's quota, if any (a member leaves the group when it limits bytes
@@ -162,7 +163,7 @@ class TailFeed:
             group.first().count_out(count * members, len(frames) * members)
             for member, result, _ in group.send(frames):
                 # Out of the group with the rest queued in its outbox, in order.
-                member.forget_on_queue(self._hooks.pop(member))
+                self._forget_member(member)
                 slow[member] = None
                 member.settle(next_seq, high_water_mark)
                 member.queue_rest(frames[result:] if result > 0 else frames, result > 0)
@@ -206,6 +207,13 @@ class TailFeed:
     def _leave_group(self, sub: Follower) -> bool:
         if self._group.remove(sub) is None:
             return False
+        self._forget_member(sub)
+        sub.settle(self.next_seq, self.high_water_mark)
+        return True
+
+    def _forget_member(self, sub: Follower) -> None:
+        """What the feed kept for ``sub`` as a member (it is out of the group now)."""
+        sub.forget_on_queue(self._hooks.pop(sub))
         quota = sub.quota
         if quota is not None:
             left = self._quotas[quota] - 1
@@ -213,9 +221,6 @@ class TailFeed:
                 self._quotas[quota] = left
             else:
                 del self._quotas[quota]
-        sub.forget_on_queue(self._hooks.pop(sub))
-        sub.settle(self.next_seq, self.high_water_mark)
-        return True
 
     def _settle(self, sub: Follower) -> None:
         """Bytes were queued in ``sub``'s outbox: it is fed one by one from now on."""

@@ -138,9 +138,10 @@ async def test_followers_get_the_same_bytes_and_a_full_one_falls_back(loop: Any)
     every delivery through the group."""
     with trio.fail_after(20):
         async with AsyncExitStack() as stack, trio.open_nursery() as nursery:
-            fast = [await _subscriber(stack, nursery) for _ in range(4)]
+            quota = Quota()  # one principal's, no limit set
+            fast = [await _subscriber(stack, nursery, quota=quota) for _ in range(4)]
             slow_sub, slow_peer = await _subscriber(stack, nursery, limit=64 * 1024,
-                                                    rcvbuf=4096, sndbuf=4096)
+                                                    rcvbuf=4096, sndbuf=4096, quota=quota)
             subs = [sub for sub, _ in fast] + [slow_sub]
             feed = TailFeed(1)
             released = []
@@ -174,6 +175,7 @@ async def test_followers_get_the_same_bytes_and_a_full_one_falls_back(loop: Any)
             assert got == [expected] * len(fast)
             assert [sub.next_seq for sub, _ in fast] == [1] * 4  # grouped: settled on leaving
             assert released == [slow_sub]
+            assert feed._quotas == {quota: 4}  # the members' quota, counted once each
             for sub, _ in fast:
                 assert feed.in_group(sub)
             position = slow_sub.next_seq - 1
