@@ -3,20 +3,45 @@
 Subscribers at the tail of a partition all want the same thing: each append, as soon as
 it is durable. Instead of each of them waking up, fetching and converting on its own, the
 first to reach the tail *leads* a :class:`TailFeed`: it long-polls the backend once for
-everyone, turns each chunk into DATA frames once, and queues the frames on every
-follower's outbox. A subscriber that reaches the tail at the feed's position follows it
-and sleeps until released. A follower is released (and reads on its own from where it
-stands) when its connection falls behind (its outbox is full), when the leader stops
-(its connection is gone or behind), or when the feed meets anything but data; the next
-one at the tail leads a new feed. Subscribers that are behind read the log on their own,
-as before, so a slow client still only makes its own subscriptions lag.
+everyone, turns each chunk into DATA frames once, and hands the frames to every follower.
+A subscriber that reaches the tail at the feed's position follows it and sleeps until
+released. A follower is released (and reads on its own from where it stands) when its
+connection falls behind (its outbox is full), when the leader stops (its connection is
+gone or behind), or when the feed meets anything but data; the next one at the tail
+leads a new feed. Subscribers that are behind read the log on their own, as before, so a
+slow client still only makes its own subscriptions lag.
+
+The followers whose sockets are free (nothing queued in their outbox, its writer task
+idle, a plain socket, no bytes-out limit) are in the feed's
+:class:`~gateway.io.fanout.FanoutGroup`: each delivery is written to all of their sockets
+in one compiled pass (:func:`gateway.io.fanout.send_each`), with no Python per follower.
+The ones a pass could not finish (a full socket buffer, a partial write, an error) leave
+the group and get the rest through their own outbox, in order; a follower also leaves the
+group the moment anything is queued in its outbox (an ACK or reply its socket did not take
+at once), so nothing the group writes can overtake it. The others are fed one by one
+(:meth:`Follower.take`) and join the group at a delivery that finds their socket free.
+A member's position is brought up to date when it leaves the group (every member has
+had every delivery since it joined: the group sends whole deliveries); its reader lag
+(which records only how far behind it is, the same for every member) when it joins and
+whenever a delivery's lag differs from the one before.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Protocol
 
 import trio
+
+from gateway.io.fanout import FanoutGroup
+
+
+class OutQuota(Protocol):
+    """A principal's bytes-out limit (:class:`gateway.auth.quotas.PrincipalQuota`)."""
+
+    #: Whether data sent is charged (a reload may set or lift a limit).
+    out_limited: bool
 
 
 class Follower(Protocol):
@@ -25,46 +50,182 @@ class Follower(Protocol):
     next_seq: int
     detached: bool
 
+    @property
+    def quota(self) -> OutQuota | None:
+        """Its principal's quota, if any (a member leaves the group when it limits bytes
+        out)."""
+
     def take(self, frames: bytes, count: int, next_seq: int, high_water_mark: int) -> bool:
         """Queue frames a feed read; False when its connection is too far behind."""
+
+    def direct_fd(self) -> int:
+        """The socket to write its frames to directly now (nothing queued before them,
+        no quota to charge), or -1."""
+
+    def on_queue(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once, the next time bytes are queued in its outbox (not
+        written at once) or the outbox closes."""
+
+    def forget_on_queue(self, callback: Callable[[], None]) -> None:
+        """Forget a callback left with :meth:`on_queue`."""
+
+    def queue_rest(self, rest: bytes, begun: bool) -> None:
+        """Queue in its outbox what a group send did not write (``begun``: the rest of a
+        frame already partly written, which must go out even if it detaches)."""
+
+    def settle(self, next_seq: int, high_water_mark: int) -> None:
+        """It left the feed's group at ``next_seq``: bring its position (and its reader
+        lag) up to date."""
+
+    def report_lag(self, next_seq: int, high_water_mark: int) -> None:
+        """Record its reader lag as of a delivery up to ``next_seq - 1``."""
+
+    def count_out(self, messages: int, size: int) -> None:
+        """Count ``messages`` DATA frames (``size`` bytes) sent to the group's members."""
 
 
 class TailFeed:
     """One figg topic's subscribers at the tail; see the module docstring."""
 
-    __slots__ = ("_followers", "next_seq")
+    __slots__ = ("_followers", "_group", "_hooks", "_members_lag", "_quotas", "_slow",
+                 "high_water_mark", "next_seq")
 
     def __init__(self, next_seq: int) -> None:
         #: Where the feed reads next; followers join only here.
         self.next_seq = next_seq
+        #: The high-water mark the last delivery saw.
+        self.high_water_mark = next_seq - 1
+        #: Every follower, and the event that releases it.
         self._followers: dict[Follower, trio.Event] = {}
+        #: The followers fed one by one (the others are in the group).
+        self._slow: dict[Follower, None] = {}
+        #: The followers fed with one compiled pass.
+        self._group: FanoutGroup[Follower] = FanoutGroup()
+        #: The callback each group member left with its outbox.
+        self._hooks: dict[Follower, Callable[[], None]] = {}
+        #: The quotas of the group's members, with how many members have each.
+        self._quotas: dict[OutQuota, int] = {}
+        #: The reader lag the members last reported (None: not yet).
+        self._members_lag: int | None = None
 
     @property
     def followers(self) -> int:
         return len(self._followers)
 
+    @property
+    def grouped(self) -> int:
+        """Followers fed through the fan-out group now."""
+        return len(self._group)
+
+    def in_group(self, sub: Follower) -> bool:
+        """Whether ``sub`` is in the group (its ``next_seq`` is then the feed's)."""
+        return sub in self._group
+
     async def follow(self, sub: Follower) -> None:
-        """Be fed from here on; returns when released (the caller reads on its own then)."""
+        """Be fed from here on; returns when released (the caller reads on its own then,
+        its ``next_seq`` up to date)."""
         released = self._followers[sub] = trio.Event()
+        self._slow[sub] = None
         try:
             await released.wait()
         finally:
-            self._followers.pop(sub, None)
+            self.unfollow(sub)
+
+    def unfollow(self, sub: Follower) -> None:
+        """Stop feeding ``sub`` now (no byte is written for it after this call) and release
+        it; its position is up to date after this."""
+        released = self._followers.pop(sub, None)
+        if released is None:
+            return
+        self._slow.pop(sub, None)
+        self._leave_group(sub)
+        released.set()
 
     def deliver(self, frames: bytes, count: int, next_seq: int, high_water_mark: int) -> None:
         """Give every follower the frames of the messages up to ``next_seq - 1``; release
         those whose connection can not take them."""
-        for sub, released in list(self._followers.items()):
-            if sub.detached or not sub.take(frames, count, next_seq, high_water_mark):
-                del self._followers[sub]
-                released.set()
+        group = self._group
+        slow = self._slow
+        if self._quotas:
+            self._check_quotas()  # (before the slow ones are fed: those it takes out are)
+        if slow:
+            for sub in list(slow):
+                if sub.detached:
+                    self._release(sub)
+                elif (fd := sub.direct_fd()) >= 0:
+                    del slow[sub]
+                    self._join_group(sub, fd)
+                    sub.report_lag(next_seq, high_water_mark)
+                elif not sub.take(frames, count, next_seq, high_water_mark):
+                    self._release(sub)
+        if len(group):
+            members = len(group)
+            group.first().count_out(count * members, len(frames) * members)
+            for member, result, _ in group.send(frames):
+                # Out of the group with the rest queued in its outbox, in order.
+                self._forget_member(member)
+                slow[member] = None
+                member.settle(next_seq, high_water_mark)
+                member.queue_rest(frames[result:] if result > 0 else frames, result > 0)
+            lag = high_water_mark - next_seq + 1
+            if lag != self._members_lag:  # (rare: at the tail it stays 0)
+                self._members_lag = lag
+                for member in group.members:
+                    member.report_lag(next_seq, high_water_mark)
         self.next_seq = next_seq
+        self.high_water_mark = high_water_mark
 
     def stop(self) -> None:
         """Release every follower (the leader stops)."""
-        followers, self._followers = self._followers, {}
-        for released in followers.values():
-            released.set()
+        for sub in list(self._followers):
+            self.unfollow(sub)
+
+    def _release(self, sub: Follower) -> None:
+        del self._slow[sub]
+        self._followers.pop(sub).set()
+
+    def _check_quotas(self) -> None:
+        """Members whose principal has a bytes-out limit now (a reload) are fed one by one
+        from now on (each delivery is charged to its bucket there)."""
+        if not any(quota.out_limited for quota in self._quotas):
+            return
+        for member in self._group.members:
+            quota = member.quota
+            if quota is not None and quota.out_limited:
+                self._settle(member)
+
+    def _join_group(self, sub: Follower, fd: int) -> None:
+        self._group.add(sub, fd)
+        quota = sub.quota
+        if quota is not None:
+            self._quotas[quota] = self._quotas.get(quota, 0) + 1
+        # Anything queued in its outbox must go out before the group writes to its socket
+        # again: from then on it is fed through the outbox.
+        hook = self._hooks[sub] = partial(self._settle, sub)
+        sub.on_queue(hook)
+
+    def _leave_group(self, sub: Follower) -> bool:
+        if self._group.remove(sub) is None:
+            return False
+        self._forget_member(sub)
+        sub.settle(self.next_seq, self.high_water_mark)
+        return True
+
+    def _forget_member(self, sub: Follower) -> None:
+        """What the feed kept for ``sub`` as a member (it is out of the group now)."""
+        sub.forget_on_queue(self._hooks.pop(sub))
+        quota = sub.quota
+        if quota is not None:
+            left = self._quotas[quota] - 1
+            if left:
+                self._quotas[quota] = left
+            else:
+                del self._quotas[quota]
+
+    def _settle(self, sub: Follower) -> None:
+        """Bytes were queued in ``sub``'s outbox: it is fed one by one from now on."""
+        if self._leave_group(sub) and sub in self._followers:
+            self._slow[sub] = None
 
 
 class TailFeeds:

@@ -5,7 +5,8 @@ turns the chunk into DATA frames (or takes them from the listener's
 :class:`~gateway.figg.frames.DataFrameCache`, when another subscriber at the same position
 made them) and queues them on the connection's :class:`~gateway.figg.outbox.Outbox`. At
 the tail of the log it follows the topic's :class:`~gateway.figg.feed.TailFeed` (or leads
-it: one long poll and one conversion for every subscriber that keeps up). It waits for the
+it: one long poll and one conversion for every subscriber that keeps up; the followers
+whose sockets are free get each delivery in one compiled pass over their sockets). It waits for the
 outbox to be under its budget before reading, so a slow client makes its subscriptions lag
 in the log, never makes the server buffer. History and live messages come from the same
 loop, so the switch between them has no gap and no duplicate.
@@ -18,6 +19,7 @@ while in debt, as when its connection is behind.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 import structlog
@@ -67,16 +69,25 @@ class Subscription:
         self._bytes_out = metrics.for_topic(metrics.bytes_out, where.topic)
         self._log = log
         self._quota = quota
+        #: The principal's quota (a feed's fan-out group looks at its bytes-out limit).
+        self.quota = quota
         self._scope = trio.CancelScope()
+        #: The feed it follows now, if any.
+        self._feed: TailFeed | None = None
 
     @property
     def position(self) -> int:
         """The offset of the last message queued (what ATTACHED reports for it now)."""
+        feed = self._feed
+        if feed is not None and feed.in_group(self):
+            return feed.next_seq - 1  # fed by the group: as far as the feed
         return self.next_seq - 1
 
     def detach(self) -> None:
         """Stop at once: no frame of this subscription is queued or sent after this call."""
         self.detached = True
+        if self._feed is not None:
+            self._feed.unfollow(self)  # out of its fan-out group now, not when cancelled
         self._scope.cancel()
         self._outbox.drop(self)
 
@@ -107,7 +118,11 @@ class Subscription:
             else:  # at the tail: follow the feed there, lead one, or wait on our own
                 feed = self._feeds.at(self._topic_bytes, self.next_seq)
                 if feed is not None:
-                    await feed.follow(self)
+                    self._feed = feed
+                    try:
+                        await feed.follow(self)
+                    finally:
+                        self._feed = None
                     continue
                 feed = self._feeds.lead(self._topic_bytes, self.next_seq)
                 if feed is not None:
@@ -184,6 +199,45 @@ class Subscription:
             return False
         self._put(frames, count, next_seq, high_water_mark)
         return True
+
+    def direct_fd(self) -> int:
+        """The socket a feed may write this subscription's frames to directly now (its
+        outbox is free and no bytes-out limit is to be charged), or -1."""
+        quota = self._quota
+        if self.detached or (quota is not None and quota.out_limited):
+            return -1
+        outbox = self._outbox
+        return outbox.fd if outbox.free else -1
+
+    def on_queue(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once when bytes are next queued in the outbox (or it closes)."""
+        self._outbox.on_queue(callback)
+
+    def forget_on_queue(self, callback: Callable[[], None]) -> None:
+        self._outbox.forget_on_queue(callback)
+
+    def queue_rest(self, rest: bytes, begun: bool) -> None:
+        """Queue what a fan-out pass did not write; the rest of a frame ``begun`` on the
+        socket is sent even if the subscription detaches (the stream stays whole)."""
+        self._outbox.put_nowait(rest, None if begun else self)
+
+    def settle(self, next_seq: int, high_water_mark: int) -> None:
+        """Left a feed's fan-out group, having been sent everything before ``next_seq``."""
+        self.next_seq = next_seq
+        self.report_lag(next_seq, high_water_mark)
+
+    def report_lag(self, next_seq: int, high_water_mark: int) -> None:
+        """Record the reader lag as of a delivery up to ``next_seq - 1`` (nothing once
+        detached: its entry is gone or going)."""
+        if not self.detached:
+            where = self.where
+            self._lag.update(self, "figg", where.topic, where.partition, next_seq,
+                             high_water_mark)
+
+    def count_out(self, messages: int, size: int) -> None:
+        """Count DATA sent through a feed's fan-out group (of this topic)."""
+        self._messages_out.inc(messages)
+        self._bytes_out.inc(size)
 
     def _owes(self) -> bool:
         """Whether the principal's bytes-out quota is in debt (data must wait)."""
