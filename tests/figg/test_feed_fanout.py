@@ -27,7 +27,7 @@ from gateway.io.writer import FrameWriter
 from protocols.figg.messages import Attached, Detached
 from tests.figg.helpers import RawPeer, attach, detach, figg_server, open_test_backend, publish
 from tests.figg.test_listener import slow_reader
-from tests.io.helpers import tcp_pair
+from tests.io.helpers import receive_exactly, tcp_pair
 
 
 def _compiled() -> ModuleType | None:
@@ -117,15 +117,6 @@ async def _subscriber(stack: AsyncExitStack, nursery: trio.Nursery, *, limit: in
     return Sub(outbox, quota=quota), receiver
 
 
-async def _read(stream: trio.SocketStream, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        more = await stream.receive_some(size - len(data))
-        assert more, f"EOF after {len(data)} of {size} bytes"
-        data += more
-    return bytes(data)
-
-
 def _batch(i: int, size: int) -> bytes:
     head = b"<%d:" % i
     return head + bytes([i % 251]) * (size - len(head) - 1) + b">"
@@ -160,7 +151,7 @@ async def test_followers_get_the_same_bytes_and_a_full_one_falls_back(loop: Any)
             got: list[bytes] = [b""] * len(fast)
 
             async def reader(i: int, peer: trio.SocketStream) -> None:
-                got[i] = await _read(peer, len(expected))
+                got[i] = await receive_exactly(peer, len(expected))
 
             async with trio.open_nursery() as readers:
                 for i, (_, peer) in enumerate(fast):
@@ -181,7 +172,7 @@ async def test_followers_get_the_same_bytes_and_a_full_one_falls_back(loop: Any)
             position = slow_sub.next_seq - 1
             assert 1 <= position < len(batches)
             # Exactly the deliveries before its position, in order, nothing more.
-            assert await _read(slow_peer, position * 3000) == b"".join(batches[:position])
+            assert await receive_exactly(slow_peer, position * 3000) == b"".join(batches[:position])
             with trio.move_on_after(0.2):
                 assert await slow_peer.receive_some(1) == b"", "bytes past its position"
             assert slow_sub.outbox.queued_bytes == 0
@@ -215,9 +206,9 @@ async def test_a_member_whose_writer_queues_leaves_the_group_first(loop: Any) ->
             second = _batch(2, 100)
             feed.deliver(second, 1, 3, 2)
             assert sub.next_seq == 3
-            data = await _read(peer, len(first) + len(reply) + len(second))
+            data = await receive_exactly(peer, len(first) + len(reply) + len(second))
             assert data == first + reply + second
-            assert await _read(other_peer, 200) == first + second
+            assert await receive_exactly(other_peer, 200) == first + second
             nursery.cancel_scope.cancel()
 
 
@@ -239,8 +230,8 @@ async def test_unfollow_stops_group_writes_at_once(loop: Any) -> None:
             feed.unfollow(b)
             assert b.next_seq == 7 and feed.grouped == 1 and feed.followers == 1
             feed.deliver(b"three", 1, 8, 7)
-            assert await _read(a_peer, 11) == b"onetwothree"
-            assert await _read(b_peer, 6) == b"onetwo"
+            assert await receive_exactly(a_peer, 11) == b"onetwothree"
+            assert await receive_exactly(b_peer, 6) == b"onetwo"
             with trio.move_on_after(0.2):
                 assert await b_peer.receive_some(1) == b""
             nursery.cancel_scope.cancel()
@@ -265,8 +256,8 @@ async def test_a_member_under_a_new_bytes_out_limit_is_fed_one_by_one(loop: Any)
             assert not feed.in_group(sub) and feed.in_group(free)
             feed.deliver(b"c", 1, 4, 3)
             assert not feed.in_group(sub) and sub.next_seq == 4
-            assert await _read(peer, 3) == b"abc"
-            assert await _read(free_peer, 3) == b"abc"
+            assert await receive_exactly(peer, 3) == b"abc"
+            assert await receive_exactly(free_peer, 3) == b"abc"
             nursery.cancel_scope.cancel()
 
 
@@ -374,6 +365,6 @@ async def test_group_members_report_the_lag_of_each_delivery(loop: Any) -> None:
             a.lag = b.lag = None
             feed.deliver(b"7", 1, 8, 7)  # the same lag: not reported again
             assert (a.lag, b.lag) == (None, None)
-            assert await _read(a_peer, 7) == b"1234567"
-            assert await _read(b_peer, 6) == b"234567"
+            assert await receive_exactly(a_peer, 7) == b"1234567"
+            assert await receive_exactly(b_peer, 6) == b"234567"
             nursery.cancel_scope.cancel()

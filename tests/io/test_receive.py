@@ -20,6 +20,18 @@ def loopback_pair() -> tuple[socket.socket, socket.socket]:
     return client, accepted
 
 
+class Turns:
+    """Counts the turns another task gets while a test reads."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    async def take(self) -> None:
+        while True:
+            self.count += 1
+            await trio.lowlevel.checkpoint()
+
+
 async def test_waits_for_data_then_returns_what_is_there() -> None:
     client, accepted = loopback_pair()
     with client, accepted:
@@ -55,22 +67,16 @@ async def test_a_cancelled_caller_reads_nothing() -> None:
 
 async def test_data_that_was_there_still_yields_to_other_tasks() -> None:
     client, accepted = loopback_pair()
-    turns = 0
-
-    async def other() -> None:
-        nonlocal turns
-        while True:
-            turns += 1
-            await trio.lowlevel.checkpoint()
+    turns = Turns()
 
     with client, accepted:
         client.sendall(b"x" * 50)
         await trio.sleep(0.05)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(other)
+            nursery.start_soon(turns.take)
             for _ in range(50):  # never waits: the bytes are there
                 assert await receive(accepted.fileno(), 1) == b"x"
-            assert turns > 0
+            assert turns.count > 0
             nursery.cancel_scope.cancel()
 
 
@@ -85,29 +91,23 @@ async def test_a_reset_connection_raises_oserror() -> None:
 
 async def test_an_eager_read_of_data_that_is_there_does_not_yield() -> None:
     client, accepted = loopback_pair()
-    turns = 0
-
-    async def other() -> None:
-        nonlocal turns
-        while True:
-            turns += 1
-            await trio.lowlevel.checkpoint()
+    turns = Turns()
 
     with client, accepted:
         client.sendall(b"x" * 50)
         await trio.sleep(0.05)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(other)
+            nursery.start_soon(turns.take)
             await trio.lowlevel.checkpoint()  # the other task runs once
-            seen = turns
+            seen = turns.count
             for _ in range(20):
                 assert await receive(accepted.fileno(), 1, eager=True) == b"x"
-            assert turns == seen
+            assert turns.count == seen
             # A read that is not eager yields: by the second, the other task has had a turn
             # (whichever order the scheduler ran the two in the first round).
             for _ in range(2):
                 assert await receive(accepted.fileno(), 1) == b"x"
-            assert turns > seen
+            assert turns.count > seen
             with trio.CancelScope() as scope:  # a cancelled eager read reads nothing
                 scope.cancel()
                 await receive(accepted.fileno(), 1, eager=True)
