@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import socket
 import struct
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
@@ -65,19 +67,25 @@ async def test_a_cancelled_caller_reads_nothing() -> None:
         assert await receive(accepted.fileno(), 100) == b"kept"
 
 
-async def test_data_that_was_there_still_yields_to_other_tasks() -> None:
+@asynccontextmanager
+async def fifty_bytes_waiting() -> AsyncIterator[tuple[int, Turns]]:
+    """A socket with 50 bytes ready to read (its fd), beside a task counting its turns."""
     client, accepted = loopback_pair()
     turns = Turns()
-
     with client, accepted:
         client.sendall(b"x" * 50)
         await trio.sleep(0.05)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(turns.take)
-            for _ in range(50):  # never waits: the bytes are there
-                assert await receive(accepted.fileno(), 1) == b"x"
-            assert turns.count > 0
+            yield accepted.fileno(), turns
             nursery.cancel_scope.cancel()
+
+
+async def test_data_that_was_there_still_yields_to_other_tasks() -> None:
+    async with fifty_bytes_waiting() as (fd, turns):
+        for _ in range(50):  # never waits: the bytes are there
+            assert await receive(fd, 1) == b"x"
+        assert turns.count > 0
 
 
 async def test_a_reset_connection_raises_oserror() -> None:
@@ -90,27 +98,19 @@ async def test_a_reset_connection_raises_oserror() -> None:
 
 
 async def test_an_eager_read_of_data_that_is_there_does_not_yield() -> None:
-    client, accepted = loopback_pair()
-    turns = Turns()
-
-    with client, accepted:
-        client.sendall(b"x" * 50)
-        await trio.sleep(0.05)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(turns.take)
-            await trio.lowlevel.checkpoint()  # the other task runs once
-            seen = turns.count
-            for _ in range(20):
-                assert await receive(accepted.fileno(), 1, eager=True) == b"x"
-            assert turns.count == seen
-            # A read that is not eager yields: by the second, the other task has had a turn
-            # (whichever order the scheduler ran the two in the first round).
-            for _ in range(2):
-                assert await receive(accepted.fileno(), 1) == b"x"
-            assert turns.count > seen
-            with trio.CancelScope() as scope:  # a cancelled eager read reads nothing
-                scope.cancel()
-                await receive(accepted.fileno(), 1, eager=True)
-            assert scope.cancelled_caught
-            assert await receive(accepted.fileno(), 100, eager=True) == b"x" * 28
-            nursery.cancel_scope.cancel()
+    async with fifty_bytes_waiting() as (fd, turns):
+        await trio.lowlevel.checkpoint()  # the other task runs once
+        seen = turns.count
+        for _ in range(20):
+            assert await receive(fd, 1, eager=True) == b"x"
+        assert turns.count == seen
+        # A read that is not eager yields: by the second, the other task has had a turn
+        # (whichever order the scheduler ran the two in the first round).
+        for _ in range(2):
+            assert await receive(fd, 1) == b"x"
+        assert turns.count > seen
+        with trio.CancelScope() as scope:  # a cancelled eager read reads nothing
+            scope.cancel()
+            await receive(fd, 1, eager=True)
+        assert scope.cancelled_caught
+        assert await receive(fd, 100, eager=True) == b"x" * 28
