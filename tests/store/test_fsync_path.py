@@ -159,7 +159,7 @@ def _is_open(fd: int) -> bool:
 @pytest.mark.parametrize("kind", syncers())
 async def test_syncer_closes_the_descriptors_of_a_job_off_the_event_loop(tmp_path, kind):
     """A job owns its descriptors: the syncer's worker closes them once the job is done
-    (the C workers after writing their report), failed syncs and directories included, and
+    (before its report), failed syncs and directories included, and
     the job is left holding none, so the round's own ``close()`` can not close a descriptor
     that has since been reused."""
     target = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
@@ -188,3 +188,32 @@ async def test_syncer_closes_the_descriptors_of_a_job_off_the_event_loop(tmp_pat
     assert _is_open(reused) and _is_open(target)
     os.close(reused)
     os.close(target)
+
+
+@pytest.mark.parametrize("kind", syncers())
+async def test_a_reported_job_holds_no_descriptor(tmp_path, kind):
+    """By the time a job's report arrives its descriptors are closed: the store's
+    descriptor bound counts none of a round that has been reported."""
+    target = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    syncer = open_kind(kind, threads=2)
+    open_at_report: list[list[int]] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(syncer.run)
+            for i in range(8):  # one at a time: no descriptor is opened while one reports
+                fds = [os.dup(target), os.dup(target)]
+                reported = trio.Event()
+
+                def report(error: OSError | None, seconds: float, fds: list[int] = fds,
+                           reported: trio.Event = reported) -> None:
+                    open_at_report.append([fd for fd in fds if _is_open(fd)])
+                    reported.set()
+
+                syncer.submit(SyncJob(list(fds), str(tmp_path) if i % 2 else None), report)
+                with trio.fail_after(10):
+                    await reported.wait()
+            nursery.cancel_scope.cancel()
+    finally:
+        syncer.close()
+        os.close(target)
+    assert open_at_report == [[]] * 8
