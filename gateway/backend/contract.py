@@ -28,6 +28,7 @@ from protocols.tank.bundle import BundleInfo
 from protocols.topics import is_valid_topic_name
 
 if TYPE_CHECKING:
+    from gateway.store.config import ConfigBounds, TopicConfig
     from gateway.store.producers import ProducerBatch
 
 
@@ -268,6 +269,17 @@ class AutoCreate:
                                code)
 
 
+@dataclass(frozen=True)
+class TopicConfigs:
+    """The topic settings a backend keeps itself (the embedded store's): what a new topic
+    gets, the bounds a topic's own settings must keep, and each topic's settings."""
+
+    defaults: TopicConfig
+    bounds: ConfigBounds
+    #: ``of(topic)``: that topic's settings, None when there is no such topic.
+    of: Callable[[str], TopicConfig | None]
+
+
 class Backend(Protocol):
     """The log both listeners serve. Implementations: embedded store, upstream broker."""
 
@@ -320,6 +332,9 @@ class Backend(Protocol):
     async def reload_conf(self, topic: str, partition: int) -> ReloadConfCode: ...
 
     async def status(self) -> BackendStatus: ...
+
+    def topic_configs(self) -> TopicConfigs | None:
+        """The topic settings this backend keeps, or None when an upstream keeps them."""
 
     async def aclose(self) -> None:
         """Finish in-flight appends, make them durable, release files and connections."""

@@ -26,6 +26,7 @@ from gateway.backend.contract import (
     ProduceCode,
     ProduceOutcome,
     ReloadConfCode,
+    TopicConfigs,
     TopicInfo,
     TopicRefused,
     produce_and_wait,
@@ -347,6 +348,15 @@ class EmbeddedBackend:
         except (OSError, StoreError):
             return ReloadConfCode.IO_ERROR
         return ReloadConfCode.OK
+
+    def topic_configs(self) -> TopicConfigs:
+        """The store's topic settings: its defaults, bounds and each topic's."""
+        settings = self.store.settings
+        return TopicConfigs(settings.topic_defaults, settings.config_bounds, self._topic_config)
+
+    def _topic_config(self, name: str) -> TopicConfig | None:
+        topic = self.store.topic(name)
+        return topic.config if topic is not None else None
 
     async def status(self) -> BackendStatus:
         topics = [self.store.topic(name) for name in self.store.topics()]

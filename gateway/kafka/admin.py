@@ -21,7 +21,6 @@ from typing import Any, Final
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
 from gateway.backend.contract import Backend, CreateTopicCode
-from gateway.backend.embedded import EmbeddedBackend
 from gateway.store.config import TopicConfig
 from gateway.store.errors import InvalidConfig
 from protocols.kafka.records import (
@@ -107,10 +106,10 @@ def _check(backend: Backend, topic: Any) -> tuple[int, str]:
         raise _Refused(ErrorCode.INVALID_REPLICA_ASSIGNMENT,
                        "replica assignments are not supported (one broker)")
     text = tank_config(topic.configs)
-    if isinstance(backend, EmbeddedBackend):  # the store's reason, before trying
-        settings = backend.store.settings
+    configs = backend.topic_configs()
+    if configs is not None:  # the store's reason, before trying
         try:
-            settings.topic_defaults.with_text(text, settings.config_bounds)
+            configs.defaults.with_text(text, configs.bounds)
         except InvalidConfig as exc:
             raise _Refused(ErrorCode.INVALID_CONFIG, str(exc)) from None
     return partitions, text
@@ -196,13 +195,14 @@ _DESCRIBED: Final[list[tuple[str, Callable[[TopicConfig], object]]]] = [
 def _topic_config(backend: Backend, name: str, planned: str | None) -> tuple[
         TopicConfig, TopicConfig] | None:
     """(the topic's config, the store's default) when the backend can tell."""
-    if not isinstance(backend, EmbeddedBackend):
+    configs = backend.topic_configs()
+    if configs is None:
         return None
-    defaults = backend.store.settings.topic_defaults
+    defaults = configs.defaults
     if planned is not None:
         return defaults.with_text(planned), defaults
-    topic = backend.store.topic(name)
-    return (topic.config, defaults) if topic is not None else None
+    config = configs.of(name)
+    return (config, defaults) if config is not None else None
 
 
 def _entries(backend: Backend, name: str, keys: list[str] | None, *,

@@ -171,6 +171,10 @@ class MemoryBackend:
     async def reload_conf(self, topic: str, partition: int) -> ReloadConfCode:
         return ReloadConfCode.OK
 
+    def topic_configs(self) -> None:
+        """None: no topic settings kept."""
+        return None
+
     async def status(self) -> BackendStatus:
         n = sum(len(p) for p in self.topics.values())
         return BackendStatus(len(self.topics), n, n, 0, 0, 1)

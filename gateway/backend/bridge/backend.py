@@ -254,6 +254,10 @@ class BridgeBackend:
         except ValueError:  # 12: refused by a clustered broker
             return ReloadConfCode.IO_ERROR
 
+    def topic_configs(self) -> None:
+        """None: the upstream keeps its topics' settings."""
+        return None
+
     async def status(self) -> BackendStatus:
         """The upstream broker's Status."""
         s = await self.upstream.call("status", self._deadline(),

@@ -559,6 +559,10 @@ class KafkaBackend:
             return ReloadConfCode.UNKNOWN_TOPIC
         return ReloadConfCode.OK
 
+    def topic_configs(self) -> None:
+        """None: the upstream keeps its topics' settings."""
+        return None
+
     async def status(self) -> BackendStatus:
         topics = await self.discover_topics()
         return BackendStatus(len(topics), sum(t.partitions for t in topics),
