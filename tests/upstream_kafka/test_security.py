@@ -108,8 +108,10 @@ async def test_figg_tank_and_kafka_clients_through_tls_and_sasl(
             assert not up.events("sasl_auth_failed")
             assert served.events("upstream_down") == []
             assert served.events("upstream_client_fatal") == []
+            # Closed by the clients (eof; or reset: librdkafka closing a connection with a
+            # response still unread resets it, seen once in CI), never by the gateway.
             assert [e for e in served.events("connection_closed")
-                    if e.get("kind") != "eof"] == []
+                    if e.get("kind") not in ("eof", "reset")] == []
     finally:
         front.close()
         upstream.served.close()
