@@ -42,10 +42,12 @@ RUN_FLAGS = $(strip $(call serve_flag,CONFIG,--config) $(call serve_flag,DATA,--
 test: $(STAMP) system-tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q $(PYTEST_WORKERS)
+	$(BIN)/python -m pytest -q $(PYTEST_WORKERS) $(PYTEST_DURATIONS)
 	FIGTANK_PURE_PYTHON=1 $(BIN)/python -m pytest -q $(PYTEST_WORKERS) $(PURE_TESTS)
 
 PYTEST_WORKERS = -n 2 --dist loadfile --no-loadscope-reorder
+# The slowest tests of each run, for whoever next works on the suite's time.
+PYTEST_DURATIONS = --durations=15
 
 # The protocol codecs, the listeners, the store, the bridge and the whole-process runs:
 # everything the compiled loops (protocols/_speedups.pyx, gateway/store/_fsync.pyx,
