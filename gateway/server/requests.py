@@ -61,10 +61,17 @@ class RequestSession(Session):
     async def _admit_next(self) -> None:
         """Before dispatching the next request of a read: wait until it fits every
         budget (one read can hold thousands of small requests)."""
-        if self._spent() is not None:
+        if self._must_wait():
             await self._admit()
-        elif self._held_by is not None:
-            self._held_by = None  # the episode is over
+
+    def _must_wait(self) -> bool:
+        """Whether the next request of a read must wait for a budget (:meth:`_admit`);
+        when not, a held-back episode is over. :meth:`_admit_next` without its coroutine,
+        for the hot path."""
+        if self._spent() is not None:
+            return True
+        self._held_by = None
+        return False
 
     def _spent(self) -> str | None:
         """The first of the connection's budgets that is spent (its setting), or None."""
@@ -100,6 +107,13 @@ class RequestSession(Session):
         self._last_activity = trio.current_time()
 
     def _begin(self) -> None:
+        self._in_flight += 1
+
+    def _begin_received(self) -> None:
+        """:meth:`_received_request` and :meth:`_begin` without reading the clock: the
+        request's activity time is that of the read that brought it (:meth:`_end` stamps
+        the time it is answered)."""
+        self.requests += 1
         self._in_flight += 1
 
     def _end(self, count: int = 1) -> None:

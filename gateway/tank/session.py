@@ -187,10 +187,8 @@ class TankSession(RequestSession):
         for event in events:
             if event is CLOSED:
                 return True
-            if self._spent() is not None:  # _admit_next(), one coroutine fewer
+            if self._must_wait():
                 await self._admit()
-            elif self._held_by is not None:
-                self._held_by = None
             if type(event) is ProducePass:
                 self._produce_pass(event)
                 continue
@@ -245,10 +243,7 @@ class TankSession(RequestSession):
         """A Produce as the read's pass made it: straight to the backend, answered with a
         frame built from the outcomes; through the records when the lane or the access
         policy has a say."""
-        # _received_request() and _begin() in place; its activity time is the read's
-        # (it is in flight from now on, and _end() stamps the time it is answered).
-        self.requests += 1
-        self._in_flight += 1
+        self._begin_received()
         if self._lane.busy or not self._access.open:
             self._produce_request(produce.as_request(), produce.size)
             return
