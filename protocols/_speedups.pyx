@@ -1442,3 +1442,133 @@ def tank_produce_response(request_id, layout, outcomes):
     out[7] = <uint8_t>(rid >> 16)
     out[8] = <uint8_t>(rid >> 24)
     return frame[:w], ok
+
+
+cdef Py_ssize_t _single_produce(const uint8_t* b, Py_ssize_t n, uint32_t* request_id,
+                                uint16_t* partition, Py_ssize_t* name_at,
+                                Py_ssize_t* name_len, Py_ssize_t* bundle_at):
+    """Where the one bundle of the Produce payload ``b[:n]`` starts (``bundle_at``, its
+    length returned) when the payload is one topic with one partition and reads cleanly;
+    -1 for anything else (the general path decodes it and says what is wrong)."""
+    cdef Py_ssize_t pos = 6
+    cdef Py_ssize_t stop
+    cdef uint64_t v = 0
+    cdef int shift = 0
+    cdef int k = 0
+    cdef uint8_t byte
+    if n < 7:
+        return -1
+    request_id[0] = _le32(b + 2)
+    stop = pos + 1 + b[pos]
+    if stop > n or _utf8(b + pos + 1, stop - pos - 1) is None:
+        return -1
+    pos = stop + 5  # required acks, ack timeout
+    if n - pos < 2 or b[pos] != 1:  # one topic
+        return -1
+    pos += 1
+    stop = pos + 1 + b[pos]
+    if stop > n:
+        return -1
+    name_at[0] = pos + 1
+    name_len[0] = stop - pos - 1
+    pos = stop
+    if n - pos < 3 or b[pos] != 1:  # one partition
+        return -1
+    partition[0] = _le16(b + pos + 1)
+    pos += 3
+    while True:
+        if pos >= n or k == TANK_VARINT_MAX:
+            return -1
+        byte = b[pos]
+        pos += 1
+        k += 1
+        v |= <uint64_t>(byte & 0x7F) << shift
+        if byte < 0x80:
+            if byte == 0 and shift > 0:
+                return -1
+            break
+        shift += 7
+    if v != <uint64_t>(n - pos):  # the bundle ends the payload
+        return -1
+    bundle_at[0] = pos
+    return <Py_ssize_t>v
+
+
+cdef bint _plain_count(object bundle, object max_uncompressed, uint64_t* count):
+    """Whether ``bundle`` is valid and not sparse (its message count in ``count``)."""
+    cdef Py_buffer view
+    cdef Header h
+    PyObject_GetBuffer(bundle, &view, PyBUF_SIMPLE)
+    try:
+        _parse_header(<const uint8_t*>view.buf, 0, view.len, &h)
+        _walk_body(bundle, <const uint8_t*>view.buf, view.len, view.len, &h, h.first, h.last,
+                   False, max_uncompressed, NULL, None, None)
+    except ProtocolError:
+        return False
+    finally:
+        PyBuffer_Release(&view)
+    count[0] = h.count
+    return not h.sparse
+
+
+def tank_produce_run(buf, Py_ssize_t pos, Py_ssize_t end, max_payload, appenders,
+                     Py_ssize_t room, max_uncompressed):
+    """``protocols.tank.scan.produce_run_py``: append and answer the run of plain
+    single-partition Produces at ``buf[pos:end]`` through ``appenders``; returns
+    ``(pos, responses, count)``."""
+    cdef Py_buffer view
+    cdef const uint8_t* p
+    cdef long long limit = (-1 if max_payload < 0 else
+                            0xFFFFFFFF if max_payload > 0xFFFFFFFF else max_payload)
+    cdef uint32_t length, request_id
+    cdef uint16_t partition
+    cdef Py_ssize_t start, name_at, name_len, bundle_at, bundle_len
+    cdef Py_ssize_t count = 0
+    cdef uint64_t messages
+    cdef OutBuf out
+    cdef uint8_t* w
+    out.data = NULL
+    out.length = 0
+    out.capacity = 0
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        if pos < 0 or end < 0 or end > view.len or pos > end:
+            raise ValueError("run bounds outside the buffer")
+        p = <const uint8_t*>view.buf
+        while end - pos >= TANK_HEADER and <Py_ssize_t>out.length < room:
+            length = _le32(p + pos + 1)
+            start = pos + TANK_HEADER
+            if p[pos] != TANK_PRODUCE or <long long>length > limit or end - start < length:
+                break
+            bundle_len = _single_produce(p + start, length, &request_id, &partition,
+                                         &name_at, &name_len, &bundle_at)
+            if bundle_len < 0:
+                break
+            name = _utf8(p + start + name_at, name_len)
+            if name is None:
+                break
+            appender = appenders.get((name, partition))
+            if appender is None:
+                break
+            bundle = PyBytes_FromStringAndSize(<const char*>p + start + bundle_at, bundle_len)
+            if not _plain_count(bundle, max_uncompressed, &messages):
+                break
+            if not appender(bundle, messages):
+                break
+            _reserve(&out, TANK_HEADER + 5)
+            w = out.data + out.length
+            w[0] = TANK_PRODUCE
+            w[1] = 5
+            w[2] = w[3] = w[4] = 0
+            w[5] = <uint8_t>request_id
+            w[6] = <uint8_t>(request_id >> 8)
+            w[7] = <uint8_t>(request_id >> 16)
+            w[8] = <uint8_t>(request_id >> 24)
+            w[9] = 0  # OK
+            out.length += TANK_HEADER + 5
+            count += 1
+            pos = start + length
+        return pos, PyBytes_FromStringAndSize(<const char*>out.data, out.length), count
+    finally:
+        PyBuffer_Release(&view)
+        PyMem_Free(out.data)

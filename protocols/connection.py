@@ -107,6 +107,27 @@ class FrameReader:
             self._pos = 0
         self._buf += data
 
+    def rest_of_frame(self, data: bytes | bytearray) -> int:
+        """How many leading bytes of ``data`` (the next bytes of the stream) belong to the
+        frame begun in what is buffered: 0 when nothing is, ``len(data)`` when that frame
+        does not end within ``data`` (or its length is over the limit: :meth:`next_frame`
+        says so once they are fed)."""
+        buffered = len(self._buf) - self._pos
+        if not buffered:
+            return 0
+        header = self._header
+        missing = header.size - buffered
+        if missing > 0:
+            if len(data) < missing:
+                return len(data)
+            head = bytes(self._buf[self._pos:]) + bytes(data[:missing])
+        else:
+            head = bytes(self._buf[self._pos:self._pos + header.size])
+        length = header.unpack(head)[self._length_index]
+        if length > self.max_payload:
+            return len(data)
+        return min(len(data), header.size + length - buffered)
+
     def next_frame(self) -> tuple[tuple[int, ...], bytes] | _Sentinel:
         """The next complete ``(header_fields, payload)``, NEED_DATA or CLOSED."""
         buf = self._buf

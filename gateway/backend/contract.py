@@ -280,6 +280,10 @@ class TopicConfigs:
     of: Callable[[str], TopicConfig | None]
 
 
+#: ``append(bundle, message_count) -> taken``: see :meth:`Backend.fast_appender`.
+FastAppender = Callable[[bytes, int], bool]
+
+
 class Backend(Protocol):
     """The log both listeners serve. Implementations: embedded store, upstream broker."""
 
@@ -335,6 +339,14 @@ class Backend(Protocol):
 
     def topic_configs(self) -> TopicConfigs | None:
         """The topic settings this backend keeps, or None when an upstream keeps them."""
+
+    def fast_appender(self, topic: str, partition: int) -> FastAppender | None:
+        """An appender for the listeners' one-pass Produce path
+        (:func:`protocols.tank.scan.produce_run`): ``append(bundle, message_count)``
+        appends a validated plain bundle to that partition now, with the outcome and
+        metrics :meth:`produce_nowait` would give, and answers True; False, having done
+        nothing, when :meth:`produce_nowait` must take it. None where this backend has no
+        such path (an upstream; durability that waits for an fsync)."""
 
     async def aclose(self) -> None:
         """Finish in-flight appends, make them durable, release files and connections."""

@@ -18,6 +18,7 @@ from gateway.backend.contract import (
     AutoCreate,
     BackendStatus,
     CreateTopicCode,
+    FastAppender,
     FetchOutcome,
     FetchRequest,
     FetchStatus,
@@ -55,6 +56,7 @@ from gateway.store import (
     open_store,
 )
 from gateway.store.descriptors import descriptor_limits, open_descriptors
+from gateway.store.durability import Durability
 from gateway.store.partition import AppendEntry
 from gateway.store.producers import StoredProducer
 
@@ -160,6 +162,34 @@ class EmbeddedBackend:
         partition.append_nowait([(batch.bundle, batch.base_seq, batch.info, batch.producer)],
                                  report)
         return True
+
+    def fast_appender(self, topic: str, partition: int) -> FastAppender | None:
+        """An appender for ``topic``'s ``partition`` (see
+        :meth:`~gateway.backend.contract.Backend.fast_appender`): the partition's
+        :meth:`~gateway.store.partition.Partition.append_plain`, counted as
+        :meth:`produce_nowait` counts it. It looks the partition up on every call, so a
+        topic deleted and created again is found. None in ``fsync`` durability."""
+        if self.store.settings.durability != Durability.OS.value:
+            return None
+        find = self.store.find_partition
+        metrics = self._metrics
+
+        def append(bundle: bytes, msg_count: int) -> bool:
+            if self._awaiting_topic and self._awaiting_topic.get(topic) is not None:
+                return False  # what waits for the topic's creation goes first
+            target = find(topic, partition)
+            if target is None:
+                return False
+            started = _perf_counter()
+            result = target.append_plain(bundle, msg_count)
+            if result is None:
+                return False
+            if metrics is not None:
+                metrics.appended(topic, msg_count, result.size)
+                metrics.append_seconds.observe(_perf_counter() - started)
+            return True
+
+        return append
 
     def _writable_partition_nowait(self, topic: str, index: int
                                    ) -> Partition | ProduceOutcome | None:

@@ -306,6 +306,11 @@ class FrameWriter:
         return self._budget.queued
 
     @property
+    def room(self) -> int:
+        """Bytes that may still be queued before the queue is :attr:`full` (0 when it is)."""
+        return max(0, self._budget.limit - self._budget.queued)
+
+    @property
     def full(self) -> bool:
         """At or over the budget: whoever produces frames should wait."""
         return self._budget.queued >= self._budget.limit

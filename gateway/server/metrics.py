@@ -317,11 +317,12 @@ class RequestCounter:
         self._children: dict[tuple[str, bool], Any] = {}
         metrics.on_flush(self._flush)
 
-    def inc(self, kind: str, ok: bool = True) -> None:
-        """Count a request (in the event loop: added to the counter by the next flush)."""
+    def inc(self, kind: str, ok: bool = True, count: int = 1) -> None:
+        """Count ``count`` requests (in the event loop: added to the counter by the next
+        flush)."""
         totals = self._totals
         key = (kind, ok)
-        totals[key] = totals.get(key, 0) + 1
+        totals[key] = totals.get(key, 0) + count
 
     def _flush(self) -> None:
         counted = self._counted

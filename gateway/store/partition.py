@@ -462,6 +462,21 @@ class Partition:
                 self._commit.start()  # one round for everything written here
         return outcomes, tickets
 
+    def append_plain(self, bundle: bytes, msg_count: int) -> AppendResult | None:
+        """Append ``bundle``, a plain bundle of ``msg_count`` messages the caller validated,
+        now and in one call, as :meth:`append_nowait` would (an ``os``-durability append
+        that needs no fsync): the result, or None, having done nothing, whenever the
+        general path must take it (``fsync`` durability, the partition held by another
+        append, a segment roll, a failed write, a bundle over the size limit)."""
+        if (self._lock.locked() or self._queued or self._fsync or not self.fast_append
+                or self._closed or self._broken is not None
+                or len(bundle) > self._env.max_bundle_size):
+            return None
+        try:
+            return self._append_validated(bundle, msg_count)
+        except OSError:
+            return None  # the write was cut back: the general path retries and reports
+
     def _append_plain_now(self, entry: AppendEntry) -> AppendOutcome | None:
         """The usual append in ``os`` durability, in one call: a plain bundle (no chosen
         sequence, no producer state) that fits the active segment. Does what
@@ -479,11 +494,24 @@ class Partition:
                 info = validate_bundle(bundle)
             except ProtocolError:
                 return None  # the general path reports it
+        if info.sparse:
+            return None
+        try:
+            return self._append_validated(bundle, info.msg_count)
+        except OSError as exc:
+            assert self._active is not None
+            self._log.error("append_failed", segment=self._active.name, error=str(exc))
+            return StoreIOError(f"write failed: {exc}")
+
+    def _append_validated(self, bundle: bytes, msg_count: int) -> AppendResult | None:
+        """The write of :meth:`_append_plain_now` once the bundle is known to be plain and
+        valid; None, having done nothing, when it needs the general path. Raises the
+        write's OSError (the segment then cut back)."""
         seg = self._active
-        if info.sparse or seg is None or not seg.size:
+        if seg is None or not seg.size:
             return None
         first = self._written_hwm + 1
-        last = first + info.msg_count - 1
+        last = first + msg_count - 1
         size = len(bundle)
         prefix = _varint(size)
         framed = len(prefix) + size
@@ -492,11 +520,7 @@ class Partition:
                 or seg.index().size_bytes + ENTRY_SIZE > self.config.index_max_bytes
                 or last - seg.base > MAX_REL_SEQ or now >= self._roll_at):
             return None  # a segment roll: the general path
-        try:
-            offset = seg.append(prefix, bundle, first, last, self.config.index_interval_bytes)
-        except OSError as exc:
-            self._log.error("append_failed", segment=seg.name, error=str(exc))
-            return StoreIOError(f"write failed: {exc}")
+        offset = seg.append(prefix, bundle, first, last, self.config.index_interval_bytes)
         self._written_hwm = last
         if self._tail is not None:
             self._tail.add(TailEntry(first, last, False, seg, offset, prefix, bundle))
@@ -508,7 +532,7 @@ class Partition:
             waiters, self._waiters = self._waiters, set()
             for event in waiters:
                 event.set()
-        self._count_unflushed(info.msg_count, now)
+        self._count_unflushed(msg_count, now)
         return AppendResult(first, last, framed)
 
     def _check_bundle(self, bundle: bytes) -> BundleInfo:

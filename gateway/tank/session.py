@@ -37,7 +37,7 @@ paid for (bytes out); nothing is refused.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import structlog
 import trio
@@ -48,6 +48,7 @@ from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota
 from gateway.backend.contract import (
     Backend,
+    FastAppender,
     FetchOutcome,
     FetchRequest,
     FetchStatus,
@@ -90,6 +91,8 @@ from protocols.wire import UINT64_MAX
 
 #: Most produce bytes handed to the backend in one call.
 LANE_BATCH_BYTES: Final = 8 * 1024 * 1024
+#: Most partitions a connection keeps an appender for (its one-pass Produce path).
+FAST_PARTITIONS: Final = 64
 
 _PRODUCES: Final = (ProduceRequest, ProduceWithSeqnumRequest)
 _NAMES: Final = {
@@ -130,8 +133,13 @@ class TankSession(RequestSession):
 
     IDLE_REASON = "no request for {:g} s with nothing in flight"
 
-    __slots__ = ("_access", "_auto_create", "_backend", "_counter", "_lane", "_lane_served",
-                 "_polls", "_produce_bytes", "_read_partitions", "_stopping", "principal")
+    __slots__ = ("_access", "_appenders", "_auto_create", "_backend", "_counter", "_lane",
+                 "_lane_served", "_polls", "_produce_bytes", "_read_partitions", "_stopping",
+                 "principal")
+
+    #: Serve runs of plain single-partition Produces in one pass (tests turn it off to
+    #: compare it with the general path, its reference).
+    fast_produce: ClassVar[bool] = True
 
     _outbox: TankOutbox
 
@@ -161,6 +169,9 @@ class TankSession(RequestSession):
         #: Each long poll's scope: cancelled by shutdown().
         self._polls: set[trio.CancelScope] | None = None  # made with the first
         self._stopping = False
+        #: The backend's appenders of the partitions this connection produced to, for the
+        #: one-pass path (:meth:`_serve_produces`); made with the first.
+        self._appenders: dict[tuple[str, int], FastAppender] | None = None
 
     def _start_tasks(self, nursery: trio.Nursery) -> None:
         self._outbox.put_nowait(self._conn.send(Ping()))
@@ -181,9 +192,28 @@ class TankSession(RequestSession):
     # ------------------------------------------------------------------------- reading
 
     async def _received(self, data: bytes | bytearray) -> bool:
-        """Dispatch every request in the buffer (read in one pass); True after a clean EOF."""
+        """Dispatch every request in the buffer (read in one pass); True after a clean EOF.
+
+        With appenders learnt (:meth:`_learn_appender`), a read goes in up to three parts:
+        the end of a frame begun in an earlier read (the general path), the run of
+        Produces the one-pass path takes (:meth:`_serve_produces`), the rest (the general
+        path)."""
+        start = 0
+        if self._appenders is not None and type(data) is bytes and data:
+            start = self._conn.rest_of_frame(data)
+            if start:
+                await self._requests_in(data[:start])
+            if start < len(data):
+                start = self._serve_produces(data, start)
+            if start == len(data):
+                return False
+        return await self._requests_in(data, start)
+
+    async def _requests_in(self, data: bytes | bytearray, start: int = 0) -> bool:
+        """Dispatch every request in ``data[start:]`` (the general path); True after a
+        clean EOF."""
         with PROTOCOL_ERRORS:
-            events, error = self._conn.receive_requests(data, ProduceBatch)
+            events, error = self._conn.receive_requests(data, ProduceBatch, start)
         for event in events:
             if event is CLOSED:
                 return True
@@ -203,6 +233,37 @@ class TankSession(RequestSession):
             finally:
                 del error  # the traceback holds this frame: no cycle through its locals
         return False
+
+    def _serve_produces(self, data: bytes, start: int) -> int:
+        """The one-pass path: append and answer the Produces at ``data[start:]``, when
+        nothing this connection has in flight or queued must go first; returns where in
+        ``data`` it stopped."""
+        appenders = self._appenders
+        assert appenders is not None
+        if (self._lane.busy or self._produce_bytes or not self._access.open
+                or self._close is not None or self._must_wait()):
+            return start
+        taken, responses, count = self._conn.serve_produces(data, start, appenders,
+                                                            self._outbox.room)
+        if count:
+            self.requests += count
+            self._last_activity = self._last_read
+            self._outbox.put_nowait(responses)
+            self._counter.inc("produce", True, count)
+        return taken
+
+    def _learn_appender(self, topic: str, partition: int) -> None:
+        """After a Produce to one partition went well through the general path: keep the
+        backend's appender for that partition, if it has one."""
+        appenders = self._appenders
+        key = (topic, partition)
+        if appenders is not None and (key in appenders or len(appenders) >= FAST_PARTITIONS):
+            return
+        appender = self._backend.fast_appender(topic, partition)
+        if appender is not None:
+            if appenders is None:
+                appenders = self._appenders = {}
+            appenders[key] = appender
 
     def _unacked_bytes(self) -> int:
         return self._lane.queued_bytes + self._produce_bytes
@@ -257,6 +318,9 @@ class TankSession(RequestSession):
             self._outbox.put_nowait(response)
             self._counter.inc("produce", ok)
             self._end()
+            if ok and self.fast_produce and len(produce.batches) == 1:
+                batch = produce.batches[0]
+                self._learn_appender(batch.topic, batch.partition)
 
         self._backend.produce_nowait(produce.batches, done)
 

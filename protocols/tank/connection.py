@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from protocols.connection import CLOSED, DEFAULT_MAX_FRAME, NEED_DATA, FrameReader, Role, kept
 from protocols.errors import ProtocolError
+from protocols.tank.bundle import MAX_UNCOMPRESSED_SIZE
 from protocols.tank.messages import (
     REQUEST_TYPES,
     RESPONSE_CODECS,
@@ -31,7 +32,7 @@ from protocols.tank.messages import (
     decode_response,
     encode_payload,
 )
-from protocols.tank.scan import MakeBatch, scan_requests
+from protocols.tank.scan import Appender, MakeBatch, produce_run, scan_requests
 from protocols.tank.types import (
     CONSUME_PEER_RESPONSE_BODY,
     CONSUME_RESPONSE_BODY,
@@ -168,20 +169,42 @@ class TankConnection:
             lambda buf, pos, end: scan_requests(buf, pos, end, max_payload, make_batch))
         return self._requests(items, error)
 
-    def receive_requests(self, data: bytes | bytearray | memoryview, make_batch: MakeBatch
-                         ) -> tuple[list[Any], ProtocolError | None]:
-        """:meth:`receive_data` then :meth:`next_requests`, the same results; when no frame
-        is partly buffered, the pass reads ``data`` where it is and only the incomplete
-        frame at its end (if any) is buffered: a read of whole requests is not copied."""
+    def receive_requests(self, data: bytes | bytearray | memoryview, make_batch: MakeBatch,
+                         start: int = 0) -> tuple[list[Any], ProtocolError | None]:
+        """:meth:`receive_data` of ``data[start:]`` then :meth:`next_requests`, the same
+        results; when no frame is partly buffered, the pass reads ``data`` where it is and
+        only the incomplete frame at its end (if any) is buffered: a read of whole requests
+        is not copied."""
         frames = self._frames
-        if (not data or frames.buffered or frames.eof or type(data) is not bytes
+        if (start >= len(data) or frames.buffered or frames.eof or type(data) is not bytes
                 or self.role is not Role.SERVER or self._failure is not None):
-            frames.feed(data)
+            frames.feed(data[start:] if start else data)
             return self.next_requests(make_batch)
-        items, pos, error = scan_requests(data, 0, len(data), frames.max_payload, make_batch)
+        items, pos, error = scan_requests(data, start, len(data), frames.max_payload,
+                                          make_batch)
         if error is None and pos < len(data):
             frames.feed(data[pos:])
         return self._requests(items, error)
+
+    def rest_of_frame(self, data: bytes) -> int:
+        """How many leading bytes of ``data`` (a read) finish a frame begun in an earlier
+        one (0: none was begun; ``len(data)``: it does not end in ``data``)."""
+        return self._frames.rest_of_frame(data)
+
+    def serve_produces(self, data: bytes, start: int,
+                       appenders: Mapping[tuple[str, int], Appender], room: int
+                       ) -> tuple[int, bytes, int]:
+        """Server role: append and answer the run of Produces at ``data[start:]`` (a read)
+        through ``appenders`` (:func:`~protocols.tank.scan.produce_run`), with at most
+        about ``room`` response bytes. Returns ``(pos, responses, count)``: ``data[pos:]``
+        is left for :meth:`receive_requests`. Takes nothing (``pos`` is ``start``) while
+        a frame is partly buffered or the connection has failed or ended."""
+        frames = self._frames
+        if (frames.buffered or frames.eof or self._failure is not None
+                or self.role is not Role.SERVER):
+            return start, b"", 0
+        return produce_run(data, start, len(data), frames.max_payload, appenders, room,
+                           MAX_UNCOMPRESSED_SIZE)
 
     def _requests(self, items: list[Any], error: ProtocolError | None
                   ) -> tuple[list[Any], ProtocolError | None]:

@@ -15,11 +15,13 @@ reference decoder, whose error (or record) it then reports.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from typing import Any, Final, NamedTuple
 
 from protocols.errors import FrameTooLarge, ProtocolError
 from protocols.native import speedups
+from protocols.tank.bundle import validate_bundle_py
 from protocols.tank.messages import MsgId, ProduceRequest
 from protocols.tank.records import (
     ProducePartition,
@@ -29,6 +31,9 @@ from protocols.tank.records import (
 
 #: ``make_batch(topic, partition, bundle)``: the backend's batch for one partition.
 MakeBatch = Callable[[str, int, bytes], Any]
+#: ``appender(bundle, message_count)``: append a validated plain bundle to its partition
+#: now; False, having done nothing, when the general path must take it.
+Appender = Callable[[bytes, int], bool]
 
 _HEADER: Final = 5
 
@@ -130,3 +135,57 @@ def _reference_produce(payload: bytes, make_batch: MakeBatch) -> ProducePass:
 scan_requests: Final = (scan_requests_py
                         if speedups is None or not hasattr(speedups, "scan_tank_requests")
                         else _compiled_scan)
+
+
+#: A ProduceResponse frame of one topic with one partition, OK: ``msgId, payload
+#: length, request id, code``.
+_OK_RESPONSE: Final = struct.Struct("<BIIB")
+
+
+def produce_run_py(buf: bytes | bytearray, pos: int, end: int, max_payload: int,
+                   appenders: dict[tuple[str, int], Appender], room: int,
+                   max_uncompressed: int) -> tuple[int, bytes, int]:
+    """Append and answer the run of Produces that starts at ``buf[pos:end]``.
+
+    Each complete Produce frame (within ``max_payload``) that decodes cleanly to one
+    topic with one partition, for which ``appenders`` has an appender, whose bundle is
+    valid and not sparse, and which the appender takes, is answered with an OK
+    ProduceResponse frame; the run stops at the first frame that is anything else
+    (left for the general path, which decodes it and says what is wrong with it) or once
+    the responses reach ``room`` bytes. Returns ``(pos, responses, count)``: where the
+    run stopped, the response frames and how many requests they answer.
+    """
+    responses = bytearray()
+    count = 0
+    while end - pos >= _HEADER and len(responses) < room:
+        length = int.from_bytes(buf[pos + 1:pos + _HEADER], "little")
+        start = pos + _HEADER
+        if buf[pos] != MsgId.PRODUCE or length > max_payload or end - start < length:
+            break
+        try:
+            request = decode_produce_request(bytes(buf[start:start + length]))
+        except ProtocolError:
+            break
+        if len(request.topics) != 1 or len(request.topics[0].partitions) != 1:
+            break
+        topic = request.topics[0]
+        part = topic.partitions[0]
+        appender = appenders.get((topic.name, part.partition))
+        if appender is None:
+            break
+        try:
+            info = validate_bundle_py(part.bundle, max_uncompressed=max_uncompressed)
+        except ProtocolError:
+            break
+        if info.sparse or not appender(part.bundle, info.msg_count):
+            break
+        responses += _OK_RESPONSE.pack(MsgId.PRODUCE, 5, request.request_id, 0)
+        count += 1
+        pos = start + length
+    return pos, bytes(responses), count
+
+
+#: The run in use: compiled when the extension is, else the reference.
+produce_run: Final[Callable[..., tuple[int, bytes, int]]] = (
+    produce_run_py if speedups is None or not hasattr(speedups, "tank_produce_run")
+    else speedups.tank_produce_run)

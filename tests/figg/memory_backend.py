@@ -175,6 +175,10 @@ class MemoryBackend:
         """None: no topic settings kept."""
         return None
 
+    def fast_appender(self, topic: str, partition: int) -> None:
+        """No one-pass appends: every Produce goes through :meth:`produce_nowait`."""
+        return None
+
     async def status(self) -> BackendStatus:
         n = sum(len(p) for p in self.topics.values())
         return BackendStatus(len(self.topics), n, n, 0, 0, 1)

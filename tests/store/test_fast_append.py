@@ -1,6 +1,7 @@
-"""The one-call append of ``os`` durability (``Partition._append_plain_now``) against the
-general path, its reference: the same appends give the same outcomes, the same files and
-the same cached tail."""
+"""The one-call appends of ``os`` durability (``Partition._append_plain_now``, and
+``Partition.append_plain`` for a bundle its caller validated, as the Tank listener's
+one-pass Produce path does) against the general path, their reference: the same appends
+give the same outcomes, the same files and the same cached tail."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 import pytest
 
 from gateway.store import Partition, StoreError
-from protocols.tank.bundle import Codec
+from protocols.errors import ProtocolError
+from protocols.tank.bundle import Codec, validate_bundle
 from tests.store.helpers import all_messages, bundle, sparse_bundle, store_at
 
 
@@ -39,8 +41,19 @@ def _entries() -> list[tuple[Any, ...]]:
     return out
 
 
-async def _run(path: str, *, fast: bool, monkeypatch: pytest.MonkeyPatch
-               ) -> tuple[list[Any], dict[str, bytes], list[Any], int]:
+def _validated_plain(entry: tuple[Any, ...]) -> int | None:
+    """The message count of an entry a caller of ``append_plain`` would hand it."""
+    if entry[1] is not None:
+        return None
+    try:
+        info = validate_bundle(entry[0])
+    except ProtocolError:
+        return None
+    return None if info.sparse else info.msg_count
+
+
+async def _run(path: str, *, fast: bool, monkeypatch: pytest.MonkeyPatch,
+               validated: bool = False) -> tuple[list[Any], dict[str, bytes], list[Any], int]:
     monkeypatch.setattr(Partition, "fast_append", fast)
     taken = []
     real = Partition._append_plain_now
@@ -63,6 +76,13 @@ async def _run(path: str, *, fast: bool, monkeypatch: pytest.MonkeyPatch
         for i, entry in enumerate(_entries()):
             if i == 60:
                 clock.now += 7200  # the active segment is due to roll by age
+            count = _validated_plain(entry) if validated else None
+            if count is not None:
+                result = p.append_plain(entry[0], count)
+                if result is not None:
+                    taken.append(result)
+                    outcomes.append(result)
+                    continue
             p.append_nowait([entry], outcomes.extend)
         hwm, appended = p.high_water_mark, p.appended_bytes
         tail = [(e.first_seq, e.last_seq, e.sparse, e.offset, e.prefix, e.bundle,
@@ -95,6 +115,36 @@ async def test_fast_append_matches_the_general_path(tmp_path, monkeypatch):
     kinds = {o[0] for o in fast[0] if isinstance(o, tuple)}
     assert {"InvalidBundle", "BundleTooLarge"} <= kinds
     assert len([n for n in fast[1] if n.endswith(".log") or n.endswith(".ilog")]) > 2
+
+
+async def test_append_plain_matches_the_general_path(tmp_path, monkeypatch):
+    plain = await _run(str(tmp_path / "plain"), fast=True, monkeypatch=monkeypatch,
+                       validated=True)
+    reference = await _run(str(tmp_path / "ref"), fast=False, monkeypatch=monkeypatch)
+    assert plain[0] == reference[0]
+    assert plain[1] == reference[1]
+    assert plain[2:] == reference[2:]
+
+
+async def test_append_plain_declines_what_it_cannot_do_now(tmp_path):
+    """None, having done nothing: fsync durability, a segment roll, a closed partition."""
+    async with store_at(tmp_path / "fsync", "fsync") as store:
+        await store.create_topic("t", 1)
+        p = store.partition("t", 0)
+        await p.append(bundle(1))
+        assert p.append_plain(bundle(2), 2) is None
+        assert p.high_water_mark == 1
+    async with store_at(tmp_path / "os", "os", segment_bytes=4096) as store:
+        await store.create_topic("t", 1)
+        p = store.partition("t", 0)
+        assert p.append_plain(bundle(1), 1) is None  # no active segment yet
+        await p.append(bundle(1))
+        assert p.append_plain(bundle(2, size=1000), 2).last_seq == 3
+        assert p.append_plain(bundle(4, size=1000), 4) is None  # would roll the segment
+        assert p.high_water_mark == 3
+        p.fast_append = False
+        assert p.append_plain(bundle(1), 1) is None
+    assert p.append_plain(bundle(1), 1) is None  # closed
 
 
 async def test_fast_append_reads_back(tmp_path):

@@ -258,6 +258,10 @@ class BridgeBackend:
         """None: the upstream keeps its topics' settings."""
         return None
 
+    def fast_appender(self, topic: str, partition: int) -> None:
+        """No one-pass appends: every Produce goes through :meth:`produce_nowait`."""
+        return None
+
     async def status(self) -> BackendStatus:
         """The upstream broker's Status."""
         s = await self.upstream.call("status", self._deadline(),

@@ -563,6 +563,10 @@ class KafkaBackend:
         """None: the upstream keeps its topics' settings."""
         return None
 
+    def fast_appender(self, topic: str, partition: int) -> None:
+        """No one-pass appends: every Produce goes through :meth:`produce_nowait`."""
+        return None
+
     async def status(self) -> BackendStatus:
         topics = await self.discover_topics()
         return BackendStatus(len(topics), sum(t.partitions for t in topics),
