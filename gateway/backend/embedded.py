@@ -92,6 +92,9 @@ class EmbeddedBackend:
         self._opened_at = time.time()
         #: Appends to topics being created, by topic, in arrival order.
         self._awaiting_topic: dict[str, list[tuple[int, list[AppendEntry], _Report]]] = {}
+        #: The appenders made by :meth:`fast_appender`, one per partition asked about
+        #: (every connection producing to a partition shares it).
+        self._appenders: dict[tuple[str, int], FastAppender] = {}
 
     # -- produce -----------------------------------------------------------------------------------
 
@@ -171,6 +174,15 @@ class EmbeddedBackend:
         topic deleted and created again is found. None in ``fsync`` durability."""
         if self.store.settings.durability != Durability.OS.value:
             return None
+        key = (topic, partition)
+        appender = self._appenders.get(key)
+        if appender is None:
+            if len(self._appenders) >= self.store.settings.max_partitions:
+                self._appenders.clear()  # names of partitions gone since: start again
+            appender = self._appenders[key] = self._make_appender(topic, partition)
+        return appender
+
+    def _make_appender(self, topic: str, partition: int) -> FastAppender:
         find = self.store.find_partition
         metrics = self._metrics
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import trio
 
-from gateway.tank.session import TankSession
+from gateway.tank.session import FAST_PARTITIONS, TankSession
 from protocols.tank import connection as tank_connection
 from protocols.tank.connection import frame
 from protocols.tank.messages import (
@@ -170,3 +170,37 @@ async def test_one_pass_produces_match_the_general_path(tmp_path, monkeypatch):
     assert all(fast[2].values())
     assert reference[3] == 0
     assert fast[3] > 50  # the one-pass path took many of the Produces
+
+
+async def test_a_connection_keeps_appenders_for_a_bounded_number_of_partitions(
+        tmp_path, monkeypatch):
+    sessions: list[TankSession] = []
+    real = TankSession._learn_appender
+
+    def learn(self: TankSession, topic: str, partition: int) -> None:
+        sessions.append(self)
+        real(self, topic, partition)
+
+    monkeypatch.setattr(TankSession, "_learn_appender", learn)
+    partitions = FAST_PARTITIONS + 6
+    async with tank_server(tmp_path / "data") as server:
+        assert await server.backend.create_topic("wide", partitions) == 0
+        async with await trio.open_tcp_stream(server.host, server.port) as sock:
+            rid = 0
+            for _ in range(2):
+                for partition in range(partitions):
+                    rid += 1
+                    await sock.send_all(produce(rid, [("wide", [(partition, bundle(2))])]))
+                    with trio.fail_after(5):
+                        got = b""
+                        while len(got) < 10 or (rid == 1 and len(got) < 15):
+                            got += await sock.receive_some(64)
+                    assert got.endswith(produce_ok(rid))
+            assert len(sessions[0]._appenders) == FAST_PARTITIONS
+        store = server.backend.store
+        assert [store.partition("wide", p).high_water_mark for p in range(partitions)] == [
+            4] * partitions
+
+
+def produce_ok(request_id: int) -> bytes:
+    return frame(0x01, request_id.to_bytes(4, "little") + b"\x00")
