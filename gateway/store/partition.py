@@ -444,8 +444,14 @@ class Partition:
         :class:`_MustWait` carrying what was written so far)."""
         outcomes: list[AppendOutcome] = []
         tickets: list[tuple[int, Ticket]] = []
+        one_call = self.fast_append and not self._fsync
         try:
             for entry in entries:
+                if one_call:
+                    plain = self._append_plain_now(entry)
+                    if plain is not None:
+                        outcomes.append(plain)
+                        continue
                 try:
                     result, ticket = self._write_now(*entry)
                 except StoreError as exc:

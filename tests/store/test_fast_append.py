@@ -53,7 +53,8 @@ def _validated_plain(entry: tuple[Any, ...]) -> int | None:
 
 
 async def _run(path: str, *, fast: bool, monkeypatch: pytest.MonkeyPatch,
-               validated: bool = False) -> tuple[list[Any], dict[str, bytes], list[Any], int]:
+               validated: bool = False, grouped: bool = False
+               ) -> tuple[list[Any], dict[str, bytes], list[Any], int]:
     monkeypatch.setattr(Partition, "fast_append", fast)
     taken = []
     real = Partition._append_plain_now
@@ -73,7 +74,17 @@ async def _run(path: str, *, fast: bool, monkeypatch: pytest.MonkeyPatch,
         await store.create_topic("t", 1)
         p = store.partition("t", 0)
         p._env = dataclasses.replace(p._env, max_bundle_size=100_000)
-        for i, entry in enumerate(_entries()):
+        entries = _entries()
+        if grouped:  # several entries a call, as a Produce of many bundles to one partition
+            i = 0
+            while i < len(entries):
+                n = 1 + i % 5
+                if i <= 60 < i + n:
+                    clock.now += 7200
+                p.append_nowait(entries[i:i + n], outcomes.extend)
+                i += n
+            entries = []
+        for i, entry in enumerate(entries):
             if i == 60:
                 clock.now += 7200  # the active segment is due to roll by age
             count = _validated_plain(entry) if validated else None
@@ -124,6 +135,16 @@ async def test_append_plain_matches_the_general_path(tmp_path, monkeypatch):
     assert plain[0] == reference[0]
     assert plain[1] == reference[1]
     assert plain[2:] == reference[2:]
+
+
+async def test_grouped_appends_match_the_general_path(tmp_path, monkeypatch):
+    fast = await _run(str(tmp_path / "fast"), fast=True, monkeypatch=monkeypatch,
+                      grouped=True)
+    reference = await _run(str(tmp_path / "ref"), fast=False, monkeypatch=monkeypatch,
+                           grouped=True)
+    assert fast[0] == reference[0]
+    assert fast[1] == reference[1]
+    assert fast[2:] == reference[2:]
 
 
 async def test_append_plain_declines_what_it_cannot_do_now(tmp_path):
