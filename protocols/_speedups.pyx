@@ -1237,6 +1237,29 @@ cdef object _utf8(const uint8_t* p, Py_ssize_t n):
         return None
 
 
+cdef inline Py_ssize_t _bundle_length(const uint8_t* b, Py_ssize_t pos, Py_ssize_t n,
+                                      uint64_t* value) noexcept nogil:
+    """The bundle length varint at ``b[pos:n]`` into ``value``; where it ends, or -1 when
+    it is truncated, over-long or longer than TANK_VARINT_MAX bytes."""
+    cdef uint64_t v = 0
+    cdef int shift = 0
+    cdef int k = 0
+    cdef uint8_t byte
+    while True:
+        if pos >= n or k == TANK_VARINT_MAX:
+            return -1
+        byte = b[pos]
+        pos += 1
+        k += 1
+        v |= <uint64_t>(byte & 0x7F) << shift
+        if byte < 0x80:
+            if byte == 0 and shift > 0:
+                return -1
+            value[0] = v
+            return pos
+        shift += 7
+
+
 cdef object _produce_pass(const uint8_t* b, Py_ssize_t n, object make_batch,
                           object pass_type):
     """The ProducePass of the Produce payload ``b[:n]``, or None for anything the
@@ -1246,8 +1269,6 @@ cdef object _produce_pass(const uint8_t* b, Py_ssize_t n, object make_batch,
     cdef Py_ssize_t blen
     cdef Py_ssize_t size = 0
     cdef uint64_t v
-    cdef int shift, k
-    cdef uint8_t byte
     cdef unsigned int t, j, topic_count, part_count
     cdef uint16_t partition
     cdef list layout = []
@@ -1297,21 +1318,9 @@ cdef object _produce_pass(const uint8_t* b, Py_ssize_t n, object make_batch,
                 return None
             partition = _le16(b + pos)
             pos += 2
-            v = 0
-            shift = 0
-            k = 0
-            while True:
-                if pos >= n or k == TANK_VARINT_MAX:
-                    return None
-                byte = b[pos]
-                pos += 1
-                k += 1
-                v |= <uint64_t>(byte & 0x7F) << shift
-                if byte < 0x80:
-                    if byte == 0 and shift > 0:
-                        return None  # over-long: the reference names it
-                    break
-                shift += 7
+            pos = _bundle_length(b, pos, n, &v)
+            if pos < 0:
+                return None  # the reference names what is wrong
             if v > <uint64_t>(n - pos):
                 return None
             blen = <Py_ssize_t>v
@@ -1453,9 +1462,6 @@ cdef Py_ssize_t _single_produce(const uint8_t* b, Py_ssize_t n, uint32_t* reques
     cdef Py_ssize_t pos = 6
     cdef Py_ssize_t stop
     cdef uint64_t v = 0
-    cdef int shift = 0
-    cdef int k = 0
-    cdef uint8_t byte
     if n < 7:
         return -1
     request_id[0] = _le32(b + 2)
@@ -1475,20 +1481,8 @@ cdef Py_ssize_t _single_produce(const uint8_t* b, Py_ssize_t n, uint32_t* reques
     if n - pos < 3 or b[pos] != 1:  # one partition
         return -1
     partition[0] = _le16(b + pos + 1)
-    pos += 3
-    while True:
-        if pos >= n or k == TANK_VARINT_MAX:
-            return -1
-        byte = b[pos]
-        pos += 1
-        k += 1
-        v |= <uint64_t>(byte & 0x7F) << shift
-        if byte < 0x80:
-            if byte == 0 and shift > 0:
-                return -1
-            break
-        shift += 7
-    if v != <uint64_t>(n - pos):  # the bundle ends the payload
+    pos = _bundle_length(b, pos + 3, n, &v)
+    if pos < 0 or v != <uint64_t>(n - pos):  # the bundle ends the payload
         return -1
     bundle_at[0] = pos
     return <Py_ssize_t>v
