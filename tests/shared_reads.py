@@ -14,7 +14,7 @@ import trio
 from gateway.backend.embedded import EmbeddedBackend
 from gateway.client.tank import open_tank_client
 from gateway.server.run import ServerInfo
-from protocols.tank.bundle import Message, encode_bundle
+from protocols.tank.bundle import Codec, Message, encode_bundle
 from tests.auth.helpers import LOOPBACK, policy_server
 
 #: The Tank and Kafka listeners may write and create anything, and read ``pub*`` only:
@@ -58,10 +58,11 @@ async def shared_and_reference(tmp_path: Path) -> AsyncIterator[tuple[ServerInfo
         yield servers[0], servers[1]
 
 
-def bundle(first: int, count: int, size: int = 40) -> bytes:
+def bundle(first: int, count: int, size: int = 40, codec: Codec = Codec.NONE) -> bytes:
     """A bundle of ``count`` messages with fixed timestamps (the same bytes every time)."""
     return encode_bundle([Message(b"m%06d" % (first + i) + b"." * size, b"k%d" % i,
-                                  1_700_000_000_000 + first + i) for i in range(count)])
+                                  1_700_000_000_000 + first + i) for i in range(count)],
+                         codec=codec)
 
 
 async def append(servers: tuple[ServerInfo, ...], topic: str, partition: int,

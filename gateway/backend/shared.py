@@ -38,17 +38,14 @@ MAX_SHARED_ENTRIES: Final = 4096
 class SharedChunk:
     """An in-memory chunk handed to many readers: immutable, closing it does nothing."""
 
-    __slots__ = ("_encoded", "data")
+    __slots__ = ("_encoded", "data", "length")
 
     def __init__(self, data: bytes) -> None:
         #: The chunk's bytes (``varint len | bundle`` runs).
         self.data = data
+        #: Bytes in the chunk.
+        self.length = len(data)
         self._encoded: dict[Any, Any] | None = None
-
-    @property
-    def length(self) -> int:
-        """Bytes in the chunk."""
-        return len(self.data)
 
     def read_bytes(self) -> bytes:
         """The chunk's bytes (the same object for every reader)."""
@@ -116,12 +113,12 @@ class SharedReads:
         reads = self._partitions.get(partition)
         if reads is None:
             return None
+        outcome = reads.reads.get((seq, fetch_size))
+        if outcome is None:
+            return None
         if reads.stamp != (partition.appended_bytes, partition.high_water_mark,
                            partition.first_available) or partition.closed:
             self._drop(partition, reads)
-            return None
-        outcome = reads.reads.get((seq, fetch_size))
-        if outcome is None:
             return None
         self.hits += 1
         return FetchOutcome(_DATA, outcome.high_water_mark, outcome.first_available,

@@ -23,6 +23,7 @@ from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
 from gateway.backend.contract import Backend, FetchOutcome, FetchRequest, FetchStatus
 from gateway.backend.shared import SharedChunk
+from gateway.io.writer import JOIN_BELOW
 from protocols.kafka.bundles import bundles_to_batches
 from protocols.kafka.connection import encode_body_parts
 from protocols.kafka.records import FetchableTopicResponse, FetchResponse, PartitionData
@@ -62,9 +63,13 @@ class SharedFetch:
         self._key = key
 
     def body(self, version: int) -> list[bytes]:
-        """The response body's bytes at ``version``, as pieces to send in order."""
+        """The response body's bytes at ``version``, as pieces to send in order (one
+        piece when smaller than :data:`~gateway.io.writer.JOIN_BELOW`)."""
         def encode() -> list[bytes]:
-            return [bytes(p) for p in encode_body_parts(ApiKey.FETCH, self.record, version)]
+            pieces = encode_body_parts(ApiKey.FETCH, self.record, version)
+            if sum(map(len, pieces)) < JOIN_BELOW:
+                return [b"".join(pieces)]
+            return [bytes(p) for p in pieces]
 
         return self._chunk.encoded((_BODY_KEY, version, *self._key), encode)
 

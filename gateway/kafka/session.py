@@ -46,7 +46,7 @@ from gateway.auth.lookup import look_up, topics_to_look_up
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import OUT, PrincipalQuota, Quotas
 from gateway.backend.contract import Backend, ProduceOutcome
-from gateway.io.writer import Buffer, FrameWriter
+from gateway.io.writer import JOIN_BELOW, Buffer, FrameWriter
 from gateway.kafka.context import RequestContext
 from gateway.kafka.fetch import SharedFetch
 from gateway.kafka.handlers import HANDLERS
@@ -320,8 +320,11 @@ class KafkaSession(RequestSession):
             quota = self._quota
             if type(response) is SharedFetch:  # one partition, from a shared read
                 if quota is None or not quota.out_limited:
-                    self._fill(slot, self._conn.send_body_parts(
-                        request, response.body(request.api_version)))
+                    frame = self._conn.send_body_parts(request,
+                                                       response.body(request.api_version))
+                    # A small body is one piece: joined to the header, one frame.
+                    self._fill(slot, frame[0] + frame[1] if len(frame) == 2
+                               and len(frame[1]) < JOIN_BELOW else frame)
                     self._counter.inc(kind)
                     return
                 response = response.record

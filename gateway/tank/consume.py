@@ -44,6 +44,9 @@ _DATA: Final = FetchStatus.DATA
 #: A Consume response's ``u32 reqId``: after the frame header and ``u32 headerLen``.
 _REQUEST_ID: Final = struct.Struct("<I")
 _REQUEST_ID_AT: Final = FRAME_HEADER.size + 4
+#: A shared chunk smaller than this is sent joined to its head, as one frame built once
+#: (the size under which the outbox would join them anyway).
+WHOLE_FRAME_BELOW: Final = 64 * 1024
 #: What a shared chunk keeps the Consume head under (with the topic and partition).
 _HEAD_KEY: Final = "tank-consume-head"
 
@@ -57,7 +60,8 @@ def fetch_requests(request: Any) -> list[FetchRequest]:
 
 @dataclass(slots=True)
 class ConsumeReply:
-    """What to send for one Consume: the head bytes, then ``chunks`` in order."""
+    """What to send for one Consume: the head bytes, then ``chunks`` in order (none: the
+    head is the whole frame)."""
 
     head: bytes
     chunks: list[Chunk]
@@ -76,7 +80,8 @@ def consume_reply(request: Any, outcomes: Sequence[FetchOutcome]) -> ConsumeRepl
     A request for one partition answered from a shared read (a
     :class:`~gateway.backend.shared.SharedChunk`, as the readers woken by one append get)
     takes its head from the one the first of those readers built: the same bytes but
-    for the request id.
+    for the request id. A small one is a whole frame (the chunk's bytes joined to the
+    head once for all of them, ``chunks`` empty).
     """
     if len(outcomes) == 1:
         outcome = outcomes[0]
@@ -99,14 +104,17 @@ def _shared_reply(request: Any, outcome: FetchOutcome, chunk: SharedChunk) -> Co
     topic = request.topics[0]
     name = topic.name
 
+    whole = chunk.length < WHOLE_FRAME_BELOW
+
     def template() -> tuple[bytes, bytes]:
         head = _build(request, [outcome]).head
-        return head[:_REQUEST_ID_AT], head[_REQUEST_ID_AT + _REQUEST_ID.size:]
+        after = head[_REQUEST_ID_AT + _REQUEST_ID.size:]
+        return head[:_REQUEST_ID_AT], after + chunk.data if whole else after
 
     before, after = chunk.encoded((_HEAD_KEY, name, topic.partitions[0].partition),
                                   template)
-    return ConsumeReply(before + _REQUEST_ID.pack(request.request_id) + after, [chunk],
-                        {name: chunk.length}, True)
+    head = before + _REQUEST_ID.pack(request.request_id) + after
+    return ConsumeReply(head, [] if whole else [chunk], {name: chunk.length}, True)
 
 
 def _build(request: Any, outcomes: Sequence[FetchOutcome]) -> ConsumeReply:

@@ -16,6 +16,7 @@ import trio
 
 from protocols.kafka import records as r
 from protocols.kafka.types import ApiKey
+from protocols.tank.bundle import Codec
 from tests.kafka.raw import request
 from tests.shared_reads import append, backend_of, bundle, kafka_frame, shared_and_reference
 
@@ -65,7 +66,7 @@ async def _readers(servers: Any, count: int) -> list[Reader]:
 async def test_woken_fetches_get_the_unshared_bytes(tmp_path: Path) -> None:
     async with shared_and_reference(tmp_path) as servers:
         await append(servers, "pub", 0, bundle(1, 3))
-        await append(servers, "pub", 0, bundle(4, 2))
+        await append(servers, "pub", 0, bundle(4, 2, codec=Codec.SNAPPY))
         await append(servers, "pub", 1, bundle(1, 1))
         await append(servers, "secret", 0, bundle(1, 2))
         end = 5  # pub/0 holds offsets 0..4
@@ -128,7 +129,7 @@ async def test_woken_fetches_get_the_unshared_bytes(tmp_path: Path) -> None:
         await limited.send(fetch(11, 200, [("pub", 0, end + 4, 1 << 20),
                                            ("pub", 1, 1, 1 << 20)], max_bytes=1))
         await trio.sleep(0.3)
-        await append(servers, "pub", 0, bundle(10, 1, size=5000))
+        await append(servers, "pub", 0, bundle(10, 2, size=70_000))  # over 64 KiB
         for reader in [*readers[:len(second)], limited]:
             shared, reference = await reader.frames()
             assert shared == reference

@@ -14,6 +14,7 @@ from typing import Any
 
 import trio
 
+from protocols.tank.bundle import Codec
 from protocols.tank.connection import FRAME_HEADER
 from protocols.wire import UINT64_MAX
 from tests.shared_reads import append, backend_of, bundle, shared_and_reference, tank_frame
@@ -65,7 +66,7 @@ async def _readers(servers: Any, count: int) -> list[Reader]:
 async def test_woken_consumes_get_the_unshared_bytes(tmp_path: Path) -> None:
     async with shared_and_reference(tmp_path) as servers:
         await append(servers, "pub", 0, bundle(1, 3))
-        await append(servers, "pub", 0, bundle(4, 2))
+        await append(servers, "pub", 0, bundle(4, 2, codec=Codec.SNAPPY))
         await append(servers, "pub", 1, bundle(1, 1))
         await append(servers, "secret", 0, bundle(1, 2))
         tail = 6  # pub/0 holds 1..5
@@ -122,7 +123,7 @@ async def test_woken_consumes_get_the_unshared_bytes(tmp_path: Path) -> None:
         shared, reference = await readers[len(second) - 1].frames()
         assert shared == reference
         await trio.sleep(0.3)
-        await append(servers, "pub", 0, bundle(10, 1, size=5000))
+        await append(servers, "pub", 0, bundle(10, 2, size=70_000))  # over 64 KiB
         for reader in readers[:len(second) - 1]:
             shared, reference = await reader.frames()
             assert shared == reference
