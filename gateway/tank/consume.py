@@ -103,7 +103,6 @@ def _shared_reply(request: Any, outcome: FetchOutcome, chunk: SharedChunk) -> Co
     around the request id are built once per read (by :func:`_build`) and kept with it."""
     topic = request.topics[0]
     name = topic.name
-
     whole = chunk.length < WHOLE_FRAME_BELOW
 
     def template() -> tuple[bytes, bytes]:
