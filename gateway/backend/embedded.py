@@ -32,6 +32,7 @@ from gateway.backend.contract import (
     TopicRefused,
     produce_and_wait,
 )
+from gateway.backend.shared import SharedReads
 from gateway.server.config import Settings
 from gateway.server.metrics import GaugeCollector, Metrics
 from gateway.store import (
@@ -80,7 +81,7 @@ class EmbeddedBackend:
     reports_offsets = True
 
     def __init__(self, store: LogStore, *, auto_create_topics: bool = True,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, share_reads: bool = True) -> None:
         self.store = store
         self.auto_create = AutoCreate(auto_create_topics, store.settings.default_partitions,
                                       explain=self._explain_refusal)
@@ -90,6 +91,9 @@ class EmbeddedBackend:
         if metrics is not None:
             store.open_files.on_evict = partial(metrics.limit_hit, "max_open_segments")
         self._opened_at = time.time()
+        #: The reads shared by the readers at one partition position until its next
+        #: change (None: every reader reads for itself, as the tests' reference does).
+        self.shared_reads: SharedReads | None = SharedReads() if share_reads else None
         #: Appends to topics being created, by topic, in arrival order.
         self._awaiting_topic: dict[str, list[tuple[int, list[AppendEntry], _Report]]] = {}
         #: The appenders made by :meth:`fast_appender`, one per partition asked about
@@ -301,13 +305,18 @@ class EmbeddedBackend:
         except UnknownPartition:
             return FetchOutcome(FetchStatus.UNKNOWN_PARTITION)
 
-    @staticmethod
-    def _read(partition: Partition | FetchOutcome, seq: int, fetch_size: int,
+    def _read(self, partition: Partition | FetchOutcome, seq: int, fetch_size: int,
               pending: list[int], i: int) -> FetchOutcome:
         """One partition's read; a read that must wait for a damage check adds ``i`` to
-        ``pending`` and finds nothing for now."""
+        ``pending`` and finds nothing for now. A read the partition's other readers made
+        since its last change is shared (:attr:`shared_reads`)."""
         if isinstance(partition, FetchOutcome):
             return partition
+        shared = self.shared_reads
+        if shared is not None:
+            hit = shared.get(partition, seq, fetch_size)
+            if hit is not None:
+                return hit
         try:
             result = partition.read(seq, fetch_size)
         except SegmentCheckPending:
@@ -327,6 +336,10 @@ class EmbeddedBackend:
             return FetchOutcome(FetchStatus.DATA, high_water_mark=result.high_water_mark,
                                 first_available=result.first_available,
                                 resolved_seq=result.seq)
+        if shared is not None and result.fileno() == -1:  # in memory: shareable
+            outcome = shared.share(partition, seq, fetch_size, result)
+            if outcome is not None:
+                return outcome
         return FetchOutcome(
             FetchStatus.DATA, high_water_mark=result.high_water_mark,
             first_available=result.first_available,

@@ -7,6 +7,12 @@ first (as Kafka does, KIP-74). The response's ``max_bytes`` stops adding partiti
 once reached (the first partition with data always gets its batches). An offset before
 the first available one or past the end is OFFSET_OUT_OF_RANGE; at the end it is a wait.
 Only ``read_uncommitted`` exists (there are no transactions).
+
+A partition answered from a shared read (:class:`~gateway.backend.shared.SharedChunk`: the
+readers one append woke at the same position) has its record batches converted once, by
+its first reader; a Fetch of that one partition is answered with a :class:`SharedFetch`,
+whose response body is encoded once per version and shared as well (the response header,
+with the correlation id, stays per request).
 """
 
 from __future__ import annotations
@@ -16,9 +22,12 @@ from typing import Any, Final
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
 from gateway.backend.contract import Backend, FetchOutcome, FetchRequest, FetchStatus
+from gateway.backend.shared import SharedChunk
+from gateway.io.writer import JOIN_BELOW
 from protocols.kafka.bundles import bundles_to_batches
+from protocols.kafka.connection import encode_body_parts
 from protocols.kafka.records import FetchableTopicResponse, FetchResponse, PartitionData
-from protocols.kafka.types import ErrorCode
+from protocols.kafka.types import ApiKey, ErrorCode
 from protocols.tank.bundle import decode_chunk
 
 _ERRORS: Final = {
@@ -28,6 +37,9 @@ _ERRORS: Final = {
     FetchStatus.FAULT: ErrorCode.KAFKA_STORAGE_ERROR,
     FetchStatus.DENIED: ErrorCode.TOPIC_AUTHORIZATION_FAILED,
 }
+#: What a shared chunk keeps its record batches and Fetch response bodies under.
+_BATCHES_KEY: Final = "kafka-batches"
+_BODY_KEY: Final = "kafka-fetch-body"
 #: Bytes read for a partition asking for less than one byte.
 _MIN_FETCH: Final = 1024
 
@@ -37,7 +49,33 @@ def log_start_offset(first_available: int) -> int:
     return max(first_available, 1) - 1
 
 
-async def fetch(backend: Backend, body: Any, access: ConnectionAccess) -> FetchResponse:
+class SharedFetch:
+    """A Fetch response for one partition, from a shared read: :attr:`record` is the
+    response; :meth:`body` its encoded body, built by the first of the readers of
+    ``chunk`` that asked for that partition at that version."""
+
+    __slots__ = ("_chunk", "_key", "record")
+
+    def __init__(self, record: FetchResponse, chunk: SharedChunk, key: tuple[str, int]
+                 ) -> None:
+        self.record = record
+        self._chunk = chunk
+        self._key = key
+
+    def body(self, version: int) -> list[bytes]:
+        """The response body's bytes at ``version``, as pieces to send in order (one
+        piece when smaller than :data:`~gateway.io.writer.JOIN_BELOW`)."""
+        def encode() -> list[bytes]:
+            pieces = encode_body_parts(ApiKey.FETCH, self.record, version)
+            if sum(map(len, pieces)) < JOIN_BELOW:
+                return [b"".join(pieces)]
+            return [bytes(p) for p in pieces]
+
+        return self._chunk.encoded((_BODY_KEY, version, *self._key), encode)
+
+
+async def fetch(backend: Backend, body: Any, access: ConnectionAccess
+                ) -> FetchResponse | SharedFetch:
     """Answer a Fetch request ``body``; waits up to its ``max_wait_ms`` when no asked
     partition has data."""
     slots: list[tuple[str, int, int | FetchRequest]] = []  # error code, or what to read
@@ -67,21 +105,31 @@ async def fetch(backend: Backend, body: Any, access: ConnectionAccess) -> FetchR
     by_request = dict(zip(map(id, wanted), outcomes, strict=True))
     budget = body.max_bytes if body.max_bytes > 0 else 1 << 31
     responses: dict[str, list[PartitionData]] = {}
+    shared = True
     for name, index, what in slots:
         if isinstance(what, int):
             data = PartitionData(partition_index=index, error_code=what, high_watermark=-1,
                                  records=b"")
+            shared = False
         else:
-            data, size = await _partition(backend, what, by_request[id(what)], budget)
+            data, size, shared_data = await _partition(backend, what, by_request[id(what)],
+                                                       budget)
             budget -= size
+            shared = shared and shared_data
         responses.setdefault(name, []).append(data)
-    return FetchResponse(responses=[FetchableTopicResponse(topic=name, partitions=parts)
-                                    for name, parts in responses.items()])
+    response = FetchResponse(responses=[FetchableTopicResponse(topic=name, partitions=parts)
+                                        for name, parts in responses.items()])
+    if shared and len(slots) == 1:
+        chunk = outcomes[0].chunk
+        assert type(chunk) is SharedChunk
+        return SharedFetch(response, chunk, slots[0][:2])
+    return response
 
 
 async def _partition(backend: Backend, request: FetchRequest, outcome: FetchOutcome,
-                     budget: int) -> tuple[PartitionData, int]:
-    """One partition's answer and the record bytes it carries."""
+                     budget: int) -> tuple[PartitionData, int, bool]:
+    """One partition's answer, the record bytes it carries and whether it is all from a
+    shared read (its batches converted once for every reader)."""
     hwm = outcome.high_water_mark
     start = log_start_offset(outcome.first_available)
     if outcome.status is not FetchStatus.DATA:
@@ -89,7 +137,17 @@ async def _partition(backend: Backend, request: FetchRequest, outcome: FetchOutc
         return PartitionData(partition_index=request.partition,
                              error_code=_ERRORS[outcome.status], high_watermark=hwm,
                              last_stable_offset=hwm, log_start_offset=start,
-                             records=b""), 0
+                             records=b""), 0, False
+    shared = outcome.chunk
+    if type(shared) is SharedChunk and budget > 0:
+        chunk = shared.data
+        base_seq = outcome.base_seq
+        batches = shared.encoded(_BATCHES_KEY, lambda: bundles_to_batches(chunk, base_seq))
+        if batches.consumed or not batches.partial:
+            return PartitionData(partition_index=request.partition, error_code=0,
+                                 high_watermark=hwm, last_stable_offset=hwm,
+                                 log_start_offset=start, records=batches.records
+                                 ), len(batches.records), True
     try:
         chunk = outcome.chunk.read_bytes() if budget > 0 else b""
     finally:
@@ -113,4 +171,4 @@ async def _partition(backend: Backend, request: FetchRequest, outcome: FetchOutc
         records = batches.records
     return PartitionData(partition_index=request.partition, error_code=0,
                          high_watermark=hwm, last_stable_offset=hwm,
-                         log_start_offset=start, records=records), len(records)
+                         log_start_offset=start, records=records), len(records), False

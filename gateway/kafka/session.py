@@ -46,8 +46,9 @@ from gateway.auth.lookup import look_up, topics_to_look_up
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import OUT, PrincipalQuota, Quotas
 from gateway.backend.contract import Backend, ProduceOutcome
-from gateway.io.writer import Buffer, FrameWriter
+from gateway.io.writer import JOIN_BELOW, Buffer, FrameWriter
 from gateway.kafka.context import RequestContext
+from gateway.kafka.fetch import SharedFetch
 from gateway.kafka.handlers import HANDLERS
 from gateway.kafka.produce import (
     ProducePlan,
@@ -317,6 +318,16 @@ class KafkaSession(RequestSession):
             response = await HANDLERS[request.api_key](context, request.body,
                                                        request.api_version)
             quota = self._quota
+            if type(response) is SharedFetch:  # one partition, from a shared read
+                if quota is None or not quota.out_limited:
+                    frame = self._conn.send_body_parts(request,
+                                                       response.body(request.api_version))
+                    # A small body is one piece: joined to the header, one frame.
+                    self._fill(slot, frame[0] + frame[1] if len(frame) == 2
+                               and len(frame[1]) < JOIN_BELOW else frame)
+                    self._counter.inc(kind)
+                    return
+                response = response.record
             if quota is not None and quota.out_limited and request.api_key == ApiKey.FETCH:
                 quota.took_out(sum(len(p.records or b"") for t in response.responses
                                    for p in t.partitions))

@@ -16,12 +16,14 @@ translates. Per partition, by :class:`~gateway.backend.contract.FetchStatus`:
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from gateway.backend.contract import Chunk, FetchOutcome, FetchRequest, FetchStatus
-from protocols.tank.connection import encode_consume_response_head
+from gateway.backend.shared import SharedChunk
+from protocols.tank.connection import FRAME_HEADER, encode_consume_response_head
 from protocols.tank.messages import ConsumePartitionResult, ConsumeResponse, ConsumeTopicResult
 from protocols.tank.types import ConsumeFlags
 
@@ -38,6 +40,15 @@ _ERROR_FLAGS: Final = {
 #: Statuses a consumer sees as "no such topic": a read the upstream denies is answered
 #: as the access policy answers one it denies itself.
 _HIDDEN: Final = (FetchStatus.UNKNOWN_TOPIC, FetchStatus.DENIED)
+_DATA: Final = FetchStatus.DATA
+#: A Consume response's ``u32 reqId``: after the frame header and ``u32 headerLen``.
+_REQUEST_ID: Final = struct.Struct("<I")
+_REQUEST_ID_AT: Final = FRAME_HEADER.size + 4
+#: A shared chunk smaller than this is sent joined to its head, as one frame built once
+#: (the size under which the outbox would join them anyway).
+WHOLE_FRAME_BELOW: Final = 64 * 1024
+#: What a shared chunk keeps the Consume head under (with the topic and partition).
+_HEAD_KEY: Final = "tank-consume-head"
 
 
 def fetch_requests(request: Any) -> list[FetchRequest]:
@@ -49,7 +60,8 @@ def fetch_requests(request: Any) -> list[FetchRequest]:
 
 @dataclass(slots=True)
 class ConsumeReply:
-    """What to send for one Consume: the head bytes, then ``chunks`` in order."""
+    """What to send for one Consume: the head bytes, then ``chunks`` in order (none: the
+    head is the whole frame)."""
 
     head: bytes
     chunks: list[Chunk]
@@ -64,13 +76,44 @@ def consume_reply(request: Any, outcomes: Sequence[FetchOutcome]) -> ConsumeRepl
 
     Empty chunks are closed here; the others are in ``chunks`` for the caller to send and
     close. On an exception every chunk of ``outcomes`` is closed.
+
+    A request for one partition answered from a shared read (a
+    :class:`~gateway.backend.shared.SharedChunk`, as the readers woken by one append get)
+    takes its head from the one the first of those readers built: the same bytes but
+    for the request id. A small one is a whole frame (the chunk's bytes joined to the
+    head once for all of them, ``chunks`` empty).
     """
+    if len(outcomes) == 1:
+        outcome = outcomes[0]
+        chunk = outcome.chunk
+        if type(chunk) is SharedChunk and outcome.status is _DATA:
+            topics = request.topics
+            if len(topics) == 1 and len(topics[0].partitions) == 1:
+                return _shared_reply(request, outcome, chunk)
     try:
         return _build(request, outcomes)
     except BaseException:
         for outcome in outcomes:
             outcome.chunk.close()
         raise
+
+
+def _shared_reply(request: Any, outcome: FetchOutcome, chunk: SharedChunk) -> ConsumeReply:
+    """The reply to a one-partition ``request`` from a shared read: the head's bytes
+    around the request id are built once per read (by :func:`_build`) and kept with it."""
+    topic = request.topics[0]
+    name = topic.name
+    whole = chunk.length < WHOLE_FRAME_BELOW
+
+    def template() -> tuple[bytes, bytes]:
+        head = _build(request, [outcome]).head
+        after = head[_REQUEST_ID_AT + _REQUEST_ID.size:]
+        return head[:_REQUEST_ID_AT], after + chunk.data if whole else after
+
+    before, after = chunk.encoded((_HEAD_KEY, name, topic.partitions[0].partition),
+                                  template)
+    head = before + _REQUEST_ID.pack(request.request_id) + after
+    return ConsumeReply(head, [] if whole else [chunk], {name: chunk.length}, True)
 
 
 def _build(request: Any, outcomes: Sequence[FetchOutcome]) -> ConsumeReply:

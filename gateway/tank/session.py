@@ -375,7 +375,10 @@ class TankSession(RequestSession):
     def _reply_consume(self, request: Any, asked: list[FetchRequest],
                        outcomes: list[FetchOutcome]) -> None:
         reply = consume_reply(request, outcomes)
-        self._outbox.put_consume_nowait(reply.head, reply.chunks)
+        if reply.chunks:
+            self._outbox.put_consume_nowait(reply.head, reply.chunks)
+        else:
+            self._outbox.put_nowait(reply.head)
         lag = self._metrics.reader_lag
         for fetch, outcome in zip(asked, outcomes, strict=True):
             if outcome.status is FetchStatus.DATA:

@@ -142,6 +142,29 @@ def encode_response_parts(api_key: int, api_version: int, correlation_id: int, b
     return pieces
 
 
+def encode_body_parts(api_key: int, body: Any, api_version: int) -> list[Buffer]:
+    """A response body alone, as the pieces of :func:`encode_response_parts` after its
+    header: to encode once and send to many requests with
+    :meth:`KafkaServerConnection.send_body_parts`."""
+    codec = RESPONSES.get(api_key)
+    if codec is None:
+        raise ValueError(f"no response declared for API key {api_key}")
+    out = Parts()
+    WRITERS[codec.name](body, out, api_version)
+    return [piece for piece in out.pieces() if piece]
+
+
+def encode_response_with_body(api_key: int, api_version: int, correlation_id: int,
+                              body: list[Buffer]) -> list[Buffer]:
+    """The frame of :func:`encode_response_parts` from a body already encoded (by
+    :func:`encode_body_parts` at ``api_version``): size and header, then ``body``'s
+    pieces as they are."""
+    header = encode_response_header(ResponseHeader(correlation_id),
+                                    response_header_version(api_key, api_version))
+    size = len(header) + sum(map(len, body))
+    return [FRAME_HEADER.pack(size) + header, *body]
+
+
 class KafkaServerConnection:
     """The server end of a Kafka connection: bytes in, requests out, responses to bytes.
 
@@ -226,7 +249,13 @@ class KafkaServerConnection:
         return encode_response_parts(request.api_key, request.api_version,
                                      request.correlation_id, body)
 
+    def send_body_parts(self, request: Request | UnsupportedRequest, body: list[Buffer]
+                        ) -> list[Buffer]:
+        """:meth:`send_parts` of a body already encoded at the request's version."""
+        return encode_response_with_body(request.api_key, request.api_version,
+                                         request.correlation_id, body)
+
 
 __all__ = ["FRAME_HEADER", "KafkaServerConnection", "Request", "SaslToken",
-           "UnsupportedRequest", "decode_request", "encode_response",
-           "encode_response_parts", "frame"]
+           "UnsupportedRequest", "decode_request", "encode_body_parts", "encode_response",
+           "encode_response_parts", "encode_response_with_body", "frame"]
