@@ -123,7 +123,7 @@ class FrameReader:
             head = bytes(self._buf[self._pos:]) + bytes(data[:missing])
         else:
             head = bytes(self._buf[self._pos:self._pos + header.size])
-        length = header.unpack(head)[self._length_index]
+        length: int = header.unpack(head)[self._length_index]
         if length > self.max_payload:
             return len(data)
         return min(len(data), header.size + length - buffered)
