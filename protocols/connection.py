@@ -107,11 +107,28 @@ class FrameReader:
             self._pos = 0
         self._buf += data
 
+    def completed_frame(self, data: bytes | bytearray) -> tuple[bytes, int] | None:
+        """The frame begun in what is buffered, completed by the leading bytes of ``data``
+        (the next bytes of the stream), without consuming anything: ``(frame, used)``, the
+        whole frame (header and payload) and how many bytes of ``data`` it takes. None
+        when nothing is buffered, or that frame does not end within ``data`` or its
+        length is over the limit (:meth:`next_frame` says so once they are fed). After
+        the caller has handled the frame, :meth:`drop_buffered` forgets its first part."""
+        used = self.rest_of_frame(data)
+        if used <= 0 or used > len(data):
+            return None
+        return bytes(self._buf[self._pos:]) + bytes(data[:used]), used
+
+    def drop_buffered(self) -> None:
+        """Forget what is buffered (the caller took it whole: :meth:`completed_frame`)."""
+        self._buf.clear()
+        self._pos = 0
+
     def rest_of_frame(self, data: bytes | bytearray) -> int:
-        """How many leading bytes of ``data`` (the next bytes of the stream) belong to the
-        frame begun in what is buffered: 0 when nothing is, ``len(data)`` when that frame
-        does not end within ``data`` (or its length is over the limit: :meth:`next_frame`
-        says so once they are fed)."""
+        """How many leading bytes of the stream, from ``data`` (its next bytes) on, end the
+        frame begun in what is buffered: 0 when nothing is; more than ``len(data)`` when
+        that frame does not end within ``data``, or its length is over the limit, or its
+        header does not end in ``data`` either (``len(data) + 1``)."""
         buffered = len(self._buf) - self._pos
         if not buffered:
             return 0
@@ -119,14 +136,14 @@ class FrameReader:
         missing = header.size - buffered
         if missing > 0:
             if len(data) < missing:
-                return len(data)
+                return len(data) + 1
             head = bytes(self._buf[self._pos:]) + bytes(data[:missing])
         else:
             head = bytes(self._buf[self._pos:self._pos + header.size])
         length: int = header.unpack(head)[self._length_index]
         if length > self.max_payload:
-            return len(data)
-        return min(len(data), header.size + length - buffered)
+            return len(data) + 1
+        return header.size + length - buffered
 
     def next_frame(self) -> tuple[tuple[int, ...], bytes] | _Sentinel:
         """The next complete ``(header_fields, payload)``, NEED_DATA or CLOSED."""

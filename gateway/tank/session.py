@@ -194,17 +194,18 @@ class TankSession(RequestSession):
     async def _received(self, data: bytes | bytearray) -> bool:
         """Dispatch every request in the buffer (read in one pass); True after a clean EOF.
 
-        With appenders learnt (:meth:`_learn_appender`), a read goes in up to three parts:
-        the end of a frame begun in an earlier read (the general path), the run of
-        Produces the one-pass path takes (:meth:`_serve_produces`), the rest (the general
-        path)."""
+        With appenders learnt (:meth:`_learn_appender`), the run of Produces the read
+        carries on with goes the one-pass path (:meth:`_serve_produces`), the rest the
+        general path; a frame begun in an earlier read that the run does not take is
+        ended by the general path, and the run goes on after it."""
         start = 0
         if self._appenders is not None and type(data) is bytes and data:
-            start = self._conn.rest_of_frame(data)
-            if start:
-                await self._requests_in(data[:start])
-            if start < len(data):
-                start = self._serve_produces(data, start)
+            start = self._serve_produces(data, 0)
+            if not start and self._conn.buffered:
+                begun = self._conn.rest_of_frame(data)
+                if begun < len(data):
+                    await self._requests_in(data[:begun])
+                    start = self._serve_produces(data, begun)
             if start == len(data):
                 return False
         return await self._requests_in(data, start)

@@ -187,24 +187,41 @@ class TankConnection:
         return self._requests(items, error)
 
     def rest_of_frame(self, data: bytes) -> int:
-        """How many leading bytes of ``data`` (a read) finish a frame begun in an earlier
-        one (0: none was begun; ``len(data)``: it does not end in ``data``)."""
+        """How many leading bytes of ``data`` (a read) end the frame begun in an earlier
+        read: 0 when none was begun, more than ``len(data)`` when it does not end there."""
         return self._frames.rest_of_frame(data)
 
     def serve_produces(self, data: bytes, start: int,
                        appenders: Mapping[tuple[str, int], Appender], room: int
                        ) -> tuple[int, bytes, int]:
-        """Server role: append and answer the run of Produces at ``data[start:]`` (a read)
-        through ``appenders`` (:func:`~protocols.tank.scan.produce_run`), with at most
-        about ``room`` response bytes. Returns ``(pos, responses, count)``: ``data[pos:]``
-        is left for :meth:`receive_requests`. Takes nothing (``pos`` is ``start``) while
-        a frame is partly buffered or the connection has failed or ended."""
+        """Server role: append and answer the run of Produces at ``data[start:]`` (a
+        read) through ``appenders`` (:func:`~protocols.tank.scan.produce_run`), with at
+        most about ``room`` response bytes; from ``start`` 0, a frame begun in an earlier
+        read and ended in this one is the run's first. Returns ``(pos, responses,
+        count)``: ``data[pos:]`` is left for :meth:`receive_requests` (from ``start`` when
+        the run took nothing). Takes nothing once the connection has failed or ended, or
+        while a frame is begun and ``start`` is not 0."""
         frames = self._frames
-        if (frames.buffered or frames.eof or self._failure is not None
-                or self.role is not Role.SERVER):
+        if (frames.eof or self._failure is not None or self.role is not Role.SERVER
+                or (start and frames.buffered)):
             return start, b"", 0
-        return produce_run(data, start, len(data), frames.max_payload, appenders, room,
-                           MAX_UNCOMPRESSED_SIZE)
+        max_payload = frames.max_payload
+        first = b""
+        count = 0
+        if frames.buffered:
+            completed = frames.completed_frame(data)
+            if completed is None:
+                return 0, b"", 0
+            frame, start = completed
+            _, first, count = produce_run(frame, 0, len(frame), max_payload, appenders,
+                                          room, MAX_UNCOMPRESSED_SIZE)
+            if not count:
+                return 0, b"", 0
+            frames.drop_buffered()
+            room -= len(first)
+        pos, responses, more = produce_run(data, start, len(data), max_payload, appenders,
+                                           room, MAX_UNCOMPRESSED_SIZE)
+        return pos, first + responses if first else responses, count + more
 
     def _requests(self, items: list[Any], error: ProtocolError | None
                   ) -> tuple[list[Any], ProtocolError | None]:
