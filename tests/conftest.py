@@ -7,14 +7,46 @@ import structlog
 
 from tests.tls_certs import Certs, make_certs
 
+#: The Spark tests, one unit of work for ``make test``'s workers (see
+#: :func:`pytest_xdist_make_scheduler`): they share one Spark session (a JVM that takes
+#: 15-20 s to start) and one server, per worker.
+SPARK_TESTS = "tests/spark/"
+#: The longest units of work, started first (by far: each holds minutes of builds or
+#: JVMs); then the other files with tests marked ``slow``.
+LONGEST = (SPARK_TESTS, "tests/test_install.py")
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with tests marked ``slow`` first, each file's tests kept together and in
-    order: with ``make test``'s workers (``--dist loadfile --no-loadscope-reorder``) the
-    long files start at once and the short ones fill the end, instead of one worker
-    running a Spark or install file alone at the end of the run."""
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest units first, then files with tests marked ``slow``, each file's tests
+    kept together and in order: with ``make test``'s workers (``--dist loadfile
+    --no-loadscope-reorder``) the long files start at once and the short ones fill the
+    end, instead of one worker running a Spark or install file alone at the end of the
+    run."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)  # stable: order kept within
+
+    def rank(item: pytest.Item) -> int:
+        where = item.path.relative_to(config.rootpath).as_posix()
+        for i, start in enumerate(LONGEST):
+            if where.startswith(start):
+                return i
+        return len(LONGEST) + (item.path not in slow_files)
+
+    items.sort(key=rank)  # stable: order kept within
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadfile``, except that the Spark tests are one unit (one worker runs them
+    all, so the run starts one Spark session, not one per worker)."""
+    if config.getoption("dist", None) != "loadfile":
+        return None  # xdist's own scheduler for the mode asked for
+    from xdist.scheduler import LoadFileScheduling
+
+    class SparkTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return (SPARK_TESTS if nodeid.startswith(SPARK_TESTS)
+                    else super()._split_scope(nodeid))
+
+    return SparkTogether(config, log)
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.spark.helpers import BackgroundServer
+from tests.spark.helpers import SPARK_JVM_OPTIONS, BackgroundServer
 
 # Without the spark extra (pyspark, pyarrow) or Java these tests are not collected.
 if (importlib.util.find_spec("pyspark") is None or importlib.util.find_spec("pyarrow") is None
@@ -31,6 +31,7 @@ def spark() -> Iterator[object]:
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.driver.memory", "1g")
+               .config("spark.driver.extraJavaOptions", SPARK_JVM_OPTIONS)
                .config("spark.sql.streaming.pollingDelay", "10ms")
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")

@@ -3,7 +3,6 @@ venv's) with ``PYSPARK_PYTHON`` unset: ``register`` must make the workers run th
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.spark.helpers import BackgroundServer, produce
+from tests.spark.helpers import BackgroundServer, produce, spark_process_env
 
 pytestmark = pytest.mark.slow
 
@@ -31,9 +30,7 @@ def test_docs_snippet_runs_without_pyspark_python(server: BackgroundServer) -> N
     code = docs_snippet()
     assert '"127.0.0.1:11011"' in code
     code = code.replace('"127.0.0.1:11011"', repr(server.endpoint))  # the test's server
-    env = {name: value for name, value in os.environ.items()
-           if name not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_CONF_DIR")}
-    env["PYTHONPATH"] = str(ROOT)
+    env = spark_process_env(ROOT)
     # In the server's data directory's parent: the snippet reads the segments of ./data.
     result = subprocess.run([sys.executable, "-c", code], cwd=server.data_dir.parent,
                             env=env, capture_output=True, text=True, timeout=180)

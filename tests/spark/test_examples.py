@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.spark.helpers import BackgroundServer
+from tests.spark.helpers import BackgroundServer, spark_process_env
 
 pytestmark = pytest.mark.slow
 
@@ -24,10 +24,7 @@ EXAMPLES = ROOT / "examples"
 
 def example_env() -> dict[str, str]:
     """The environment of a user of the venv: no PYSPARK_PYTHON."""
-    env = {name: value for name, value in os.environ.items()
-           if name not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
-    env["PYTHONPATH"] = str(ROOT)
-    return env
+    return spark_process_env(ROOT)
 
 
 def high_water_mark(server: BackgroundServer, topic: str) -> int:
