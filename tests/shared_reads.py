@@ -5,7 +5,7 @@ with the same access policy, fed the same bundles; raw frames to compare."""
 from __future__ import annotations
 
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
@@ -99,3 +99,65 @@ async def kafka_frame(stream: trio.SocketStream, buf: bytearray) -> bytes:
     """The next whole Kafka frame, size included."""
     head = await read_exactly(stream, buf, 4)
     return head + await read_exactly(stream, buf, struct.unpack(">i", head)[0])
+
+
+#: ``read_frame(stream, buffer)``: the next whole frame of one protocol.
+FrameReaderFn = Callable[[trio.SocketStream, bytearray], Awaitable[bytes]]
+
+
+class Reader:
+    """One connection to each server, sending both the same frames."""
+
+    def __init__(self, streams: list[trio.SocketStream], read_frame: FrameReaderFn) -> None:
+        self.streams = streams
+        self.bufs = [bytearray() for _ in streams]
+        self._read_frame = read_frame
+
+    async def send(self, frame: bytes) -> None:
+        for stream in self.streams:
+            await stream.send_all(frame)
+
+    async def frames(self) -> list[bytes]:
+        """The next frame from each server (sharing, reference)."""
+        return [await self._read_frame(s, b)
+                for s, b in zip(self.streams, self.bufs, strict=True)]
+
+    async def aclose(self) -> None:
+        for stream in self.streams:
+            await stream.aclose()
+
+
+async def open_readers(servers: tuple[ServerInfo, ...], count: int,
+                       address: Callable[[ServerInfo], tuple[str, int] | None],
+                       read_frame: FrameReaderFn) -> list[Reader]:
+    """``count`` readers, each connected to ``address(server)`` of every server."""
+    readers = []
+    for _ in range(count):
+        streams = []
+        for info in servers:
+            where = address(info)
+            assert where is not None
+            streams.append(await trio.open_tcp_stream(*where))
+        readers.append(Reader(streams, read_frame))
+    return readers
+
+
+async def answered_after_append(servers: tuple[ServerInfo, ...], readers: list[Reader],
+                                requests: list[bytes], parked: int, data: bytes
+                                ) -> list[bytes]:
+    """Send ``requests[i]`` on ``readers[i]``: those past the first ``parked`` must be
+    answered at once; once every poll has parked, append ``data`` to ``pub/0``. Every
+    frame must be the same from both servers; returns the parked readers' answers."""
+    for reader, frame in zip(readers, requests, strict=True):
+        await reader.send(frame)
+    for reader in readers[parked:]:
+        shared, reference = await reader.frames()
+        assert shared == reference
+    await trio.sleep(0.3)  # every long poll parked on both servers
+    await append(servers, "pub", 0, data)
+    answers = []
+    for reader in readers[:parked]:
+        shared, reference = await reader.frames()
+        assert shared == reference
+        answers.append(shared)
+    return answers

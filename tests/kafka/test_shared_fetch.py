@@ -18,7 +18,16 @@ from protocols.kafka import records as r
 from protocols.kafka.types import ApiKey
 from protocols.tank.bundle import Codec
 from tests.kafka.raw import request
-from tests.shared_reads import append, backend_of, bundle, kafka_frame, shared_and_reference
+from tests.shared_reads import (
+    Reader,
+    answered_after_append,
+    append,
+    backend_of,
+    bundle,
+    kafka_frame,
+    open_readers,
+    shared_and_reference,
+)
 
 #: One partition asked for: (topic, partition, offset, partition_max_bytes).
 Part = tuple[str, int, int, int]
@@ -37,30 +46,8 @@ def fetch(version: int, correlation_id: int, parts: list[Part], *,
                 for name, mine in topics.items()]))
 
 
-class Reader:
-    """One connection to each server, sending both the same frames."""
-
-    def __init__(self, streams: list[trio.SocketStream]) -> None:
-        self.streams = streams
-        self.bufs = [bytearray() for _ in streams]
-
-    async def send(self, frame: bytes) -> None:
-        for stream in self.streams:
-            await stream.send_all(frame)
-
-    async def frames(self) -> list[bytes]:
-        return [await kafka_frame(s, b) for s, b in zip(self.streams, self.bufs, strict=True)]
-
-    async def aclose(self) -> None:
-        for stream in self.streams:
-            await stream.aclose()
-
-
 async def _readers(servers: Any, count: int) -> list[Reader]:
-    readers = []
-    for _ in range(count):
-        readers.append(Reader([await trio.open_tcp_stream(*info.kafka) for info in servers]))
-    return readers
+    return await open_readers(servers, count, lambda info: info.kafka, kafka_frame)
 
 
 async def test_woken_fetches_get_the_unshared_bytes(tmp_path: Path) -> None:
@@ -96,19 +83,10 @@ async def test_woken_fetches_get_the_unshared_bytes(tmp_path: Path) -> None:
             (11, [("pub", 0, -1, 1 << 20)]),
         ]
         readers = await _readers(servers, len(parked) + len(at_once))
-        for correlation_id, (reader, (version, parts)) in enumerate(
-                zip(readers, parked + at_once, strict=True), 3):
-            await reader.send(fetch(version, correlation_id, parts))
-        for reader in readers[len(parked):]:
-            shared, reference = await reader.frames()
-            assert shared == reference
-        await trio.sleep(0.3)  # every long poll parked on both servers
-        await append(servers, "pub", 0, bundle(6, 4))
-        answers = []
-        for reader in readers[:len(parked)]:
-            shared, reference = await reader.frames()
-            assert shared == reference
-            answers.append(shared)
+        answers = await answered_after_append(
+            servers, readers, [fetch(version, correlation_id, parts) for correlation_id,
+                               (version, parts) in enumerate(parked + at_once, 3)],
+            len(parked), bundle(6, 4))
         # The first three asked the same: their frames differ only by the correlation id.
         assert answers[0][8:] == answers[1][8:] == answers[2][8:]
         assert answers[0][4:8] != answers[1][4:8]

@@ -17,7 +17,16 @@ import trio
 from protocols.tank.bundle import Codec
 from protocols.tank.connection import FRAME_HEADER
 from protocols.wire import UINT64_MAX
-from tests.shared_reads import append, backend_of, bundle, shared_and_reference, tank_frame
+from tests.shared_reads import (
+    Reader,
+    answered_after_append,
+    append,
+    backend_of,
+    bundle,
+    open_readers,
+    shared_and_reference,
+    tank_frame,
+)
 
 #: One partition asked for: (topic, partition, seq, fetch_size).
 Part = tuple[str, int, int, int]
@@ -38,29 +47,8 @@ def consume(request_id: int, parts: list[Part], *, max_wait_ms: int = 10_000,
     return FRAME_HEADER.pack(0x02, len(body)) + bytes(body)
 
 
-class Reader:
-    """One connection to each server, sending both the same frames."""
-
-    def __init__(self, streams: list[trio.SocketStream]) -> None:
-        self.streams = streams
-        self.bufs = [bytearray() for _ in streams]
-
-    async def send(self, frame: bytes) -> None:
-        for stream in self.streams:
-            await stream.send_all(frame)
-
-    async def frames(self) -> list[bytes]:
-        return [await tank_frame(s, b) for s, b in zip(self.streams, self.bufs, strict=True)]
-
-
 async def _readers(servers: Any, count: int) -> list[Reader]:
-    readers = []
-    for _ in range(count):
-        streams = []
-        for info in servers:
-            streams.append(await trio.open_tcp_stream(*info.tank))
-        readers.append(Reader(streams))
-    return readers
+    return await open_readers(servers, count, lambda info: info.tank, tank_frame)
 
 
 async def test_woken_consumes_get_the_unshared_bytes(tmp_path: Path) -> None:
@@ -94,19 +82,10 @@ async def test_woken_consumes_get_the_unshared_bytes(tmp_path: Path) -> None:
             [("pub", 0, 0, 1 << 20), ("pub", 1, 1, 1 << 20)],
         ]
         readers = await _readers(servers, len(parked) + len(at_once))
-        for request_id, (reader, parts) in enumerate(
-                zip(readers, parked + at_once, strict=True), 7):
-            await reader.send(consume(request_id, parts))
-        for reader in readers[len(parked):]:
-            shared, reference = await reader.frames()
-            assert shared == reference
-        await trio.sleep(0.3)  # every long poll parked on both servers
-        await append(servers, "pub", 0, bundle(6, 4))
-        answers = []
-        for reader in readers[:len(parked)]:
-            shared, reference = await reader.frames()
-            assert shared == reference
-            answers.append(shared)
+        answers = await answered_after_append(
+            servers, readers, [consume(request_id, parts)
+                               for request_id, parts in enumerate(parked + at_once, 7)],
+            len(parked), bundle(6, 4))
         # The first three asked the same: their frames differ only by the request id.
         assert answers[0][13:] == answers[1][13:] == answers[2][13:]
         assert answers[0][9:13] != answers[1][9:13]
@@ -128,8 +107,7 @@ async def test_woken_consumes_get_the_unshared_bytes(tmp_path: Path) -> None:
             shared, reference = await reader.frames()
             assert shared == reference
         for reader in readers:
-            for stream in reader.streams:
-                await stream.aclose()
+            await reader.aclose()
 
 
 async def test_a_timed_out_poll_is_not_shared(tmp_path: Path) -> None:
@@ -144,5 +122,4 @@ async def test_a_timed_out_poll_is_not_shared(tmp_path: Path) -> None:
             assert shared == reference
         assert backend_of(servers[0]).shared_reads.hits == 0  # type: ignore[union-attr]
         for reader in readers:
-            for stream in reader.streams:
-                await stream.aclose()
+            await reader.aclose()
