@@ -9,12 +9,13 @@ Each function here has a pure-Python reference that defines it:
 - :func:`data_frames`: ``protocols.translate.data_frames_py``;
 - :func:`plain_run`: the plain bundles of ``protocols.kafka.upstream.records_to_bundles``;
 - :func:`scan_tank_requests`: ``protocols.tank.scan.scan_requests_py``;
-- :func:`tank_produce_response`: ``gateway.tank.produce.produce_response_frame_py``.
+- :func:`tank_produce_response`: ``gateway.tank.produce.produce_response_frame_py``;
+- :func:`tank_produce_run`: ``protocols.tank.scan.produce_run_py``.
 
 They give the same results and raise the same :class:`ProtocolError` (same class, same
-text) for the same input; ``tests/protocols/test_speedups.py`` and
-``tests/protocols/test_tank_scan.py`` hold them to that. Every
-read is checked against the end of its buffer by hand (raw pointers, no Cython bounds
+text) for the same input; ``tests/protocols/test_speedups.py``,
+``tests/protocols/test_tank_scan.py`` and ``tests/protocols/test_tank_produce_run.py``
+hold them to that. Every read is checked against the end of its buffer by hand (raw pointers, no Cython bounds
 checks): no input can make them read or write outside a buffer. They keep no state
 between calls and hold the GIL except while cramjam decompresses.
 """
