@@ -15,9 +15,10 @@ Each function here has a pure-Python reference that defines it:
 They give the same results and raise the same :class:`ProtocolError` (same class, same
 text) for the same input; ``tests/protocols/test_speedups.py``,
 ``tests/protocols/test_tank_scan.py`` and ``tests/protocols/test_tank_produce_run.py``
-hold them to that. Every read is checked against the end of its buffer by hand (raw pointers, no Cython bounds
-checks): no input can make them read or write outside a buffer. They keep no state
-between calls and hold the GIL except while cramjam decompresses.
+hold them to that. Every read is checked against the end of its buffer by hand (raw
+pointers, no Cython bounds checks): no input can make them read or write outside a
+buffer. They keep no state between calls and hold the GIL except while cramjam
+decompresses.
 """
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
