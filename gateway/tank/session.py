@@ -7,6 +7,10 @@ request in the buffer:
   Status, DiscoverPartitions and DiscoverTopics, each run in their own task, so a
   long-polling Consume holds up nothing else; responses go out as they are ready, matched
   by request id on the client;
+- a run of Produces of one bundle each to partitions the connection produced to before
+  is appended and answered in one compiled pass where the backend offers an appender
+  (:meth:`~gateway.backend.contract.Backend.fast_appender`: the embedded store in ``os``
+  durability), when nothing the connection has in flight or queued must go first;
 - Produce and ProduceWithSeqnum are handed to the backend at once
   (:meth:`~gateway.backend.contract.Backend.produce_nowait`: written before the next request is
   read, answered when durable); CreateTopic and ReloadConf go through the connection's
