@@ -391,7 +391,10 @@ class FrameWriter:
 
     def put_chunks_nowait(self, head: bytes, chunks: Sequence[FileChunk]) -> None:
         """Queue ``head`` followed by ``chunks``; the writer now owns the chunks and
-        closes them."""
+        closes them. With no chunks, ``head`` is a whole frame."""
+        if not chunks:
+            self.put_nowait(head)
+            return
         if self._socket is not None and all(c.sendfile_source() is None for c in chunks):
             # Held in memory (the tail cache): head and chunks in one vectored write.
             try:

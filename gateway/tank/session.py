@@ -380,10 +380,7 @@ class TankSession(RequestSession):
     def _reply_consume(self, request: Any, asked: list[FetchRequest],
                        outcomes: list[FetchOutcome]) -> None:
         reply = consume_reply(request, outcomes)
-        if reply.chunks:
-            self._outbox.put_consume_nowait(reply.head, reply.chunks)
-        else:
-            self._outbox.put_nowait(reply.head)
+        self._outbox.put_consume_nowait(reply.head, reply.chunks)
         lag = self._metrics.reader_lag
         for fetch, outcome in zip(asked, outcomes, strict=True):
             if outcome.status is FetchStatus.DATA:
