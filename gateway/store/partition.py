@@ -474,9 +474,7 @@ class Partition:
         that needs no fsync): the result, or None, having done nothing, whenever the
         general path must take it (``fsync`` durability, the partition held by another
         append, a segment roll, a failed write, a bundle over the size limit)."""
-        if (self._lock.locked() or self._queued or self._fsync or not self.fast_append
-                or self._closed or self._broken is not None
-                or len(bundle) > self._env.max_bundle_size):
+        if self._lock.locked() or self._queued or self._fsync or not self.fast_append:
             return None
         try:
             return self._append_validated(bundle, msg_count)
@@ -491,9 +489,7 @@ class Partition:
         plans a segment change, a gap, a sparse bundle, an error to report)."""
         bundle = entry[0]
         info = entry[2] if len(entry) > 2 else None
-        if (entry[1] or (len(entry) > 3 and entry[3] is not None)
-                or self._closed or self._broken is not None
-                or len(bundle) > self._env.max_bundle_size):
+        if entry[1] or (len(entry) > 3 and entry[3] is not None):
             return None
         if info is None:
             try:
@@ -511,10 +507,12 @@ class Partition:
 
     def _append_validated(self, bundle: bytes, msg_count: int) -> AppendResult | None:
         """The write of :meth:`_append_plain_now` once the bundle is known to be plain and
-        valid; None, having done nothing, when it needs the general path. Raises the
+        valid; None, having done nothing, when it needs the general path (a closed or
+        failed partition, a bundle over the size limit, a segment roll). Raises the
         write's OSError (the segment then cut back)."""
         seg = self._active
-        if seg is None or not seg.size:
+        if (seg is None or not seg.size or self._closed or self._broken is not None
+                or len(bundle) > self._env.max_bundle_size):
             return None
         first = self._written_hwm + 1
         last = first + msg_count - 1
