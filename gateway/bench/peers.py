@@ -448,8 +448,11 @@ def notes(setup: Setup, figtank_mode: str | None, names: dict[str, str]) -> list
                                      else "as the running figtank was started.")]
     if setup.figg["peer"]:
         out.append(f"{names['figg']}: the Go Figg server does not fsync. figg-bench times "
-                   "publishing from the first ACK to the last; with several subscribers "
-                   "\"sub stats\" adds them up; resumers read the history after publishing.")
+                   "publishing from the first ACK to the last; its publishers run one "
+                   "after another (each publishes all its messages before the next one "
+                   "starts), so --pubs 4 is one publisher at a time beside 4 subscribers; "
+                   "with several subscribers \"sub stats\" adds them up; resumers read the "
+                   "history after publishing.")
     if setup.tank["peer"]:
         out.append(f"{names['tank']}: a Tank broker acknowledges once the data is in the "
                    "page cache (like figtank's `os` mode). bm p2b sends every bundle in one "
