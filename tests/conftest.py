@@ -1,5 +1,6 @@
 """Suite-wide fixtures."""
 
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -14,6 +15,19 @@ SPARK_TESTS = "tests/spark/"
 #: The longest units of work, started first (by far: each holds minutes of builds or
 #: JVMs); then the other files with tests marked ``slow``.
 LONGEST = (SPARK_TESTS, "tests/test_install.py")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C and quit at their defaults in this process, so in every process a test
+    starts. A shell without job control starts a background command (``make test &``)
+    with SIGINT and SIGQUIT ignored, every child inherits that, and Python leaves an
+    inherited ignored SIGINT alone: the tests that stop a client with SIGINT would wait
+    for a process that never sees it (which of them failed depended on which worker had
+    run the Spark tests, whose session catches SIGINT)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -258,8 +258,13 @@ class Running:
                 await trio.sleep(0.02)
 
     async def finish(self, timeout: float = 15) -> tuple[int, str]:
-        """Wait for the exit: (status, stderr)."""
-        status = await trio.to_thread.run_sync(lambda: self.process.wait(timeout))
+        """Wait for the exit: (status, stderr); killed if it does not end in time."""
+        try:
+            status = await trio.to_thread.run_sync(lambda: self.process.wait(timeout))
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
         self._reader.join(5)
         assert self.process.stderr is not None
         return status, self.process.stderr.read().decode()
