@@ -10,10 +10,8 @@ check is on the bytes each peer received.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -24,20 +22,13 @@ from gateway.figg.feed import TailFeed
 from gateway.io import fanout
 from gateway.io.fanout import send_each_python
 from gateway.io.writer import FrameWriter
+from protocols import native
 from protocols.figg.messages import Attached, Detached
 from tests.figg.helpers import RawPeer, attach, detach, figg_server, open_test_backend, publish
 from tests.figg.test_listener import slow_reader
 from tests.io.helpers import receive_exactly, tcp_pair
 
-
-def _compiled() -> ModuleType | None:
-    try:
-        return importlib.import_module("gateway.io._fanout")
-    except ImportError:
-        return None
-
-
-_native = _compiled()
+_native = native.built("gateway.io._fanout")
 LOOPS: list[Callable[..., Any]] = [send_each_python] + (
     [_native.send_each] if _native is not None else [])
 

@@ -12,7 +12,6 @@ comparisons still run whenever the extension can be imported.
 from __future__ import annotations
 
 import errno
-import importlib
 import os
 import socket
 import struct
@@ -20,7 +19,6 @@ import time
 from array import array
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -35,17 +33,8 @@ from protocols import native
 from protocols.tank.bundle import Message
 from tests.io.helpers import tcp_pair
 
-PURE = os.environ.get(native.PURE_PYTHON_ENV, "") not in ("", "0")
-
-
-def _compiled() -> ModuleType | None:
-    try:
-        return importlib.import_module("gateway.io._fanout")
-    except ImportError:
-        return None
-
-
-compiled = _compiled()
+PURE = native.pure_python_requested()
+compiled = native.built("gateway.io._fanout")
 Loop = Callable[["array[int]", bytes], list[tuple[int, int]]]
 LOOPS: list[Loop] = [send_each_python] + ([compiled.send_each] if compiled else [])
 

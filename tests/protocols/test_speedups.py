@@ -16,7 +16,6 @@ protocol rule: a value or a ``ProtocolError``).
 
 from __future__ import annotations
 
-import importlib
 import os
 import random
 import subprocess
@@ -24,7 +23,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from types import ModuleType
 from typing import Any
 from unittest import mock
 
@@ -39,18 +37,9 @@ from protocols.tank import bundle as B
 from protocols.tank.bundle import Codec, Message, encode_bundle, frame_bundle
 from protocols.wire import UINT64_MAX, encode_varint
 
-PURE = os.environ.get(native.PURE_PYTHON_ENV, "") not in ("", "0")
-
-
-def _import_compiled() -> ModuleType | None:
-    try:
-        return importlib.import_module("protocols._speedups")
-    except ImportError:
-        return None
-
-
+PURE = native.pure_python_requested()
 #: The extension, imported directly (also under FIGTANK_PURE_PYTHON), or None.
-compiled = _import_compiled()
+compiled = native.built("protocols._speedups")
 
 MAX = B.MAX_UNCOMPRESSED_SIZE
 FAST_SETTINGS = settings(max_examples=60, deadline=None,

@@ -11,17 +11,16 @@ byte mutations for volume.
 
 from __future__ import annotations
 
-import importlib
 import random
 import struct
 import time
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from gateway.backend.contract import ProduceBatch, ProduceCode, ProduceOutcome
 from gateway.tank.produce import produce_response_frame_py
+from protocols import native
 from protocols.tank import scan as S
 from protocols.tank.bundle import MAX_UNCOMPRESSED_SIZE, Codec
 from protocols.tank.connection import frame
@@ -37,10 +36,7 @@ from protocols.tank.messages import (
 )
 from tests.store.helpers import bundle, sparse_bundle
 
-try:
-    compiled: ModuleType | None = importlib.import_module("protocols._speedups")
-except ImportError:
-    compiled = None
+compiled = native.built("protocols._speedups")
 
 MAX_PAYLOAD = 1 << 20
 VOLUME_SECONDS = 2.0

@@ -12,13 +12,10 @@ references are checked against the record path they replace either way.
 
 from __future__ import annotations
 
-import importlib
-import os
 import random
 import struct
 import time
 from collections.abc import Iterator
-from types import ModuleType
 from typing import Any
 from unittest import mock
 
@@ -45,12 +42,8 @@ from protocols.tank.messages import (
     encode_payload,
 )
 
-try:
-    compiled: ModuleType | None = importlib.import_module("protocols._speedups")
-except ImportError:
-    compiled = None
-
-PURE = os.environ.get(native.PURE_PYTHON_ENV, "") not in ("", "0")
+compiled = native.built("protocols._speedups")
+PURE = native.pure_python_requested()
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MAX_PAYLOAD = 1 << 20
 VOLUME_SECONDS = 2.0

@@ -18,7 +18,7 @@ from gateway.store.inspect import iter_messages, list_segments
 from gateway.store.partition import PREFILL_AHEAD, PREFILL_LOW
 from gateway.store.syncer import NativeSyncer, Syncer
 from gateway.store.tail import TailCache, TailEntry
-from protocols.native import PURE_PYTHON_ENV
+from protocols.native import pure_python_requested
 from tests.store.helpers import NO_SUCH_FD, all_messages, as_tuples, bundle, segment_names, store_at
 
 
@@ -88,7 +88,7 @@ async def test_a_roll_cuts_the_zeros_of_the_rolled_segment(tmp_path):
 
 def syncers() -> list[type]:
     kinds: list[type] = [Syncer]
-    if os.environ.get(PURE_PYTHON_ENV, "") in ("", "0"):
+    if not pure_python_requested():
         assert syncer_module._native is not None, "gateway.store._fsync is not built"
         kinds.append(NativeSyncer)
     return kinds
