@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from gateway.backend.contract import Chunk, FetchOutcome, FetchRequest, FetchStatus
 from gateway.backend.shared import SharedChunk
+from gateway.io.writer import JOIN_BELOW
 from protocols.tank.connection import FRAME_HEADER, encode_consume_response_head
 from protocols.tank.messages import ConsumePartitionResult, ConsumeResponse, ConsumeTopicResult
 from protocols.tank.types import ConsumeFlags
@@ -44,9 +45,6 @@ _DATA: Final = FetchStatus.DATA
 #: A Consume response's ``u32 reqId``: after the frame header and ``u32 headerLen``.
 _REQUEST_ID: Final = struct.Struct("<I")
 _REQUEST_ID_AT: Final = FRAME_HEADER.size + 4
-#: A shared chunk smaller than this is sent joined to its head, as one frame built once
-#: (the size under which the outbox would join them anyway).
-WHOLE_FRAME_BELOW: Final = 64 * 1024
 #: What a shared chunk keeps the Consume head under (with the topic and partition).
 _HEAD_KEY: Final = "tank-consume-head"
 
@@ -103,7 +101,8 @@ def _shared_reply(request: Any, outcome: FetchOutcome, chunk: SharedChunk) -> Co
     around the request id are built once per read (by :func:`_build`) and kept with it."""
     topic = request.topics[0]
     name = topic.name
-    whole = chunk.length < WHOLE_FRAME_BELOW
+    # Under the size the outbox would join them at anyway: one frame, built once.
+    whole = chunk.length < JOIN_BELOW
 
     def template() -> tuple[bytes, bytes]:
         head = _build(request, [outcome]).head
