@@ -188,6 +188,14 @@ class Policy:
                 return operation in rule.allow
         return None
 
+    def grants_topics(self, principal: Principal) -> bool:
+        """Whether ``principal`` may be allowed something on some topic: the default
+        allows, or a rule with topics that applies to it allows an operation. False:
+        every topic request of it is refused."""
+        return self.default_allow or any(
+            rule.allow and rule.topics is not None and rule.applies_to(principal)
+            for rule in self.rules)
+
     def allows_any(self, principal: Principal, topic: str) -> bool:
         """Whether ``principal`` may do anything with ``topic`` (and so may see it)."""
         return any(self.allows(principal, topic, op) for op in Operation

@@ -7,6 +7,14 @@ EventSource and WebSocket, which can not set headers) names a principal through
 :class:`~gateway.http.tokens.Tokens`; a token that is not valid is 401. Every check goes
 through the server's :class:`~gateway.auth.guard.AccessGuard`, so the topic permissions of
 the policy file apply as they do to Figg, Tank and Kafka.
+
+A refusal of the policy is answered as RFC 6750 §3 says (:func:`challenge`, applied by the
+router to whatever a handler raised): a request without a token gets 401 with
+``WWW-Authenticate: Bearer realm="figtank"`` when the listener takes tokens (``[[token]]``
+entries or JWT keys), and 403 ``access_denied`` when it takes none (no token could help);
+a request with a valid token gets 403 ``access_denied`` with ``error="insufficient_scope"``.
+Endpoints that name no topic (``/topics``, ``/api/overview``, ``GET /ws``) refuse a
+principal the policy grants nothing on any topic (:func:`require_some_access`).
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
 from gateway.auth.principal import Principal
 from gateway.backend.contract import PartitionInfo, TopicRefused, ensure_topic
+from gateway.http.challenge import bearer_challenge, insufficient_scope_challenge
 from gateway.http.request import HttpError, Request
 from protocols.topics import is_valid_topic_name
 
@@ -37,7 +46,7 @@ def bearer_token(request: Request) -> str | None:
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise HttpError(401, "bad_authorization", "Authorization must be "
-                            "'Bearer TOKEN'", [(b"www-authenticate", b"Bearer")])
+                            "'Bearer TOKEN'", [bearer_challenge()])
         return token.strip()
     return request.query.get("access_token") or None
 
@@ -62,6 +71,41 @@ def require(access: ConnectionAccess, topic: str, operation: Operation, request:
         access.refused(topic, operation, request, "403")
         raise HttpError(403, "access_denied", f"{access.principal.name} may not "
                         f"{operation.value} {topic!r}")
+
+
+def require_some_access(session: Any, access: ConnectionAccess, what: str) -> None:
+    """403 (a challenge, see :func:`challenge`) when the policy grants ``access``'s
+    principal nothing on any topic: ``what`` (an endpoint naming no topic) would show it
+    nothing or let it do nothing."""
+    policy = session.listener.guard.policy
+    if policy is not None and not policy.grants_topics(access.principal):
+        raise HttpError(403, "access_denied", f"{access.principal.name} may not {what}")
+
+
+def takes_tokens(session: Any) -> bool:
+    """Whether the listener takes bearer tokens now (``[[token]]`` entries of the policy
+    in force, or JWT keys)."""
+    return bool(len(session.listener.guard.tokens)) or session.listener.tokens.has_keys
+
+
+def challenge(session: Any, request: Request, error: HttpError) -> HttpError:
+    """``error`` as RFC 6750 wants it answered: a policy refusal (``access_denied``) of a
+    request without a token becomes 401 with a ``Bearer realm`` challenge when the
+    listener takes tokens; one of a request with a (valid) token gets
+    ``error="insufficient_scope"``. Any other error is returned as it is."""
+    if error.code != "access_denied" or error.status != 403:
+        return error
+    try:
+        token = bearer_token(request)
+    except HttpError as bad:
+        return bad
+    if token is not None:
+        error.headers.append(insufficient_scope_challenge())
+        return error
+    if not takes_tokens(session):
+        return error
+    return HttpError(401, "unauthorized", f"a bearer token is needed: {error.message}",
+                     [*error.headers, bearer_challenge()])
 
 
 def check_topic_name(topic: str) -> None:

@@ -63,7 +63,7 @@ class HttpListener(ProtocolListener):
                          quotas=quotas)
         self.tails = Tails(backend, settings.http_tail_buffer_bytes)
         self.router = build_router()
-        self.cors = Cors(settings.http_cors_origins)
+        self.cors = Cors(settings.http_cors_origins, "https" if tls is not None else "http")
         self.tokens = Tokens(self.guard, settings)
         #: The open SSE streams and WebSockets a reload may end.
         self.open_streams = OpenStreams(self.guard, self.tokens, self.log)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from gateway.auth.policy import Operation
-from gateway.http.auth import access_of
+from gateway.http.auth import access_of, require_some_access
 from gateway.http.request import Answer, Request, json_answer
 
 MAX_TOPICS: Final = 200
@@ -31,6 +31,7 @@ def _samples(metrics: Any) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 async def overview(session: Any, request: Request) -> Answer:
     access = access_of(session, request)
+    require_some_access(session, access, "see the overview")
     listener = session.listener
     backend = listener.backend
     samples = _samples(listener.metrics)

@@ -2,7 +2,10 @@
 
 Paths are matched as patterns of ``{name}`` segments (a segment: anything but ``/``). A
 path no route matches is 404; one matched for another method 405 (with ``Allow``).
-Preflights (``OPTIONS``) are answered by CORS.
+Preflights (``OPTIONS``) are answered by CORS, and a state-changing request from a foreign
+page is refused (403 ``origin_not_allowed``) before any route is looked at
+(:mod:`gateway.http.cors`). A refusal of the access policy gets its Bearer challenge here
+(:func:`gateway.http.auth.challenge`), whichever handler raised it.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gateway.http.auth import challenge
 from gateway.http.request import Answer, HttpError, Request
 
 Handler = Callable[[Any, Request], Awaitable[Answer | None]]
@@ -30,8 +34,10 @@ class Router:
 
     async def dispatch(self, session: Any, request: Request) -> Answer | None:
         """Run the handler of ``request``; its answer gets the CORS headers."""
+        cors = session.listener.cors
         if request.method == "OPTIONS":
-            return session.listener.cors.preflight(request)
+            return cors.preflight(request)
+        cors.check_write(request)
         allowed = []
         chosen = None
         for method, regex, handler in self._routes:
@@ -47,9 +53,12 @@ class Router:
         if chosen is not None:
             # Only the handler's frame stays while it serves (a stream may last for days).
             del found, allowed
-            answer = await chosen(session, request)
+            try:
+                answer = await chosen(session, request)
+            except HttpError as error:
+                raise challenge(session, request, error) from None
             if answer is not None:
-                session.listener.cors.apply(request, answer.headers)
+                cors.apply(request, answer.headers)
             return answer
         if allowed:
             raise HttpError(405, "method_not_allowed", f"{request.method} is not served on "

@@ -6,8 +6,10 @@ extra, imported only when one is configured).
 A token acts as ``user:NAME`` (a static token's ``user``, a JWT's ``sub``); what that user
 may do is the policy's rules for it. A JWT must be valid now (``exp`` and ``nbf`` are
 checked when present) and carry ``http.jwt_audience`` / ``http.jwt_issuer`` when those are
-set. A token that is not valid is 401; the decisions on valid JWTs are kept (at most
-:data:`CACHE_ENTRIES`, until they expire), so a stream of requests costs one check.
+set. A token that is not valid is 401 with ``WWW-Authenticate: Bearer realm="figtank",
+error="invalid_token", error_description="..."`` (RFC 6750 §3); the decisions on valid
+JWTs are kept (at most :data:`CACHE_ENTRIES`, until they expire), so a stream of requests
+costs one check.
 
 :meth:`Tokens.reload` (SIGHUP) reads the key files again: a token signed with a key no
 longer there is refused from then on (the kept decisions are dropped), and the listener's
@@ -23,15 +25,15 @@ from typing import Any, Final
 from gateway.auth.guard import AccessGuard
 from gateway.auth.principal import Principal
 from gateway.extras import require
+from gateway.http.challenge import invalid_token_challenge
 from gateway.http.request import HttpError, Request
 from gateway.server.config import ConfigError, Settings
 
 CACHE_ENTRIES: Final = 4096
-_UNAUTHORIZED = [(b"www-authenticate", b'Bearer error="invalid_token"')]
 
 
 def _invalid(why: str) -> HttpError:
-    return HttpError(401, "invalid_token", why, list(_UNAUTHORIZED))
+    return HttpError(401, "invalid_token", why, [invalid_token_challenge(why)])
 
 
 class Tokens:

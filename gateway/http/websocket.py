@@ -54,7 +54,7 @@ from gateway.backend.contract import (
     TopicRefused,
 )
 from gateway.backend.placed import produce_placed, reports_offsets
-from gateway.http.auth import access_of, bearer_token, partitions_of
+from gateway.http.auth import access_of, bearer_token, partitions_of, require_some_access
 from gateway.http.cursor import Behind, Cursor, Gone, wait_for_room
 from gateway.http.messages import dumps, payload_of
 from gateway.http.quota import owes, quota_of, took_out, wait_out
@@ -79,8 +79,15 @@ class _Close(Exception):
 
 
 async def upgrade(session: Any, request: Request) -> None:
-    """Check the upgrade, answer 101 and serve the WebSocket until it closes."""
+    """Check the upgrade, answer 101 and serve the WebSocket until it closes.
+
+    The origin (403) and the credentials (401 / 403) are checked before the upgrade
+    headers: a ``GET /ws`` without them is a probe (figtank.js tells a refusal from an
+    outage by it) whose answer is the refusal, or else 400 ``bad_upgrade``."""
     headers = request.headers
+    session.listener.cors.check_websocket(request)
+    access = access_of(session, request)
+    require_some_access(session, access, "open a WebSocket")
     if headers.get("upgrade", "").lower() != "websocket" or "upgrade" not in headers.get(
             "connection", "").lower():
         raise HttpError(400, "bad_upgrade", "expected a WebSocket upgrade (Upgrade: "
@@ -89,8 +96,6 @@ async def upgrade(session: Any, request: Request) -> None:
         raise HttpError(400, "bad_upgrade", "Sec-WebSocket-Version 13 and a "
                         "Sec-WebSocket-Key are required",
                         [(b"sec-websocket-version", b"13")])
-    session.listener.cors.check_websocket(request, headers.get("host"))
-    access = access_of(session, request)
     token = bearer_token(request)
     accept = generate_accept_token(headers["sec-websocket-key"].encode())
     conn = session.conn

@@ -47,11 +47,14 @@ async def test_static_tokens_map_to_users_the_policy_names(tmp_path):
     policy.write_text(POLICY)
     async with http_server(tmp_path, policy_file=policy) as server:
         client = await H11Client.connect(server.host, server.port)
-        status, _, body = await client.request("POST", "/topics/news", b"x")
+        # Without a token: the policy refuses listener:http, a token could help (401).
+        status, headers, body = await client.request("POST", "/topics/news", b"x")
+        assert status == 401 and body["error"] == "unauthorized"
+        assert headers["www-authenticate"] == 'Bearer realm="figtank"'
+        status, headers, body = await client.request("POST", "/topics/news", b"x",
+                                                     bearer(READER_TOKEN))
         assert status == 403 and body["error"] == "access_denied"
-        status, _, body = await client.request("POST", "/topics/news", b"x",
-                                               bearer(READER_TOKEN))
-        assert status == 403
+        assert headers["www-authenticate"] == 'Bearer realm="figtank", error="insufficient_scope"'
         status, _, body = await client.request("POST", "/topics/news", b"first",
                                                bearer(WRITER_TOKEN))
         assert status == 200, body
@@ -61,7 +64,8 @@ async def test_static_tokens_map_to_users_the_policy_names(tmp_path):
         status, headers, body = await client.request("GET", "/topics", headers=bearer(
             "not-a-token-at-all"))
         assert status == 401 and body["error"] == "invalid_token"
-        assert headers["www-authenticate"].startswith("Bearer")
+        assert headers["www-authenticate"].startswith(
+            'Bearer realm="figtank", error="invalid_token", error_description="')
         # EventSource can not send headers: the token may come in the query.
         status, _, _ = await client.request(
             "GET", f"/topics/news/partitions/0/messages?access_token={READER_TOKEN}")
@@ -128,6 +132,17 @@ async def test_cors_origins(tmp_path):
             ("connection", "Upgrade"), ("sec-websocket-version", "13"),
             ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")])
         assert status == 403 and body["error"] == "origin_not_allowed"
+        # The preflight allows every request header the docs name, echoing those asked.
+        status, headers, _ = await client.request("OPTIONS", "/topics/t", headers=[
+            ("origin", "https://app.example"), ("access-control-request-method", "POST"),
+            ("access-control-request-headers", "figtank-key-base64,content-type,x-other")])
+        assert status == 204
+        assert headers["access-control-allow-headers"] == "figtank-key-base64, content-type"
+        status, headers, _ = await client.request("OPTIONS", "/topics/t", headers=[
+            ("origin", "https://app.example"), ("access-control-request-method", "POST")])
+        assert set(headers["access-control-allow-headers"].split(", ")) == {
+            "authorization", "content-type", "figtank-key", "figtank-key-base64",
+            "last-event-id"}
         await client.aclose()
 
 
@@ -153,8 +168,9 @@ async def test_the_console_data_follows_the_access_policy(tmp_path):
         client = await H11Client.connect(server.host, server.port)
         status, _, _ = await client.request("POST", "/topics/news", b"n", bearer(WRITER_TOKEN))
         assert status == 200
-        status, _, body = await client.request("GET", "/api/overview")
-        assert status == 200 and body["topics"] == []  # listener:http may see nothing
+        # listener:http is granted nothing and the listener takes tokens: a challenge.
+        status, headers, body = await client.request("GET", "/api/overview")
+        assert status == 401 and headers["www-authenticate"] == 'Bearer realm="figtank"'
         status, _, body = await client.request("GET", "/api/overview",
                                                headers=bearer(READER_TOKEN))
         assert [t["name"] for t in body["topics"]] == ["news"]
