@@ -8,11 +8,11 @@ Origin's host (and port, the scheme's default port left out on both sides) equal
 **Allowed.** Same origin, an origin listed in ``http.cors_origins``, or any origin when
 that list has ``*``.
 
-**Foreign.** A request is foreign when its ``Origin`` is not allowed (``Origin: null``, an
-opaque origin such as a sandboxed frame or a ``data:`` page, always is), or, without an
-``Origin``, when its ``Sec-Fetch-Site`` is ``cross-site`` or ``same-site`` (the request
-comes from another origin and, naming none, cannot be matched against the list; browsers
-send ``Origin`` with every write from a listed page, so this refuses nothing a listed page
+**Foreign.** A request is foreign when its ``Origin`` is not allowed (``Origin: null``,
+the opaque origin of a sandboxed frame or a ``data:`` page, is foreign unless the list has
+``*``), or, without an ``Origin``, when its ``Sec-Fetch-Site`` is ``cross-site`` or
+``same-site`` (it comes from another origin and, naming none, cannot be matched against
+the list; browsers send ``Origin`` with every write, so this refuses nothing a listed page
 does). ``same-origin`` and ``none`` (typed in the address bar, a bookmark) are not foreign.
 A request with neither header (curl, a server-side client) is not a browser's and is not
 foreign: such clients are held by the access policy alone.
@@ -82,9 +82,11 @@ class Cors:
         """Why ``request`` comes from a foreign page (see the module doc), or None."""
         origin = request.header("origin")
         if origin is not None:
+            if self.allows(origin):
+                return None
             if origin.strip().lower() == "null":
                 return "origin 'null' (an opaque origin) is not allowed"
-            if self.allows(origin) or self.same_origin(origin, request.header("host")):
+            if self.same_origin(origin, request.header("host")):
                 return None
             return f"origin {origin!r} is not allowed"
         site = (request.header("sec-fetch-site") or "").strip().lower()
