@@ -97,6 +97,7 @@ class HttpSession:
         """Serve requests until the connection ends; returns why."""
         try:
             while not self._closing:
+                request = None  # stays None when shutdown() cancels the wait at once
                 with self.cancellable() as waiting:
                     request = await self._read_request()
                 if request is None:
