@@ -21,8 +21,8 @@ Bad input closes the WebSocket with a close code and one ``websocket_closed`` lo
 ``http.ws_publish_window`` publishes unacknowledged), 1009 (a message over
 ``http.max_body_bytes``), 1003 (a binary message). A subscriber that falls behind is
 closed with 4000 and its position in the reason, to attach again from it; one whose
-access a reload revoked (:mod:`gateway.http.revocation`) with 4003 and why. A failed
-upgrade is a 400 answer.
+access a reload revoked (:mod:`gateway.http.revocation`) with 4003 and why; one whose JWT
+expired with 4001 ``token expired``. A failed upgrade is a 400 answer.
 
 Data frames count against the principal's bytes-out quota; while it is in debt no frame
 is made for the socket (:mod:`gateway.http.quota`).
@@ -59,7 +59,7 @@ from gateway.http.cursor import Behind, Cursor, Gone, wait_for_room
 from gateway.http.messages import dumps, payload_of
 from gateway.http.quota import owes, quota_of, took_out, wait_out
 from gateway.http.request import HttpError, Request
-from gateway.http.revocation import REVOKED
+from gateway.http.revocation import EXPIRED, REVOKED
 from gateway.http.session import RECEIVE_SIZE, SOCKET_ERRORS
 from gateway.http.tail import PartitionTail, TailEvent
 from gateway.io.writer import FrameWriter
@@ -81,6 +81,11 @@ class _Close(Exception):
 async def upgrade(session: Any, request: Request) -> None:
     """Check the upgrade, answer 101 and serve the WebSocket until it closes."""
     headers = request.headers
+    # Origin and credentials first: a GET without the upgrade headers is a probe that tells
+    # a refusal (403, 401) from an outage (figtank.js, when its socket fails to open).
+    session.listener.cors.check_websocket(request, headers.get("host"))
+    access = access_of(session, request)
+    token = bearer_token(request)
     if headers.get("upgrade", "").lower() != "websocket" or "upgrade" not in headers.get(
             "connection", "").lower():
         raise HttpError(400, "bad_upgrade", "expected a WebSocket upgrade (Upgrade: "
@@ -89,9 +94,6 @@ async def upgrade(session: Any, request: Request) -> None:
         raise HttpError(400, "bad_upgrade", "Sec-WebSocket-Version 13 and a "
                         "Sec-WebSocket-Key are required",
                         [(b"sec-websocket-version", b"13")])
-    session.listener.cors.check_websocket(request, headers.get("host"))
-    access = access_of(session, request)
-    token = bearer_token(request)
     accept = generate_accept_token(headers["sec-websocket-key"].encode())
     conn = session.conn
     await session.send(conn.send(h11.InformationalResponse(status_code=101, headers=[
@@ -211,9 +213,10 @@ class WebSocket:
         """The topics attached now."""
         return {topic for topic, _ in self.subs}
 
-    def revoke(self, reason: str) -> None:
-        """Access was revoked (a reload): close with :data:`REVOKED`."""
-        self.close(REVOKED, reason)
+    def revoke(self, reason: str, *, expired: bool = False) -> None:
+        """Access was revoked (a reload): close with :data:`REVOKED`; its token expired:
+        with :data:`EXPIRED`."""
+        self.close(EXPIRED if expired else REVOKED, reason)
 
     async def serve(self) -> None:
         session = self.session
@@ -221,6 +224,7 @@ class WebSocket:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._write)
+                self.listener.open_streams.watch_expiry(self, nursery)
                 self.send_json({"op": "hello", "publish_window": self.window})
                 with session.cancellable() as scope:
                     await self._read()
@@ -235,8 +239,8 @@ class WebSocket:
         if closed is not None:
             with trio.move_on_after(1):  # let the close frame out
                 await self.outbox.wait_empty()
-            kind = {GOING_AWAY: "shutdown", BEHIND: "slow", REVOKED: "access_revoked"}.get(
-                closed.code, "websocket_close")
+            kind = {GOING_AWAY: "shutdown", BEHIND: "slow", REVOKED: "access_revoked",
+                    EXPIRED: "token_expired"}.get(closed.code, "websocket_close")
             routine = closed.code in (1000, 1001, 1005, 1006)  # ended normally or went away
             if routine and kind == "websocket_close":
                 kind = "eof"
