@@ -81,13 +81,22 @@ class _Close(Exception):
 async def upgrade(session: Any, request: Request) -> None:
     """Check the upgrade, answer 101 and serve the WebSocket until it closes."""
     headers = request.headers
+    upgrading = headers.get("upgrade", "").lower() == "websocket" and "upgrade" in (
+        headers.get("connection", "").lower())
     # Origin and credentials first: a GET without the upgrade headers is a probe that tells
     # a refusal (403, 401) from an outage (figtank.js, when its socket fails to open).
-    session.listener.cors.check_websocket(request, headers.get("host"))
+    try:
+        session.listener.cors.check_websocket(request, headers.get("host"))
+    except HttpError as refused:
+        origin = headers.get("origin")
+        if origin and not upgrading:
+            # The probe of a page of a foreign origin: the page may read that it is
+            # refused (nothing else), so that its client stops instead of retrying.
+            refused.headers.append((b"access-control-allow-origin", origin.encode("latin-1")))
+        raise
     access = access_of(session, request)
     token = bearer_token(request)
-    if headers.get("upgrade", "").lower() != "websocket" or "upgrade" not in headers.get(
-            "connection", "").lower():
+    if not upgrading:
         raise HttpError(400, "bad_upgrade", "expected a WebSocket upgrade (Upgrade: "
                         "websocket, Connection: Upgrade)")
     if headers.get("sec-websocket-version") != "13" or not headers.get("sec-websocket-key"):
