@@ -95,17 +95,24 @@ export class Figtank {
   // A socket that failed before it opened tells nothing (a browser hides the answer to
   // the upgrade): ask the same URL without the upgrade. 403 is a refusal, 401 wants a
   // token, anything else (a 400 for the missing upgrade, 503, no answer) an outage.
-  _probe() {
+  // From a page of another origin the Authorization header needs a preflight, which an
+  // origin the server refuses does not pass: then it asks again without the header (the
+  // origin is checked first, so the answer is the same 403).
+  _probe(authorize = true) {
     const url = new URL(this.url, typeof location !== "undefined" ? location.href : undefined);
     url.protocol = url.protocol === "wss:" ? "https:" : "http:";
-    const headers = this.token ? {Authorization: "Bearer " + this.token} : {};
+    url.searchParams.delete("access_token");
+    const headers = authorize && this.token ? {Authorization: "Bearer " + this.token} : {};
     fetch(url.href, {headers, cache: "no-store"}).then(async (answer) => {
       let reason = "";
       try { reason = (await answer.json()).message || ""; } catch (e) { /* not JSON */ }
       if (answer.status === 403) this._stop("refused", 403, reason);
       else if (answer.status === 401) this._refresh(401, reason);
       else this._retry(1006, "WebSocket failed to open (probe: " + answer.status + ")");
-    }, () => this._retry(1006, "WebSocket failed to open"));
+    }, () => {
+      if (authorize && this.token) this._probe(false);
+      else this._retry(1006, "WebSocket failed to open");
+    });
   }
 
   // The token expired (4001) or is not accepted (401): a fresh one from the page's hook.
