@@ -15,6 +15,9 @@ than ``http.subscriber_buffer_bytes`` while live, or whose socket takes nothing 
 ``limits.idle_timeout_secs``, is closed (``slow``): its last event id says where to
 resume, and the server keeps nothing for it.
 
+A stream whose access a reload revokes ends after an ``event: revoked``, one admitted with
+a JWT that expires after an ``event: expired`` (:mod:`gateway.http.revocation`).
+
 Events count against the principal's bytes-out quota; while it is in debt no event is
 made for the stream (:mod:`gateway.http.quota`).
 """
