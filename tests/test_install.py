@@ -111,7 +111,8 @@ def test_the_wheel_carries_both_compiled_extensions(installed: Installed) -> Non
             f"{extension} missing from {installed.wheel.name}")
     # the package data the runtime reads, and no test or build leftovers
     assert any(n.startswith("protocols/tank/specs/") for n in names)
-    assert {"gateway/http/static/index.html", "gateway/http/static/figtank.js"} <= set(names)
+    assert {"gateway/http/static/index.html", "gateway/http/static/figtank.mjs",
+            "gateway/http/static/figtank.d.ts"} <= set(names)
     assert not [n for n in names if n.startswith("tests/") or n.endswith(".pyx")]
 
 
@@ -180,7 +181,7 @@ def serve_and_use(installed: Installed, data: Path) -> dict:
         with urllib.request.urlopen(f"{http}/topics/orders/partitions/0/messages?offset=0",
                                     timeout=10) as answer:
             assert [m["value"] for m in json.load(answer)["messages"]] == ["a", "b", "c"]
-        for page in ("/", "/figtank.js"):
+        for page in ("/", "/figtank.js", "/figtank.mjs", "/figtank.d.ts"):
             with urllib.request.urlopen(f"{http}{page}", timeout=10) as answer:
                 assert answer.status == 200 and answer.read()
         [serving] = server.events("figtank_serving")

@@ -15,5 +15,6 @@ hand. Modules, one job each:
 - :mod:`~gateway.http.produce`, :mod:`~gateway.http.fetch`, :mod:`~gateway.http.topics`,
   :mod:`~gateway.http.sse`, :mod:`~gateway.http.websocket`: the endpoints;
 - :mod:`~gateway.http.auth`: bearer tokens (static and JWT) to principals;
-- :mod:`~gateway.http.console`: the static files of the web console and ``/figtank.js``.
+- :mod:`~gateway.http.console`: the static files of the web console and the JavaScript
+  client; :mod:`~gateway.http.clientjs`: its classic script derived from its module.
 """

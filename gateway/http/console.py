@@ -1,5 +1,8 @@
-"""The web console and ``/figtank.js``: static files shipped in the package
-(``gateway/http/static/``), read once and served from memory. No CDN, no build step."""
+"""The web console and the JavaScript client: static files shipped in the package
+(``gateway/http/static/``), read once and served from memory. No CDN, no build step: the
+client's one source is the ES module ``figtank.mjs``, served as it is at ``/figtank.mjs``
+and as a classic script at ``/figtank.js`` (:mod:`gateway.http.clientjs`), with its
+TypeScript declarations at ``/figtank.d.ts``."""
 
 from __future__ import annotations
 
@@ -7,15 +10,19 @@ from functools import cache
 from importlib.resources import files
 from typing import Any
 
+from gateway.http.clientjs import classic_script
 from gateway.http.request import Answer, HttpError, Request
 
-_TYPES = {"js": b"text/javascript; charset=utf-8", "html": b"text/html; charset=utf-8",
+_TYPES = {"js": b"text/javascript; charset=utf-8", "mjs": b"text/javascript; charset=utf-8",
+          "ts": b"application/typescript; charset=utf-8", "html": b"text/html; charset=utf-8",
           "css": b"text/css; charset=utf-8", "svg": b"image/svg+xml"}
 
 
 @cache
 def static_file(name: str) -> bytes:
     """The bytes of ``static/NAME`` (cached for the life of the process)."""
+    if name == "figtank.js":
+        return classic_script(static_file("figtank.mjs").decode()).encode()
     return (files("gateway.http") / "static" / name).read_bytes()
 
 
@@ -29,7 +36,8 @@ def _serve(name: str) -> Answer:
 
 
 async def client_script(session: Any, request: Request) -> Answer:
-    return _serve("figtank.js")
+    """``/figtank.js`` (classic script), ``/figtank.mjs`` (ES module), ``/figtank.d.ts``."""
+    return _serve(request.path.lstrip("/"))
 
 
 async def index(session: Any, request: Request) -> Answer:

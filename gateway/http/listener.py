@@ -41,7 +41,8 @@ def build_router() -> Router:
     router.add("GET", "/topics/{topic}/partitions/{partition}/messages", fetch.fetch)
     router.add("GET", "/topics/{topic}/events", sse.events)
     router.add("GET", "/ws", websocket.upgrade)
-    router.add("GET", "/figtank.js", console.client_script)
+    for client in ("/figtank.js", "/figtank.mjs", "/figtank.d.ts"):
+        router.add("GET", client, console.client_script)
     router.add("GET", "/", console.index)
     router.add("GET", "/console/{name}", console.asset)
     router.add("GET", "/api/overview", overview.overview)

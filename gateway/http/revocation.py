@@ -12,15 +12,23 @@ valid). Streams still allowed are not touched.
 
 Only streams that something could revoke are kept: one with a bearer token, or any when a
 policy file is in force.
+
+A stream admitted with a JWT that carries ``exp`` also ends when the token expires, by the
+same path (:meth:`Revocable.revoke` with ``expired=True``: an SSE stream ends after an
+``event: expired``, a WebSocket closes with :data:`EXPIRED`), with one
+``http_stream_expired`` log line: :meth:`OpenStreams.watch_expiry` gives such a stream one
+timer (a task of its own nursery, asleep until ``exp``), nothing is checked per message.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Final, Protocol
 
 import structlog
+import trio
 
 from gateway.auth.guard import AccessGuard
 from gateway.auth.policy import Operation
@@ -30,6 +38,9 @@ from gateway.http.messages import dumps
 #: The WebSocket close code of a stream whose access was revoked (the private range, as
 #: 4000 for a subscriber that fell behind; 4003 echoes HTTP's 403).
 REVOKED: Final = 4003
+#: The WebSocket close code of a stream whose bearer token expired (401's echo): the
+#: client may come back with a fresh token.
+EXPIRED: Final = 4001
 
 
 class Revocable(Protocol):
@@ -45,13 +56,16 @@ class Revocable(Protocol):
     def topics(self) -> Iterable[str]:
         """The topics it reads now."""
 
-    def revoke(self, reason: str) -> None:
+    def revoke(self, reason: str, *, expired: bool = False) -> None:
         """End the stream now, telling the client ``reason`` (synchronous: it only queues
-        the last words and cancels the stream)."""
+        the last words and cancels the stream); ``expired``: because its token expired
+        (``event: expired``, close :data:`EXPIRED`) rather than a reload."""
 
 
 class TokenCheck(Protocol):
     def user_now(self, token: str) -> str | None: ...
+
+    def expires_at(self, token: str) -> float | None: ...
 
 
 class OpenStreams:
@@ -89,6 +103,10 @@ class OpenStreams:
         """End every stream no longer allowed; how many ended."""
         ended = 0
         for stream in list(self._streams):
+            if self._expired(stream):
+                self._expire(stream)
+                ended += 1
+                continue
             why = self._refusal(stream)
             if why is None:
                 continue
@@ -102,6 +120,34 @@ class OpenStreams:
             ended += 1
         return ended
 
+    def watch_expiry(self, stream: Revocable, nursery: trio.Nursery) -> None:
+        """End ``stream`` when its bearer token expires: a task in ``nursery`` (the
+        stream's own, cancelled with it) asleep until then; none for a token that does
+        not expire."""
+        if stream.token is None:
+            return
+        expires = self._tokens.expires_at(stream.token)
+        if expires is not None:
+            nursery.start_soon(self._expire_at, stream, expires)
+
+    async def _expire_at(self, stream: Revocable, expires: float) -> None:
+        # exp is wall-clock time: sleep for what is left of it now.
+        await trio.sleep(max(0.0, expires - time.time()))
+        if stream in self._streams:  # not ended by a reload meanwhile
+            self._expire(stream)
+
+    def _expired(self, stream: Revocable) -> bool:
+        if stream.token is None:
+            return False
+        expires = self._tokens.expires_at(stream.token)
+        return expires is not None and expires <= time.time()
+
+    def _expire(self, stream: Revocable) -> None:
+        self._streams.discard(stream)
+        self._log.info("http_stream_expired", stream=stream.kind,
+                       identity=stream.principal.name)
+        stream.revoke(TOKEN_EXPIRED, expired=True)
+
     def _refusal(self, stream: Revocable) -> tuple[str, str | None, str] | None:
         """(metric label, topic, reason) when ``stream`` may no longer go on."""
         principal = stream.principal
@@ -114,6 +160,19 @@ class OpenStreams:
                     return ("subscribe", topic, f"access revoked: {principal.name} may no "
                             f"longer subscribe to {topic!r}")
         return None
+
+
+#: Why a stream whose token expired ends (the close reason, the event's message).
+TOKEN_EXPIRED: Final = "token expired"
+
+
+def expired_event(reason: str = TOKEN_EXPIRED) -> bytes:
+    """The last SSE event of a stream whose token expired: ``event: expired`` with
+    ``{"error": "token_expired", "message"}`` (an EventSource would reconnect with the same
+    URL and its expired token, and get 401: a page closes it and opens another with a
+    fresh token)."""
+    body: dict[str, Any] = {"error": "token_expired", "message": reason}
+    return b"event: expired\ndata: " + dumps(body) + b"\n\n"
 
 
 def revoked_event(reason: str) -> bytes:

@@ -15,6 +15,9 @@ than ``http.subscriber_buffer_bytes`` while live, or whose socket takes nothing 
 ``limits.idle_timeout_secs``, is closed (``slow``): its last event id says where to
 resume, and the server keeps nothing for it.
 
+A stream whose access a reload revokes ends after an ``event: revoked``, one admitted with
+a JWT that expires after an ``event: expired`` (:mod:`gateway.http.revocation`).
+
 Events count against the principal's bytes-out quota; while it is in debt no event is
 made for the stream (:mod:`gateway.http.quota`).
 """
@@ -42,7 +45,7 @@ from gateway.http.cursor import Behind, Cursor, Gone, next_batch, wait_for_room
 from gateway.http.positions import event_id, from_last_event_id, from_parameter
 from gateway.http.quota import owes, quota_of, took_out, wait_out
 from gateway.http.request import Request
-from gateway.http.revocation import revoked_event
+from gateway.http.revocation import expired_event, revoked_event
 from gateway.http.session import SOCKET_ERRORS
 from gateway.http.tail import PartitionTail, TailEvent
 from gateway.http.topic_follow import TopicFollower
@@ -155,7 +158,8 @@ class _Admitted:
     """What let the stream in, for :class:`~gateway.http.revocation.OpenStreams` to look
     at again on a reload."""
 
-    __slots__ = ("outbox", "principal", "reason", "scope", "session", "token", "topic")
+    __slots__ = ("ending", "outbox", "principal", "reason", "scope", "session", "token",
+                 "topic")
     kind = "sse"
 
     def __init__(self, session: Any, topic: str, principal: Principal, token: str | None
@@ -164,19 +168,24 @@ class _Admitted:
         self.topic = topic
         self.principal = principal
         self.token = token
-        #: Why access was revoked, once it was.
+        #: Why access was revoked (or its token expired), once it was.
         self.reason: str | None = None
+        #: How the connection's end is logged then: ``access_revoked``, ``token_expired``.
+        self.ending = "access_revoked"
         self.outbox: FrameWriter | None = None
         self.scope: trio.CancelScope | None = None
 
     def topics(self) -> tuple[str]:
         return (self.topic,)
 
-    def revoke(self, reason: str) -> None:
+    def revoke(self, reason: str, *, expired: bool = False) -> None:
         self.reason = reason
+        if expired:
+            self.ending = "token_expired"
         if self.outbox is not None:
             session = self.session
-            self.outbox.put_nowait(session.chunk(revoked_event(reason))
+            last = expired_event(reason) if expired else revoked_event(reason)
+            self.outbox.put_nowait(session.chunk(last)
                                    + (session.conn.send(h11.EndOfMessage()) or b""))
         if self.scope is not None:
             self.scope.cancel()
@@ -200,6 +209,7 @@ async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bo
         admitted.outbox = outbox
         with session.cancellable() as scope, listener.open_streams.holding(admitted):
             admitted.scope = scope
+            listener.open_streams.watch_expiry(admitted, nursery)
             try:
                 while True:
                     await wait_out(quota)
@@ -237,7 +247,7 @@ async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bo
             except Gone as exc:
                 session.ended("topic_gone", str(exc))
         if admitted.reason is not None:
-            session.ended("access_revoked", admitted.reason)
+            session.ended(admitted.ending, admitted.reason)
             with trio.move_on_after(1):  # let the last event out
                 await outbox.wait_empty()
         elif scope.cancelled_caught:

@@ -50,7 +50,8 @@ class Tokens:
             self._keys) else None
         self._audience = settings.http_jwt_audience or None
         self._issuer = settings.http_jwt_issuer or None
-        self._cache: dict[str, tuple[str, float]] = {}
+        #: token -> (user, kept until, its ``exp`` or None)
+        self._cache: dict[str, tuple[str, float, float | None]] = {}
 
     @property
     def has_keys(self) -> bool:
@@ -85,6 +86,22 @@ class Tokens:
                 return None
         return user
 
+    def expires_at(self, token: str) -> float | None:
+        """When ``token`` stops being valid (its ``exp``, seconds since the epoch), or None
+        for a token that does not expire (a static token, a JWT without ``exp``). Asked
+        of a token already admitted, so its signature is not checked again."""
+        if self._jwt is None or token.count(".") != 2 or (
+                self._guard.tokens.user_of(token) is not None):
+            return None
+        kept = self._cache.get(token)
+        if kept is not None:
+            return kept[2]
+        try:
+            claims = self._jwt.decode(token, options={"verify_signature": False})
+        except self._jwt.PyJWTError:
+            return None
+        return _expiry(claims)
+
     def principal(self, token: str, connection: Principal, request: Request) -> Principal:
         """The principal ``token`` names; 401 when it names none."""
         user = self._guard.tokens.user_of(token)
@@ -117,7 +134,13 @@ class Tokens:
             raise _invalid("JWT has no sub claim")
         if len(self._cache) >= CACHE_ENTRIES:
             self._cache.clear()
-        expires = claims.get("exp")
-        self._cache[token] = (subject, float(expires) if isinstance(expires, (int, float))
-                              else now + 60)
+        expires = _expiry(claims)
+        self._cache[token] = (subject, now + 60 if expires is None else expires, expires)
         return subject
+
+
+def _expiry(claims: dict[str, Any]) -> float | None:
+    expires = claims.get("exp")
+    if isinstance(expires, (int, float)) and not isinstance(expires, bool):
+        return float(expires)
+    return None

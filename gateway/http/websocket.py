@@ -21,8 +21,8 @@ Bad input closes the WebSocket with a close code and one ``websocket_closed`` lo
 ``http.ws_publish_window`` publishes unacknowledged), 1009 (a message over
 ``http.max_body_bytes``), 1003 (a binary message). A subscriber that falls behind is
 closed with 4000 and its position in the reason, to attach again from it; one whose
-access a reload revoked (:mod:`gateway.http.revocation`) with 4003 and why. A failed
-upgrade is a 400 answer.
+access a reload revoked (:mod:`gateway.http.revocation`) with 4003 and why; one whose JWT
+expired with 4001 ``token expired``. A failed upgrade is a 400 answer.
 
 Data frames count against the principal's bytes-out quota; while it is in debt no frame
 is made for the socket (:mod:`gateway.http.quota`).
@@ -59,7 +59,7 @@ from gateway.http.cursor import Behind, Cursor, Gone, wait_for_room
 from gateway.http.messages import dumps, payload_of
 from gateway.http.quota import owes, quota_of, took_out, wait_out
 from gateway.http.request import HttpError, Request
-from gateway.http.revocation import REVOKED
+from gateway.http.revocation import EXPIRED, REVOKED
 from gateway.http.session import RECEIVE_SIZE, SOCKET_ERRORS
 from gateway.http.tail import PartitionTail, TailEvent
 from gateway.io.writer import FrameWriter
@@ -85,18 +85,27 @@ async def upgrade(session: Any, request: Request) -> None:
     headers: a ``GET /ws`` without them is a probe (figtank.js tells a refusal from an
     outage by it) whose answer is the refusal, or else 400 ``bad_upgrade``."""
     headers = request.headers
-    session.listener.cors.check_websocket(request)
+    upgrading = headers.get("upgrade", "").lower() == "websocket" and "upgrade" in (
+        headers.get("connection", "").lower())
+    try:
+        session.listener.cors.check_websocket(request)
+    except HttpError as refused:
+        origin = headers.get("origin")
+        if origin and not upgrading:
+            # The probe of a page of a foreign origin: the page may read that it is
+            # refused (nothing else), so that its client stops instead of retrying.
+            refused.headers.append((b"access-control-allow-origin", origin.encode("latin-1")))
+        raise
     access = access_of(session, request)
     require_some_access(session, access, "open a WebSocket")
-    if headers.get("upgrade", "").lower() != "websocket" or "upgrade" not in headers.get(
-            "connection", "").lower():
+    token = bearer_token(request)
+    if not upgrading:
         raise HttpError(400, "bad_upgrade", "expected a WebSocket upgrade (Upgrade: "
                         "websocket, Connection: Upgrade)")
     if headers.get("sec-websocket-version") != "13" or not headers.get("sec-websocket-key"):
         raise HttpError(400, "bad_upgrade", "Sec-WebSocket-Version 13 and a "
                         "Sec-WebSocket-Key are required",
                         [(b"sec-websocket-version", b"13")])
-    token = bearer_token(request)
     accept = generate_accept_token(headers["sec-websocket-key"].encode())
     conn = session.conn
     await session.send(conn.send(h11.InformationalResponse(status_code=101, headers=[
@@ -216,9 +225,10 @@ class WebSocket:
         """The topics attached now."""
         return {topic for topic, _ in self.subs}
 
-    def revoke(self, reason: str) -> None:
-        """Access was revoked (a reload): close with :data:`REVOKED`."""
-        self.close(REVOKED, reason)
+    def revoke(self, reason: str, *, expired: bool = False) -> None:
+        """Access was revoked (a reload): close with :data:`REVOKED`; its token expired:
+        with :data:`EXPIRED`."""
+        self.close(EXPIRED if expired else REVOKED, reason)
 
     async def serve(self) -> None:
         session = self.session
@@ -226,6 +236,7 @@ class WebSocket:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._write)
+                self.listener.open_streams.watch_expiry(self, nursery)
                 self.send_json({"op": "hello", "publish_window": self.window})
                 with session.cancellable() as scope:
                     await self._read()
@@ -240,8 +251,8 @@ class WebSocket:
         if closed is not None:
             with trio.move_on_after(1):  # let the close frame out
                 await self.outbox.wait_empty()
-            kind = {GOING_AWAY: "shutdown", BEHIND: "slow", REVOKED: "access_revoked"}.get(
-                closed.code, "websocket_close")
+            kind = {GOING_AWAY: "shutdown", BEHIND: "slow", REVOKED: "access_revoked",
+                    EXPIRED: "token_expired"}.get(closed.code, "websocket_close")
             routine = closed.code in (1000, 1001, 1005, 1006)  # ended normally or went away
             if routine and kind == "websocket_close":
                 kind = "eof"
