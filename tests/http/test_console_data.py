@@ -1,16 +1,20 @@
 """What the console reads, over raw h11 and curl: ``/api/overview``'s counters move while
 a producer runs with nothing scraping ``/metrics``, and the fetch endpoint's ``time=``
-starts at the first message at or after a time."""
+starts at the first message at or after a time, over the embedded store, a bridge to a
+Tank broker and a gateway in upstream-Kafka mode."""
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 
 import trio
 
+from tests.bridge.helpers import address, bridge_server, upstream_server
 from tests.http.helpers import H11Client, http_server
 from tests.http.test_curl import curl
+from tests.upstream_kafka.helpers import upstream_and_gateway
 
 NDJSON = [("content-type", "application/x-ndjson")]
 
@@ -137,3 +141,41 @@ async def test_curl_fetch_from_a_time(tmp_path):
             assert status == 400
             assert json.loads(body)["error"] == "bad_parameter"
         await client.aclose()
+
+
+async def time_fetch_and_rising_counters(host: str, port: int) -> None:
+    """``time=`` finds the first message at or after a time, and ``/api/overview``'s
+    published count moves with each batch (nothing scrapes ``/metrics``)."""
+    client = await H11Client.connect(host, port)
+    second, third = await _three_batches(client)
+    for query, expected in [(f"time={_iso(second)}", [4, 5, 6]),
+                            (f"time={_iso(third)}", [6]),
+                            ("time=2999-01-01T00:00:00Z", [])]:
+        status, _, body = await client.request("GET", f"/topics/t/partitions/0/messages?{query}")
+        assert status == 200, body
+        assert [m["offset"] for m in body["messages"]] == expected
+    published = []
+    for _ in range(3):
+        status, _, body = await client.request("POST", "/topics/t", b"more")
+        assert status == 200, body
+        status, _, body = await client.request("GET", "/api/overview")
+        published.append(body["published"])
+    assert published == sorted(set(published)) and published[0] >= 7
+    await client.aclose()
+
+
+async def test_fetch_time_and_overview_through_a_bridge(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with upstream_server(tmp_path / "up") as up, \
+                bridge_server(address(up.tank), http_listen="127.0.0.1:0",
+                              metrics_listen="") as bridge:
+            assert bridge.http is not None
+            await time_fetch_and_rising_counters(*bridge.http)
+
+
+async def test_fetch_time_and_overview_in_upstream_kafka_mode(tmp_path: Path) -> None:
+    async with upstream_and_gateway(tmp_path, "--http-listen", "127.0.0.1:0",
+                                    "--metrics-listen", "") as (_, _, served):
+        with trio.fail_after(60):
+            assert served.http is not None
+            await time_fetch_and_rising_counters(*served.http)
