@@ -219,7 +219,7 @@ def test_produce_form_shows_the_offset_or_the_error(browser, base):
     assert _js(browser, RESULT + ".textContent") == f"404 {body['error']}: {body['message']}"
 
 
-def test_a_refused_call_shows_the_servers_message(browser, base):
+def test_a_refused_call_shows_the_servers_message(browser, base, tmp_path):
     _produce(base, "private", ["secret"])
     for token in (READER, ""):  # may subscribe to "news" only; none at all
         _open(browser, base, token)
@@ -241,6 +241,8 @@ def test_a_refused_call_shows_the_servers_message(browser, base):
         assert status in (401, 403), body
         assert _js(browser, RESULT + ".textContent") == (
             f"{status} {body['error']}: {body['message']}")
+    _js(browser, "document.getElementById('browse-section').scrollIntoView()")
+    screenshot(browser, tmp_path / "console-refused.png")
     status, body = _request(base, "GET", "/topics/private/partitions/0/messages")
     assert [m["value"] for m in body["messages"]] == ["secret"]  # nothing appended
 
