@@ -1,11 +1,12 @@
 """``GET /topics/{topic}/partitions/{p}/messages``: read a partition from an offset.
 
-Parameters: ``offset`` (the first offset wanted; default the first available),
-``max_count`` (default 100, at most 10,000), ``max_bytes`` (default 1 MiB, at most
-``http.max_body_bytes`` x 8), ``wait_ms`` (long-poll: wait this long for a message when
-there is none yet; at most ``http.max_wait_ms``). An offset older than retention starts at
-the first available message; one past the end waits for it (``last_offset + 1``) or is
-416 beyond that.
+Parameters: ``offset`` (the first offset wanted; default the first available), or
+``time`` instead (ISO 8601 with its zone: the first message at or after it, as SSE's
+``from=`` finds it; past the last message, ``last_offset + 1``), ``max_count`` (default
+100, at most 10,000), ``max_bytes`` (default 1 MiB, at most ``http.max_body_bytes`` x 8),
+``wait_ms`` (long-poll: wait this long for a message when there is none yet; at most
+``http.max_wait_ms``). An offset older than retention starts at the first available
+message; one past the end waits for it (``last_offset + 1``) or is 416 beyond that.
 
 JSON: ``{"topic", "partition", "messages": [...], "next_offset", "last_offset"}``; NDJSON
 (``format=ndjson`` or ``Accept: application/x-ndjson``): one message a line, with
@@ -23,6 +24,7 @@ from gateway.auth.policy import Operation
 from gateway.backend.contract import FetchRequest, FetchStatus
 from gateway.http.auth import access_of, check_topic_name, partition_param, require
 from gateway.http.messages import decode_messages, dumps, message_json
+from gateway.http.positions import first_at_time, time_param
 from gateway.http.quota import quota_of, took_out, wait_out
 from gateway.http.request import NDJSON, Answer, HttpError, Request, json_answer
 from protocols.errors import ProtocolError
@@ -60,6 +62,11 @@ async def _fetch(session: Any, request: Request, topic: str) -> Answer:
     info = infos[partition]
     offset = request.int_param("offset", max(info.first_available, 1))
     assert offset is not None
+    when = request.query.get("time")
+    if when:
+        if request.query.get("offset"):
+            raise HttpError(400, "bad_parameter", "give offset or time, not both")
+        offset = await first_at_time(backend, topic, partition, time_param(when, "time"), info)
     if offset > info.high_water_mark + 1:
         raise HttpError(416, "offset_out_of_range", f"offset {offset} is past the end "
                         f"(last offset {info.high_water_mark})")

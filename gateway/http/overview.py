@@ -5,6 +5,12 @@ at most :data:`MAX_TOPICS`), the counters the console turns into rates (messages
 appended per topic, messages delivered), connections by protocol, and the Kafka consumer
 groups' lag per partition, read from the server's metrics, so the listener needs nothing
 but the backend and the registry.
+
+The hot paths count appends as plain totals that reach their counters only on
+:meth:`~gateway.server.metrics.Metrics.flush` (done by a ``/metrics`` scrape): the
+overview flushes first, or its counters would stand still whenever nothing scrapes. A
+flush is one pass over the per-topic totals and request counters, the same order of work
+as the collect that follows, so it runs on every read.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ _WANTED = {"figtank_messages_in", "figtank_messages_out", "figtank_connections",
 
 def _samples(metrics: Any) -> dict[str, list[tuple[dict[str, str], float]]]:
     out: dict[str, list[tuple[dict[str, str], float]]] = {name: [] for name in _WANTED}
+    metrics.flush()
     for family in metrics.registry.collect():
         if family.name in _WANTED:
             out[family.name] = [(s.labels, s.value) for s in family.samples

@@ -8,17 +8,22 @@ topic grew) starts at its first message.
 
 ``from=`` (first connection only): ``earliest``, ``latest`` (the default), an offset (the
 first offset delivered), or a time (ISO 8601, ``2026-11-25T08:00:00Z``): the first message
-at or after it.
+at or after it. The fetch endpoint's ``time=`` resolves its time with the same code
+(:func:`time_param`, :func:`first_at_time`).
 """
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any
 
 from gateway.backend.contract import PartitionInfo
 from gateway.backend.timelookup import find_by_time
 from gateway.http.request import HttpError
+
+#: A time, a space and HH:MM (or HHMM) at the end: a zone whose "+" was not escaped.
+_ZONE_AS_SPACE = re.compile(r"^(.*\d\d:\d\d(?::\d\d(?:[.,]\d+)?)?) (\d\d:?\d\d)$")
 
 
 def _clamp(seq: int, info: PartitionInfo) -> int:
@@ -58,20 +63,32 @@ async def from_parameter(text: str, backend: Any, topic: str, partitions: list[i
         return {p: _clamp(1, infos[p]) for p in partitions}
     if text.isascii() and text.isdigit():
         return {p: _clamp(int(text), infos[p]) for p in partitions}
+    ms = time_param(text, "from", "earliest, latest, an offset or an ISO 8601 time")
+    return {p: await first_at_time(backend, topic, p, ms, infos[p]) for p in partitions}
+
+
+def time_param(text: str, name: str, expected: str = "an ISO 8601 time") -> int:
+    """Milliseconds since the epoch of the ISO 8601 time ``text`` (query parameter
+    ``name``, which is ``expected``): 400 when it is not one or has no zone. A zone's
+    ``+`` sent unescaped in a query string arrives as a space: it is read as ``+``."""
+    text = _ZONE_AS_SPACE.sub(r"\1+\2", text)
     try:
         when = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise HttpError(400, "bad_parameter", f"from must be earliest, latest, an offset or "
-                        f"an ISO 8601 time, got {text[:80]!r}") from None
+        raise HttpError(400, "bad_parameter", f"{name} must be {expected}, "
+                        f"got {text[:80]!r}") from None
     if when.tzinfo is None:
-        raise HttpError(400, "bad_parameter", "a from= time needs its zone (Z or +HH:MM)")
-    ms = int(when.timestamp() * 1000)
-    out = {}
-    for p in partitions:
-        found = await find_by_time(backend, topic, p, ms, infos[p].first_available,
-                                   infos[p].high_water_mark)
-        out[p] = found.seq if found.seq is not None else infos[p].high_water_mark + 1
-    return out
+        raise HttpError(400, "bad_parameter", f"a {name}= time needs its zone (Z or +HH:MM)")
+    return int(when.timestamp() * 1000)
+
+
+async def first_at_time(backend: Any, topic: str, partition: int, ms: int,
+                        info: PartitionInfo) -> int:
+    """The sequence of the first message of ``partition`` at or after ``ms``
+    (:func:`~gateway.backend.timelookup.find_by_time`); one past the end when none is."""
+    found = await find_by_time(backend, topic, partition, ms, info.first_available,
+                               info.high_water_mark)
+    return found.seq if found.seq is not None else info.high_water_mark + 1
 
 
 def event_id(positions: dict[int, int]) -> bytes:
