@@ -10,6 +10,7 @@ import re
 import subprocess
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -266,3 +267,43 @@ async def test_websocket_through_nginx(tmp_path):
         with pytest.raises(ConnectionRefusedError) as refused:
             await ws_connect(base, origin="http://elsewhere.example")
         assert refused.value.args == (403,)
+
+
+async def test_what_nginx_tells_figtank(tmp_path):
+    """The headers the shipped file sets, as an upstream of the test's own receives them."""
+    heads: list[dict[str, str]] = []
+
+    async def answer(stream: trio.SocketStream) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += await stream.receive_some(65536)
+        lines = data.split(b"\r\n\r\n", 1)[0].decode().split("\r\n")
+        heads.append({"request": lines[0]} | {
+            name.lower(): value.strip() for name, _, value in
+            (line.partition(":") for line in lines[1:])})
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n"
+                              b"connection: close\r\n\r\nok")
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        [listener] = await nursery.start(partial(trio.serve_tcp, answer, 0, host="127.0.0.1"))
+        upstream_port = listener.socket.getsockname()[1]
+        async with nginx_in_front(upstream_port, tmp_path) as port:
+            base = f"http://127.0.0.1:{port}"
+            status, _ = await curl("-H", "Last-Event-ID: 0:4,1:2", "-H", f"Origin: {base}",
+                                   "-H", "Authorization: Bearer t0ken",
+                                   f"{base}/topics/feed/events?from=earliest")
+            assert status == 200
+            status, _ = await curl("-H", "Upgrade: websocket", "-H", "Connection: Upgrade",
+                                   f"{base}/ws")
+        nursery.cancel_scope.cancel()
+    events, upgrade = heads
+    assert events["request"] == "GET /topics/feed/events?from=earliest HTTP/1.1"
+    assert events["host"] == events["x-forwarded-host"] == f"127.0.0.1:{port}"
+    assert events["x-forwarded-for"] == "127.0.0.1"
+    assert events["x-forwarded-proto"] == "http"
+    assert events["last-event-id"] == "0:4,1:2"
+    assert events["origin"] == base and events["authorization"] == "Bearer t0ken"
+    assert "connection" not in events and "upgrade" not in events
+    assert upgrade["request"] == "GET /ws HTTP/1.1"
+    assert upgrade["connection"] == "upgrade" and upgrade["upgrade"] == "websocket"
