@@ -315,3 +315,11 @@ async def test_what_nginx_tells_figtank(tmp_path):
     assert "connection" not in events and "upgrade" not in events
     assert upgrade["request"] == "GET /ws HTTP/1.1"
     assert upgrade["connection"] == "upgrade" and upgrade["upgrade"] == "websocket"
+
+
+def test_the_docs_show_the_shipped_file() -> None:
+    """Every line of the nginx block in docs/deployment.md is a line of the shipped file."""
+    docs = (SHIPPED.parents[2] / "docs" / "deployment.md").read_text()
+    [block] = re.findall(r"```nginx\n(.*?)```", docs, re.DOTALL)
+    shipped = {line.strip() for line in SHIPPED.read_text().splitlines()}
+    assert [line for line in block.splitlines() if line.strip() not in shipped] == []
