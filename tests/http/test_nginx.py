@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import trio
 import wsproto.events as ws
+from structlog.testing import capture_logs
 
 from gateway.server.config import Settings
-from tests.http.helpers import http_server, sse_events
+from tests.http.helpers import H11Client, http_server, sse_events
 from tests.http.nginx import SHIPPED, nginx_in_front, nginx_version
 from tests.http.test_curl import curl
 from tests.http.ws_client import WsClient
@@ -323,3 +324,33 @@ def test_the_docs_show_the_shipped_file() -> None:
     [block] = re.findall(r"```nginx\n(.*?)```", docs, re.DOTALL)
     shipped = {line.strip() for line in SHIPPED.read_text().splitlines()}
     assert [line for line in block.splitlines() if line.strip() not in shipped] == []
+
+
+async def test_a_client_that_reads_nothing_is_figtanks_slow_subscriber(tmp_path):
+    """Unbuffered, nginx stops reading when its client does, so figtank sees the stall and
+    ends the stream (``slow``), as it would without nginx. (Buffering, nginx would read
+    the stream on into a temporary file for it: tried by hand, the stream stayed open.)"""
+    async with proxied(tmp_path, idle_timeout_secs=0.5) as (server, base):
+        port = int(base.rsplit(":", 1)[1])
+        reader = trio.socket.socket()
+        reader.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+        await reader.connect(("127.0.0.1", port))
+        await reader.send(b"GET /topics/big/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        producer = await H11Client.connect(server.host, server.port)
+        value = b"x" * (512 * 1024)
+        with capture_logs() as logs, trio.fail_after(30):
+            await producer.request("POST", "/topics/big", value)
+            await until(lambda: streams(server, "sse") == 1)
+            # Every socket buffer on the way fills first: figtank's, nginx's two (which
+            # the kernel grows, here to some 28 MiB in all), the client's.
+            for _ in range(128):
+                status, _, _ = await producer.request("POST", "/topics/big", value)
+                assert status == 200
+                if streams(server, "sse") == 0:
+                    break
+        await producer.aclose()
+        reader.close()
+        assert streams(server, "sse") == 0
+        # Its socket took nothing for idle_timeout_secs, or it fell too far behind.
+        assert [e["kind"] for e in logs if e["event"] == "connection_closed"
+                and e["kind"] == "slow"] == ["slow"]
