@@ -9,11 +9,10 @@ import shutil
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-
-import trio
 
 SHIPPED = Path(__file__).resolve().parents[2] / "deploy" / "nginx" / "figtank.conf"
 #: The addresses the shipped file names, which a test replaces with its own.
@@ -72,6 +71,44 @@ http {{
 """
 
 
+def start(prefix: Path, upstream_port: int, edit: Callable[[str], str] | None
+          ) -> tuple[subprocess.Popen[bytes], int] | None:
+    """nginx on a free port, once it listens; None when the port was taken meanwhile."""
+    port = free_port()
+    included = prefix / "figtank.conf"
+    included.write_text(server_block(upstream_port, port, edit))
+    config = prefix / "nginx.conf"
+    config.write_text(wrapper(prefix, included))
+    pid = prefix / "nginx.pid"
+    pid.unlink(missing_ok=True)
+    log = prefix / "stderr.log"
+    with log.open("wb") as err:
+        process = subprocess.Popen(
+            [nginx_binary(), "-p", str(prefix), "-c", str(config),
+             "-g", f"daemon off; pid {pid}; error_log stderr info;"],
+            stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+    # nginx writes its pid file once its sockets are bound, or exits.
+    deadline = time.monotonic() + 10
+    while not pid.exists():
+        if process.poll() is not None:
+            if "Address already in use" in log.read_text():
+                return None
+            raise AssertionError(f"nginx did not start: {log.read_text()}")
+        assert time.monotonic() < deadline, f"nginx did not start: {log.read_text()}"
+        time.sleep(0.01)
+    return process, port
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+
+
 @asynccontextmanager
 async def nginx_in_front(upstream_port: int, tmp_path: Path,
                          edit: Callable[[str], str] | None = None
@@ -80,34 +117,14 @@ async def nginx_in_front(upstream_port: int, tmp_path: Path,
     until the block ends; yields the loopback port it listens on."""
     prefix = tmp_path / "nginx"
     prefix.mkdir()
-    port = free_port()
-    included = prefix / "figtank.conf"
-    included.write_text(server_block(upstream_port, port, edit))
-    config = prefix / "nginx.conf"
-    config.write_text(wrapper(prefix, included))
-    log = prefix / "stderr.log"
-    with log.open("wb") as err:
-        process = subprocess.Popen(
-            [nginx_binary(), "-p", str(prefix), "-c", str(config),
-             "-g", f"daemon off; pid {prefix}/nginx.pid; error_log stderr info;"],
-            stdin=subprocess.DEVNULL, stdout=err, stderr=err)
+    for _ in range(3):
+        started = start(prefix, upstream_port, edit)
+        if started is not None:
+            break
+    else:
+        raise AssertionError("no free port for nginx in 3 tries")
+    process, port = started
     try:
-        with trio.fail_after(10):
-            while True:
-                assert process.poll() is None, log.read_text()
-                try:
-                    probe = await trio.open_tcp_stream("127.0.0.1", port)
-                except OSError:
-                    await trio.sleep(0.02)
-                    continue
-                await probe.aclose()
-                break
         yield port
     finally:
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=5)
+        stop(process)

@@ -1,7 +1,8 @@
 """figtank's HTTP listener behind nginx (Debian's package), configured by the shipped
 ``deploy/nginx/figtank.conf``: curl's produce and fetch, Server-Sent Events delivered as
-they happen and resumed by ``Last-Event-ID``, WebSocket upgrades, same-origin pages, and
-a client that goes away ending figtank's stream."""
+they happen and resumed by ``Last-Event-ID``, WebSocket upgrades, same-origin pages, a
+client that goes away or reads nothing ending figtank's stream, and the headers nginx
+sends figtank."""
 
 from __future__ import annotations
 
@@ -27,15 +28,19 @@ from tests.listeners import RunningServer
 
 #: How soon an event published to a live stream must reach the client through nginx.
 PROMPT = 1.0
+#: Seconds a whole test may take.
+LIMIT = 30
 
 
 @asynccontextmanager
 async def proxied(tmp_path: Path, edit: Callable[[str], str] | None = None, **settings: object
                   ) -> AsyncIterator[tuple[RunningServer, str]]:
-    """figtank's HTTP listener with nginx in front; yields it and nginx's base URL."""
-    async with http_server(tmp_path, **settings) as server, \
-            nginx_in_front(server.port, tmp_path, edit) as port:
-        yield server, f"http://127.0.0.1:{port}"
+    """figtank's HTTP listener with nginx in front; yields it and nginx's base URL. The
+    block fails after ``LIMIT`` seconds."""
+    with trio.fail_after(LIMIT):
+        async with http_server(tmp_path, **settings) as server, \
+                nginx_in_front(server.port, tmp_path, edit) as port:
+            yield server, f"http://127.0.0.1:{port}"
 
 
 def streams(server: RunningServer, kind: str) -> float | None:
@@ -294,18 +299,19 @@ async def test_what_nginx_tells_figtank(tmp_path):
                               b"connection: close\r\n\r\nok")
         await stream.aclose()
 
-    async with trio.open_nursery() as nursery:
-        [listener] = await nursery.start(partial(trio.serve_tcp, answer, 0, host="127.0.0.1"))
-        upstream_port = listener.socket.getsockname()[1]
-        async with nginx_in_front(upstream_port, tmp_path) as port:
-            base = f"http://127.0.0.1:{port}"
-            status, _ = await curl("-H", "Last-Event-ID: 0:4,1:2", "-H", f"Origin: {base}",
-                                   "-H", "Authorization: Bearer t0ken",
-                                   f"{base}/topics/feed/events?from=earliest")
-            assert status == 200
-            status, _ = await curl("-H", "Upgrade: websocket", "-H", "Connection: Upgrade",
-                                   f"{base}/ws")
-        nursery.cancel_scope.cancel()
+    with trio.fail_after(LIMIT):
+        async with trio.open_nursery() as nursery:
+            [listener] = await nursery.start(partial(trio.serve_tcp, answer, 0, host="127.0.0.1"))
+            upstream_port = listener.socket.getsockname()[1]
+            async with nginx_in_front(upstream_port, tmp_path) as port:
+                base = f"http://127.0.0.1:{port}"
+                status, _ = await curl("-H", "Last-Event-ID: 0:4,1:2", "-H", f"Origin: {base}",
+                                       "-H", "Authorization: Bearer t0ken",
+                                       f"{base}/topics/feed/events?from=earliest")
+                assert status == 200
+                status, _ = await curl("-H", "Upgrade: websocket", "-H", "Connection: Upgrade",
+                                       f"{base}/ws")
+            nursery.cancel_scope.cancel()
     events, upgrade = heads
     assert events["request"] == "GET /topics/feed/events?from=earliest HTTP/1.1"
     assert events["host"] == events["x-forwarded-host"] == f"127.0.0.1:{port}"
