@@ -107,14 +107,15 @@ bench-peers: $(STAMP)
 		$(PEERS_ARGS)
 
 # Programs the suite drives as real clients (kcat; curl and headless Chromium through
-# chromedriver for the HTTP listener), as COMMAND:DEBIAN_PACKAGE: installed with apt-get
-# where missing (CI runs on a fresh machine as root).
-SYSTEM_TOOLS = kcat:kcat curl:curl chromium:chromium chromedriver:chromium-driver
+# chromedriver for the HTTP listener; nginx in front of it), as COMMAND:DEBIAN_PACKAGE:
+# installed with apt-get where missing (CI runs on a fresh machine as root). A command is
+# looked for on PATH and in /usr/sbin (nginx's place, not on every user's PATH).
+SYSTEM_TOOLS = kcat:kcat curl:curl chromium:chromium chromedriver:chromium-driver nginx:nginx
 
 .PHONY: system-tools
 system-tools:
 	@missing=$$(for tool in $(SYSTEM_TOOLS); do command -v $${tool%%:*} >/dev/null || \
-		echo $${tool#*:}; done); \
+		[ -x /usr/sbin/$${tool%%:*} ] || echo $${tool#*:}; done); \
 	if [ -n "$$missing" ]; then \
 		echo "installing the suite's system tools:" $$missing; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing \
