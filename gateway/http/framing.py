@@ -153,7 +153,7 @@ class FramingGuard:
         buf, pos = self._buf, self._pos
         if state == _HEAD:
             return self._head_line(out)
-        if state == _BODY or state == _CHUNK_DATA:
+        if state in (_BODY, _CHUNK_DATA):
             taken = buf[pos:pos + self._remaining]
             self._pos += len(taken)
             self._remaining -= len(taken)

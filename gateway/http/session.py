@@ -47,8 +47,8 @@ class HttpSession:
 
     # Thousands of idle streams each hold one: no per-instance dict.
     __slots__ = ("_closing", "_end", "_frame", "_idle", "_max_body", "accesses",
-                 "bytes_sent", "conn", "framing", "listener", "log", "principal", "quota", "refused",
-                 "requests", "scope", "stream")
+                 "bytes_sent", "conn", "framing", "listener", "log", "principal", "quota",
+                 "refused", "requests", "scope", "stream")
 
     def __init__(self, stream: trio.abc.Stream, listener: Any,
                  log: structlog.typing.FilteringBoundLogger, principal: Principal) -> None:
