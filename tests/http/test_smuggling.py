@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -129,11 +130,17 @@ def assert_refused(server: ServeProcess, data: bytes, status: int, *topics: str,
     assert set(refusal.json()) == {"error", "message"}
     assert closed, "the connection stayed open after the refusal"
     assert_absent(server.http, *topics)
-    deadline = time.monotonic() + TIMEOUT  # the log is read by another thread
-    while refused_lines(server) < logged + 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert refused_lines(server) == logged + 1
+    assert_logged(server, logged + 1)
     return refusal
+
+
+def assert_logged(server: ServeProcess, count: int) -> None:
+    """``count`` refusals have been logged, no more (the log is read by another thread:
+    wait for it)."""
+    deadline = time.monotonic() + TIMEOUT
+    while refused_lines(server) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert refused_lines(server) == count
 
 
 # ---------------------------------------------------------------------- the corpus
@@ -429,6 +436,34 @@ def test_a_valid_keep_alive_pipeline_is_served_in_full(server):
     # HTTP/1.0, answered and closed as 1.0 wants.
     responses, closed = exchange(server.http, b"GET /topics/valid-pipe HTTP/1.0\r\n\r\n")
     assert [r.status for r in responses] == [200] and closed
+
+
+# ---------------------------------------------------------------------- curl
+
+def curl(*args: str) -> tuple[int, str]:
+    result = subprocess.run(["curl", "-sS", "--max-time", str(TIMEOUT), "-w", "\n%{http_code}",
+                             *args], capture_output=True, timeout=TIMEOUT * 2, check=False)
+    body, _, status = result.stdout.decode().rpartition("\n")
+    return int(status), body
+
+
+def test_curl_sending_content_length_with_chunked_is_refused(server):
+    """curl sends both headers when told to (and then chunks the body): refused."""
+    assert server.http is not None
+    host, port = server.http
+    base = f"http://{host}:{port}"
+    logged = refused_lines(server)
+    status, body = curl("-H", "Content-Length: 80", "-H", "Transfer-Encoding: chunked",
+                        "--data-binary", "hello", f"{base}/topics/curl-clte")
+    assert status == 400, body
+    assert "Content-Length and Transfer-Encoding" in json.loads(body)["message"]
+    assert_absent(server.http, "curl-clte")
+    # A chunked upload as curl makes it is served.
+    status, body = curl("-H", "Transfer-Encoding: chunked", "--data-binary", "hello",
+                        f"{base}/topics/curl-chunked")
+    assert status == 200, body
+    assert json.loads(body)["offsets"] == [{"partition": 0, "offset": 1}]
+    assert_logged(server, logged + 1)
 
 
 # ---------------------------------------------------------------------- other backends
