@@ -54,8 +54,9 @@ MAX_CHUNK_LINE: Final = 1024
 _TCHAR = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]"
 _REQUEST_LINE = re.compile(rb"(" + _TCHAR + rb"+) ([\x21-\x7e]+) HTTP/([0-9])\.([0-9])\r\n")
 #: name ":" OWS value OWS, value of VCHAR / obs-text with inner SP and HTAB.
-_FIELD_LINE = re.compile(rb"(" + _TCHAR + rb"+):[ \t]*((?:[\x21-\x7e\x80-\xff](?:[ \t]*"
-                         rb"[\x21-\x7e\x80-\xff])*)?)[ \t]*\r\n")
+_VISIBLE = rb"[\x21-\x7e\x80-\xff]+"
+_FIELD_LINE = re.compile(rb"(" + _TCHAR + rb"+):[ \t]*((?:" + _VISIBLE + rb"(?:[ \t]+" + _VISIBLE
+                         + rb")*)?)[ \t]*\r\n")
 #: A framing field's value: one optional SP before it, nothing after.
 _STRICT_VALUE = re.compile(rb":[ ]?[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?\r\n")
 _TOKEN = re.compile(_TCHAR + rb"+")
@@ -219,6 +220,8 @@ class FramingGuard:
 
     def _head_line(self, out: list[bytes]) -> bool:
         if self._request is None:
+            if self._whole_head(out):
+                return True
             line = self._line(MAX_REQUEST_LINE, "the request line", 414)
             if line is None:
                 return False
@@ -237,6 +240,46 @@ class FramingGuard:
         self._head_size += len(line)
         if self._head_size > MAX_HEAD:
             raise _too_large(f"request head over {MAX_HEAD} bytes")
+        return True
+
+    def _whole_head(self, out: list[bytes]) -> bool:
+        """A head wholly in the buffer and well formed, checked in one go (the common
+        case, a few times faster); anything else is left to the line-by-line reading,
+        which finds the fault."""
+        buf, pos = self._buf, self._pos
+        end = buf.find(b"\r\n\r\n", pos, pos + MAX_HEAD + 2)
+        if end < 0:
+            return False
+        head = buf[pos:end + 2]
+        lines = head.count(b"\r\n")
+        if head.count(b"\n") != lines or head.count(b"\r") != lines:
+            return False
+        first = head.find(b"\r\n") + 2
+        request = _REQUEST_LINE.fullmatch(head, 0, first)
+        if request is None or request[3] != b"1" or first > MAX_REQUEST_LINE:
+            return False
+        if lines > MAX_FIELDS + 1:
+            return False
+        fields = []
+        at = first
+        for match in _FIELD_LINE.finditer(head, first):
+            if match.start() != at:  # something between two lines that is not a field
+                return False
+            at = match.end()
+            line = match[0]
+            name = match[1].lower()
+            if len(line) > MAX_FIELD_LINE or (
+                    name in _FRAMING_NAMES and not _STRICT_VALUE.fullmatch(line, len(name))
+            ) or (b"_" in name and name.replace(b"_", b"-") in _FRAMING_NAMES):
+                return False
+            fields.append((name, match[2], line))
+        if at != len(head):
+            return False
+        self._request = (request[1], request[2], head[first - 10:first - 2])
+        self._fields = fields
+        self._head = [head]
+        self._pos = end + 4
+        out.append(self._head_end())
         return True
 
     def _request_line(self, line: bytes) -> None:

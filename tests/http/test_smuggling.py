@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from gateway.http.framing import FramingGuard
 from tests.bridge.helpers import address, bridge_server, upstream_server
 from tests.serving import ServeProcess, figtank_serve
 from tests.upstream_kafka.helpers import upstream_and_gateway
@@ -372,6 +373,53 @@ def test_a_head_sent_byte_by_byte_is_judged_the_same(server):
     assert_refused(server, data, 400, "f-slow-lf", "s-slow-lf", pieces=12)
 
 
+TOPIC = b"/topics/valid-pipe"
+#: Framing every legitimate client uses (and some it may), pipelined.
+VALID_PIPELINE = (
+    produce("valid-pipe", b"one")
+    + b"POST %s HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+      b"3;name=value;q=\"x y\"\r\ntwo\r\n0\r\n\r\n" % TOPIC
+    + b"POST %s HTTP/1.1\r\nhost: t\r\nTRANSFER-ENCODING: CHUNKED\r\n\r\n"
+      b"2\r\nth\r\n000003\r\nree\r\n0\r\nX-Trailer: ok\r\n\r\n" % TOPIC
+    + b"POST %s HTTP/1.1\r\nHost: t\r\nContent-Length:4\r\nX-Tab:\tv a l \t\r\n"
+      b"X-Obs-Text: caf\xe9\r\n\r\nfour" % TOPIC
+    + b"POST http://t%s HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\n\r\nfive" % TOPIC
+    + b"GET %s/partitions/0/messages?offset=1 HTTP/1.1\r\nHost: t\r\n"
+      b"Content-Length: 0\r\n\r\n" % TOPIC
+)
+
+
+def corpus() -> dict[str, bytes]:
+    """Every request of the corpus above, by name."""
+    cases = {}
+    for name, line in OBFUSCATED_TE.items():
+        cases[f"clte-{name}"] = cl_te(name, line)
+        cases[f"tecl-{name}"] = te_cl(name, line)
+        cases[f"te-{name}"] = te_only(name, line)
+    for name, value in CONTENT_LENGTHS.items():
+        cases[f"cl-{name}"] = front("f", value + b"\r\n", b"hello")
+    for name, chunks in CHUNKS.items():
+        cases[f"ch-{name}"] = te_only(name, b"Transfer-Encoding: chunked", chunks)
+    for name, (fields, line, _) in HEADS.items():
+        cases[f"hd-{name}"] = ((line or b"POST /topics/{f} HTTP/1.1\r\n") + fields
+                               + b"Content-Length: 5\r\n\r\nhello")
+    cases["valid"] = VALID_PIPELINE
+    return cases
+
+
+@pytest.mark.parametrize(("name", "data"), sorted(corpus().items()))
+def test_the_guard_judges_the_same_however_the_bytes_arrive(name, data):
+    """All at once (a whole head checked in one go), byte by byte (line by line) and in
+    uneven pieces: the same fault, and the same bytes handed on before it."""
+    outcomes = set()
+    for size in (len(data), 1, 7, 100):
+        guard = FramingGuard(1024 * 1024)
+        passed = b"".join(guard.feed(data[i:i + size]) for i in range(0, len(data), size))
+        error = guard.error
+        outcomes.add((passed, error and (error.status, error.code, error.message)))
+    assert len(outcomes) == 1, outcomes
+
+
 # ---------------------------------------------------------------------- pipelines
 
 def test_requests_pipelined_before_an_error_are_served_and_none_after(server):
@@ -413,19 +461,7 @@ def test_a_valid_keep_alive_pipeline_is_served_in_full(server):
     """Framing every legitimate client uses, pipelined in one write: all served, in order,
     on one connection that stays open."""
     assert server.http is not None
-    topic = b"/topics/valid-pipe"
-    data = (
-        produce("valid-pipe", b"one")
-        + b"POST %s HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
-          b"3;name=value;q=\"x y\"\r\ntwo\r\n0\r\n\r\n" % topic
-        + b"POST %s HTTP/1.1\r\nhost: t\r\nTRANSFER-ENCODING: CHUNKED\r\n\r\n"
-          b"2\r\nth\r\n000003\r\nree\r\n0\r\nX-Trailer: ok\r\n\r\n" % topic
-        + b"POST %s HTTP/1.1\r\nHost: t\r\nContent-Length:4\r\nX-Tab:\tv a l \t\r\n"
-          b"X-Obs-Text: caf\xe9\r\n\r\nfour" % topic
-        + b"POST http://t%s HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\n\r\nfive" % topic
-        + b"GET %s/partitions/0/messages?offset=1 HTTP/1.1\r\nHost: t\r\n"
-          b"Content-Length: 0\r\n\r\n" % topic
-    )
+    data = VALID_PIPELINE
     responses, closed = exchange(server.http, data)
     assert [r.status for r in responses] == [200] * 6, responses
     assert not closed
