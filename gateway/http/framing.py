@@ -319,6 +319,8 @@ class FramingGuard:
         fields = self._fields
         lengths = [v for n, v, _ in fields if n == b"content-length"]
         codings = [v for n, v, _ in fields if n == b"transfer-encoding"]
+        if codings and version == b"HTTP/1.0":  # faulty whatever else it says (§6.1)
+            raise _bad("Transfer-Encoding in an HTTP/1.0 request")
         if lengths and codings:
             raise _bad("Content-Length and Transfer-Encoding together")
         if len(lengths) > 1 or len(codings) > 1:
@@ -330,8 +332,6 @@ class FramingGuard:
             self._remaining = int(text)
             self._state = _BODY if self._remaining else _HEAD
         elif codings:
-            if version == b"HTTP/1.0":
-                raise _bad("Transfer-Encoding in an HTTP/1.0 request")
             self._check_codings(codings[0])
             self._state = _CHUNK_SIZE
         head = b"".join(self._head)

@@ -362,7 +362,9 @@ def test_a_malformed_head_is_refused(server, name):
     line = (line or b"POST /topics/{f} HTTP/1.1\r\n").replace(b"{f}", f"f-{case}".encode())
     body = b"hello"
     data = line + fields + b"Content-Length: 5\r\n\r\n" + body + HIDDEN % f"s-{case}".encode()
-    assert_refused(server, data, status, f"f-{case}", f"s-{case}")
+    refusal = assert_refused(server, data, status, f"f-{case}", f"s-{case}")
+    if name == "http10-with-te":  # with a Content-Length too: refused for the version
+        assert "HTTP/1.0" in refusal.json()["message"]
 
 
 def test_a_head_sent_byte_by_byte_is_judged_the_same(server):
