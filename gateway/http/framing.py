@@ -105,6 +105,15 @@ class FramingGuard:
         waits to be raised: the next request has begun."""
         return bool(self._buf) or self.error is not None
 
+    @property
+    def request_line(self) -> tuple[str, str] | None:
+        """Method and path of the request whose head is being read (None before its
+        request line), for the log line of a refusal."""
+        if self._request is None:
+            return None
+        method, target, _ = self._request
+        return method.decode("latin-1"), target.decode("latin-1").partition("?")[0]
+
     def feed(self, data: bytes) -> bytes:
         """Check ``data`` (more bytes from the client); returns the bytes found well
         framed so far, for h11. A fault is kept in :attr:`error`."""

@@ -198,7 +198,8 @@ class HttpSession:
             return None
         except HttpError as error:
             if request is None:
-                request = Request("?", "?", {}, {})
+                method, path = self.framing.request_line or ("?", "?")
+                request = Request(method, path, {}, {})
             await self._refuse_and_close(request, error)
             return None
         return request

@@ -132,7 +132,13 @@ def assert_refused(server: ServeProcess, data: bytes, status: int, *topics: str,
     assert closed, "the connection stayed open after the refusal"
     assert_absent(server.http, *topics)
     assert_logged(server, logged + 1)
+    line = last_refusal(server)
+    assert (line["status"], line["error"]) == (status, refusal.json()["error"])
     return refusal
+
+
+def last_refusal(server: ServeProcess) -> dict:
+    return [e for e in server.events("http_request_refused") if e.get("status") != 404][-1]
 
 
 def assert_logged(server: ServeProcess, count: int) -> None:
@@ -231,6 +237,8 @@ def test_content_length_with_transfer_encoding_is_refused_in_either_order(server
                              f"f-{order}", f"s-{order}")
     assert refusal.json()["error"] == "malformed_request"
     assert "Content-Length and Transfer-Encoding" in refusal.json()["message"]
+    line = last_refusal(server)
+    assert (line["method"], line["path"]) == ("POST", f"/topics/f-{order}")
 
 
 #: CL.CL and bad Content-Length values: the declared length of the front request.
@@ -432,6 +440,8 @@ def test_requests_pipelined_before_an_error_are_served_and_none_after(server):
     data = produce("pl-first", b"first") + bad + produce("pl-after")
     refusal = assert_refused(server, data, 400, "pl-bad", "pl-after", before=1)
     assert "bare LF" in refusal.json()["message"]
+    line = last_refusal(server)
+    assert (line["method"], line["path"]) == ("?", "?")  # its request line was the fault
     fetched = get(server.http, "/topics/pl-first/partitions/0/messages?offset=1").json()
     assert [m["value"] for m in fetched["messages"]] == ["first"]
 
