@@ -114,7 +114,7 @@ class FramingGuard:
         method, target, _ = self._request
         return method.decode("latin-1"), target.decode("latin-1").partition("?")[0]
 
-    def feed(self, data: bytes) -> bytes:
+    def feed(self, data: bytes | bytearray) -> bytes | bytearray:
         """Check ``data`` (more bytes from the client); returns the bytes found well
         framed so far, for h11. A fault is kept in :attr:`error`."""
         if self.error is not None:
@@ -210,9 +210,9 @@ class FramingGuard:
         """The next whole line (CRLF-terminated) taken off the buffer, None while it is
         incomplete; a bare CR or LF, or a line over ``limit``, is a fault."""
         buf, pos = self._buf, self._pos
-        end = buf.find(b"\n", pos, pos + limit + 1)
+        end = buf.find(b"\n", pos, pos + limit)
         if end < 0:
-            if len(buf) - pos > limit:
+            if len(buf) - pos >= limit:
                 if status == 414:
                     raise HttpError(414, "uri_too_long", f"request line over {limit} bytes")
                 raise HttpError(status, "header_too_large" if status == 431 else

@@ -198,7 +198,8 @@ class HttpSession:
             return None
         except HttpError as error:
             if request is None:
-                method, path = self.framing.request_line or ("?", "?")
+                line = self.framing.request_line if error is self.framing.error else None
+                method, path = line or ("?", "?")
                 request = Request(method, path, {}, {})
             await self._refuse_and_close(request, error)
             return None
