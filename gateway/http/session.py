@@ -5,7 +5,9 @@ byte, and a connection with no request under way closes after
 ``limits.idle_timeout_secs``. A body over ``http.max_body_bytes`` is refused with 413
 before it is read (Content-Length) or as soon as it passes the limit (chunked), and the
 connection closes. A malformed request is 400 and closes the connection. Every refusal is
-an answer ``{"error", "message"}`` and one ``http_request_refused`` log line.
+an answer ``{"error", "message"}`` and one ``http_request_refused`` log line. Bytes reach
+h11 only through :class:`~gateway.http.framing.FramingGuard` (RFC 9112 framing: nothing
+after a badly framed request is parsed).
 
 A handler answers with an :class:`~gateway.http.request.Answer`, or takes the connection
 over (an SSE stream, a WebSocket) and returns None: the connection ends after it.
@@ -22,6 +24,7 @@ import structlog
 import trio
 
 from gateway.auth.principal import Principal
+from gateway.http.framing import FramingGuard
 from gateway.http.request import Answer, HttpError, Request, error_answer
 from gateway.server.session import CloseConnection
 
@@ -44,8 +47,8 @@ class HttpSession:
 
     # Thousands of idle streams each hold one: no per-instance dict.
     __slots__ = ("_closing", "_end", "_frame", "_idle", "_max_body", "accesses",
-                 "bytes_sent", "conn", "listener", "log", "principal", "quota", "refused",
-                 "requests", "scope", "stream")
+                 "bytes_sent", "conn", "framing", "listener", "log", "principal", "quota",
+                 "refused", "requests", "scope", "stream")
 
     def __init__(self, stream: trio.abc.Stream, listener: Any,
                  log: structlog.typing.FilteringBoundLogger, principal: Principal) -> None:
@@ -72,6 +75,8 @@ class HttpSession:
         self._idle = settings.idle_timeout_secs or math.inf
         self._frame = settings.frame_timeout_secs or math.inf
         self._max_body = settings.http_max_body_bytes
+        #: Checks every byte before h11 reads it.
+        self.framing = FramingGuard(self._max_body)
 
     @property
     def closing(self) -> bool:
@@ -111,6 +116,8 @@ class HttpSession:
                 await self.send_answer(answer, head_only=request.method == "HEAD")
                 if self.conn.our_state is not h11.DONE or self.conn.their_state is not h11.DONE:
                     return self._end or CloseConnection("eof", "connection: close")
+                if not self.framing.next_cycle():
+                    return CloseConnection("eof", "bytes after an upgrade not taken")
                 self.conn.start_next_cycle()
             return CloseConnection("shutdown", "server shutting down")
         except _Closed:
@@ -147,7 +154,10 @@ class HttpSession:
             data = await self.stream.receive_some(RECEIVE_SIZE)
         except SOCKET_ERRORS:
             raise _Closed from None
-        self.conn.receive_data(data)
+        if not data:
+            self.conn.receive_data(b"")  # end of stream
+        elif checked := self.framing.feed(data):
+            self.conn.receive_data(checked)
 
     async def _next_event(self) -> Any:
         while True:
@@ -157,6 +167,8 @@ class HttpSession:
                 raise HttpError(exc.error_status_hint, "malformed_request", str(exc)
                                 ) from None
             if event is h11.NEED_DATA:
+                if self.framing.error is not None:  # after every byte before it
+                    raise self.framing.error
                 await self._receive()
                 continue
             return event
@@ -164,7 +176,7 @@ class HttpSession:
     async def _read_request(self) -> Request | None:
         """The next request with its body, or None when the client closed the connection
         (or stayed idle too long). A request the client got wrong is answered here."""
-        if not any(self.conn.trailing_data):  # nothing of the next request yet
+        if not any(self.conn.trailing_data) and not self.framing.holding:  # nothing yet
             with trio.move_on_after(self._idle) as idle:
                 try:
                     await self._receive()
@@ -187,7 +199,9 @@ class HttpSession:
             return None
         except HttpError as error:
             if request is None:
-                request = Request("?", "?", {}, {})
+                line = self.framing.request_line if error is self.framing.error else None
+                method, path = line or ("?", "?")
+                request = Request(method, path, {}, {})
             await self._refuse_and_close(request, error)
             return None
         return request
