@@ -13,6 +13,7 @@ from typing import Any, Final
 
 from gateway.auth.policy import Operation
 from gateway.http.auth import access_of
+from gateway.http.outage import check_available
 from gateway.http.request import Answer, Request, json_answer
 
 MAX_TOPICS: Final = 200
@@ -31,6 +32,7 @@ def _samples(metrics: Any) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 async def overview(session: Any, request: Request) -> Answer:
     access = access_of(session, request)
+    check_available(session)
     listener = session.listener
     backend = listener.backend
     samples = _samples(listener.metrics)
