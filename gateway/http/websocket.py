@@ -280,13 +280,18 @@ class WebSocket:
 
     async def _read(self) -> None:
         stream = self.session.stream
+        data: bytes | None = None  # first: the frames that came with the upgrade request
         while self._closed is None:
+            if data is not None:
+                try:
+                    data = await stream.receive_some(RECEIVE_SIZE)
+                except SOCKET_ERRORS:
+                    return
             try:
-                data = await stream.receive_some(RECEIVE_SIZE)
-            except SOCKET_ERRORS:
-                return
-            try:
-                self.conn.receive_data(data or None)
+                if data is not None:
+                    self.conn.receive_data(data or None)
+                else:
+                    data = b"-"  # (then read the socket)
                 await self._events()
             except RemoteProtocolError as exc:
                 self.close(exc.event_hint.code if isinstance(
