@@ -211,10 +211,12 @@ class PartitionTail:
                ) -> trio.Event | None:
         """Feed ``follower`` (at the end of the buffer) each append from the reader task:
         no task of its own wakes per message. Returns the event set when it is released
-        (it fell behind, the tail failed or started over), or None when it is not at the
-        end now. ``released``: that event, shared by the followers of several tails (one
-        whole-topic stream: :mod:`gateway.http.topic_follow`)."""
-        if follower.next_seq != self.next_seq or self.failed is not None:
+        (it fell behind, the tail failed, started over or became unavailable), or None when
+        it is not at the end now (or the tail is unavailable). ``released``: that event,
+        shared by the followers of several tails (one whole-topic stream:
+        :mod:`gateway.http.topic_follow`)."""
+        if (follower.next_seq != self.next_seq or self.failed is not None
+                or self.unavailable is not None):
             return None
         if released is None:
             released = trio.Event()
