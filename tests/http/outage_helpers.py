@@ -3,7 +3,7 @@ upstream-Kafka tests): with the upstream stopped, curl's produce, fetch and topi
 503 + ``Retry-After`` promptly, a WebSocket publish and attach get their error message and
 the socket stays usable, and an SSE stream and a WebSocket subscription attached before
 the outage are told, then, once the upstream is back, get what was published after it,
-exactly once and in order."""
+exactly once and in order (a whole-topic SSE stream of two partitions too)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 import h11
 import trio
 
+from gateway.client.tank import open_tank_client
 from tests.http.helpers import H11Client, sse_events
 from tests.http.ws_client import WsClient
 
@@ -98,13 +99,17 @@ async def produce(base: str, value: str) -> int:
 
 
 async def outage(host: str, port: int, stop: Callable[[], Awaitable[None]],
-                 start: Callable[[], Awaitable[None]]) -> Figures:
+                 start: Callable[[], Awaitable[None]], tank: tuple[str, int]) -> Figures:
     """Run the outage against the HTTP listener at ``host:port`` (the upstream running
-    when called; ``stop`` and ``start`` it)."""
+    when called; ``stop`` and ``start`` it); ``tank``: the gateway's Tank listener (to
+    create a topic of two partitions, for a whole-topic SSE stream)."""
     figures = Figures()
     base = f"http://{host}:{port}"
     for i in range(1, 4):
         assert await produce(base, f"m{i}") == i
+    async with open_tank_client(*tank, request_timeout=10) as client:
+        await client.create_topic("two", 2)
+    whole = await SseReader.open(host, port, "/topics/two/events?from=earliest")
     subscriber = await WsClient.connect(host, port)
     assert (await subscriber.next())["op"] == "hello"
     await subscriber.send({"op": "attach", "topic": "out", "from": "earliest"})
@@ -126,6 +131,8 @@ async def outage(host: str, port: int, stop: Callable[[], Awaitable[None]],
     figures.told_sse = trio.current_time() - stopped
     assert event.get("event") == "unavailable", event
     assert json.loads(event["data"])["error"] == "unavailable"
+    event = await whole.next()
+    assert event.get("event") == "unavailable", event
 
     # HTTP: 503, Retry-After, the JSON error; promptly.
     answer = await curl(f"{base}/topics/out", "-X", "POST", "--data-binary", "lost?")
@@ -169,6 +176,9 @@ async def outage(host: str, port: int, stop: Callable[[], Awaitable[None]],
     assert event.get("event") == "available", event
     assert json.loads(event["data"]) == {"last_event_id": "3"}
     figures.resumed = trio.current_time() - started
+    event = await whole.next(timeout=30)
+    assert event.get("event") == "available", event
+    assert json.loads(event["data"]) == {"last_event_id": "0:0,1:0"}
 
     # Every front end serves again: produce (HTTP and WebSocket), and the subscribers
     # get exactly what came after the outage, in order.
@@ -183,6 +193,11 @@ async def outage(host: str, port: int, stop: Callable[[], Awaitable[None]],
     events = [await sse.next() for _ in range(3)]
     assert [(e["id"], json.loads(e["data"])["value"]) for e in events] == [
         ("4", "m4"), ("5", "m5"), ("6", "m6")]
+    answer = await curl(f"{base}/topics/two?partition=1", "-X", "POST", "--data-binary", "w")
+    assert answer.status == 200, answer
+    event = await whole.next()
+    assert (event["id"], json.loads(event["data"])["value"]) == ("0:0,1:1", "w"), event
+    await whole.client.aclose()
     # Nothing more (no duplicate), and what is stored is what was acknowledged.
     with trio.move_on_after(0.5):
         extra = await subscriber.next(timeout=1)

@@ -48,7 +48,8 @@ async def test_an_outage_of_the_tank_broker_behind_a_bridge(tmp_path: Path) -> N
                 restarted.set()
                 await up_again.wait()
 
-            figures = await outage(*bridge.http, stop, start)
+            assert bridge.tank is not None
+            figures = await outage(*bridge.http, stop, start, bridge.tank)
             print(figures)
             assert figures.produce < 1.0 and figures.fetch < 1.0 and figures.ws_publish < 1.0
             nursery.cancel_scope.cancel()
@@ -64,9 +65,9 @@ async def test_an_outage_of_the_upstream_kafka_cluster(tmp_path: Path) -> None:
         with trio.fail_after(90):
             await upstream.served.start()
             served = await front.start()
-            assert served.http is not None
+            assert served.http is not None and served.tank is not None
             figures = await outage(*served.http, upstream.served.kill,
-                                   upstream.served.start)
+                                   upstream.served.start, served.tank)
             print(figures)
             assert figures.produce < 1.0 and figures.fetch < 1.0 and figures.ws_publish < 1.0
             assert not [e for e in served.log_lines if "Traceback" in str(e)]
