@@ -16,13 +16,28 @@ Server to client: ``{"op": "hello", "publish_window": N}`` first, then ``attache
 sequences (Figg offsets): attach with the offset of the last message delivered resumes
 right after it.
 
+The hello is sent before anything is read: what the client sent right after its upgrade
+request (even in the same packet) is handled in order and answered after the hello.
+
 Bad input closes the WebSocket with a close code and one ``websocket_closed`` log line:
-1007 (not JSON), 1008 (an unknown op, a field of the wrong kind, access refused, more than
-``http.ws_publish_window`` publishes unacknowledged), 1009 (a message over
-``http.max_body_bytes``), 1003 (a binary message). A subscriber that falls behind is
-closed with 4000 and its position in the reason, to attach again from it; one whose
-access a reload revoked (:mod:`gateway.http.revocation`) with 4003 and why. A failed
-upgrade is a 400 answer.
+1002 (a protocol violation wsproto found: a reserved opcode or RSV bit, an unmasked or
+fragmented control frame), 1007 (not JSON, not UTF-8), 1008 (an unknown op, a field of
+the wrong kind, access refused, more than ``http.ws_publish_window`` publishes
+unacknowledged), 1009 (a message over ``http.max_body_bytes``), 1003 (a binary message).
+A subscriber that falls behind is closed with 4000 and its position in the reason, to
+attach again from it; one whose access a reload revoked (:mod:`gateway.http.revocation`)
+with 4003 and why. An unexpected error closes with 1011 (1013 when it was the upstream
+being away), never without a frame. A failed upgrade is a 400 answer.
+
+Every close the server starts sends its close frame: the writer task outlives the reader
+and the subscriptions, and sends what was queued, the close frame last, before the
+connection closes (the session then ends its side and drains the peer's, so that no reset
+destroys the frame).
+
+While the backend's upstream is away (:mod:`gateway.http.outage`) a publish or an attach
+gets ``{"op": "error", "request": ..., "error": "unavailable", ...}`` and the socket goes
+on; an attached subscription gets ``{"op": "unavailable", ...}`` once, then
+``{"op": "available", ...}`` and the messages after its offset when the upstream is back.
 
 Data frames count against the principal's bytes-out quota; while it is in debt no frame
 is made for the socket (:mod:`gateway.http.quota`).
