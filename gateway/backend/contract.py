@@ -13,7 +13,11 @@ two protocols and a Tank broker must be able to serve them one to one:
   data: the waiting happens inside the backend, so an upstream broker can do it;
 - the admin calls mirror Tank's admin requests;
 - a missing topic is created per :class:`AutoCreate`, the one policy all backends apply
-  (:func:`ensure_topic` for a reader that wants a topic's bounds).
+  (:func:`ensure_topic` for a reader that wants a topic's bounds);
+- a backend in front of an upstream (bridge, upstream Kafka) raises
+  :class:`BackendUnavailable` (a subclass of it) where a call can not be answered because
+  the upstream is away, and says whether it is away now with ``unavailable()``
+  (:func:`unavailable_reason`).
 """
 
 from __future__ import annotations
@@ -229,6 +233,22 @@ class TopicRefused(Exception):
     def __init__(self, reason: str, code: CreateTopicCode | None = None) -> None:
         super().__init__(reason)
         self.code = code
+
+
+class BackendUnavailable(ConnectionError):
+    """The backend's upstream (a Tank broker, a Kafka cluster) did not answer in time: the
+    request may be tried again later. Each upstream backend raises its own subclass.
+
+    It is a ``ConnectionError`` (an ``OSError``) for the callers that treat it as a lost
+    connection; a front end that serves clients catches it *before* it catches socket
+    errors, since it is not the client's socket that failed."""
+
+
+def unavailable_reason(backend: object) -> str | None:
+    """Why ``backend`` can not serve now (its upstream is away), or None when it can or
+    has no upstream (the embedded store)."""
+    probe = getattr(backend, "unavailable", None)
+    return probe() if callable(probe) else None
 
 
 #: ``create_topic(name, partitions)`` of a backend.

@@ -16,7 +16,9 @@ The price is a DiscoverPartitions round trip per append and a retry per concurre
 from elsewhere. The limit: a partition that others append to without pause can win every
 race; after :data:`ATTEMPTS` lost races the append fails with I/O fault (nothing was
 appended; the client sends it again). A partition the upstream can not describe is
-appended plainly, without offsets.
+appended plainly, without offsets. A look-up the upstream did not answer
+(:class:`~gateway.backend.contract.BackendUnavailable`) fails its batch with I/O fault,
+nothing of it sent.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import trio
 
 from gateway.backend.contract import (
     Backend,
+    BackendUnavailable,
     ProduceBatch,
     ProduceCode,
     ProduceOutcome,
@@ -58,7 +61,10 @@ async def produce_placed(backend: Backend, batches: Sequence[ProduceBatch]
     outcomes: list[ProduceOutcome | None] = [None] * len(batches)
 
     async def place(i: int) -> None:
-        outcomes[i] = await _place(backend, batches[i])
+        try:
+            outcomes[i] = await _place(backend, batches[i])
+        except BackendUnavailable as exc:  # the look-up failed: nothing was sent
+            outcomes[i] = ProduceOutcome(ProduceCode.IO_FAULT, reason=str(exc))
 
     async with trio.open_nursery() as nursery:  # partitions in parallel
         for i in range(len(batches)):

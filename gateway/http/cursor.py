@@ -7,6 +7,10 @@ the buffer (history, a resume from an old position). A cursor that was live (ser
 the buffer) and falls further behind than ``limit`` bytes, or off the buffer, raises
 :class:`Behind`: the subscriber is closed with its position, to resume from it, instead
 of the server holding data for it.
+
+While the partition can not be read (the backend's upstream is away) a cursor with nothing
+buffered to deliver raises :class:`Unavailable`: its subscriber tells its client, waits
+with :meth:`Cursor.until_available` and goes on from the same position.
 """
 
 from __future__ import annotations
@@ -15,7 +19,13 @@ from typing import Final
 
 import trio
 
-from gateway.backend.contract import Backend, FetchRequest, FetchStatus
+from gateway.backend.contract import (
+    Backend,
+    BackendUnavailable,
+    FetchRequest,
+    FetchStatus,
+    unavailable_reason,
+)
 from gateway.http.messages import decode_messages
 from gateway.http.tail import PartitionTail, TailEvent, events_of
 from gateway.io.writer import FrameWriter
@@ -42,6 +52,11 @@ async def wait_for_room(outbox: FrameWriter, stall: float) -> None:
             await outbox.wait_writable()
         if outbox.full:
             raise Behind(f"the client took nothing for {stall:g} s", "idle_timeout_secs")
+
+
+class Unavailable(Exception):
+    """The partition can not be read now (the backend's upstream is away); the message
+    says why. The cursor stays where it was."""
 
 
 class Gone(Exception):
@@ -89,6 +104,8 @@ class Cursor:
                 self.live = True
             elif tail.bytes_after(self.next_seq) > self.limit:
                 raise Behind(f"more than {self.limit} bytes behind at offset {self.position}")
+        elif tail.unavailable is not None:
+            raise Unavailable(tail.unavailable)
         if events:
             self.next_seq = events[-1].seq + 1
         return events
@@ -96,7 +113,11 @@ class Cursor:
     async def _read_log(self, max_bytes: int) -> list[TailEvent]:
         request = FetchRequest(self.topic, self.partition, self.next_seq,
                                max(max_bytes, LOG_READ_BYTES))
-        [outcome] = await self._backend.fetch([request], max_wait_ms=0, min_bytes=0)
+        try:
+            [outcome] = await self._backend.fetch([request], max_wait_ms=0, min_bytes=0)
+        except BackendUnavailable as exc:
+            self.tail.outage(str(exc))
+            raise Unavailable(str(exc)) from None
         status = outcome.status
         if status is FetchStatus.DATA:
             chunk = outcome.chunk
@@ -120,9 +141,22 @@ class Cursor:
                 self.next_seq = outcome.high_water_mark + 1
             return []
         if status is FetchStatus.FAULT:
+            reason = unavailable_reason(self._backend)
+            if reason is not None:
+                self.tail.outage(reason)  # the tail's reader says when it is back
+                raise Unavailable(reason)
             await trio.sleep(0.5)
             return []
         raise Gone(f"{status.value}: {self.topic}/{self.partition}")
+
+
+    async def until_available(self) -> None:
+        """Return once the partition can be read again (at once when it can)."""
+        tail = self.tail
+        while tail.unavailable is not None and tail.failed is None:
+            waker = trio.Event()
+            tail.wake_me(waker)
+            await waker.wait()
 
 
 async def next_batch(cursors: list[Cursor], max_bytes: int, timeout: float

@@ -13,7 +13,8 @@ JSON: ``{"topic", "partition", "messages": [...], "next_offset", "last_offset"}`
 ``Figtank-Next-Offset`` and ``Figtank-High-Water-Mark`` headers.
 
 The answer's body counts against the principal's bytes-out quota; a request waits before
-reading while the quota is in debt (:mod:`gateway.http.quota`).
+reading while the quota is in debt (:mod:`gateway.http.quota`). While the backend's
+upstream is away: 503 ``unavailable`` with ``Retry-After`` (:mod:`gateway.http.outage`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.auth.policy import Operation
-from gateway.backend.contract import FetchRequest, FetchStatus
+from gateway.backend.contract import FetchRequest, FetchStatus, unavailable_reason
 from gateway.http.auth import access_of, check_topic_name, partition_param, require
 from gateway.http.messages import decode_messages, dumps, message_json
+from gateway.http.outage import check_available, unavailable_error
 from gateway.http.positions import first_at_time, time_param
 from gateway.http.quota import quota_of, took_out, wait_out
 from gateway.http.request import NDJSON, Answer, HttpError, Request, json_answer
@@ -39,6 +41,7 @@ async def fetch(session: Any, request: Request) -> Answer:
     check_topic_name(topic)
     access = access_of(session, request)
     require(access, topic, Operation.SUBSCRIBE, "fetch")
+    check_available(session)
     with quota_of(session, access.principal) as quota:
         await wait_out(quota)
         answer = await _fetch(session, request, topic)
@@ -81,6 +84,9 @@ async def _fetch(session: Any, request: Request, topic: str) -> Answer:
             next_offset = max(outcome.first_available, 1)
             continue
         if outcome.status is not FetchStatus.DATA:
+            reason = unavailable_reason(backend)
+            if reason is not None and outcome.status is FetchStatus.FAULT:
+                raise unavailable_error(f"{topic}/{partition}: {reason}")
             raise HttpError(503, "fetch_failed", f"{topic}/{partition}: "
                             f"{outcome.status.value}")
         chunk = outcome.chunk

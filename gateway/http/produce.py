@@ -9,7 +9,8 @@ same partition), one without to the next partition in turn.
 The answer (200) comes after the backend reports every append durable under
 ``store.durability``: ``{"topic", "offsets": [{"partition", "offset"}, ...]}`` in the
 order of the messages (``offset`` is the Tank sequence, the Figg offset; null where an
-upstream broker does not tell it).
+upstream broker does not tell it). While the backend's upstream is away: 503
+``unavailable`` with ``Retry-After`` (:mod:`gateway.http.outage`).
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from typing import Any
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
 from gateway.auth.quotas import PrincipalQuota
-from gateway.backend.contract import ProduceBatch, ProduceCode
+from gateway.backend.contract import ProduceBatch, ProduceCode, unavailable_reason
 from gateway.backend.placed import produce_placed
 from gateway.http.auth import access_of, check_topic_name, partition_param, partitions_of, require
 from gateway.http.messages import payload_of
+from gateway.http.outage import check_available, unavailable_error
 from gateway.http.quota import quota_of
 from gateway.http.request import Answer, HttpError, Request, json_answer
 from protocols.tank.bundle import Message, encode_bundle
@@ -39,6 +41,9 @@ _STATUS = {ProduceCode.UNKNOWN_PARTITION: (404, "unknown_partition"),
            ProduceCode.READ_ONLY: (403, "read_only"),
            ProduceCode.UNKNOWN_TOPIC: (404, "unknown_topic"),
            ProduceCode.INVALID_SEQUENCE: (400, "invalid_sequence")}
+#: Outcomes that say the append did not happen (or is not known to have) for want of a
+#: working log: while the upstream is away, 503 "unavailable".
+_FAULTS = (ProduceCode.IO_FAULT, ProduceCode.ACK_TIMEOUT)
 
 
 def _key_of(request: Request) -> bytes | None:
@@ -98,6 +103,7 @@ async def produce(session: Any, request: Request) -> Answer:
     for _, message in wanted:
         if message.key is not None and len(message.key) > MAX_KEY:
             raise HttpError(400, "bad_key", f"a key is at most {MAX_KEY} bytes")
+    check_available(session)
     with quota_of(session, access.principal) as quota:
         return await _append(session, request, access, topic, wanted, quota)
 
@@ -131,8 +137,12 @@ async def _append(session: Any, request: Request, access: ConnectionAccess, topi
     first: dict[int, int | None] = {}
     for batch, outcome in zip(batches, outcomes, strict=True):
         if outcome.code is not ProduceCode.OK:
-            status, code = _STATUS.get(outcome.code, (503, "append_failed"))
             session.listener.metrics.requests.labels("http", "produce", "error").inc()
+            reason = unavailable_reason(session.listener.backend)
+            if reason is not None and outcome.code in _FAULTS:
+                raise unavailable_error(f"append to {topic}/{batch.partition} failed: "
+                                        f"{reason}")
+            status, code = _STATUS.get(outcome.code, (503, "append_failed"))
             raise HttpError(status, code, f"append to {topic}/{batch.partition} failed: "
                             f"{outcome.code.name.lower()} {outcome.reason}".strip())
         first[batch.partition] = outcome.first_seq or None

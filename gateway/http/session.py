@@ -7,7 +7,9 @@ before it is read (Content-Length) or as soon as it passes the limit (chunked), 
 connection closes. A malformed request is 400 and closes the connection. Every refusal is
 an answer ``{"error", "message"}`` and one ``http_request_refused`` log line. Bytes reach
 h11 only through :class:`~gateway.http.framing.FramingGuard` (RFC 9112 framing: nothing
-after a badly framed request is parsed).
+after a badly framed request is parsed). A request the backend could not serve because
+its upstream is away is 503 ``unavailable`` with ``Retry-After``
+(:mod:`gateway.http.outage`), the connection kept.
 
 A handler answers with an :class:`~gateway.http.request.Answer`, or takes the connection
 over (an SSE stream, a WebSocket) and returns None: the connection ends after it.
@@ -24,7 +26,9 @@ import structlog
 import trio
 
 from gateway.auth.principal import Principal
+from gateway.backend.contract import BackendUnavailable
 from gateway.http.framing import FramingGuard
+from gateway.http.outage import outage_of, unavailable_error
 from gateway.http.request import Answer, HttpError, Request, error_answer
 from gateway.server.session import CloseConnection
 
@@ -43,7 +47,8 @@ class HttpSession:
 
     #: Ends after which the peer gets up to a second to read the last answer (a refusal,
     #: a WebSocket close frame) before the connection closes (see close_after_answer).
-    DRAIN_ON: frozenset[str] = frozenset({"bad_request", "websocket_close"})
+    DRAIN_ON: frozenset[str] = frozenset({"bad_request", "websocket_close", "unavailable",
+                                          "slow", "access_revoked"})
 
     # Thousands of idle streams each hold one: no per-instance dict.
     __slots__ = ("_closing", "_end", "_frame", "_idle", "_max_body", "accesses",
@@ -136,6 +141,16 @@ class HttpSession:
             return await self.listener.router.dispatch(self, request)
         except HttpError as error:
             return self.refuse(request, error)
+        except (BackendUnavailable, BaseExceptionGroup) as exc:
+            # Before SOCKET_ERRORS can take it (it is an OSError): the backend's upstream
+            # is away, not the client's socket.
+            outage = outage_of(exc)
+            if outage is None:
+                raise
+            if self.conn is None or self.conn.our_state is not h11.SEND_RESPONSE:
+                self.ended("unavailable", str(outage))  # a stream already answering
+                return None
+            return self.refuse(request, unavailable_error(str(outage)))
 
     def refuse(self, request: Request, error: HttpError) -> Answer:
         """The answer to a refused request, counted and logged once."""

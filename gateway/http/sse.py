@@ -41,7 +41,15 @@ from gateway.http.auth import (
     partitions_of,
     require,
 )
-from gateway.http.cursor import Behind, Cursor, Gone, next_batch, wait_for_room
+from gateway.http.cursor import (
+    Behind,
+    Cursor,
+    Gone,
+    Unavailable,
+    next_batch,
+    wait_for_room,
+)
+from gateway.http.outage import check_available, sse_available, sse_unavailable
 from gateway.http.positions import event_id, from_last_event_id, from_parameter
 from gateway.http.quota import owes, quota_of, took_out, wait_out
 from gateway.http.request import Request
@@ -64,6 +72,7 @@ async def events(session: Any, request: Request) -> None:
     require(access, topic, Operation.SUBSCRIBE, "events")
     token = bearer_token(request)
     listener = session.listener
+    check_available(session)
     infos = await partitions_of(session, access, topic, "events")
     one = partition_param(request.query.get("partition"), len(infos), topic)
     partitions = [one] if one is not None else list(range(len(infos)))
@@ -219,7 +228,12 @@ async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bo
                     elif whole is not None and whole.at_the_end():
                         await whole.follow(heartbeat)
                     await wait_for_room(outbox, stall)
-                    batch = await next_batch(cursors, WRITE_BYTES, heartbeat)
+                    try:
+                        batch = await next_batch(cursors, WRITE_BYTES, heartbeat)
+                    except Unavailable as exc:
+                        await _outage(session, outbox, cursors, positions, single,
+                                      str(exc), heartbeat)
+                        continue
                     if not batch:
                         outbox.put_nowait(session.chunk(b": heartbeat\n\n"))
                         continue
@@ -254,6 +268,24 @@ async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bo
             session.ended("shutdown", "server shutting down")
         nursery.cancel_scope.cancel()
     session.bytes_sent += outbox.bytes_sent
+
+
+async def _outage(session: Any, outbox: FrameWriter, cursors: list[Cursor],
+                  positions: dict[int, int], single: bool, reason: str, heartbeat: float
+                  ) -> None:
+    """The stream's partitions can not be read now: ``event: unavailable`` once, heartbeats
+    while it lasts, ``event: available`` when every partition can be read again; the
+    stream goes on from where it was."""
+    outbox.put_nowait(session.chunk(sse_unavailable(reason)))
+    for cursor in cursors:
+        while cursor.tail.unavailable is not None and cursor.tail.failed is None:
+            with trio.move_on_after(heartbeat):
+                await cursor.until_available()
+            if cursor.tail.unavailable is not None and not outbox.full:
+                outbox.put_nowait(session.chunk(b": heartbeat\n\n"))
+    last = (str(cursors[0].position) if single
+            else event_id(positions).decode())
+    outbox.put_nowait(session.chunk(sse_available(last)))
 
 
 async def _write(outbox: FrameWriter, scope: trio.CancelScope, session: Any) -> None:

@@ -11,6 +11,14 @@ it appends (no per-message await); one that is behind the buffer reads the log o
 
 The :class:`Tails` of a listener start a partition's reader with its first subscriber and
 stop it a few seconds after its last one left.
+
+While the backend's upstream is away (bridge, upstream Kafka), a tail is *unavailable*
+(:attr:`PartitionTail.unavailable` says why): its followers are released and every waiting
+subscriber woken, to tell its client (:class:`~gateway.http.cursor.Unavailable`). The
+reader keeps trying (backoff up to :data:`FAULT_RETRY_MAX_SECS`) from the same position,
+and the tail is available again when a read succeeds or the backend says its upstream
+answers (:class:`Tails` looks every :data:`WATCH_SECS`): subscribers resume where they
+were, nothing skipped, nothing twice.
 """
 
 from __future__ import annotations
@@ -24,7 +32,13 @@ import structlog
 import trio
 from wsproto.frame_protocol import FrameProtocol
 
-from gateway.backend.contract import Backend, FetchRequest, FetchStatus
+from gateway.backend.contract import (
+    Backend,
+    BackendUnavailable,
+    FetchRequest,
+    FetchStatus,
+    unavailable_reason,
+)
 from gateway.http.messages import decode_messages, dumps, message_json
 from gateway.io.fanout import FanoutGroup
 from gateway.io.writer import FrameWriter
@@ -35,7 +49,12 @@ log = structlog.get_logger("figtank.http")
 
 FETCH_SIZE: Final = 256 * 1024
 MAX_WAIT_MS: Final = 30_000
-FAULT_RETRY_SECS: Final = 0.5
+#: A reader that could not read waits this long before it tries again, doubling up to
+#: :data:`FAULT_RETRY_MAX_SECS` (cut short when the backend's upstream is back).
+FAULT_RETRY_SECS: Final = 0.25
+FAULT_RETRY_MAX_SECS: Final = 2.0
+#: How often the tails look whether the backend's upstream went away or came back.
+WATCH_SECS: Final = 0.2
 #: A tail without subscribers keeps reading this long (a reconnecting client finds it).
 LINGER_SECS: Final = 5.0
 #: Joined batches a tail keeps (subscribers at the tail send the newest few).
@@ -134,6 +153,9 @@ class PartitionTail:
         self.users = 0
         #: Why the tail stopped reading (the topic went away), or None.
         self.failed: str | None = None
+        #: Why the partition can not be read now (the backend's upstream is away), or None.
+        self.unavailable: str | None = None
+        self._retry = trio.Event()
         self._events: list[TailEvent] = []
         self._seqs: list[int] = []
         #: Bytes of every event appended before each event (for :meth:`bytes_after`).
@@ -189,10 +211,12 @@ class PartitionTail:
                ) -> trio.Event | None:
         """Feed ``follower`` (at the end of the buffer) each append from the reader task:
         no task of its own wakes per message. Returns the event set when it is released
-        (it fell behind, the tail failed or started over), or None when it is not at the
-        end now. ``released``: that event, shared by the followers of several tails (one
-        whole-topic stream: :mod:`gateway.http.topic_follow`)."""
-        if follower.next_seq != self.next_seq or self.failed is not None:
+        (it fell behind, the tail failed, started over or became unavailable), or None when
+        it is not at the end now (or the tail is unavailable). ``released``: that event,
+        shared by the followers of several tails (one whole-topic stream:
+        :mod:`gateway.http.topic_follow`)."""
+        if (follower.next_seq != self.next_seq or self.failed is not None
+                or self.unavailable is not None):
             return None
         if released is None:
             released = trio.Event()
@@ -344,6 +368,28 @@ class PartitionTail:
         self._release_all()
         self._wake()
 
+    def outage(self, reason: str) -> None:
+        """The partition can not be read now (the backend's upstream is away): release the
+        followers and wake every subscriber, to tell their clients."""
+        if self.unavailable is None:
+            self.unavailable = reason
+            self._release_all()
+            self._wake()
+
+    def recovered(self) -> None:
+        """The partition can be read again: wake the subscribers (to resume) and the
+        reader (to try now)."""
+        if self.unavailable is not None:
+            self.unavailable = None
+            self._wake()
+        self._retry.set()
+
+    async def _pause(self, delay: float) -> None:
+        """Wait ``delay`` seconds before reading again, less when :meth:`recovered`."""
+        self._retry = trio.Event()
+        with trio.move_on_after(delay):
+            await self._retry.wait()
+
     def _wake(self) -> None:
         wakers, self._wakers = self._wakers, []
         for waker in wakers:
@@ -351,10 +397,28 @@ class PartitionTail:
 
     async def read(self, backend: Backend) -> None:
         """Read the partition's appends into the buffer until cancelled or it fails."""
+        delay = FAULT_RETRY_SECS
         while self.failed is None:
             request = FetchRequest(self.topic, self.partition, self.next_seq, FETCH_SIZE)
-            [outcome] = await backend.fetch([request], max_wait_ms=MAX_WAIT_MS, min_bytes=1)
+            try:
+                [outcome] = await backend.fetch([request], max_wait_ms=MAX_WAIT_MS,
+                                                min_bytes=1)
+            except BackendUnavailable as exc:
+                self.outage(str(exc))
+                await self._pause(delay)
+                delay = min(delay * 2, FAULT_RETRY_MAX_SECS)
+                continue
             status = outcome.status
+            if status is FetchStatus.FAULT:
+                reason = unavailable_reason(backend)
+                if reason is not None:
+                    self.outage(reason)
+                await self._pause(delay)
+                delay = min(delay * 2, FAULT_RETRY_MAX_SECS)
+                continue
+            delay = FAULT_RETRY_SECS
+            if self.unavailable is not None:
+                self.recovered()
             if status is FetchStatus.DATA:
                 chunk = outcome.chunk
                 try:
@@ -378,8 +442,6 @@ class PartitionTail:
                 if target == seq:
                     await trio.sleep(FAULT_RETRY_SECS)
                 self.skip_to(target)
-            elif status is FetchStatus.FAULT:
-                await trio.sleep(FAULT_RETRY_SECS)
             else:
                 self.fail(f"{status.value}: {self.topic}/{self.partition}")
 
@@ -404,6 +466,8 @@ class Tails:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._reap)
+            if callable(getattr(self._backend, "unavailable", None)):
+                nursery.start_soon(self._watch)
             task_status.started()
             await trio.sleep_forever()
 
@@ -439,6 +503,22 @@ class Tails:
                 self._scopes.pop(id(tail), None)
                 if self._tails.get((tail.topic, tail.partition)) is tail:
                     del self._tails[(tail.topic, tail.partition)]
+
+    async def _watch(self) -> None:
+        """Tell the tails when the backend's upstream goes away or comes back: their
+        subscribers hear of it within :data:`WATCH_SECS`, not when a read, which may be
+        a long poll waiting for the upstream, returns."""
+        was: str | None = None
+        while True:
+            await trio.sleep(WATCH_SECS)
+            reason = unavailable_reason(self._backend)
+            if reason is not None:
+                for tail in list(self._tails.values()):
+                    tail.outage(reason)
+            elif was is not None:
+                for tail in list(self._tails.values()):
+                    tail.recovered()
+            was = reason
 
     async def _reap(self) -> None:
         """Stop the readers of tails nobody used for :data:`LINGER_SECS`."""

@@ -16,13 +16,29 @@ Server to client: ``{"op": "hello", "publish_window": N}`` first, then ``attache
 sequences (Figg offsets): attach with the offset of the last message delivered resumes
 right after it.
 
+The hello is sent before anything is read: what the client sent right after its upgrade
+request (even in the same packet) is handled in order and answered after the hello.
+
 Bad input closes the WebSocket with a close code and one ``websocket_closed`` log line:
-1007 (not JSON), 1008 (an unknown op, a field of the wrong kind, access refused, more than
-``http.ws_publish_window`` publishes unacknowledged), 1009 (a message over
-``http.max_body_bytes``), 1003 (a binary message). A subscriber that falls behind is
-closed with 4000 and its position in the reason, to attach again from it; one whose
-access a reload revoked (:mod:`gateway.http.revocation`) with 4003 and why; one whose JWT
-expired with 4001 ``token expired``. A failed upgrade is a 400 answer.
+1002 (a protocol violation wsproto found: a reserved opcode or RSV bit, an unmasked or
+fragmented control frame), 1007 (not JSON, not UTF-8), 1008 (an unknown op, a field of
+the wrong kind, access refused, more than ``http.ws_publish_window`` publishes
+unacknowledged), 1009 (a message over ``http.max_body_bytes``), 1003 (a binary message).
+A subscriber that falls behind is closed with 4000 and its position in the reason, to
+attach again from it; one whose access a reload revoked (:mod:`gateway.http.revocation`)
+with 4003 and why; one whose JWT expired with 4001 ``token expired``. An unexpected
+error closes with 1011 (1013 when it was the upstream being away), never without a frame.
+A failed upgrade is a 400 answer.
+
+Every close the server starts sends its close frame: the writer task outlives the reader
+and the subscriptions, and sends what was queued, the close frame last, before the
+connection closes (the session then ends its side and drains the peer's, so that no reset
+destroys the frame).
+
+While the backend's upstream is away (:mod:`gateway.http.outage`) a publish or an attach
+gets ``{"op": "error", "request": ..., "error": "unavailable", ...}`` and the socket goes
+on; an attached subscription gets ``{"op": "unavailable", ...}`` once, then
+``{"op": "available", ...}`` and the messages after its offset when the upstream is back.
 
 Data frames count against the principal's bytes-out quota; while it is in debt no frame
 is made for the socket (:mod:`gateway.http.quota`).
@@ -47,16 +63,19 @@ from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
 from gateway.auth.quotas import PrincipalQuota
 from gateway.backend.contract import (
+    BackendUnavailable,
     ProduceBatch,
     ProduceCode,
     ProduceDone,
     ProduceOutcome,
     TopicRefused,
+    unavailable_reason,
 )
 from gateway.backend.placed import produce_placed, reports_offsets
 from gateway.http.auth import access_of, bearer_token, partitions_of, require_some_access
-from gateway.http.cursor import Behind, Cursor, Gone, wait_for_room
+from gateway.http.cursor import Behind, Cursor, Gone, Unavailable, wait_for_room
 from gateway.http.messages import dumps, payload_of
+from gateway.http.outage import op_error, outage_of
 from gateway.http.quota import owes, quota_of, took_out, wait_out
 from gateway.http.request import HttpError, Request
 from gateway.http.revocation import EXPIRED, REVOKED
@@ -69,6 +88,12 @@ from protocols.topics import is_valid_topic_name
 WRITE_BYTES: Final = 256 * 1024
 #: Close codes (RFC 6455 and the private range).
 UNSUPPORTED, INVALID, POLICY, TOO_BIG, BEHIND, GOING_AWAY = 1003, 1007, 1008, 1009, 4000, 1001
+PROTOCOL_ERROR, INTERNAL_ERROR, TRY_AGAIN_LATER = 1002, 1011, 1013
+#: Produce outcomes that leave the publish unappended (the upstream away, a fault): an
+#: error message for each publish, the socket goes on.
+_FAULTS: Final = (ProduceCode.IO_FAULT, ProduceCode.ACK_TIMEOUT)
+#: How long the close frame (and what was queued before it) may take to leave.
+CLOSE_DRAIN_SECS: Final = 1.0
 
 
 class _Close(Exception):
@@ -232,26 +257,42 @@ class WebSocket:
 
     async def serve(self) -> None:
         session = self.session
+        # The writer runs in the outer nursery, the reader and the subscriptions in the
+        # inner one: a close cancels the inner one only, and the writer sends what is
+        # queued, the close frame last, before the connection closes (cancelling it with
+        # the rest would drop the frame, as right after the handshake, when nothing had
+        # been written yet).
+        # The hello goes out before anything is read, so whatever the client sent right
+        # after the 101 (handled in order) is answered after it, acks (urgent) included.
         try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                nursery.start_soon(self._write)
-                self.listener.open_streams.watch_expiry(self, nursery)
-                self.send_json({"op": "hello", "publish_window": self.window})
-                with session.cancellable() as scope:
-                    await self._read()
-                if scope.cancelled_caught and self._closed is None:
-                    self.close(GOING_AWAY, "server shutting down")
-                nursery.cancel_scope.cancel()
-        finally:
-            for sub in self.subs.values():
-                self._end_sub(sub)
-            self.subs.clear()
+            await session.send(self.conn.send(ws.TextMessage(data=dumps(
+                {"op": "hello", "publish_window": self.window}).decode())))
+        except SOCKET_ERRORS:
+            session.ended("reset", "connection broken")
+            return
+        async with trio.open_nursery() as writing:
+            writing.start_soon(self._write, writing.cancel_scope)
+            try:
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    self.listener.open_streams.watch_expiry(self, nursery)
+                    with session.cancellable() as scope:
+                        await self._read()
+                    if scope.cancelled_caught and self._closed is None:
+                        self.close(GOING_AWAY, "server shutting down")
+                    nursery.cancel_scope.cancel()
+            finally:
+                for sub in self.subs.values():
+                    self._end_sub(sub)
+                self.subs.clear()
+            if self._closed is not None:
+                with trio.move_on_after(CLOSE_DRAIN_SECS):  # let the close frame out
+                    await self.outbox.wait_empty()
+            writing.cancel_scope.cancel()
         closed = self._closed
         if closed is not None:
-            with trio.move_on_after(1):  # let the close frame out
-                await self.outbox.wait_empty()
             kind = {GOING_AWAY: "shutdown", BEHIND: "slow", REVOKED: "access_revoked",
+                    TRY_AGAIN_LATER: "unavailable",
                     EXPIRED: "token_expired"}.get(closed.code, "websocket_close")
             routine = closed.code in (1000, 1001, 1005, 1006)  # ended normally or went away
             if routine and kind == "websocket_close":
@@ -262,32 +303,51 @@ class WebSocket:
         else:
             session.ended("eof", "websocket closed by the peer")
 
-    async def _write(self) -> None:
+    async def _write(self, writing: trio.CancelScope) -> None:
         try:
             await self.outbox.run()
         except SOCKET_ERRORS:
             if self._nursery is not None:
                 self._nursery.cancel_scope.cancel()
+            writing.cancel()
 
     async def _read(self) -> None:
         stream = self.session.stream
+        data: bytes | None = None  # first: the frames that came with the upgrade request
         while self._closed is None:
+            if data is not None:
+                try:
+                    data = await stream.receive_some(RECEIVE_SIZE)
+                except SOCKET_ERRORS:
+                    return
             try:
-                data = await stream.receive_some(RECEIVE_SIZE)
-            except SOCKET_ERRORS:
-                return
-            try:
-                self.conn.receive_data(data or None)
+                if data is not None:
+                    self.conn.receive_data(data or None)
+                else:
+                    data = b"-"  # (then read the socket)
                 await self._events()
             except RemoteProtocolError as exc:
                 self.close(exc.event_hint.code if isinstance(
-                    exc.event_hint, ws.CloseConnection) else 1002, str(exc))
+                    exc.event_hint, ws.CloseConnection) else PROTOCOL_ERROR, str(exc))
                 return
             except _Close as close:
                 self.close(close.code, close.reason)
                 return
+            except Exception as exc:  # a bug must close the socket with 1011, not crash it
+                self._crashed(exc)
+                return
             if not data:
                 return
+
+    def _crashed(self, exc: Exception) -> None:
+        """Close after an unexpected error: 1013 when the backend's upstream is away (the
+        client may try again later), else 1011 and the traceback in the log."""
+        outage = outage_of(exc)
+        if outage is not None:
+            self.close(TRY_AGAIN_LATER, f"upstream unavailable: {outage}")
+            return
+        self.session.log.exception("websocket_internal_error", error=repr(exc))
+        self.close(INTERNAL_ERROR, "internal error")
 
     async def _events(self) -> None:
         publishes: list[tuple[dict[str, Any], Message, int]] = []
@@ -308,6 +368,11 @@ class WebSocket:
             elif isinstance(event, ws.Ping):
                 self.outbox.put_urgent(self.conn.send(event.response()))
             elif isinstance(event, ws.CloseConnection):
+                if self.conn.state is ConnectionState.OPEN:
+                    # wsproto could not parse the client's frames (a reserved opcode or
+                    # RSV bit, an unmasked or fragmented control frame, bad UTF-8): it
+                    # names the code (1002, 1007, 1009); the close is ours to send.
+                    raise _Close(event.code, event.reason or "protocol error")
                 if self.conn.state is ConnectionState.REMOTE_CLOSING:
                     self.outbox.put_nowait(self.conn.send(event.response()))
                 self._closed = _Close(event.code, event.reason or "closed by the client")
@@ -330,7 +395,11 @@ class WebSocket:
             if self.in_flight + len(publishes) >= self.window:
                 self.listener.metrics.limit_hit("http_ws_publish_window")
                 raise _Close(POLICY, f"more than {self.window} publishes unacknowledged")
-            topic, partition = await self._where(obj, Operation.PUBLISH)
+            try:
+                topic, partition = await self._where(obj, Operation.PUBLISH)
+            except BackendUnavailable as exc:
+                self._unavailable("publish", obj, str(exc))
+                return
             try:
                 value = payload_of(obj, "value")
                 key = payload_of(obj, "key")
@@ -338,12 +407,19 @@ class WebSocket:
                 raise _Close(POLICY, str(exc)) from None
             if value is None or (key is not None and len(key) > 255):
                 raise _Close(POLICY, "a publish needs a value (and a key of at most 255 bytes)")
+            reason = unavailable_reason(self.listener.backend)
+            if reason is not None:  # told now, not after the backend's wait
+                self._unavailable("publish", obj, reason)
+                return
             publishes.append((obj, Message(value, key, int(time.time() * 1000)), partition))
         elif op == "attach":
             if publishes:  # what came before is appended first
                 self._publish(publishes)
                 publishes.clear()
-            await self._attach(obj)
+            try:
+                await self._attach(obj)
+            except BackendUnavailable as exc:
+                self._unavailable("attach", obj, str(exc))
         elif op == "detach":
             topic, partition = _topic_partition(obj)
             sub = self.subs.pop((topic, partition), None)
@@ -352,6 +428,13 @@ class WebSocket:
             self.send_json({"op": "detached", "topic": topic, "partition": partition})
         else:
             raise _Close(POLICY, f"unknown op {str(op)[:40]!r}")
+
+    def _unavailable(self, request: str, obj: dict[str, Any], reason: str) -> None:
+        """One operation failed because the backend's upstream is away: tell the client
+        (``{"op": "error", ...}``); the socket goes on."""
+        topic, partition = _topic_partition(obj)
+        self.send_json(op_error(request, obj, topic, partition, reason))
+        self.listener.metrics.requests.labels("http", f"ws_{request}", "unavailable").inc()
 
     async def _where(self, obj: dict[str, Any], operation: Operation) -> tuple[str, int]:
         topic, partition = _topic_partition(obj)
@@ -362,6 +445,9 @@ class WebSocket:
                          f"{topic!r}")
         count = self.partitions.get(topic)
         if count is None:
+            reason = unavailable_reason(self.listener.backend)
+            if reason is not None:
+                raise BackendUnavailable(reason)
             try:
                 infos = await partitions_of(self.session, self.access, topic, "websocket")
             except HttpError as exc:
@@ -386,24 +472,44 @@ class WebSocket:
         def done(outcomes: list[ProduceOutcome]) -> None:
             self.in_flight -= len(taken)
             first = {}
+            failed: dict[tuple[str, int], tuple[str, str]] = {}
             for batch, outcome in zip(batches, outcomes, strict=True):
-                if outcome.code is not ProduceCode.OK:
+                where = (batch.topic, batch.partition)
+                if outcome.code in _FAULTS:  # not appended: the client may send it again
+                    reason = unavailable_reason(self.listener.backend)
+                    failed[where] = ("unavailable" if reason else "append_failed",
+                                     f"publish to {batch.topic}/{batch.partition} failed: "
+                                     f"{reason or outcome.reason or outcome.code.name}")
+                elif outcome.code is not ProduceCode.OK:
                     self.close(POLICY, f"publish to {batch.topic}/{batch.partition} failed: "
                                f"{outcome.code.name.lower()}")
                     return
-                first[(batch.topic, batch.partition)] = outcome.first_seq
+                else:
+                    first[where] = outcome.first_seq
+            if self.conn.state is not ConnectionState.OPEN:
+                return  # closing: nothing more is sent
             seen: dict[tuple[str, int], int] = {}
-            acks = []
+            replies = []
             for obj, _, partition in taken:
                 where = (obj["topic"], partition)
+                if where in failed:
+                    error, reason = failed[where]
+                    replies.append(op_error("publish", obj, where[0], partition, reason,
+                                            error))
+                    continue
                 index = seen.get(where, 0)
                 seen[where] = index + 1
                 offset = first[where] + index if first[where] else None
-                acks.append(dumps({"op": "ack", "id": obj.get("id"), "topic": where[0],
-                                   "partition": partition, "offset": offset}).decode())
-            self.outbox.put_urgent(b"".join(self.conn.send(ws.TextMessage(data=a))
-                                            for a in acks))
-            self.listener.metrics.requests.labels("http", "ws_publish", "ok").inc(len(acks))
+                replies.append({"op": "ack", "id": obj.get("id"), "topic": where[0],
+                                "partition": partition, "offset": offset})
+            self.outbox.put_urgent(b"".join(
+                self.conn.send(ws.TextMessage(data=dumps(r).decode())) for r in replies))
+            requests = self.listener.metrics.requests
+            acked = len(replies) - sum(1 for r in replies if r["op"] == "error")
+            if acked:
+                requests.labels("http", "ws_publish", "ok").inc(acked)
+            if acked < len(replies):
+                requests.labels("http", "ws_publish", "unavailable").inc(len(replies) - acked)
 
         backend = self.listener.backend
         if reports_offsets(backend):
@@ -424,9 +530,12 @@ class WebSocket:
     async def _placer(self) -> None:
         placing = self._placing
         assert placing is not None
-        while placing:
-            batches, done = placing.pop(0)
-            done(await produce_placed(self.listener.backend, batches))
+        try:
+            while placing:
+                batches, done = placing.pop(0)
+                done(await produce_placed(self.listener.backend, batches))
+        except Exception as exc:  # a bug must close the socket with 1011, not crash it
+            self._crashed(exc)
         self._placing = None
 
     # ------------------------------------------------------------------- subscribing
@@ -442,6 +551,9 @@ class WebSocket:
         if len(self.subs) >= self.listener.settings.max_requests_in_flight:
             raise _Close(POLICY, "too many subscriptions on one WebSocket")
         backend = self.listener.backend
+        reason = unavailable_reason(backend)
+        if reason is not None:
+            raise BackendUnavailable(reason)
         infos = await backend.discover_partitions(topic)
         if infos is None:
             raise _Close(POLICY, str(TopicRefused(f"unknown topic {topic!r}")))
@@ -490,7 +602,11 @@ class WebSocket:
                 while True:
                     await wait_out(sub.quota)
                     await wait_for_room(outbox, stall)
-                    events = await cursor.take(WRITE_BYTES)
+                    try:
+                        events = await cursor.take(WRITE_BYTES)
+                    except Unavailable as exc:
+                        await self._outage(sub, str(exc))
+                        continue
                     if events:
                         data = tail.joined("ws", events)
                         outbox.put_nowait(data, sub)
@@ -517,6 +633,18 @@ class WebSocket:
                 self.close(POLICY, str(exc))
             except LocalProtocolError:
                 pass
+            except Exception as exc:  # a bug must close the socket with 1011, not crash it
+                self._crashed(exc)
+
+    async def _outage(self, sub: _Subscription, reason: str) -> None:
+        """The partition can not be read now: say so once, wait until it can, say so,
+        and go on from the same offset."""
+        cursor = sub.cursor
+        where = {"topic": cursor.topic, "partition": cursor.partition}
+        self.send_json({"op": "unavailable", **where, "offset": cursor.position,
+                        "message": reason}, sub)
+        await cursor.until_available()
+        self.send_json({"op": "available", **where, "offset": cursor.position}, sub)
 
 
 def _topic_partition(obj: dict[str, Any]) -> tuple[str, int]:

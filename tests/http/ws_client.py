@@ -51,10 +51,13 @@ class WsClient:
     async def next(self, timeout: float = 10) -> Any:
         """The next JSON message; None once the server closed."""
         with trio.fail_after(timeout):
+            first = True  # what came with the 101 (the hello) is read already
             while not self.messages:
                 if self.closed is not None:
                     return None
-                await self._receive()
+                if not first:
+                    await self._receive()
+                first = False
                 for event in self.conn.events():
                     if isinstance(event, ws.TextMessage):
                         self._text += event.data

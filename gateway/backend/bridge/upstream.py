@@ -31,6 +31,7 @@ from typing import Final, TypeVar
 import structlog
 import trio
 
+from gateway.backend.contract import BackendUnavailable
 from gateway.client.errors import (
     BadResponse,
     ClientClosed,
@@ -58,7 +59,7 @@ CONSUMES_PER_CONNECTION: Final = 256
 MAX_CONSUME_CONNECTIONS: Final = 32
 
 
-class UpstreamUnavailable(ConnectionError):
+class UpstreamUnavailable(BackendUnavailable):
     """The upstream broker could not be reached before the request's deadline."""
 
 

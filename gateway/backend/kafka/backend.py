@@ -36,6 +36,7 @@ import trio
 from gateway.backend.contract import (
     AutoCreate,
     BackendStatus,
+    BackendUnavailable,
     BytesChunk,
     CreateTopicCode,
     FetchOutcome,
@@ -77,7 +78,7 @@ UNKNOWN_TOPIC: Final = "UNKNOWN_TOPIC_OR_PART"
 _DENIED: Final = ("TOPIC_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED")
 
 
-class UpstreamUnavailable(ConnectionError):
+class UpstreamUnavailable(BackendUnavailable):
     """The upstream cluster did not answer in time."""
 
 
