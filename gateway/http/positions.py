@@ -6,6 +6,14 @@ or a topic of one partition) the offset of the event; on a stream of several par
 EventSource resumes each partition where it stood. A partition missing from the id (the
 topic grew) starts at its first message.
 
+A position past a partition's end is 416 ``offset_out_of_range``, as the fetch endpoint
+answers an offset past the end: an id naming an offset the partition never had (the topic
+was re-created, or the client was handed another stream's id), or ``from=`` an offset
+more than one past the end on a one-partition stream. Starting at the end instead would
+skip, without a word, the messages the partition has now. An offset older than retention
+starts at the first available message. On a stream of several partitions ``from=N``
+names no partition: each starts at N, or at its end when it is shorter.
+
 ``from=`` (first connection only): ``earliest``, ``latest`` (the default), an offset (the
 first offset delivered), or a time (ISO 8601, ``2026-11-25T08:00:00Z``): the first message
 at or after it. The fetch endpoint's ``time=`` resolves its time with the same code
@@ -30,10 +38,19 @@ def _clamp(seq: int, info: PartitionInfo) -> int:
     return min(max(seq, info.first_available, 1), info.high_water_mark + 1)
 
 
+def _resume_at(seq: int, info: PartitionInfo, partition: int) -> int:
+    """``seq`` as a stream's next sequence: 416 past the end, the first available when
+    older than retention."""
+    if seq > info.high_water_mark + 1:
+        raise HttpError(416, "offset_out_of_range", f"partition {partition}: offset "
+                        f"{seq - 1} is past the end (last offset {info.high_water_mark})")
+    return _clamp(seq, info)
+
+
 def from_last_event_id(text: str, partitions: list[int], infos: list[PartitionInfo]
                        ) -> dict[int, int]:
     """The next sequence of each partition after the positions ``text`` names; 400 when
-    it is not an id this stream gave out."""
+    it is not an id this stream gave out, 416 when it names an offset past the end."""
     bad = HttpError(400, "bad_last_event_id", f"Last-Event-ID {text[:80]!r} is not a "
                     "position of this stream (OFFSET, or P:OFFSET,...)")
     text = text.strip()
@@ -41,7 +58,7 @@ def from_last_event_id(text: str, partitions: list[int], infos: list[PartitionIn
         if len(partitions) != 1 or not text.isascii() or not text.isdigit():
             raise bad
         [partition] = partitions
-        return {partition: _clamp(int(text) + 1, infos[partition])}
+        return {partition: _resume_at(int(text) + 1, infos[partition], partition)}
     named: dict[int, int] = {}
     for part in text.split(","):
         p, _, offset = part.partition(":")
@@ -50,7 +67,7 @@ def from_last_event_id(text: str, partitions: list[int], infos: list[PartitionIn
         named[int(p)] = int(offset)
     if not set(named) <= set(partitions):
         raise bad
-    return {p: _clamp(named[p] + 1, infos[p]) if p in named else _clamp(1, infos[p])
+    return {p: _resume_at(named[p] + 1, infos[p], p) if p in named else _clamp(1, infos[p])
             for p in partitions}
 
 
@@ -62,6 +79,9 @@ async def from_parameter(text: str, backend: Any, topic: str, partitions: list[i
     if text == "earliest":
         return {p: _clamp(1, infos[p]) for p in partitions}
     if text.isascii() and text.isdigit():
+        if len(partitions) == 1:
+            [p] = partitions
+            return {p: _resume_at(max(int(text), 1), infos[p], p)}
         return {p: _clamp(int(text), infos[p]) for p in partitions}
     ms = time_param(text, "from", "earliest, latest, an offset or an ISO 8601 time")
     return {p: await first_at_time(backend, topic, p, ms, infos[p]) for p in partitions}

@@ -564,7 +564,10 @@ class WebSocket:
         if offset is not None:
             if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
                 raise _Close(POLICY, "offset must be an integer >= 0")
-            next_seq = first if offset == 0 else min(max(offset + 1, first), tail_seq)
+            # Past the end, the offset is not of this log (the topic was re-created): it
+            # starts at the first message, and ``attached`` says so, rather than at the
+            # end, skipping what the log has.
+            next_seq = first if offset == 0 or offset >= tail_seq else max(offset + 1, first)
         elif start == "earliest":
             next_seq = min(first, tail_seq)
         elif start == "latest":

@@ -103,6 +103,15 @@ async def test_curl_bad_input_is_4xx_with_one_log_line_and_others_are_served(tmp
              "body_too_large"),
             (("-H", "Last-Event-ID: nope", f"{base}/topics/t/events"), 400,
              "bad_last_event_id"),
+            # A position the partition never had: SSE agrees with fetch (416), rather than
+            # starting at the end and skipping what the partition has.
+            (("-H", "Last-Event-ID: 2", f"{base}/topics/t/events"), 416,
+             "offset_out_of_range"),
+            (("-H", "Last-Event-ID: 0:7", f"{base}/topics/t/events"), 416,
+             "offset_out_of_range"),
+            ((f"{base}/topics/t/events?from=3",), 416, "offset_out_of_range"),
+            ((f"{base}/topics/t/partitions/0/messages?offset=3",), 416,
+             "offset_out_of_range"),
             ((f"{base}/topics/t/partitions/9/messages",), 404, "unknown_partition"),
             ((f"{base}/topics/bad..name",), 400, "invalid_topic"),
             ((f"{base}/topics/t/partitions/0/messages?offset=x",), 400, "bad_parameter"),
@@ -118,6 +127,12 @@ async def test_curl_bad_input_is_4xx_with_one_log_line_and_others_are_served(tmp
             assert len(refused) == 1 and refused[0]["error"] == want_error, logs
         status, body = await curl(f"{base}/topics/t/partitions/0/messages")
         assert status == 200 and json.loads(body)["messages"][0]["value"] == "ok"
+        # At the end is not past it: Last-Event-ID 1 (the last message) and from=2 (the
+        # next offset) wait for what comes next.
+        for args in (("-H", "Last-Event-ID: 1", f"{base}/topics/t/events"),
+                     (f"{base}/topics/t/events?from=2",)):
+            status, body = await curl("-N", "--max-time", "1", *args)
+            assert sse_events(body) == [], (args, body)
 
 
 

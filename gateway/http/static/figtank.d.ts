@@ -4,10 +4,12 @@
 
 /** Where a client is. Stopped for good: "revoked", "refused", "unauthorized", "closed"
  * after close(). Going on: "open", "closed" (lost; it reconnects), "expired" (its token
- * is refreshed through getToken), "unavailable"/"available" (a subscription's upstream). */
+ * is refreshed through getToken), "unavailable"/"available" (a subscription's upstream),
+ * "rewound" (a subscription resumed before its last offset: the server's log is shorter
+ * than it was, e.g. a re-created topic; delivery goes on from where the server starts). */
 export type FigtankState =
   | "open" | "closed" | "expired" | "revoked" | "refused" | "unauthorized"
-  | "unavailable" | "available";
+  | "unavailable" | "available" | "rewound";
 
 export interface FigtankOptions {
   /** Bearer token (sent as access_token=, as a browser WebSocket can set no header). */

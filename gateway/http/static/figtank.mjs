@@ -205,12 +205,26 @@ export class Figtank {
       this.window = message.publish_window;
       this.attempt = 0;   // the server is serving: the next outage starts from minDelay
       this._pump();
+    } else if (op === "attached") {
+      this._attached(message);
     } else if (op === "error") {
       this._failed(message);
     } else if (op === "unavailable" || op === "available") {
       this.onstate(op, undefined, message.topic + "/" + message.partition + " at offset " +
                    message.offset + (message.message ? ": " + message.message : ""));
     }
+  }
+
+  // The server starts a subscription after `offset`. Before where it stood (the topic
+  // was re-created, the server's log is shorter): deliver the log as it is now, from
+  // there, and say so, rather than drop its messages as seen already.
+  _attached(message) {
+    const sub = this.subs.get(message.topic + "/" + message.partition);
+    if (!sub || sub.last === null || message.offset >= sub.last) return;
+    const was = sub.last;
+    sub.last = message.offset;
+    this.onstate("rewound", undefined, message.topic + "/" + message.partition +
+                 " starts after offset " + message.offset + ", " + was + " was delivered");
   }
 
   // One operation failed in an outage; the socket goes on: try it again after a while.
