@@ -1,7 +1,7 @@
 """One HTTP connection: read a request with h11, route it, answer; keep-alive.
 
 A request's head and body must arrive within ``limits.frame_timeout_secs`` of its first
-byte, and a connection with no request under way closes after
+byte (else 408 and the connection closes), and a connection with no request under way closes after
 ``limits.idle_timeout_secs``. A body over ``http.max_body_bytes`` is refused with 413
 before it is read (Content-Length) or as soon as it passes the limit (chunked), and the
 connection closes. A malformed request is 400 and closes the connection. Every refusal is
@@ -210,7 +210,11 @@ class HttpSession:
                 request = Request.parse(event.method, event.target, event.headers)
                 request.body = await self._read_body(request)
         except trio.TooSlowError:
-            self.ended("frame_timeout", f"request not complete within {self._frame:g} s")
+            late = HttpError(408, "request_timeout",
+                             f"request not complete within {self._frame:g} s")
+            with trio.move_on_after(1):  # a client that reads nothing gets no more time
+                await self._refuse_and_close(request or Request("?", "?", {}, {}), late)
+            self.ended("frame_timeout", late.message)
             return None
         except HttpError as error:
             if request is None:
