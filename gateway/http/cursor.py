@@ -149,7 +149,6 @@ class Cursor:
             return []
         raise Gone(f"{status.value}: {self.topic}/{self.partition}")
 
-
     async def until_available(self) -> None:
         """Return once the partition can be read again (at once when it can)."""
         tail = self.tail
@@ -162,16 +161,24 @@ class Cursor:
 async def next_batch(cursors: list[Cursor], max_bytes: int, timeout: float
                      ) -> list[tuple[Cursor, list[TailEvent]]]:
     """The next events of any of ``cursors`` (one batch each), waiting up to ``timeout``
-    seconds for some; empty when none came in time."""
+    seconds for some; empty when none came in time. :class:`Unavailable` only when no
+    cursor has events: those taken (the cursors moved past them) are never dropped."""
     deadline = trio.current_time() + timeout
     while True:
         out = []
+        away: Unavailable | None = None
         for cursor in cursors:
-            events = await cursor.take(max_bytes)
+            try:
+                events = await cursor.take(max_bytes)
+            except Unavailable as exc:
+                away = exc
+                continue
             if events:
                 out.append((cursor, events))
         if out:
             return out
+        if away is not None:
+            raise away
         if any(c.has_more() for c in cursors):
             continue  # appended while a cursor read the log
         waker = trio.Event()
