@@ -36,3 +36,23 @@ async def test_a_batch_taken_before_another_partition_is_unavailable_is_not_lost
             with pytest.raises(Unavailable):
                 await next_batch(cursors, 1 << 20, 1.0)
             assert cursors[0].next_seq == 4
+
+
+async def test_a_long_outage_keeps_one_waker_per_waiting_subscriber(tmp_path: Path) -> None:
+    """A subscriber waiting out an outage with a heartbeat every few seconds (an SSE
+    stream) registers one waker with the tail, not one more per heartbeat: a day-long
+    outage must not pile up an event per stream per heartbeat."""
+    settings = Settings(data_dir=tmp_path / "data", durability="os")
+    with trio.fail_after(10):
+        async with open_embedded_backend(settings, Metrics()) as backend:
+            tail = PartitionTail("t", 0, 1, 1 << 20)
+            tail.outage("upstream away")
+            cursor = Cursor(backend, tail, 1, 1 << 20)
+            beats = []
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cursor.until_available, 0.01, lambda: beats.append(1))
+                await trio.sleep(0.3)
+                assert len(beats) >= 10
+                assert len(tail._wakers) == 1
+                tail.recovered()
+            assert len(tail._wakers) == 0
