@@ -15,6 +15,8 @@ with :meth:`Cursor.until_available` and goes on from the same position.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Final
 
 import trio
@@ -149,29 +151,43 @@ class Cursor:
             return []
         raise Gone(f"{status.value}: {self.topic}/{self.partition}")
 
-
-    async def until_available(self) -> None:
-        """Return once the partition can be read again (at once when it can)."""
+    async def until_available(self, heartbeat: float = math.inf,
+                              beat: Callable[[], object] | None = None) -> None:
+        """Return once the partition can be read again (at once when it can), calling
+        ``beat`` every ``heartbeat`` seconds meanwhile. One waker waits with the tail
+        across the heartbeats (an outage may last for hours)."""
         tail = self.tail
         while tail.unavailable is not None and tail.failed is None:
             waker = trio.Event()
             tail.wake_me(waker)
-            await waker.wait()
+            while not waker.is_set():
+                with trio.move_on_after(heartbeat):
+                    await waker.wait()
+                if not waker.is_set() and beat is not None:
+                    beat()
 
 
 async def next_batch(cursors: list[Cursor], max_bytes: int, timeout: float
                      ) -> list[tuple[Cursor, list[TailEvent]]]:
     """The next events of any of ``cursors`` (one batch each), waiting up to ``timeout``
-    seconds for some; empty when none came in time."""
+    seconds for some; empty when none came in time. :class:`Unavailable` only when no
+    cursor has events: those taken (the cursors moved past them) are never dropped."""
     deadline = trio.current_time() + timeout
     while True:
         out = []
+        away: Unavailable | None = None
         for cursor in cursors:
-            events = await cursor.take(max_bytes)
+            try:
+                events = await cursor.take(max_bytes)
+            except Unavailable as exc:
+                away = exc
+                continue
             if events:
                 out.append((cursor, events))
         if out:
             return out
+        if away is not None:
+            raise away
         if any(c.has_more() for c in cursors):
             continue  # appended while a cursor read the log
         waker = trio.Event()

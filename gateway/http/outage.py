@@ -19,13 +19,17 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from gateway.backend.contract import BackendUnavailable, unavailable_reason
+from gateway.backend.contract import BackendUnavailable, ProduceCode, unavailable_reason
 from gateway.http.messages import dumps
 from gateway.http.request import HttpError
 
 #: What ``Retry-After`` says (seconds), and the WebSocket / SSE ``retry_after_ms``.
 RETRY_AFTER_SECS: Final = 1
 RETRY_AFTER_MS: Final = RETRY_AFTER_SECS * 1000
+#: Produce outcomes that say the append did not happen (or is not known to have) for want
+#: of a working log: while the upstream is away, answered as ``unavailable`` (HTTP 503, a
+#: WebSocket publish's error message), the client may send it again.
+FAILED_APPENDS: Final = frozenset({ProduceCode.IO_FAULT, ProduceCode.ACK_TIMEOUT})
 
 
 def unavailable_error(reason: str) -> HttpError:

@@ -29,7 +29,7 @@ from gateway.backend.contract import ProduceBatch, ProduceCode, unavailable_reas
 from gateway.backend.placed import produce_placed
 from gateway.http.auth import access_of, check_topic_name, partition_param, partitions_of, require
 from gateway.http.messages import payload_of
-from gateway.http.outage import check_available, unavailable_error
+from gateway.http.outage import FAILED_APPENDS, check_available, unavailable_error
 from gateway.http.quota import quota_of
 from gateway.http.request import Answer, HttpError, Request, json_answer
 from protocols.tank.bundle import Message, encode_bundle
@@ -41,9 +41,6 @@ _STATUS = {ProduceCode.UNKNOWN_PARTITION: (404, "unknown_partition"),
            ProduceCode.READ_ONLY: (403, "read_only"),
            ProduceCode.UNKNOWN_TOPIC: (404, "unknown_topic"),
            ProduceCode.INVALID_SEQUENCE: (400, "invalid_sequence")}
-#: Outcomes that say the append did not happen (or is not known to have) for want of a
-#: working log: while the upstream is away, 503 "unavailable".
-_FAULTS = (ProduceCode.IO_FAULT, ProduceCode.ACK_TIMEOUT)
 
 
 def _key_of(request: Request) -> bytes | None:
@@ -139,7 +136,7 @@ async def _append(session: Any, request: Request, access: ConnectionAccess, topi
         if outcome.code is not ProduceCode.OK:
             session.listener.metrics.requests.labels("http", "produce", "error").inc()
             reason = unavailable_reason(session.listener.backend)
-            if reason is not None and outcome.code in _FAULTS:
+            if reason is not None and outcome.code in FAILED_APPENDS:
                 raise unavailable_error(f"append to {topic}/{batch.partition} failed: "
                                         f"{reason}")
             status, code = _STATUS.get(outcome.code, (503, "append_failed"))

@@ -277,12 +277,13 @@ async def _outage(session: Any, outbox: FrameWriter, cursors: list[Cursor],
     while it lasts, ``event: available`` when every partition can be read again; the
     stream goes on from where it was."""
     outbox.put_nowait(session.chunk(sse_unavailable(reason)))
+
+    def beat() -> None:
+        if not outbox.full:
+            outbox.put_nowait(session.chunk(b": heartbeat\n\n"))
+
     for cursor in cursors:
-        while cursor.tail.unavailable is not None and cursor.tail.failed is None:
-            with trio.move_on_after(heartbeat):
-                await cursor.until_available()
-            if cursor.tail.unavailable is not None and not outbox.full:
-                outbox.put_nowait(session.chunk(b": heartbeat\n\n"))
+        await cursor.until_available(heartbeat, beat)
     last = (str(cursors[0].position) if single
             else event_id(positions).decode())
     outbox.put_nowait(session.chunk(sse_available(last)))

@@ -75,7 +75,7 @@ from gateway.backend.placed import produce_placed, reports_offsets
 from gateway.http.auth import access_of, bearer_token, partitions_of, require_some_access
 from gateway.http.cursor import Behind, Cursor, Gone, Unavailable, wait_for_room
 from gateway.http.messages import dumps, payload_of
-from gateway.http.outage import op_error, outage_of
+from gateway.http.outage import FAILED_APPENDS, op_error, outage_of
 from gateway.http.quota import owes, quota_of, took_out, wait_out
 from gateway.http.request import HttpError, Request
 from gateway.http.revocation import EXPIRED, REVOKED
@@ -89,9 +89,6 @@ WRITE_BYTES: Final = 256 * 1024
 #: Close codes (RFC 6455 and the private range).
 UNSUPPORTED, INVALID, POLICY, TOO_BIG, BEHIND, GOING_AWAY = 1003, 1007, 1008, 1009, 4000, 1001
 PROTOCOL_ERROR, INTERNAL_ERROR, TRY_AGAIN_LATER = 1002, 1011, 1013
-#: Produce outcomes that leave the publish unappended (the upstream away, a fault): an
-#: error message for each publish, the socket goes on.
-_FAULTS: Final = (ProduceCode.IO_FAULT, ProduceCode.ACK_TIMEOUT)
 #: How long the close frame (and what was queued before it) may take to leave.
 CLOSE_DRAIN_SECS: Final = 1.0
 
@@ -475,7 +472,7 @@ class WebSocket:
             failed: dict[tuple[str, int], tuple[str, str]] = {}
             for batch, outcome in zip(batches, outcomes, strict=True):
                 where = (batch.topic, batch.partition)
-                if outcome.code in _FAULTS:  # not appended: the client may send it again
+                if outcome.code in FAILED_APPENDS:  # not appended: the client may send it again
                     reason = unavailable_reason(self.listener.backend)
                     failed[where] = ("unavailable" if reason else "append_failed",
                                      f"publish to {batch.topic}/{batch.partition} failed: "

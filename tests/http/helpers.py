@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -113,3 +113,31 @@ def sse_events(text: str) -> list[dict[str, str]]:
         if "data" in fields:
             events.append(fields)
     return events
+
+
+@dataclass
+class Curl:
+    """One curl run: its exit status, the answer's status, headers and body."""
+
+    exit: int
+    status: int
+    headers: dict[str, str]
+    body: str
+    seconds: float
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+async def curl_i(url: str, *args: str) -> Curl:
+    """``curl -sS -i URL ARGS`` as a real subprocess."""
+    started = trio.current_time()
+    done = await trio.run_process(["curl", "-sS", "-i", "--max-time", "20", *args, url],
+                                  capture_stdout=True, capture_stderr=True, check=False)
+    seconds = trio.current_time() - started
+    text = done.stdout.decode()
+    head, _, body = text.partition("\r\n\r\n")
+    lines = head.split("\r\n")
+    status = int(lines[0].split()[1]) if lines[0].startswith("HTTP/") else 0
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return Curl(done.returncode, status, headers, body, seconds)

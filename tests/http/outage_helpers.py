@@ -10,42 +10,13 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import h11
 import trio
 
 from gateway.client.tank import open_tank_client
-from tests.http.helpers import H11Client, sse_events
+from tests.http.helpers import H11Client, curl_i, sse_events
 from tests.http.ws_client import WsClient
-
-
-@dataclass
-class Curl:
-    """One curl run: its exit status, the answer's status, headers and body."""
-
-    exit: int
-    status: int
-    headers: dict[str, str]
-    body: str
-    seconds: float
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-async def curl(url: str, *args: str) -> Curl:
-    """``curl -sS -i URL ARGS`` as a real subprocess."""
-    started = trio.current_time()
-    done = await trio.run_process(["curl", "-sS", "-i", "--max-time", "20", *args, url],
-                                  capture_stdout=True, capture_stderr=True, check=False)
-    seconds = trio.current_time() - started
-    text = done.stdout.decode()
-    head, _, body = text.partition("\r\n\r\n")
-    lines = head.split("\r\n")
-    status = int(lines[0].split()[1]) if lines[0].startswith("HTTP/") else 0
-    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    return Curl(done.returncode, status, headers, body, seconds)
 
 
 class SseReader:
@@ -91,7 +62,7 @@ async def produce(base: str, value: str) -> int:
     """Produce ``value`` with curl, again while the answer is 503; its offset."""
     with trio.fail_after(30):
         while True:
-            answer = await curl(f"{base}/topics/out", "-X", "POST", "--data-binary", value)
+            answer = await curl_i(f"{base}/topics/out", "-X", "POST", "--data-binary", value)
             if answer.status == 200:
                 return int(answer.json()["offsets"][0]["offset"])
             assert answer.status == 503 and answer.headers["retry-after"] == "1", answer
@@ -135,20 +106,20 @@ async def outage(host: str, port: int, stop: Callable[[], Awaitable[None]],
     assert event.get("event") == "unavailable", event
 
     # HTTP: 503, Retry-After, the JSON error; promptly.
-    answer = await curl(f"{base}/topics/out", "-X", "POST", "--data-binary", "lost?")
+    answer = await curl_i(f"{base}/topics/out", "-X", "POST", "--data-binary", "lost?")
     assert answer.exit == 0 and answer.status == 503, answer
     assert answer.headers["retry-after"] == "1"
     assert answer.json()["error"] == "unavailable" and answer.json()["message"]
     figures.produce = answer.seconds
-    fetched = await curl(f"{base}/topics/out/partitions/0/messages?offset=4&wait_ms=3000")
+    fetched = await curl_i(f"{base}/topics/out/partitions/0/messages?offset=4&wait_ms=3000")
     assert (fetched.exit, fetched.status) == (0, 503), fetched
     assert fetched.headers["retry-after"] == "1" and fetched.json()["error"] == "unavailable"
     figures.fetch = fetched.seconds
     for path in ("/topics", "/topics/out", "/api/overview"):
-        listed = await curl(base + path)
+        listed = await curl_i(base + path)
         assert (listed.exit, listed.status) == (0, 503), (path, listed)
         assert listed.json()["error"] == "unavailable"
-    new_stream = await curl(f"{base}/topics/out/events", "--max-time", "5")
+    new_stream = await curl_i(f"{base}/topics/out/events", "--max-time", "5")
     assert new_stream.status == 503, new_stream
 
     # WebSocket: an error per operation, the socket goes on.
@@ -193,7 +164,7 @@ async def outage(host: str, port: int, stop: Callable[[], Awaitable[None]],
     events = [await sse.next() for _ in range(3)]
     assert [(e["id"], json.loads(e["data"])["value"]) for e in events] == [
         ("4", "m4"), ("5", "m5"), ("6", "m6")]
-    answer = await curl(f"{base}/topics/two?partition=1", "-X", "POST", "--data-binary", "w")
+    answer = await curl_i(f"{base}/topics/two?partition=1", "-X", "POST", "--data-binary", "w")
     assert answer.status == 200, answer
     event = await whole.next()
     assert (event["id"], json.loads(event["data"])["value"]) == ("0:0,1:1", "w"), event
@@ -202,7 +173,7 @@ async def outage(host: str, port: int, stop: Callable[[], Awaitable[None]],
     with trio.move_on_after(0.5):
         extra = await subscriber.next(timeout=1)
         raise AssertionError(f"more than was published: {extra}")
-    stored = await curl(f"{base}/topics/out/partitions/0/messages?offset=1")
+    stored = await curl_i(f"{base}/topics/out/partitions/0/messages?offset=1")
     assert [(m["offset"], m["value"]) for m in stored.json()["messages"]] == [
         (i, f"m{i}") for i in range(1, 7)]
     await publisher.aclose()

@@ -12,7 +12,7 @@ import jwt
 import trio
 
 from tests.http.access_helpers import OTHER, READER, WRITER, policy
-from tests.http.helpers import H11Client, http_server
+from tests.http.helpers import H11Client, curl_i, http_server
 
 REALM = 'Bearer realm="figtank"'
 SCOPE = 'Bearer realm="figtank", error="insufficient_scope"'
@@ -156,15 +156,10 @@ async def test_a_principal_granted_something_is_served_and_challenged_elsewhere(
 
 
 async def _curl_i(*args: str) -> tuple[int, dict[str, str], dict]:
-    result = await trio.run_process(["curl", "-sS", "-i", "--max-time", "10", *args],
-                                    capture_stdout=True, capture_stderr=True, check=False)
-    head, _, body = result.stdout.decode().partition("\r\n\r\n")
-    status_line, *lines = head.split("\r\n")
-    headers = {}
-    for line in lines:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    return int(status_line.split()[1]), headers, json.loads(body) if body.strip() else {}
+    """``curl -i`` (the URL last): status, headers and the JSON body."""
+    *options, url = args
+    answer = await curl_i(url, *options)
+    return answer.status, answer.headers, answer.json() if answer.body.strip() else {}
 
 
 async def test_curl_sees_the_challenges(tmp_path):

@@ -5,6 +5,7 @@ a stream of a static token, or of a JWT without ``exp``, goes on."""
 from __future__ import annotations
 
 import json
+import struct
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from websockets.sync.client import connect
 
 from tests.http.access_helpers import READER, SseReader, policy, produce
 from tests.http.helpers import H11Client, http_server, sse_events
+from tests.http.test_ws_closes import CLOSE, UPGRADE, server_frames
 
 SECRET = "a-shared-secret-for-the-expiry-tests-0123"
 #: Seconds the short-lived token lives (time enough to open the streams).
@@ -94,3 +96,33 @@ async def test_streams_end_when_their_jwt_expires(tmp_path: Path) -> None:
                 await client.aclose()
     expired = sorted(e["stream"] for e in logs if e["event"] == "http_stream_expired")
     assert expired == ["sse", "websocket"]
+
+
+async def test_the_expiry_close_is_drained_like_every_other_close(tmp_path: Path) -> None:
+    """A WebSocket closed because its token expired ends as the other closes the server
+    starts: its side closed first (FIN) and what the client still sends drained, so that
+    no reset destroys the 4001 close frame before the client reads it."""
+    secret = tmp_path / "hs256.key"
+    secret.write_text(SECRET)
+    access = tmp_path / "access.toml"
+    access.write_text(policy('["news"]'))
+    token = jwt.encode({"sub": "jwt-alice", "exp": time.time() + 1}, SECRET,
+                       algorithm="HS256")
+    async with http_server(tmp_path, policy_file=access,
+                           http_jwt_hs256_secret_file=str(secret)) as server:
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream(server.host, server.port)
+            await stream.send_all(UPGRADE.replace(
+                b"GET /ws ", b"GET /ws?access_token=" + token.encode() + b" "))
+            received = b""
+            while data := await stream.receive_some(65536):
+                received += data
+            # The server's side is closed: it still takes what the client sends (a
+            # forceful close would answer each of these with a reset).
+            for _ in range(4):
+                await stream.send_all(b"after the close")
+                await trio.sleep(0.05)
+            await stream.aclose()
+    body = received.partition(b"\r\n\r\n")[2]
+    closes = [payload for opcode, payload in server_frames(body) if opcode == CLOSE]
+    assert [struct.unpack("!H", c[:2])[0] for c in closes] == [4001], closes

@@ -1,0 +1,58 @@
+"""Cursors of a whole-topic stream across an outage of one of its partitions: what was
+taken from the other partitions' buffers is delivered, never skipped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from gateway.backend.embedded import open_embedded_backend
+from gateway.http.cursor import Cursor, Unavailable, next_batch
+from gateway.http.tail import PartitionTail, events_of
+from gateway.server.config import Settings
+from gateway.server.metrics import Metrics
+from protocols.tank.bundle import Message
+
+
+async def test_a_batch_taken_before_another_partition_is_unavailable_is_not_lost(
+        tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "data", durability="os")
+    with trio.fail_after(10):
+        async with open_embedded_backend(settings, Metrics()) as backend:
+            buffered = PartitionTail("t", 0, 1, 1 << 20)
+            away = PartitionTail("t", 1, 1, 1 << 20)
+            buffered.append(events_of("t", 0, [Message(b"m%d" % i, seq=i)
+                                               for i in (1, 2, 3)]), 4)
+            away.outage("upstream away")
+            cursors = [Cursor(backend, buffered, 1, 1 << 20),
+                       Cursor(backend, away, 1, 1 << 20)]
+            batch = await next_batch(cursors, 1 << 20, 1.0)
+            assert [(c.partition, [e.seq for e in found]) for c, found in batch] == [
+                (0, [1, 2, 3])]
+            assert cursors[0].next_seq == 4
+            # Nothing else to deliver: now the outage is told.
+            with pytest.raises(Unavailable):
+                await next_batch(cursors, 1 << 20, 1.0)
+            assert cursors[0].next_seq == 4
+
+
+async def test_a_long_outage_keeps_one_waker_per_waiting_subscriber(tmp_path: Path) -> None:
+    """A subscriber waiting out an outage with a heartbeat every few seconds (an SSE
+    stream) registers one waker with the tail, not one more per heartbeat: a day-long
+    outage must not pile up an event per stream per heartbeat."""
+    settings = Settings(data_dir=tmp_path / "data", durability="os")
+    with trio.fail_after(10):
+        async with open_embedded_backend(settings, Metrics()) as backend:
+            tail = PartitionTail("t", 0, 1, 1 << 20)
+            tail.outage("upstream away")
+            cursor = Cursor(backend, tail, 1, 1 << 20)
+            beats = []
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cursor.until_available, 0.01, lambda: beats.append(1))
+                await trio.sleep(0.3)
+                assert len(beats) >= 10
+                assert len(tail._wakers) == 1
+                tail.recovered()
+            assert len(tail._wakers) == 0
