@@ -3,7 +3,10 @@ that refuses writes from every other page.
 
 **Same origin.** A request is same-origin when its ``Origin`` names this listener: the
 Origin's host (and port, the scheme's default port left out on both sides) equals the
-``Host`` header and its scheme is the listener's (``http``, or ``https`` under TLS).
+``Host`` header and its scheme is the listener's (``http``, or ``https`` under TLS), or
+the one ``X-Forwarded-Proto`` names (a reverse proxy that ends TLS in front of a plain
+listener says ``https``; a page can not set that header on a request of another origin
+without a preflight, which such an origin fails).
 
 **Allowed.** Same origin, an origin listed in ``http.cors_origins``, or any origin when
 that list has ``*``.
@@ -70,11 +73,16 @@ class Cors:
         """Whether ``origin`` is listed (or the list has ``*``); not the same-origin test."""
         return self.any or origin in self.origins
 
-    def same_origin(self, origin: str, host: str | None) -> bool:
-        """Whether ``origin`` names this listener as reached through ``host``."""
+    def same_origin(self, origin: str, host: str | None, forwarded_proto: str | None = None
+                    ) -> bool:
+        """Whether ``origin`` names this listener as reached through ``host`` (and a proxy
+        that says the client's scheme was ``forwarded_proto``)."""
         scheme, sep, authority = origin.partition("://")
         scheme = scheme.lower()
-        if not sep or not host or scheme != self.scheme or "/" in authority:
+        ours = self.scheme
+        if forwarded_proto:
+            ours = forwarded_proto.split(",")[0].strip().lower()
+        if not sep or not host or scheme != ours or "/" in authority:
             return False
         return _authority(authority, scheme) == _authority(host, scheme)
 
@@ -86,7 +94,8 @@ class Cors:
                 return None
             if origin.strip().lower() == "null":
                 return "origin 'null' (an opaque origin) is not allowed"
-            if self.same_origin(origin, request.header("host")):
+            if self.same_origin(origin, request.header("host"),
+                                request.header("x-forwarded-proto")):
                 return None
             return f"origin {origin!r} is not allowed"
         site = (request.header("sec-fetch-site") or "").strip().lower()

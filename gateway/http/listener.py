@@ -19,6 +19,7 @@ from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.backend.contract import Backend
 from gateway.http.cors import Cors
+from gateway.http.hosts import HostGuard
 from gateway.http.revocation import OpenStreams
 from gateway.http.routing import Router
 from gateway.http.session import HttpSession
@@ -64,6 +65,7 @@ class HttpListener(ProtocolListener):
                          quotas=quotas)
         self.tails = Tails(backend, settings.http_tail_buffer_bytes)
         self.router = build_router()
+        self.hosts = HostGuard(settings.http_allowed_hosts)
         self.cors = Cors(settings.http_cors_origins, "https" if tls is not None else "http")
         self.tokens = Tokens(self.guard, settings)
         #: The open SSE streams and WebSockets a reload may end.

@@ -2,8 +2,9 @@
 
 Paths are matched as patterns of ``{name}`` segments (a segment: anything but ``/``). A
 path no route matches is 404; one matched for another method 405 (with ``Allow``).
-Preflights (``OPTIONS``) are answered by CORS, and a state-changing request from a foreign
-page is refused (403 ``origin_not_allowed``) before any route is looked at
+A ``Host`` the listener does not answer to is 421 first (:mod:`gateway.http.hosts`: DNS
+rebinding). Preflights (``OPTIONS``) are answered by CORS, and a state-changing request
+from a foreign page is refused (403 ``origin_not_allowed``) before any route is looked at
 (:mod:`gateway.http.cors`). A refusal of the access policy gets its Bearer challenge here
 (:func:`gateway.http.auth.challenge`), whichever handler raised it.
 """
@@ -34,6 +35,7 @@ class Router:
 
     async def dispatch(self, session: Any, request: Request) -> Answer | None:
         """Run the handler of ``request``; its answer gets the CORS headers."""
+        session.listener.hosts.check(request, session.stream)
         cors = session.listener.cors
         if request.method == "OPTIONS":
             return cors.preflight(request)

@@ -93,6 +93,17 @@ def _origins(value: Any) -> tuple[str, ...]:
     return tuple(v.rstrip("/") for v in value)
 
 
+def _host_names(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ValueError("expected a list of host names (\"name\", \".domain\" or \"*\")")
+    for name in value:
+        if not name or any(c in name for c in "/: "):
+            raise ValueError(f"not a host name: {name!r} (no scheme, port or path)")
+    return tuple(value)
+
+
 def _boolean(value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -553,6 +564,13 @@ class Settings:
         "http.cors_origins", (), _origins,
         "Origins (\"https://app.example\", or \"*\") whose pages may call the HTTP "
         "listener (CORS); empty: same origin only.")
+    http_allowed_hosts: tuple[str, ...] = _setting(
+        "http.allowed_hosts", (), _host_names,
+        "Host names the HTTP listener answers to beyond those that can not be rebound "
+        "(IP addresses, localhost, one-label names), against DNS rebinding: "
+        "\"figtank.example.com\", \".example.com\" (and its subdomains) or \"*\" "
+        "(any). Empty: a listener on a loopback address answers to no other name, one on "
+        "another address to every name; other names get 421.")
     http_ws_publish_window: int = _setting(
         "http.ws_publish_window", 1000, _positive_int,
         "Publishes one WebSocket may have waiting for their acknowledgement; one more "
