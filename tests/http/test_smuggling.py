@@ -6,7 +6,9 @@ request that a proxy in front could read differently. It must get one answer (th
 given, ``Connection: close``, the JSON error), one ``http_request_refused`` log line, then
 the end of the connection, and neither the front request's topic nor the hidden one may
 exist afterwards (asked on a fresh connection). Valid framing, pipelined, keeps working.
-The core CL.TE case also runs over the Tank bridge and the Kafka upstream.
+The core CL.TE case also runs over the Tank bridge and the Kafka upstream
+(:func:`cl_te_refused_before_the_backend`, called from tests/http/test_backends.py with the
+servers started there).
 """
 
 from __future__ import annotations
@@ -17,15 +19,12 @@ import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import trio
 
 from gateway.http.framing import FramingGuard
-from tests.bridge.helpers import address, bridge_server, upstream_server
 from tests.serving import ServeProcess, figtank_serve
-from tests.upstream_kafka.helpers import upstream_and_gateway
 
 #: Seconds a socket operation may take (bounds every test).
 TIMEOUT = 5.0
@@ -528,20 +527,3 @@ async def cl_te_refused_before_the_backend(where: tuple[str, int]) -> None:
         assert answer.status == 404, answer
     [ok], _ = await trio.to_thread.run_sync(exchange, where, produce("backend-ok", b"ok"))
     assert ok.status == 200  # the backend serves the next client
-
-
-async def test_cl_te_is_refused_in_front_of_a_tank_bridge(tmp_path: Path) -> None:
-    with trio.fail_after(60):
-        async with upstream_server(tmp_path / "up") as up, \
-                bridge_server(address(up.tank), http_listen="127.0.0.1:0") as bridge:
-            assert bridge.http is not None
-            await cl_te_refused_before_the_backend(bridge.http)
-
-
-async def test_cl_te_is_refused_in_front_of_a_kafka_upstream(tmp_path: Path) -> None:
-    async with upstream_and_gateway(tmp_path, "--http-listen", "127.0.0.1:0") as (
-            upstream, _, served):
-        with trio.fail_after(60):
-            assert served.http is not None
-            await cl_te_refused_before_the_backend(served.http)
-            assert await upstream.stored("backend-ok") == [(1, b"ok")]

@@ -239,9 +239,14 @@ export class Figtank {
       const ws = this.ws;
       setTimeout(() => { if (this.ws === ws) this._pump(); }, later);
     } else if (message.request === "attach") {
-      const sub = this.subs.get(message.topic + "/" + message.partition);
+      const key = message.topic + "/" + message.partition;
+      const sub = this.subs.get(key);
       const ws = this.ws;
-      if (sub) setTimeout(() => { if (this.ws === ws) this._attach(sub); }, later);
+      // Only if it is still the page's subscription then (not unsubscribed, not replaced
+      // by a new subscribe, whose own attach is under way).
+      if (sub) setTimeout(() => {
+        if (this.ws === ws && this.subs.get(key) === sub) this._attach(sub);
+      }, later);
     }
   }
 }
