@@ -515,9 +515,13 @@ class Tails:
             if reason is not None:
                 for tail in list(self._tails.values()):
                     tail.outage(reason)
-            elif was is not None:
+            else:
+                # Every tail on the way back, and any a read marked since (a fetch begun in
+                # the outage failing after it ended): its reader would say so only when
+                # its next read returns, up to a long poll later.
                 for tail in list(self._tails.values()):
-                    tail.recovered()
+                    if was is not None or tail.unavailable is not None:
+                        tail.recovered()
             was = reason
 
     async def _reap(self) -> None:

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import trio
 
+from gateway.backend.contract import ensure_topic
 from gateway.backend.embedded import open_embedded_backend
 from gateway.http.cursor import Cursor, Unavailable, next_batch
-from gateway.http.tail import PartitionTail, events_of
+from gateway.http.tail import WATCH_SECS, PartitionTail, Tails, events_of
 from gateway.server.config import Settings
 from gateway.server.metrics import Metrics
 from protocols.tank.bundle import Message
@@ -56,3 +57,25 @@ async def test_a_long_outage_keeps_one_waker_per_waiting_subscriber(tmp_path: Pa
                 assert len(tail._wakers) == 1
                 tail.recovered()
             assert len(tail._wakers) == 0
+
+
+async def test_a_tail_marked_unavailable_while_the_upstream_is_up_recovers_at_once(
+        tmp_path: Path) -> None:
+    """A read begun in an outage may fail after the watcher saw the upstream come back,
+    marking its tail again: the next look of the watcher, not the reader's next long poll
+    (up to 30 s later), tells the subscribers it is available."""
+    settings = Settings(data_dir=tmp_path / "data", durability="os")
+    with trio.fail_after(10):
+        async with open_embedded_backend(settings, Metrics()) as backend:
+            backend.unavailable = lambda: None  # type: ignore[attr-defined]  # an upstream, up
+            await ensure_topic(backend, "t")
+            tails = Tails(backend, 1 << 20)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(tails.run)
+                tail = tails.acquire("t", 0, 1)
+                await trio.sleep(0.1)  # its reader waits in a long poll at the end
+                tail.outage("the upstream connection broke")
+                await trio.sleep(3 * WATCH_SECS)
+                assert tail.failed is None
+                assert tail.unavailable is None
+                nursery.cancel_scope.cancel()
