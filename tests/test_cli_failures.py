@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ import trio
 from gateway.client.tank import open_tank_client
 from protocols.tank.bundle import Message
 from tests.figg.proxy import dropping_proxy
+from tests.ports import free_port
 from tests.serving import ServeProcess, figtank_serve
 
 pytestmark = pytest.mark.slow
@@ -61,10 +61,6 @@ def addr(address: tuple[str, int] | None) -> str:
     return f"{address[0]}:{address[1]}"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

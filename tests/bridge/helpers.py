@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -13,15 +12,11 @@ import trio
 
 from gateway.server.config import Settings
 from gateway.server.run import ServerInfo, run_server
+from tests.ports import free_port  # noqa: F401 (re-exported)
 
 LOOPBACK = "127.0.0.1:0"
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on (for a broker that is down, or restarts)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def address(info: tuple[str, int] | None) -> str:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import shutil
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+
+from tests.ports import free_port  # noqa: F401 (re-exported)
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
@@ -34,11 +35,6 @@ def chromium(profile: Path) -> Iterator[webdriver.Chrome]:
         driver.quit()
 
 
-def free_port() -> int:
-    """A loopback port free now (for a server that must come back on the same one)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def screenshot(driver: webdriver.Chrome, path: Path) -> None:

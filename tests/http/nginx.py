@@ -7,12 +7,13 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+
+from tests.ports import free_port
 
 SHIPPED = Path(__file__).resolve().parents[2] / "deploy" / "nginx" / "figtank.conf"
 #: The addresses the shipped file names, which a test replaces with its own.
@@ -34,10 +35,6 @@ def nginx_version() -> str:
     return result.stderr.strip().rsplit(" ", 1)[-1]
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def server_block(upstream_port: int, listen_port: int,

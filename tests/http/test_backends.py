@@ -21,8 +21,7 @@ from websockets.sync.client import connect
 
 from gateway.client.tank import open_tank_client
 from tests.bridge.helpers import address, bridge_server, upstream_server
-from tests.http.helpers import H11Client, sse_events
-from tests.http.outage_helpers import curl
+from tests.http.helpers import H11Client, curl_i, sse_events
 from tests.http.test_smuggling import cl_te_refused_before_the_backend
 from tests.http.ws_client import WsClient
 from tests.upstream_kafka.helpers import upstream_and_gateway
@@ -116,7 +115,7 @@ def policy_file(tmp_path: Path) -> Path:
 
 async def values(host: str, port: int, topic: str) -> list[str]:
     """Every value of the topic's partition 0, as the gateway fetches it."""
-    got = await curl(f"http://{host}:{port}/topics/{topic}/partitions/0/messages?offset=1")
+    got = await curl_i(f"http://{host}:{port}/topics/{topic}/partitions/0/messages?offset=1")
     if got.status == 404:
         return []
     assert got.status == 200, got
@@ -153,11 +152,11 @@ async def hardened_edge(host: str, port: int, topic: str) -> None:
                  ("-H", "Sec-Fetch-Site: cross-site", "-H",
                   "Content-Type: application/x-www-form-urlencoded",
                   "--data-binary", "value=foreign")):
-        answer = await curl(f"{base}/topics/{topic}", *args)
+        answer = await curl_i(f"{base}/topics/{topic}", *args)
         assert answer.status == 403, (args, answer)
         assert answer.json()["error"] == "origin_not_allowed"
     assert await values(host, port, topic) == []
-    answer = await curl(f"{base}/topics/{topic}", "-H", f"Origin: {base}",
+    answer = await curl_i(f"{base}/topics/{topic}", "-H", f"Origin: {base}",
                         "-H", "Sec-Fetch-Site: same-origin", "--data-binary", "same")
     assert answer.status == 200, answer
     assert answer.json()["offsets"] == [{"partition": 0, "offset": 1}]
@@ -182,21 +181,21 @@ async def hardened_edge(host: str, port: int, topic: str) -> None:
 
     # RFC 6750 challenges: the policy's decision is the gateway's, whatever the backend.
     target = f"{base}/topics/guarded"
-    answer = await curl(target, "--data-binary", "anonymous")
+    answer = await curl_i(target, "--data-binary", "anonymous")
     assert answer.status == 401 and answer.headers["www-authenticate"] == \
         'Bearer realm="figtank"', answer
-    answer = await curl(target, "-H", "Authorization: Bearer not-a-token",
+    answer = await curl_i(target, "-H", "Authorization: Bearer not-a-token",
                         "--data-binary", "bad")
     assert answer.status == 401 and answer.json()["error"] == "invalid_token", answer
     assert 'error="invalid_token"' in answer.headers["www-authenticate"]
-    answer = await curl(target, "-H", f"Authorization: Bearer {READER}",
+    answer = await curl_i(target, "-H", f"Authorization: Bearer {READER}",
                         "--data-binary", "reader")
     assert answer.status == 403 and answer.json()["error"] == "access_denied", answer
     assert 'error="insufficient_scope"' in answer.headers["www-authenticate"]
-    answer = await curl(target, "-H", f"Authorization: Bearer {WRITER}",
+    answer = await curl_i(target, "-H", f"Authorization: Bearer {WRITER}",
                         "--data-binary", "writer")
     assert answer.status == 200, answer
-    answer = await curl(f"{target}/partitions/0/messages?offset=1",
+    answer = await curl_i(f"{target}/partitions/0/messages?offset=1",
                         "-H", f"Authorization: Bearer {READER}")
     assert [m["value"] for m in answer.json()["messages"]] == ["writer"]
 
