@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import h11
 import trio
 
 from gateway.client.tank import open_tank_client
+from tests.bridge.helpers import upstream_server
 from tests.http.helpers import H11Client, curl_i, sse_events
 from tests.http.ws_client import WsClient
 
@@ -180,3 +182,34 @@ async def outage(host: str, port: int, stop: Callable[[], Awaitable[None]],
     await subscriber.aclose()
     await sse.client.aclose()
     return figures
+
+
+class RestartableBroker:
+    """A Tank broker (an in-process figtank) on ``where`` with its data in ``data``, which
+    :meth:`stop` takes down and :meth:`start` brings back on the same port and data; run
+    it with ``await nursery.start(broker.run)``."""
+
+    def __init__(self, data: Path, where: str) -> None:
+        self.data = data
+        self.where = where
+        self._stopped = trio.Event()
+        self._restarted = trio.Event()
+        self._up_again = trio.Event()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        async with upstream_server(self.data, tank_listen=self.where):
+            task_status.started()
+            await self._stopped.wait()
+        await self._restarted.wait()
+        async with upstream_server(self.data, tank_listen=self.where):
+            self._up_again.set()
+            await trio.sleep_forever()
+
+    async def stop(self) -> None:
+        self._stopped.set()
+        await trio.sleep(0)
+
+    async def start(self) -> None:
+        self._restarted.set()
+        await self._up_again.wait()

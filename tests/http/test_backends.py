@@ -16,14 +16,13 @@ import json
 from pathlib import Path
 
 import trio
-from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.sync.client import connect
+from websockets.exceptions import InvalidStatus
 
 from gateway.client.tank import open_tank_client
 from tests.bridge.helpers import address, bridge_server, upstream_server
 from tests.http.helpers import H11Client, curl_i, sse_events
 from tests.http.test_smuggling import cl_te_refused_before_the_backend
-from tests.http.ws_client import WsClient
+from tests.http.ws_client import WsClient, websockets_close
 from tests.upstream_kafka.helpers import upstream_and_gateway
 
 WRITER = "backends-writer-token-0123"
@@ -122,25 +121,6 @@ async def values(host: str, port: int, topic: str) -> list[str]:
     return [m["value"] for m in got.json()["messages"]]
 
 
-def _websocket_close(url: str, *sent: str, origin: str | None = None
-                     ) -> tuple[int, str, list[dict]]:
-    """With the ``websockets`` library: send ``sent`` right after the handshake; the close
-    code and reason received (a close frame, not just the TCP close), and what came
-    before. A refused upgrade raises InvalidStatus."""
-    got: list[dict] = []
-    with connect(url, open_timeout=5, close_timeout=2,
-                 origin=origin) as socket_:  # type: ignore[arg-type]
-        for message in sent:
-            socket_.send(message)
-        try:
-            while True:
-                got.append(json.loads(socket_.recv(timeout=5)))
-        except ConnectionClosed as exc:
-            assert exc.rcvd is not None, "no close frame received"
-            return exc.rcvd.code, exc.rcvd.reason, got
-    raise AssertionError("not closed")
-
-
 async def hardened_edge(host: str, port: int, topic: str) -> None:
     """Foreign-origin writes (curl and a ``websockets`` upgrade) refused 403
     ``origin_not_allowed``, a same-origin write appended; a WebSocket whose first message
@@ -163,7 +143,7 @@ async def hardened_edge(host: str, port: int, topic: str) -> None:
 
     url = f"ws://{host}:{port}/ws"
     try:
-        await trio.to_thread.run_sync(lambda: _websocket_close(
+        await trio.to_thread.run_sync(lambda: websockets_close(
             url, json.dumps({"op": "publish", "topic": topic, "value": "foreign"}),
             origin="http://elsewhere.example"))
         raise AssertionError("a foreign page's WebSocket was let in")
@@ -174,7 +154,7 @@ async def hardened_edge(host: str, port: int, topic: str) -> None:
                        ((json.dumps({"op": "publish", "topic": topic, "value": 5}),), 1008),
                        (('{"op": "nope"}',), 1008)):
         got_code, reason, got = await trio.to_thread.run_sync(
-            lambda sent=sent: _websocket_close(url, *sent, origin=base))
+            lambda sent=sent: websockets_close(url, *sent, origin=base))
         assert got_code == code and reason, (sent, got_code, reason)
         assert [m["op"] for m in got] == ["hello"]
     assert await values(host, port, topic) == ["same"]

@@ -22,8 +22,9 @@ import trio
 from selenium import webdriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.bridge.helpers import bridge_server, free_port, upstream_server
+from tests.bridge.helpers import bridge_server, free_port
 from tests.http.browser import chromium
+from tests.http.outage_helpers import RestartableBroker
 from tests.upstream_kafka.helpers import Upstream, gateway
 
 BEFORE, DURING = 5, 5  # publishes before the outage, and while the upstream is away
@@ -154,29 +155,11 @@ async def test_figtank_js_across_an_outage_of_the_tank_broker_behind_a_bridge(
         async with trio.open_nursery() as nursery, bridge_server(
                 where, http_listen="127.0.0.1:0", upstream_wait_secs=1.0) as bridge:
             assert bridge.http is not None
-            stopped, restarted, up, up_again = (trio.Event() for _ in range(4))
-
-            async def broker() -> None:
-                async with upstream_server(data, tank_listen=where):
-                    up.set()
-                    await stopped.wait()
-                await restarted.wait()
-                async with upstream_server(data, tank_listen=where):
-                    up_again.set()
-                    await trio.sleep_forever()
-
-            nursery.start_soon(broker)
-            await up.wait()
-
-            async def stop() -> None:
-                stopped.set()
-
-            async def start() -> None:
-                restarted.set()
-                await up_again.wait()
-
+            broker = RestartableBroker(data, where)
+            await nursery.start(broker.run)
             host, port = bridge.http
-            await across_an_outage(browser, f"http://{host}:{port}", "bridged", stop, start)
+            await across_an_outage(browser, f"http://{host}:{port}", "bridged", broker.stop,
+                                   broker.start)
             nursery.cancel_scope.cancel()
 
 

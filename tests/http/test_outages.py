@@ -10,8 +10,8 @@ from pathlib import Path
 
 import trio
 
-from tests.bridge.helpers import bridge_server, free_port, upstream_server
-from tests.http.outage_helpers import outage
+from tests.bridge.helpers import bridge_server, free_port
+from tests.http.outage_helpers import RestartableBroker, outage
 from tests.upstream_kafka.helpers import Upstream, gateway
 
 
@@ -23,33 +23,10 @@ async def test_an_outage_of_the_tank_broker_behind_a_bridge(tmp_path: Path) -> N
         async with trio.open_nursery() as nursery, bridge_server(
                 where, http_listen="127.0.0.1:0", upstream_wait_secs=1.0) as bridge:
             assert bridge.http is not None
-            stopped = trio.Event()
-            restarted = trio.Event()
-            up_again = trio.Event()
-
-            async def broker() -> None:
-                async with upstream_server(data, tank_listen=where):
-                    up.set()
-                    await stopped.wait()
-                await restarted.wait()
-                async with upstream_server(data, tank_listen=where):
-                    up_again.set()
-                    await trio.sleep_forever()
-
-            up = trio.Event()
-            nursery.start_soon(broker)
-            await up.wait()
-
-            async def stop() -> None:
-                stopped.set()
-                await trio.sleep(0)
-
-            async def start() -> None:
-                restarted.set()
-                await up_again.wait()
-
+            broker = RestartableBroker(data, where)
+            await nursery.start(broker.run)
             assert bridge.tank is not None
-            figures = await outage(*bridge.http, stop, start, bridge.tank)
+            figures = await outage(*bridge.http, broker.stop, broker.start, bridge.tank)
             print(figures)
             assert figures.produce < 1.0 and figures.fetch < 1.0 and figures.ws_publish < 1.0
             nursery.cancel_scope.cancel()

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 import trio
-from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from tests.http.browser import chromium, free_port
 from tests.http.helpers import http_server
+from tests.http.ws_client import websockets_close
 from tests.serving import figtank_serve
 
 UPGRADE = (b"GET /ws HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n"
@@ -183,22 +183,6 @@ async def test_messages_before_the_hello_are_answered_in_order_after_it(server: 
     assert struct.unpack("!H", frames[-1][1][:2])[0] == 1000
 
 
-def _websockets_close(url: str, *sent: str | bytes) -> tuple[int, str, list[Any]]:
-    """With the ``websockets`` library: send ``sent`` right after the handshake; the close
-    code and reason received, and the messages before it."""
-    got: list[Any] = []
-    with connect(url, open_timeout=5, close_timeout=2) as socket_:
-        for message in sent:
-            socket_.send(message)
-        try:
-            while True:
-                got.append(json.loads(socket_.recv(timeout=5)))
-        except ConnectionClosed as exc:
-            assert exc.rcvd is not None, "no close frame received"
-            return exc.rcvd.code, exc.rcvd.reason, got
-    raise AssertionError("not closed")
-
-
 async def test_close_codes_with_the_websockets_library(server: Any) -> None:
     url = f"ws://{server.host}:{server.port}/ws"
     cases: list[tuple[tuple[str | bytes, ...], int]] = [
@@ -210,7 +194,7 @@ async def test_close_codes_with_the_websockets_library(server: Any) -> None:
     ]
     with trio.fail_after(30):
         for sent, code in cases:
-            got_code, reason, got = await trio.to_thread.run_sync(_websockets_close, url,
+            got_code, reason, got = await trio.to_thread.run_sync(websockets_close, url,
                                                                   *sent)
             assert got_code == code, (sent, got_code, reason)
             assert reason

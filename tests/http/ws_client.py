@@ -8,6 +8,8 @@ from typing import Any
 
 import trio
 import wsproto.events as ws
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
 from wsproto import ConnectionType, WSConnection
 from wsproto.connection import ConnectionState
 
@@ -88,3 +90,24 @@ class WsClient:
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+
+def websockets_close(url: str, *sent: str | bytes, origin: str | None = None
+                     ) -> tuple[int, str, list[Any]]:
+    """With the ``websockets`` library (a client the project did not write, blocking: run
+    it in a thread): send ``sent`` right after the handshake; the close code and reason
+    received (a close frame, not just the TCP close), and the messages before it. A
+    refused upgrade raises ``websockets``' InvalidStatus."""
+    got: list[Any] = []
+    with connect(url, open_timeout=5, close_timeout=2,
+                 origin=origin) as socket_:  # type: ignore[arg-type]
+        for message in sent:
+            socket_.send(message)
+        try:
+            while True:
+                got.append(json.loads(socket_.recv(timeout=5)))
+        except ConnectionClosed as exc:
+            assert exc.rcvd is not None, "no close frame received"
+            return exc.rcvd.code, exc.rcvd.reason, got
+    raise AssertionError("not closed")
+
