@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -113,6 +113,49 @@ def sse_events(text: str) -> list[dict[str, str]]:
         if "data" in fields:
             events.append(fields)
     return events
+
+
+
+class SseReader:
+    """One SSE stream read with h11: its text so far, whether it ended, and its events
+    taken one by one (:meth:`next`)."""
+
+    def __init__(self, client: H11Client) -> None:
+        self.client = client
+        self.text = ""
+        self.ended = False
+        self.taken = 0
+
+    @classmethod
+    async def open(cls, host: str, port: int, target: str) -> SseReader:
+        client = await H11Client.connect(host, port)
+        await client.send("GET", target)
+        head = await client.next_event()
+        assert isinstance(head, h11.Response) and head.status_code == 200, head
+        return cls(client)
+
+    async def read_until(self, predicate: Callable[[SseReader], bool], timeout: float = 10
+                         ) -> None:
+        with trio.fail_after(timeout):
+            while not predicate(self):
+                event = await self.client.next_event()
+                if isinstance(event, h11.Data):
+                    self.text += event.data.decode()
+                elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                    self.ended = True
+                    return
+
+    def values(self) -> list[str]:
+        return [json.loads(e["data"])["value"] for e in sse_events(self.text)
+                if "event" not in e]
+
+    async def next(self, timeout: float = 15) -> dict[str, str]:
+        """The next event not taken yet (waiting for it)."""
+        await self.read_until(lambda r: len(sse_events(r.text)) > r.taken, timeout)
+        events = sse_events(self.text)
+        assert len(events) > self.taken, "the stream ended"
+        self.taken += 1
+        return events[self.taken - 1]
 
 
 @dataclass

@@ -12,39 +12,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import h11
 import trio
 
 from gateway.client.tank import open_tank_client
 from tests.bridge.helpers import upstream_server
-from tests.http.helpers import H11Client, curl_i, sse_events
+from tests.http.helpers import SseReader, curl_i
 from tests.http.ws_client import WsClient
-
-
-class SseReader:
-    """An SSE stream read through h11: its complete events, in order."""
-
-    def __init__(self, client: H11Client) -> None:
-        self.client = client
-        self.text = ""
-        self.taken = 0
-
-    @classmethod
-    async def open(cls, host: str, port: int, target: str) -> SseReader:
-        client = await H11Client.connect(host, port)
-        await client.send("GET", target)
-        head = await client.next_event()
-        assert isinstance(head, h11.Response) and head.status_code == 200, head
-        return cls(client)
-
-    async def next(self, timeout: float = 15) -> dict[str, str]:
-        with trio.fail_after(timeout):
-            while len(sse_events(self.text)) <= self.taken:
-                event = await self.client.next_event()
-                assert isinstance(event, h11.Data), event
-                self.text += event.data.decode()
-        self.taken += 1
-        return sse_events(self.text)[self.taken - 1]
 
 
 @dataclass

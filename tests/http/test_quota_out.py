@@ -7,8 +7,8 @@ from pathlib import Path
 
 import trio
 
-from tests.http.access_helpers import READER, WRITER, SseReader, policy
-from tests.http.helpers import H11Client, http_server
+from tests.http.access_helpers import READER, WRITER, policy
+from tests.http.helpers import H11Client, SseReader, http_server
 from tests.http.ws_client import WsClient
 
 MESSAGES = 10

@@ -13,8 +13,8 @@ import jwt
 import trio
 from structlog.testing import capture_logs
 
-from tests.http.access_helpers import OTHER, READER, SseReader, policy, produce
-from tests.http.helpers import H11Client, http_server, sse_events
+from tests.http.access_helpers import OTHER, READER, policy, produce
+from tests.http.helpers import H11Client, SseReader, http_server, sse_events
 from tests.http.ws_client import WsClient
 from tests.serving import figtank_serve
 

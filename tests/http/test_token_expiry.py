@@ -15,8 +15,8 @@ from structlog.testing import capture_logs
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from tests.http.access_helpers import READER, SseReader, policy, produce
-from tests.http.helpers import H11Client, http_server, sse_events
+from tests.http.access_helpers import READER, policy, produce
+from tests.http.helpers import H11Client, SseReader, http_server, sse_events
 from tests.http.test_ws_closes import CLOSE, UPGRADE, server_frames
 
 SECRET = "a-shared-secret-for-the-expiry-tests-0123"

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import trio
 
-from tests.http.access_helpers import SseReader
-from tests.http.helpers import H11Client, http_server, sse_events
+from tests.http.helpers import H11Client, SseReader, http_server, sse_events
 
 PARTITIONS = 3
 STREAMS = 4
