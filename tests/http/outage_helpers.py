@@ -8,14 +8,16 @@ exactly once and in order (a whole-topic SSE stream of two partitions too)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
 
 from gateway.client.tank import open_tank_client
-from tests.bridge.helpers import upstream_server
+from gateway.server.run import ServerInfo
+from tests.bridge.helpers import bridge_server, free_port, upstream_server
 from tests.http.helpers import SseReader, curl_i
 from tests.http.ws_client import WsClient
 
@@ -186,3 +188,20 @@ class RestartableBroker:
     async def start(self) -> None:
         self._restarted.set()
         await self._up_again.wait()
+
+
+@asynccontextmanager
+async def bridge_over_a_restartable_broker(data: Path
+                                           ) -> AsyncIterator[tuple[ServerInfo,
+                                                                    RestartableBroker]]:
+    """A bridge (its HTTP listener on) in front of a :class:`RestartableBroker` with its
+    data in ``data``, on a port it can come back to; the bridge waits 1 s for it."""
+    where = f"127.0.0.1:{free_port()}"
+    async with trio.open_nursery() as nursery, bridge_server(
+            where, http_listen="127.0.0.1:0", upstream_wait_secs=1.0) as bridge:
+        assert bridge.http is not None
+        broker = RestartableBroker(data, where)
+        await nursery.start(broker.run)
+        yield bridge, broker
+        nursery.cancel_scope.cancel()
+

@@ -22,9 +22,8 @@ import trio
 from selenium import webdriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.bridge.helpers import bridge_server, free_port
 from tests.http.browser import chromium
-from tests.http.outage_helpers import RestartableBroker
+from tests.http.outage_helpers import bridge_over_a_restartable_broker
 from tests.upstream_kafka.helpers import Upstream, gateway
 
 BEFORE, DURING = 5, 5  # publishes before the outage, and while the upstream is away
@@ -149,18 +148,12 @@ async def across_an_outage(driver: webdriver.Chrome, base: str, topic: str,
 
 async def test_figtank_js_across_an_outage_of_the_tank_broker_behind_a_bridge(
         browser: webdriver.Chrome, tmp_path: Path) -> None:
-    where = f"127.0.0.1:{free_port()}"
-    data = tmp_path / "up"
     with trio.fail_after(60):
-        async with trio.open_nursery() as nursery, bridge_server(
-                where, http_listen="127.0.0.1:0", upstream_wait_secs=1.0) as bridge:
+        async with bridge_over_a_restartable_broker(tmp_path / "up") as (bridge, broker):
             assert bridge.http is not None
-            broker = RestartableBroker(data, where)
-            await nursery.start(broker.run)
             host, port = bridge.http
             await across_an_outage(browser, f"http://{host}:{port}", "bridged", broker.stop,
                                    broker.start)
-            nursery.cancel_scope.cancel()
 
 
 async def test_figtank_js_across_an_outage_of_the_upstream_kafka_cluster(

@@ -10,26 +10,17 @@ from pathlib import Path
 
 import trio
 
-from tests.bridge.helpers import bridge_server, free_port
-from tests.http.outage_helpers import RestartableBroker, outage
+from tests.http.outage_helpers import bridge_over_a_restartable_broker, outage
 from tests.upstream_kafka.helpers import Upstream, gateway
 
 
 async def test_an_outage_of_the_tank_broker_behind_a_bridge(tmp_path: Path) -> None:
-    port = free_port()
-    where = f"127.0.0.1:{port}"
-    data = tmp_path / "up"
     with trio.fail_after(60):
-        async with trio.open_nursery() as nursery, bridge_server(
-                where, http_listen="127.0.0.1:0", upstream_wait_secs=1.0) as bridge:
-            assert bridge.http is not None
-            broker = RestartableBroker(data, where)
-            await nursery.start(broker.run)
+        async with bridge_over_a_restartable_broker(tmp_path / "up") as (bridge, broker):
             assert bridge.tank is not None
             figures = await outage(*bridge.http, broker.stop, broker.start, bridge.tank)
             print(figures)
             assert figures.produce < 1.0 and figures.fetch < 1.0 and figures.ws_publish < 1.0
-            nursery.cancel_scope.cancel()
 
 
 async def test_an_outage_of_the_upstream_kafka_cluster(tmp_path: Path) -> None:
