@@ -14,10 +14,10 @@ two protocols and a Tank broker must be able to serve them one to one:
 - the admin calls mirror Tank's admin requests;
 - a missing topic is created per :class:`AutoCreate`, the one policy all backends apply
   (:func:`ensure_topic` for a reader that wants a topic's bounds);
-- a backend in front of an upstream (bridge, upstream Kafka) raises
-  :class:`BackendUnavailable` (a subclass of it) where a call can not be answered because
-  the upstream is away, and says whether it is away now with ``unavailable()``
-  (:func:`unavailable_reason`).
+- a backend in front of an upstream (bridge, upstream Kafka: :attr:`Backend.has_upstream`)
+  raises :class:`BackendUnavailable` (a subclass of it) where a call can not be answered
+  because the upstream is away, and says whether it is away now
+  (:meth:`Backend.unavailable`).
 """
 
 from __future__ import annotations
@@ -244,13 +244,6 @@ class BackendUnavailable(ConnectionError):
     errors, since it is not the client's socket that failed."""
 
 
-def unavailable_reason(backend: object) -> str | None:
-    """Why ``backend`` can not serve now (its upstream is away), or None when it can or
-    has no upstream (the embedded store)."""
-    probe = getattr(backend, "unavailable", None)
-    return probe() if callable(probe) else None
-
-
 #: ``create_topic(name, partitions)`` of a backend.
 CreateTopic = Callable[[str, int], Awaitable[CreateTopicCode]]
 
@@ -312,6 +305,13 @@ class Backend(Protocol):
     #: Whether produce outcomes carry the offsets appended (False for a Tank upstream,
     #: whose Produce response does not: :mod:`gateway.backend.placed` finds them).
     reports_offsets: bool
+    #: Whether it stands in front of an upstream that may go away (a Tank broker, a Kafka
+    #: cluster), which :meth:`unavailable` then watches.
+    has_upstream: bool
+
+    def unavailable(self) -> str | None:
+        """Why the backend can not serve now (its upstream is away), or None while it
+        can; always None without an upstream."""
 
     async def produce(self, batches: Sequence[ProduceBatch]) -> list[ProduceOutcome]:
         """Append each batch; the outcomes come back in the same order.

@@ -79,6 +79,8 @@ class EmbeddedBackend:
 
     #: Whether produce outcomes carry the offsets (see the Backend contract).
     reports_offsets = True
+    #: No upstream to lose (see the Backend contract).
+    has_upstream = False
 
     def __init__(self, store: LogStore, *, auto_create_topics: bool = True,
                  metrics: Metrics | None = None, share_reads: bool = True) -> None:
@@ -105,6 +107,10 @@ class EmbeddedBackend:
     async def produce(self, batches: Sequence[ProduceBatch]) -> list[ProduceOutcome]:
         """Append every batch; partitions proceed in parallel, one partition in order."""
         return await produce_and_wait(self, batches)
+
+    def unavailable(self) -> None:
+        """Never: the store is on this machine (see the Backend contract)."""
+        return None
 
     def produce_nowait(self, batches: Sequence[ProduceBatch],
                        on_done: Callable[[list[ProduceOutcome]], None]) -> None:

@@ -26,7 +26,6 @@ from gateway.backend.contract import (
     BackendUnavailable,
     FetchRequest,
     FetchStatus,
-    unavailable_reason,
 )
 from gateway.http.messages import decode_messages
 from gateway.http.tail import PartitionTail, TailEvent, events_of
@@ -143,7 +142,7 @@ class Cursor:
                 self.next_seq = outcome.high_water_mark + 1
             return []
         if status is FetchStatus.FAULT:
-            reason = unavailable_reason(self._backend)
+            reason = self._backend.unavailable()
             if reason is not None:
                 self.tail.outage(reason)  # the tail's reader says when it is back
                 raise Unavailable(reason)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.auth.policy import Operation
-from gateway.backend.contract import FetchRequest, FetchStatus, unavailable_reason
+from gateway.backend.contract import FetchRequest, FetchStatus
 from gateway.http.auth import access_of, check_topic_name, partition_param, require
 from gateway.http.messages import decode_messages, dumps, message_json
 from gateway.http.outage import check_available, unavailable_error
@@ -84,7 +84,7 @@ async def _fetch(session: Any, request: Request, topic: str) -> Answer:
             next_offset = max(outcome.first_available, 1)
             continue
         if outcome.status is not FetchStatus.DATA:
-            reason = unavailable_reason(backend)
+            reason = backend.unavailable()
             if reason is not None and outcome.status is FetchStatus.FAULT:
                 raise unavailable_error(f"{topic}/{partition}: {reason}")
             raise HttpError(503, "fetch_failed", f"{topic}/{partition}: "

@@ -2,7 +2,7 @@
 
 In bridge mode and upstream-Kafka mode the backend may lose its upstream (a Tank broker, a
 Kafka cluster). It then raises :class:`~gateway.backend.contract.BackendUnavailable` and
-says so through :func:`~gateway.backend.contract.unavailable_reason`. The front ends
+says so through :meth:`~gateway.backend.contract.Backend.unavailable`. The front ends
 answer, and go on serving once the upstream is back, without a restart:
 
 - a request (produce, fetch, topics, the console's overview, the start of an SSE stream):
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from gateway.backend.contract import BackendUnavailable, ProduceCode, unavailable_reason
+from gateway.backend.contract import BackendUnavailable, ProduceCode
 from gateway.http.messages import dumps
 from gateway.http.request import HttpError
 
@@ -41,7 +41,7 @@ def unavailable_error(reason: str) -> HttpError:
 def check_available(session: Any) -> None:
     """Refuse the request now (503) when the backend knows its upstream is away: a client
     is told at once to come back, not held for the backend's wait."""
-    reason = unavailable_reason(session.listener.backend)
+    reason = session.listener.backend.unavailable()
     if reason is not None:
         raise unavailable_error(reason)
 

@@ -25,7 +25,7 @@ from typing import Any
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
 from gateway.auth.quotas import PrincipalQuota
-from gateway.backend.contract import ProduceBatch, ProduceCode, unavailable_reason
+from gateway.backend.contract import ProduceBatch, ProduceCode
 from gateway.backend.placed import produce_placed
 from gateway.http.auth import access_of, check_topic_name, partition_param, partitions_of, require
 from gateway.http.messages import payload_of
@@ -135,7 +135,7 @@ async def _append(session: Any, request: Request, access: ConnectionAccess, topi
     for batch, outcome in zip(batches, outcomes, strict=True):
         if outcome.code is not ProduceCode.OK:
             session.listener.metrics.requests.labels("http", "produce", "error").inc()
-            reason = unavailable_reason(session.listener.backend)
+            reason = session.listener.backend.unavailable()
             if reason is not None and outcome.code in FAILED_APPENDS:
                 raise unavailable_error(f"append to {topic}/{batch.partition} failed: "
                                         f"{reason}")

@@ -37,7 +37,6 @@ from gateway.backend.contract import (
     BackendUnavailable,
     FetchRequest,
     FetchStatus,
-    unavailable_reason,
 )
 from gateway.http.messages import decode_messages, dumps, message_json
 from gateway.io.fanout import FanoutGroup
@@ -410,7 +409,7 @@ class PartitionTail:
                 continue
             status = outcome.status
             if status is FetchStatus.FAULT:
-                reason = unavailable_reason(backend)
+                reason = backend.unavailable()
                 if reason is not None:
                     self.outage(reason)
                 await self._pause(delay)
@@ -466,7 +465,7 @@ class Tails:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._reap)
-            if callable(getattr(self._backend, "unavailable", None)):
+            if self._backend.has_upstream:
                 nursery.start_soon(self._watch)
             task_status.started()
             await trio.sleep_forever()
@@ -511,7 +510,7 @@ class Tails:
         was: str | None = None
         while True:
             await trio.sleep(WATCH_SECS)
-            reason = unavailable_reason(self._backend)
+            reason = self._backend.unavailable()
             if reason is not None:
                 for tail in list(self._tails.values()):
                     tail.outage(reason)

@@ -69,7 +69,6 @@ from gateway.backend.contract import (
     ProduceDone,
     ProduceOutcome,
     TopicRefused,
-    unavailable_reason,
 )
 from gateway.backend.placed import produce_placed, reports_offsets
 from gateway.http.auth import access_of, bearer_token, partitions_of, require_some_access
@@ -404,7 +403,7 @@ class WebSocket:
                 raise _Close(POLICY, str(exc)) from None
             if value is None or (key is not None and len(key) > 255):
                 raise _Close(POLICY, "a publish needs a value (and a key of at most 255 bytes)")
-            reason = unavailable_reason(self.listener.backend)
+            reason = self.listener.backend.unavailable()
             if reason is not None:  # told now, not after the backend's wait
                 self._unavailable("publish", obj, reason)
                 return
@@ -442,7 +441,7 @@ class WebSocket:
                          f"{topic!r}")
         count = self.partitions.get(topic)
         if count is None:
-            reason = unavailable_reason(self.listener.backend)
+            reason = self.listener.backend.unavailable()
             if reason is not None:
                 raise BackendUnavailable(reason)
             try:
@@ -473,7 +472,7 @@ class WebSocket:
             for batch, outcome in zip(batches, outcomes, strict=True):
                 where = (batch.topic, batch.partition)
                 if outcome.code in FAILED_APPENDS:  # not appended: the client may send it again
-                    reason = unavailable_reason(self.listener.backend)
+                    reason = self.listener.backend.unavailable()
                     failed[where] = ("unavailable" if reason else "append_failed",
                                      f"publish to {batch.topic}/{batch.partition} failed: "
                                      f"{reason or outcome.reason or outcome.code.name}")
@@ -548,7 +547,7 @@ class WebSocket:
         if len(self.subs) >= self.listener.settings.max_requests_in_flight:
             raise _Close(POLICY, "too many subscriptions on one WebSocket")
         backend = self.listener.backend
-        reason = unavailable_reason(backend)
+        reason = backend.unavailable()
         if reason is not None:
             raise BackendUnavailable(reason)
         infos = await backend.discover_partitions(topic)

@@ -67,7 +67,7 @@ async def test_a_tail_marked_unavailable_while_the_upstream_is_up_recovers_at_on
     settings = Settings(data_dir=tmp_path / "data", durability="os")
     with trio.fail_after(10):
         async with open_embedded_backend(settings, Metrics()) as backend:
-            backend.unavailable = lambda: None  # type: ignore[attr-defined]  # an upstream, up
+            backend.has_upstream = True  # type: ignore[misc]  # an upstream that is up
             await ensure_topic(backend, "t")
             tails = Tails(backend, 1 << 20)
             async with trio.open_nursery() as nursery:

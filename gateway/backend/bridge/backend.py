@@ -76,6 +76,8 @@ class BridgeBackend:
 
     #: Whether produce outcomes carry the offsets (see the Backend contract).
     reports_offsets = False
+    #: In front of a Tank broker, which may go away (:meth:`unavailable`).
+    has_upstream = True
 
     def __init__(self, upstream: Upstream, nursery: trio.Nursery, *,
                  auto_create_topics: bool = True, default_partitions: int = 1,

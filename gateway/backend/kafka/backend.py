@@ -100,6 +100,8 @@ class KafkaBackend:
 
     #: Whether produce outcomes carry the offsets (see the Backend contract).
     reports_offsets = True
+    #: In front of a Kafka cluster, which may go away (:meth:`unavailable`).
+    has_upstream = True
 
     def __init__(self, *, ck: Any, admin: Any, meta: Any, producer: UpstreamProducer,
                  feeds: TailFeeds, history: HistoryReader, health: UpstreamHealth,
