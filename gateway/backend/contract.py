@@ -244,6 +244,14 @@ class BackendUnavailable(ConnectionError):
     errors, since it is not the client's socket that failed."""
 
 
+def ensure_available(backend: Backend) -> None:
+    """Raise :class:`BackendUnavailable` now when ``backend`` knows its upstream is away:
+    a caller is told at once, not held for the backend's own wait for its upstream."""
+    reason = backend.unavailable()
+    if reason is not None:
+        raise BackendUnavailable(reason)
+
+
 #: ``create_topic(name, partitions)`` of a backend.
 CreateTopic = Callable[[str, int], Awaitable[CreateTopicCode]]
 

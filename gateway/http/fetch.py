@@ -22,10 +22,10 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.auth.policy import Operation
-from gateway.backend.contract import FetchRequest, FetchStatus
+from gateway.backend.contract import FetchRequest, FetchStatus, ensure_available
 from gateway.http.auth import access_of, check_topic_name, partition_param, require
 from gateway.http.messages import decode_messages, dumps, message_json
-from gateway.http.outage import check_available, unavailable_error
+from gateway.http.outage import unavailable_error
 from gateway.http.positions import first_at_time, time_param
 from gateway.http.quota import quota_of, took_out, wait_out
 from gateway.http.request import NDJSON, Answer, HttpError, Request, json_answer
@@ -41,7 +41,7 @@ async def fetch(session: Any, request: Request) -> Answer:
     check_topic_name(topic)
     access = access_of(session, request)
     require(access, topic, Operation.SUBSCRIBE, "fetch")
-    check_available(session)
+    ensure_available(session.listener.backend)
     with quota_of(session, access.principal) as quota:
         await wait_out(quota)
         answer = await _fetch(session, request, topic)

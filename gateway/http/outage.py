@@ -6,9 +6,10 @@ says so through :meth:`~gateway.backend.contract.Backend.unavailable`. The front
 answer, and go on serving once the upstream is back, without a restart:
 
 - a request (produce, fetch, topics, the console's overview, the start of an SSE stream):
-  503 ``{"error": "unavailable", "message"}`` with ``Retry-After: 1``, at once when the
-  outage is known (:func:`check_available`), else after the backend's own wait for its
-  upstream (``upstream.wait_secs``);
+  503 ``{"error": "unavailable", "message"}`` with ``Retry-After: 1`` (the session answers
+  every :class:`~gateway.backend.contract.BackendUnavailable` so), at once when the outage
+  is known (:func:`~gateway.backend.contract.ensure_available`), else after the backend's
+  own wait for its upstream (``upstream.wait_secs``);
 - a WebSocket operation: ``{"op": "error", "request": "publish" | "attach", ...}``
   (:func:`op_error`), the socket goes on;
 - an attached subscription (WebSocket, SSE): told once (``unavailable``), then resumed by
@@ -36,14 +37,6 @@ def unavailable_error(reason: str) -> HttpError:
     """The 503 refusal of a request the backend could not serve (its upstream is away)."""
     return HttpError(503, "unavailable", reason,
                      [(b"retry-after", b"%d" % RETRY_AFTER_SECS)])
-
-
-def check_available(session: Any) -> None:
-    """Refuse the request now (503) when the backend knows its upstream is away: a client
-    is told at once to come back, not held for the backend's wait."""
-    reason = session.listener.backend.unavailable()
-    if reason is not None:
-        raise unavailable_error(reason)
 
 
 def outage_of(exc: BaseException) -> BackendUnavailable | None:

@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Any, Final
 
 from gateway.auth.policy import Operation
+from gateway.backend.contract import ensure_available
 from gateway.http.auth import access_of, require_some_access
-from gateway.http.outage import check_available
 from gateway.http.request import Answer, Request, json_answer
 
 MAX_TOPICS: Final = 200
@@ -40,7 +40,7 @@ def _samples(metrics: Any) -> dict[str, list[tuple[dict[str, str], float]]]:
 async def overview(session: Any, request: Request) -> Answer:
     access = access_of(session, request)
     require_some_access(session, access, "see the overview")
-    check_available(session)
+    ensure_available(session.listener.backend)
     listener = session.listener
     backend = listener.backend
     samples = _samples(listener.metrics)

@@ -25,11 +25,11 @@ from typing import Any
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
 from gateway.auth.quotas import PrincipalQuota
-from gateway.backend.contract import ProduceBatch, ProduceCode
+from gateway.backend.contract import ProduceBatch, ProduceCode, ensure_available
 from gateway.backend.placed import produce_placed
 from gateway.http.auth import access_of, check_topic_name, partition_param, partitions_of, require
 from gateway.http.messages import payload_of
-from gateway.http.outage import FAILED_APPENDS, check_available, unavailable_error
+from gateway.http.outage import FAILED_APPENDS, unavailable_error
 from gateway.http.quota import quota_of
 from gateway.http.request import Answer, HttpError, Request, json_answer
 from protocols.tank.bundle import Message, encode_bundle
@@ -100,7 +100,7 @@ async def produce(session: Any, request: Request) -> Answer:
     for _, message in wanted:
         if message.key is not None and len(message.key) > MAX_KEY:
             raise HttpError(400, "bad_key", f"a key is at most {MAX_KEY} bytes")
-    check_available(session)
+    ensure_available(session.listener.backend)
     with quota_of(session, access.principal) as quota:
         return await _append(session, request, access, topic, wanted, quota)
 

@@ -33,6 +33,7 @@ import trio
 from gateway.auth.policy import Operation
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota
+from gateway.backend.contract import ensure_available
 from gateway.http.auth import (
     access_of,
     bearer_token,
@@ -49,7 +50,7 @@ from gateway.http.cursor import (
     next_batch,
     wait_for_room,
 )
-from gateway.http.outage import check_available, sse_available, sse_unavailable
+from gateway.http.outage import sse_available, sse_unavailable
 from gateway.http.positions import event_id, from_last_event_id, from_parameter
 from gateway.http.quota import owes, quota_of, took_out, wait_out
 from gateway.http.request import Request
@@ -72,7 +73,7 @@ async def events(session: Any, request: Request) -> None:
     require(access, topic, Operation.SUBSCRIBE, "events")
     token = bearer_token(request)
     listener = session.listener
-    check_available(session)
+    ensure_available(session.listener.backend)
     infos = await partitions_of(session, access, topic, "events")
     one = partition_param(request.query.get("partition"), len(infos), topic)
     partitions = [one] if one is not None else list(range(len(infos)))

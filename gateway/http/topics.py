@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.backend.contract import ensure_available
 from gateway.http.auth import access_of, check_topic_name, require_some_access
-from gateway.http.outage import check_available
 from gateway.http.request import Answer, HttpError, Request, json_answer
 
 
@@ -20,7 +20,7 @@ def _partition(number: int, first_available: int, high_water_mark: int) -> dict[
 async def list_topics(session: Any, request: Request) -> Answer:
     access = access_of(session, request)
     require_some_access(session, access, "list topics")
-    check_available(session)
+    ensure_available(session.listener.backend)
     topics = await session.listener.backend.discover_topics()
     return json_answer({"topics": [{"name": t.name, "partitions": t.partitions}
                                    for t in sorted(topics, key=lambda t: t.name)
@@ -32,7 +32,7 @@ async def describe_topic(session: Any, request: Request) -> Answer:
     check_topic_name(topic)
     access = access_of(session, request)
     require_some_access(session, access, "see topics")
-    check_available(session)
+    ensure_available(session.listener.backend)
     infos = await session.listener.backend.discover_partitions(topic)
     if infos is None or not access.may_see(topic):
         raise HttpError(404, "unknown_topic", f"unknown topic {topic!r}")

@@ -69,6 +69,7 @@ from gateway.backend.contract import (
     ProduceDone,
     ProduceOutcome,
     TopicRefused,
+    ensure_available,
 )
 from gateway.backend.placed import produce_placed, reports_offsets
 from gateway.http.auth import access_of, bearer_token, partitions_of, require_some_access
@@ -393,19 +394,17 @@ class WebSocket:
                 raise _Close(POLICY, f"more than {self.window} publishes unacknowledged")
             try:
                 topic, partition = await self._where(obj, Operation.PUBLISH)
+                try:
+                    value = payload_of(obj, "value")
+                    key = payload_of(obj, "key")
+                except ValueError as exc:
+                    raise _Close(POLICY, str(exc)) from None
+                if value is None or (key is not None and len(key) > 255):
+                    raise _Close(POLICY, "a publish needs a value (and a key of at most 255 "
+                                 "bytes)")
+                ensure_available(self.listener.backend)  # told now, not after its wait
             except BackendUnavailable as exc:
                 self._unavailable("publish", obj, str(exc))
-                return
-            try:
-                value = payload_of(obj, "value")
-                key = payload_of(obj, "key")
-            except ValueError as exc:
-                raise _Close(POLICY, str(exc)) from None
-            if value is None or (key is not None and len(key) > 255):
-                raise _Close(POLICY, "a publish needs a value (and a key of at most 255 bytes)")
-            reason = self.listener.backend.unavailable()
-            if reason is not None:  # told now, not after the backend's wait
-                self._unavailable("publish", obj, reason)
                 return
             publishes.append((obj, Message(value, key, int(time.time() * 1000)), partition))
         elif op == "attach":
@@ -441,9 +440,7 @@ class WebSocket:
                          f"{topic!r}")
         count = self.partitions.get(topic)
         if count is None:
-            reason = self.listener.backend.unavailable()
-            if reason is not None:
-                raise BackendUnavailable(reason)
+            ensure_available(self.listener.backend)
             try:
                 infos = await partitions_of(self.session, self.access, topic, "websocket")
             except HttpError as exc:
@@ -547,9 +544,7 @@ class WebSocket:
         if len(self.subs) >= self.listener.settings.max_requests_in_flight:
             raise _Close(POLICY, "too many subscriptions on one WebSocket")
         backend = self.listener.backend
-        reason = backend.unavailable()
-        if reason is not None:
-            raise BackendUnavailable(reason)
+        ensure_available(backend)
         infos = await backend.discover_partitions(topic)
         if infos is None:
             raise _Close(POLICY, str(TopicRefused(f"unknown topic {topic!r}")))
