@@ -402,19 +402,16 @@ class PartitionTail:
             try:
                 [outcome] = await backend.fetch([request], max_wait_ms=MAX_WAIT_MS,
                                                 min_bytes=1)
+                away = backend.unavailable() if outcome.status is FetchStatus.FAULT else None
             except BackendUnavailable as exc:
-                self.outage(str(exc))
+                outcome, away = None, str(exc)
+            if away is not None:
+                self.outage(away)
+            if outcome is None or outcome.status is FetchStatus.FAULT:  # try again later
                 await self._pause(delay)
                 delay = min(delay * 2, FAULT_RETRY_MAX_SECS)
                 continue
             status = outcome.status
-            if status is FetchStatus.FAULT:
-                reason = backend.unavailable()
-                if reason is not None:
-                    self.outage(reason)
-                await self._pause(delay)
-                delay = min(delay * 2, FAULT_RETRY_MAX_SECS)
-                continue
             delay = FAULT_RETRY_SECS
             if self.unavailable is not None:
                 self.recovered()
