@@ -310,19 +310,10 @@ class WebSocket:
 
     async def _read(self) -> None:
         stream = self.session.stream
-        data: bytes | None = None  # first: the frames that came with the upgrade request
-        while self._closed is None:
-            if data is not None:
-                try:
-                    data = await stream.receive_some(RECEIVE_SIZE)
-                except SOCKET_ERRORS:
-                    return
+        ended = False
+        while True:
             try:
-                if data is not None:
-                    self.conn.receive_data(data or None)
-                else:
-                    data = b"-"  # (then read the socket)
-                await self._events()
+                await self._events()  # first: the frames that came with the upgrade request
             except RemoteProtocolError as exc:
                 self.close(exc.event_hint.code if isinstance(
                     exc.event_hint, ws.CloseConnection) else PROTOCOL_ERROR, str(exc))
@@ -333,8 +324,14 @@ class WebSocket:
             except Exception as exc:  # a bug must close the socket with 1011, not crash it
                 self._crashed(exc)
                 return
-            if not data:
+            if ended or self._closed is not None:
                 return
+            try:
+                data = await stream.receive_some(RECEIVE_SIZE)
+            except SOCKET_ERRORS:
+                return
+            ended = not data
+            self.conn.receive_data(data or None)
 
     def _crashed(self, exc: Exception) -> None:
         """Close after an unexpected error: 1013 when the backend's upstream is away (the
