@@ -67,13 +67,14 @@ class HostGuard:
         return name in self.names or any(
             name == suffix[1:] or name.endswith(suffix) for suffix in self.suffixes)
 
-    def check(self, request: Request, stream: Any) -> None:
-        """421 ``host_not_allowed`` for a ``Host`` this listener does not answer to on the
-        connection ``stream``."""
+    def check(self, request: Request, session: Any) -> None:
+        """421 ``host_not_allowed`` for a ``Host`` this listener does not answer to on
+        ``session``'s connection (:attr:`~gateway.http.session.HttpSession.on_loopback`:
+        its socket is asked once, and only for a name that could be rebound)."""
         if self.any:
             return
         name = host_name(request.header("host") or "")
-        if self.answers_to(name) or not (self.listed or is_loopback(stream)):
+        if self.answers_to(name) or not (self.listed or session.on_loopback):
             return
         raise HttpError(421, "host_not_allowed", f"this listener does not answer to host "
                         f"{name[:80]!r} (list it in http.allowed_hosts)")

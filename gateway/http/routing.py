@@ -35,7 +35,7 @@ class Router:
 
     async def dispatch(self, session: Any, request: Request) -> Answer | None:
         """Run the handler of ``request``; its answer gets the CORS headers."""
-        session.listener.hosts.check(request, session.stream)
+        session.listener.hosts.check(request, session)
         cors = session.listener.cors
         if request.method == "OPTIONS":
             return cors.preflight(request)

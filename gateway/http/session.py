@@ -1,8 +1,8 @@
 """One HTTP connection: read a request with h11, route it, answer; keep-alive.
 
 A request's head and body must arrive within ``limits.frame_timeout_secs`` of its first
-byte (else 408 and the connection closes), and a connection with no request under way closes after
-``limits.idle_timeout_secs``. A body over ``http.max_body_bytes`` is refused with 413
+byte (else 408 and the connection closes), and a connection with no request under way
+closes after ``limits.idle_timeout_secs``. A body over ``http.max_body_bytes`` is refused with 413
 before it is read (Content-Length) or as soon as it passes the limit (chunked), and the
 connection closes. A malformed request is 400 and closes the connection. Every refusal is
 an answer ``{"error", "message"}`` and one ``http_request_refused`` log line. Bytes reach
@@ -28,6 +28,7 @@ import trio
 from gateway.auth.principal import Principal
 from gateway.backend.contract import BackendUnavailable
 from gateway.http.framing import FramingGuard
+from gateway.http.hosts import is_loopback
 from gateway.http.outage import outage_of, unavailable_error
 from gateway.http.request import Answer, HttpError, Request, error_answer
 from gateway.server.session import CloseConnection
@@ -51,7 +52,7 @@ class HttpSession:
                                           "slow", "access_revoked", "token_expired"})
 
     # Thousands of idle streams each hold one: no per-instance dict.
-    __slots__ = ("_closing", "_end", "_frame", "_idle", "_max_body", "accesses",
+    __slots__ = ("_closing", "_end", "_frame", "_idle", "_max_body", "_on_loopback", "accesses",
                  "bytes_sent", "conn", "framing", "listener", "log", "principal", "quota",
                  "refused", "requests", "scope", "stream")
 
@@ -82,6 +83,15 @@ class HttpSession:
         self._max_body = settings.http_max_body_bytes
         #: Checks every byte before h11 reads it.
         self.framing = FramingGuard(self._max_body)
+        self._on_loopback: bool | None = None
+
+    @property
+    def on_loopback(self) -> bool:
+        """Whether the connection was accepted on a loopback address (its socket asked
+        once, when first wanted)."""
+        if self._on_loopback is None:
+            self._on_loopback = is_loopback(self.stream)
+        return self._on_loopback
 
     @property
     def closing(self) -> bool:
