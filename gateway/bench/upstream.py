@@ -36,7 +36,6 @@ from typing import Any, Final
 
 import trio
 
-from gateway.backend.kafka.clients import producer_config
 from gateway.bench import kafka
 from gateway.bench.endpoints import bounds, ensure_topic, figg_client, tank_client, unique_topic
 from gateway.bench.figg import SUBSCRIPTION_BUFFER, Published, publish_stamped
@@ -52,7 +51,6 @@ from gateway.bench.tank import (
     _make_batches,
     _pipelined_produce,
 )
-from gateway.server.config import Settings
 from protocols.tank.bundle import Codec, Message
 
 _MIB: Final = 1024 * 1024
@@ -191,11 +189,13 @@ async def _timed(processes: _Processes, path: str, run: Work, latency_of: str = 
 
 
 def _direct_config(params: Params, upstream: str) -> dict[str, Any]:
-    """The direct producer: exactly the gateway's producer settings (the same function
-    makes them), with the bench's client id."""
-    settings = Settings(upstream_kafka=(upstream,))
-    return {**producer_config(settings, delivery_timeout_ms=int(params["timeout"] * 1000)),
-            "client.id": "figtank-bench"}
+    """The direct producer, set up as the gateway's own: idempotent, ``acks=all``, a
+    small linger."""
+    return {"bootstrap.servers": upstream, "client.id": "figtank-bench",
+            "enable.idempotence": True, "acks": "all", "linger.ms": 1,
+            "message.timeout.ms": int(params["timeout"] * 1000),
+            "queue.buffering.max.messages": 1_000_000,
+            "queue.buffering.max.kbytes": 1024 * 1024}
 
 
 def _direct_params(params: Params, upstream: str, topic: str) -> Params:

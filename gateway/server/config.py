@@ -13,7 +13,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 MIB = 1024 * 1024
 
@@ -138,16 +138,8 @@ def _optional_file(value: Any) -> str:
     return str(_path(value))
 
 
-def _librdkafka_table(value: Any) -> dict[str, str]:
-    """librdkafka settings passed through as they are (names and values as text)."""
-    if not isinstance(value, Mapping):
-        raise ValueError("expected a table of librdkafka settings")
-    table = {}
-    for key, raw in value.items():
-        if isinstance(raw, (Mapping, list, tuple)):
-            raise ValueError(f"{key}: expected a string, number or boolean")
-        table[str(key)] = (str(raw).lower() if isinstance(raw, bool) else str(raw))
-    return table
+#: Codecs of the batches produced to an upstream Kafka cluster.
+UPSTREAM_COMPRESSIONS: Final = ("none", "gzip", "snappy", "lz4", "zstd")
 
 
 def _optional_choice(*allowed: str) -> Callable[[Any], str]:
@@ -449,11 +441,19 @@ class Settings:
     upstream_kafka_sasl_password: str = _setting(
         "upstream_kafka.sasl_password", "", _text,
         "SASL password at the upstream cluster.")
-    upstream_kafka_librdkafka: dict[str, str] = _setting(  # noqa: RUF009 (a field, made by _setting)
-        "upstream_kafka.librdkafka", {}, _librdkafka_table,
-        "librdkafka settings for what figtank does not name, passed through to its "
-        "producer, consumers and admin client, e.g. {\"socket.keepalive.enable\" = "
-        "\"true\"}; they override figtank's own choices.")
+    upstream_kafka_compression: str = _setting(
+        "upstream_kafka.compression", "none", _choice(*UPSTREAM_COMPRESSIONS),
+        "Codec of the record batches the gateway produces to the upstream cluster (none, "
+        "gzip, snappy, lz4, zstd).")
+    upstream_kafka_max_batch_bytes: int = _setting(
+        "upstream_kafka.max_batch_bytes", 512 * 1024, _positive_int,
+        "Bundle bytes merged into one record batch per partition and Produce request; "
+        "keep it under the upstream's max.message.bytes (a batch it refuses as too large is "
+        "sent again one bundle per batch).")
+    upstream_kafka_delivery_timeout_secs: float = _setting(
+        "upstream_kafka.delivery_timeout_secs", 10.0, _positive_float,
+        "How long the gateway tries to have a publish acknowledged by the upstream before "
+        "the front end gets its error.")
     auto_create_topics: bool = _setting(
         "topics.auto_create", True, _boolean,
         "Create a topic on first produce, publish or attach.", "--auto-create-topics")
@@ -752,7 +752,7 @@ def _parse_option(option: Option, value: Any) -> Any:
 
 def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     known_tables = {o.key for o in OPTIONS
-                    if o.parse in (_topic_config, _listener_tables, _librdkafka_table)}
+                    if o.parse in (_topic_config, _listener_tables)}
     flat: dict[str, Any] = {}
     for name, value in table.items():
         key = f"{prefix}{name}"

@@ -308,9 +308,7 @@ async def open_backend(settings: Settings, metrics: Metrics,
         return
     if settings.upstream_kafka_mode:
         from gateway.backend.kafka import open_kafka_backend
-        from gateway.backend.kafka.clients import librdkafka
 
-        librdkafka()  # MissingExtra (one line, exit 1) before anything starts
         async with open_kafka_backend(settings, metrics,
                                       flush_deadline=grace_deadline) as upstream:
             yield upstream, upstream.unavailable

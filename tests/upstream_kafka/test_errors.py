@@ -98,7 +98,7 @@ async def test_a_message_too_large_for_the_upstream(tmp_path: Path) -> None:
                                   large) == "MSG_SIZE_TOO_LARGE"
             reason = await _figg_publish_closed(served, "sized", large)
             assert "message too large for the upstream" in reason
-            assert upstream_errors(served, "produce", "MSG_SIZE_TOO_LARGE") == 3
+            assert upstream_errors(served, "produce", "MESSAGE_TOO_LARGE") == 3
             assert [v for _, v in await upstream.stored("sized")] == [b"small"]
     finally:
         front.close()
@@ -124,9 +124,9 @@ async def test_an_unknown_topic_the_gateway_may_not_create(tmp_path: Path) -> No
                                   b"x") in ("UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC")
             reason = await _figg_publish_closed(served, "absent", b"x")
             assert "unknown topic 'absent'" in reason
-            assert upstream_errors(served, "produce", "UNKNOWN_TOPIC_OR_PART") == 2
-            assert upstream_errors(served, "fetch", "UNKNOWN_TOPIC_OR_PART") == 1
-            assert upstream_errors(served, "metadata", "UNKNOWN_TOPIC_OR_PART") >= 1
+            assert upstream_errors(served, "produce", "UNKNOWN_TOPIC_OR_PARTITION") == 2
+            assert upstream_errors(served, "fetch", "UNKNOWN_TOPIC_OR_PARTITION") == 1
+            assert upstream_errors(served, "metadata", "UNKNOWN_TOPIC_OR_PARTITION") >= 1
             # Nothing was created upstream.
             async with open_tank_client("127.0.0.1", upstream.tank_port) as direct:
                 assert "absent" not in {t.name for t in await direct.discover_topics()}

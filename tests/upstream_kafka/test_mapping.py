@@ -1,5 +1,5 @@
 """The upstream's refusals mapped to what the front ends answer (sans-IO): a produce's
-outcome (Tank code, reason, Kafka code) and a read's fetch status, by librdkafka's name."""
+outcome (Tank code, reason, Kafka code) and a read's fetch status, by Kafka's error name."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from protocols.kafka.types import ErrorCode
 
 
 @pytest.mark.parametrize(("name", "code", "kafka", "says"), [
-    ("MSG_SIZE_TOO_LARGE", ProduceCode.IO_FAULT, ErrorCode.MESSAGE_TOO_LARGE,
+    ("MESSAGE_TOO_LARGE", ProduceCode.IO_FAULT, ErrorCode.MESSAGE_TOO_LARGE,
      "message too large for the upstream"),
-    ("_MSG_SIZE_TOO_LARGE", ProduceCode.IO_FAULT, ErrorCode.MESSAGE_TOO_LARGE,
+    ("RECORD_LIST_TOO_LARGE", ProduceCode.IO_FAULT, ErrorCode.MESSAGE_TOO_LARGE,
      "message too large for the upstream"),
     ("TOPIC_AUTHORIZATION_FAILED", ProduceCode.READ_ONLY, 0, "upstream authorization failed"),
-    ("UNKNOWN_TOPIC_OR_PART", ProduceCode.UNKNOWN_TOPIC, 0, "upstream: "),
-    ("_MSG_TIMED_OUT", ProduceCode.IO_FAULT, 0, "the upstream did not acknowledge in time"),
+    ("UNKNOWN_TOPIC_OR_PARTITION", ProduceCode.UNKNOWN_TOPIC, 0, "upstream: "),
+    ("TIMED_OUT", ProduceCode.IO_FAULT, 0, "the upstream did not acknowledge in time"),
     ("NOT_ENOUGH_REPLICAS", ProduceCode.IO_FAULT, 0, "upstream: "),
 ])
 def test_a_refused_produce(name: str, code: ProduceCode, kafka: int, says: str) -> None:
@@ -30,10 +30,9 @@ def test_a_refused_produce(name: str, code: ProduceCode, kafka: int, says: str) 
 @pytest.mark.parametrize(("name", "status"), [
     ("TOPIC_AUTHORIZATION_FAILED", FetchStatus.DENIED),
     ("CLUSTER_AUTHORIZATION_FAILED", FetchStatus.DENIED),
-    ("UNKNOWN_TOPIC_OR_PART", FetchStatus.UNKNOWN_TOPIC),
-    ("_UNKNOWN_PARTITION", FetchStatus.UNKNOWN_TOPIC),
-    ("_TRANSPORT", FetchStatus.FAULT),  # an outage: readers retry
-    ("NOT_LEADER_FOR_PARTITION", FetchStatus.FAULT),
+    ("UNKNOWN_TOPIC_OR_PARTITION", FetchStatus.UNKNOWN_TOPIC),
+    ("NETWORK_EXCEPTION", FetchStatus.FAULT),  # an outage: readers retry
+    ("NOT_LEADER_OR_FOLLOWER", FetchStatus.FAULT),
 ])
 def test_a_refused_read(name: str, status: FetchStatus) -> None:
     assert read_refusal(name) is status

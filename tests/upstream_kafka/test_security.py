@@ -108,10 +108,10 @@ async def test_figg_tank_and_kafka_clients_through_tls_and_sasl(
             assert not up.events("sasl_auth_failed")
             assert served.events("upstream_down") == []
             assert served.events("upstream_client_fatal") == []
-            # Closed by the clients (eof; or reset: librdkafka closing a connection with a
-            # response still unread resets it, seen once in CI), never by the gateway.
+            # Closed by the clients (eof; or reset, or a send that failed: librdkafka closing
+            # a connection with a response still unread or on its way), never by the gateway.
             assert [e for e in served.events("connection_closed")
-                    if e.get("kind") not in ("eof", "reset")] == []
+                    if e.get("kind") not in ("eof", "reset", "send_failed")] == []
     finally:
         front.close()
         upstream.served.close()

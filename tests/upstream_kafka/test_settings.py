@@ -1,18 +1,15 @@
-"""Upstream-Kafka mode's settings: the flag, the config file, security and the
-pass-through table, and the librdkafka configurations made from them."""
+"""Upstream-Kafka mode's settings: the flag, the config file, security, the producer's
+own settings, and what the gateway's client is given from them."""
 
 from __future__ import annotations
 
 import argparse
+import ssl
 from pathlib import Path
 
 import pytest
 
-from gateway.backend.kafka.clients import (
-    admin_config,
-    producer_config,
-    reader_config,
-)
+from gateway.backend.kafka import bootstrap_addresses, security_of
 from gateway.server.config import (
     ConfigError,
     Settings,
@@ -20,6 +17,7 @@ from gateway.server.config import (
     flag_overrides,
     load_settings,
 )
+from tests.tls_certs import Certs
 
 
 def _from_flags(*argv: str) -> Settings:
@@ -34,61 +32,50 @@ def test_the_flag_takes_a_comma_separated_list_and_repeats() -> None:
     assert settings.upstream_kafka == ("k1:9092", "k2:9092", "k3:9093")
     assert settings.upstream_kafka_mode and settings.upstream_mode
     assert not settings.bridge_mode
-    assert producer_config(settings, delivery_timeout_ms=1)["bootstrap.servers"] == (
-        "k1:9092,k2:9092,k3:9093")
+    assert bootstrap_addresses(settings) == [("k1", 9092), ("k2", 9092), ("k3", 9093)]
 
 
-def test_the_config_file_names_security_and_passes_librdkafka_settings(
-        tmp_path: Path) -> None:
+def test_the_config_file_names_security_and_the_producer_settings(
+        tmp_path: Path, certs: Certs) -> None:
     config = tmp_path / "figtank.toml"
-    config.write_text("""
+    config.write_text(f"""
 [upstream_kafka]
-bootstrap_servers = ["kafka-0:9093", "kafka-1:9093"]
+bootstrap_servers = ["kafka-0:9093", "[::1]:9094"]
 client_id = "gw-a"
-tls_ca = "ca.pem"
-tls_cert = "client.pem"
-tls_key = "client.key"
+tls_ca = "{certs.ca_pem}"
+tls_cert = "{certs.client_cert}"
+tls_key = "{certs.client_key}"
 sasl_mechanism = "SCRAM-SHA-512"
 sasl_username = "gateway"
 sasl_password = "secret"
-
-[upstream_kafka.librdkafka]
-"socket.keepalive.enable" = true
-"message.timeout.ms" = 20000
-"acks" = "all"
+compression = "lz4"
+max_batch_bytes = 65536
+delivery_timeout_secs = 20
 """)
     settings = load_settings(config)
-    produce = producer_config(settings, delivery_timeout_ms=10_000)
-    assert produce["security.protocol"] == "sasl_ssl"
-    assert (produce["ssl.ca.location"], produce["ssl.certificate.location"],
-            produce["ssl.key.location"]) == ("ca.pem", "client.pem", "client.key")
-    assert (produce["sasl.mechanism"], produce["sasl.username"], produce["sasl.password"]
-            ) == ("SCRAM-SHA-512", "gateway", "secret")
-    assert produce["client.id"] == "gw-a"
-    assert produce["enable.idempotence"] is True and produce["acks"] == "all"
-    # The table wins over figtank's own choices and is text, as librdkafka takes it.
-    assert produce["message.timeout.ms"] == "20000"
-    assert produce["socket.keepalive.enable"] == "true"
-    read = reader_config(settings, queued_kbytes=512)
-    assert read["enable.auto.commit"] is False and read["auto.offset.reset"] == "error"
-    assert read["queued.max.messages.kbytes"] == 512
-    assert read["security.protocol"] == "sasl_ssl"
-    # A topic looked up through the admin client (a producer to librdkafka) must not be
-    # created by a cluster that auto-creates topics (the e2e check: test_errors.py).
-    assert admin_config(settings)["allow.auto.create.topics"] is False
+    assert bootstrap_addresses(settings) == [("kafka-0", 9093), ("::1", 9094)]
+    assert settings.upstream_kafka_client_id == "gw-a"
+    security = security_of(settings)
+    assert security.ssl_context is not None
+    assert security.ssl_context.verify_mode is ssl.CERT_REQUIRED
+    assert (security.sasl_mechanism, security.sasl_username, security.sasl_password) == (
+        "SCRAM-SHA-512", "gateway", "secret")
+    assert (settings.upstream_kafka_compression, settings.upstream_kafka_max_batch_bytes,
+            settings.upstream_kafka_delivery_timeout_secs) == ("lz4", 65536, 20.0)
 
 
-@pytest.mark.parametrize(("extra", "protocol"), [
-    ({}, "plaintext"),
-    ({"upstream_kafka_tls": True}, "ssl"),
+@pytest.mark.parametrize(("extra", "tls", "sasl"), [
+    ({}, False, ""),
+    ({"upstream_kafka_tls": True}, True, ""),
     ({"upstream_kafka_sasl_mechanism": "PLAIN", "upstream_kafka_sasl_username": "u"},
-     "sasl_plaintext"),
-    ({"upstream_kafka_tls_ca": "ca.pem", "upstream_kafka_sasl_mechanism": "SCRAM-SHA-256",
-      "upstream_kafka_sasl_username": "u"}, "sasl_ssl"),
+     False, "PLAIN"),
+    ({"upstream_kafka_tls": True, "upstream_kafka_sasl_mechanism": "SCRAM-SHA-256",
+      "upstream_kafka_sasl_username": "u"}, True, "SCRAM-SHA-256"),
 ])
-def test_security_protocol_follows_what_is_configured(extra: dict, protocol: str) -> None:
+def test_security_follows_what_is_configured(extra: dict, tls: bool, sasl: str) -> None:
     settings = Settings().with_overrides(upstream_kafka="k:9092", **extra)
-    assert admin_config(settings)["security.protocol"] == protocol
+    security = security_of(settings)
+    assert (security.ssl_context is not None, security.sasl_mechanism) == (tls, sasl)
 
 
 @pytest.mark.parametrize(("toml", "names"), [
@@ -101,7 +88,9 @@ def test_security_protocol_follows_what_is_configured(extra: dict, protocol: str
     ('[upstream_kafka]\nbootstrap_servers = ["k:9092"]\nsasl_mechanism = "PLAIN"',
      "upstream_kafka.sasl_username"),
     ('[upstream_kafka]\nbootstrap_servers = ["k9092"]', "upstream_kafka.bootstrap_servers"),
-    ('[upstream_kafka.librdkafka]\n"a" = [1]', "upstream_kafka.librdkafka"),
+    # librdkafka's pass-through table is gone with librdkafka: named, not ignored.
+    ('[upstream_kafka.librdkafka]\n"acks" = "all"', "upstream_kafka.librdkafka"),
+    ('[upstream_kafka]\ncompression = "brotli"', "upstream_kafka.compression"),
 ])
 def test_bad_settings_name_the_key(tmp_path: Path, toml: str, names: str) -> None:
     config = tmp_path / "figtank.toml"

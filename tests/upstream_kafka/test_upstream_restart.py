@@ -131,7 +131,7 @@ async def test_sigkill_and_restart_of_the_upstream_under_load(tmp_path: Path) ->
     # The restart must come within the gateway producer's delivery timeout: a loaded test
     # machine may take several seconds to start the upstream again, so give it 30.
     config = tmp_path / "gateway.toml"
-    config.write_text('[upstream_kafka.librdkafka]\n"message.timeout.ms" = 30000\n')
+    config.write_text('[upstream_kafka]\ndelivery_timeout_secs = 30\n')
     front = gateway(upstream.address, "--config", str(config))
     again: Served | None = None
     ledger = Ledger()

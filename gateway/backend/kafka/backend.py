@@ -1,21 +1,22 @@
 """The upstream-Kafka backend: every listener served from a Kafka-protocol cluster.
 
-:class:`KafkaBackend` implements :class:`~gateway.backend.contract.Backend` with
-librdkafka (confluent-kafka): figtank keeps no log, no offsets and no group state of its
-own, so gateways in front of one cluster are interchangeable. Positions are the
-cluster's: **Figg offset = Tank sequence = Kafka offset + 1**.
+:class:`KafkaBackend` implements :class:`~gateway.backend.contract.Backend` with figtank's
+own Kafka client (:mod:`gateway.backend.kafka.wire`, :mod:`~gateway.backend.kafka.cluster`):
+figtank keeps no log, no offsets and no group state of its own, so gateways in front of
+one cluster are interchangeable. Positions are the cluster's: **Figg offset = Tank
+sequence = Kafka offset + 1**.
 
-- produce: each bundle is checked (as the other backends do), its messages handed to
-  the idempotent producer (:mod:`gateway.backend.kafka.produce`); the outcome comes when
-  the upstream acknowledged them all (``acks=all``). A bundle naming its own sequence
-  numbers (sparse, or ProduceWithSeqnum) is refused with INVALID_SEQUENCE: the upstream
-  numbers records. A missing topic is created through the admin client when
+- produce: each bundle is checked (as the other backends do) and queued whole to the
+  idempotent producer (:mod:`gateway.backend.kafka.produce`), which sends a partition's
+  queued bundles as one record batch; the outcome comes when the upstream acknowledged
+  it (``acks=all``). A bundle naming its own sequence numbers (sparse, or
+  ProduceWithSeqnum) is refused with INVALID_SEQUENCE: the upstream numbers records. A
+  missing topic is created with CreateTopics when
   :class:`~gateway.backend.contract.AutoCreate` allows it.
 - fetch: from the partition's tail feed (:mod:`gateway.backend.kafka.feeds`) when the
   position is in its cache or at its tail (the long poll waits on the feed), else one
-  read from the position (:mod:`gateway.backend.kafka.history`).
-- admin and bounds: metadata, watermarks and topic creation through librdkafka, each in a
-  worker thread.
+  Fetch from the position (:mod:`gateway.backend.kafka.history`).
+- admin and bounds: Metadata, ListOffsets and CreateTopics.
 
 While the upstream does not answer (:mod:`gateway.backend.kafka.health`), calls give the
 answers the front ends turn into their "unavailable": produce I/O fault, fetch FAULT,
@@ -50,16 +51,26 @@ from gateway.backend.contract import (
     ReloadConfCode,
     TopicInfo,
 )
+from gateway.backend.kafka.cluster import Cluster
 from gateway.backend.kafka.feeds import PartitionFeed, TailFeeds
 from gateway.backend.kafka.health import UpstreamHealth
 from gateway.backend.kafka.history import HistoryRead, HistoryReader
 from gateway.backend.kafka.produce import UpstreamProducer
+from gateway.backend.kafka.wire import BrokerLost, error_name
 from gateway.server.metrics import Metrics
 from protocols.errors import ProtocolError
+from protocols.kafka.records import (
+    CreatableTopic,
+    CreateTopicsRequest,
+    ListOffsetsPartition,
+    ListOffsetsRequest,
+    ListOffsetsTopic,
+)
+from protocols.kafka.types import ApiKey, ErrorCode
 from protocols.kafka.upstream import UpstreamBundle
-from protocols.tank.bundle import Message, decode_chunk, validate_bundle
+from protocols.tank.bundle import BundleInfo, validate_bundle
 from protocols.topics import MAX_PARTITIONS, is_valid_topic_name
-from protocols.wire import UINT64_MAX, encode_varint
+from protocols.wire import UINT64_MAX
 
 log = structlog.get_logger("figtank.upstream_kafka")
 
@@ -72,9 +83,12 @@ CATCH_UP_SECS: Final = 2.0
 REQUEST_TIMEOUT_SECS: Final = 5.0
 
 
-#: librdkafka's name of the upstream's "no such topic" (counted under it).
-UNKNOWN_TOPIC: Final = "UNKNOWN_TOPIC_OR_PART"
-#: librdkafka's names of the upstream's authorization failures.
+#: Kafka's name of the upstream's "no such topic" (counted under it).
+UNKNOWN_TOPIC: Final = "UNKNOWN_TOPIC_OR_PARTITION"
+#: ListOffsets' timestamps for a partition's bounds.
+_EARLIEST: Final = -2
+_LATEST: Final = -1
+#: Kafka's names of the upstream's authorization failures.
 _DENIED: Final = ("TOPIC_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED")
 
 
@@ -84,7 +98,7 @@ class UpstreamUnavailable(BackendUnavailable):
 
 class UpstreamRefused(Exception):
     """The upstream answered a partition's request with an error that is not an outage
-    (an authorization failure, an unknown topic): ``error`` is librdkafka's name."""
+    (an authorization failure, an unknown topic): ``error`` is Kafka's name."""
 
     def __init__(self, error: str, text: str) -> None:
         super().__init__(f"{error}: {text}")
@@ -92,25 +106,19 @@ class UpstreamRefused(Exception):
 
 
 class KafkaBackend:
-    """Serves the listeners from an upstream Kafka cluster; see the module doc.
-
-    ``admin`` is a ``confluent_kafka.admin.AdminClient``, ``meta`` a consumer used for
-    watermark queries only, ``ck`` the ``confluent_kafka`` module.
-    """
+    """Serves the listeners from an upstream Kafka cluster; see the module doc."""
 
     #: Whether produce outcomes carry the offsets (see the Backend contract).
     reports_offsets = True
     #: In front of a Kafka cluster, which may go away (:meth:`unavailable`).
     has_upstream = True
 
-    def __init__(self, *, ck: Any, admin: Any, meta: Any, producer: UpstreamProducer,
-                 feeds: TailFeeds, history: HistoryReader, health: UpstreamHealth,
+    def __init__(self, *, cluster: Cluster, producer: UpstreamProducer, feeds: TailFeeds,
+                 history: HistoryReader, health: UpstreamHealth,
                  auto_create_topics: bool = True, default_partitions: int = 1,
                  replication_factor: int = -1, max_bundle_bytes: int = 64 * 1024 * 1024,
                  wait_secs: float = DEFAULT_WAIT_SECS, metrics: Metrics | None = None) -> None:
-        self._ck = ck
-        self._admin = admin
-        self._meta = meta
+        self.cluster = cluster
         self.producer = producer
         self.feeds = feeds
         self.history = history
@@ -131,17 +139,11 @@ class KafkaBackend:
         self._started = int(time.time() * 1000)
 
     def unavailable(self) -> str | None:
-        """Why the gateway can not serve now, or None."""
-        return self.health.unavailable()
+        """Why the gateway can not serve now (the upstream does not answer, or gives the
+        producer no id, so no publish can succeed), or None."""
+        return self.health.unavailable() or self.producer.unavailable()
 
     # -- helpers -----------------------------------------------------------------------------
-
-    async def _blocking(self, call: Callable[..., Any], *args: Any) -> Any:
-        """``call(*args)`` in a worker thread (librdkafka's blocking calls)."""
-        return await trio.to_thread.run_sync(call, *args, abandon_on_cancel=True)
-
-    def _tp(self, topic: str, partition: int, offset: int = -1001) -> Any:
-        return self._ck.TopicPartition(topic, partition, offset)
 
     def _count(self, operation: str, error: str) -> None:
         if self._metrics is not None:
@@ -160,17 +162,15 @@ class KafkaBackend:
             return self._partitions[topic]
         await self._ready()
         try:
-            metadata = await self._blocking(self._admin.list_topics, topic,
-                                            REQUEST_TIMEOUT_SECS)
-        except self._ck.KafkaException as exc:
+            metadata = await self.cluster.metadata([topic])
+        except BrokerLost as exc:
             self.health.suspect()
             raise UpstreamUnavailable(f"metadata of {topic!r}: {exc}") from exc
-        found = metadata.topics.get(topic)
-        if found is None or found.error is not None or not found.partitions:
-            if found is not None and found.error is not None:
-                name = found.error.name()
-                if name not in ("UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC"):
-                    self._count("metadata", name)
+        found = next((t for t in metadata.topics if t.name == topic), None)
+        if found is None or found.error_code or not found.partitions:
+            if found is not None and found.error_code and \
+                    found.error_code != ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                self._count("metadata", error_name(found.error_code))
             return None
         self._partitions[topic] = len(found.partitions)
         return len(found.partitions)
@@ -180,17 +180,34 @@ class KafkaBackend:
         """The upstream's low and high watermarks; a refusal is counted under
         ``operation`` and raised as :class:`UpstreamRefused`."""
         try:
-            low, high = await self._blocking(self._meta.get_watermark_offsets,
-                                             self._tp(topic, partition), REQUEST_TIMEOUT_SECS)
-        except self._ck.KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            name = error.name() if hasattr(error, "name") else ""
-            if read_refusal(name) is not FetchStatus.FAULT:
-                self._count(operation, name)
-                raise UpstreamRefused(name, error.str()) from exc
+            connection = await self.cluster.leader(topic, partition)
+            low, high = await self._offsets(connection, topic, partition, operation)
+        except BrokerLost as exc:
             self.health.suspect()
             raise UpstreamUnavailable(f"watermarks of {topic}/{partition}: {exc}") from exc
-        return int(low), int(high)
+        return low, high
+
+    async def _offsets(self, connection: Any, topic: str, partition: int, operation: str
+                       ) -> tuple[int, int]:
+        found: list[int] = []
+        for timestamp in (_EARLIEST, _LATEST):
+            answer = await connection.call(ApiKey.LIST_OFFSETS, ListOffsetsRequest(
+                replica_id=-1, isolation_level=0, topics=[ListOffsetsTopic(topic, [
+                    ListOffsetsPartition(partition_index=partition, timestamp=timestamp)])]),
+                timeout=REQUEST_TIMEOUT_SECS)
+            parts = [p for t in answer.topics for p in t.partitions
+                     if p.partition_index == partition]
+            if not parts:
+                raise BrokerLost(f"ListOffsets of {topic}/{partition}: left out")
+            if parts[0].error_code:
+                name = error_name(parts[0].error_code)
+                if read_refusal(name) is FetchStatus.FAULT:
+                    self.cluster.forget(topic, partition)
+                    raise BrokerLost(f"ListOffsets of {topic}/{partition}: {name}")
+                self._count(operation, name)
+                raise UpstreamRefused(name, f"ListOffsets of {topic}/{partition}")
+            found.append(parts[0].offset)
+        return found[0], found[1]
 
     # -- produce -----------------------------------------------------------------------------
 
@@ -279,29 +296,29 @@ class KafkaBackend:
         down = not self.health.up and (not self.health.ever_up
                                        or self.health.down_for() > self.wait_secs)
         for i, batch in enumerate(batches):
-            refused = self._check(batch)
-            if refused is not None:
-                finish(i, refused)
+            checked = self._check(batch)
+            if isinstance(checked, ProduceOutcome):
+                finish(i, checked)
                 continue
             if down:
                 finish(i, ProduceOutcome(ProduceCode.IO_FAULT,
-                                         reason=self.health.unavailable() or "upstream"))
+                                         reason=self.unavailable() or "upstream"))
                 continue
-            messages = _messages(batch.bundle)
             started = time.perf_counter()
 
             def done(outcome: ProduceOutcome, i: int = i, batch: ProduceBatch = batch,
-                     count: int = len(messages), started: float = started) -> None:
+                     count: int = checked.msg_count, started: float = started) -> None:
                 if self._metrics is not None:
                     self._metrics.append_seconds.observe(time.perf_counter() - started)
                     if outcome.code is ProduceCode.OK:
                         self._metrics.appended(batch.topic, count, len(batch.bundle))
                 finish(i, outcome)
 
-            self.producer.send(batch.topic, batch.partition, messages, done)
+            self.producer.send(batch.topic, batch.partition, batch.bundle,
+                               checked.msg_count, done)
 
-    def _check(self, batch: ProduceBatch) -> ProduceOutcome | None:
-        """The outcome refusing ``batch`` before it goes upstream, or None."""
+    def _check(self, batch: ProduceBatch) -> ProduceOutcome | BundleInfo:
+        """The outcome refusing ``batch`` before it goes upstream, or its bundle's header."""
         count = self._partitions.get(batch.topic)
         if not is_valid_topic_name(batch.topic):
             return ProduceOutcome(ProduceCode.UNKNOWN_TOPIC,
@@ -330,7 +347,9 @@ class KafkaBackend:
         if info.sparse:
             return ProduceOutcome(ProduceCode.INVALID_SEQUENCE, reason=(
                 "a sparse bundle names its sequence numbers; the upstream numbers records"))
-        return None
+        if not info.msg_count:
+            return ProduceOutcome(ProduceCode.IO_FAULT, reason="invalid bundle: no messages")
+        return info
 
     # -- fetch -------------------------------------------------------------------------------
 
@@ -467,8 +486,7 @@ class KafkaBackend:
         bundles, _ = feed.bundles_from(r.seq, max(r.fetch_size, 1))
         if not bundles:
             return None
-        self.feeds.served += 1
-        feed.last_used = trio.current_time()
+        self.feeds.served_from(feed, bundles[-1].last_seq)
         return _outcome(bundles, feed.high_water_mark, r.seq)
 
     def _from_history(self, r: FetchRequest, seq: int, read: HistoryRead) -> FetchOutcome:
@@ -496,28 +514,46 @@ class KafkaBackend:
             await self._ready()
         except UpstreamUnavailable:
             return CreateTopicCode.SYSTEM_ERROR
-        new = self._ck.admin.NewTopic(name, partitions, self.replication_factor)
-        futures = self._admin.create_topics([new], operation_timeout=REQUEST_TIMEOUT_SECS,
-                                            request_timeout=REQUEST_TIMEOUT_SECS)
         try:
-            await self._blocking(futures[name].result)
-        except self._ck.KafkaException as exc:
-            error = exc.args[0]
-            code = error.name() if hasattr(error, "name") else "_FAIL"
-            if code == "TOPIC_ALREADY_EXISTS":
-                return CreateTopicCode.EXISTS
-            self._count("create_topic", code)
-            log.info("upstream_create_topic_refused", topic=name, error=code,
-                     reason=error.str() if hasattr(error, "str") else repr(exc))
-            if code in ("TOPIC_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED",
-                        "POLICY_VIOLATION"):
+            code = await self._create_topic(name, partitions)
+        except BrokerLost as exc:
+            self.health.suspect()
+            log.info("upstream_create_topic_failed", topic=name, reason=str(exc))
+            return CreateTopicCode.SYSTEM_ERROR
+        if code == ErrorCode.TOPIC_ALREADY_EXISTS:
+            return CreateTopicCode.EXISTS
+        if code:
+            name_of_code = error_name(code)
+            self._count("create_topic", name_of_code)
+            log.info("upstream_create_topic_refused", topic=name, error=name_of_code)
+            if code in (ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                        ErrorCode.CLUSTER_AUTHORIZATION_FAILED, ErrorCode.POLICY_VIOLATION):
                 return CreateTopicCode.READ_ONLY
-            if code in ("INVALID_PARTITIONS", "INVALID_REPLICATION_FACTOR", "INVALID_CONFIG",
-                        "INVALID_TOPIC_EXCEPTION"):
+            if code in (ErrorCode.INVALID_PARTITIONS, ErrorCode.INVALID_REPLICATION_FACTOR,
+                        ErrorCode.INVALID_CONFIG, ErrorCode.INVALID_TOPIC_EXCEPTION):
                 return CreateTopicCode.BAD_CONFIG
             return CreateTopicCode.SYSTEM_ERROR
         self._partitions[name] = partitions
         return CreateTopicCode.OK
+
+    async def _create_topic(self, name: str, partitions: int) -> int:
+        """CreateTopics at the controller (asked again when it moved): the error code."""
+        for _ in range(3):
+            if self.cluster.controller < 0:
+                await self.cluster.metadata([])
+            connection = (await self.cluster.node(self.cluster.controller)
+                          if self.cluster.controller >= 0 else await self.cluster.any_broker())
+            answer = await connection.call(ApiKey.CREATE_TOPICS, CreateTopicsRequest(
+                topics=[CreatableTopic(name=name, num_partitions=partitions,
+                                       replication_factor=self.replication_factor)],
+                timeout_ms=int(REQUEST_TIMEOUT_SECS * 1000)),
+                timeout=REQUEST_TIMEOUT_SECS + 1)
+            code = next((t.error_code for t in answer.topics if t.name == name),
+                        ErrorCode.UNKNOWN_SERVER_ERROR)
+            if code != ErrorCode.NOT_CONTROLLER:
+                return int(code)
+            self.cluster.controller = -1
+        return int(ErrorCode.NOT_CONTROLLER)
 
     async def discover_partitions(self, topic: str) -> list[PartitionInfo] | None:
         """The upstream's bounds: ``(low + 1, high)`` per partition, ``(0, 0)`` when it
@@ -545,13 +581,15 @@ class KafkaBackend:
     async def discover_topics(self) -> list[TopicInfo]:
         await self._ready()
         try:
-            metadata = await self._blocking(self._admin.list_topics, None, REQUEST_TIMEOUT_SECS)
-        except self._ck.KafkaException as exc:
+            metadata = await self.cluster.metadata(None)
+        except BrokerLost as exc:
             self.health.suspect()
             raise UpstreamUnavailable(f"metadata: {exc}") from exc
         topics = []
-        for name, topic in sorted(metadata.topics.items()):
-            if topic.error is None and is_valid_topic_name(name):
+        for topic in sorted(metadata.topics, key=lambda t: t.name or ""):
+            name = topic.name
+            if not topic.error_code and name and is_valid_topic_name(name) \
+                    and not topic.is_internal:
                 self._partitions[name] = len(topic.partitions)
                 topics.append(TopicInfo(name, len(topic.partitions)))
         return topics
@@ -579,21 +617,13 @@ class KafkaBackend:
         """Nothing here: :func:`open_kafka_backend` flushes and closes the clients."""
 
 
-def _messages(bundle: bytes | memoryview) -> list[Message]:
-    """A plain bundle's messages, decoded as one framed chunk: :func:`decode_chunk` is
-    compiled where the extension is built (``decode_bundle`` is pure Python, and was
-    half of the event loop's time per Figg publish)."""
-    framed = b"".join((encode_varint(len(bundle)), bundle))
-    return decode_chunk(framed, 1, max_bundle_size=len(bundle)).messages
-
-
 def read_refusal(error_name: str) -> FetchStatus:
-    """The fetch status of a read the upstream refused with ``error_name`` (librdkafka's):
+    """The fetch status of a read the upstream refused with ``error_name`` (Kafka's):
     DENIED for an authorization failure, UNKNOWN_TOPIC for a topic it does not have,
     else FAULT (a reader retries)."""
     if error_name in _DENIED:
         return FetchStatus.DENIED
-    if error_name in (UNKNOWN_TOPIC, "_UNKNOWN_TOPIC", "_UNKNOWN_PARTITION"):
+    if error_name == UNKNOWN_TOPIC:
         return FetchStatus.UNKNOWN_TOPIC
     return FetchStatus.FAULT
 

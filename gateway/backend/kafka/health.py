@@ -1,26 +1,26 @@
 """Whether the upstream Kafka cluster answers, as the gateway's state.
 
-librdkafka reconnects on its own and says little about it, so :class:`UpstreamHealth`
-asks: a metadata request through the admin client, in a worker thread, every
-``interval`` while the upstream answers and every ``down_interval`` while it does not
-(librdkafka's "all brokers down" error report makes it ask at once). Each change of state
-is one log line (``upstream_up`` / ``upstream_down``), the ``figtank_upstream_up`` gauge
-and the ``figtank_upstream_outages`` counter, as in bridge mode.
+:class:`UpstreamHealth` asks: a Metadata request (no topics) to a broker every
+``interval`` while the upstream answers and every ``down_interval`` while it does not (a
+request of the gateway's that failed makes it ask at once: :meth:`UpstreamHealth.suspect`).
+Each change of state is one log line (``upstream_up`` / ``upstream_down``), the
+``figtank_upstream_up`` gauge and the ``figtank_upstream_outages`` counter, as in bridge
+mode.
 
-A probe only learns "transport failure" when the upstream refuses the gateway's
-credentials; librdkafka's error report says why (:meth:`UpstreamHealth.refused`): that
-reason is logged once (``upstream_authentication_failed``) and given by
-:meth:`~UpstreamHealth.unavailable` until the upstream answers.
+When the upstream refuses the gateway's credentials (SASL, TLS) the reason is logged once
+(``upstream_authentication_failed``) and given by :meth:`~UpstreamHealth.unavailable`
+until the upstream answers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
 import trio
 
+from gateway.backend.kafka.wire import AuthenticationFailed
 from gateway.server.metrics import Metrics
 
 log = structlog.get_logger("figtank.upstream_kafka")
@@ -29,13 +29,15 @@ log = structlog.get_logger("figtank.upstream_kafka")
 class UpstreamHealth:
     """Tracks whether the upstream answers; see the module doc.
 
-    ``probe(timeout)`` runs in a worker thread and raises when the upstream does not
-    answer within ``timeout`` seconds: ``timeout`` normally, ``suspect_timeout`` right
-    after librdkafka reported its brokers down (a short outage, a restart, is then seen
-    even when the upstream is back before the next regular probe).
+    ``await probe(timeout)`` raises when the upstream does not answer within ``timeout``
+    seconds: ``timeout`` normally, ``suspect_timeout`` right after a request to it failed
+    (a short outage, a restart, is then seen even when the upstream is back before the
+    next regular probe); :class:`~gateway.backend.kafka.wire.AuthenticationFailed` when it
+    refuses the gateway's credentials.
     """
 
-    def __init__(self, probe: Callable[[], Any], addresses: tuple[str, ...], *,
+    def __init__(self, probe: Callable[[float], Awaitable[Any]], addresses: tuple[str, ...],
+                 *,
                  metrics: Metrics | None = None, interval: float = 5.0,
                  down_interval: float = 0.5, timeout: float = 2.0,
                  suspect_timeout: float = 0.5) -> None:
@@ -54,8 +56,7 @@ class UpstreamHealth:
         self._down_since: float | None = None
         self.outages = 0
         self.reason = "not asked yet"
-        #: Why the upstream refused the gateway's credentials (librdkafka's report), until
-        #: it answers again.
+        #: Why the upstream refused the gateway's credentials, until it answers again.
         self.refusal: str | None = None
         if metrics is not None:
             metrics.include(metrics.upstream_up, metrics.upstream_outages,
@@ -86,19 +87,17 @@ class UpstreamHealth:
         return f"upstream unreachable: {', '.join(self.addresses)}: {reason}"
 
     def suspect(self) -> None:
-        """Something failed (librdkafka reported all brokers down): probe now, with the
-        short timeout. Trio thread only."""
+        """A request to the upstream failed: probe now, with the short timeout."""
         self._suspected = True
         self._wake.set()
 
     def refused(self, reason: str) -> None:
-        """librdkafka reported that the upstream refused the gateway's credentials (SASL,
-        TLS): logged once until the upstream answers; probe now. Trio thread only."""
+        """The upstream refused the gateway's credentials (SASL, TLS): logged once until
+        the upstream answers."""
         if self.refusal is None:
             log.error("upstream_authentication_failed", addresses=list(self.addresses),
                       reason=_short_text(reason))
         self.refusal = _short_text(reason)
-        self.suspect()
 
     async def wait_up(self, deadline: float) -> bool:
         """Wait until the upstream answers or ``deadline`` (trio time) passes."""
@@ -118,7 +117,13 @@ class UpstreamHealth:
             timeout = self.suspect_timeout if self._suspected else self.timeout
             self._suspected = False
             try:
-                await trio.to_thread.run_sync(self._probe, timeout, abandon_on_cancel=True)
+                with trio.fail_after(timeout):
+                    await self._probe(timeout)
+            except AuthenticationFailed as exc:
+                self.refused(str(exc))
+                self._went_down(_short(exc))
+            except trio.TooSlowError:
+                self._went_down(f"no answer in {timeout:g} s")
             except Exception as exc:
                 self._went_down(_short(exc))
             else:

@@ -1,216 +1,469 @@
-"""Appends through librdkafka's idempotent producer, acknowledged into trio.
+"""The gateway's idempotent producer to the upstream, in figtank's own Kafka client.
 
-:meth:`UpstreamProducer.send` hands a bundle's messages to the producer (``produce()``
-only queues: it never waits for the network) and returns; librdkafka batches, sends,
-retries and keeps the order per partition. A dedicated thread serves the producer's
-delivery reports (``poll``): each report lands on its bundle's :class:`_Delivery`, and a
-bundle whose every message is reported goes back to the trio thread in one
-``run_sync_soon`` per poll, however many bundles finished in it. The event loop never
-waits on librdkafka.
+:meth:`UpstreamProducer.send` queues one bundle for its partition and returns. A sender
+task turns what each partition has queued into ONE Kafka record batch (every message of
+every queued bundle, up to ``max_batch_bytes``, in one compiled call:
+:func:`~protocols.kafka.upstream_codec.bundles_to_record_batch`) and sends the batches of
+all partitions a broker leads in one Produce request (``acks=all``). Each bundle's
+outcome comes when the upstream answered its batch: OK with the sequence numbers (offset
++ 1) of its first and last message, else the error, mapped to the Tank code the front
+ends know (:func:`refused_outcome`) and counted in ``figtank_upstream_errors``.
 
-A bundle's outcome is OK with the sequence numbers (offset + 1) of its first and last
-message once the upstream acknowledged all of them (``acks=all``); else the first error,
-mapped to the Tank code the front ends know (:func:`produce_code`) and counted in
-``figtank_upstream_errors{operation="produce"}``.
+Idempotence, Kafka's rules (KIP-98): the producer id comes from the upstream
+(InitProducerId), so it is unique across every gateway of the cluster; each partition's
+batches carry consecutive sequence numbers, and a partition has one batch in flight at a
+time, so a batch that failed is sent again as it was (same sequence: the upstream stores
+it once) until the delivery timeout. Errors that mean the upstream lost or refuses the
+producer's state (UNKNOWN_PRODUCER_ID after a restart of a broker without durable
+producer state, OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH) and a batch given up
+at the delivery timeout (its fate unknown) make the producer get a new producer id; the
+batch in flight is then sent again under it, from sequence 0. Such a batch may have been
+stored already, unacknowledged: it can be stored twice, never lost.
 """
 
 from __future__ import annotations
 
-import threading
+import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Final
 
 import structlog
 import trio
 
 from gateway.backend.contract import ProduceCode, ProduceOutcome
+from gateway.backend.kafka.cluster import STALE_METADATA, Cluster
+from gateway.backend.kafka.wire import BrokerLost, error_name
 from gateway.server.metrics import Metrics
-from protocols.kafka.types import ErrorCode
-from protocols.tank.bundle import Message
+from protocols.kafka.codecs import Compression
+from protocols.kafka.records import (
+    InitProducerIdRequest,
+    PartitionProduceData,
+    ProduceRequest,
+    TopicProduceData,
+)
+from protocols.kafka.types import ApiKey, ErrorCode
+
+try:
+    from protocols.kafka.upstream_codec import bundles_to_record_batch
+except ImportError:  # pragma: no cover - INTERIM until the compiled codec lands
+    from gateway.backend.kafka._interim_codec import bundles_to_record_batch
 
 log = structlog.get_logger("figtank.upstream_kafka")
 
 #: Called in the trio thread with a bundle's outcome.
 Done = Callable[[ProduceOutcome], None]
 
-#: librdkafka error names -> the Tank code a front end shows (others: I/O fault).
-_CODES = {
-    "UNKNOWN_TOPIC_OR_PART": ProduceCode.UNKNOWN_TOPIC,
-    "_UNKNOWN_TOPIC": ProduceCode.UNKNOWN_TOPIC,
-    "_UNKNOWN_PARTITION": ProduceCode.UNKNOWN_PARTITION,
+_SEQUENCE_MOD: Final = 1 << 31
+#: Errors after which the same batch goes again (after asking the metadata anew).
+_RETRIABLE: Final = STALE_METADATA | {
+    ErrorCode.REQUEST_TIMED_OUT, ErrorCode.NOT_ENOUGH_REPLICAS,
+    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND, ErrorCode.NETWORK_EXCEPTION,
+    ErrorCode.KAFKA_STORAGE_ERROR, ErrorCode.REPLICA_NOT_AVAILABLE,
+    ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_COORDINATOR,
+}
+#: Errors meaning the upstream lost (or fences) the producer's state: a new producer id.
+_PRODUCER_STATE: Final = frozenset({
+    ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, ErrorCode.UNKNOWN_PRODUCER_ID,
+    ErrorCode.INVALID_PRODUCER_EPOCH, 49,  # INVALID_PRODUCER_ID_MAPPING
+})
+#: An unknown topic or partition is retried this many times (a topic just created may not
+#: be known to every broker yet), then refused.
+_UNKNOWN_TOPIC_TRIES: Final = 3
+
+#: Kafka error names -> the Tank code a front end shows (others: I/O fault).
+_CODES: Final = {
+    "UNKNOWN_TOPIC_OR_PARTITION": ProduceCode.UNKNOWN_TOPIC,
     "TOPIC_AUTHORIZATION_FAILED": ProduceCode.READ_ONLY,
     "CLUSTER_AUTHORIZATION_FAILED": ProduceCode.READ_ONLY,
-    "_MSG_TIMED_OUT": ProduceCode.IO_FAULT,
+    "TIMED_OUT": ProduceCode.IO_FAULT,
 }
-
-
-#: librdkafka error names a Kafka client in front gets as the upstream's own error (Kafka
-#: codes); others get the Kafka listener's answer for the Tank code.
-_KAFKA_ERRORS = {
+#: Errors a Kafka client in front gets as the upstream's own (others: the Kafka listener's
+#: answer for the Tank code).
+_KAFKA_ERRORS: Final = {
     # Not retriable: a client told KAFKA_STORAGE_ERROR retries until its timeout.
-    "MSG_SIZE_TOO_LARGE": ErrorCode.MESSAGE_TOO_LARGE,
-    "_MSG_SIZE_TOO_LARGE": ErrorCode.MESSAGE_TOO_LARGE,
+    "MESSAGE_TOO_LARGE": ErrorCode.MESSAGE_TOO_LARGE,
+    "RECORD_LIST_TOO_LARGE": ErrorCode.MESSAGE_TOO_LARGE,
+    "INVALID_RECORD": ErrorCode.INVALID_RECORD,
 }
 
 
-def produce_code(error_name: str) -> ProduceCode:
-    """The Tank produce code for a librdkafka error (by its name)."""
-    return _CODES.get(error_name, ProduceCode.IO_FAULT)
+def produce_code(error: str) -> ProduceCode:
+    """The Tank produce code for an upstream error (by Kafka's name)."""
+    return _CODES.get(error, ProduceCode.IO_FAULT)
 
 
-def refused_outcome(error_name: str, text: str) -> ProduceOutcome:
-    """The outcome of a bundle the upstream (or librdkafka) refused with ``error_name``."""
-    return ProduceOutcome(produce_code(error_name), reason=_reason(error_name, text),
-                          kafka_error=_KAFKA_ERRORS.get(error_name, 0))
+def refused_outcome(error: str, text: str) -> ProduceOutcome:
+    """The outcome of a bundle the upstream refused with ``error`` (Kafka's name)."""
+    return ProduceOutcome(produce_code(error), reason=_reason(error, text),
+                          kafka_error=_KAFKA_ERRORS.get(error, 0))
 
 
 def _reason(name: str, text: str) -> str:
-    if name in ("MSG_SIZE_TOO_LARGE", "_MSG_SIZE_TOO_LARGE"):
+    if name in ("MESSAGE_TOO_LARGE", "RECORD_LIST_TOO_LARGE"):
         return f"message too large for the upstream: {text}"
     if name in ("TOPIC_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED"):
         return f"upstream authorization failed: {text}"
-    if name == "_MSG_TIMED_OUT":
+    if name == "TIMED_OUT":
         return f"the upstream did not acknowledge in time: {text}"
     return f"upstream: {text}"
 
 
-class _Delivery:
-    """One bundle's messages on their way: counted by the poll thread's reports."""
+class _Item:
+    __slots__ = ("bundle", "count", "done", "queued")
 
-    __slots__ = ("done", "error", "expected", "first", "last", "lock", "reported")
-
-    def __init__(self, expected: int, done: Done) -> None:
-        self.expected = expected
-        self.reported = 0
-        self.first = -1
-        self.last = -1
-        self.error: tuple[str, str] | None = None
+    def __init__(self, bundle: bytes, count: int, done: Done, queued: float) -> None:
+        self.bundle = bundle
+        self.count = count
         self.done = done
-        self.lock = threading.Lock()
+        self.queued = queued
+
+
+class _Partition:
+    """One partition's queue, its batch in flight, and its sequence numbers."""
+
+    __slots__ = ("attempts", "base_seq", "batch", "batch_pid", "in_flight", "next_seq",
+                 "partition", "queue", "retry_at", "sending", "seq_pid", "solo", "topic",
+                 "unknown_tries")
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.queue: deque[_Item] = deque()
+        #: The bundles of the batch being sent (or to be sent again), None between batches.
+        self.in_flight: list[_Item] | None = None
+        #: Whether a Produce request carrying the batch is waiting for its answer.
+        self.sending = False
+        self.batch: bytes | None = None
+        #: The producer id (and epoch) the batch was stamped with.
+        self.batch_pid: tuple[int, int] = (-1, -1)
+        self.base_seq = 0
+        #: The next sequence number, counted for producer id ``seq_pid``.
+        self.next_seq = 0
+        self.seq_pid: tuple[int, int] = (-1, -1)
+        self.retry_at = 0.0
+        self.attempts = 0
+        self.unknown_tries = 0
+        #: Bundles to send one per batch (a merged batch was too large for the upstream).
+        self.solo = 0
 
 
 class UpstreamProducer:
-    """The gateway's one producer to the upstream; see the module doc.
+    """The gateway's one producer to the upstream; see the module doc."""
 
-    ``producer`` is a ``confluent_kafka.Producer``; ``token`` the trio run's token.
-    """
-
-    def __init__(self, producer: Any, token: trio.lowlevel.TrioToken, *,
-                 metrics: Metrics | None = None, max_message_bytes: int = 1_000_000) -> None:
-        self._producer = producer
-        self._token = token
+    def __init__(self, cluster: Cluster, *, metrics: Metrics | None = None,
+                 delivery_timeout: float = 10.0, request_timeout: float = 5.0,
+                 max_batch_bytes: int = 512 * 1024,
+                 compression: Compression = Compression.NONE,
+                 on_trouble: Callable[[], None] | None = None) -> None:
+        self._cluster = cluster
         self._metrics = metrics
-        #: Larger messages are refused before any message of their bundle is queued.
-        self.max_message_bytes = max_message_bytes
-        self._finished: deque[_Delivery] = deque()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, name="figtank-upstream-producer",
-                                        daemon=True)
-        self._thread.start()
+        self.delivery_timeout = delivery_timeout
+        self.request_timeout = request_timeout
+        self.max_batch_bytes = max_batch_bytes
+        self.compression = compression
+        self._on_trouble = on_trouble or (lambda: None)
+        self._partitions: dict[tuple[str, int], _Partition] = {}
+        self._ready: dict[_Partition, None] = {}
+        self._wake = trio.Event()
+        self._idle = trio.Event()
+        self._pid: tuple[int, int] | None = None
+        self._renew = False
+        #: Why no producer id can be had (None while the producer has one).
+        self.failure: str | None = None
+        self._queued_messages = 0
+        self._nursery: trio.Nursery | None = None
+        #: Producer ids obtained (1 at the start; more after the upstream lost them).
+        self.producer_ids = 0
 
-    # ----------------------------------------------------------------- trio thread
+    # ----------------------------------------------------------------- front side
 
-    def send(self, topic: str, partition: int, messages: Sequence[Message],
-             done: Done) -> None:
-        """Queue ``messages`` for ``topic``/``partition``; ``done`` gets the outcome."""
-        too_large = next((m for m in messages if len(m.value) + len(m.key or b"")
-                          > self.max_message_bytes), None)
-        if too_large is not None:
-            self._count("MSG_SIZE_TOO_LARGE")
-            done(refused_outcome("MSG_SIZE_TOO_LARGE", f"{len(too_large.value)} bytes, over "
-                                 f"the {self.max_message_bytes} of message.max.bytes"))
+    def send(self, topic: str, partition: int, bundle: bytes, count: int, done: Done) -> None:
+        """Queue ``bundle`` (``count`` messages) for ``topic``/``partition``; ``done`` gets
+        the outcome in the trio thread."""
+        key = (topic, partition)
+        state = self._partitions.get(key)
+        if state is None:
+            state = self._partitions[key] = _Partition(topic, partition)
+        state.queue.append(_Item(bundle, count, done, trio.current_time()))
+        self._queued_messages += count
+        self._ready[state] = None
+        self._wake.set()
+
+    def in_flight(self) -> int:
+        """Messages queued or on their way upstream."""
+        return self._queued_messages
+
+    def unavailable(self) -> str | None:
+        """Why no publish can succeed now (no producer id to be had), or None."""
+        return self.failure
+
+    async def flush(self, deadline: float) -> int:
+        """Wait until every queued message has its outcome or ``deadline`` (trio time)
+        passes; returns the messages still without one."""
+        with trio.move_on_at(deadline):
+            while self._queued_messages:
+                self._idle = trio.Event()
+                await self._idle.wait()
+        return self._queued_messages
+
+    # ----------------------------------------------------------------- sender
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Send what is queued until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            while True:
+                now = trio.current_time()
+                wait = self._expire(now)
+                if self._ready and (self._pid is None or self._renew):
+                    await self._new_producer_id()
+                    continue
+                wait = min(wait, self._dispatch(now))
+                self._wake = trio.Event()
+                with trio.move_on_after(max(wait, 0.0)):
+                    await self._wake.wait()
+
+    def _dispatch(self, now: float) -> float:
+        """Send every partition that can go; returns how long until one waiting to
+        retry can."""
+        by_node: dict[int, list[_Partition]] = {}
+        later = 3600.0
+        unknown: list[str] = []
+        for state in list(self._ready):
+            if state.sending:
+                continue
+            if state.in_flight is None and not state.queue:
+                del self._ready[state]
+                continue
+            if state.retry_at > now:
+                later = min(later, state.retry_at - now)
+                continue
+            node = self._cluster.leaders.get((state.topic, state.partition))
+            if node is None or node < 0:
+                unknown.append(state.topic)
+                state.retry_at = now + 0.05
+                later = min(later, 0.05)
+                continue
+            self._take(state)
+            state.sending = True
+            by_node.setdefault(node, []).append(state)
+        assert self._nursery is not None
+        if unknown:
+            self._nursery.start_soon(self._refresh, list(dict.fromkeys(unknown)))
+        for node, states in by_node.items():
+            self._nursery.start_soon(self._produce, node, states)
+        return later
+
+    def _take(self, state: _Partition) -> None:
+        """Make ``state``'s next batch from its queue (or keep the one to send again)."""
+        assert self._pid is not None
+        if state.in_flight is None:
+            items = [state.queue.popleft()]
+            size = len(items[0].bundle)
+            limit = 1 if state.solo else 1 << 30
+            while state.queue and len(items) < limit and \
+                    size + len(state.queue[0].bundle) <= self.max_batch_bytes:
+                item = state.queue.popleft()
+                items.append(item)
+                size += len(item.bundle)
+            if state.solo:
+                state.solo -= 1
+            state.in_flight = items
+            state.batch = None
+        if state.batch is None or state.batch_pid != self._pid:
+            if state.seq_pid != self._pid:
+                state.seq_pid = self._pid
+                state.next_seq = 0
+            state.base_seq = state.next_seq
+            state.batch, count = bundles_to_record_batch(
+                [i.bundle for i in state.in_flight], producer_id=self._pid[0],
+                producer_epoch=self._pid[1], base_sequence=state.base_seq,
+                now_ms=int(time.time() * 1000), compression=self.compression)
+            state.batch_pid = self._pid
+            state.next_seq = (state.base_seq + count) % _SEQUENCE_MOD
+
+    async def _produce(self, node: int, states: list[_Partition]) -> None:
+        topics: dict[str, list[PartitionProduceData]] = {}
+        for s in states:
+            topics.setdefault(s.topic, []).append(PartitionProduceData(s.partition, s.batch))
+        request = ProduceRequest(None, -1, int(self.request_timeout * 1000),
+                                 [TopicProduceData(t, p) for t, p in topics.items()])
+        try:
+            connection = await self._cluster.node(node)
+            answer = await connection.call(ApiKey.PRODUCE, request,
+                                           timeout=self.request_timeout + 1)
+        except BrokerLost as exc:
+            for s in states:
+                s.sending = False
+            self._on_trouble()
+            for s in states:
+                self._cluster.forget(s.topic, s.partition)
+                self._retry(s, str(exc))
+            self._wake.set()
             return
-        delivery = _Delivery(len(messages), done)
-        report = self._make_report(delivery)
-        produce = self._producer.produce
-        queued = 0
-        failure: tuple[str, str] | None = None
-        for m in messages:
-            try:
-                # By keyword: the sixth positional slot is on_delivery (callback's alias).
-                produce(topic, m.value, m.key, partition, report, timestamp=m.timestamp or 0)
-            except BufferError:
-                failure = ("_QUEUE_FULL", "the producer's queue to the upstream is full")
-                break
-            except Exception as exc:  # KafkaException: refused before queueing
-                error = exc.args[0] if exc.args else None
-                failure = (error.name(), error.str()) if hasattr(error, "name") else (
-                    "_FAIL", repr(exc))
-                break
-            queued += 1
-        if failure is not None:
-            self._unqueued(delivery, len(messages) - queued, failure)
-
-    def _make_report(self, delivery: _Delivery) -> Callable[[Any, Any], None]:
-        finished = self._finished
-
-        def report(error: Any, message: Any) -> None:  # the poll thread
-            with delivery.lock:
-                delivery.reported += 1
-                if error is not None:
-                    if delivery.error is None:
-                        delivery.error = (error.name(), error.str())
-                else:
-                    offset = message.offset()
-                    if delivery.first < 0:
-                        delivery.first = offset
-                    delivery.last = offset
-                complete = delivery.reported == delivery.expected
-            if complete:
-                finished.append(delivery)
-        return report
-
-    def _unqueued(self, delivery: _Delivery, count: int, failure: tuple[str, str]) -> None:
-        with delivery.lock:
-            delivery.reported += count
-            if delivery.error is None:
-                delivery.error = failure
-            complete = delivery.reported == delivery.expected
-        if complete:
-            self._finished.append(delivery)
-            self._deliver()
-
-    def _deliver(self) -> None:
-        """Hand every finished bundle its outcome (the trio thread)."""
-        finished = self._finished
-        while finished:
-            delivery = finished.popleft()
-            if delivery.error is None:
-                outcome = ProduceOutcome(ProduceCode.OK, delivery.first + 1, delivery.last + 1)
+        found = {(t.name, p.index): p for t in answer.responses for p in t.partition_responses}
+        for s in states:
+            s.sending = False
+            part = found.get((s.topic, s.partition))
+            if part is None:
+                self._retry(s, "the upstream's answer left the partition out")
             else:
-                name, text = delivery.error
-                self._count(name)
-                outcome = refused_outcome(name, text)
-            try:
-                delivery.done(outcome)
-            except Exception:  # a front end's bug must not stop the others' acks
-                log.exception("upstream_produce_callback_failed")
+                self._answered(s, part)
+        self._wake.set()
+
+    def _answered(self, state: _Partition, part: Any) -> None:
+        code = part.error_code
+        if code in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE_NUMBER):
+            self._stored(state, part.base_offset)
+            return
+        name = error_name(code)
+        text = part.error_message or name
+        if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+            state.unknown_tries += 1
+            if state.unknown_tries >= _UNKNOWN_TOPIC_TRIES:
+                self._failed(state, name, text)
+                return
+        if code in _RETRIABLE:
+            self._cluster.forget(state.topic, state.partition)
+            self._retry(state, f"{name}: {text}")
+        elif code in _PRODUCER_STATE:
+            if state.batch_pid == self._pid:
+                self._renew = True
+                log.warning("upstream_producer_state_lost", error=name,
+                            topic=state.topic, partition=state.partition,
+                            producer_id=state.batch_pid[0])
+            self._retry(state, f"{name}: {text}")
+        elif code in (ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE) and \
+                state.in_flight is not None and len(state.in_flight) > 1:
+            # The merged batch is over the upstream's limit: its bundles go one by one.
+            items = state.in_flight
+            state.queue.extendleft(reversed(items))
+            state.solo = len(items)
+            self._unsent(state)
+        else:
+            self._failed(state, name, text)
+
+    def _stored(self, state: _Partition, base_offset: int) -> None:
+        items = state.in_flight or []
+        self._finish(state)
+        first = base_offset + 1
+        for item in items:
+            last = first + item.count - 1
+            self._deliver(item, ProduceOutcome(ProduceCode.OK, first, last)
+                          if base_offset >= 0 else ProduceOutcome(ProduceCode.OK))
+            first = last + 1
+
+    def _failed(self, state: _Partition, name: str, text: str) -> None:
+        """The upstream refused the batch: it is not stored, its sequences are reused."""
+        items = state.in_flight or []
+        if state.batch_pid == state.seq_pid:
+            state.next_seq = state.base_seq
+        self._finish(state)
+        self._count(name)
+        outcome = refused_outcome(name, text)
+        for item in items:
+            self._deliver(item, outcome)
+
+    def _unsent(self, state: _Partition) -> None:
+        """The batch was refused whole and its bundles queued again: nothing stored."""
+        if state.batch_pid == state.seq_pid:
+            state.next_seq = state.base_seq
+        state.in_flight = None
+        state.batch = None
+        state.attempts = 0
+        self._ready[state] = None
+
+    def _retry(self, state: _Partition, reason: str) -> None:
+        items = state.in_flight or []
+        now = trio.current_time()
+        if items and now - items[0].queued > self.delivery_timeout:
+            # Given up with its fate unknown: the next batch can not follow its sequence.
+            self._renew = True
+            self._finish(state)
+            self._count("TIMED_OUT")
+            outcome = refused_outcome("TIMED_OUT", reason)
+            for item in items:
+                self._deliver(item, outcome)
+            return
+        state.attempts += 1
+        state.retry_at = now + min(0.025 * (2 ** min(state.attempts, 6)), 1.0)
+        self._ready[state] = None
+
+    def _finish(self, state: _Partition) -> None:
+        state.in_flight = None
+        state.batch = None
+        state.attempts = 0
+        state.unknown_tries = 0
+        state.retry_at = 0.0
+        self._ready[state] = None
+
+    def _deliver(self, item: _Item, outcome: ProduceOutcome) -> None:
+        self._queued_messages -= item.count
+        try:
+            item.done(outcome)
+        except Exception:  # a front end's bug must not stop the others' acks
+            log.exception("upstream_produce_callback_failed")
+        if not self._queued_messages:
+            self._idle.set()
+
+    def _expire(self, now: float) -> float:
+        """Fail bundles queued longer than the delivery timeout while nothing could be
+        sent (no producer id, no leader); returns the time until the next may expire."""
+        soonest = 3600.0
+        for state in list(self._ready):
+            queue = state.queue
+            while queue and now - queue[0].queued > self.delivery_timeout:
+                item = queue.popleft()
+                self._count("TIMED_OUT")
+                self._deliver(item, refused_outcome(
+                    "TIMED_OUT", self.failure or "the upstream did not take it in time"))
+            if queue:
+                soonest = min(soonest, queue[0].queued + self.delivery_timeout - now)
+        return soonest
+
+    async def _refresh(self, topics: list[str]) -> None:
+        try:
+            await self._cluster.metadata(topics)
+        except BrokerLost:
+            self._on_trouble()
+        self._wake.set()
+
+    async def _new_producer_id(self) -> None:
+        """Ask the upstream for a producer id (again), waiting between failures."""
+        try:
+            connection = await self._cluster.any_broker()
+            answer = await connection.call(ApiKey.INIT_PRODUCER_ID, InitProducerIdRequest(
+                transactional_id=None, transaction_timeout_ms=60_000, producer_id=-1,
+                producer_epoch=-1), timeout=self.request_timeout)
+            if answer.error_code:
+                raise _Refused(error_name(answer.error_code))
+        except (BrokerLost, _Refused) as exc:
+            if self.failure is None:
+                log.error("upstream_producer_id_refused", reason=str(exc))
+            self.failure = f"the upstream gives no producer id: {exc}"
+            if isinstance(exc, BrokerLost):
+                self._on_trouble()
+            with trio.move_on_after(0.5):
+                await trio.sleep_forever()
+            self._expire(trio.current_time())
+            return
+        renewed = self._pid is not None
+        self._pid = (answer.producer_id, answer.producer_epoch)
+        self._renew = False
+        self.failure = None
+        self.producer_ids += 1
+        if renewed:
+            log.info("upstream_producer_renewed", producer_id=answer.producer_id,
+                     epoch=answer.producer_epoch)
 
     def _count(self, error: str) -> None:
         if self._metrics is not None:
             self._metrics.upstream_errors.labels("produce", error).inc()
 
-    # ----------------------------------------------------------------- poll thread
 
-    def _poll(self) -> None:
-        poll = self._producer.poll
-        finished = self._finished
-        while not self._stop.is_set():
-            poll(0.05)
-            if finished:
-                try:
-                    self._token.run_sync_soon(self._deliver)
-                except trio.RunFinishedError:
-                    return
-
-    def in_flight(self) -> int:
-        """Messages queued or on their way upstream."""
-        return len(self._producer)
-
-    def close(self, timeout: float) -> int:
-        """Stop the poll thread after flushing for up to ``timeout`` seconds (blocking:
-        call it in a worker thread); returns the messages still not acknowledged."""
-        self._stop.set()
-        self._thread.join()
-        return int(self._producer.flush(timeout))
+class _Refused(Exception):
+    pass

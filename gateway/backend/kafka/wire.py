@@ -1,0 +1,326 @@
+"""One connection to one Kafka broker, with requests pipelined (trio).
+
+:func:`open_broker` dials a broker (TCP, or TLS), learns the versions it speaks
+(ApiVersions) and authenticates (SASL PLAIN or SCRAM, KIP-152's SaslAuthenticate), then
+hands back a :class:`BrokerConnection`. :meth:`BrokerConnection.call` sends one request at
+the highest version both sides speak and waits for its answer; any number of calls may be
+in flight on one connection (the broker answers a connection's requests in order; the
+answers are matched by correlation id). One task per connection reads the answers
+(:meth:`BrokerConnection.run`); when the connection is lost every waiting call raises
+:class:`BrokerLost`, and the connection is not used again.
+
+The messages are figtank's own (:mod:`protocols.kafka.records`, generated from Kafka's
+message definitions): the client and the Kafka listener share one protocol layer.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import secrets
+import ssl
+import struct
+from dataclasses import dataclass
+from typing import Any, Final
+
+import trio
+
+from protocols.errors import ProtocolError
+from protocols.kafka.messages import (
+    REQUESTS,
+    RESPONSES,
+    SUPPORTED_VERSIONS,
+    request_header_version,
+    response_header_version,
+)
+from protocols.kafka.records import (
+    ApiVersionsRequest,
+    RequestHeader,
+    SaslAuthenticateRequest,
+    SaslHandshakeRequest,
+    encode_request_header,
+    read_response_header,
+)
+from protocols.kafka.types import ApiKey, ErrorCode
+
+#: The largest answer read (a Fetch's is bounded by the request's max_bytes).
+MAX_FRAME: Final = 256 * 1024 * 1024
+_SIZE: Final = struct.Struct(">i")
+_READ: Final = 1024 * 1024
+
+
+class BrokerLost(ConnectionError):
+    """The connection to a broker failed, was closed, or an answer did not come in time."""
+
+
+class AuthenticationFailed(BrokerLost):
+    """The broker refused the gateway's credentials (SASL) or its TLS handshake failed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Security:
+    """How to reach the brokers: TLS (a client context) and SASL credentials."""
+
+    ssl_context: ssl.SSLContext | None = None
+    sasl_mechanism: str = ""
+    sasl_username: str = ""
+    sasl_password: str = ""
+
+
+class _Pending:
+    __slots__ = ("api_key", "done", "error", "result", "version")
+
+    def __init__(self, api_key: int, version: int) -> None:
+        self.api_key = api_key
+        self.version = version
+        self.done = trio.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class BrokerConnection:
+    """Pipelined requests over one stream; see the module doc."""
+
+    def __init__(self, stream: trio.abc.Stream, address: str, *, client_id: str,
+                 timeout: float) -> None:
+        self.address = address
+        self._stream = stream
+        self._client_id = client_id
+        self.timeout = timeout
+        self._correlation = 0
+        self._pending: dict[int, _Pending] = {}
+        self._send_lock = trio.Lock()
+        #: Why the connection is no longer usable (None while it is).
+        self.lost: str | None = None
+        #: What the broker serves: ``{api_key: (min, max)}``.
+        self.versions: dict[int, tuple[int, int]] = {}
+
+    def version(self, api_key: int) -> int:
+        """The highest version of ``api_key`` both sides speak (:class:`BrokerLost` when
+        there is none: the broker is too old or not a Kafka broker)."""
+        ours = SUPPORTED_VERSIONS.get(api_key)
+        theirs = self.versions.get(api_key)
+        if ours is not None and theirs is not None:
+            high = min(ours[1] if ours[1] is not None else ours[0], theirs[1])
+            if high >= max(ours[0], theirs[0]):
+                return high
+        raise BrokerLost(f"{self.address} does not serve {ApiKey(api_key).name} in a "
+                         f"version figtank speaks")
+
+    async def call(self, api_key: int, body: Any, *, version: int | None = None,
+                   timeout: float | None = None) -> Any:
+        """Send one request, wait for its answer's body (:class:`BrokerLost` when the
+        connection fails or no answer comes within ``timeout``, default the connection's)."""
+        if self.lost is not None:
+            raise BrokerLost(self.lost)
+        if version is None:
+            version = self.version(api_key)
+        self._correlation = (self._correlation + 1) & 0x7FFFFFFF
+        correlation = self._correlation
+        header = encode_request_header(
+            RequestHeader(api_key, version, correlation, self._client_id),
+            request_header_version(api_key, version))
+        payload = REQUESTS[api_key].encode(body, version=version)
+        pending = _Pending(api_key, version)
+        self._pending[correlation] = pending
+        try:
+            with trio.fail_after(self.timeout if timeout is None else timeout):
+                async with self._send_lock:
+                    await self._stream.send_all(b"".join((
+                        _SIZE.pack(len(header) + len(payload)), header, payload)))
+                await pending.done.wait()
+        except trio.TooSlowError:
+            # The answer may still come; the connection can not tell which request a
+            # late one belongs to if it is dropped, so it is given up.
+            self.close(f"no answer to {ApiKey(api_key).name} from {self.address} in time")
+            raise BrokerLost(self.lost or "") from None
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self.close(f"connection to {self.address} lost: {exc}")
+            raise BrokerLost(self.lost or "") from None
+        finally:
+            self._pending.pop(correlation, None)
+        if pending.error is not None:
+            raise pending.error
+        return pending.result
+
+    async def run(self) -> None:
+        """Read answers until the connection ends (then every waiting call fails)."""
+        buffer = bytearray()
+        try:
+            while self.lost is None:
+                data = await self._stream.receive_some(_READ)
+                if not data:
+                    self.close(f"{self.address} closed the connection")
+                    break
+                buffer += data
+                self._answers(buffer)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self.close(f"connection to {self.address} lost: {exc}")
+        except ProtocolError as exc:
+            self.close(f"bad answer from {self.address}: {exc}")
+        finally:
+            self.close(self.lost or "closed")
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(self._stream)
+
+    def _answers(self, buffer: bytearray) -> None:
+        pos = 0
+        end = len(buffer)
+        view = memoryview(buffer)
+        try:
+            while end - pos >= 4:
+                (size,) = _SIZE.unpack_from(buffer, pos)
+                if not 0 <= size <= MAX_FRAME:
+                    raise ProtocolError(f"answer of {size} bytes")
+                if end - pos - 4 < size:
+                    break
+                frame = bytes(view[pos + 4:pos + 4 + size])
+                pos += 4 + size
+                self._answer(frame)
+        finally:
+            view.release()
+        del buffer[:pos]
+
+    def _answer(self, frame: bytes) -> None:
+        if len(frame) < 4:
+            raise ProtocolError("answer too short for its header")
+        (correlation,) = _SIZE.unpack_from(frame, 0)
+        pending = self._pending.get(correlation)
+        if pending is None:
+            return  # a call that gave up (timeout, cancelled): its answer is dropped
+        _, pos = read_response_header(frame, 0, len(frame), response_header_version(
+            pending.api_key, pending.version))
+        try:
+            pending.result = RESPONSES[pending.api_key].decode(
+                memoryview(frame)[pos:], version=pending.version)
+        except ProtocolError as exc:
+            pending.error = BrokerLost(f"bad answer to {ApiKey(pending.api_key).name} "
+                                       f"from {self.address}: {exc}")
+        pending.done.set()
+
+    def close(self, reason: str) -> None:
+        """Stop using the connection: every waiting call raises :class:`BrokerLost`."""
+        if self.lost is None:
+            self.lost = reason
+        for pending in self._pending.values():
+            if not pending.done.is_set():
+                pending.error = BrokerLost(self.lost)
+                pending.done.set()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests sent and not answered yet."""
+        return len(self._pending)
+
+
+async def open_broker(host: str, port: int, nursery: trio.Nursery, *, security: Security,
+                      client_id: str, timeout: float) -> BrokerConnection:
+    """A connection to ``host:port``, its versions learnt and SASL done, its reader
+    running in ``nursery``. :class:`BrokerLost` (or :class:`AuthenticationFailed`) when
+    it can not be had within ``timeout``."""
+    address = f"{host}:{port}"
+    try:
+        with trio.fail_after(timeout):
+            stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+    except trio.TooSlowError:
+        raise BrokerLost(f"cannot connect to {address}: no answer in {timeout:g} s") from None
+    except OSError as exc:
+        raise BrokerLost(f"cannot connect to {address}: {exc.strerror or exc}") from None
+    if security.ssl_context is not None:
+        stream = trio.SSLStream(stream, security.ssl_context, server_hostname=host)
+        try:
+            with trio.fail_after(timeout):
+                await stream.do_handshake()
+        except (trio.TooSlowError, trio.BrokenResourceError, OSError) as exc:
+            await trio.aclose_forcefully(stream)
+            reason = exc.__cause__ or exc
+            raise AuthenticationFailed(f"TLS handshake with {address} failed: "
+                                       f"{reason}") from None
+    connection = BrokerConnection(stream, address, client_id=client_id, timeout=timeout)
+    nursery.start_soon(connection.run)
+    try:
+        answer = await connection.call(ApiKey.API_VERSIONS, ApiVersionsRequest(), version=0)
+        if answer.error_code:
+            raise BrokerLost(f"{address} refused ApiVersions: {_name(answer.error_code)}")
+        connection.versions = {k.api_key: (k.min_version, k.max_version)
+                               for k in answer.api_keys}
+        if security.sasl_mechanism:
+            await _authenticate(connection, security)
+    except BaseException:
+        connection.close("handshake failed")
+        raise
+    return connection
+
+
+async def _authenticate(connection: BrokerConnection, security: Security) -> None:
+    mechanism = security.sasl_mechanism
+    answer = await connection.call(ApiKey.SASL_HANDSHAKE,
+                                   SaslHandshakeRequest(mechanism=mechanism), version=1)
+    if answer.error_code:
+        raise AuthenticationFailed(
+            f"{connection.address} does not enable SASL {mechanism} (it offers "
+            f"{', '.join(answer.mechanisms) or 'none'})")
+    if mechanism == "PLAIN":
+        steps = _plain(security)
+    else:
+        steps = _Scram(mechanism, security.sasl_username, security.sasl_password).steps()
+    token = next(steps)
+    while True:
+        reply = await connection.call(ApiKey.SASL_AUTHENTICATE,
+                                      SaslAuthenticateRequest(auth_bytes=token))
+        if reply.error_code:
+            raise AuthenticationFailed(f"SASL authentication error: "
+                                       f"{reply.error_message or _name(reply.error_code)}")
+        try:
+            token = steps.send(bytes(reply.auth_bytes))
+        except StopIteration:
+            return
+
+
+def _plain(security: Security) -> Any:
+    yield b"\0" + security.sasl_username.encode() + b"\0" + security.sasl_password.encode()
+
+
+class _Scram:
+    """The client side of SCRAM (RFC 5802, 7677) as Kafka carries it."""
+
+    def __init__(self, mechanism: str, user: str, password: str) -> None:
+        self.hash = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}[mechanism]
+        self.user = user.replace("=", "=3D").replace(",", "=2C")
+        self.password = password.encode()
+        self.nonce = base64.b64encode(secrets.token_bytes(18)).decode()
+
+    def steps(self) -> Any:
+        first_bare = f"n={self.user},r={self.nonce}"
+        server_first = (yield ("n,," + first_bare).encode()).decode()
+        attrs = dict(a.split("=", 1) for a in server_first.split(",") if "=" in a)
+        if not attrs.get("r", "").startswith(self.nonce):
+            raise AuthenticationFailed("SASL authentication error: the server's nonce "
+                                       "does not extend the client's")
+        salted = hashlib.pbkdf2_hmac(self.hash, self.password, base64.b64decode(attrs["s"]),
+                                     int(attrs["i"]))
+        without_proof = f"c=biws,r={attrs['r']}"
+        auth_message = ",".join((first_bare, server_first, without_proof)).encode()
+        client_key = hmac.digest(salted, b"Client Key", self.hash)
+        signature = hmac.digest(hashlib.new(self.hash, client_key).digest(), auth_message,
+                                self.hash)
+        proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+        server_final = yield f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+        expected = hmac.digest(hmac.digest(salted, b"Server Key", self.hash), auth_message,
+                               self.hash)
+        if server_final != b"v=" + base64.b64encode(expected):
+            raise AuthenticationFailed("SASL authentication error: the server's signature "
+                                       "does not verify")
+
+
+def _name(code: int) -> str:
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return f"error {code}"
+
+
+def error_name(code: int) -> str:
+    """Kafka's name of an error code (``error N`` for one this package does not know)."""
+    return _name(code)
