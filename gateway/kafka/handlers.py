@@ -27,7 +27,8 @@ from gateway.kafka.idempotence import init_producer_id
 from gateway.kafka.metadata import metadata
 from gateway.kafka.offsets import list_offsets
 from gateway.kafka.sasl import refuse_authenticate, refuse_handshake
-from protocols.kafka.types import ApiKey
+from protocols.kafka.records import InitProducerIdResponse
+from protocols.kafka.types import ApiKey, ErrorCode
 
 Handler = Callable[[RequestContext, Any, int], Awaitable[Any]]
 
@@ -59,8 +60,20 @@ async def _describe_configs(ctx: RequestContext, body: Any, version: int) -> Any
 
 
 async def _init_producer_id(ctx: RequestContext, body: Any, version: int) -> Any:
+    issue = getattr(ctx.backend, "issue_producer_id", None)
+    issued: int | None = None
+    if issue is not None and body.transactional_id is None:
+        # In front of a Kafka cluster the cluster numbers producers, so that an id is
+        # unique across every gateway a client may reconnect to.
+        try:
+            issued = await issue()
+        except ConnectionError as exc:
+            ctx.refused("kafka_init_producer_id_refused",
+                        error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, reason=str(exc))
+            return InitProducerIdResponse(error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                          producer_id=-1, producer_epoch=-1)
     response = init_producer_id(ctx.producers, body.transactional_id, body.producer_id,
-                                body.producer_epoch)
+                                body.producer_epoch, issued=issued)
     if response.error_code:
         ctx.refused("kafka_init_producer_id_refused", error_code=response.error_code,
                     transactional_id=body.transactional_id,

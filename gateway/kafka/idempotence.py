@@ -256,12 +256,14 @@ class ProducerStates:
 
 
 def init_producer_id(producers: ProducerStates, transactional_id: str | None,
-                     producer_id: int, epoch: int) -> InitProducerIdResponse:
+                     producer_id: int, epoch: int, *, issued: int | None = None
+                     ) -> InitProducerIdResponse:
     """The answer to InitProducerId: a new producer id with epoch 0 (also when the client
     names its current id and epoch, versions 3+: Kafka gives an idempotent producer a new
     id then too); INVALID_REQUEST when only one of those is given or the transactional id
     is empty (as Kafka); TRANSACTIONAL_ID_AUTHORIZATION_FAILED for a transactional id
-    (clients stop with it)."""
+    (clients stop with it). ``issued``: the id to give (an upstream cluster's), instead
+    of one of ``producers``'."""
     if transactional_id == "":
         return InitProducerIdResponse(error_code=ErrorCode.INVALID_REQUEST, producer_epoch=-1)
     if transactional_id is not None:
@@ -269,4 +271,6 @@ def init_producer_id(producers: ProducerStates, transactional_id: str | None,
             error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, producer_epoch=-1)
     if (producer_id < 0) != (epoch < 0):
         return InitProducerIdResponse(error_code=ErrorCode.INVALID_REQUEST, producer_epoch=-1)
-    return InitProducerIdResponse(producer_id=producers.new_producer_id(), producer_epoch=0)
+    return InitProducerIdResponse(
+        producer_id=producers.new_producer_id() if issued is None else issued,
+        producer_epoch=0)

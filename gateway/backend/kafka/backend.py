@@ -143,6 +143,13 @@ class KafkaBackend:
         producer no id, so no publish can succeed), or None."""
         return self.health.unavailable() or self.producer.unavailable()
 
+    async def issue_producer_id(self) -> int:
+        """A producer id from the upstream (InitProducerId) for a Kafka client in front:
+        unique across every gateway of the cluster, so a client that reconnects to another
+        gateway keeps an id no other client there has. ``ConnectionError`` when the
+        upstream does not give one."""
+        return (await self.producer.producer_id())[0]
+
     # -- helpers -----------------------------------------------------------------------------
 
     def _count(self, operation: str, error: str) -> None:

@@ -432,38 +432,40 @@ class UpstreamProducer:
             self._on_trouble()
         self._wake.set()
 
+    async def producer_id(self) -> tuple[int, int]:
+        """A new producer id and epoch from the upstream (InitProducerId, non-transactional);
+        :class:`BrokerLost` when it gives none."""
+        connection = await self._cluster.any_broker()
+        answer = await connection.call(ApiKey.INIT_PRODUCER_ID, InitProducerIdRequest(
+            transactional_id=None, transaction_timeout_ms=60_000, producer_id=-1,
+            producer_epoch=-1), timeout=self.request_timeout)
+        if answer.error_code:
+            raise BrokerLost(f"InitProducerId refused: {error_name(answer.error_code)}")
+        return answer.producer_id, answer.producer_epoch
+
     async def _new_producer_id(self) -> None:
-        """Ask the upstream for a producer id (again), waiting between failures."""
+        """Ask the upstream for the gateway's producer id (again), waiting between
+        failures."""
         try:
-            connection = await self._cluster.any_broker()
-            answer = await connection.call(ApiKey.INIT_PRODUCER_ID, InitProducerIdRequest(
-                transactional_id=None, transaction_timeout_ms=60_000, producer_id=-1,
-                producer_epoch=-1), timeout=self.request_timeout)
-            if answer.error_code:
-                raise _Refused(error_name(answer.error_code))
-        except (BrokerLost, _Refused) as exc:
+            pid = await self.producer_id()
+        except BrokerLost as exc:
             if self.failure is None:
                 log.error("upstream_producer_id_refused", reason=str(exc))
             self.failure = f"the upstream gives no producer id: {exc}"
-            if isinstance(exc, BrokerLost):
-                self._on_trouble()
+            self._on_trouble()
             with trio.move_on_after(0.5):
                 await trio.sleep_forever()
             self._expire(trio.current_time())
             return
         renewed = self._pid is not None
-        self._pid = (answer.producer_id, answer.producer_epoch)
+        self._pid = pid
         self._renew = False
         self.failure = None
         self.producer_ids += 1
         if renewed:
-            log.info("upstream_producer_renewed", producer_id=answer.producer_id,
-                     epoch=answer.producer_epoch)
+            log.info("upstream_producer_renewed", producer_id=pid[0], epoch=pid[1])
 
     def _count(self, error: str) -> None:
         if self._metrics is not None:
             self._metrics.upstream_errors.labels("produce", error).inc()
 
-
-class _Refused(Exception):
-    pass
