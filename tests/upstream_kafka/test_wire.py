@@ -1,0 +1,193 @@
+"""figtank's own Kafka client, piece by piece, against a real upstream process (a
+``figtank serve`` Kafka listener): pipelined requests on one connection, a lost
+connection failing every waiting call, SCRAM and PLAIN logins, the idempotent producer's
+batches and sequences, and fetches turned into bundles."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+
+from gateway.backend.contract import ProduceCode, ProduceOutcome
+from gateway.backend.kafka.cluster import Cluster
+from gateway.backend.kafka.fetcher import fetch_partition
+from gateway.backend.kafka.produce import UpstreamProducer
+from gateway.backend.kafka.wire import AuthenticationFailed, BrokerLost, Security, open_broker
+from gateway.client.tls import client_context
+from protocols.kafka.records import (
+    CreatableTopic,
+    CreateTopicsRequest,
+    ListOffsetsPartition,
+    ListOffsetsRequest,
+    ListOffsetsTopic,
+)
+from protocols.kafka.types import ApiKey
+from protocols.tank.bundle import Codec, Message, decode_chunk, encode_bundle
+from tests.tls_certs import Certs
+from tests.upstream_kafka.helpers import GATEWAY_PASSWORD, GATEWAY_USER, SecuredUpstream, Upstream
+
+
+@asynccontextmanager
+async def _cluster(address: str, security: Security = Security()) -> AsyncIterator[Cluster]:
+    host, _, port = address.rpartition(":")
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster([(host, int(port))], nursery, security=security, client_id="test",
+                          timeout=5)
+        try:
+            yield cluster
+        finally:
+            cluster.close()
+            nursery.cancel_scope.cancel()
+
+
+async def _create(cluster: Cluster, topic: str, partitions: int = 1) -> None:
+    connection = await cluster.any_broker()
+    answer = await connection.call(ApiKey.CREATE_TOPICS, CreateTopicsRequest(
+        topics=[CreatableTopic(name=topic, num_partitions=partitions, replication_factor=-1)],
+        timeout_ms=5000))
+    assert answer.topics[0].error_code == 0
+
+
+async def test_many_requests_in_flight_on_one_connection_get_their_own_answers(
+        tmp_path: Path) -> None:
+    upstream = Upstream(tmp_path / "up")
+    try:
+        with trio.fail_after(60):
+            await upstream.served.start()
+            async with _cluster(upstream.address) as cluster:
+                names = [f"t{i}" for i in range(20)]
+                async with trio.open_nursery() as nursery:
+                    for i, name in enumerate(names):
+                        nursery.start_soon(_create, cluster, name, i % 3 + 1)
+                connection = await cluster.any_broker()
+                answers: dict[str, int] = {}
+
+                async def partitions_of(name: str) -> None:
+                    answer = await cluster.metadata([name])
+                    answers[name] = len(answer.topics[0].partitions)
+
+                async with trio.open_nursery() as nursery:
+                    for name in names:
+                        nursery.start_soon(partitions_of, name)
+                # One connection carried them all, and each answer is its own request's.
+                assert await cluster.any_broker() is connection
+                assert answers == {name: i % 3 + 1 for i, name in enumerate(names)}
+    finally:
+        upstream.served.close()
+
+
+async def test_a_lost_connection_fails_every_waiting_call_and_the_next_reconnects(
+        tmp_path: Path) -> None:
+    upstream = Upstream(tmp_path / "up")
+    try:
+        with trio.fail_after(60):
+            await upstream.served.start()
+            async with _cluster(upstream.address) as cluster:
+                await _create(cluster, "lost")
+                connection = await cluster.leader("lost", 0)
+                failures: list[BaseException] = []
+
+                async def long_poll() -> None:
+                    try:
+                        await fetch_partition(cluster, "lost", 0, 0, max_wait_ms=20_000,
+                                              max_bytes=1024, after_seq=None, timeout=5)
+                    except BrokerLost as exc:
+                        failures.append(exc)
+
+                async with trio.open_nursery() as nursery:
+                    for _ in range(3):
+                        nursery.start_soon(long_poll)
+                    await trio.sleep(0.5)
+                    assert connection.in_flight == 3
+                    await upstream.served.kill()
+                assert len(failures) == 3 and connection.lost is not None
+                with pytest.raises(BrokerLost):
+                    await cluster.metadata(["lost"])
+                await upstream.served.start()
+                answer = await cluster.metadata(["lost"])
+                assert answer.topics[0].name == "lost"
+                assert await cluster.any_broker() is not connection
+    finally:
+        upstream.served.close()
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
+async def test_tls_and_sasl_logins(tmp_path: Path, certs: Certs, mechanism: str) -> None:
+    upstream = SecuredUpstream(tmp_path / "up", certs)
+    host, _, port = upstream.address.rpartition(":")
+    context = client_context(ca=certs.ca_pem)
+    try:
+        with trio.fail_after(60):
+            up = await upstream.served.start()
+            async with trio.open_nursery() as nursery:
+                good = await open_broker(host, int(port), nursery, security=Security(
+                    context, mechanism, GATEWAY_USER, GATEWAY_PASSWORD),
+                    client_id="test", timeout=5)
+                answer = await good.call(ApiKey.LIST_OFFSETS, ListOffsetsRequest(
+                    replica_id=-1, topics=[ListOffsetsTopic("none", [
+                        ListOffsetsPartition(partition_index=0, timestamp=-1)])]))
+                assert answer.topics[0].name == "none"
+                with pytest.raises(AuthenticationFailed, match="SASL authentication error"):
+                    await open_broker(host, int(port), nursery, security=Security(
+                        context, mechanism, GATEWAY_USER, "wrong"),
+                        client_id="test", timeout=5)
+                with pytest.raises(AuthenticationFailed, match="TLS handshake"):
+                    await open_broker(host, int(port), nursery, security=Security(
+                        client_context(), mechanism, GATEWAY_USER, GATEWAY_PASSWORD),
+                        client_id="test", timeout=5)
+                good.close("done")
+                nursery.cancel_scope.cancel()
+            logins = up.events("sasl_authenticated")
+            assert [(e["user"], e["mechanism"]) for e in logins] == [(GATEWAY_USER, mechanism)]
+    finally:
+        upstream.served.close()
+
+
+async def test_the_producer_merges_a_partitions_queue_into_one_batch_in_order(
+        tmp_path: Path) -> None:
+    upstream = Upstream(tmp_path / "up")
+    try:
+        with trio.fail_after(60):
+            await upstream.served.start()
+            async with _cluster(upstream.address) as cluster, trio.open_nursery() as nursery:
+                await _create(cluster, "merged", 2)
+                await cluster.metadata(["merged"])
+                producer = UpstreamProducer(cluster)
+                await nursery.start(producer.run)
+                outcomes: dict[tuple[int, int], ProduceOutcome] = {}
+                sent = {0: [], 1: []}  # type: dict[int, list[bytes]]
+                for i in range(200):
+                    partition = i % 2
+                    values = [b"%d-%d" % (i, j) for j in range(i % 5 + 1)]
+                    sent[partition] += values
+                    bundle = encode_bundle([Message(v, b"k" if j % 2 else None, 1_000 + i)
+                                            for j, v in enumerate(values)],
+                                           codec=Codec.SNAPPY if i % 3 else Codec.NONE)
+                    producer.send("merged", partition, bundle, len(values),
+                                  lambda o, key=(partition, i): outcomes.__setitem__(key, o))
+                assert await producer.flush(trio.current_time() + 20) == 0
+                assert len(outcomes) == 200
+                assert all(o.code is ProduceCode.OK for o in outcomes.values())
+                for partition in (0, 1):
+                    # Each bundle's sequences follow the previous one's: offsets + 1.
+                    ranges = [(o.first_seq, o.last_seq) for (p, _), o in sorted(
+                        outcomes.items(), key=lambda kv: kv[0][1]) if p == partition]
+                    assert ranges[0][0] == 1
+                    assert all(b[0] == a[1] + 1 for a, b in zip(ranges, ranges[1:]))
+                    got = await fetch_partition(cluster, "merged", partition, 0,
+                                                max_wait_ms=0, max_bytes=1 << 20,
+                                                after_seq=None, timeout=5)
+                    chunk = b"".join(b.framed for b in got.bundles)
+                    messages = decode_chunk(chunk, 1, max_bundle_size=1 << 20).messages
+                    assert [m.value for m in messages] == sent[partition]
+                    assert ranges[-1][1] == len(sent[partition])
+                    # Fewer batches than bundles: queued bundles went out together.
+                    assert len(got.bundles) < 100
+                assert producer.producer_ids == 1
+                nursery.cancel_scope.cancel()
+    finally:
+        upstream.served.close()
