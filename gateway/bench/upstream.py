@@ -6,7 +6,7 @@ embedded store and its Kafka listener (no Kafka broker is needed, nor used), and
 gateway, ``figtank serve --upstream-kafka`` in front of it. Then, one after the other:
 
 - produce N messages of S bytes: straight at the upstream with a confluent-kafka producer
-  set up exactly as the gateway's own (idempotent, ``acks=all``, linger 1 ms); through the
+  set up as the gateway's own (idempotent, ``acks=all``, linger 1 ms); through the
   gateway's Figg listener (the bench's Figg publisher, a window of W); through its Tank
   listener (the bench's Tank producer, bundles of B, K requests in flight);
 - read the N messages the direct producer wrote, from the first: with a confluent-kafka
@@ -418,8 +418,11 @@ async def _work(params: Params, share: Share) -> WorkerResult:
 
 def _cores(phase: _Phase) -> str:
     seconds = max(phase.seconds, 1e-9)
-    return (f"upstream {phase.upstream_cpu / seconds:.2f} cores, gateway "
+    text = (f"upstream {phase.upstream_cpu / seconds:.2f} cores, gateway "
             f"{phase.gateway_cpu / seconds:.2f} cores busy")
+    if phase.path != "direct" and phase.messages:
+        text += f"; gateway {phase.gateway_cpu / phase.messages * 1e6:.2f} µs CPU/msg"
+    return text
 
 
 def _p(phase: _Phase, key: str) -> float | None:
@@ -437,6 +440,8 @@ def _rows(kind: str, phases: list[_Phase], size: int, figures: dict[str, Any]) -
         if phase is not direct:
             ratio = rate / direct.messages * direct.seconds if direct.messages else 0.0
             ratios[phase.path] = ratio
+            figures.setdefault(f"{kind}_gateway_cpu_us_per_msg", {})[phase.path] = (
+                phase.gateway_cpu / phase.messages * 1e6 if phase.messages else 0.0)
             note = f"{ratio:.2f}x direct; {note}"
         rows.append(Row(f"{kind} {_LABELS[phase.path]}", phase.messages, phase.seconds,
                         phase.messages * size, summarize(phase.latencies),
@@ -497,7 +502,7 @@ async def _finish(params: Params, results: list[WorkerResult]) -> Report:
         "machine's cores",
         "direct: confluent-kafka (librdkafka) at the upstream with the gateway's own "
         "producer settings (idempotent, acks=all, linger.ms 1); figtank: the gateway's "
-        "Figg and Tank listeners, which produce and read through the same librdkafka",
+        "Figg and Tank listeners, which produce and read with figtank's own Kafka client",
         f"ratio: messages/s through figtank over direct (target >= {TARGET_RATIO}x)",
     ]
     for kind in ("produce", "consume"):
