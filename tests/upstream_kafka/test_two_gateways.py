@@ -11,8 +11,17 @@ from typing import Any
 import confluent_kafka as ck
 import trio
 
+from gateway.backend.kafka.wire import Security, open_broker
 from gateway.client.figg import open_figg_client
 from gateway.client.tank import open_tank_client
+from protocols.kafka.batch import Record, RecordBatch, encode_batch
+from protocols.kafka.records import (
+    InitProducerIdRequest,
+    PartitionProduceData,
+    ProduceRequest,
+    TopicProduceData,
+)
+from protocols.kafka.types import ApiKey
 from protocols.tank.bundle import Message
 from tests.serving import ServeProcess
 from tests.upstream_kafka.helpers import Upstream, blocking, gateway, kafka_address
@@ -133,6 +142,77 @@ async def test_tank_and_kafka_clients_see_the_same_offsets_through_either_gatewa
             # The producers' timestamps, not the time the gateway sent them.
             assert sorted(ts for p in (0, 1) for _, ts, _ in read[p]) == [
                 TIMESTAMP + 10 * i + j for i in range(6) for j in range(3)]
+    finally:
+        front_a.close()
+        front_b.close()
+        upstream.served.close()
+
+
+async def _produce_raw(address: tuple[str, int], topic: str, batch: bytes) -> Any:
+    """One Produce of ``batch`` (acks=all) to ``topic``/0 at a gateway's Kafka listener,
+    with figtank's own client; the partition's answer."""
+    async with trio.open_nursery() as nursery:
+        connection = await open_broker(*address, nursery, security=Security(),
+                                       client_id="retrier", timeout=10)
+        answer = await connection.call(ApiKey.PRODUCE, ProduceRequest(None, -1, 10_000, [
+            TopicProduceData(topic, [PartitionProduceData(0, batch)])]))
+        connection.close("done")
+        nursery.cancel_scope.cancel()
+    return answer.responses[0].partition_responses[0]
+
+
+async def _producer_id(address: tuple[str, int]) -> int:
+    async with trio.open_nursery() as nursery:
+        connection = await open_broker(*address, nursery, security=Security(),
+                                       client_id="retrier", timeout=10)
+        answer = await connection.call(ApiKey.INIT_PRODUCER_ID, InitProducerIdRequest(
+            transactional_id=None, transaction_timeout_ms=60_000, producer_id=-1,
+            producer_epoch=-1))
+        connection.close("done")
+        nursery.cancel_scope.cancel()
+    assert answer.error_code == 0
+    return int(answer.producer_id)
+
+
+async def test_an_idempotent_retry_through_another_gateway_is_stored_once(
+        tmp_path: Path) -> None:
+    """A Kafka client's producer id comes from the upstream (unique across gateways) and
+    its batches go up under its own stamp: a batch sent through gateway A and sent again
+    (as a client retries after a lost answer) through gateway B is stored once, and B
+    answers with the offset A's got."""
+    upstream = Upstream(tmp_path / "up")
+    front_a, front_b = gateway(upstream.address), gateway(upstream.address)
+    try:
+        with trio.fail_after(60):
+            await upstream.served.start()
+            a, b = await front_a.start(), await front_b.start()
+            assert a.kafka and b.kafka
+            ids = {await _producer_id(a.kafka), await _producer_id(b.kafka),
+                   await _producer_id(a.kafka)}
+            assert len(ids) == 3  # the upstream numbered them all
+            pid = min(ids)
+            async with open_tank_client(*a.tank, request_timeout=10) as tank:  # type: ignore[misc]
+                await tank.create_topic("retried", 1)
+                await tank.produce({("retried", 0): [b"before"]})
+
+            def batch(first_seq: int, values: list[bytes]) -> bytes:
+                return encode_batch(RecordBatch(0, TIMESTAMP, TIMESTAMP, len(values) - 1, [
+                    Record(i, 0, None, v) for i, v in enumerate(values)],
+                    producer_id=pid, producer_epoch=0, base_sequence=first_seq))
+
+            first = batch(0, [b"r0", b"r1"])
+            answer_a = await _produce_raw(a.kafka, "retried", first)
+            answer_b = await _produce_raw(b.kafka, "retried", first)
+            assert (answer_a.error_code, answer_a.base_offset) == (0, 1)
+            assert answer_b.error_code in (0, 46)  # NONE, DUPLICATE_SEQUENCE_NUMBER
+            assert answer_b.base_offset in (1, -1)
+            # The producer goes on through B; a gap in its sequence is refused upstream.
+            answer = await _produce_raw(b.kafka, "retried", batch(2, [b"r2"]))
+            assert (answer.error_code, answer.base_offset) == (0, 3)
+            gap = await _produce_raw(b.kafka, "retried", batch(9, [b"r9"]))
+            assert gap.error_code == 45  # OUT_OF_ORDER_SEQUENCE_NUMBER
+            assert [v for _, v in await upstream.stored("retried")] == [
+                b"before", b"r0", b"r1", b"r2"]
     finally:
         front_a.close()
         front_b.close()

@@ -322,7 +322,7 @@ class KafkaBackend:
                 finish(i, outcome)
 
             self.producer.send(batch.topic, batch.partition, batch.bundle,
-                               checked.msg_count, done)
+                               checked.msg_count, done, stamp=batch.producer)
 
     def _check(self, batch: ProduceBatch) -> ProduceOutcome | BundleInfo:
         """The outcome refusing ``batch`` before it goes upstream, or its bundle's header."""

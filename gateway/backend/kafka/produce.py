@@ -9,6 +9,11 @@ outcome comes when the upstream answered its batch: OK with the sequence numbers
 + 1) of its first and last message, else the error, mapped to the Tank code the front
 ends know (:func:`refused_outcome`) and counted in ``figtank_upstream_errors``.
 
+A Kafka client's own idempotent batch (one that reached the gateway's Kafka listener with
+a producer id the upstream issued) goes up alone under the client's stamp, not merged:
+the upstream then checks its sequence itself, so a retry that reaches the cluster through
+another gateway is stored once.
+
 Idempotence, Kafka's rules (KIP-98): the producer id comes from the upstream
 (InitProducerId), so it is unique across every gateway of the cluster; each partition's
 batches carry consecutive sequence numbers, and a partition has one batch in flight at a
@@ -35,6 +40,7 @@ from gateway.backend.contract import ProduceCode, ProduceOutcome
 from gateway.backend.kafka.cluster import STALE_METADATA, Cluster
 from gateway.backend.kafka.wire import BrokerLost, error_name
 from gateway.server.metrics import Metrics
+from gateway.store.producers import ProducerBatch
 from protocols.kafka.codecs import Compression
 from protocols.kafka.records import (
     InitProducerIdRequest,
@@ -86,6 +92,11 @@ _KAFKA_ERRORS: Final = {
     "MESSAGE_TOO_LARGE": ErrorCode.MESSAGE_TOO_LARGE,
     "RECORD_LIST_TOO_LARGE": ErrorCode.MESSAGE_TOO_LARGE,
     "INVALID_RECORD": ErrorCode.INVALID_RECORD,
+    # A Kafka client's own idempotent batch (passed through with its stamp) the upstream
+    # refused: the client's producer handles these itself.
+    "OUT_OF_ORDER_SEQUENCE_NUMBER": ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+    "UNKNOWN_PRODUCER_ID": ErrorCode.UNKNOWN_PRODUCER_ID,
+    "INVALID_PRODUCER_EPOCH": ErrorCode.INVALID_PRODUCER_EPOCH,
 }
 
 
@@ -111,25 +122,30 @@ def _reason(name: str, text: str) -> str:
 
 
 class _Item:
-    __slots__ = ("bundle", "count", "done", "queued")
+    __slots__ = ("bundle", "count", "done", "queued", "stamp")
 
-    def __init__(self, bundle: bytes, count: int, done: Done, queued: float) -> None:
+    def __init__(self, bundle: bytes, count: int, done: Done, queued: float,
+                 stamp: ProducerBatch | None) -> None:
         self.bundle = bundle
         self.count = count
         self.done = done
         self.queued = queued
+        self.stamp = stamp
 
 
 class _Partition:
     """One partition's queue, its batch in flight, and its sequence numbers."""
 
     __slots__ = ("attempts", "base_seq", "batch", "batch_pid", "in_flight", "next_seq",
-                 "partition", "queue", "retry_at", "sending", "seq_pid", "solo", "topic",
-                 "unknown_tries")
+                 "partition", "queue", "retry_at", "sending", "seq_pid", "solo", "stamped",
+                 "topic", "unknown_tries")
 
-    def __init__(self, topic: str, partition: int) -> None:
+    def __init__(self, topic: str, partition: int, *, stamped: bool = False) -> None:
         self.topic = topic
         self.partition = partition
+        #: A Kafka client's own idempotent batches (one producer id), sent with their
+        #: stamps, one bundle per batch, instead of the gateway's.
+        self.stamped = stamped
         self.queue: deque[_Item] = deque()
         #: The bundles of the batch being sent (or to be sent again), None between batches.
         self.in_flight: list[_Item] | None = None
@@ -164,7 +180,9 @@ class UpstreamProducer:
         self.max_batch_bytes = max_batch_bytes
         self.compression = compression
         self._on_trouble = on_trouble or (lambda: None)
-        self._partitions: dict[tuple[str, int], _Partition] = {}
+        #: By ``(topic, partition)``, and ``(topic, partition, producer id)`` for a Kafka
+        #: client's stamped batches.
+        self._partitions: dict[tuple[str | int, ...], _Partition] = {}
         self._ready: dict[_Partition, None] = {}
         self._wake = trio.Event()
         self._idle = trio.Event()
@@ -179,14 +197,19 @@ class UpstreamProducer:
 
     # ----------------------------------------------------------------- front side
 
-    def send(self, topic: str, partition: int, bundle: bytes, count: int, done: Done) -> None:
+    def send(self, topic: str, partition: int, bundle: bytes, count: int, done: Done, *,
+             stamp: ProducerBatch | None = None) -> None:
         """Queue ``bundle`` (``count`` messages) for ``topic``/``partition``; ``done`` gets
-        the outcome in the trio thread."""
-        key = (topic, partition)
+        the outcome in the trio thread. ``stamp``: a Kafka client's idempotent batch,
+        sent upstream under the client's producer id and sequence (the upstream issued
+        that id: :meth:`producer_id`), so that a retry reaching the cluster through any
+        gateway is stored once."""
+        key = (topic, partition) if stamp is None else (topic, partition, stamp.producer_id)
         state = self._partitions.get(key)
         if state is None:
-            state = self._partitions[key] = _Partition(topic, partition)
-        state.queue.append(_Item(bundle, count, done, trio.current_time()))
+            state = self._partitions[key] = _Partition(topic, partition,
+                                                       stamped=stamp is not None)
+        state.queue.append(_Item(bundle, count, done, trio.current_time(), stamp))
         self._queued_messages += count
         self._ready[state] = None
         self._wake.set()
@@ -261,6 +284,16 @@ class UpstreamProducer:
     def _take(self, state: _Partition) -> None:
         """Make ``state``'s next batch from its queue (or keep the one to send again)."""
         assert self._pid is not None
+        if state.stamped:
+            if state.in_flight is None:
+                item = state.queue.popleft()
+                assert item.stamp is not None
+                state.in_flight = [item]
+                state.batch, _ = bundles_to_record_batch(
+                    [item.bundle], producer_id=item.stamp.producer_id,
+                    producer_epoch=item.stamp.epoch, base_sequence=item.stamp.first_seq,
+                    now_ms=int(time.time() * 1000), compression=self.compression)
+            return
         if state.in_flight is None:
             items = [state.queue.popleft()]
             size = len(items[0].bundle)
@@ -330,7 +363,7 @@ class UpstreamProducer:
         if code in _RETRIABLE:
             self._cluster.forget(state.topic, state.partition)
             self._retry(state, f"{name}: {text}")
-        elif code in _PRODUCER_STATE:
+        elif code in _PRODUCER_STATE and not state.stamped:
             if state.batch_pid == self._pid:
                 self._renew = True
                 log.warning("upstream_producer_state_lost", error=name,
@@ -338,7 +371,8 @@ class UpstreamProducer:
                             producer_id=state.batch_pid[0])
             self._retry(state, f"{name}: {text}")
         elif code in (ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE) and \
-                state.in_flight is not None and len(state.in_flight) > 1:
+                state.in_flight is not None and len(state.in_flight) > 1 and \
+                not state.stamped:
             # The merged batch is over the upstream's limit: its bundles go one by one.
             items = state.in_flight
             state.queue.extendleft(reversed(items))
@@ -360,7 +394,7 @@ class UpstreamProducer:
     def _failed(self, state: _Partition, name: str, text: str) -> None:
         """The upstream refused the batch: it is not stored, its sequences are reused."""
         items = state.in_flight or []
-        if state.batch_pid == state.seq_pid:
+        if state.batch_pid == state.seq_pid and not state.stamped:
             state.next_seq = state.base_seq
         self._finish(state)
         self._count(name)
@@ -382,7 +416,7 @@ class UpstreamProducer:
         now = trio.current_time()
         if items and now - items[0].queued > self.delivery_timeout:
             # Given up with its fate unknown: the next batch can not follow its sequence.
-            self._renew = True
+            self._renew = self._renew or not state.stamped
             self._finish(state)
             self._count("TIMED_OUT")
             outcome = refused_outcome("TIMED_OUT", reason)
