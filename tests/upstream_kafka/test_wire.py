@@ -5,6 +5,7 @@ batches and sequences, and fetches turned into bundles."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -32,10 +33,10 @@ from tests.upstream_kafka.helpers import GATEWAY_PASSWORD, GATEWAY_USER, Secured
 
 
 @asynccontextmanager
-async def _cluster(address: str, security: Security = Security()) -> AsyncIterator[Cluster]:
+async def _cluster(address: str) -> AsyncIterator[Cluster]:
     host, _, port = address.rpartition(":")
     async with trio.open_nursery() as nursery:
-        cluster = Cluster([(host, int(port))], nursery, security=security, client_id="test",
+        cluster = Cluster([(host, int(port))], nursery, security=Security(), client_id="test",
                           timeout=5)
         try:
             yield cluster
@@ -177,7 +178,7 @@ async def test_the_producer_merges_a_partitions_queue_into_one_batch_in_order(
                     ranges = [(o.first_seq, o.last_seq) for (p, _), o in sorted(
                         outcomes.items(), key=lambda kv: kv[0][1]) if p == partition]
                     assert ranges[0][0] == 1
-                    assert all(b[0] == a[1] + 1 for a, b in zip(ranges, ranges[1:]))
+                    assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(ranges))
                     got = await fetch_partition(cluster, "merged", partition, 0,
                                                 max_wait_ms=0, max_bytes=1 << 20,
                                                 after_seq=None, timeout=5)
