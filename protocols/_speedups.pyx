@@ -8,14 +8,17 @@ Each function here has a pure-Python reference that defines it:
 - :func:`scan_publishes`: ``protocols.translate.scan_publishes_py``;
 - :func:`data_frames`: ``protocols.translate.data_frames_py``;
 - :func:`plain_run`: the plain bundles of ``protocols.kafka.upstream.records_to_bundles``;
+- :func:`tank_to_kafka_batch`: ``protocols.kafka.upstream_codec.bundles_to_record_batch_py``;
+- :func:`kafka_batches_to_bundles`:
+  ``protocols.kafka.upstream_codec.record_batches_to_bundles_py``;
 - :func:`scan_tank_requests`: ``protocols.tank.scan.scan_requests_py``;
 - :func:`tank_produce_response`: ``gateway.tank.produce.produce_response_frame_py``;
 - :func:`tank_produce_run`: ``protocols.tank.scan.produce_run_py``.
 
 They give the same results and raise the same :class:`ProtocolError` (same class, same
 text) for the same input; ``tests/protocols/test_speedups.py``,
-``tests/protocols/test_tank_scan.py`` and ``tests/protocols/test_tank_produce_run.py``
-hold them to that. Every read is checked against the end of its buffer by hand (raw
+``tests/protocols/test_tank_scan.py``, ``tests/protocols/test_tank_produce_run.py`` and
+the tests under ``tests/protocols/kafka/`` hold them to that. Every read is checked against the end of its buffer by hand (raw
 pointers, no Cython bounds checks): no input can make them read or write outside a
 buffer. They keep no state between calls and hold the GIL except while cramjam
 decompresses.
@@ -26,10 +29,21 @@ from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndS
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.unicode cimport PyUnicode_DecodeUTF8
-from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport (
+    INT64_MAX,
+    INT64_MIN,
+    int16_t,
+    int32_t,
+    int64_t,
+    uint8_t,
+    uint16_t,
+    uint32_t,
+    uint64_t,
+)
 from libc.string cimport memcmp, memcpy, memset
 
 import cramjam
+import crc32c
 
 from protocols.errors import FrameTooLarge, ProtocolError
 
@@ -298,12 +312,14 @@ cdef enum:
     SINK_MESSAGES = 0
     SINK_DATA = 1
     SINK_KAFKA = 2
+    SINK_BATCH = 3
 
 
 cdef struct Sink:
     # What a walk makes of each message with seq >= min_seq: SINK_DATA, a DATA frame for
     # ``topic`` appended to ``out``; SINK_KAFKA, a Kafka record (of the batch of its bundle)
-    # appended to ``out``; SINK_MESSAGES (decode_chunk), a Message.
+    # appended to ``out``; SINK_BATCH, the same but one batch for every bundle walked, a
+    # timestamp of 0 taken as ``now``; SINK_MESSAGES (decode_chunk), a Message.
     uint64_t min_seq
     int kind
     const uint8_t* topic
@@ -316,6 +332,7 @@ cdef struct Sink:
     uint64_t bundle_first
     uint64_t base_ts
     uint64_t max_ts
+    uint64_t now
 
 
 cdef int _walk(const uint8_t* buf, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t buf_len,
@@ -396,6 +413,9 @@ cdef int _walk(const uint8_t* buf, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t bu
         if sink != NULL and seq >= sink.min_seq:
             if sink.kind == SINK_KAFKA:
                 _kafka_record(sink, seq, ts, buf + key_pos, key_len, buf + pos, n)
+            elif sink.kind == SINK_BATCH:
+                _kafka_record(sink, seq, ts if ts else sink.now, buf + key_pos, key_len,
+                              buf + pos, n)
             elif sink.kind == SINK_DATA:
                 if n > 0xFFFFFFFF - DATA_FIXED_PAYLOAD - <uint64_t>sink.topic_len:
                     raise ValueError("DATA frame payload over 4 GiB")
@@ -1207,6 +1227,392 @@ def plain_run(list records, Py_ssize_t start, Py_ssize_t max_messages, Py_ssize_
         return end, PyBytes_FromStringAndSize(<const char*>out.data, w - out.data)
     finally:
         PyMem_Free(out.data)
+
+
+# ------------------------------------------------------------ upstream Kafka client
+
+def tank_to_kafka_batch(bundles, int64_t producer_id, int producer_epoch,
+                        int64_t base_sequence, uint64_t now_ms, int codec, max_uncompressed):
+    """``upstream_codec.bundles_to_record_batch_py`` past its argument checks (shared):
+    the plain Tank ``bundles`` as one Kafka record batch, ``(batch, count)``, without a
+    Python object per message. Same results and errors."""
+    cdef Sink sink
+    cdef Py_buffer view
+    cdef Header h
+    cdef const uint8_t* buf
+    cdef uint64_t total = 0
+    cdef Py_ssize_t hint = 0
+    cdef Py_ssize_t size
+    cdef uint8_t* w
+    sink.kind = SINK_BATCH
+    sink.frames = 0
+    sink.min_seq = 0
+    sink.now = now_ms
+    sink.bundle_count = 0
+    sink.bundle_first = sink.base_ts = sink.max_ts = 0
+    sink.out.data = NULL
+    sink.out.length = sink.out.capacity = 0
+    try:
+        for bundle in bundles:
+            hint += len(bundle)
+        # A record takes about as much as its Tank message (more for Snappy bundles:
+        # grown when needed).
+        _reserve(&sink.out, KAFKA_BATCH_HEADER + hint + hint // 8 + 64)
+        sink.out.length = KAFKA_BATCH_HEADER
+        for bundle in bundles:
+            PyObject_GetBuffer(bundle, &view, PyBUF_SIMPLE)
+            try:
+                buf = <const uint8_t*>view.buf
+                _parse_header(buf, 0, view.len, &h)
+                if h.sparse:
+                    raise ValueError("a sparse bundle names its sequence numbers; a produced "
+                                     "batch is numbered by the upstream")
+                # Numbered on from the messages so far: offset deltas of one batch.
+                _walk_body(bundle, buf, view.len, view.len, &h, total, total + h.count - 1,
+                           True, max_uncompressed, &sink, None, None)
+            finally:
+                PyBuffer_Release(&view)
+            total += h.count
+        if total > 0x7FFFFFFF:
+            raise ValueError(f"{total} messages are over a record batch's int32 count")
+        if sink.max_ts > <uint64_t>INT64_MAX:
+            raise ValueError(f"timestamp {sink.max_ts} is over Kafka's int64")
+        size = <Py_ssize_t>sink.out.length - KAFKA_BATCH_HEADER
+        if codec == 0:
+            batch = PyBytes_FromStringAndSize(NULL, KAFKA_BATCH_HEADER + size)
+            w = <uint8_t*>PyBytes_AS_STRING(batch)
+            memcpy(w + KAFKA_BATCH_HEADER, sink.out.data + KAFKA_BATCH_HEADER, size)
+        else:
+            from protocols.kafka.codecs import Compression, compress
+
+            body = compress(Compression(codec), PyBytes_FromStringAndSize(
+                <const char*>sink.out.data + KAFKA_BATCH_HEADER, size))
+            size = len(body)
+            batch = PyBytes_FromStringAndSize(NULL, KAFKA_BATCH_HEADER + size)
+            w = <uint8_t*>PyBytes_AS_STRING(batch)
+            memcpy(w + KAFKA_BATCH_HEADER, PyBytes_AS_STRING(body), size)
+    finally:
+        PyMem_Free(sink.out.data)
+    if size > 0x7FFFFFFF - (KAFKA_BATCH_HEADER - 12):
+        raise ValueError(f"records section of {size} bytes is over a record batch's int32 "
+                         "length")
+    _put_be64(w, 0)  # base offset
+    _put_be32(w + 8, <uint32_t>(KAFKA_BATCH_HEADER - 12 + size))
+    _put_be32(w + 12, 0xFFFFFFFF)  # partition leader epoch -1
+    w[16] = 2  # magic
+    _put_be16(w + 21, <uint16_t>codec)
+    _put_be32(w + 23, <uint32_t>(total - 1))
+    _put_be64(w + 27, sink.base_ts)
+    _put_be64(w + 35, sink.max_ts)
+    _put_be64(w + 43, <uint64_t>producer_id)
+    _put_be16(w + 51, <uint16_t>producer_epoch)
+    _put_be32(w + 53, <uint32_t>base_sequence)
+    _put_be32(w + 57, <uint32_t>total)
+    with memoryview(batch) as whole:
+        crc = crc32c.crc32c(whole[21:])
+    _put_be32(w + 17, <uint32_t>crc)  # the bytes are new: no one else has seen them
+    return batch, <object>total
+
+
+cdef struct KRec:
+    # One record of a fetched batch: its timestamp delta (once mapped, its Tank
+    # timestamp), offset delta, and where its key and value are in the records section
+    # (length -1: null). 40 bytes: a batch's records take at least 7 bytes each.
+    int64_t ts
+    Py_ssize_t key_pos
+    Py_ssize_t value_pos
+    int32_t delta
+    int32_t key_len
+    int32_t value_len
+
+
+cdef int _kafka_records(const uint8_t* buf, Py_ssize_t pos, Py_ssize_t end,
+                        Py_ssize_t count, KRec* recs) except -1:
+    """``batch.decode_records``: the ``count`` records filling ``buf[pos:end]`` into
+    ``recs``, with the same CorruptBatch for the same fault."""
+    cdef Py_ssize_t i, length, rend
+    cdef int64_t klen, vlen, nheaders, hlen, h
+    if count * 7 > end - pos:
+        raise _corrupt(f"batch claims {count} records in {end - pos} bytes")
+    for i in range(count):
+        length = _kafka_varint(buf, &pos, end, False, "record length")
+        rend = pos + length
+        if length < 6 or rend > end:
+            raise _corrupt(f"record length {length} does not fit the batch")
+        pos += 1  # attributes (unused)
+        recs[i].ts = _kafka_varint(buf, &pos, rend, True, "record timestamp delta")
+        recs[i].delta = <int32_t>_kafka_varint(buf, &pos, rend, False, "record offset delta")
+        klen = _kafka_varint(buf, &pos, rend, False, "record key length")
+        if klen >= 0:
+            if klen > rend - pos:
+                raise _corrupt("record key overruns the record")
+            recs[i].key_pos = pos
+            pos += klen
+        elif klen != -1:
+            raise _corrupt(f"record key length {klen}")
+        recs[i].key_len = <int32_t>klen
+        vlen = _kafka_varint(buf, &pos, rend, False, "record value length")
+        if vlen >= 0:
+            if vlen > rend - pos:
+                raise _corrupt("record value overruns the record")
+            recs[i].value_pos = pos
+            pos += vlen
+        elif vlen != -1:
+            raise _corrupt(f"record value length {vlen}")
+        recs[i].value_len = <int32_t>vlen
+        nheaders = _kafka_varint(buf, &pos, rend, False, "record header count")
+        if nheaders:
+            if nheaders < 0 or nheaders * 2 > rend - pos:
+                raise _corrupt(f"record header count {nheaders} does not fit the record")
+            for h in range(nheaders):
+                hlen = _kafka_varint(buf, &pos, rend, False, "header key length")
+                if hlen < 0 or hlen > rend - pos:
+                    raise _corrupt(f"header key length {hlen} does not fit the record")
+                pos += hlen
+                hlen = _kafka_varint(buf, &pos, rend, False, "header value length")
+                if hlen >= 0:
+                    if hlen > rend - pos:
+                        raise _corrupt("header value overruns the record")
+                    pos += hlen
+                elif hlen != -1:
+                    raise _corrupt(f"header value length {hlen}")
+        if pos != rend:
+            raise _corrupt("record length disagrees with its fields")
+    if pos != end:
+        raise _corrupt(f"{end - pos} bytes after the batch's {count} records")
+    return 0
+
+
+cdef object _tank_bundle(const uint8_t* buf, const KRec* recs, Py_ssize_t n, bint sparse,
+                         uint64_t seq_base):
+    """``frame_bundle(encode_bundle(messages, codec=NONE, sparse=sparse))`` of the mapped
+    records ``recs[:n]`` (values and keys in ``buf``, sequence numbers ``seq_base`` +
+    offset delta, timestamps u64), sized first, then written."""
+    cdef Py_ssize_t size = 1
+    cdef Py_ssize_t j, vlen, framed
+    cdef uint64_t last_ts = 0
+    cdef uint64_t first = seq_base + <uint64_t>recs[0].delta
+    cdef uint64_t last = seq_base + <uint64_t>recs[n - 1].delta
+    cdef uint8_t flags
+    cdef uint8_t* w
+    if n > 15:
+        size += _varint_size(<uint64_t>n)
+    if sparse:
+        size += 8
+        if n > 1:
+            size += _varint_size(last - first - 1)
+    for j in range(n):
+        size += 1
+        if sparse and 0 < j < n - 1 and recs[j].delta != recs[j - 1].delta + 1:
+            size += _varint_size(<uint64_t>(recs[j].delta - recs[j - 1].delta - 1))
+        if j == 0 or <uint64_t>recs[j].ts != last_ts:
+            size += 8
+            last_ts = <uint64_t>recs[j].ts
+        if recs[j].key_len >= 0:
+            size += 1 + recs[j].key_len
+        vlen = recs[j].value_len if recs[j].value_len > 0 else 0
+        size += _varint_size(<uint64_t>vlen) + vlen
+    framed = _varint_size(<uint64_t>size) + size
+    out = PyBytes_FromStringAndSize(NULL, framed)
+    w = <uint8_t*>PyBytes_AS_STRING(out)
+    w += _put_varint(w, <uint64_t>size)
+    flags = SPARSE_BIT if sparse else 0  # codec none
+    if n <= 15:
+        w[0] = flags | <uint8_t>(n << 2)
+        w += 1
+    else:
+        w[0] = flags
+        w += 1 + _put_varint(w + 1, <uint64_t>n)
+    if sparse:
+        _put_le64(w, first)
+        w += 8
+        if n > 1:
+            w += _put_varint(w, last - first - 1)
+    for j in range(n):
+        flags = HAVE_KEY if recs[j].key_len >= 0 else 0
+        if j and <uint64_t>recs[j].ts == last_ts:
+            flags |= USE_LAST_SPECIFIED_TS
+        if sparse and 0 < j < n - 1:
+            if recs[j].delta == recs[j - 1].delta + 1:
+                w[0] = flags | SEQ_NUM_PREV_PLUS_ONE
+                w += 1
+            else:
+                w[0] = flags
+                w += 1 + _put_varint(w + 1, <uint64_t>(recs[j].delta - recs[j - 1].delta - 1))
+        else:
+            w[0] = flags
+            w += 1
+        if not flags & USE_LAST_SPECIFIED_TS:
+            last_ts = <uint64_t>recs[j].ts
+            _put_le64(w, last_ts)
+            w += 8
+        if recs[j].key_len >= 0:
+            w[0] = <uint8_t>recs[j].key_len
+            memcpy(w + 1, buf + recs[j].key_pos, recs[j].key_len)
+            w += 1 + recs[j].key_len
+        vlen = recs[j].value_len if recs[j].value_len > 0 else 0
+        w += _put_varint(w, <uint64_t>vlen)
+        if vlen:
+            memcpy(w, buf + recs[j].value_pos, vlen)
+            w += vlen
+    return out
+
+
+cdef inline uint64_t _record_ts(int64_t base_ts, int64_t delta) noexcept nogil:
+    """``max(base_ts + delta, 0)`` as a u64 (the sum may pass int64, not u64)."""
+    cdef int64_t ts
+    if delta > 0 and base_ts > INT64_MAX - delta:
+        return <uint64_t>base_ts + <uint64_t>delta
+    if delta < 0 and base_ts < INT64_MIN - delta:
+        return 0
+    ts = base_ts + delta
+    return <uint64_t>ts if ts > 0 else 0
+
+
+def kafka_batches_to_bundles(records, int64_t from_offset, after_seq, max_decompressed,
+                             max_batch_size, bundle_class):
+    """``upstream_codec.record_batches_to_bundles_py`` past its argument checks (shared):
+    ``(bundles, next_offset, refused)``, ``refused`` the ``(offset, key length)`` of the
+    record that stopped the read, or None. No Python object per record; each batch is
+    CRC-checked by ``crc32c`` and, when compressed, opened by ``codecs.decompress``."""
+    from protocols.kafka.batch import BatchTooLarge, UnsupportedMagic
+    from protocols.kafka.codecs import decompress
+
+    cdef Py_buffer view
+    cdef Py_buffer sview
+    cdef bint have_section = False
+    cdef const uint8_t* p
+    cdef const uint8_t* sbuf
+    cdef Py_ssize_t pos = 0, end, have, size, sstart, sstop, i, k0, k1
+    cdef int32_t length, count, last_delta
+    cdef int64_t base_offset, base_ts, max_ts
+    cdef int attributes
+    cdef uint32_t crc
+    cdef uint64_t forced = 0
+    cdef uint64_t offset, seq_base
+    cdef int64_t prev
+    cdef KRec* recs = NULL
+    cdef Py_ssize_t capacity = 0
+    cdef void* grown
+    cdef list out = []
+    next_offset = from_offset
+    previous = after_seq
+    previous_end = None
+    refused = None
+    PyObject_GetBuffer(records, &view, PyBUF_SIMPLE)
+    whole = memoryview(records)
+    try:
+        p = <const uint8_t*>view.buf
+        end = view.len
+        while pos < end:
+            # batch.open_batch, in its order.
+            have = end - pos
+            if have < 17:
+                break
+            length = <int32_t>_be32(p + pos + 8)
+            if p[pos + 16] != 2:
+                raise UnsupportedMagic(p[pos + 16])
+            if length < KAFKA_BATCH_HEADER - 12:
+                raise _corrupt(f"record batch length {length} is under the header's")
+            size = 12 + <Py_ssize_t>length
+            if size > max_batch_size:
+                raise BatchTooLarge(size, max_batch_size)
+            if have < size:
+                break
+            crc = _be32(p + pos + 17)
+            actual = crc32c.crc32c(whole[pos + 21:pos + size])
+            if actual != crc:
+                raise _corrupt(f"record batch CRC {crc:#010x}, computed {actual:#010x}")
+            count = <int32_t>_be32(p + pos + 57)
+            if count < 0:
+                raise _corrupt(f"record batch count {count}")
+            attributes = <int16_t>_be16(p + pos + 21)
+            if attributes & 7:
+                section = decompress(attributes & 7,
+                                     bytes(whole[pos + KAFKA_BATCH_HEADER:pos + size]),
+                                     max_decompressed)
+                PyObject_GetBuffer(section, &sview, PyBUF_SIMPLE)
+                have_section = True
+                sbuf = <const uint8_t*>sview.buf
+                sstart, sstop = 0, sview.len
+            else:
+                sbuf = p
+                sstart, sstop = pos + KAFKA_BATCH_HEADER, pos + size
+            base_offset = <int64_t>_be64(p + pos)
+            last_delta = <int32_t>_be32(p + pos + 23)
+            base_ts = <int64_t>_be64(p + pos + 27)
+            max_ts = <int64_t>_be64(p + pos + 35)
+            pos += size
+            # The batch's place.
+            if base_offset < 0:
+                raise _corrupt(f"record batch base offset {base_offset} is negative")
+            if previous_end is not None and base_offset < previous_end:
+                raise _corrupt(f"the batch at base offset {base_offset} starts before the "
+                               f"previous batch ends (offset {previous_end})")
+            batch_end = <object>base_offset + last_delta + 1
+            previous_end = batch_end
+            if attributes & 0x20:  # a control batch
+                next_offset = max(next_offset, batch_end)
+            else:
+                if <Py_ssize_t>count * 7 > sstop - sstart:  # before taking room for them
+                    raise _corrupt(f"batch claims {count} records in {sstop - sstart} bytes")
+                if count > capacity:
+                    grown = PyMem_Realloc(recs, count * sizeof(KRec))
+                    if grown == NULL:
+                        raise MemoryError()
+                    recs = <KRec*>grown
+                    capacity = count
+                _kafka_records(sbuf, sstart, sstop, count, recs)
+                prev = -1
+                for i in range(count):
+                    if recs[i].delta <= prev:
+                        raise _corrupt(f"record offset delta {recs[i].delta} after {prev}")
+                    if recs[i].delta > last_delta:
+                        raise _corrupt(f"record offset delta {recs[i].delta} past the "
+                                       f"batch's lastOffsetDelta {last_delta}")
+                    prev = recs[i].delta
+                # Offsets increase: the records below from_offset come first.
+                k0 = 0
+                while k0 < count and <uint64_t>base_offset + <uint64_t>recs[k0].delta \
+                        < <uint64_t>from_offset:
+                    k0 += 1
+                forced = <uint64_t>max_ts if max_ts > 0 else 0
+                k1 = k0
+                while k1 < count:
+                    if recs[k1].key_len > 255:
+                        offset = <uint64_t>base_offset + <uint64_t>recs[k1].delta
+                        refused = (offset, recs[k1].key_len)
+                        next_offset = offset
+                        break
+                    # The u64 timestamp kept in the int64 field (written back as a u64).
+                    recs[k1].ts = <int64_t>(forced if attributes & 0x08
+                                            else _record_ts(base_ts, recs[k1].ts))
+                    k1 += 1
+                if k1 > k0:
+                    seq_base = <uint64_t>base_offset + 1
+                    first_seq = seq_base + <uint64_t>recs[k0].delta
+                    last_seq = seq_base + <uint64_t>recs[k1 - 1].delta
+                    plain = (recs[k1 - 1].delta - recs[k0].delta == k1 - k0 - 1
+                             and (previous is None or first_seq == previous + 1))
+                    out.append(bundle_class(first_seq, last_seq,
+                                            _tank_bundle(sbuf, recs + k0, k1 - k0, not plain,
+                                                         seq_base),
+                                            plain, k1 - k0))
+                    previous = last_seq
+                if refused is None:
+                    next_offset = max(next_offset, batch_end)
+            if have_section:
+                PyBuffer_Release(&sview)
+                have_section = False
+            if refused is not None:
+                break
+    finally:
+        if have_section:
+            PyBuffer_Release(&sview)
+        whole.release()
+        PyBuffer_Release(&view)
+        PyMem_Free(recs)
+    return out, next_offset, refused
 
 
 # ------------------------------------------------------------------------- Tank requests
