@@ -18,11 +18,7 @@ from protocols.errors import ProtocolError
 from protocols.kafka.records import FetchPartition, FetchRequest, FetchTopic
 from protocols.kafka.types import ApiKey, ErrorCode
 from protocols.kafka.upstream import UpstreamBundle
-
-try:
-    from protocols.kafka.upstream_codec import record_batches_to_bundles
-except ImportError:  # pragma: no cover - INTERIM until the compiled codec lands
-    from gateway.backend.kafka._interim_codec import record_batches_to_bundles
+from protocols.kafka.upstream_codec import record_batches_to_bundles
 
 #: Read uncommitted: every record the leader has (a gateway does not filter aborted
 #: transactions; figtank's own producers are not transactional).

@@ -49,11 +49,7 @@ from protocols.kafka.records import (
     TopicProduceData,
 )
 from protocols.kafka.types import ApiKey, ErrorCode
-
-try:
-    from protocols.kafka.upstream_codec import bundles_to_record_batch
-except ImportError:  # pragma: no cover - INTERIM until the compiled codec lands
-    from gateway.backend.kafka._interim_codec import bundles_to_record_batch
+from protocols.kafka.upstream_codec import bundles_to_record_batch
 
 log = structlog.get_logger("figtank.upstream_kafka")
 
