@@ -1,5 +1,11 @@
 """The upstream cluster as the gateway sees it: its brokers, which one leads each
-partition, and one connection to each broker, opened when first needed.
+partition, and the connections to them, opened when first needed.
+
+A broker answers a connection's requests in the order they came, so a Fetch that waits
+for data (a long poll) holds back every request sent after it on its connection.
+Connections are therefore kept per *lane*: ``main`` (metadata, admin, reads that do not
+wait), ``produce`` (the producer's requests), and one lane per tail feed (its long polls),
+closed with the feed (:meth:`Cluster.release`).
 
 Metadata comes from any broker (the bootstrap servers until the cluster named its own);
 a partition's requests go to its leader. A request that finds the leader moved, or its
@@ -29,6 +35,10 @@ STALE_METADATA: Final = frozenset({
 })
 
 TopicPartition = tuple[str, int]
+#: The lane of metadata, admin requests and reads that do not wait.
+MAIN: Final = "main"
+#: The producer's lane.
+PRODUCE: Final = "produce"
 
 
 class Cluster:
@@ -46,38 +56,45 @@ class Cluster:
         self.brokers: dict[int, tuple[str, int]] = {}
         self.leaders: dict[TopicPartition, int] = {}
         self.controller: int = -1
-        self._connections: dict[tuple[str, int], BrokerConnection] = {}
-        self._connecting: dict[tuple[str, int], trio.Event] = {}
+        self._connections: dict[tuple[tuple[str, int], str], BrokerConnection] = {}
+        self._connecting: dict[tuple[tuple[str, int], str], trio.Event] = {}
         self._next_bootstrap = 0
 
-    async def connect(self, address: tuple[str, int]) -> BrokerConnection:
-        """The connection to ``address``, opened (once, whoever asks) when there is none."""
+    async def connect(self, address: tuple[str, int], lane: str = MAIN) -> BrokerConnection:
+        """The connection of ``lane`` to ``address``, opened (once, whoever asks) when
+        there is none."""
+        key = (address, lane)
         while True:
-            connection = self._connections.get(address)
+            connection = self._connections.get(key)
             if connection is not None and connection.lost is None:
                 return connection
-            waiting = self._connecting.get(address)
+            waiting = self._connecting.get(key)
             if waiting is None:
                 break
             await waiting.wait()
-            if address not in self._connections:
+            if key not in self._connections:
                 # The attempt we waited for failed: make our own (it raises the reason).
                 break
-        event = self._connecting[address] = trio.Event()
+        event = self._connecting[key] = trio.Event()
         try:
             connection = await open_broker(*address, self._nursery, security=self._security,
                                            client_id=self._client_id, timeout=self.timeout)
-            self._connections[address] = connection
+            self._connections[key] = connection
             return connection
         finally:
-            del self._connecting[address]
+            del self._connecting[key]
             event.set()
+
+    def release(self, lane: str) -> None:
+        """Close the connections of ``lane`` (a feed that stopped)."""
+        for key in [k for k in self._connections if k[1] == lane]:
+            self._connections.pop(key).close("its lane was released")
 
     async def any_broker(self) -> BrokerConnection:
         """A connection to some broker: one already open, else the known brokers and the
         bootstrap servers in turn (the last failure raised when none answers)."""
-        for connection in self._connections.values():
-            if connection.lost is None:
+        for (_, lane), connection in self._connections.items():
+            if connection.lost is None and lane == MAIN:
                 return connection
         candidates = list(dict.fromkeys([*self.brokers.values(), *self.bootstrap]))
         failure: BrokerLost | None = None
@@ -90,23 +107,24 @@ class Cluster:
         self._next_bootstrap += 1
         raise failure or BrokerLost("no bootstrap servers")
 
-    async def node(self, node_id: int) -> BrokerConnection:
-        """The connection to broker ``node_id`` (:class:`BrokerLost` for one not known)."""
+    async def node(self, node_id: int, lane: str = MAIN) -> BrokerConnection:
+        """The connection of ``lane`` to broker ``node_id`` (:class:`BrokerLost` for one
+        not known)."""
         address = self.brokers.get(node_id)
         if address is None:
             raise BrokerLost(f"broker {node_id} is not in the cluster's metadata")
-        return await self.connect(address)
+        return await self.connect(address, lane)
 
-    async def leader(self, topic: str, partition: int) -> BrokerConnection:
-        """The connection to the leader of ``topic``/``partition`` (metadata asked first
-        when the leader is not known)."""
+    async def leader(self, topic: str, partition: int, lane: str = MAIN) -> BrokerConnection:
+        """The connection of ``lane`` to the leader of ``topic``/``partition`` (metadata
+        asked first when the leader is not known)."""
         node = self.leaders.get((topic, partition))
         if node is None or node < 0:
             await self.metadata([topic])
             node = self.leaders.get((topic, partition))
             if node is None or node < 0:
                 raise BrokerLost(f"no leader for {topic}/{partition}")
-        return await self.node(node)
+        return await self.node(node, lane)
 
     async def metadata(self, topics: Sequence[str] | None) -> Any:
         """The cluster's Metadata for ``topics`` (None: all; []: none, the brokers only),

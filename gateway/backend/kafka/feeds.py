@@ -8,11 +8,12 @@ bundles in one compiled call, once for all readers). The feed keeps its newest b
 and readers at the tail wait together on the feed's arrival event. A reader older than
 the cache, or ahead of the feed's position, is not served here
 (:mod:`gateway.backend.kafka.history` reads for it). A feed does not read more than
-``cache_bytes`` ahead of its furthest reader: it waits for the readers instead of
-dropping what they have not read.
+``cache_bytes`` ahead of its furthest reader, and drops what a reader was served first:
+it waits for the readers instead of dropping what they have not read.
 
 A feed nobody read for ``idle_secs`` is dropped. The number of feeds is bounded by the
-partitions that exist; their memory by ``cache_bytes`` each.
+partitions that exist; their memory by twice ``cache_bytes`` each (or one batch, when
+the upstream holds a batch larger than that).
 """
 
 from __future__ import annotations
@@ -86,6 +87,15 @@ class PartitionFeed:
             out.append(bundle)
             size += len(bundle.framed)
         return out, at
+
+    def trim(self, cache_bytes: int) -> None:
+        """Drop the oldest bundles while over ``cache_bytes``: those a reader was served
+        first; unread ones only past twice the budget (the feed stops reading ahead of
+        its readers at the budget, so only a batch larger than it gets there)."""
+        bundles = self.bundles
+        while len(bundles) > 1 and self.cached_bytes > cache_bytes and (
+                bundles[0].last_seq <= self.read_to or self.cached_bytes > 2 * cache_bytes):
+            self.cached_bytes -= len(bundles.popleft().framed)
 
     def unread_bytes(self) -> int:
         """Cached bytes after the last sequence a reader was served."""
@@ -172,9 +182,16 @@ class TailFeeds:
     async def _follow(self, feed: PartitionFeed) -> None:
         """Read ``feed``'s partition until it is dropped or its read fails."""
         key = (feed.topic, feed.partition)
+        lane = f"feed {feed.topic}/{feed.partition} {feed.generation}"
+        try:
+            await self._read(feed, key, lane)
+        finally:
+            self._cluster.release(lane)
+
+    async def _read(self, feed: PartitionFeed, key: TopicPartition, lane: str) -> None:
         after: int | None = None
         pause = 0.0
-        fetch_bytes = max(self.cache_bytes // 4, 64 * 1024)
+        fetch_bytes = max(self.cache_bytes // 2, 64 * 1024)
         while self.feeds.get(key) is feed:
             if pause:
                 await trio.sleep(pause)
@@ -186,10 +203,13 @@ class TailFeeds:
                     await consumed.wait()
                 continue
             try:
+                # Never more than the readers left room for (the upstream still answers
+                # with one whole batch, however large: KIP-74).
+                room = max(self.cache_bytes - feed.unread_bytes(), 1)
                 got = await fetch_partition(self._cluster, feed.topic, feed.partition,
                                             feed.next_seq - 1, max_wait_ms=self.max_wait_ms,
-                                            max_bytes=fetch_bytes, after_seq=after,
-                                            timeout=self.timeout)
+                                            max_bytes=min(fetch_bytes, room), after_seq=after,
+                                            timeout=self.timeout, lane=lane)
             except BrokerLost as exc:
                 log.debug("upstream_tail_fetch_failed", topic=feed.topic,
                           partition=feed.partition, error=str(exc))
@@ -216,8 +236,7 @@ class TailFeeds:
                 feed.next_seq = got.next_offset + 1
             if feed.next_seq - 1 > feed.high_water_mark:
                 feed.high_water_mark = feed.next_seq - 1
-            while len(feed.bundles) > 1 and feed.cached_bytes > self.cache_bytes:
-                feed.cached_bytes -= len(feed.bundles.popleft().framed)
+            feed.trim(self.cache_bytes)
             if got.error is not None:
                 feed.error = got.error
                 if self._metrics is not None:

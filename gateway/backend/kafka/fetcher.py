@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
-from gateway.backend.kafka.cluster import STALE_METADATA, Cluster
+from gateway.backend.kafka.cluster import MAIN, STALE_METADATA, Cluster
 from gateway.backend.kafka.wire import BrokerLost, error_name
 from protocols.errors import ProtocolError
 from protocols.kafka.records import FetchPartition, FetchRequest, FetchTopic
@@ -40,11 +40,12 @@ class Fetched:
 
 async def fetch_partition(cluster: Cluster, topic: str, partition: int, offset: int, *,
                           max_wait_ms: int, max_bytes: int, after_seq: int | None,
-                          timeout: float) -> Fetched:
+                          timeout: float, lane: str = MAIN) -> Fetched:
     """Fetch ``topic``/``partition`` from ``offset`` (waiting up to ``max_wait_ms`` for a
-    first record). :class:`BrokerLost` when the leader can not be asked; a stale leader
-    is forgotten (the next fetch asks the metadata) and reported as the error."""
-    connection = await cluster.leader(topic, partition)
+    first record) on the connection of ``lane`` (a long poll holds back what follows it
+    on its connection). :class:`BrokerLost` when the leader can not be asked; a stale
+    leader is forgotten (the next fetch asks the metadata) and reported as the error."""
+    connection = await cluster.leader(topic, partition, lane)
     answer = await connection.call(ApiKey.FETCH, FetchRequest(
         replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=max_bytes,
         isolation_level=_READ_UNCOMMITTED, session_id=0, session_epoch=-1,

@@ -37,7 +37,7 @@ import structlog
 import trio
 
 from gateway.backend.contract import ProduceCode, ProduceOutcome
-from gateway.backend.kafka.cluster import STALE_METADATA, Cluster
+from gateway.backend.kafka.cluster import PRODUCE, STALE_METADATA, Cluster
 from gateway.backend.kafka.wire import BrokerLost, error_name
 from gateway.server.metrics import Metrics
 from gateway.store.producers import ProducerBatch
@@ -322,7 +322,7 @@ class UpstreamProducer:
         request = ProduceRequest(None, -1, int(self.request_timeout * 1000),
                                  [TopicProduceData(t, p) for t, p in topics.items()])
         try:
-            connection = await self._cluster.node(node)
+            connection = await self._cluster.node(node, PRODUCE)
             answer = await connection.call(ApiKey.PRODUCE, request,
                                            timeout=self.request_timeout + 1)
         except BrokerLost as exc:
