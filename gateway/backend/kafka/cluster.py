@@ -85,6 +85,13 @@ class Cluster:
             del self._connecting[key]
             event.set()
 
+    def open_connection(self, node_id: int, lane: str = MAIN) -> BrokerConnection | None:
+        """The open connection of ``lane`` to broker ``node_id``, None when there is none
+        now (:meth:`node` opens one)."""
+        address = self.brokers.get(node_id)
+        connection = self._connections.get((address, lane)) if address else None
+        return connection if connection is not None and connection.lost is None else None
+
     def release(self, lane: str) -> None:
         """Close the connections of ``lane`` (a feed that stopped)."""
         for key in [k for k in self._connections if k[1] == lane]:

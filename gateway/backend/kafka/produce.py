@@ -16,14 +16,20 @@ another gateway is stored once.
 
 Idempotence, Kafka's rules (KIP-98): the producer id comes from the upstream
 (InitProducerId), so it is unique across every gateway of the cluster; each partition's
-batches carry consecutive sequence numbers, and a partition has one batch in flight at a
-time, so a batch that failed is sent again as it was (same sequence: the upstream stores
-it once) until the delivery timeout. Errors that mean the upstream lost or refuses the
-producer's state (UNKNOWN_PRODUCER_ID after a restart of a broker without durable
-producer state, OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH) and a batch given up
-at the delivery timeout (its fate unknown) make the producer get a new producer id; the
-batch in flight is then sent again under it, from sequence 0. Such a batch may have been
-stored already, unacknowledged: it can be stored twice, never lost.
+batches carry consecutive sequence numbers. A partition has up to ``max_in_flight`` (5,
+Kafka's bound for idempotence) batches on their way, on one connection per broker, whose
+requests leave in the order they were made (:meth:`BrokerConnection.submit`). When one
+fails, the batches after it are collateral (the upstream refuses a gap in the
+sequence): once every answer is in, a retriable failure sends them all again as they
+were (same sequences: the upstream stores each once) until the delivery timeout, and any
+other failure fails that batch alone and numbers the rest again after it.
+
+Errors that mean the upstream lost or refuses the producer's state (UNKNOWN_PRODUCER_ID
+after a restart of a broker without durable producer state, OUT_OF_ORDER_SEQUENCE_NUMBER
+on a partition's first batch on its way, INVALID_PRODUCER_EPOCH) and batches given up at
+the delivery timeout (their fate unknown) make the producer get a new producer id; the
+batches on their way are then numbered again under it, from sequence 0. Such a batch may
+have been stored already, unacknowledged: it can be stored twice, never lost.
 """
 
 from __future__ import annotations
@@ -129,12 +135,29 @@ class _Item:
         self.stamp = stamp
 
 
-class _Partition:
-    """One partition's queue, its batch in flight, and its sequence numbers."""
+class _Batch:
+    """One record batch of a partition, on its way (or to be sent again)."""
 
-    __slots__ = ("attempts", "base_seq", "batch", "batch_pid", "in_flight", "next_seq",
-                 "partition", "queue", "retry_at", "sending", "seq_pid", "solo", "stamped",
-                 "topic", "unknown_tries")
+    __slots__ = ("base_seq", "count", "data", "error", "items", "pid", "sent")
+
+    def __init__(self, items: list[_Item], data: bytes, pid: tuple[int, int], base_seq: int,
+                 count: int) -> None:
+        self.items = items
+        self.data = data
+        self.pid = pid
+        self.base_seq = base_seq
+        self.count = count
+        #: Whether a request carrying it waits for its answer.
+        self.sent = False
+        #: The upstream's refusal of it (code, name, text), None while there is none.
+        self.error: tuple[int, str, str] | None = None
+
+
+class _Partition:
+    """One partition's queue, its batches on their way, and its sequence numbers."""
+
+    __slots__ = ("attempts", "flight", "next_seq", "partition", "queue", "retry_at",
+                 "seq_pid", "solo", "stamped", "topic", "unknown_tries")
 
     def __init__(self, topic: str, partition: int, *, stamped: bool = False) -> None:
         self.topic = topic
@@ -143,14 +166,8 @@ class _Partition:
         #: stamps, one bundle per batch, instead of the gateway's.
         self.stamped = stamped
         self.queue: deque[_Item] = deque()
-        #: The bundles of the batch being sent (or to be sent again), None between batches.
-        self.in_flight: list[_Item] | None = None
-        #: Whether a Produce request carrying the batch is waiting for its answer.
-        self.sending = False
-        self.batch: bytes | None = None
-        #: The producer id (and epoch) the batch was stamped with.
-        self.batch_pid: tuple[int, int] = (-1, -1)
-        self.base_seq = 0
+        #: Batches sent and not answered, or to be sent (again), in sequence order.
+        self.flight: deque[_Batch] = deque()
         #: The next sequence number, counted for producer id ``seq_pid``.
         self.next_seq = 0
         self.seq_pid: tuple[int, int] = (-1, -1)
@@ -160,13 +177,23 @@ class _Partition:
         #: Bundles to send one per batch (a merged batch was too large for the upstream).
         self.solo = 0
 
+    @property
+    def answering(self) -> bool:
+        """Whether a batch of it waits for its answer."""
+        return any(b.sent for b in self.flight)
+
+    @property
+    def troubled(self) -> bool:
+        """Whether a batch of it was refused (the rest wait until every answer is in)."""
+        return any(b.error is not None for b in self.flight)
+
 
 class UpstreamProducer:
     """The gateway's one producer to the upstream; see the module doc."""
 
     def __init__(self, cluster: Cluster, *, metrics: Metrics | None = None,
                  delivery_timeout: float = 10.0, request_timeout: float = 5.0,
-                 max_batch_bytes: int = 512 * 1024,
+                 max_batch_bytes: int = 512 * 1024, max_in_flight: int = 5,
                  compression: Compression = Compression.NONE,
                  on_trouble: Callable[[], None] | None = None) -> None:
         self._cluster = cluster
@@ -174,6 +201,7 @@ class UpstreamProducer:
         self.delivery_timeout = delivery_timeout
         self.request_timeout = request_timeout
         self.max_batch_bytes = max_batch_bytes
+        self.max_in_flight = max_in_flight
         self.compression = compression
         self._on_trouble = on_trouble or (lambda: None)
         #: By ``(topic, partition)``, and ``(topic, partition, producer id)`` for a Kafka
@@ -188,6 +216,7 @@ class UpstreamProducer:
         self.failure: str | None = None
         self._queued_messages = 0
         self._nursery: trio.Nursery | None = None
+        self._connecting: set[int] = set()
         #: Producer ids obtained (1 at the start; more after the upstream lost them).
         self.producer_ids = 0
 
@@ -247,19 +276,27 @@ class UpstreamProducer:
                     await self._wake.wait()
 
     def _dispatch(self, now: float) -> float:
-        """Send every partition that can go; returns how long until one waiting to
-        retry can."""
-        by_node: dict[int, list[_Partition]] = {}
+        """Send what every partition can send now: one batch each per request, a request
+        per broker; returns how long until a partition waiting to retry can. Called again
+        (woken) as answers come, so a partition keeps up to ``max_in_flight`` batches on
+        their way."""
+        by_node: dict[int, list[tuple[_Partition, _Batch]]] = {}
         later = 3600.0
         unknown: list[str] = []
         for state in list(self._ready):
-            if state.sending:
-                continue
-            if state.in_flight is None and not state.queue:
+            if state.troubled:
+                if not state.answering:
+                    self._settle(state, now)
+                if state.troubled:
+                    continue
+            if not state.flight and not state.queue:
                 del self._ready[state]
                 continue
             if state.retry_at > now:
                 later = min(later, state.retry_at - now)
+                continue
+            batch = self._next_batch(state)
+            if batch is None:
                 continue
             node = self._cluster.leaders.get((state.topic, state.partition))
             if node is None or node < 0:
@@ -267,169 +304,233 @@ class UpstreamProducer:
                 state.retry_at = now + 0.05
                 later = min(later, 0.05)
                 continue
-            self._take(state)
-            state.sending = True
-            by_node.setdefault(node, []).append(state)
+            by_node.setdefault(node, []).append((state, batch))
         assert self._nursery is not None
         if unknown:
             self._nursery.start_soon(self._refresh, list(dict.fromkeys(unknown)))
-        for node, states in by_node.items():
-            self._nursery.start_soon(self._produce, node, states)
+        for node, parts in by_node.items():
+            self._submit(node, parts)
         return later
 
-    def _take(self, state: _Partition) -> None:
-        """Make ``state``'s next batch from its queue (or keep the one to send again)."""
+    def _next_batch(self, state: _Partition) -> _Batch | None:
+        """The batch of ``state`` to send next: the first one not on its way (built again
+        when the producer id changed), else a new one from the queue while fewer than
+        ``max_in_flight`` are on their way; None when it must wait."""
         assert self._pid is not None
-        if state.stamped:
-            if state.in_flight is None:
-                item = state.queue.popleft()
-                assert item.stamp is not None
-                state.in_flight = [item]
-                state.batch, _ = bundles_to_record_batch(
-                    [item.bundle], producer_id=item.stamp.producer_id,
-                    producer_epoch=item.stamp.epoch, base_sequence=item.stamp.first_seq,
-                    now_ms=int(time.time() * 1000), compression=self.compression)
-            return
-        if state.in_flight is None:
-            items = [state.queue.popleft()]
-            size = len(items[0].bundle)
-            limit = 1 if state.solo else 1 << 30
-            while state.queue and len(items) < limit and \
-                    size + len(state.queue[0].bundle) <= self.max_batch_bytes:
-                item = state.queue.popleft()
-                items.append(item)
-                size += len(item.bundle)
-            if state.solo:
-                state.solo -= 1
-            state.in_flight = items
-            state.batch = None
-        if state.batch is None or state.batch_pid != self._pid:
-            if state.seq_pid != self._pid:
-                state.seq_pid = self._pid
-                state.next_seq = 0
-            state.base_seq = state.next_seq
-            state.batch, count = bundles_to_record_batch(
-                [i.bundle for i in state.in_flight], producer_id=self._pid[0],
-                producer_epoch=self._pid[1], base_sequence=state.base_seq,
-                now_ms=int(time.time() * 1000), compression=self.compression)
-            state.batch_pid = self._pid
-            state.next_seq = (state.base_seq + count) % _SEQUENCE_MOD
+        for batch in state.flight:
+            if not batch.sent:
+                if batch.pid != self._pid and not state.stamped:
+                    if batch is not state.flight[0] or state.answering:
+                        return None  # renumbered once the earlier ones are answered
+                    self._renumber(state)
+                    batch = state.flight[0]
+                return batch
+        if not state.queue or len(state.flight) >= (1 if state.stamped else
+                                                    self.max_in_flight):
+            return None
+        batch = self._build(state, self._take_items(state))
+        state.flight.append(batch)
+        return batch
 
-    async def _produce(self, node: int, states: list[_Partition]) -> None:
+    def _take_items(self, state: _Partition) -> list[_Item]:
+        items = [state.queue.popleft()]
+        if state.stamped:
+            return items
+        size = len(items[0].bundle)
+        limit = 1 if state.solo else 1 << 30
+        while state.queue and len(items) < limit and \
+                size + len(state.queue[0].bundle) <= self.max_batch_bytes:
+            item = state.queue.popleft()
+            items.append(item)
+            size += len(item.bundle)
+        if state.solo:
+            state.solo -= 1
+        return items
+
+    def _build(self, state: _Partition, items: list[_Item]) -> _Batch:
+        """Stamp ``items`` as the partition's next batch."""
+        now_ms = int(time.time() * 1000)
+        if state.stamped:
+            stamp = items[0].stamp
+            assert stamp is not None
+            pid = (stamp.producer_id, stamp.epoch)
+            data, count = bundles_to_record_batch(
+                [items[0].bundle], producer_id=pid[0], producer_epoch=pid[1],
+                base_sequence=stamp.first_seq, now_ms=now_ms, compression=self.compression)
+            return _Batch(items, data, pid, stamp.first_seq, count)
+        assert self._pid is not None
+        if state.seq_pid != self._pid:
+            state.seq_pid = self._pid
+            state.next_seq = 0
+        base_seq = state.next_seq
+        data, count = bundles_to_record_batch(
+            [i.bundle for i in items], producer_id=self._pid[0], producer_epoch=self._pid[1],
+            base_sequence=base_seq, now_ms=now_ms, compression=self.compression)
+        state.next_seq = (base_seq + count) % _SEQUENCE_MOD
+        return _Batch(items, data, self._pid, base_seq, count)
+
+    def _renumber(self, state: _Partition) -> None:
+        """Build every batch of ``state`` on its way again, from its first one's items:
+        after a batch before them was refused, or under a new producer id."""
+        if state.flight and state.flight[0].pid == state.seq_pid:
+            state.next_seq = state.flight[0].base_seq
+        items = [i for b in state.flight for i in b.items]
+        state.flight.clear()
+        state.queue.extendleft(reversed(items))
+
+    def _submit(self, node: int, parts: list[tuple[_Partition, _Batch]]) -> None:
+        """Send one Produce with ``parts`` to ``node`` now (in order with the requests
+        before it), and wait for its answer in a task of its own."""
+        connection = self._cluster.open_connection(node, PRODUCE)
+        assert self._nursery is not None
+        if connection is None:
+            if node not in self._connecting:
+                self._connecting.add(node)
+                self._nursery.start_soon(self._connect, node)
+            return
         topics: dict[str, list[PartitionProduceData]] = {}
-        for s in states:
-            topics.setdefault(s.topic, []).append(PartitionProduceData(s.partition, s.batch))
+        for state, batch in parts:
+            topics.setdefault(state.topic, []).append(
+                PartitionProduceData(state.partition, batch.data))
         request = ProduceRequest(None, -1, int(self.request_timeout * 1000),
                                  [TopicProduceData(t, p) for t, p in topics.items()])
         try:
-            connection = await self._cluster.node(node, PRODUCE)
-            answer = await connection.call(ApiKey.PRODUCE, request,
-                                           timeout=self.request_timeout + 1)
+            pending = connection.submit(ApiKey.PRODUCE, request)
         except BrokerLost as exc:
-            for s in states:
-                s.sending = False
+            for state, batch in parts:
+                self._refused(state, batch, -1, "NETWORK_EXCEPTION", str(exc))
+            return
+        for _, batch in parts:
+            batch.sent = True
+        self._nursery.start_soon(self._answer, connection, pending, parts)
+
+    async def _connect(self, node: int) -> None:
+        try:
+            await self._cluster.node(node, PRODUCE)
+        except BrokerLost as exc:
             self._on_trouble()
-            for s in states:
-                self._cluster.forget(s.topic, s.partition)
-                self._retry(s, str(exc))
+            for state in self._ready:
+                node_of = self._cluster.leaders.get((state.topic, state.partition))
+                if node_of == node:
+                    self._cluster.forget(state.topic, state.partition)
+            log.debug("upstream_connect_failed", node=node, error=str(exc))
+            await trio.sleep(0.05)
+        finally:
+            self._connecting.discard(node)
+            self._wake.set()
+
+    async def _answer(self, connection: Any, pending: Any,
+                      parts: list[tuple[_Partition, _Batch]]) -> None:
+        try:
+            answer = await connection.wait(pending, timeout=self.request_timeout + 1)
+        except BrokerLost as exc:
+            self._on_trouble()
+            for state, batch in parts:
+                self._cluster.forget(state.topic, state.partition)
+                self._refused(state, batch, -1, "NETWORK_EXCEPTION", str(exc))
             self._wake.set()
             return
         found = {(t.name, p.index): p for t in answer.responses for p in t.partition_responses}
-        for s in states:
-            s.sending = False
-            part = found.get((s.topic, s.partition))
+        for state, batch in parts:
+            part = found.get((state.topic, state.partition))
             if part is None:
-                self._retry(s, "the upstream's answer left the partition out")
+                self._refused(state, batch, -1, "NETWORK_EXCEPTION",
+                              "the upstream's answer left the partition out")
+            elif part.error_code in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE_NUMBER):
+                batch.sent = False
+                self._stored(state, batch, part.base_offset)
             else:
-                self._answered(s, part)
+                name = error_name(part.error_code)
+                self._refused(state, batch, part.error_code, name, part.error_message or name)
         self._wake.set()
 
-    def _answered(self, state: _Partition, part: Any) -> None:
-        code = part.error_code
-        if code in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE_NUMBER):
-            self._stored(state, part.base_offset)
-            return
-        name = error_name(code)
-        text = part.error_message or name
-        if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
-            state.unknown_tries += 1
-            if state.unknown_tries >= _UNKNOWN_TOPIC_TRIES:
-                self._failed(state, name, text)
-                return
-        if code in _RETRIABLE:
-            self._cluster.forget(state.topic, state.partition)
-            self._retry(state, f"{name}: {text}")
-        elif code in _PRODUCER_STATE and not state.stamped:
-            if state.batch_pid == self._pid:
-                self._renew = True
-                log.warning("upstream_producer_state_lost", error=name,
-                            topic=state.topic, partition=state.partition,
-                            producer_id=state.batch_pid[0])
-            self._retry(state, f"{name}: {text}")
-        elif code in (ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE) and \
-                state.in_flight is not None and len(state.in_flight) > 1 and \
-                not state.stamped:
-            # The merged batch is over the upstream's limit: its bundles go one by one.
-            items = state.in_flight
-            state.queue.extendleft(reversed(items))
-            state.solo = len(items)
-            self._unsent(state)
-        else:
-            self._failed(state, name, text)
+    def _refused(self, state: _Partition, batch: _Batch, code: int, name: str,
+                 text: str) -> None:
+        """Note the refusal; what follows is decided once every answer is in."""
+        batch.sent = False
+        if batch.error is None:
+            batch.error = (code, name, text)
+        self._ready[state] = None
 
-    def _stored(self, state: _Partition, base_offset: int) -> None:
-        items = state.in_flight or []
-        self._finish(state)
+    def _stored(self, state: _Partition, batch: _Batch, base_offset: int) -> None:
+        if batch in state.flight:
+            state.flight.remove(batch)
+        state.attempts = 0
+        state.unknown_tries = 0
         first = base_offset + 1
-        for item in items:
+        for item in batch.items:
             last = first + item.count - 1
             self._deliver(item, ProduceOutcome(ProduceCode.OK, first, last)
                           if base_offset >= 0 else ProduceOutcome(ProduceCode.OK))
             first = last + 1
 
-    def _failed(self, state: _Partition, name: str, text: str) -> None:
-        """The upstream refused the batch: it is not stored, its sequences are reused."""
-        items = state.in_flight or []
-        if state.batch_pid == state.seq_pid and not state.stamped:
-            state.next_seq = state.base_seq
-        self._finish(state)
+    def _settle(self, state: _Partition, now: float) -> None:
+        """Every answer of ``state``'s batches is in and one was refused: decide by the
+        first refused batch (those after it only failed for the gap it left)."""
+        first = next(b for b in state.flight if b.error is not None)
+        code, name, text = first.error  # type: ignore[misc]
+        for batch in state.flight:
+            batch.error = None
+        if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+            state.unknown_tries += 1
+            if state.unknown_tries >= _UNKNOWN_TOPIC_TRIES:
+                self._fail_first(state, first, name, text)
+                return
+        if code in _RETRIABLE or code == -1:
+            self._cluster.forget(state.topic, state.partition)
+            self._retry(state, first, now, f"{name}: {text}")
+        elif code in _PRODUCER_STATE and not state.stamped:
+            if first.pid == self._pid:
+                self._renew = True
+                log.warning("upstream_producer_state_lost", error=name, topic=state.topic,
+                            partition=state.partition, producer_id=first.pid[0])
+            self._retry(state, first, now, f"{name}: {text}")
+        elif code in (ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE) and \
+                len(first.items) > 1 and not state.stamped:
+            # A merged batch over the upstream's limit: its bundles go one by one.
+            solo = sum(len(b.items) for b in state.flight)
+            self._renumber(state)
+            state.solo = solo
+        else:
+            self._fail_first(state, first, name, text)
+
+    def _fail_first(self, state: _Partition, batch: _Batch, name: str, text: str) -> None:
+        """The upstream refused ``batch`` for good: its bundles fail, and the batches
+        after it are numbered again (it left a gap)."""
+        if batch is not state.flight[0]:
+            # Earlier batches were not refused but not answered as stored either (their
+            # answers were lost): they go again as they are.
+            self._retry(state, state.flight[0], trio.current_time(), f"{name}: {text}")
+            return
+        state.flight.popleft()
+        if batch.pid == state.seq_pid and not state.stamped:
+            state.next_seq = batch.base_seq
+        self._renumber(state)
+        state.attempts = 0
+        state.unknown_tries = 0
         self._count(name)
         outcome = refused_outcome(name, text)
-        for item in items:
+        for item in batch.items:
             self._deliver(item, outcome)
 
-    def _unsent(self, state: _Partition) -> None:
-        """The batch was refused whole and its bundles queued again: nothing stored."""
-        if state.batch_pid == state.seq_pid:
-            state.next_seq = state.base_seq
-        state.in_flight = None
-        state.batch = None
-        state.attempts = 0
-        self._ready[state] = None
-
-    def _retry(self, state: _Partition, reason: str) -> None:
-        items = state.in_flight or []
-        now = trio.current_time()
-        if items and now - items[0].queued > self.delivery_timeout:
-            # Given up with its fate unknown: the next batch can not follow its sequence.
+    def _retry(self, state: _Partition, first: _Batch, now: float, reason: str) -> None:
+        """Send ``state``'s batches again as they are after a pause, or give up on them
+        past the delivery timeout."""
+        if now - first.items[0].queued > self.delivery_timeout:
+            # Given up with their fate unknown: the next batch can not follow their
+            # sequences, so the producer starts again under a new id.
             self._renew = self._renew or not state.stamped
-            self._finish(state)
+            batches = list(state.flight)
+            state.flight.clear()
+            state.attempts = 0
             self._count("TIMED_OUT")
             outcome = refused_outcome("TIMED_OUT", reason)
-            for item in items:
-                self._deliver(item, outcome)
+            for batch in batches:
+                for item in batch.items:
+                    self._deliver(item, outcome)
             return
         state.attempts += 1
         state.retry_at = now + min(0.025 * (2 ** min(state.attempts, 6)), 1.0)
-        self._ready[state] = None
-
-    def _finish(self, state: _Partition) -> None:
-        state.in_flight = None
-        state.batch = None
-        state.attempts = 0
-        state.unknown_tries = 0
-        state.retry_at = 0.0
-        self._ready[state] = None
 
     def _deliver(self, item: _Item, outcome: ProduceOutcome) -> None:
         self._queued_messages -= item.count

@@ -5,7 +5,9 @@
 hands back a :class:`BrokerConnection`. :meth:`BrokerConnection.call` sends one request at
 the highest version both sides speak and waits for its answer; any number of calls may be
 in flight on one connection (the broker answers a connection's requests in order; the
-answers are matched by correlation id). One task per connection reads the answers
+answers are matched by correlation id). Requests go on the wire in the order they were
+submitted (:meth:`BrokerConnection.submit`, synchronous), several in one write when they
+queue up. One task per connection writes, one reads the answers
 (:meth:`BrokerConnection.run`); when the connection is lost every waiting call raises
 :class:`BrokerLost`, and the connection is not used again.
 
@@ -68,12 +70,15 @@ class Security:
     sasl_password: str = ""
 
 
-class _Pending:
-    __slots__ = ("api_key", "done", "error", "result", "version")
+class Pending:
+    """A request on its way: its answer (or error) once ``done`` is set."""
 
-    def __init__(self, api_key: int, version: int) -> None:
+    __slots__ = ("api_key", "correlation", "done", "error", "result", "version")
+
+    def __init__(self, api_key: int, version: int, correlation: int) -> None:
         self.api_key = api_key
         self.version = version
+        self.correlation = correlation
         self.done = trio.Event()
         self.result: Any = None
         self.error: BaseException | None = None
@@ -89,8 +94,11 @@ class BrokerConnection:
         self._client_id = client_id
         self.timeout = timeout
         self._correlation = 0
-        self._pending: dict[int, _Pending] = {}
-        self._send_lock = trio.Lock()
+        self._pending: dict[int, Pending] = {}
+        self._outgoing: list[bytes] = []
+        self._wake_writer = trio.Event()
+        # Cancelled by close(): the reader and the writer stop, and the stream is closed.
+        self._reading = trio.CancelScope()
         #: Why the connection is no longer usable (None while it is).
         self.lost: str | None = None
         #: What the broker serves: ``{api_key: (min, max)}``.
@@ -108,10 +116,11 @@ class BrokerConnection:
         raise BrokerLost(f"{self.address} does not serve {ApiKey(api_key).name} in a "
                          f"version figtank speaks")
 
-    async def call(self, api_key: int, body: Any, *, version: int | None = None,
-                   timeout: float | None = None) -> Any:
-        """Send one request, wait for its answer's body (:class:`BrokerLost` when the
-        connection fails or no answer comes within ``timeout``, default the connection's)."""
+    def submit(self, api_key: int, body: Any, *, version: int | None = None) -> Pending:
+        """Queue one request to be sent after every request submitted before it, and
+        return what its answer will land in (:meth:`wait`). Requests go on the wire in
+        the order they are submitted, whichever task submits them: a producer relies on
+        that for the order of a partition's batches."""
         if self.lost is not None:
             raise BrokerLost(self.lost)
         if version is None:
@@ -122,31 +131,63 @@ class BrokerConnection:
             RequestHeader(api_key, version, correlation, self._client_id),
             request_header_version(api_key, version))
         payload = REQUESTS[api_key].encode(body, version=version)
-        pending = _Pending(api_key, version)
+        pending = Pending(api_key, version, correlation)
         self._pending[correlation] = pending
+        self._outgoing.append(_SIZE.pack(len(header) + len(payload)))
+        self._outgoing.append(header)
+        self._outgoing.append(payload)
+        self._wake_writer.set()
+        return pending
+
+    async def wait(self, pending: Pending, *, timeout: float | None = None) -> Any:
+        """The answer's body of a submitted request (:class:`BrokerLost` when the
+        connection fails or no answer comes within ``timeout``, default the connection's)."""
         try:
             with trio.fail_after(self.timeout if timeout is None else timeout):
-                async with self._send_lock:
-                    await self._stream.send_all(b"".join((
-                        _SIZE.pack(len(header) + len(payload)), header, payload)))
                 await pending.done.wait()
         except trio.TooSlowError:
             # The answer may still come; the connection can not tell which request a
             # late one belongs to if it is dropped, so it is given up.
-            self.close(f"no answer to {ApiKey(api_key).name} from {self.address} in time")
-            raise BrokerLost(self.lost or "") from None
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            self.close(f"connection to {self.address} lost: {exc}")
+            self.close(f"no answer to {ApiKey(pending.api_key).name} from {self.address} "
+                       f"in time")
             raise BrokerLost(self.lost or "") from None
         finally:
-            self._pending.pop(correlation, None)
+            self._pending.pop(pending.correlation, None)
         if pending.error is not None:
             raise pending.error
         return pending.result
 
+    async def call(self, api_key: int, body: Any, *, version: int | None = None,
+                   timeout: float | None = None) -> Any:
+        """Send one request and wait for its answer's body (:meth:`submit`, :meth:`wait`)."""
+        return await self.wait(self.submit(api_key, body, version=version), timeout=timeout)
+
+    async def write(self) -> None:
+        """Send the submitted requests, in order, until the connection ends."""
+        try:
+            while self.lost is None:
+                if not self._outgoing:
+                    self._wake_writer = trio.Event()
+                    await self._wake_writer.wait()
+                    continue
+                frames, self._outgoing = self._outgoing, []
+                await self._stream.send_all(frames[0] if len(frames) == 1
+                                            else b"".join(frames))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self.close(f"connection to {self.address} lost: {exc}")
+
     async def run(self) -> None:
         """Read answers until the connection ends (then every waiting call fails)."""
         buffer = bytearray()
+        try:
+            with self._reading:
+                await self._read(buffer)
+        finally:
+            self.close(self.lost or "closed")
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(self._stream)
+
+    async def _read(self, buffer: bytearray) -> None:
         try:
             while self.lost is None:
                 data = await self._stream.receive_some(_READ)
@@ -159,10 +200,6 @@ class BrokerConnection:
             self.close(f"connection to {self.address} lost: {exc}")
         except ProtocolError as exc:
             self.close(f"bad answer from {self.address}: {exc}")
-        finally:
-            self.close(self.lost or "closed")
-            with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(self._stream)
 
     def _answers(self, buffer: bytearray) -> None:
         pos = 0
@@ -203,6 +240,8 @@ class BrokerConnection:
         """Stop using the connection: every waiting call raises :class:`BrokerLost`."""
         if self.lost is None:
             self.lost = reason
+        self._wake_writer.set()
+        self._reading.cancel()
         for pending in self._pending.values():
             if not pending.done.is_set():
                 pending.error = BrokerLost(self.lost)
@@ -239,6 +278,7 @@ async def open_broker(host: str, port: int, nursery: trio.Nursery, *, security: 
                                        f"{reason}") from None
     connection = BrokerConnection(stream, address, client_id=client_id, timeout=timeout)
     nursery.start_soon(connection.run)
+    nursery.start_soon(connection.write)
     try:
         answer = await connection.call(ApiKey.API_VERSIONS, ApiVersionsRequest(), version=0)
         if answer.error_code:
