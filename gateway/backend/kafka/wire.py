@@ -36,7 +36,9 @@ from protocols.kafka.messages import (
     request_header_version,
     response_header_version,
 )
+from protocols.kafka.primitives import Buffer, Parts
 from protocols.kafka.records import (
+    WRITERS,
     ApiVersionsRequest,
     RequestHeader,
     SaslAuthenticateRequest,
@@ -50,6 +52,9 @@ from protocols.kafka.types import ApiKey, ErrorCode
 MAX_FRAME: Final = 256 * 1024 * 1024
 _SIZE: Final = struct.Struct(">i")
 _READ: Final = 1024 * 1024
+#: Pieces of requests smaller than this are joined into one write; larger ones are
+#: written as they are (a copy of a record batch costs more than a write).
+_JOIN_BELOW: Final = 64 * 1024
 
 
 class BrokerLost(ConnectionError):
@@ -95,7 +100,7 @@ class BrokerConnection:
         self.timeout = timeout
         self._correlation = 0
         self._pending: dict[int, Pending] = {}
-        self._outgoing: list[bytes] = []
+        self._outgoing: list[Buffer] = []
         self._wake_writer = trio.Event()
         # Cancelled by close(): the reader and the writer stop, and the stream is closed.
         self._reading = trio.CancelScope()
@@ -130,12 +135,15 @@ class BrokerConnection:
         header = encode_request_header(
             RequestHeader(api_key, version, correlation, self._client_id),
             request_header_version(api_key, version))
-        payload = REQUESTS[api_key].encode(body, version=version)
+        # Large values (a Produce's record batches) stay pieces of their own: sent as
+        # they are, never copied into one payload.
+        out = Parts()
+        WRITERS[REQUESTS[api_key].name](body, out, version)
+        pieces = [piece for piece in out.pieces() if piece]
         pending = Pending(api_key, version, correlation)
         self._pending[correlation] = pending
-        self._outgoing.append(_SIZE.pack(len(header) + len(payload)))
-        self._outgoing.append(header)
-        self._outgoing.append(payload)
+        self._outgoing.append(_SIZE.pack(len(header) + sum(map(len, pieces))) + header)
+        self._outgoing += pieces
         self._wake_writer.set()
         return pending
 
@@ -170,9 +178,19 @@ class BrokerConnection:
                     self._wake_writer = trio.Event()
                     await self._wake_writer.wait()
                     continue
-                frames, self._outgoing = self._outgoing, []
-                await self._stream.send_all(frames[0] if len(frames) == 1
-                                            else b"".join(frames))
+                pieces, self._outgoing = self._outgoing, []
+                small: list[Buffer] = []
+                for piece in pieces:
+                    if len(piece) < _JOIN_BELOW:
+                        small.append(piece)
+                        continue
+                    if small:
+                        await self._stream.send_all(b"".join(small))
+                        small = []
+                    await self._stream.send_all(piece)
+                if small:
+                    await self._stream.send_all(small[0] if len(small) == 1
+                                                else b"".join(small))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self.close(f"connection to {self.address} lost: {exc}")
 
