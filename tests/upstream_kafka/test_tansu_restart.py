@@ -57,7 +57,7 @@ async def test_the_gateway_recovers_when_tansu_loses_its_producer_ids(
                 for i in range(20):
                     await figg.publish_and_wait("before", b"before-%02d" % i)
             assert len(await tansu.stored("before")) == 20
-            assert http_get(served.metrics, "/health")[0] == 200
+            assert (await blocking(http_get, served.metrics, "/health"))[0] == 200
 
             # Tansu restarts empty: no topic, no producer id. The operator makes the
             # topic again (the gateway's own auto-creation is not what is tested here).
