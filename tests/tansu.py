@@ -33,7 +33,6 @@ class TansuUpstream:
         self.address = f"127.0.0.1:{self.port}"
         self.log_path = root / "tansu.log"
         self.process: subprocess.Popen[bytes] | None = None
-        self.starts = 0
 
     @property
     def pid(self) -> int:
@@ -46,7 +45,6 @@ class TansuUpstream:
         with self.log_path.open("ab") as log:
             self.process = await trio.to_thread.run_sync(
                 lambda: start_tansu(self.port, log=log, timeout=START_TIMEOUT))
-        self.starts += 1
 
     async def kill(self) -> None:
         """SIGKILL (its in-memory store, producer ids included, is gone)."""
