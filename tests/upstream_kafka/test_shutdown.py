@@ -91,6 +91,7 @@ async def test_an_unanswering_upstream_holds_the_exit_only_for_the_grace(
                     await client.publish_and_wait("stuck", b"before-%d" % i)
                 os.kill(pid, signal.SIGSTOP)
                 try:
+                    await stopped(pid)
                     for i in range(50):
                         value = b"during-%d" % i
                         await client.publish("stuck", value,
@@ -107,6 +108,22 @@ async def test_an_unanswering_upstream_holds_the_exit_only_for_the_grace(
     [left] = [line for line in lines if line.get("event") == "upstream_unacknowledged_at_stop"]
     assert left["messages"] > 0
     assert stored[:20] == [b"before-%d" % i for i in range(20)]
+
+
+async def stopped(pid: int) -> None:
+    """Wait until every thread of ``pid`` is stopped: a SIGSTOP takes effect a moment
+    after kill() returns, and on a busy machine a fast upstream (Tansu) can still answer
+    what arrives meanwhile."""
+    with trio.fail_after(5):
+        while not all(_state(task) == "T" for task in Path(f"/proc/{pid}/task").iterdir()):
+            await trio.sleep(0.01)
+
+
+def _state(task: Path) -> str:
+    try:
+        return (task / "stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return "T"  # a thread that has gone is not running either
 
 
 async def _tolerating_the_end(fn, *args) -> None:  # type: ignore[no-untyped-def]
