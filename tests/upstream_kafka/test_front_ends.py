@@ -1,5 +1,5 @@
 """Figg, Tank and Kafka clients through a gateway in upstream-Kafka mode, against a
-separate upstream process (figtank's embedded store behind its Kafka listener)."""
+separate upstream process (figtank's embedded store behind its Kafka listener, and Tansu)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from gateway.client.tank import TAIL, open_tank_client
 from gateway.kafka.services import NO_GROUPS_UPSTREAM
 from tests.bridge.helpers import metric
 from tests.upstream_kafka.helpers import (
-    Upstream,
+    AnyUpstream,
     blocking,
     gateway,
     kafka_address,
@@ -26,8 +26,8 @@ from tests.upstream_kafka.helpers import (
 
 
 async def test_figg_publish_is_acked_after_the_upstream_and_attach_resume_detach(
-        tmp_path: Path) -> None:
-    async with upstream_and_gateway(tmp_path) as (upstream, _, served):
+        tmp_path: Path, upstream: AnyUpstream) -> None:
+    async with upstream_and_gateway(tmp_path, upstream=upstream) as (_, _, served):
         with trio.fail_after(60):
             assert served.figg and served.metrics
             serving = served.events("figtank_serving")[-1]
@@ -63,8 +63,9 @@ async def test_figg_publish_is_acked_after_the_upstream_and_attach_resume_detach
             assert not (tmp_path / "data").exists()  # no log of its own
 
 
-async def test_tank_produce_consume_long_poll_discover_and_create(tmp_path: Path) -> None:
-    async with upstream_and_gateway(tmp_path) as (upstream, _, served):
+async def test_tank_produce_consume_long_poll_discover_and_create(
+        tmp_path: Path, upstream: AnyUpstream) -> None:
+    async with upstream_and_gateway(tmp_path, upstream=upstream) as (_, _, served):
         with trio.fail_after(60):
             assert served.tank
             async with open_tank_client(*served.tank, request_timeout=10) as tank:
@@ -98,8 +99,7 @@ async def test_tank_produce_consume_long_poll_discover_and_create(tmp_path: Path
                 topics = {t.name: t.partitions for t in await tank.discover_topics()}
                 assert topics["orders"] == 3
             # The upstream has the topic, its three partitions and the messages.
-            async with open_tank_client("127.0.0.1", upstream.tank_port) as direct:
-                assert len(await direct.discover_partitions("orders")) == 3
+            assert await upstream.partitions("orders") == 3
             assert [v for _, v in await upstream.stored("orders", 1)] == [b"a", b"b", b"c",
                                                                           b"d"]
 
@@ -154,12 +154,11 @@ def _kafka_python_group(address: str, topic: str) -> str:
 
 
 async def test_kafka_clients_produce_fetch_metadata_list_offsets_and_groups_refused(
-        tmp_path: Path) -> None:
-    upstream = Upstream(tmp_path / "up")
+        tmp_path: Path, upstream: AnyUpstream) -> None:
     front = gateway(upstream.address)
     try:
         with trio.fail_after(90):
-            await upstream.served.start()
+            await upstream.start()
             served = await front.start()
             address = kafka_address(served)
             values = [b"k-%02d" % i for i in range(12)]
@@ -183,4 +182,4 @@ async def test_kafka_clients_produce_fetch_metadata_list_offsets_and_groups_refu
             assert not (tmp_path / "figtank-offsets.log").exists()
     finally:
         front.close()
-        upstream.served.close()
+        upstream.close()

@@ -5,7 +5,6 @@ same offsets through either gateway."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import confluent_kafka as ck
@@ -24,7 +23,7 @@ from protocols.kafka.records import (
 from protocols.kafka.types import ApiKey
 from protocols.tank.bundle import Message
 from tests.serving import ServeProcess
-from tests.upstream_kafka.helpers import Upstream, blocking, gateway, kafka_address
+from tests.upstream_kafka.helpers import AnyUpstream, blocking, gateway, kafka_address
 
 #: Messages each publisher sends (one through each gateway).
 PER_PUBLISHER = 80
@@ -73,13 +72,12 @@ def _kafka_read(address: str, topic: str, count: int) -> list[tuple[int, int, in
 
 
 async def test_a_subscriber_moves_between_gateways_without_gap_or_duplicate(
-        tmp_path: Path) -> None:
-    upstream = Upstream(tmp_path / "up")
+        upstream: AnyUpstream) -> None:
     front_a, front_b = gateway(upstream.address), gateway(upstream.address)
     total = 2 * PER_PUBLISHER
     try:
         with trio.fail_after(90):
-            await upstream.served.start()
+            await upstream.start()
             a, b = await front_a.start(), await front_b.start()
             assert a.tank
             async with open_tank_client(*a.tank) as tank:
@@ -103,16 +101,15 @@ async def test_a_subscriber_moves_between_gateways_without_gap_or_duplicate(
     finally:
         front_a.close()
         front_b.close()
-        upstream.served.close()
+        upstream.close()
 
 
 async def test_tank_and_kafka_clients_see_the_same_offsets_through_either_gateway(
-        tmp_path: Path) -> None:
-    upstream = Upstream(tmp_path / "up")
+        upstream: AnyUpstream) -> None:
     front_a, front_b = gateway(upstream.address), gateway(upstream.address)
     try:
         with trio.fail_after(90):
-            await upstream.served.start()
+            await upstream.start()
             a, b = await front_a.start(), await front_b.start()
             assert a.tank and b.tank
             async with open_tank_client(*a.tank, request_timeout=10) as tank_a, \
@@ -145,7 +142,7 @@ async def test_tank_and_kafka_clients_see_the_same_offsets_through_either_gatewa
     finally:
         front_a.close()
         front_b.close()
-        upstream.served.close()
+        upstream.close()
 
 
 async def _produce_raw(address: tuple[str, int], topic: str, batch: bytes) -> Any:
@@ -175,16 +172,15 @@ async def _producer_id(address: tuple[str, int]) -> int:
 
 
 async def test_an_idempotent_retry_through_another_gateway_is_stored_once(
-        tmp_path: Path) -> None:
+        upstream: AnyUpstream) -> None:
     """A Kafka client's producer id comes from the upstream (unique across gateways) and
     its batches go up under its own stamp: a batch sent through gateway A and sent again
     (as a client retries after a lost answer) through gateway B is stored once, and B
     answers with the offset A's got."""
-    upstream = Upstream(tmp_path / "up")
     front_a, front_b = gateway(upstream.address), gateway(upstream.address)
     try:
         with trio.fail_after(60):
-            await upstream.served.start()
+            await upstream.start()
             a, b = await front_a.start(), await front_b.start()
             assert a.kafka and b.kafka
             ids = {await _producer_id(a.kafka), await _producer_id(b.kafka),
@@ -216,4 +212,4 @@ async def test_an_idempotent_retry_through_another_gateway_is_stored_once(
     finally:
         front_a.close()
         front_b.close()
-        upstream.served.close()
+        upstream.close()

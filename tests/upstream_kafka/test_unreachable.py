@@ -4,8 +4,6 @@ line per change of state."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import trio
 
 from gateway.client.errors import ProduceFailed
@@ -14,7 +12,7 @@ from gateway.client.tank import open_tank_client
 from tests.bridge.helpers import metric
 from tests.test_health import wait_for_health
 from tests.upstream_kafka.helpers import (
-    Upstream,
+    AnyUpstream,
     blocking,
     gateway,
     kafka_address,
@@ -22,8 +20,7 @@ from tests.upstream_kafka.helpers import (
 )
 
 
-async def test_unreachable_upstream_then_it_comes(tmp_path: Path) -> None:
-    upstream = Upstream(tmp_path / "up")
+async def test_unreachable_upstream_then_it_comes(upstream: AnyUpstream) -> None:
     front = gateway(upstream.address)
     try:
         with trio.fail_after(90):
@@ -55,7 +52,7 @@ async def test_unreachable_upstream_then_it_comes(tmp_path: Path) -> None:
                                   for e in served.events("connection_closed")):
                         await trio.sleep(0.05)
             # The upstream comes: ready, and everything works.
-            await upstream.served.start()
+            await upstream.start()
             status, body = await blocking(wait_for_health, served.metrics, 200, 20)
             assert (status, body) == (200, "ready\n")
             async with open_figg_client(*served.figg) as figg:
@@ -68,4 +65,4 @@ async def test_unreachable_upstream_then_it_comes(tmp_path: Path) -> None:
             assert await front.stop() == 0
     finally:
         front.close()
-        upstream.served.close()
+        upstream.close()
