@@ -53,6 +53,7 @@ from gateway.backend.contract import (
 )
 from gateway.backend.kafka.cluster import Cluster
 from gateway.backend.kafka.feeds import PartitionFeed, TailFeeds
+from gateway.backend.kafka.fetcher import NO_WAIT_MS, fetch_partition
 from gateway.backend.kafka.health import UpstreamHealth
 from gateway.backend.kafka.history import HistoryRead, HistoryReader
 from gateway.backend.kafka.produce import UpstreamProducer
@@ -85,9 +86,8 @@ REQUEST_TIMEOUT_SECS: Final = 5.0
 
 #: Kafka's name of the upstream's "no such topic" (counted under it).
 UNKNOWN_TOPIC: Final = "UNKNOWN_TOPIC_OR_PARTITION"
-#: ListOffsets' timestamps for a partition's bounds.
+#: ListOffsets' timestamp for a partition's first offset.
 _EARLIEST: Final = -2
-_LATEST: Final = -1
 #: Kafka's names of the upstream's authorization failures.
 _DENIED: Final = ("TOPIC_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED")
 
@@ -196,25 +196,39 @@ class KafkaBackend:
 
     async def _offsets(self, connection: Any, topic: str, partition: int, operation: str
                        ) -> tuple[int, int]:
-        found: list[int] = []
-        for timestamp in (_EARLIEST, _LATEST):
-            answer = await connection.call(ApiKey.LIST_OFFSETS, ListOffsetsRequest(
-                replica_id=-1, isolation_level=0, topics=[ListOffsetsTopic(topic, [
-                    ListOffsetsPartition(partition_index=partition, timestamp=timestamp)])]),
-                timeout=REQUEST_TIMEOUT_SECS)
-            parts = [p for t in answer.topics for p in t.partitions
-                     if p.partition_index == partition]
-            if not parts:
-                raise BrokerLost(f"ListOffsets of {topic}/{partition}: left out")
-            if parts[0].error_code:
-                name = error_name(parts[0].error_code)
-                if read_refusal(name) is FetchStatus.FAULT:
-                    self.cluster.forget(topic, partition)
-                    raise BrokerLost(f"ListOffsets of {topic}/{partition}: {name}")
-                self._count(operation, name)
-                raise UpstreamRefused(name, f"ListOffsets of {topic}/{partition}")
-            found.append(parts[0].offset)
-        return found[0], found[1]
+        """The first offset (ListOffsets earliest) and the high watermark, as a Fetch from
+        that offset tells it: ListOffsets latest is not what every broker gets right
+        (Tansu answers the last batch's base offset + 1)."""
+        answer = await connection.call(ApiKey.LIST_OFFSETS, ListOffsetsRequest(
+            replica_id=-1, isolation_level=0, topics=[ListOffsetsTopic(topic, [
+                ListOffsetsPartition(partition_index=partition, timestamp=_EARLIEST)])]),
+            timeout=REQUEST_TIMEOUT_SECS)
+        parts = [p for t in answer.topics for p in t.partitions
+                 if p.partition_index == partition]
+        if not parts:
+            raise BrokerLost(f"ListOffsets of {topic}/{partition}: left out")
+        self._refusal(parts[0].error_code, topic, partition, operation)
+        low = max(parts[0].offset, 0)
+        got = await fetch_partition(self.cluster, topic, partition, low,
+                                    max_wait_ms=NO_WAIT_MS, max_bytes=1, after_seq=None,
+                                    timeout=REQUEST_TIMEOUT_SECS, convert=False)
+        if got.error is not None:
+            code = ErrorCode[got.error[0]] if got.error[0] in ErrorCode.__members__ else -1
+            self._refusal(int(code), topic, partition, operation)
+        return low, max(got.high_watermark, low)
+
+    def _refusal(self, code: int, topic: str, partition: int, operation: str) -> None:
+        """Raise for an error ``code`` of a bounds request: :class:`UpstreamRefused` when
+        the upstream refuses the gateway the partition, else ``BrokerLost`` (an outage or a
+        moved leader: asked again)."""
+        if not code:
+            return
+        name = error_name(code)
+        if read_refusal(name) is FetchStatus.FAULT:
+            self.cluster.forget(topic, partition)
+            raise BrokerLost(f"bounds of {topic}/{partition}: {name}")
+        self._count(operation, name)
+        raise UpstreamRefused(name, f"bounds of {topic}/{partition}")
 
     # -- produce -----------------------------------------------------------------------------
 

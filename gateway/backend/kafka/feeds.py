@@ -111,7 +111,7 @@ class TailFeeds:
     """The feeds and their reading tasks; see the module doc."""
 
     def __init__(self, cluster: Cluster, *, cache_bytes: int = 1024 * 1024,
-                 idle_secs: float = 30.0, max_wait_ms: int = 500, timeout: float = 5.0,
+                 idle_secs: float = 30.0, max_wait_ms: int = 250, timeout: float = 5.0,
                  metrics: Metrics | None = None,
                  on_trouble: Callable[[], None] | None = None) -> None:
         self._cluster = cluster

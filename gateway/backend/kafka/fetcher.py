@@ -20,6 +20,9 @@ from protocols.kafka.types import ApiKey, ErrorCode
 from protocols.kafka.upstream import UpstreamBundle
 from protocols.kafka.upstream_codec import record_batches_to_bundles
 
+#: The max wait of a fetch that is not to wait: 1 ms, not 0 (Tansu answers a Fetch with a
+#: max wait of 0 without any partition, data there or not).
+NO_WAIT_MS: Final = 1
 #: Read uncommitted: every record the leader has (a gateway does not filter aborted
 #: transactions; figtank's own producers are not transactional).
 _READ_UNCOMMITTED: Final = 0
@@ -40,11 +43,13 @@ class Fetched:
 
 async def fetch_partition(cluster: Cluster, topic: str, partition: int, offset: int, *,
                           max_wait_ms: int, max_bytes: int, after_seq: int | None,
-                          timeout: float, lane: str = MAIN) -> Fetched:
+                          timeout: float, lane: str = MAIN, convert: bool = True
+                          ) -> Fetched:
     """Fetch ``topic``/``partition`` from ``offset`` (waiting up to ``max_wait_ms`` for a
     first record) on the connection of ``lane`` (a long poll holds back what follows it
     on its connection). :class:`BrokerLost` when the leader can not be asked; a stale
-    leader is forgotten (the next fetch asks the metadata) and reported as the error."""
+    leader is forgotten (the next fetch asks the metadata) and reported as the error.
+    ``convert=False``: the bounds only, the records left as they came."""
     connection = await cluster.leader(topic, partition, lane)
     answer = await connection.call(ApiKey.FETCH, FetchRequest(
         replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=max_bytes,
@@ -67,7 +72,7 @@ async def fetch_partition(cluster: Cluster, topic: str, partition: int, offset: 
             cluster.forget(topic, partition)
         result.error = (error_name(data.error_code), f"fetch of {topic}/{partition}")
         return result
-    if not data.records:
+    if not data.records or not convert:
         return result
     try:
         got = record_batches_to_bundles(data.records, from_offset=offset, after_seq=after_seq)

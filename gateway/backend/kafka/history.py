@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.backend.kafka.cluster import Cluster
-from gateway.backend.kafka.fetcher import fetch_partition
+from gateway.backend.kafka.fetcher import NO_WAIT_MS, fetch_partition
 from gateway.backend.kafka.wire import BrokerLost
 from protocols.kafka.upstream import UpstreamBundle
 
@@ -40,8 +40,8 @@ class HistoryReader:
         self.reads += 1
         try:
             got = await fetch_partition(self._cluster, topic, partition, seq - 1,
-                                        max_wait_ms=0, max_bytes=max_bytes, after_seq=None,
-                                        timeout=self.timeout)
+                                        max_wait_ms=NO_WAIT_MS, max_bytes=max_bytes,
+                                        after_seq=None, timeout=self.timeout)
         except BrokerLost as exc:
             return HistoryRead(error=("NETWORK_EXCEPTION", str(exc)))
         return HistoryRead(got.bundles, got.error, max(got.high_watermark, 0))
