@@ -156,8 +156,8 @@ class _Batch:
 class _Partition:
     """One partition's queue, its batches on their way, and its sequence numbers."""
 
-    __slots__ = ("attempts", "flight", "next_seq", "partition", "queue", "retry_at",
-                 "seq_pid", "solo", "stamped", "topic", "unknown_tries")
+    __slots__ = ("attempts", "flight", "next_seq", "partition", "queue", "queued_bytes",
+                 "retry_at", "seq_pid", "solo", "stamped", "topic", "unknown_tries")
 
     def __init__(self, topic: str, partition: int, *, stamped: bool = False) -> None:
         self.topic = topic
@@ -166,6 +166,8 @@ class _Partition:
         #: stamps, one bundle per batch, instead of the gateway's.
         self.stamped = stamped
         self.queue: deque[_Item] = deque()
+        #: Bundle bytes in ``queue``.
+        self.queued_bytes = 0
         #: Batches sent and not answered, or to be sent (again), in sequence order.
         self.flight: deque[_Batch] = deque()
         #: The next sequence number, counted for producer id ``seq_pid``.
@@ -235,6 +237,7 @@ class UpstreamProducer:
             state = self._partitions[key] = _Partition(topic, partition,
                                                        stamped=stamp is not None)
         state.queue.append(_Item(bundle, count, done, trio.current_time(), stamp))
+        state.queued_bytes += len(bundle)
         self._queued_messages += count
         self._ready[state] = None
         self._wake.set()
@@ -328,23 +331,28 @@ class UpstreamProducer:
         if not state.queue or len(state.flight) >= (1 if state.stamped else
                                                     self.max_in_flight):
             return None
+        if state.flight and state.queued_bytes < self.max_batch_bytes // 4:
+            # Another batch is on its way: a small one waits for its answer and takes
+            # what queues meanwhile (fewer, larger requests under load; an idle
+            # partition's publish still leaves at once).
+            return None
         batch = self._build(state, self._take_items(state))
         state.flight.append(batch)
         return batch
 
     def _take_items(self, state: _Partition) -> list[_Item]:
         items = [state.queue.popleft()]
-        if state.stamped:
-            return items
         size = len(items[0].bundle)
-        limit = 1 if state.solo else 1 << 30
-        while state.queue and len(items) < limit and \
-                size + len(state.queue[0].bundle) <= self.max_batch_bytes:
-            item = state.queue.popleft()
-            items.append(item)
-            size += len(item.bundle)
-        if state.solo:
-            state.solo -= 1
+        if not state.stamped:
+            limit = 1 if state.solo else 1 << 30
+            while state.queue and len(items) < limit and \
+                    size + len(state.queue[0].bundle) <= self.max_batch_bytes:
+                item = state.queue.popleft()
+                items.append(item)
+                size += len(item.bundle)
+            if state.solo:
+                state.solo -= 1
+        state.queued_bytes -= size
         return items
 
     def _build(self, state: _Partition, items: list[_Item]) -> _Batch:
@@ -377,6 +385,7 @@ class UpstreamProducer:
         items = [i for b in state.flight for i in b.items]
         state.flight.clear()
         state.queue.extendleft(reversed(items))
+        state.queued_bytes += sum(len(i.bundle) for i in items)
 
     def _submit(self, node: int, parts: list[tuple[_Partition, _Batch]]) -> None:
         """Send one Produce with ``parts`` to ``node`` now (in order with the requests
@@ -549,6 +558,7 @@ class UpstreamProducer:
             queue = state.queue
             while queue and now - queue[0].queued > self.delivery_timeout:
                 item = queue.popleft()
+                state.queued_bytes -= len(item.bundle)
                 self._count("TIMED_OUT")
                 self._deliver(item, refused_outcome(
                     "TIMED_OUT", self.failure or "the upstream did not take it in time"))
