@@ -6,7 +6,7 @@ import argparse
 import math
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from importlib import metadata
 from pathlib import Path
@@ -45,15 +45,30 @@ def _run_serve(args: argparse.Namespace) -> int:
     that the machine refuses (a port in use, an unusable data directory) raises
     ConfigError (exit 2); a missing extra (``--upstream-kafka`` without
     ``figtank[kafka-upstream]``) and any other failure are one line and exit 1. Tracebacks
-    only with ``--log-level debug``."""
-    from gateway.server.run import serve_until_signalled
-
+    only with ``--log-level debug``. ``--workers N`` (N > 1) runs the supervisor of N
+    worker processes (:mod:`gateway.server.workers`)."""
     grace = _grace_secs(args.grace)
     settings = settings_from_args(args)
     configure_logging(settings.log_level, settings.log_format)
+    announce = _announce if sys.stderr.isatty() else None
+    serve: Callable[[], Awaitable[int | None]]
+    if settings.workers > 1:
+        from gateway.server.workers import supervise
+
+        serve = partial(supervise, settings, grace=grace, on_serving=announce)
+    else:
+        from gateway.server.run import serve_until_signalled
+
+        serve = partial(serve_until_signalled, settings, grace=grace, on_serving=announce)
+    return serve_failed(serve, settings)
+
+
+def serve_failed(serve: Callable[[], Awaitable[int | None]], settings: Settings) -> int:
+    """``trio.run(serve)``'s exit status (None: 0). A ConfigError or MissingExtra is
+    raised for the caller to report; any other failure is one line and 1; Ctrl-C is
+    KeyboardInterrupt. Tracebacks only with ``--log-level debug``."""
     try:
-        trio.run(partial(serve_until_signalled, settings, grace=grace,
-                         on_serving=_announce if sys.stderr.isatty() else None))
+        status = trio.run(serve)
     except (Exception, KeyboardInterrupt, BaseExceptionGroup) as exc:
         leaves = _leaves(exc)
         if all(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
@@ -67,7 +82,7 @@ def _run_serve(args: argparse.Namespace) -> int:
                        exc)
         print(f"figtank: serve failed: {_describe(failure)}", file=sys.stderr)
         return 1
-    return 0
+    return status or 0
 
 
 def _announce(info: ServerInfo) -> None:
