@@ -194,3 +194,19 @@ def test_the_embedded_store_is_refused(tmp_path: Path, workers: str) -> None:
         "not be shared; run one worker"]
     assert not (tmp_path / "data").exists()
 
+
+
+async def test_sighup_reaches_every_worker(tmp_path: Path) -> None:
+    policy = tmp_path / "access.toml"
+    policy.write_text('default = "allow"\n')
+    async with upstream_and_gateway(tmp_path, more=("--policy-file", str(policy))
+                                    ) as (_, _, served):
+        served.process.send_signal(signal.SIGHUP)
+
+        def reloaded() -> bool:
+            return sorted(e.get("worker", -1) for e in served.events("reloaded")
+                          if "access policy" in e.get("what", "")) == [0, 1]
+
+        await wait_for(reloaded)
+        assert served.process.poll() is None
+        assert scrape(served, "/health") == (200, "ready\n")
