@@ -23,6 +23,7 @@ from gateway.server.config import (
     load_settings,
 )
 from gateway.server.logs import configure_logging
+from gateway.server.outcome import describe, leaves, run_serving
 
 if TYPE_CHECKING:
     from gateway.server.run import ServerInfo
@@ -60,29 +61,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         from gateway.server.run import serve_until_signalled
 
         serve = partial(serve_until_signalled, settings, grace=grace, on_serving=announce)
-    return serve_failed(serve, settings)
-
-
-def serve_failed(serve: Callable[[], Awaitable[int | None]], settings: Settings) -> int:
-    """``trio.run(serve)``'s exit status (None: 0). A ConfigError or MissingExtra is
-    raised for the caller to report; any other failure is one line and 1; Ctrl-C is
-    KeyboardInterrupt. Tracebacks only with ``--log-level debug``."""
-    try:
-        status = trio.run(serve)
-    except (Exception, KeyboardInterrupt, BaseExceptionGroup) as exc:
-        leaves = _leaves(exc)
-        if all(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
-            raise KeyboardInterrupt from None
-        if settings.log_level == "debug":
-            traceback.print_exception(exc)
-        for leaf in leaves:
-            if isinstance(leaf, ConfigError | MissingExtra):
-                raise leaf from None
-        failure = next((leaf for leaf in leaves if not isinstance(leaf, KeyboardInterrupt)),
-                       exc)
-        print(f"figtank: serve failed: {_describe(failure)}", file=sys.stderr)
-        return 1
-    return status or 0
+    return run_serving(serve, settings)
 
 
 def _announce(info: ServerInfo) -> None:
@@ -123,18 +102,6 @@ def _grace_secs(text: str) -> float:
     if not grace >= 0:  # also NaN
         raise ConfigError(f"--grace: expected a number of seconds >= 0 (got {text!r})")
     return grace
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    """The exceptions inside (nested) exception groups, or ``exc`` alone."""
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
-    return [exc]
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -202,11 +169,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except (Exception, KeyboardInterrupt, BaseExceptionGroup) as exc:
         # trio hands a Ctrl-C over in a group when several tasks were running.
-        if all(isinstance(leaf, KeyboardInterrupt | trio.Cancelled) for leaf in _leaves(exc)):
+        if all(isinstance(leaf, KeyboardInterrupt | trio.Cancelled) for leaf in leaves(exc)):
             return 130
         if getattr(args, "log_level", None) == "debug":
             traceback.print_exception(exc)
-        print(f"figtank {args.command}: unexpected {_describe(exc)}", file=sys.stderr)
+        print(f"figtank {args.command}: unexpected {describe(exc)}", file=sys.stderr)
         return 1
 
 

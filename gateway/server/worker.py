@@ -86,7 +86,7 @@ def _report(fd: int, info: ServerInfo) -> None:
 def main() -> int:
     """Read the job, serve it until a signal (or the supervisor's end), return the exit
     status."""
-    from gateway.cli.main import serve_failed
+    from gateway.server.outcome import run_serving
     from gateway.server.run import serve_until_signalled
 
     stdin = sys.stdin.fileno()
@@ -96,7 +96,7 @@ def main() -> int:
     threading.Thread(target=_stop_when_orphaned, args=(stdin,), daemon=True,
                      name="figtank-orphan-watch").start()
     try:
-        return serve_failed(partial(serve_until_signalled, settings, grace=job.grace,
+        return run_serving(partial(serve_until_signalled, settings, grace=job.grace,
                                     on_serving=partial(_report, job.report_fd),
                                     worker=job.index), settings)
     except ConfigError as exc:
