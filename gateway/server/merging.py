@@ -106,10 +106,13 @@ class MetricsMerger:
         self._last: dict[Source, dict[str, Family]] = {}
         #: The counts of the sources gone, summed.
         self._retired: dict[str, Family] = {}
+        #: The sources gone (a rendering fetched before one went is not merged after).
+        self._gone: set[Source] = set()
 
     def retire(self, source: Source) -> None:
         """``source`` exited: keep what its counters had counted at its last scrape."""
         with self._lock:
+            self._gone.add(source)
             families = self._last.pop(source, {})
             _merge_into(self._retired, (f for f in families.values() if f.type in _COUNTING))
 
@@ -125,6 +128,8 @@ class MetricsMerger:
                 continue
         merged: dict[str, Family] = {}
         with self._lock:
+            for source in self._gone.intersection(parsed):
+                del parsed[source]  # its counts are among the retired already
             self._last.update(parsed)
             for families in (*parsed.values(), parse(own), self._retired):
                 _merge_into(merged, families.values())

@@ -91,3 +91,16 @@ def test_the_supervisors_own_counts_are_merged_with_no_series_of_a_worker() -> N
     pids = {dict(labels)["pid"] for name, labels in merged
             if name == "figtank_worker_connections_accepted_total"}
     assert pids == {"101"}
+
+
+def test_a_rendering_fetched_before_its_worker_went_is_not_counted_twice() -> None:
+    merger = MetricsMerger()
+    merger.render({ONE: worker(3), TWO: worker(4)})
+    late = worker(5)  # fetched by a scrape while the worker was exiting
+    merger.retire(ONE)
+    merged = values(merger.render({ONE: late, TWO: worker(4)}))
+    tank = (("listener", "tank"), ("protocol", "tank"))
+    assert merged[("figtank_connections_accepted_total", tank)] == 7
+    pids = {dict(labels)["pid"] for name, labels in merged
+            if name == "figtank_worker_connections_accepted_total"}
+    assert pids == {"102"}
