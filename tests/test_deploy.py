@@ -184,6 +184,9 @@ def test_systemd() -> None:
     assert unit["ReadWritePaths"] == DATA_DIR
     assert f"/var/lib/{unit['StateDirectory']}" == DATA_DIR
     assert unit["User"] == "figtank" and unit["KillSignal"] == "SIGTERM"
+    # With workers, systemd's default (every process of the unit) would signal each
+    # worker twice: once itself and once through the supervisor.
+    assert unit["KillMode"] == "mixed"
 
 
 def test_health_paths_the_deployments_probe(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import argparse
 import math
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from importlib import metadata
 from pathlib import Path
@@ -23,6 +23,7 @@ from gateway.server.config import (
     load_settings,
 )
 from gateway.server.logs import configure_logging
+from gateway.server.outcome import describe, leaves, run_serving
 
 if TYPE_CHECKING:
     from gateway.server.run import ServerInfo
@@ -45,29 +46,22 @@ def _run_serve(args: argparse.Namespace) -> int:
     that the machine refuses (a port in use, an unusable data directory) raises
     ConfigError (exit 2); a missing extra (``--upstream-kafka`` without
     ``figtank[kafka-upstream]``) and any other failure are one line and exit 1. Tracebacks
-    only with ``--log-level debug``."""
-    from gateway.server.run import serve_until_signalled
-
+    only with ``--log-level debug``. ``--workers N`` (N > 1) runs the supervisor of N
+    worker processes (:mod:`gateway.server.workers`)."""
     grace = _grace_secs(args.grace)
     settings = settings_from_args(args)
     configure_logging(settings.log_level, settings.log_format)
-    try:
-        trio.run(partial(serve_until_signalled, settings, grace=grace,
-                         on_serving=_announce if sys.stderr.isatty() else None))
-    except (Exception, KeyboardInterrupt, BaseExceptionGroup) as exc:
-        leaves = _leaves(exc)
-        if all(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
-            raise KeyboardInterrupt from None
-        if settings.log_level == "debug":
-            traceback.print_exception(exc)
-        for leaf in leaves:
-            if isinstance(leaf, ConfigError | MissingExtra):
-                raise leaf from None
-        failure = next((leaf for leaf in leaves if not isinstance(leaf, KeyboardInterrupt)),
-                       exc)
-        print(f"figtank: serve failed: {_describe(failure)}", file=sys.stderr)
-        return 1
-    return 0
+    announce = _announce if sys.stderr.isatty() else None
+    serve: Callable[[], Awaitable[int | None]]
+    if settings.workers > 1:
+        from gateway.server.workers import supervise
+
+        serve = partial(supervise, settings, grace=grace, on_serving=announce)
+    else:
+        from gateway.server.run import serve_until_signalled
+
+        serve = partial(serve_until_signalled, settings, grace=grace, on_serving=announce)
+    return run_serving(serve, settings)
 
 
 def _announce(info: ServerInfo) -> None:
@@ -108,18 +102,6 @@ def _grace_secs(text: str) -> float:
     if not grace >= 0:  # also NaN
         raise ConfigError(f"--grace: expected a number of seconds >= 0 (got {text!r})")
     return grace
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    """The exceptions inside (nested) exception groups, or ``exc`` alone."""
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
-    return [exc]
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -187,11 +169,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except (Exception, KeyboardInterrupt, BaseExceptionGroup) as exc:
         # trio hands a Ctrl-C over in a group when several tasks were running.
-        if all(isinstance(leaf, KeyboardInterrupt | trio.Cancelled) for leaf in _leaves(exc)):
+        if all(isinstance(leaf, KeyboardInterrupt | trio.Cancelled) for leaf in leaves(exc)):
             return 130
         if getattr(args, "log_level", None) == "debug":
             traceback.print_exception(exc)
-        print(f"figtank {args.command}: unexpected {_describe(exc)}", file=sys.stderr)
+        print(f"figtank {args.command}: unexpected {describe(exc)}", file=sys.stderr)
         return 1
 
 

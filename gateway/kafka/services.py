@@ -20,6 +20,12 @@ NO_GROUPS_UPSTREAM: Final = (
     "no group state); assign partitions and keep positions in the application, or join "
     "the group at the upstream cluster")
 
+#: Why consumer groups are refused by a gateway of several workers (``server.workers``).
+NO_GROUPS_WORKERS: Final = (
+    "figtank with several workers does not coordinate consumer groups (each worker would "
+    "keep groups and committed offsets of its own); assign partitions and keep positions "
+    "in the application, or run one worker")
+
 
 @dataclass(slots=True)
 class KafkaServices:

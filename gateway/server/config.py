@@ -9,6 +9,7 @@ from those fields.
 from __future__ import annotations
 
 import argparse
+import os
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -140,6 +141,21 @@ def _optional_file(value: Any) -> str:
 
 #: Codecs of the batches produced to an upstream Kafka cluster.
 UPSTREAM_COMPRESSIONS: Final = ("none", "gzip", "snappy", "lz4", "zstd")
+
+
+def _workers(value: Any) -> int:
+    """A positive number of processes, or ``auto``: the cores this process may run on."""
+    if value == "auto":
+        return len(os.sched_getaffinity(0))
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError("expected a positive integer or \"auto\"")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError("expected a positive integer or \"auto\"") from None
+    if number < 1:
+        raise ValueError("expected a positive integer or \"auto\"")
+    return number
 
 
 def _optional_choice(*allowed: str) -> Callable[[Any], str]:
@@ -628,6 +644,11 @@ class Settings:
         "Access policy file (TOML: who may publish, subscribe, create, configure; see "
         "Access policy); reloaded on SIGHUP. Empty: everything is allowed.",
         "--policy-file")
+    workers: int = _setting(
+        "server.workers", 1, _workers,
+        "Processes serving the listeners together (auto: one per core); more than 1 "
+        "only in bridge or upstream-Kafka mode (the embedded store is one process's). "
+        "See docs/workers.md.", "--workers")
     log_level: str = _setting(
         "log.level", "info", _choice("debug", "info", "warning", "error"),
         "Lowest level logged.", "--log-level")
@@ -645,6 +666,14 @@ class Settings:
         if bool(self.upstream_kafka_tls_cert) != bool(self.upstream_kafka_tls_key):
             raise ConfigError("upstream_kafka.tls_cert: a client certificate and its key "
                               "go together: set upstream_kafka.tls_cert and tls_key")
+        if self.workers > 1 and not self.upstream_mode:
+            raise ConfigError(f"server.workers: {self.workers} workers need an upstream "
+                              "(--upstream or --upstream-kafka): the embedded store is one "
+                              "process's and can not be shared; run one worker")
+        if self.workers > 1 and self.offsets_file is not None:
+            raise ConfigError("offsets.file: a gateway of several workers keeps no "
+                              "committed offsets (every worker would write the file, and "
+                              "groups are refused); remove offsets.file or run one worker")
         if self.upstream_kafka_sasl_mechanism and not self.upstream_kafka_sasl_username:
             raise ConfigError("upstream_kafka.sasl_username: SASL to the upstream needs a "
                               "user name (and upstream_kafka.sasl_password)")

@@ -59,17 +59,19 @@ class Endpoint:
     """Answers ``/metrics``, ``/health`` (200 ``ready``, else 503 with the reason
     ``not_ready()`` gives: ``starting``, ``stopping``, an unreachable upstream) and
     ``/health/live`` (200 while the process runs). A ``/metrics`` rendering serves the
-    scrapes of the next ``reuse_secs``."""
+    scrapes of the next ``reuse_secs``; ``render`` makes it (in a worker thread; default:
+    ``metrics.render``, the registry of this process)."""
 
     def __init__(self, metrics: Metrics, not_ready: NotReady, *, max_connections: int,
                  timeout: float, reuse_secs: float = REUSE_SECS,
-                 tls: ListenerTLS | None = None) -> None:
+                 tls: ListenerTLS | None = None,
+                 render: Callable[[], bytes] | None = None) -> None:
         self.metrics = metrics
         #: TLS of the endpoint's listener (None: plain HTTP).
         self.tls = tls
         self.not_ready = not_ready
         self.timeout = timeout
-        self.rendering = SharedRendering(metrics.render, reuse_secs)
+        self.rendering = SharedRendering(render or metrics.render, reuse_secs)
         self._slots = trio.CapacityLimiter(max_connections)
 
     async def answer(self, method: bytes, target: bytes) -> Answer:

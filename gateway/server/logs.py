@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Mapping, MutableMapping
+from typing import Any, TextIO, cast
 
 import structlog
 
@@ -25,12 +27,27 @@ class _CurrentStderr:
         sys.stderr.flush()
 
 
-def configure_logging(level: str = "info", fmt: str = "auto") -> None:
+class _Fields:
+    """A processor adding the same fields to every line (a worker's ``worker``)."""
+
+    def __init__(self, fields: Mapping[str, Any]) -> None:
+        self._fields = dict(fields)
+
+    def __call__(self, logger: object, name: str, event: MutableMapping[str, Any]
+                 ) -> MutableMapping[str, Any]:
+        for key, value in self._fields.items():
+            event.setdefault(key, value)
+        return event
+
+
+def configure_logging(level: str = "info", fmt: str = "auto",
+                      fields: Mapping[str, Any] | None = None) -> None:
     """Configure structlog for the process.
 
     ``fmt``: ``json`` (one line an event), ``console`` (colours, for people), or
     ``auto`` (console when stderr is a terminal, else JSON). Logs go to stderr so
-    that a command's output on stdout stays clean for programs.
+    that a command's output on stdout stays clean for programs. ``fields`` are added to
+    every line.
     """
     if fmt == "auto":
         fmt = "console" if sys.stderr.isatty() else "json"
@@ -39,6 +56,7 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            *([_Fields(fields)] if fields else []),
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.StackInfoRenderer(),
@@ -46,6 +64,8 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
+        # One write a line (print() makes two): the workers of `figtank serve --workers`
+        # share the stream, and a line written whole is not cut by another's.
+        logger_factory=structlog.WriteLoggerFactory(file=cast(TextIO, _CurrentStderr())),
         cache_logger_on_first_use=True,
     )

@@ -29,6 +29,7 @@ import math
 import os
 import signal
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
@@ -57,7 +58,7 @@ from gateway.kafka.groups.offsets import (
 )
 from gateway.kafka.idempotence import ProducerStates
 from gateway.kafka.listener import KafkaListener
-from gateway.kafka.services import NO_GROUPS_UPSTREAM, KafkaServices
+from gateway.kafka.services import NO_GROUPS_UPSTREAM, NO_GROUPS_WORKERS, KafkaServices
 from gateway.server.accepting import serve_listeners
 from gateway.server.config import (
     OPTIONS,
@@ -69,6 +70,7 @@ from gateway.server.config import (
 from gateway.server.endpoint import Endpoint, serve_endpoint
 from gateway.server.listener import ProtocolListener
 from gateway.server.metrics import Metrics
+from gateway.server.reuseport import shared_sockets
 from gateway.server.tls import ListenerTLS
 from gateway.store import StoreError
 from gateway.store.descriptors import count_partitions, needed_at_start, raise_soft_limit
@@ -195,38 +197,50 @@ class ServerInfo:
 # ------------------------------------------------------------------------------- start-up
 
 
-async def bind(key: str, address: str) -> list[trio.SocketListener]:
-    """Listening sockets for ``address``, the value of setting ``key``; a ConfigError
-    naming the key when the machine refuses it (a port in use, an address not here)."""
+async def bind(key: str, address: str, *, shared: bool = False
+               ) -> list[trio.SocketListener]:
+    """Listening sockets for ``address``, the value of setting ``key`` (``shared``: with
+    ``SO_REUSEPORT``, beside the other workers' sockets); a ConfigError naming the key
+    when the machine refuses it (a port in use, an address not here)."""
     host, port = parse_address(address)
     try:
+        if shared:
+            return [trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+                    for sock in shared_sockets(host, port)]
         return await trio.open_tcp_listeners(port, host=host)
     except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            reason = "the address is already in use; stop what holds it or choose"
-        else:
-            reason = f"{exc.strerror or exc}; choose"
-        flag = _FLAGS.get(key)
-        how = f"with {flag} HOST:PORT" if flag else f"in {key}"
-        raise ConfigError(f"{key}: cannot listen on {address}: {reason} another address "
-                          f"{how}") from None
+        raise listen_error(key, address, exc) from None
+
+
+def listen_error(key: str, address: str, exc: OSError) -> ConfigError:
+    """The ConfigError of a listener ``address`` (setting ``key``) the machine refused."""
+    if exc.errno == errno.EADDRINUSE:
+        reason = "the address is already in use; stop what holds it or choose"
+    else:
+        reason = f"{exc.strerror or exc}; choose"
+    flag = _FLAGS.get(key)
+    how = f"with {flag} HOST:PORT" if flag else f"in {key}"
+    return ConfigError(f"{key}: cannot listen on {address}: {reason} another address "
+                       f"{how}")
 
 
 @asynccontextmanager
-async def _bind_all(specs: list[ListenerSpec]
+async def _bind_all(specs: list[ListenerSpec], shared: bool
                     ) -> AsyncIterator[dict[str, list[trio.SocketListener]]]:
     """Every configured listener, by name, bound before anything else starts and closed
-    at the end of the block."""
+    at the end of the block (``shared``: with ``SO_REUSEPORT``, the metrics ones aside)."""
     async with AsyncExitStack() as stack:
         bound: dict[str, list[trio.SocketListener]] = {}
         for spec in specs:
-            bound[spec.name] = await bind(spec.key, spec.address)
+            bound[spec.name] = await bind(spec.key, spec.address,
+                                          shared=shared and spec.protocol != "metrics")
             for listener in bound[spec.name]:
                 stack.push_async_callback(listener.aclose)
         yield bound
 
 
-def _tls_of(spec: ListenerSpec, settings: Settings, metrics: Metrics) -> ListenerTLS | None:
+def open_listener_tls(spec: ListenerSpec, settings: Settings, metrics: Metrics
+                      ) -> ListenerTLS | None:
     """The TLS of the listener ``spec`` (None: plain); a ConfigError naming the setting
     of its certificate when the files do not load."""
     if spec.tls is None:
@@ -414,7 +428,8 @@ def open_guard(settings: Settings, info: ServerInfo) -> None:
 @asynccontextmanager
 async def open_server(settings: Settings, *, backend: Backend | None = None,
                       metrics: Metrics | None = None, grace: float = 2.0,
-                      quotas: QuotaRules | None = None) -> AsyncIterator[ServerInfo]:
+                      quotas: QuotaRules | None = None, worker: int | None = None
+                      ) -> AsyncIterator[ServerInfo]:
     """Start the server the settings describe and yield it once it serves; the end of the
     block (or :meth:`ServerInfo.request_shutdown` beforehand) stops it gracefully.
 
@@ -422,7 +437,10 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
     (``metrics`` should then be the registry it counts in). ``quotas``: the quota rules
     in force from the start (:attr:`ServerInfo.quotas` swaps them later). Raises
     :class:`~gateway.server.config.ConfigError` before serving when a listener can not be
-    bound or the data directory can not be used.
+    bound or the data directory can not be used. ``worker``: the index of this process
+    among the workers of ``figtank serve --workers N`` (:mod:`gateway.server.workers`):
+    its protocol listeners share their ports with the others' (``SO_REUSEPORT``) and it
+    logs ``worker_serving`` (the supervisor logs ``figtank_serving``).
     """
     info = ServerInfo(metrics or Metrics(settings.metric_topics))
     metrics = info.metrics_registry
@@ -431,11 +449,12 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
         info.quotas.replace_rules(quotas)
     readiness = _Readiness()
     specs = settings.listener_specs()
-    tls = {spec.name: t for spec in specs if (t := _tls_of(spec, settings, metrics))}
+    tls = {spec.name: t for spec in specs if (t := open_listener_tls(spec, settings, metrics))}
     info.tls = tls
     for name, listener_tls in tls.items():
         info.add_reloader(f"tls certificate of listener {name}", listener_tls.reload)
-    async with _bind_all(specs) as bound, trio.open_nursery() as outer:
+    async with _bind_all(specs, shared=worker is not None) as bound, \
+            trio.open_nursery() as outer:
         info.addresses = {name: a for name, s in bound.items() if (a := _address_of(s))}
         info.metrics = info.addresses.get("metrics")
         for spec in specs:
@@ -451,16 +470,18 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
         backend_in_use = (open_backend(settings, metrics, info.grace_deadline)
                           if backend is None else _given(backend))
         kafka = any(spec.protocol == "kafka" for spec in specs)
+        groups_refused = (NO_GROUPS_UPSTREAM if settings.upstream_kafka_mode
+                          else NO_GROUPS_WORKERS if settings.workers > 1 else None)
         async with backend_in_use as (info.backend, readiness.unavailable), \
                 open_offsets(settings, metrics, info.backend,
-                             kafka and not settings.upstream_kafka_mode) as info.offsets, \
+                             kafka and groups_refused is None) as info.offsets, \
                 trio.open_nursery() as draining:
             listeners: dict[str, ProtocolListener] = {}
             services = KafkaServices(
                 ProducerStates(settings.max_producer_states, metrics,
-                               recovered=getattr(info.backend, "stored_producer", None)),
-                info.offsets or OffsetStore(None), info.groups,
-                groups_refused=NO_GROUPS_UPSTREAM if settings.upstream_kafka_mode else None)
+                               recovered=getattr(info.backend, "stored_producer", None),
+                               first_id=None if worker is None else worker_first_id(worker)),
+                info.offsets or OffsetStore(None), info.groups, groups_refused=groups_refused)
             info.groups.known = services.offsets
             for spec in specs:
                 if spec.protocol in _LISTENERS:
@@ -496,7 +517,10 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                 info.kafka = info.addresses.get("kafka")
                 info.http = info.addresses.get("http")
                 readiness.phase = "serving"
-                _log_serving(settings, info)
+                if worker is None:
+                    log_serving(settings, info)
+                else:
+                    log_serving(settings, info, "worker_serving", pid=os.getpid())
                 yield info
                 info.request_shutdown()
                 readiness.phase = "stopping"
@@ -511,7 +535,7 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
 
 
 async def run_server(settings: Settings, *, backend: Backend | None = None,
-                     grace: float = 2.0,
+                     grace: float = 2.0, worker: int | None = None,
                      task_status: trio.TaskStatus[ServerInfo] = trio.TASK_STATUS_IGNORED
                      ) -> None:
     """:func:`open_server` as a task; ``task_status.started`` gets the server.
@@ -519,7 +543,7 @@ async def run_server(settings: Settings, *, backend: Backend | None = None,
     After :meth:`ServerInfo.request_shutdown` it stops gracefully (connections finish what
     is in flight within ``grace``). Cancellation stops it at once: connections are
     cancelled, and the backend still closes cleanly (the store fsyncs what it holds)."""
-    async with open_server(settings, backend=backend, grace=grace) as info:
+    async with open_server(settings, backend=backend, grace=grace, worker=worker) as info:
         task_status.started(info)
         await info.wait_shutdown_requested()
 
@@ -535,11 +559,21 @@ def _show(address: Address | None) -> str | None:
     return None if address is None else f"{address[0]}:{address[1]}"
 
 
-def _log_serving(settings: Settings, info: ServerInfo) -> None:
+def worker_first_id(worker: int) -> int:
+    """The first Kafka producer id worker ``worker`` hands out: the clock in microseconds,
+    as one process's are, in a range of 2**52 of the worker's own, so that workers that
+    start in the same moment never hand out the same id (and a client's reconnection to
+    another worker is not taken for another producer's)."""
+    return (worker << 52) + time.time_ns() // 1000 % (1 << 52)
+
+
+def log_serving(settings: Settings, info: ServerInfo, event: str = "figtank_serving",
+                **more: Any) -> None:
+    """The structured line saying where a server listens (``more``: further fields)."""
     others = {name: f"{_show(a)}{' tls' if name in info.tls else ''}"
               for name, a in info.addresses.items()
               if name not in ("tank", "figg", "kafka", "metrics", "http")}
-    log.info("figtank_serving", tank=_show(info.tank), figg=_show(info.figg),
+    log.info(event, tank=_show(info.tank), figg=_show(info.figg),
              kafka=_show(info.kafka), http=_show(info.http),
              metrics=_show(info.metrics), listeners=others or None,
              tls=sorted(info.tls) or None,
@@ -548,21 +582,22 @@ def _log_serving(settings: Settings, info: ServerInfo) -> None:
              upstream=list(settings.upstream) or None,
              upstream_kafka=list(settings.upstream_kafka) or None,
              data_dir=None if settings.upstream_mode else str(settings.data_dir),
-             durability=settings.durability, hot_paths=implementation())
+             durability=settings.durability, hot_paths=implementation(), **more)
 
 
 async def serve_until_signalled(settings: Settings, *, grace: float = 2.0,
-                                on_serving: Callable[[ServerInfo], None] | None = None
-                                ) -> None:
+                                on_serving: Callable[[ServerInfo], None] | None = None,
+                                worker: int | None = None) -> None:
     """Run the server until SIGINT or SIGTERM, then shut it down gracefully; a second
     signal cuts the grace period short. SIGHUP reloads what can change while serving
     (:meth:`ServerInfo.reload`). Returns normally either way. ``on_serving`` is called
-    once the server listens."""
+    once the server listens; ``worker``: see :func:`open_server`."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
 
             async def serve(task_status: trio.TaskStatus[ServerInfo]) -> None:
-                await run_server(settings, grace=grace, task_status=task_status)
+                await run_server(settings, grace=grace, worker=worker,
+                                 task_status=task_status)
                 nursery.cancel_scope.cancel()  # stopped: stop listening for signals
 
             info: ServerInfo = await nursery.start(serve)
