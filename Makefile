@@ -13,7 +13,7 @@ $(BIN)/python:
 # setup.py builds the Cython extensions in place: edits to them rebuild.
 $(STAMP): $(BIN)/python pyproject.toml setup.py protocols/_speedups.pyx gateway/store/_fsync.pyx \
 		gateway/io/_fanout.pyx
-	$(BIN)/python -m pip install --quiet -e '.[test,spark,docs,kafka-upstream]'
+	$(BIN)/python -m pip install --quiet -e '.[test,spark,docs]'
 	touch $(STAMP)
 
 # $(call serve_flag,VAR,--flag): "--flag 'value'" when VAR was given on the command line

@@ -17,8 +17,6 @@ EXTRAS: Final = {
     "spark": "the PySpark data source and sink (pyspark, pyarrow)",
     "docs": "the documentation site (mkdocs-material)",
     "jwt": "JWT bearer tokens on the HTTP listener (PyJWT with its crypto)",
-    "kafka-upstream": "upstream-Kafka mode, figtank in front of a Kafka cluster "
-                      "(confluent-kafka)",
     "test": "the test suite and its reference clients",
 }
 

@@ -44,8 +44,7 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 def _run_serve(args: argparse.Namespace) -> int:
     """``figtank serve``: 0 after a signal-initiated shutdown; a setting that is wrong or
     that the machine refuses (a port in use, an unusable data directory) raises
-    ConfigError (exit 2); a missing extra (``--upstream-kafka`` without
-    ``figtank[kafka-upstream]``) and any other failure are one line and exit 1. Tracebacks
+    ConfigError (exit 2); any other failure is one line and exit 1. Tracebacks
     only with ``--log-level debug``. ``--workers N`` (N > 1) runs the supervisor of N
     worker processes (:mod:`gateway.server.workers`)."""
     grace = _grace_secs(args.grace)

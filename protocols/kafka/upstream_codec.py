@@ -45,7 +45,6 @@ from protocols.kafka.batch import (
     open_batch,
 )
 from protocols.kafka.codecs import MAX_DECOMPRESSED_SIZE
-from protocols.kafka.upstream import UpstreamBundle
 from protocols.native import speedups
 from protocols.tank.bundle import (
     MAX_UNCOMPRESSED_SIZE,
@@ -59,6 +58,7 @@ from protocols.tank.bundle import (
 
 __all__ = [
     "FetchedBundles",
+    "UpstreamBundle",
     "bundles_to_record_batch",
     "bundles_to_record_batch_py",
     "record_batches_to_bundles",
@@ -74,6 +74,22 @@ _INT64_MAX: Final = (1 << 63) - 1
 _MAX_KEY_SIZE: Final = 255
 _ATTR_LOG_APPEND_TIME: Final = 0x08
 _ATTR_CONTROL: Final = 0x20
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamBundle:
+    """One framed bundle built from consecutive records of a partition.
+
+    ``plain``: it carries no sequence numbers and starts right after the previous bundle
+    of the same call (or is the first), so a chunk starting with it has ``base_seq ==
+    first_seq``; otherwise it is sparse.
+    """
+
+    first_seq: int
+    last_seq: int
+    framed: bytes
+    plain: bool
+    count: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,7 +68,7 @@ from protocols.kafka.records import (
     ListOffsetsTopic,
 )
 from protocols.kafka.types import ApiKey, ErrorCode
-from protocols.kafka.upstream import UpstreamBundle
+from protocols.kafka.upstream_codec import UpstreamBundle
 from protocols.tank.bundle import BundleInfo, validate_bundle
 from protocols.topics import MAX_PARTITIONS, is_valid_topic_name
 from protocols.wire import UINT64_MAX

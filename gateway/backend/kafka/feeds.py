@@ -32,7 +32,7 @@ from gateway.backend.kafka.fetcher import fetch_partition
 from gateway.backend.kafka.wire import BrokerLost
 from gateway.server.metrics import Metrics
 from protocols.kafka.types import ErrorCode
-from protocols.kafka.upstream import UpstreamBundle
+from protocols.kafka.upstream_codec import UpstreamBundle
 
 log = structlog.get_logger("figtank.upstream_kafka")
 

@@ -17,8 +17,7 @@ from gateway.backend.kafka.wire import BrokerLost, error_name
 from protocols.errors import ProtocolError
 from protocols.kafka.records import FetchPartition, FetchRequest, FetchTopic
 from protocols.kafka.types import ApiKey, ErrorCode
-from protocols.kafka.upstream import UpstreamBundle
-from protocols.kafka.upstream_codec import record_batches_to_bundles
+from protocols.kafka.upstream_codec import UpstreamBundle, record_batches_to_bundles
 
 #: The max wait of a fetch that is not to wait: 1 ms, not 0 (Tansu answers a Fetch with a
 #: max wait of 0 without any partition, data there or not).

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from gateway.backend.kafka.cluster import Cluster
 from gateway.backend.kafka.fetcher import NO_WAIT_MS, fetch_partition
 from gateway.backend.kafka.wire import BrokerLost
-from protocols.kafka.upstream import UpstreamBundle
+from protocols.kafka.upstream_codec import UpstreamBundle
 
 
 @dataclass(slots=True)
