@@ -35,6 +35,7 @@ from protocols.kafka.records import (
     TopicProduceResponse,
 )
 from protocols.kafka.types import ErrorCode
+from protocols.tank.bundle import parse_bundle_header
 
 #: Kafka's error code for each append outcome that is not OK.
 _CODES: Final = {
@@ -156,10 +157,13 @@ def plan_produce(body: Any, access: ConnectionAccess, max_batch: int,
                 entry = part.entry
                 producer = ProducerBatch(entry.key[2], stamp.producer_epoch,
                                          entry.first_seq, entry.last_seq)
-                plan.batches += [ProduceBatch(name, data.index, b, producer=producer)
-                                 for b in bundles]
+                plan.batches += [ProduceBatch(name, data.index, b, producer=producer,
+                                              info=parse_bundle_header(b)) for b in bundles]
             else:
-                plan.batches += [ProduceBatch(name, data.index, b) for b in bundles]
+                # The bundles were built here from checked records: their headers are
+                # trusted (info), not the whole bundle validated again by the backend.
+                plan.batches += [ProduceBatch(name, data.index, b, info=parse_bundle_header(b))
+                                 for b in bundles]
         plan.topics.append((name, parts))
     return plan
 
