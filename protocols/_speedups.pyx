@@ -944,6 +944,31 @@ cdef int64_t _kafka_varint(const uint8_t* buf, Py_ssize_t* ppos, Py_ssize_t end,
         raise _corrupt(f"truncated {what}")
     raise _corrupt(f"{what}: varint longer than {max_len} bytes")
 
+cdef int64_t _skip_headers(const uint8_t* buf, Py_ssize_t* ppos, Py_ssize_t rend) except -1:
+    """Step over a record's headers at ``buf[ppos[0]:rend]`` (their count, then each key
+    and value), ``ppos`` moved past them; returns the count."""
+    cdef int64_t nheaders = _kafka_varint(buf, ppos, rend, False, "record header count")
+    cdef int64_t hlen
+    cdef int64_t h
+    if not nheaders:
+        return 0
+    if nheaders < 0 or nheaders * 2 > rend - ppos[0]:
+        raise _corrupt(f"record header count {nheaders} does not fit the record")
+    for h in range(nheaders):
+        hlen = _kafka_varint(buf, ppos, rend, False, "header key length")
+        if hlen < 0 or hlen > rend - ppos[0]:
+            raise _corrupt(f"header key length {hlen} does not fit the record")
+        ppos[0] += hlen
+        hlen = _kafka_varint(buf, ppos, rend, False, "header value length")
+        if hlen >= 0:
+            if hlen > rend - ppos[0]:
+                raise _corrupt("header value overruns the record")
+            ppos[0] += hlen
+        elif hlen != -1:
+            raise _corrupt(f"header value length {hlen}")
+    return nheaders
+
+
 
 def kafka_to_tank(section, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t count, int64_t base_ts,
                   forced, append_time, bint build, bint with_head):
@@ -967,8 +992,6 @@ def kafka_to_tank(section, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t count, int
     cdef int64_t klen
     cdef int64_t vlen
     cdef int64_t nheaders
-    cdef int64_t hlen
-    cdef int64_t h
     cdef Py_ssize_t key_pos = 0
     cdef Py_ssize_t value_pos = 0
     cdef int64_t ts
@@ -1029,22 +1052,7 @@ def kafka_to_tank(section, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t count, int
                 pos += vlen
             elif vlen != -1:
                 raise _corrupt(f"record value length {vlen}")
-            nheaders = _kafka_varint(buf, &pos, rend, False, "record header count")
-            if nheaders:
-                if nheaders < 0 or nheaders * 2 > rend - pos:
-                    raise _corrupt(f"record header count {nheaders} does not fit the record")
-                for h in range(nheaders):
-                    hlen = _kafka_varint(buf, &pos, rend, False, "header key length")
-                    if hlen < 0 or hlen > rend - pos:
-                        raise _corrupt(f"header key length {hlen} does not fit the record")
-                    pos += hlen
-                    hlen = _kafka_varint(buf, &pos, rend, False, "header value length")
-                    if hlen >= 0:
-                        if hlen > rend - pos:
-                            raise _corrupt("header value overruns the record")
-                        pos += hlen
-                    elif hlen != -1:
-                        raise _corrupt(f"header value length {hlen}")
+            nheaders = _skip_headers(buf, &pos, rend)
             if pos != rend:
                 raise _corrupt("record length disagrees with its fields")
             if not build or refused >= 0:
@@ -1216,7 +1224,7 @@ cdef int _kafka_records(const uint8_t* buf, Py_ssize_t pos, Py_ssize_t end,
     """``batch.decode_records``: the ``count`` records filling ``buf[pos:end]`` into
     ``recs``, with the same CorruptBatch for the same fault."""
     cdef Py_ssize_t i, length, rend
-    cdef int64_t klen, vlen, nheaders, hlen, h
+    cdef int64_t klen, vlen
     if count * 7 > end - pos:
         raise _corrupt(f"batch claims {count} records in {end - pos} bytes")
     for i in range(count):
@@ -1245,22 +1253,7 @@ cdef int _kafka_records(const uint8_t* buf, Py_ssize_t pos, Py_ssize_t end,
         elif vlen != -1:
             raise _corrupt(f"record value length {vlen}")
         recs[i].value_len = <int32_t>vlen
-        nheaders = _kafka_varint(buf, &pos, rend, False, "record header count")
-        if nheaders:
-            if nheaders < 0 or nheaders * 2 > rend - pos:
-                raise _corrupt(f"record header count {nheaders} does not fit the record")
-            for h in range(nheaders):
-                hlen = _kafka_varint(buf, &pos, rend, False, "header key length")
-                if hlen < 0 or hlen > rend - pos:
-                    raise _corrupt(f"header key length {hlen} does not fit the record")
-                pos += hlen
-                hlen = _kafka_varint(buf, &pos, rend, False, "header value length")
-                if hlen >= 0:
-                    if hlen > rend - pos:
-                        raise _corrupt("header value overruns the record")
-                    pos += hlen
-                elif hlen != -1:
-                    raise _corrupt(f"header value length {hlen}")
+        _skip_headers(buf, &pos, rend)  # headers are not carried
         if pos != rend:
             raise _corrupt("record length disagrees with its fields")
     if pos != end:
