@@ -106,6 +106,15 @@ bench-peers: $(STAMP)
 		$(if $(TANK_CLI),--tank-cli $(TANK_CLI)) $(if $(PEER_TANK),--peer-tank $(PEER_TANK)) \
 		$(PEERS_ARGS)
 
+## The peers' own clients straight at figtank and through a gateway in front of its Kafka
+## listener (figtank serve --upstream-kafka; issue 35's table):
+## make bench-gateway FIGG_BENCH=PATH TANK_CLI=PATH   (PEERS_ARGS="--rounds 1" etc.)
+.PHONY: bench-gateway
+bench-gateway: $(STAMP)
+	$(BIN)/python -m gateway.bench.peers --start-figtank os --gateway \
+		$(if $(FIGG_BENCH),--figg-bench $(FIGG_BENCH)) $(if $(TANK_CLI),--tank-cli $(TANK_CLI)) \
+		$(PEERS_ARGS)
+
 # Programs the suite drives as real clients (kcat; curl and headless Chromium through
 # chromedriver for the HTTP listener; nginx in front of it), as COMMAND:DEBIAN_PACKAGE:
 # installed with apt-get where missing (CI runs on a fresh machine as root). A command is

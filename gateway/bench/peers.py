@@ -25,6 +25,10 @@ topic with 100,000 x 1 KiB messages in bundles of 100, one request in flight (th
 seconds it reports), and ``tank-cli consume -F ignore -S -d 0`` reads that topic back,
 timed by the wall clock around the process and by its own "consumed in" figure.
 
+``--gateway`` (with ``--start-figtank MODE``, ``make bench-gateway``): the same clients
+straight at a started figtank and through a gateway in front of its Kafka listener
+(``figtank serve --upstream-kafka``), the gateway in the figtank columns.
+
 This script builds and downloads nothing: it runs the client binaries it is given.
 """
 
@@ -48,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.bench.report import describe_machine, figtank_version, machine_info
-from gateway.bench.serving import serve_figtank
+from gateway.bench.serving import Served, serve_figtank
 
 FIGG_MSGS = 200_000
 FIGG_MSG_SIZE = 128
@@ -411,6 +415,11 @@ def parser() -> argparse.ArgumentParser:
                    help="start figtank serve here with this durability (fsync, os, or "
                         "fsync,os: the Figg measures against each, Tank's against os) "
                         "instead of --figtank-figg/--figtank-tank")
+    p.add_argument("--gateway", action="store_true",
+                   help="with --start-figtank MODE: measure a gateway (figtank serve "
+                        "--upstream-kafka) in front of that figtank's Kafka listener "
+                        "against the figtank itself: the peer columns are the figtank "
+                        "store straight, the figtank columns the gateway in front of it")
     p.add_argument("--rounds", type=_positive, default=3, help="runs of each side (default 3)")
     p.add_argument("--scale", type=float, default=1.0,
                    help="multiply every message count (0.05 for a quick look)")
@@ -429,6 +438,15 @@ def _figtank(mode: str | None) -> Iterator[tuple[str | None, str | None]]:
         return
     with serve_figtank(durability=mode) as served:
         yield served.figg, served.tank
+
+
+@contextlib.contextmanager
+def _figtank_behind_a_gateway(mode: str) -> Iterator[tuple[Served, Served]]:
+    """A figtank (``mode``) with its Kafka listener, and a gateway in front of it."""
+    with serve_figtank("--kafka-listen", "127.0.0.1:0", durability=mode) as upstream, \
+            serve_figtank("--upstream-kafka", upstream.kafka, "--kafka-listen", "",
+                          durability=mode) as gateway:
+        yield upstream, gateway
 
 
 def tank_mode(modes: Sequence[str]) -> str:
@@ -469,6 +487,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.start_figtank and (args.figtank_figg or args.figtank_tank):
         parser().error("--start-figtank starts figtank itself: leave out "
                        "--figtank-figg/--figtank-tank")
+    if args.gateway:
+        if not args.start_figtank or len(args.start_figtank) != 1:
+            parser().error("--gateway needs --start-figtank with one mode (os or fsync)")
+        return _gateway_main(args)
     ours = args.start_figtank is not None
     want_figg = bool(args.figg_bench and args.peer_figg and (ours or args.figtank_figg))
     want_tank = bool(args.tank_cli and args.peer_tank and (ours or args.figtank_tank))
@@ -513,6 +535,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{'Figg (figg-bench)' if group == 'figg' else 'Tank (tank-cli)'}\n")
             print(markdown_table(measures, names[group]) + "\n")
         print(" ".join(footnote))
+    return 1 if any(m.failures["figtank"] for ms in tables.values() for m in ms) else 0
+
+
+def _gateway_main(args: argparse.Namespace) -> int:
+    """``--gateway``: the peers' clients straight at a figtank and through a gateway in
+    front of its Kafka listener (issue 35's table)."""
+    if not (args.figg_bench or args.tank_cli):
+        print("nothing to measure: give --figg-bench and/or --tank-cli", file=sys.stderr)
+        return 2
+    started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    mode = args.start_figtank[0]
+    tables: dict[str, list[Measure]] = {}
+    with _figtank_behind_a_gateway(mode) as (upstream, gateway):
+        setup = Setup(args.rounds, args.scale, args.timeout, args.figg_bench, args.tank_cli,
+                      {"peer": upstream.figg, "figtank": gateway.figg},
+                      {"peer": upstream.tank, "figtank": gateway.tank})
+        if args.figg_bench:
+            tables["figg"] = figg_measures(setup)
+        if args.tank_cli:
+            tables["tank"] = tank_measures(setup)
+    names = {"figg": f"figtank `{mode}`", "tank": f"figtank `{mode}`"}
+    print(f"figtank {figtank_version()}: a gateway (figtank serve --upstream-kafka) in "
+          f"front of a figtank ({mode}) against that figtank itself, {started_at}, "
+          f"{describe_machine(machine_info())}\n")
+    for group, measures in tables.items():
+        print(f"{'Figg (figg-bench)' if group == 'figg' else 'Tank (tank-cli)'}; the "
+              f"'figtank' column is the gateway, the peer column the figtank behind it\n")
+        print(markdown_table(measures, names[group]) + "\n")
     return 1 if any(m.failures["figtank"] for ms in tables.values() for m in ms) else 0
 
 
