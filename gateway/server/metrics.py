@@ -155,8 +155,9 @@ class Metrics:
             "became unreachable.", registry=None)
         self.upstream_errors = Counter(
             "figtank_upstream_errors", "Upstream-Kafka mode: errors the upstream cluster "
-            "answered, by operation (produce, fetch, create_topic) and error (its name, "
-            "e.g. MSG_SIZE_TOO_LARGE, TOPIC_AUTHORIZATION_FAILED).", ["operation", "error"],
+            "answered, by operation (produce, fetch, metadata, create_topic) and error "
+            "(Kafka's name, e.g. MESSAGE_TOO_LARGE, TOPIC_AUTHORIZATION_FAILED; TIMED_OUT, "
+            "NETWORK_EXCEPTION).", ["operation", "error"],
             registry=None)
         self.data_loss_events = Counter(
             "figtank_data_loss_events", "Damaged regions found in rolled segments, and "

@@ -35,7 +35,7 @@ from gateway.backend.kafka.wire import Security
 from gateway.client.lone import raise_lone
 from gateway.client.tls import client_context
 from gateway.server.config import Settings
-from gateway.server.metrics import Metrics
+from gateway.server.metrics import GaugeCollector, Metrics
 from protocols.kafka.codecs import Compression
 from protocols.kafka.records import MetadataRequest
 from protocols.kafka.types import ApiKey
@@ -150,6 +150,8 @@ def _make_backend(cluster: Cluster, settings: Settings, metrics: Metrics | None,
                       idle_secs=feed_idle_secs, timeout=REQUEST_TIMEOUT_SECS,
                       metrics=metrics, on_trouble=trouble)
     history = HistoryReader(cluster, timeout=REQUEST_TIMEOUT_SECS)
+    if metrics is not None:
+        _add_gauges(metrics, cluster, producer, feeds)
     return KafkaBackend(cluster=cluster, producer=producer, feeds=feeds, history=history,
                         health=health, auto_create_topics=settings.auto_create_topics,
                         default_partitions=settings.default_partitions,
@@ -157,6 +159,25 @@ def _make_backend(cluster: Cluster, settings: Settings, metrics: Metrics | None,
                         wait_secs=(settings.upstream_wait_secs if wait_secs is None
                                    else wait_secs),
                         metrics=metrics)
+
+
+def _add_gauges(metrics: Metrics, cluster: Cluster, producer: UpstreamProducer,
+                feeds: TailFeeds) -> None:
+    """What the gateway holds for the upstream, read at scrape time."""
+    metrics.add_collector(GaugeCollector(
+        "figtank_upstream_connections", "Upstream-Kafka mode: open connections to the "
+        "cluster's brokers, by lane (main, produce, feed: one per partition being read).",
+        ["lane"], lambda: [([lane], count) for lane, count in cluster.open_lanes().items()]))
+    metrics.add_collector(GaugeCollector(
+        "figtank_upstream_feeds", "Upstream-Kafka mode: partitions read at their tail (one "
+        "upstream read each, shared by their readers), and the bytes their caches hold.",
+        ["what"], lambda: [(["feeds"], float(len(feeds.feeds))),
+                           (["cached_bytes"], float(sum(
+                               f.cached_bytes for f in list(feeds.feeds.values()))))]))
+    metrics.add_collector(GaugeCollector(
+        "figtank_upstream_unacknowledged_messages", "Upstream-Kafka mode: messages handed to "
+        "the gateway's producer and not yet acknowledged by the cluster.", [],
+        lambda: [([], float(producer.in_flight()))]))
 
 
 def _flush_secs(deadline: Callable[[], float | None] | None) -> float:

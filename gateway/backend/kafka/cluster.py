@@ -92,6 +92,15 @@ class Cluster:
         connection = self._connections.get((address, lane)) if address else None
         return connection if connection is not None and connection.lost is None else None
 
+    def open_lanes(self) -> dict[str, float]:
+        """Open connections by kind of lane (``main``, ``produce``, ``feed``)."""
+        counts = {MAIN: 0.0, PRODUCE: 0.0, "feed": 0.0}
+        for (_, lane), connection in list(self._connections.items()):
+            if connection.lost is None:
+                kind = lane if lane in (MAIN, PRODUCE) else "feed"
+                counts[kind] += 1
+        return counts
+
     def release(self, lane: str) -> None:
         """Close the connections of ``lane`` (a feed that stopped)."""
         for key in [k for k in self._connections if k[1] == lane]:

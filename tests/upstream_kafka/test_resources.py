@@ -1,0 +1,65 @@
+"""What a gateway holds for its upstream is bounded and shown: connections by lane, tail
+feeds and their caches, and messages waiting for the cluster's acknowledgement, scraped
+from /metrics while clients read and publish."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from gateway.client.tank import open_tank_client
+from tests.bridge.helpers import metric
+from tests.upstream_kafka.helpers import Upstream, blocking, gateway
+
+
+async def test_connections_feeds_and_unacknowledged_messages_are_gauges(
+        tmp_path: Path) -> None:
+    upstream = Upstream(tmp_path / "up")
+    front = gateway(upstream.address)
+    try:
+        with trio.fail_after(60):
+            await upstream.served.start()
+            served = await front.start()
+            assert served.tank and served.metrics
+
+            async def gauge(name: str) -> float:
+                return await blocking(metric, served.metrics, name) or 0.0
+
+            async with open_tank_client(*served.tank, request_timeout=10) as tank:
+                for topic in ("a", "b", "c"):
+                    await tank.create_topic(topic, 2)
+                await tank.produce({(t, p): [b"x" * 100] * 50
+                                    for t in ("a", "b", "c") for p in (0, 1)})
+                assert await gauge("figtank_upstream_unacknowledged_messages") == 0
+                # Three readers at the tail of three partitions: three feeds, each its own
+                # connection; more readers of the same partitions share them.
+                async with trio.open_nursery() as nursery:
+                    for topic in ("a", "b", "c"):
+                        for _ in range(2):
+                            nursery.start_soon(_tail_read, served.tank, topic)
+                    with trio.fail_after(10):
+                        while await gauge('figtank_upstream_feeds{what="feeds"}') < 3:
+                            await trio.sleep(0.1)
+                    assert await gauge('figtank_upstream_feeds{what="feeds"}') == 3
+                    assert await gauge('figtank_upstream_connections{lane="feed"}') == 3
+                    assert 0 < await gauge('figtank_upstream_feeds{what="cached_bytes"}')
+                    assert await gauge('figtank_upstream_connections{lane="produce"}') == 1
+                    assert await gauge('figtank_upstream_connections{lane="main"}') == 1
+                    await tank.produce({("a", 0): [b"wake"], ("b", 0): [b"wake"],
+                                        ("c", 0): [b"wake"]})
+    finally:
+        front.close()
+        upstream.served.close()
+
+
+async def _tail_read(address: tuple[str, int], topic: str) -> None:
+    """Read partition 0 of ``topic`` up to its end, then wait at the tail for one more."""
+    async with open_tank_client(*address, request_timeout=15) as tank:
+        seq = 1
+        while True:
+            got = await tank.consume(topic, 0, seq, max_wait_ms=5000)
+            if got.messages:
+                seq = got.messages[-1].seq + 1
+                if any(m.value == b"wake" for m in got.messages):
+                    return
