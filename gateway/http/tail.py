@@ -477,6 +477,10 @@ class Tails:
             if self._nursery is None:
                 raise RuntimeError("the tails are not running")
             self._nursery.start_soon(self._read, tail)
+        elif tail.unavailable is not None and self._backend.unavailable() is None:
+            # The upstream is back and the watch has not said so yet (it looks every
+            # WATCH_SECS): a subscriber joining now is not told of an outage that ended.
+            tail.recovered()
         tail.users += 1
         tail.idle_since = None
         return tail

@@ -270,7 +270,7 @@ class UpstreamProducer:
             while True:
                 now = trio.current_time()
                 wait = self._expire(now)
-                if self._ready and (self._pid is None or self._renew):
+                if (self._ready or self.failure) and (self._pid is None or self._renew):
                     await self._new_producer_id()
                     continue
                 wait = min(wait, self._dispatch(now))
@@ -581,7 +581,8 @@ class UpstreamProducer:
             transactional_id=None, transaction_timeout_ms=60_000, producer_id=-1,
             producer_epoch=-1), timeout=self.request_timeout)
         if answer.error_code:
-            raise BrokerLost(f"InitProducerId refused: {error_name(answer.error_code)}")
+            raise ProducerIdRefused(f"InitProducerId refused: "
+                                    f"{error_name(answer.error_code)}")
         return answer.producer_id, answer.producer_epoch
 
     async def _new_producer_id(self) -> None:
@@ -590,10 +591,14 @@ class UpstreamProducer:
         try:
             pid = await self.producer_id()
         except BrokerLost as exc:
-            if self.failure is None:
-                log.error("upstream_producer_id_refused", reason=str(exc))
-            self.failure = f"the upstream gives no producer id: {exc}"
-            self._on_trouble()
+            if isinstance(exc, ProducerIdRefused):
+                # The cluster answers and refuses: no publish can succeed (while it does
+                # not answer, its health says so, and this is not the reason).
+                if self.failure is None:
+                    log.error("upstream_producer_id_refused", reason=str(exc))
+                self.failure = f"the upstream gives no producer id: {exc}"
+            else:
+                self._on_trouble()
             with trio.move_on_after(0.5):
                 await trio.sleep_forever()
             self._expire(trio.current_time())
@@ -610,3 +615,7 @@ class UpstreamProducer:
         if self._metrics is not None:
             self._metrics.upstream_errors.labels("produce", error).inc()
 
+
+class ProducerIdRefused(BrokerLost):
+    """The cluster answered InitProducerId with an error (e.g. no IdempotentWrite
+    permission)."""
