@@ -57,6 +57,7 @@ from gateway.bench.tank import (
 )
 from gateway.bench.tansu import REQUIREMENT as TANSU_REQUIREMENT
 from gateway.bench.tansu import running_tansu
+from gateway.bench.upstream_peers import PeerRun, peer_runs
 from protocols.tank.bundle import Codec, Message
 
 _MIB: Final = 1024 * 1024
@@ -97,6 +98,14 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the page cache, as a Kafka broker by default)")
     parser.add_argument("--stall", type=float, default=15.0,
                         help="seconds without progress after which a phase gives up")
+    parser.add_argument("--figg-bench", metavar="PATH",
+                        help="also run the Figg project's figg-bench (--messages, --size) "
+                             "straight at the upstream figtank's Figg listener and through "
+                             "the gateway's: a compiled client that is not the bound")
+    parser.add_argument("--tank-cli", metavar="PATH",
+                        help="also run the Tank project's tank-cli (bm p2b, --messages) "
+                             "straight at the upstream figtank's Tank listener and through "
+                             "the gateway's")
 
 
 def _params(args: argparse.Namespace) -> Params:
@@ -111,11 +120,14 @@ def _params(args: argparse.Namespace) -> Params:
                          "not negative")
     if args.tls or args.ca or args.cert or args.tls_key:
         raise ValueError("upstream-kafka does not take the TLS options")
+    if (args.figg_bench or args.tank_cli) and args.upstream != "figtank":
+        raise ValueError("--figg-bench and --tank-cli need the figtank upstream (its Figg "
+                         "and Tank listeners are the direct side)")
     return {"messages": args.messages, "size": args.size, "window": args.window,
             "bundle": args.bundle, "in_flight": args.in_flight,
             "fetch_size": args.fetch_size, "latency_messages": args.latency_messages,
             "upstream": args.upstream, "upstream_durability": args.upstream_durability,
-            "stall": args.stall}
+            "stall": args.stall, "figg_bench": args.figg_bench, "tank_cli": args.tank_cli}
 
 
 # ---------------------------------------------------------------------- processes
@@ -130,6 +142,7 @@ class _Upstream:
     process: subprocess.Popen
     kafka: str
     tank: str = ""
+    figg: str = ""
 
 
 @dataclass
@@ -155,7 +168,8 @@ def _processes(params: Params) -> Iterator[_Processes]:
         else:
             served = stack.enter_context(serve_figtank(
                 "--kafka-listen", "127.0.0.1:0", durability=params["upstream_durability"]))
-            upstream = _Upstream("figtank", served.process, served.kafka, served.tank)
+            upstream = _Upstream("figtank", served.process, served.kafka, served.tank,
+                                 served.figg)
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(
             prefix="figtank-bench-gateway-")))
         gateway = stack.enter_context(serve_figtank(
@@ -485,7 +499,12 @@ async def _work(params: Params, share: Share) -> WorkerResult:
                     params, gateway.tank, topics["tank"], latency_n, clock)),
             ]
         stored = await _held(upstream, topics, params["timeout"])
-    return share.finish({}, {}, phases=phases, stored=stored, topics=topics)
+        peers = await peer_runs(
+            figg_bench=params.get("figg_bench"), tank_cli=params.get("tank_cli"),
+            upstream=(upstream.figg, upstream.tank), gateway=(gateway.figg, gateway.tank),
+            messages=n, size=params["size"], timeout=params["timeout"],
+            gateway_cpu=lambda: processes.cpu()[1])
+    return share.finish({}, {}, phases=phases, stored=stored, topics=topics, peers=peers)
 
 
 # ------------------------------------------------------------------------ the report
@@ -545,6 +564,25 @@ def _latency_rows(phases: list[_Phase], size: int, figures: dict[str, Any]) -> l
     return rows
 
 
+def _peer_rows(runs: list[PeerRun], size: int, figures: dict[str, Any]) -> list[Row]:
+    """The peers' clients, straight and through the gateway, with the ratio."""
+    rows = []
+    for run in runs:
+        ratio = run.gateway / run.direct if run.direct else 0.0
+        figures.setdefault("peer_ratio", {})[run.label] = ratio
+        figures.setdefault("peer_gateway_cpu_us_per_msg", {})[run.label] = (
+            run.gateway_cpu_per_message * 1e6)
+        for side, rate, note in (
+                ("straight at the upstream", run.direct, ""),
+                ("through figtank", run.gateway,
+                 f"{ratio:.2f}x straight; gateway {run.gateway_cpu_per_message * 1e6:.2f} "
+                 "µs CPU/msg")):
+            rows.append(Row(f"{run.label} {side}", run.messages,
+                            run.messages / rate if rate else 0.0, run.messages * size,
+                            note=note))
+    return rows
+
+
 async def _finish(params: Params, results: list[WorkerResult]) -> Report:
     [result] = results
     phases: list[_Phase] = result.info["phases"]
@@ -555,6 +593,7 @@ async def _finish(params: Params, results: list[WorkerResult]) -> Report:
             + _rows("consume", phases[3:6], size, figures))
     if latency_n:
         rows += _latency_rows(phases[6:9], size, figures)
+    rows += _peer_rows(result.info.get("peers", []), size, figures)
     checks = []
     for path in PRODUCE_PATHS:
         acked = sum(p.messages for p in phases[0:3] + phases[6:9] if p.path == path)
@@ -587,6 +626,11 @@ async def _finish(params: Params, results: list[WorkerResult]) -> Report:
         notes.append(f"{kind} ratio: " + ", ".join(
             f"{_LABELS[path]} {ratio:.2f}x" for path, ratio in figures[f"{kind}_ratio"]
             .items()))
+    if figures.get("peer_ratio"):
+        notes.append("the peers' clients (figg-bench, tank-cli), through figtank over "
+                     "straight at the upstream figtank: " + ", ".join(
+                         f"{label} {ratio:.2f}x" for label, ratio
+                         in figures["peer_ratio"].items()))
     if latency_n:
         notes.append("added p99 of a publish (one at a time): " + ", ".join(
             f"{_LABELS[path]} {ms:+.2f} ms" for path, ms in figures["added_p99_ms"].items()))

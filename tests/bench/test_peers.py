@@ -322,3 +322,41 @@ elif "consume" in args:
     # tank-cli ran against the peer and one figtank (not two): its endpoints.
     endpoints = set((tmp_path / "calls").read_text().split())
     assert figtank.tank in endpoints and len(endpoints) == 2
+
+
+def test_a_gateway_against_the_figtank_behind_it(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """``--gateway`` (``make bench-gateway``): the peer columns are a started figtank, the
+    figtank columns a gateway in front of its Kafka listener; the stand-in clients note
+    where they were pointed."""
+    log = tmp_path / "addresses"
+    figg_bench = _stand_in(tmp_path / "figg-bench", f"""
+open({str(log)!r}, "a").write("figg " + args[args.index("--addr") + 1] + "\\n")
+print({FIGG_BENCH_OUTPUT!r})
+""")
+    tank_cli = _stand_in(tmp_path / "tank-cli", f"""
+open({str(log)!r}, "a").write("tank " + args[args.index("-b") + 1] + "\\n")
+if "bm" in args:
+    count = int(args[args.index("-c") + 1])
+    print(f"Got ACK after publishing {{count:,}} message(s) of size 100b (1mb), took 2ms")
+elif "consume" in args:
+    print(">> 60 messages\\n>> 40 messages\\n200 messages consumed in 850us, 0.1mb consumed")
+""")
+    code = cp.main(["--start-figtank", "os", "--gateway", "--figg-bench", figg_bench,
+                    "--tank-cli", tank_cli, "--rounds", "1", "--scale", "0.0001",
+                    "--timeout", "60"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "a gateway (figtank serve --upstream-kafka) in front of a figtank (os)" in out
+    assert "figg-bench 20 x 128 B, 1 pub, 1 sub: pub stats | 351,513 msgs/s | 351,513" in out
+    lines = log.read_text().split("\n")
+    figg = {line.split()[1] for line in lines if line.startswith("figg")}
+    tank = {line.split()[1] for line in lines if line.startswith("tank")}
+    assert len(figg) == len(tank) == 2  # the figtank's listeners and the gateway's
+
+
+def test_gateway_needs_one_started_figtank() -> None:
+    with pytest.raises(SystemExit):
+        cp.main(["--gateway", "--figg-bench", "x"])
+    with pytest.raises(SystemExit):
+        cp.main(["--gateway", "--start-figtank", "fsync,os", "--figg-bench", "x"])

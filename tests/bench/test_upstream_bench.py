@@ -7,6 +7,8 @@ The figures themselves are not asserted."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +85,50 @@ def test_upstream_kafka_bad_option_is_one_line_and_exit_2(capsys: pytest.Capture
     err = capsys.readouterr().err
     assert err.startswith("figtank bench: ") and "--procs 1" in err
     assert err.count("\n") == 1
+
+
+def _stand_in(path: Path, body: str) -> str:
+    """An executable script standing in for a peer's client (the real ones are built
+    outside the project): it notes each address it was pointed at in ``<path>.log``."""
+    path.write_text(f"#!{sys.executable}\nimport sys\nargs = sys.argv[1:]\n"
+                    f"log = open({str(path) + '.log'!r}, 'a')\n{body}")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_the_peers_clients_run_straight_and_through_the_gateway(tmp_path: Path) -> None:
+    figg_bench = _stand_in(tmp_path / "figg-bench", """
+address = args[args.index("--addr") + 1]
+log.write(address + "\\n")
+log.flush()
+rate = 1000 if len(open(log.name).read().split()) == 1 else 500
+print(f"  pub stats: {rate:,} msgs/sec ~ 1 MB/sec\\n  sub stats: {rate:,} msgs/sec ~ 1 MB/sec")
+""")
+    tank_cli = _stand_in(tmp_path / "tank-cli", """
+log.write(args[args.index("-b") + 1] + "\\n")
+if "bm" in args:
+    count = int(args[args.index("-c") + 1])
+    print(f"Got ACK after publishing {count:,} message(s) of size 100b (1mb), took 2ms")
+""")
+    report = bench(["upstream-kafka", "--messages", "50", "--latency-messages", "0",
+                    "--figg-bench", figg_bench, "--tank-cli", tank_cli,
+                    "--target", "figtank-test", "--timeout", "120", "--stall", "10"])
+    labels = [row.label for row in report.rows[6:]]
+    assert labels == [f"{what} {side}" for what in (
+        "figg-bench publish", "figg-bench subscribe",
+        "tank-cli bm p2b (100 B, bundles of 1000)")
+        for side in ("straight at the upstream", "through figtank")]
+    assert report.figures["peer_ratio"]["figg-bench publish"] == pytest.approx(0.5)
+    assert report.figures["peer_ratio"]["tank-cli bm p2b (100 B, bundles of 1000)"] == 1.0
+    assert set(report.figures["peer_gateway_cpu_us_per_msg"]) == set(
+        report.figures["peer_ratio"])
+    # Each client went to two listeners: the upstream figtank's, then the gateway's.
+    figg_to = (tmp_path / "figg-bench.log").read_text().split()
+    tank_to = (tmp_path / "tank-cli.log").read_text().split()
+    assert len(figg_to) == 2 and figg_to[0] != figg_to[1]
+    assert len(set(tank_to)) == 2 and tank_to[0] != tank_to[-1]
+
+
+def test_the_peers_clients_need_a_figtank_upstream(tmp_path: Path) -> None:
+    with pytest.raises(BenchError, match="figtank upstream"):
+        bench(["upstream-kafka", "--upstream", "tansu", "--figg-bench", "figg-bench"])
