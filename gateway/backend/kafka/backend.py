@@ -212,9 +212,7 @@ class KafkaBackend:
         got = await fetch_partition(self.cluster, topic, partition, low,
                                     max_wait_ms=NO_WAIT_MS, max_bytes=1, after_seq=None,
                                     timeout=REQUEST_TIMEOUT_SECS, convert=False)
-        if got.error is not None:
-            code = ErrorCode[got.error[0]] if got.error[0] in ErrorCode.__members__ else -1
-            self._refusal(int(code), topic, partition, operation)
+        self._refusal(got.error_code, topic, partition, operation)
         return low, max(got.high_watermark, low)
 
     def _refusal(self, code: int, topic: str, partition: int, operation: str) -> None:

@@ -124,9 +124,6 @@ class TailFeeds:
         self.feeds: dict[TopicPartition, PartitionFeed] = {}
         self._generation = 0
         self._nursery: trio.Nursery | None = None
-        #: Upstream reads started (feeds opened) and reads served from a feed.
-        self.opened = 0
-        self.served = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -151,7 +148,6 @@ class TailFeeds:
         feed = PartitionFeed(topic, partition, self._generation, seq, read_to=seq - 1,
                              last_used=trio.current_time())
         self.feeds[key] = feed
-        self.opened += 1
         assert self._nursery is not None, "TailFeeds.run is not running"
         self._nursery.start_soon(self._follow, feed)
         return feed
@@ -165,7 +161,6 @@ class TailFeeds:
 
     def served_from(self, feed: PartitionFeed, last_seq: int) -> None:
         """A reader was served ``feed``'s bundles up to ``last_seq``."""
-        self.served += 1
         feed.last_used = trio.current_time()
         if last_seq > feed.read_to:
             feed.read_to = last_seq

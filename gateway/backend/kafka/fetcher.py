@@ -38,6 +38,9 @@ class Fetched:
     high_watermark: int = -1
     log_start_offset: int = -1
     error: tuple[str, str] | None = None
+    #: The broker's error code behind ``error`` (0 when the error is the gateway's own:
+    #: a batch it could not read or map).
+    error_code: int = 0
 
 
 async def fetch_partition(cluster: Cluster, topic: str, partition: int, offset: int, *,
@@ -57,7 +60,8 @@ async def fetch_partition(cluster: Cluster, topic: str, partition: int, offset: 
             partition=partition, fetch_offset=offset, partition_max_bytes=max_bytes)])]),
         timeout=timeout + max_wait_ms / 1000)
     if answer.error_code:
-        return Fetched(next_offset=offset, error=(error_name(answer.error_code), "fetch"))
+        return Fetched(next_offset=offset, error=(error_name(answer.error_code), "fetch"),
+                       error_code=answer.error_code)
     found = [p for t in answer.responses if t.topic == topic for p in t.partitions
              if p.partition_index == partition]
     if not found:
@@ -70,6 +74,7 @@ async def fetch_partition(cluster: Cluster, topic: str, partition: int, offset: 
                 data.error_code != ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
             cluster.forget(topic, partition)
         result.error = (error_name(data.error_code), f"fetch of {topic}/{partition}")
+        result.error_code = data.error_code
         return result
     if not data.records or not convert:
         return result

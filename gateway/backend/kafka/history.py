@@ -31,13 +31,10 @@ class HistoryReader:
     def __init__(self, cluster: Cluster, *, timeout: float = 5.0) -> None:
         self._cluster = cluster
         self.timeout = timeout
-        #: Reads made.
-        self.reads = 0
 
     async def read(self, topic: str, partition: int, seq: int, max_bytes: int) -> HistoryRead:
         """About ``max_bytes`` of ``topic``/``partition`` from sequence ``seq`` (offset
         ``seq - 1``); :class:`BrokerLost` when the upstream can not be asked."""
-        self.reads += 1
         try:
             got = await fetch_partition(self._cluster, topic, partition, seq - 1,
                                         max_wait_ms=NO_WAIT_MS, max_bytes=max_bytes,

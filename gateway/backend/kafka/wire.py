@@ -300,7 +300,7 @@ async def open_broker(host: str, port: int, nursery: trio.Nursery, *, security: 
     try:
         answer = await connection.call(ApiKey.API_VERSIONS, ApiVersionsRequest(), version=0)
         if answer.error_code:
-            raise BrokerLost(f"{address} refused ApiVersions: {_name(answer.error_code)}")
+            raise BrokerLost(f"{address} refused ApiVersions: {error_name(answer.error_code)}")
         connection.versions = {k.api_key: (k.min_version, k.max_version)
                                for k in answer.api_keys}
         if security.sasl_mechanism:
@@ -329,7 +329,7 @@ async def _authenticate(connection: BrokerConnection, security: Security) -> Non
                                       SaslAuthenticateRequest(auth_bytes=token))
         if reply.error_code:
             raise AuthenticationFailed(f"SASL authentication error: "
-                                       f"{reply.error_message or _name(reply.error_code)}")
+                                       f"{reply.error_message or error_name(reply.error_code)}")
         try:
             token = steps.send(bytes(reply.auth_bytes))
         except StopIteration:
@@ -372,13 +372,9 @@ class _Scram:
                                        "does not verify")
 
 
-def _name(code: int) -> str:
+def error_name(code: int) -> str:
+    """Kafka's name of an error code (``error N`` for one this package does not know)."""
     try:
         return ErrorCode(code).name
     except ValueError:
         return f"error {code}"
-
-
-def error_name(code: int) -> str:
-    """Kafka's name of an error code (``error N`` for one this package does not know)."""
-    return _name(code)
