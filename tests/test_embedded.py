@@ -20,6 +20,7 @@ from gateway.backend.contract import (
     ensure_topic,
 )
 from gateway.backend.embedded import EmbeddedBackend, open_embedded_backend
+from gateway.backend.kafka.backend import KafkaBackend
 from gateway.server.config import Settings
 from gateway.server.metrics import Metrics
 from protocols.tank.bundle import Message, decode_chunk, encode_bundle
@@ -46,7 +47,7 @@ async def backend(tmp_path: Path):
         yield backend
 
 
-@pytest.mark.parametrize("implementation", [EmbeddedBackend, BridgeBackend])
+@pytest.mark.parametrize("implementation", [EmbeddedBackend, BridgeBackend, KafkaBackend])
 def test_backends_implement_every_call_of_the_protocol(implementation: type) -> None:
     # The listeners only know the Backend protocol: both logs must answer all of it alike.
     calls = [name for name in vars(Backend) if not name.startswith("_")]

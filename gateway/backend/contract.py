@@ -376,6 +376,11 @@ class Backend(Protocol):
         nothing, when :meth:`produce_nowait` must take it. None where this backend has no
         such path (an upstream; durability that waits for an fsync)."""
 
+    async def issue_producer_id(self) -> int | None:
+        """A producer id for an idempotent Kafka client in front, issued by the backend's
+        upstream cluster (so unique across every gateway of it), or None where the Kafka
+        listener numbers its own. ``ConnectionError`` when the upstream gives none."""
+
     async def aclose(self) -> None:
         """Finish in-flight appends, make them durable, release files and connections."""
 

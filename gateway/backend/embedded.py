@@ -176,6 +176,10 @@ class EmbeddedBackend:
                                  report)
         return True
 
+    async def issue_producer_id(self) -> None:
+        """None: the Kafka listener numbers producers itself."""
+        return None
+
     def fast_appender(self, topic: str, partition: int) -> FastAppender | None:
         """An appender for ``topic``'s ``partition`` (see
         :meth:`~gateway.backend.contract.Backend.fast_appender`): the partition's

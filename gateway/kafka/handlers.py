@@ -60,13 +60,12 @@ async def _describe_configs(ctx: RequestContext, body: Any, version: int) -> Any
 
 
 async def _init_producer_id(ctx: RequestContext, body: Any, version: int) -> Any:
-    issue = getattr(ctx.backend, "issue_producer_id", None)
     issued: int | None = None
-    if issue is not None and body.transactional_id is None:
+    if body.transactional_id is None:
         # In front of a Kafka cluster the cluster numbers producers, so that an id is
         # unique across every gateway a client may reconnect to.
         try:
-            issued = await issue()
+            issued = await ctx.backend.issue_producer_id()
         except ConnectionError as exc:
             ctx.refused("kafka_init_producer_id_refused",
                         error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, reason=str(exc))

@@ -260,6 +260,10 @@ class BridgeBackend:
         """None: the upstream keeps its topics' settings."""
         return None
 
+    async def issue_producer_id(self) -> None:
+        """None: the Kafka listener numbers producers itself."""
+        return None
+
     def fast_appender(self, topic: str, partition: int) -> None:
         """No one-pass appends: every Produce goes through :meth:`produce_nowait`."""
         return None
