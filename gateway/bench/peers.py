@@ -268,11 +268,9 @@ def figg_measures(setup: Setup, mode: str | None = None) -> list[Measure]:
             for side in sides_in_order(round_):
                 print(f"== figg-bench {shape} ({side}, round {round_})", file=sys.stderr,
                       flush=True)
-                command = [setup.figg_bench or "", "--addr", setup.figg[side] or "",
-                           "--msgs", str(msgs), "--msg-size", str(FIGG_MSG_SIZE),
-                           "--topic", unique_topic("cmp-figg"), *extra]
                 try:
-                    found = parse_figg_bench(run_client(command, setup.timeout)[0])
+                    found = run_figg_bench(setup.figg_bench or "", setup.figg[side] or "",
+                                           msgs, FIGG_MSG_SIZE, setup.timeout, *extra)
                 except RunFailed as exc:
                     found, error = {}, str(exc)
                 else:
@@ -298,21 +296,34 @@ def _figtank_produce(endpoint: str, topic: str, messages: int, timeout: float) -
     return float(report["rows"][0]["seconds"])
 
 
+def run_p2b(cli: str, endpoint: str, count: int, bundle: int, timeout: float) -> float:
+    """tank-cli's ``create_topic`` then ``bm p2b -s 100 -c count -B bundle`` on a topic of
+    its own: messages/s (RunFailed, ValueError when it fails or acknowledges fewer)."""
+    topic = unique_topic("cmp-p2b")
+    run_client([cli, "-b", endpoint, "-t", topic, "create_topic", "1"], timeout)
+    output, _ = run_client([cli, "-b", endpoint, "-t", topic, "bm", "p2b", "-s",
+                            str(P2B_SIZE), "-c", str(count), "-B", str(bundle)], timeout)
+    messages, seconds = parse_p2b(output)
+    if messages != count:
+        raise RunFailed(f"acknowledged {messages:,} of {count:,} messages")
+    return messages / max(seconds, 1e-6)
+
+
+def run_figg_bench(path: str, address: str, messages: int, size: int, timeout: float,
+                   *extra: str) -> dict[str, float]:
+    """figg-bench on a topic of its own: its stats lines (:func:`parse_figg_bench`)."""
+    command = [path, "--addr", address, "--msgs", str(messages), "--msg-size", str(size),
+               "--topic", unique_topic("cmp-figg"), *extra]
+    return parse_figg_bench(run_client(command, timeout)[0])
+
+
 def tank_round(cli: str, endpoint: str, p2b: tuple[int, int], kib_msgs: int,
                timeout: float) -> dict[str, float | str]:
     """One round of the Tank measures on one side: a figure, or why there is none, for
     "p2b" (msgs/s), "produce", "consume_wall" and "consume_own" (seconds)."""
     out: dict[str, float | str] = {}
-    count, bundle = p2b
-    topic = unique_topic("cmp-p2b")
     try:
-        run_client([cli, "-b", endpoint, "-t", topic, "create_topic", "1"], timeout)
-        output, _ = run_client([cli, "-b", endpoint, "-t", topic, "bm", "p2b", "-s",
-                                str(P2B_SIZE), "-c", str(count), "-B", str(bundle)], timeout)
-        messages, seconds = parse_p2b(output)
-        if messages != count:
-            raise RunFailed(f"acknowledged {messages:,} of {count:,} messages")
-        out["p2b"] = messages / max(seconds, 1e-6)
+        out["p2b"] = run_p2b(cli, endpoint, *p2b, timeout)
     except (RunFailed, ValueError) as exc:
         out["p2b"] = str(exc)
     topic = unique_topic("cmp-kib")

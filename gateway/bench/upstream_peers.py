@@ -18,16 +18,9 @@ from typing import Final
 
 import trio
 
-from gateway.bench.peers import (
-    RunFailed,
-    parse_figg_bench,
-    parse_p2b,
-    run_client,
-    unique_topic,
-)
+from gateway.bench.peers import P2B_SIZE, RunFailed, run_figg_bench, run_p2b
 
-#: tank-cli's p2b: message size and messages per bundle, as ``make bench-peers``.
-P2B_SIZE: Final = 100
+#: tank-cli's p2b messages per bundle, as ``make bench-peers``.
 P2B_BUNDLE: Final = 1000
 
 
@@ -45,24 +38,14 @@ class PeerRun:
 
 def _figg(path: str, address: str, messages: int, size: int, timeout: float
           ) -> dict[str, float]:
-    output, _ = run_client([path, "--addr", address, "--msgs", str(messages), "--msg-size",
-                            str(size), "--topic", unique_topic("bench-peer-figg")], timeout)
-    found = parse_figg_bench(output)
+    found = run_figg_bench(path, address, messages, size, timeout)
     if not {"pub", "sub"} <= found.keys():
         raise RunFailed("figg-bench printed no pub/sub stats line")
     return found
 
 
 def _p2b(path: str, address: str, messages: int, timeout: float) -> float:
-    topic = unique_topic("bench-peer-p2b")
-    run_client([path, "-b", address, "-t", topic, "create_topic", "1"], timeout)
-    output, _ = run_client([path, "-b", address, "-t", topic, "bm", "p2b", "-s",
-                            str(P2B_SIZE), "-c", str(messages), "-B",
-                            str(min(P2B_BUNDLE, messages))], timeout)
-    got, seconds = parse_p2b(output)
-    if got != messages:
-        raise RunFailed(f"tank-cli acknowledged {got} of {messages} messages")
-    return got / max(seconds, 1e-6)
+    return run_p2b(path, address, messages, min(P2B_BUNDLE, messages), timeout)
 
 
 async def peer_runs(*, figg_bench: str | None, tank_cli: str | None,
