@@ -968,6 +968,23 @@ cdef int64_t _skip_headers(const uint8_t* buf, Py_ssize_t* ppos, Py_ssize_t rend
             raise _corrupt(f"header value length {hlen}")
     return nheaders
 
+cdef int64_t _record_span(const uint8_t* buf, Py_ssize_t* ppos, Py_ssize_t rend, bint value,
+                          Py_ssize_t* start) except? -2:
+    """A record's key (or, with ``value``, its value) at ``buf[ppos[0]:rend]``: its length
+    (-1: null), where it starts in ``start[0]``, ``ppos`` moved past it."""
+    cdef int64_t n = _kafka_varint(buf, ppos, rend, False,
+                                   "record value length" if value else "record key length")
+    if n >= 0:
+        if n > rend - ppos[0]:
+            raise _corrupt("record value overruns the record" if value
+                           else "record key overruns the record")
+        start[0] = ppos[0]
+        ppos[0] += n
+    elif n != -1:
+        raise _corrupt(f"record {'value' if value else 'key'} length {n}")
+    return n
+
+
 
 
 def kafka_to_tank(section, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t count, int64_t base_ts,
@@ -1036,22 +1053,8 @@ def kafka_to_tank(section, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t count, int
             pos += 1  # attributes (unused)
             ts_delta = _kafka_varint(buf, &pos, rend, True, "record timestamp delta")
             off_delta = _kafka_varint(buf, &pos, rend, False, "record offset delta")
-            klen = _kafka_varint(buf, &pos, rend, False, "record key length")
-            if klen >= 0:
-                if klen > rend - pos:
-                    raise _corrupt("record key overruns the record")
-                key_pos = pos
-                pos += klen
-            elif klen != -1:
-                raise _corrupt(f"record key length {klen}")
-            vlen = _kafka_varint(buf, &pos, rend, False, "record value length")
-            if vlen >= 0:
-                if vlen > rend - pos:
-                    raise _corrupt("record value overruns the record")
-                value_pos = pos
-                pos += vlen
-            elif vlen != -1:
-                raise _corrupt(f"record value length {vlen}")
+            klen = _record_span(buf, &pos, rend, False, &key_pos)
+            vlen = _record_span(buf, &pos, rend, True, &value_pos)
             nheaders = _skip_headers(buf, &pos, rend)
             if pos != rend:
                 raise _corrupt("record length disagrees with its fields")
@@ -1235,24 +1238,8 @@ cdef int _kafka_records(const uint8_t* buf, Py_ssize_t pos, Py_ssize_t end,
         pos += 1  # attributes (unused)
         recs[i].ts = _kafka_varint(buf, &pos, rend, True, "record timestamp delta")
         recs[i].delta = <int32_t>_kafka_varint(buf, &pos, rend, False, "record offset delta")
-        klen = _kafka_varint(buf, &pos, rend, False, "record key length")
-        if klen >= 0:
-            if klen > rend - pos:
-                raise _corrupt("record key overruns the record")
-            recs[i].key_pos = pos
-            pos += klen
-        elif klen != -1:
-            raise _corrupt(f"record key length {klen}")
-        recs[i].key_len = <int32_t>klen
-        vlen = _kafka_varint(buf, &pos, rend, False, "record value length")
-        if vlen >= 0:
-            if vlen > rend - pos:
-                raise _corrupt("record value overruns the record")
-            recs[i].value_pos = pos
-            pos += vlen
-        elif vlen != -1:
-            raise _corrupt(f"record value length {vlen}")
-        recs[i].value_len = <int32_t>vlen
+        recs[i].key_len = <int32_t>_record_span(buf, &pos, rend, False, &recs[i].key_pos)
+        recs[i].value_len = <int32_t>_record_span(buf, &pos, rend, True, &recs[i].value_pos)
         _skip_headers(buf, &pos, rend)  # headers are not carried
         if pos != rend:
             raise _corrupt("record length disagrees with its fields")
