@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 import trio
@@ -585,6 +585,38 @@ def log_serving(settings: Settings, info: ServerInfo, event: str = "figtank_serv
              durability=settings.durability, hot_paths=implementation(), **more)
 
 
+class Signalled(Protocol):
+    """What a serving process does on a signal (:func:`follow_signals`)."""
+
+    @property
+    def stopping(self) -> bool:
+        """Whether a shutdown was asked for already."""
+
+    def reload(self) -> object:
+        """Reload what can change while serving (SIGHUP); what it returns is not used."""
+
+    def cut_grace(self) -> None:
+        """End the grace period of the shutdown under way now."""
+
+
+async def follow_signals(signals: AsyncIterator[int], target: Signalled,
+                         shutdown: Callable[[], None], **logged: Any) -> None:
+    """Until ``signals`` end: SIGHUP reloads ``target``; the first SIGINT or SIGTERM calls
+    ``shutdown()``, a second one cuts ``target``'s grace period short. Each is logged
+    (``signal_received``, the shutdown's line with ``logged``)."""
+    async for signum in signals:
+        name = signal.Signals(signum).name
+        if signum == signal.SIGHUP:
+            log.info("signal_received", signal=name, action="reload")
+            target.reload()
+        elif target.stopping:
+            log.info("signal_received", signal=name, action="cut_grace")
+            target.cut_grace()
+        else:
+            log.info("signal_received", signal=name, action="shutdown", **logged)
+            shutdown()
+
+
 async def serve_until_signalled(settings: Settings, *, grace: float = 2.0,
                                 on_serving: Callable[[ServerInfo], None] | None = None,
                                 worker: int | None = None) -> None:
@@ -603,15 +635,4 @@ async def serve_until_signalled(settings: Settings, *, grace: float = 2.0,
             info: ServerInfo = await nursery.start(serve)
             if on_serving is not None:
                 on_serving(info)
-            async for signum in signals:
-                name = signal.Signals(signum).name
-                if signum == signal.SIGHUP:
-                    log.info("signal_received", signal=name, action="reload")
-                    info.reload()
-                elif info.stopping:
-                    log.info("signal_received", signal=name, action="cut_grace")
-                    info.cut_grace()
-                else:
-                    log.info("signal_received", signal=name, action="shutdown",
-                             grace_secs=grace)
-                    info.request_shutdown()
+            await follow_signals(signals, info, info.request_shutdown, grace_secs=grace)

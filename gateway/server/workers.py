@@ -52,7 +52,14 @@ from gateway.server.endpoint import Endpoint, serve_endpoint
 from gateway.server.merging import MetricsMerger, Source
 from gateway.server.metrics import Metrics
 from gateway.server.reuseport import reserve
-from gateway.server.run import ServerInfo, bind, listen_error, log_serving, open_listener_tls
+from gateway.server.run import (
+    ServerInfo,
+    bind,
+    follow_signals,
+    listen_error,
+    log_serving,
+    open_listener_tls,
+)
 from gateway.server.worker import WorkerJob
 
 log = structlog.get_logger("figtank.workers")
@@ -437,16 +444,6 @@ async def supervise(settings: Settings, *, grace: float = 2.0,
 
 async def _signals(signals: AsyncIterator[int], supervisor: Supervisor,
                    nursery: trio.Nursery) -> None:
-    async for signum in signals:
-        name = signal.Signals(signum).name
-        if signum == signal.SIGHUP:
-            log.info("signal_received", signal=name, action="reload")
-            supervisor.reload()
-        elif supervisor.stopping:
-            log.info("signal_received", signal=name, action="cut_grace")
-            supervisor.cut_grace()
-        else:
-            log.info("signal_received", signal=name, action="shutdown",
-                     grace_secs=supervisor.grace, workers=len(supervisor.slots))
-            supervisor.shutdown(nursery)
+    await follow_signals(signals, supervisor, partial(supervisor.shutdown, nursery),
+                         grace_secs=supervisor.grace, workers=len(supervisor.slots))
 
