@@ -23,10 +23,11 @@ buffer. They keep no state between calls and hold the GIL except while cramjam
 decompresses.
 """
 
-from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBUF_READ, PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
+from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport (
     INT64_MAX,
@@ -460,6 +461,11 @@ cdef int _walk_body(object source, const uint8_t* buf, Py_ssize_t end, Py_ssize_
                      sink, messages, message_class)
     plain = _snappy_plain(source, buf, h.pos, end, max_uncompressed)
     size = len(plain)
+    if sink != NULL and sink.kind == SINK_BATCH:
+        # Room for the records now that their size is known: the caller's guess came from
+        # the compressed size, and growing a large buffer step by step costs more than
+        # the walk.
+        _reserve(&sink.out, size + size // 8 + 64)
     return _walk(<const uint8_t*>PyByteArray_AS_STRING(plain), 0, size, size, h.count,
                  h.sparse, first, last, plain_decode, sink, messages, message_class)
 
@@ -914,10 +920,28 @@ cdef object _corrupt(str message):
     return CorruptBatch(message)
 
 
-cdef int64_t _kafka_varint(const uint8_t* buf, Py_ssize_t* ppos, Py_ssize_t end,
-                           bint wide, str what) except? -1:
+cdef inline int64_t _kafka_varint(const uint8_t* buf, Py_ssize_t* ppos, Py_ssize_t end,
+                                  bint wide, str what) except? -1:
     """``batch._zz32`` (or with ``wide``, ``batch._zigzag`` of a varlong with its int64
     check): the zigzag varint at ``buf[ppos[0]:end]``, ``ppos`` moved past it."""
+    # Inline for the one- and two-byte varints that make up almost every record (14 bits
+    # fit int32 and int64 alike); a call per field cost more than the whole record walk.
+    cdef Py_ssize_t pos = ppos[0]
+    cdef uint64_t raw
+    if pos < end and buf[pos] < 0x80:
+        raw = buf[pos]
+        ppos[0] = pos + 1
+        return <int64_t>(raw >> 1) ^ -<int64_t>(raw & 1)
+    if pos + 1 < end and buf[pos + 1] < 0x80:
+        raw = (buf[pos] & 0x7F) | (<uint64_t>buf[pos + 1] << 7)
+        ppos[0] = pos + 2
+        return <int64_t>(raw >> 1) ^ -<int64_t>(raw & 1)
+    return _kafka_varint_long(buf, ppos, end, wide, what)
+
+
+cdef int64_t _kafka_varint_long(const uint8_t* buf, Py_ssize_t* ppos, Py_ssize_t end,
+                                bint wide, str what) except? -1:
+    """:func:`_kafka_varint` for any length."""
     cdef Py_ssize_t pos = ppos[0]
     cdef int max_len = 10 if wide else 5
     cdef Py_ssize_t stop = end if end - pos < max_len else pos + max_len
@@ -944,7 +968,8 @@ cdef int64_t _kafka_varint(const uint8_t* buf, Py_ssize_t* ppos, Py_ssize_t end,
         raise _corrupt(f"truncated {what}")
     raise _corrupt(f"{what}: varint longer than {max_len} bytes")
 
-cdef int64_t _skip_headers(const uint8_t* buf, Py_ssize_t* ppos, Py_ssize_t rend) except -1:
+cdef inline int64_t _skip_headers(const uint8_t* buf, Py_ssize_t* ppos,
+                                  Py_ssize_t rend) except -1:
     """Step over a record's headers at ``buf[ppos[0]:rend]`` (their count, then each key
     and value), ``ppos`` moved past them; returns the count."""
     cdef int64_t nheaders = _kafka_varint(buf, ppos, rend, False, "record header count")
@@ -968,12 +993,15 @@ cdef int64_t _skip_headers(const uint8_t* buf, Py_ssize_t* ppos, Py_ssize_t rend
             raise _corrupt(f"header value length {hlen}")
     return nheaders
 
-cdef int64_t _record_span(const uint8_t* buf, Py_ssize_t* ppos, Py_ssize_t rend, bint value,
-                          Py_ssize_t* start) except? -2:
+cdef inline int64_t _record_span(const uint8_t* buf, Py_ssize_t* ppos, Py_ssize_t rend,
+                                 bint value, Py_ssize_t* start) except? -2:
     """A record's key (or, with ``value``, its value) at ``buf[ppos[0]:rend]``: its length
     (-1: null), where it starts in ``start[0]``, ``ppos`` moved past it."""
-    cdef int64_t n = _kafka_varint(buf, ppos, rend, False,
-                                   "record value length" if value else "record key length")
+    cdef int64_t n
+    if value:
+        n = _kafka_varint(buf, ppos, rend, False, "record value length")
+    else:
+        n = _kafka_varint(buf, ppos, rend, False, "record key length")
     if n >= 0:
         if n > rend - ppos[0]:
             raise _corrupt("record value overruns the record" if value
@@ -1127,11 +1155,37 @@ def kafka_to_tank(section, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t count, int
 
 # ------------------------------------------------------------ upstream Kafka client
 
+#: tank_to_kafka_batch's records are built here, kept from call to call: a fresh buffer of
+#: a batch's size each time cost more in page faults and growth copies than the walk
+#: itself. Taken by one call at a time (the compressors release the GIL: a call from
+#: another thread meanwhile builds in a buffer of its own); one larger than
+#: _SCRATCH_KEPT is given back after the call.
+cdef OutBuf _scratch
+cdef bint _scratch_busy = False
+DEF _SCRATCH_KEPT = 16 * 1024 * 1024
+
+
+cdef Py_ssize_t _plain_size_hint(const uint8_t* buf, Py_ssize_t length, Header* h):
+    """How many bytes the message set of the bundle ``buf[:length]`` (header parsed into
+    ``h``) takes once uncompressed: its Snappy preamble, trusted up to the largest ratio
+    Snappy reaches (a bad claim is refused by the walk; this only sizes a buffer)."""
+    cdef uint64_t claim
+    cdef Py_ssize_t after
+    if h.codec == 0:
+        return length
+    if not _read_varint(buf, h.pos, length, &claim, &after):
+        return length
+    if claim > <uint64_t>(length * 32):
+        return length * 32
+    return <Py_ssize_t>claim
+
+
 def tank_to_kafka_batch(bundles, int64_t producer_id, int producer_epoch,
                         int64_t base_sequence, uint64_t now_ms, int codec, max_uncompressed):
     """``upstream_codec.bundles_to_record_batch_py`` past its argument checks (shared):
     the plain Tank ``bundles`` as one Kafka record batch, ``(batch, count)``, without a
     Python object per message. Same results and errors."""
+    global _scratch, _scratch_busy
     cdef Sink sink
     cdef Py_buffer view
     cdef Header h
@@ -1140,19 +1194,29 @@ def tank_to_kafka_batch(bundles, int64_t producer_id, int producer_epoch,
     cdef Py_ssize_t hint = 0
     cdef Py_ssize_t size
     cdef uint8_t* w
+    cdef bint own = not _scratch_busy
     sink.kind = SINK_BATCH
     sink.frames = 0
     sink.min_seq = 0
     sink.now = now_ms
     sink.bundle_count = 0
     sink.bundle_first = sink.base_ts = sink.max_ts = 0
-    sink.out.data = NULL
-    sink.out.length = sink.out.capacity = 0
+    if own:
+        sink.out = _scratch
+        _scratch_busy = True
+    else:
+        sink.out.data = NULL
+        sink.out.capacity = 0
+    sink.out.length = 0
     try:
         for bundle in bundles:
-            hint += len(bundle)
-        # A record takes about as much as its Tank message (more for Snappy bundles:
-        # grown when needed).
+            PyObject_GetBuffer(bundle, &view, PyBUF_SIMPLE)
+            try:
+                _parse_header(<const uint8_t*>view.buf, 0, view.len, &h)
+                hint += _plain_size_hint(<const uint8_t*>view.buf, view.len, &h)
+            finally:
+                PyBuffer_Release(&view)
+        # A record takes about as much as its Tank message.
         _reserve(&sink.out, KAFKA_BATCH_HEADER + hint + hint // 8 + 64)
         sink.out.length = KAFKA_BATCH_HEADER
         for bundle in bundles:
@@ -1181,14 +1245,27 @@ def tank_to_kafka_batch(bundles, int64_t producer_id, int producer_epoch,
         else:
             from protocols.kafka.codecs import Compression, compress
 
-            body = compress(Compression(codec), PyBytes_FromStringAndSize(
-                <const char*>sink.out.data + KAFKA_BATCH_HEADER, size))
+            # Compressed straight from the buffer: a view, released before it is reused.
+            records = PyMemoryView_FromMemory(<char*>sink.out.data + KAFKA_BATCH_HEADER,
+                                              size, PyBUF_READ)
+            try:
+                body = compress(Compression(codec), records)
+            finally:
+                records.release()
             size = len(body)
             batch = PyBytes_FromStringAndSize(NULL, KAFKA_BATCH_HEADER + size)
             w = <uint8_t*>PyBytes_AS_STRING(batch)
-            memcpy(w + KAFKA_BATCH_HEADER, PyBytes_AS_STRING(body), size)
+            memcpy(w + KAFKA_BATCH_HEADER, PyBytes_AS_STRING(<bytes?>body), size)
     finally:
-        PyMem_Free(sink.out.data)
+        if own:
+            if sink.out.capacity > _SCRATCH_KEPT:
+                PyMem_Free(sink.out.data)
+                sink.out.data = NULL
+                sink.out.capacity = 0
+            _scratch = sink.out
+            _scratch_busy = False
+        else:
+            PyMem_Free(sink.out.data)
     if size > 0x7FFFFFFF - (KAFKA_BATCH_HEADER - 12):
         raise ValueError(f"records section of {size} bytes is over a record batch's int32 "
                          "length")

@@ -10,13 +10,16 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from gateway.extras import MissingExtra
+from gateway.io.allocator import keep_large_buffers
 from gateway.server.config import ConfigError, Settings
 
 
 def run_serving(serve: Callable[[], Awaitable[int | None]], settings: Settings) -> int:
-    """``trio.run(serve)``'s exit status (None: 0). A ConfigError or MissingExtra is
+    """``trio.run(serve)``'s exit status (None: 0), the C allocator tuned first
+    (``server.allocator_keep_bytes``). A ConfigError or MissingExtra is
     raised for the caller to report; any other failure is one line and 1; Ctrl-C is
     KeyboardInterrupt. Tracebacks only with ``--log-level debug``."""
+    keep_large_buffers(settings.allocator_keep_bytes)
     try:
         status = trio.run(serve)
     except (Exception, KeyboardInterrupt, BaseExceptionGroup) as exc:

@@ -60,6 +60,7 @@ __all__ = [
     "frame_bundle",
     "iter_framed_bundles",
     "parse_bundle_header",
+    "plain_size",
     "read_framed_header",
     "validate_bundle",
     "validate_bundle_py",
@@ -338,6 +339,20 @@ def parse_bundle_header(bundle: bytes | memoryview) -> BundleInfo:
     """Read a bundle's header only (cheap). Raises ``ProtocolError`` on a bad or short header."""
     codec, count, first, last, _ = _parse_header(bundle, 0, len(bundle))
     return _info(codec, count, first, last)
+
+
+def plain_size(bundle: bytes | memoryview) -> int:
+    """About how many bytes the (unframed, valid) ``bundle`` takes uncompressed: itself
+    when plain; for a Snappy bundle, its header plus the preamble's claim, trusted up to
+    32 times the compressed size (this sizes batches and buffers; it checks nothing).
+    Raises ``ProtocolError`` on a bad header."""
+    codec, _, _, _, pos = _parse_header(bundle, 0, len(bundle), whole=False)
+    if codec == Codec.NONE:
+        return len(bundle)
+    claim = decode_varint(bundle, pos, len(bundle))
+    if claim is None:
+        return len(bundle)
+    return pos + min(claim[0], 32 * len(bundle))
 
 
 def read_framed_header(

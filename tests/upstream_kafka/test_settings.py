@@ -33,6 +33,10 @@ def test_the_flag_takes_a_comma_separated_list_and_repeats() -> None:
     assert settings.upstream_kafka_mode and settings.upstream_mode
     assert not settings.bridge_mode
     assert bootstrap_addresses(settings) == [("k1", 9092), ("k2", 9092), ("k3", 9093)]
+    # Batches go up compressed as the clients compressed their bundles (Kafka's
+    # compression.type=producer), at most 512 KiB of records each.
+    assert (settings.upstream_kafka_compression,
+            settings.upstream_kafka_max_batch_bytes) == ("producer", 512 * 1024)
 
 
 def test_the_config_file_names_security_and_the_producer_settings(

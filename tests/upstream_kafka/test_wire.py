@@ -19,6 +19,7 @@ from gateway.backend.kafka.fetcher import fetch_partition
 from gateway.backend.kafka.produce import UpstreamProducer
 from gateway.backend.kafka.wire import AuthenticationFailed, BrokerLost, Security, open_broker
 from gateway.client.tls import client_context
+from protocols.kafka.codecs import Compression
 from protocols.kafka.records import (
     CreatableTopic,
     CreateTopicsRequest,
@@ -27,7 +28,14 @@ from protocols.kafka.records import (
     ListOffsetsTopic,
 )
 from protocols.kafka.types import ApiKey
-from protocols.tank.bundle import Codec, Message, decode_chunk, encode_bundle
+from protocols.tank.bundle import (
+    Codec,
+    Message,
+    decode_chunk,
+    encode_bundle,
+    parse_bundle_header,
+)
+from protocols.wire import decode_varint
 from tests.tls_certs import Certs
 from tests.upstream_kafka.helpers import GATEWAY_PASSWORD, GATEWAY_USER, SecuredUpstream, Upstream
 
@@ -189,6 +197,58 @@ async def test_the_producer_merges_a_partitions_queue_into_one_batch_in_order(
                     # Fewer batches than bundles: queued bundles went out together.
                     assert len(got.bundles) < 100
                 assert producer.producer_ids == 1
+                nursery.cancel_scope.cancel()
+    finally:
+        upstream.served.close()
+
+
+def _stored_codecs(partition_dir: Path) -> list[Codec]:
+    """The codec of each bundle in the partition's segment (up to the zeros an fsync-mode
+    segment is prefilled with)."""
+    (log,) = partition_dir.glob("*.log")
+    data = log.read_bytes()
+    codecs = []
+    pos = 0
+    while pos < len(data) and data[pos]:
+        decoded = decode_varint(data, pos, len(data))
+        assert decoded is not None
+        length, start = decoded
+        codecs.append(parse_bundle_header(data[start:start + length]).codec)
+        pos = start + length
+    return codecs
+
+
+@pytest.mark.parametrize(("compression", "stored"), [
+    (None, [Codec.NONE, Codec.SNAPPY]),  # the producer's choice: as each client sent it
+    (Compression.NONE, [Codec.NONE, Codec.NONE]),
+    (Compression.LZ4, [Codec.SNAPPY, Codec.SNAPPY]),  # any Kafka codec: Tank's Snappy
+])
+async def test_batches_go_up_compressed_as_the_client_compressed_them_by_default(
+        tmp_path: Path, compression: Compression | None, stored: list[Codec]) -> None:
+    upstream = Upstream(tmp_path / "up")
+    try:
+        with trio.fail_after(60):
+            await upstream.served.start()
+            async with _cluster(upstream.address) as cluster, trio.open_nursery() as nursery:
+                await _create(cluster, "codecs")
+                await cluster.metadata(["codecs"])
+                producer = UpstreamProducer(cluster, compression=compression)
+                await nursery.start(producer.run)
+                sent: list[bytes] = []
+                for codec in (Codec.NONE, Codec.SNAPPY):
+                    values = [b"%s-%d" % (codec.name.encode(), i) * 20 for i in range(50)]
+                    sent += values
+                    producer.send("codecs", 0, encode_bundle(
+                        [Message(v, None, 1_000) for v in values], codec=codec), len(values),
+                        lambda o: None)
+                    # One batch each: the upstream stores each batch as one bundle.
+                    assert await producer.flush(trio.current_time() + 20) == 0
+                assert _stored_codecs(tmp_path / "up" / "codecs" / "0") == stored
+                got = await fetch_partition(cluster, "codecs", 0, 0, max_wait_ms=0,
+                                            max_bytes=1 << 20, after_seq=None, timeout=5)
+                chunk = b"".join(b.framed for b in got.bundles)
+                messages = decode_chunk(chunk, 1, max_bundle_size=1 << 20).messages
+                assert [m.value for m in messages] == sent
                 nursery.cancel_scope.cancel()
     finally:
         upstream.served.close()

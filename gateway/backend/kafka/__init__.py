@@ -144,7 +144,8 @@ def _make_backend(cluster: Cluster, settings: Settings, metrics: Metrics | None,
         delivery_timeout=settings.upstream_kafka_delivery_timeout_secs,
         request_timeout=REQUEST_TIMEOUT_SECS,
         max_batch_bytes=settings.upstream_kafka_max_batch_bytes,
-        compression=Compression[settings.upstream_kafka_compression.upper()],
+        compression=(None if settings.upstream_kafka_compression == "producer"
+                     else Compression[settings.upstream_kafka_compression.upper()]),
         on_trouble=trouble)
     feeds = TailFeeds(cluster, cache_bytes=max(settings.tail_cache_bytes // 16, 256 * 1024),
                       idle_secs=feed_idle_secs, timeout=REQUEST_TIMEOUT_SECS,

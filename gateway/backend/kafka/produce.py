@@ -2,7 +2,7 @@
 
 :meth:`UpstreamProducer.send` queues one bundle for its partition and returns. A sender
 task turns what each partition has queued into ONE Kafka record batch (every message of
-every queued bundle, up to ``max_batch_bytes``, in one compiled call:
+every queued bundle, up to ``max_batch_bytes`` of records uncompressed, in one compiled call:
 :func:`~protocols.kafka.upstream_codec.bundles_to_record_batch`) and sends the batches of
 all partitions a broker leads in one Produce request (``acks=all``). Each bundle's
 outcome comes when the upstream answered its batch: OK with the sequence numbers (offset
@@ -56,6 +56,7 @@ from protocols.kafka.records import (
 )
 from protocols.kafka.types import ApiKey, ErrorCode
 from protocols.kafka.upstream_codec import bundles_to_record_batch
+from protocols.tank.bundle import plain_size
 
 log = structlog.get_logger("figtank.upstream_kafka")
 
@@ -124,12 +125,14 @@ def _reason(name: str, text: str) -> str:
 
 
 class _Item:
-    __slots__ = ("bundle", "count", "done", "queued", "stamp")
+    __slots__ = ("bundle", "count", "done", "queued", "size", "stamp")
 
     def __init__(self, bundle: bytes, count: int, done: Done, queued: float,
                  stamp: ProducerBatch | None) -> None:
         self.bundle = bundle
         self.count = count
+        #: Its records' bytes once uncompressed: what a batch is sized by.
+        self.size = plain_size(bundle)
         self.done = done
         self.queued = queued
         self.stamp = stamp
@@ -156,8 +159,9 @@ class _Batch:
 class _Partition:
     """One partition's queue, its batches on their way, and its sequence numbers."""
 
-    __slots__ = ("attempts", "flight", "next_seq", "partition", "queue", "queued_bytes",
-                 "retry_at", "seq_pid", "solo", "stamped", "topic", "unknown_tries")
+    __slots__ = ("attempts", "flight", "leader_asked", "next_seq", "partition", "queue",
+                 "queued_bytes", "retry_at", "seq_pid", "solo", "stamped", "topic",
+                 "unknown_tries")
 
     def __init__(self, topic: str, partition: int, *, stamped: bool = False) -> None:
         self.topic = topic
@@ -166,7 +170,7 @@ class _Partition:
         #: stamps, one bundle per batch, instead of the gateway's.
         self.stamped = stamped
         self.queue: deque[_Item] = deque()
-        #: Bundle bytes in ``queue``.
+        #: Bytes of records (uncompressed) in ``queue``.
         self.queued_bytes = 0
         #: Batches sent and not answered, or to be sent (again), in sequence order.
         self.flight: deque[_Batch] = deque()
@@ -176,6 +180,8 @@ class _Partition:
         self.retry_at = 0.0
         self.attempts = 0
         self.unknown_tries = 0
+        #: Its leader was asked for (metadata) since it was last sent to.
+        self.leader_asked = False
         #: Bundles to send one per batch (a merged batch was too large for the upstream).
         self.solo = 0
 
@@ -196,7 +202,7 @@ class UpstreamProducer:
     def __init__(self, cluster: Cluster, *, metrics: Metrics | None = None,
                  delivery_timeout: float = 10.0, request_timeout: float = 5.0,
                  max_batch_bytes: int = 512 * 1024, max_in_flight: int = 5,
-                 compression: Compression = Compression.NONE,
+                 compression: Compression | None = None,
                  on_trouble: Callable[[], None] | None = None) -> None:
         self._cluster = cluster
         self._metrics = metrics
@@ -204,6 +210,8 @@ class UpstreamProducer:
         self.request_timeout = request_timeout
         self.max_batch_bytes = max_batch_bytes
         self.max_in_flight = max_in_flight
+        #: The codec of every batch; None: the producer's choice (Snappy when a batch holds
+        #: a Snappy bundle, else none), as Kafka's ``compression.type=producer``.
         self.compression = compression
         self._on_trouble = on_trouble or (lambda: None)
         #: By ``(topic, partition)``, and ``(topic, partition, producer id)`` for a Kafka
@@ -219,6 +227,8 @@ class UpstreamProducer:
         self._queued_messages = 0
         self._nursery: trio.Nursery | None = None
         self._connecting: set[int] = set()
+        #: Topics whose leaders a Metadata request is asking for now.
+        self._refreshing: set[str] = set()
         #: Producer ids obtained (1 at the start; more after the upstream lost them).
         self.producer_ids = 0
 
@@ -236,8 +246,9 @@ class UpstreamProducer:
         if state is None:
             state = self._partitions[key] = _Partition(topic, partition,
                                                        stamped=stamp is not None)
-        state.queue.append(_Item(bundle, count, done, trio.current_time(), stamp))
-        state.queued_bytes += len(bundle)
+        item = _Item(bundle, count, done, trio.current_time(), stamp)
+        state.queue.append(item)
+        state.queued_bytes += item.size
         self._queued_messages += count
         self._ready[state] = None
         self._wake.set()
@@ -273,16 +284,21 @@ class UpstreamProducer:
                 if (self._ready or self.failure) and (self._pid is None or self._renew):
                     await self._new_producer_id()
                     continue
-                wait = min(wait, self._dispatch(now))
+                later, sent = self._dispatch(now)
+                if sent:
+                    # More may go before any answer (a long queue, several batches on
+                    # their way): after the writers had their turn to send these.
+                    await trio.lowlevel.checkpoint()
+                    continue
                 self._wake = trio.Event()
-                with trio.move_on_after(max(wait, 0.0)):
+                with trio.move_on_after(max(min(wait, later), 0.0)):
                     await self._wake.wait()
 
-    def _dispatch(self, now: float) -> float:
+    def _dispatch(self, now: float) -> tuple[float, bool]:
         """Send what every partition can send now: one batch each per request, a request
-        per broker; returns how long until a partition waiting to retry can. Called again
-        (woken) as answers come, so a partition keeps up to ``max_in_flight`` batches on
-        their way."""
+        per broker; returns how long until a partition waiting to retry can, and whether
+        anything was sent. Called again at once after a send, and (woken) as answers
+        come, so a partition keeps up to ``max_in_flight`` batches on their way."""
         by_node: dict[int, list[tuple[_Partition, _Batch]]] = {}
         later = 3600.0
         unknown: list[str] = []
@@ -303,17 +319,25 @@ class UpstreamProducer:
                 continue
             node = self._cluster.leaders.get((state.topic, state.partition))
             if node is None or node < 0:
+                if state.topic in self._refreshing:
+                    continue  # the answer wakes this loop
+                if state.leader_asked:  # asked and still none: an election, wait a bit
+                    state.retry_at = now + 0.05
+                    later = min(later, 0.05)
+                state.leader_asked = True
                 unknown.append(state.topic)
-                state.retry_at = now + 0.05
-                later = min(later, 0.05)
                 continue
+            state.leader_asked = False
             by_node.setdefault(node, []).append((state, batch))
         assert self._nursery is not None
         if unknown:
-            self._nursery.start_soon(self._refresh, list(dict.fromkeys(unknown)))
+            topics = list(dict.fromkeys(unknown))
+            self._refreshing.update(topics)
+            self._nursery.start_soon(self._refresh, topics)
+        sent = False
         for node, parts in by_node.items():
-            self._submit(node, parts)
-        return later
+            sent |= self._submit(node, parts)
+        return later, sent
 
     def _next_batch(self, state: _Partition) -> _Batch | None:
         """The batch of ``state`` to send next: the first one not on its way (built again
@@ -342,14 +366,14 @@ class UpstreamProducer:
 
     def _take_items(self, state: _Partition) -> list[_Item]:
         items = [state.queue.popleft()]
-        size = len(items[0].bundle)
+        size = items[0].size
         if not state.stamped:
             limit = 1 if state.solo else 1 << 30
             while state.queue and len(items) < limit and \
-                    size + len(state.queue[0].bundle) <= self.max_batch_bytes:
+                    size + state.queue[0].size <= self.max_batch_bytes:
                 item = state.queue.popleft()
                 items.append(item)
-                size += len(item.bundle)
+                size += item.size
             if state.solo:
                 state.solo -= 1
         state.queued_bytes -= size
@@ -364,7 +388,8 @@ class UpstreamProducer:
             pid = (stamp.producer_id, stamp.epoch)
             data, count = bundles_to_record_batch(
                 [items[0].bundle], producer_id=pid[0], producer_epoch=pid[1],
-                base_sequence=stamp.first_seq, now_ms=now_ms, compression=self.compression)
+                base_sequence=stamp.first_seq, now_ms=now_ms,
+                compression=self._codec(items))
             return _Batch(items, data, pid, stamp.first_seq, count)
         assert self._pid is not None
         if state.seq_pid != self._pid:
@@ -373,9 +398,17 @@ class UpstreamProducer:
         base_seq = state.next_seq
         data, count = bundles_to_record_batch(
             [i.bundle for i in items], producer_id=self._pid[0], producer_epoch=self._pid[1],
-            base_sequence=base_seq, now_ms=now_ms, compression=self.compression)
+            base_sequence=base_seq, now_ms=now_ms, compression=self._codec(items))
         state.next_seq = (base_seq + count) % _SEQUENCE_MOD
         return _Batch(items, data, self._pid, base_seq, count)
+
+    def _codec(self, items: list[_Item]) -> Compression:
+        if self.compression is not None:
+            return self.compression
+        # A bundle's flags byte holds its codec in the low two bits (Snappy: 1).
+        if any(i.bundle[0] & 3 for i in items):
+            return Compression.SNAPPY
+        return Compression.NONE
 
     def _renumber(self, state: _Partition) -> None:
         """Build every batch of ``state`` on its way again, from its first one's items:
@@ -385,18 +418,19 @@ class UpstreamProducer:
         items = [i for b in state.flight for i in b.items]
         state.flight.clear()
         state.queue.extendleft(reversed(items))
-        state.queued_bytes += sum(len(i.bundle) for i in items)
+        state.queued_bytes += sum(i.size for i in items)
 
-    def _submit(self, node: int, parts: list[tuple[_Partition, _Batch]]) -> None:
+    def _submit(self, node: int, parts: list[tuple[_Partition, _Batch]]) -> bool:
         """Send one Produce with ``parts`` to ``node`` now (in order with the requests
-        before it), and wait for its answer in a task of its own."""
+        before it), and wait for its answer in a task of its own; False when it could not
+        go (no connection yet: one is being opened)."""
         connection = self._cluster.open_connection(node, PRODUCE)
         assert self._nursery is not None
         if connection is None:
             if node not in self._connecting:
                 self._connecting.add(node)
                 self._nursery.start_soon(self._connect, node)
-            return
+            return False
         topics: dict[str, list[PartitionProduceData]] = {}
         for state, batch in parts:
             topics.setdefault(state.topic, []).append(
@@ -408,10 +442,11 @@ class UpstreamProducer:
         except BrokerLost as exc:
             for state, batch in parts:
                 self._refused(state, batch, -1, "NETWORK_EXCEPTION", str(exc))
-            return
+            return False
         for _, batch in parts:
             batch.sent = True
         self._nursery.start_soon(self._answer, connection, pending, parts)
+        return True
 
     async def _connect(self, node: int) -> None:
         try:
@@ -558,7 +593,7 @@ class UpstreamProducer:
             queue = state.queue
             while queue and now - queue[0].queued > self.delivery_timeout:
                 item = queue.popleft()
-                state.queued_bytes -= len(item.bundle)
+                state.queued_bytes -= item.size
                 self._count("TIMED_OUT")
                 self._deliver(item, refused_outcome(
                     "TIMED_OUT", self.failure or "the upstream did not take it in time"))
@@ -571,7 +606,9 @@ class UpstreamProducer:
             await self._cluster.metadata(topics)
         except BrokerLost:
             self._on_trouble()
-        self._wake.set()
+        finally:
+            self._refreshing.difference_update(topics)
+            self._wake.set()
 
     async def producer_id(self) -> tuple[int, int]:
         """A new producer id and epoch from the upstream (InitProducerId, non-transactional);
