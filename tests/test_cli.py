@@ -150,3 +150,15 @@ def test_inspect_lists_bundles_across_windows_up_to_a_corrupt_one(
                     for m in inspect.iter_messages(str(tmp_path), segment))
     assert seen == [(1 + 2 * i + j, i * len(bundle), b"k" if j == 0 else None, 9 if j == 0 else 1)
                     for i in range(5) for j in (0, 1)]
+
+
+def test_inspect_into_a_pipe_closed_early_stops_quietly(tmp_path: Path) -> None:
+    bundle = frame_bundle(encode_bundle([Message(b"v", None, i) for i in range(1000)]))
+    (tmp_path / "1_1700000000.log").write_bytes(bundle * 50)  # lines past a pipe's buffer
+    reader = subprocess.Popen([sys.executable, "-m", "gateway.cli", "inspect", str(tmp_path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert reader.stdout is not None and reader.stderr is not None
+    assert reader.stdout.readline().startswith(b"# 1_1700000000.log: base 1")
+    reader.stdout.close()  # as `| head -1` does
+    assert reader.wait(timeout=30) == 141  # 128 + SIGPIPE, as a killed Unix filter
+    assert reader.stderr.read() == b""

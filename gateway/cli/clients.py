@@ -582,7 +582,7 @@ def _inspect(args: argparse.Namespace) -> int:
     status = 0
     for segment in segments:
         out.record(f"# {segment.name}: base {segment.base_seq}, {segment.size} bytes, "
-                   f"{plural(len(segment.index_entries), 'index entry')}",
+                   f"{plural(len(segment.index_entries), 'index entry', 'index entries')}",
                    kind="segment", segment=segment.name, base_seq=segment.base_seq,
                    last_seq=segment.last_seq, rolled=segment.rolled, size=segment.size,
                    index_entries=len(segment.index_entries))

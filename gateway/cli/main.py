@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import signal
 import sys
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING, Final, NoReturn
 
 import trio
 
+from gateway.cli.output import StdoutClosed
 from gateway.extras import MissingExtra
 from gateway.server.config import (
     ConfigError,
@@ -154,8 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``figtank`` console script.
 
     Exit status: 0 done, 1 a runtime failure, 2 a usage or configuration mistake, 130
-    after Ctrl-C. A failure is one line on stderr; ``--log-level debug`` adds the
-    traceback.
+    after Ctrl-C, 141 when the reader of stdout went away (``| head``: nothing is said).
+    A failure is one line on stderr; ``--log-level debug`` adds the traceback.
     """
     args = build_parser().parse_args(argv)
     try:
@@ -167,6 +170,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"figtank {args.command}: {exc}", file=sys.stderr)
         return 1
     except (Exception, KeyboardInterrupt, BaseExceptionGroup) as exc:
+        if any(isinstance(leaf, StdoutClosed) for leaf in leaves(exc)):
+            # Nothing left to say to a reader that is gone; the interpreter's last flush
+            # of stdout at exit must not fail either.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 128 + signal.SIGPIPE
         # trio hands a Ctrl-C over in a group when several tasks were running.
         if all(isinstance(leaf, KeyboardInterrupt | trio.Cancelled) for leaf in leaves(exc)):
             return 130

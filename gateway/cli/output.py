@@ -38,9 +38,16 @@ def json_payload(name: str, data: bytes | None) -> dict[str, Any]:
         return {name: None, f"{name}_base64": base64.b64encode(data).decode()}
 
 
-def plural(count: int, noun: str) -> str:
-    """``1 message``, ``2 messages``."""
-    return f"{count} {noun}{'' if count == 1 else 's'}"
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """``1 message``, ``2 messages`` (``nouns``: the plural when not ``noun`` + s)."""
+    if count == 1:
+        return f"{count} {noun}"
+    return f"{count} {nouns or noun + 's'}"
+
+
+class StdoutClosed(Exception):
+    """Whoever read stdout went away (``figtank inspect ... | head``): the command stops
+    quietly, as a Unix filter killed by SIGPIPE does."""
 
 
 class Output:
@@ -53,10 +60,10 @@ class Output:
     def record(self, text: str, **fields: Any) -> None:
         """One result: ``text`` for a person, ``fields`` as JSON."""
         self.end_progress()
-        if self.as_json:
-            print(json.dumps(fields), flush=True)
-        else:
-            print(text, flush=True)
+        try:
+            print(json.dumps(fields) if self.as_json else text, flush=True)
+        except BrokenPipeError:
+            raise StdoutClosed from None
 
     def note(self, text: str) -> None:
         """A line for the person on stderr (never mixed into the data on stdout)."""
