@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# What `make run` needs: the runtime alone (no test, spark or docs extras).
+RUNTIME_STAMP := $(VENV)/.installed-runtime
 
 .PHONY: run test lint bench clean
 
@@ -11,10 +13,17 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 # setup.py builds the Cython extensions in place: edits to them rebuild.
-$(STAMP): $(BIN)/python pyproject.toml setup.py protocols/_speedups.pyx gateway/store/_fsync.pyx \
-		gateway/io/_fanout.pyx
+SOURCES_BUILT := pyproject.toml setup.py protocols/_speedups.pyx gateway/store/_fsync.pyx \
+	gateway/io/_fanout.pyx
+
+$(RUNTIME_STAMP): $(BIN)/python $(SOURCES_BUILT)
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(RUNTIME_STAMP)
+
+# Everything (the suite, Spark, the docs site); it holds the runtime too.
+$(STAMP): $(BIN)/python $(SOURCES_BUILT)
 	$(BIN)/python -m pip install --quiet -e '.[test,spark,docs]'
-	touch $(STAMP)
+	touch $(STAMP) $(RUNTIME_STAMP)
 
 # $(call serve_flag,VAR,--flag): "--flag 'value'" when VAR was given on the command line
 # (an empty value turns a listener off), else nothing: the config file or figtank's
@@ -26,7 +35,7 @@ serve_flag = $(if $(filter command line,$(origin $(1))),$(2) '$($(1))')
 ## 127.0.0.1:9464). Other ports, another place, a config file:
 ## make run FIGG=127.0.0.1:8120 TANK=127.0.0.1:11012 KAFKA=127.0.0.1:9093 HTTP=127.0.0.1:8081 DATA=./data2
 ## make run CONFIG=figtank.toml   (the variables given override the file)
-run: $(STAMP)
+run: $(RUNTIME_STAMP)
 	$(BIN)/figtank serve $(RUN_FLAGS)
 
 RUN_FLAGS = $(strip $(call serve_flag,CONFIG,--config) $(call serve_flag,DATA,--data-dir) \

@@ -106,3 +106,67 @@ def test_kcat_commands_reach_the_default_kafka_listener() -> None:
         command = line.split("kcat ", 1)[1]
         assert f"-b {default} " in command, line
         assert re.search(r" -[PCLQG]\b", command), line
+
+
+def _as_on_the_site(text: str) -> str:
+    """Text of the README as the site's front page words it: links from docs/ (``docs/x.md``
+    -> ``x.md``), lines wrapped anywhere."""
+    return " ".join(text.replace("](docs/", "](").split())
+
+
+def test_the_front_page_says_what_the_readme_says() -> None:
+    # The quick start's prerequisites and ports, and the install section (extras), are
+    # written once in the README and copied onto the site's front page: a listener, port
+    # or extra added to one and not the other fails here.
+    readme = (ROOT / "README.md").read_text()
+    index = page("index.md")
+    for start, end in (("Both commands create `.venv`", "It says where it listens"),
+                       ("It says where it listens", "```sh"),
+                       ("`make run` and `make test` install the checkout", "## ")):
+        assert " ".join(between(index, start, end).split()) == _as_on_the_site(
+                between(readme, start, end)), (
+            f"docs/index.md differs from README.md in the part from {start!r}")
+
+
+def test_the_front_page_lists_every_page() -> None:
+    listed = set(re.findall(r"\]\(([a-z-]+\.md)\)", page("index.md")))
+    on_disk = {p.relative_to(DOCS).as_posix() for p in pages()} - {"index.md"}
+    assert on_disk <= listed, f"not on the front page: {sorted(on_disk - listed)}"
+
+
+def test_help_and_the_package_name_every_listener_and_backend() -> None:
+    import tomllib
+
+    from gateway.cli.main import DESCRIPTION
+
+    described = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["description"]
+    assert described == DESCRIPTION
+    helps = [" ".join(subprocess.run([sys.executable, "-m", "gateway.cli", *command, "--help"],
+                                     capture_output=True, text=True, timeout=60,
+                                     check=True).stdout.split())
+             for command in ([], ["serve"])]
+    for text in helps:
+        for name in ("Figg, Tank, Kafka and HTTP", "embedded store", "a Tank broker",
+                     "a Kafka cluster"):
+            assert name in text, f"{name!r} missing from {text!r}"
+
+
+def test_the_deployment_page_names_every_port_the_image_exposes() -> None:
+    exposed = re.search(r"^EXPOSE (.+)$", (ROOT / "deploy" / "Dockerfile").read_text(),
+                        re.MULTILINE)
+    assert exposed is not None
+    text = " ".join(page("deployment.md").split())
+    for port in exposed.group(1).split():
+        assert re.search(rf"\b{port} \(", text), f"docs/deployment.md does not name {port}"
+
+
+def test_the_architecture_drawing_names_every_listener_and_backend() -> None:
+    from gateway.server.config import PROTOCOLS
+
+    drawing = next(code_blocks(page("architecture.md")))
+    for protocol in PROTOCOLS:
+        name = protocol if protocol == "metrics" else (
+            protocol.upper() if protocol == "http" else protocol.capitalize())
+        assert f"{name} listener" in drawing, f"the drawing has no {name} listener"
+    for backend in ("embedded store", "upstream Tank broker", "upstream Kafka cluster"):
+        assert backend in drawing, f"the drawing has no {backend}"

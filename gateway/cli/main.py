@@ -118,13 +118,19 @@ def _commands() -> dict[str, tuple[str, Command]]:
     from gateway.cli.users import COMMAND as USERS
 
     return {
-        "serve": ("run the gateway (Figg and Tank listeners over one log)",
+        "serve": ("run the gateway: Figg, Tank, Kafka and HTTP listeners over one log (the "
+                  "embedded store, a Tank broker or a Kafka cluster)",
                   (_add_serve_arguments, _run_serve)),
         **COMMANDS,
         "groups": GROUPS,
         "bench": BENCH,
         "users": USERS,
     }
+
+
+#: What figtank is, in ``figtank --help`` (and pyproject.toml's description).
+DESCRIPTION: Final = ("A pub/sub gateway: Figg, Tank, Kafka and HTTP clients over one log "
+                      "(its embedded store, a Tank broker or a Kafka cluster).")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -143,7 +149,7 @@ def _version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="figtank", description="A pub/sub gateway: Figg and Tank clients over one log.")
+        prog="figtank", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"figtank {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, (add_arguments, run)) in _commands().items():
