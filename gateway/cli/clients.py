@@ -10,6 +10,7 @@ notes, log lines and errors go to stderr. A failure is one line,
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import ssl
 import sys
@@ -291,29 +292,51 @@ def _add_publish(parser: argparse.ArgumentParser) -> None:
     common_options(parser, "figg")
     parser.add_argument("topic", type=_figg_topic, help="Figg topic (name or name/partition)")
     _add_messages(parser, "publish")
+    parser.add_argument("--skip", type=_non_negative, default=0, metavar="N",
+                        help="skip the first N messages (lines): resume after the N a "
+                             "failed run reported acknowledged")
+
+
+class PublishIncomplete(ClientError):
+    """A publish that failed part-way: how many messages (from the first) were
+    acknowledged, and how many were sent, counting the skipped ones."""
+
+    def __init__(self, reason: object, acknowledged: int, sent: int) -> None:
+        super().__init__(f"{reason}; {acknowledged} of {plural(sent, 'message')} "
+                         f"acknowledged; resume after them with --skip {acknowledged}")
+        self.acknowledged = acknowledged
+        self.sent = sent
 
 
 async def _publish(args: argparse.Namespace, out: Output) -> None:
+    """Publish the messages after ``--skip``; a failure says how many were acknowledged
+    (always the first ones: a Figg ACK acknowledges every publish up to it)."""
     acked = published = 0
 
     def stalled() -> str:
         hint = ("its log says why" if client.answered
                 else f"is {args.address[0]}:{args.address[1]} a Figg server?")
-        return (f"publish to {args.topic}: {acked} of {plural(published, 'message')} "
-                f"acknowledged ({hint})")
+        return f"publish to {args.topic}: no acknowledgement ({hint})"
 
-    async with _figg_client(args) as client, \
-            _stall_limit(args.timeout, stalled) as progress:
-        def on_ack(_: int) -> None:
-            nonlocal acked
-            acked += 1
-            progress()
+    try:
+        async with _figg_client(args) as client, \
+                _stall_limit(args.timeout, stalled) as progress:
+            def on_ack(_: int) -> None:
+                nonlocal acked
+                acked += 1
+                progress()
 
-        for data in _payloads(args.messages):
-            await client.publish(args.topic, data, on_ack)
-            published += 1
-            out.progress(f"published {published}, acknowledged {acked}")
-        await client.wait_all_acked()
+            for data in itertools.islice(_payloads(args.messages), args.skip, None):
+                await client.publish(args.topic, data, on_ack)
+                published += 1
+                out.progress(f"published {published}, acknowledged {acked}")
+            await client.wait_all_acked()
+    except (ClientError, OSError, ProtocolError) as exc:
+        done, sent = args.skip + acked, args.skip + published
+        if out.as_json:
+            out.record("", topic=args.topic, published=sent, acknowledged=done,
+                       complete=False, error=str(exc))
+        raise PublishIncomplete(exc, done, sent) from None
     out.record(f"{plural(published, 'message')} published to {args.topic} and acknowledged",
                topic=args.topic, published=published)
 

@@ -20,6 +20,7 @@ from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.backend.contract import Backend
 from gateway.http.cors import Cors
 from gateway.http.hosts import HostGuard
+from gateway.http.idempotency import IdempotencyKeys, Limits
 from gateway.http.revocation import OpenStreams
 from gateway.http.routing import Router
 from gateway.http.session import HttpSession
@@ -60,9 +61,16 @@ class HttpListener(ProtocolListener):
 
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
                  name: str | None = None, guard: AccessGuard | None = None,
-                 tls: ListenerTLS | None = None, quotas: Quotas | None = None) -> None:
+                 tls: ListenerTLS | None = None, quotas: Quotas | None = None,
+                 idempotency: IdempotencyKeys | None = None) -> None:
         super().__init__(backend, settings, metrics, name=name, guard=guard, tls=tls,
                          quotas=quotas)
+        #: The produces' Idempotency-Key values (shared by the server's HTTP listeners;
+        #: in memory when none is given).
+        self.idempotency = idempotency if idempotency is not None else IdempotencyKeys(
+            None, Limits(settings.http_idempotency_max_keys,
+                         settings.http_idempotency_max_bytes,
+                         settings.http_idempotency_ttl_secs))
         self.tails = Tails(backend, settings.http_tail_buffer_bytes)
         self.router = build_router()
         self.hosts = HostGuard(settings.http_allowed_hosts)

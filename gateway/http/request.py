@@ -19,15 +19,18 @@ NDJSON = b"application/x-ndjson"
 
 class HttpError(Exception):
     """A refusal: ``status`` (4xx, 5xx), a short ``code`` (in the metric and the log) and
-    the message for the client."""
+    the message for the client; ``details``: more fields of the answer's JSON object (a
+    produce's per-message outcome)."""
 
     def __init__(self, status: int, code: str, message: str,
-                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
+                 headers: list[tuple[bytes, bytes]] | None = None,
+                 details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.headers = headers or []
+        self.details = details
 
 
 @dataclass(slots=True)
@@ -99,5 +102,6 @@ def json_answer(value: Any, status: int = 200) -> Answer:
 
 def error_answer(error: HttpError) -> Answer:
     return Answer(error.status, JSON,
-                  dumps({"error": error.code, "message": error.message}) + b"\n",
+                  dumps({"error": error.code, "message": error.message,
+                         **(error.details or {})}) + b"\n",
                   list(error.headers))

@@ -593,6 +593,18 @@ class Settings:
         "http.ws_publish_window", 1000, _positive_int,
         "Publishes one WebSocket may have waiting for their acknowledgement; one more "
         "closes it (code 1008).")
+    http_idempotency_max_keys: int = _setting(
+        "http.idempotency_max_keys", 100_000, _positive_int,
+        "Idempotency-Key values of HTTP produces remembered with their answers (in the "
+        "data directory, across restarts); past it the oldest are forgotten.")
+    http_idempotency_max_bytes: int = _setting(
+        "http.idempotency_max_bytes", 64 * MIB, _positive_int,
+        "Bytes of answers remembered for Idempotency-Key values (memory and file); past it "
+        "the oldest keys are forgotten.")
+    http_idempotency_ttl_secs: float = _setting(
+        "http.idempotency_ttl_secs", 86_400.0, _positive_float,
+        "How long an Idempotency-Key is remembered after its last answer; a retry later "
+        "than that is a new request.")
     http_jwt_hs256_secret_file: str = _setting(
         "http.jwt_hs256_secret_file", "", _optional_file,
         "File holding the shared secret of HS256 JWT bearer tokens on the HTTP listener "

@@ -46,6 +46,9 @@ from gateway.auth.quotas import QuotaRules, Quotas
 from gateway.backend.contract import Backend
 from gateway.backend.embedded import connection_slots, open_embedded_backend
 from gateway.figg.listener import FiggListener
+from gateway.http.idempotency import FILE_NAME as IDEMPOTENCY_FILE
+from gateway.http.idempotency import IdempotencyKeys, open_idempotency_keys, register_metrics
+from gateway.http.idempotency import Limits as IdempotencyLimits
 from gateway.http.listener import HttpListener
 from gateway.kafka.groups.coordinator import GroupCoordinator
 from gateway.kafka.groups.lag import CommittedLag
@@ -377,6 +380,32 @@ async def open_offsets(settings: Settings, metrics: Metrics, backend: Backend,
 
 
 @asynccontextmanager
+async def open_idempotency(settings: Settings, metrics: Metrics, *, durable: bool,
+                           wanted: bool) -> AsyncIterator[IdempotencyKeys | None]:
+    """The HTTP produces' Idempotency-Key values (:mod:`gateway.http.idempotency`): in the
+    data directory when ``durable`` (the embedded store opened here), else in memory; None
+    unless ``wanted`` (no HTTP listener). A ConfigError naming ``store.data_dir`` when the
+    file can not be used."""
+    if not wanted:
+        yield None
+        return
+    limits = IdempotencyLimits(settings.http_idempotency_max_keys,
+                               settings.http_idempotency_max_bytes,
+                               settings.http_idempotency_ttl_secs)
+    path = settings.data_dir / IDEMPOTENCY_FILE if durable else None
+    try:
+        keys_in_use = open_idempotency_keys(path, limits,
+                                            fsync=settings.durability == "fsync",
+                                            on_limit=metrics.limit_hit)
+        async with keys_in_use as keys:
+            register_metrics(keys, metrics)
+            yield keys
+    except OSError as exc:
+        raise ConfigError(f"store.data_dir: cannot use {path}: {exc.strerror or exc}; "
+                          f"repair or remove it") from None
+
+
+@asynccontextmanager
 async def _given(backend: Backend) -> AsyncIterator[tuple[Backend, Unavailable]]:
     """A backend the caller opened (and closes), always available."""
     yield backend, lambda: None
@@ -475,6 +504,10 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
         async with backend_in_use as (info.backend, readiness.unavailable), \
                 open_offsets(settings, metrics, info.backend,
                              kafka and groups_refused is None) as info.offsets, \
+                open_idempotency(settings, metrics,
+                                 durable=backend is None and not settings.upstream_mode,
+                                 wanted=any(s.protocol == "http" for s in specs)
+                                 ) as idempotency, \
                 trio.open_nursery() as draining:
             listeners: dict[str, ProtocolListener] = {}
             services = KafkaServices(
@@ -489,7 +522,8 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                     first = next((x for x in listeners.values() if type(x) is make), None)
                     more: dict[str, Any] = (
                         {"share_with": first} if make is FiggListener and first
-                        else {"services": services} if make is KafkaListener else {})
+                        else {"services": services} if make is KafkaListener
+                        else {"idempotency": idempotency} if make is HttpListener else {})
                     listeners[spec.name] = make(info.backend, settings, metrics,
                                                 name=spec.name, guard=info.guard,
                                                 quotas=info.quotas,
