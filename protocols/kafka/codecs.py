@@ -83,9 +83,9 @@ def _too_big(limit: int) -> ProtocolError:
 # ------------------------------------------------------------------------------ writing
 
 
-def _gzip(data: bytes) -> bytes:
+def _gzip(data: bytes, level: int = _GZIP_LEVEL) -> bytes:
     # zlib with wbits 31 writes the gzip container with mtime 0: deterministic bytes.
-    c = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, 31)
+    c = zlib.compressobj(level, zlib.DEFLATED, 31)
     return c.compress(data) + c.flush()
 
 
@@ -109,12 +109,13 @@ def _zstd(data: bytes) -> bytes:
     return bytes(zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(data))
 
 
-def compress(codec: Compression, data: bytes) -> bytes:
-    """``data`` compressed with ``codec`` (``NONE`` returns it unchanged)."""
+def compress(codec: Compression, data: bytes, *, gzip_level: int = _GZIP_LEVEL) -> bytes:
+    """``data`` compressed with ``codec`` (``NONE`` returns it unchanged); gzip at
+    ``gzip_level`` (1-9; 6, the Java client's, by default)."""
     if codec == Compression.NONE:
         return data
     if codec == Compression.GZIP:
-        return _gzip(data)
+        return _gzip(data, gzip_level)
     if codec == Compression.SNAPPY:
         return _snappy_xerial(data)
     if codec == Compression.LZ4:
