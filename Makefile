@@ -71,7 +71,7 @@ PURE_TESTS = tests/protocols tests/figg tests/tank tests/store tests/bridge \
 	tests/test_serve.py tests/test_shutdown.py tests/kafka/test_real_clients.py \
 	tests/kafka/test_kafka_requests.py tests/kafka/test_handoff.py \
 	tests/kafka/test_idempotence.py tests/kafka/test_produce_errors.py tests/io/test_fanout.py \
-	tests/kafka/test_shared_fetch.py \
+	tests/kafka/test_shared_fetch.py tests/kafka/test_fetch_compression.py \
 	tests/http/test_slow_subscribers.py
 
 # mypy checks what [tool.mypy] in pyproject.toml lists (protocols/, gateway/store/), strictly.
