@@ -80,7 +80,7 @@ PURE_TESTS = tests/protocols tests/figg tests/tank tests/store tests/bridge \
 	tests/test_serve.py tests/test_shutdown.py tests/kafka/test_real_clients.py \
 	tests/kafka/test_kafka_requests.py tests/kafka/test_handoff.py \
 	tests/kafka/test_idempotence.py tests/kafka/test_produce_errors.py tests/io/test_fanout.py \
-	tests/kafka/test_shared_fetch.py \
+	tests/kafka/test_shared_fetch.py tests/kafka/test_fetch_compression.py \
 	tests/http/test_slow_subscribers.py
 
 # mypy checks what [tool.mypy] in pyproject.toml lists (protocols/, gateway/store/), strictly.
@@ -125,10 +125,13 @@ bench-gateway: $(STAMP)
 		$(PEERS_ARGS)
 
 # Programs the suite drives as real clients (kcat; curl and headless Chromium through
-# chromedriver for the HTTP listener; nginx in front of it), as COMMAND:DEBIAN_PACKAGE:
-# installed with apt-get where missing (CI runs on a fresh machine as root). A command is
-# looked for on PATH and in /usr/sbin (nginx's place, not on every user's PATH).
-SYSTEM_TOOLS = kcat:kcat curl:curl chromium:chromium chromedriver:chromium-driver nginx:nginx
+# chromedriver for the HTTP listener; nginx in front of it; node for figtank.js and, with
+# npm, for kafkajs, which the Kafka tests install from npm into .venv at a pinned version:
+# tests/kafka/kafkajs.py), as COMMAND:DEBIAN_PACKAGE: installed with apt-get where missing
+# (CI runs on a fresh machine as root). A command is looked for on PATH and in /usr/sbin
+# (nginx's place, not on every user's PATH).
+SYSTEM_TOOLS = kcat:kcat curl:curl chromium:chromium chromedriver:chromium-driver nginx:nginx \
+	node:nodejs npm:npm
 
 .PHONY: system-tools
 system-tools:

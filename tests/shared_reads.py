@@ -8,6 +8,7 @@ import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -39,15 +40,16 @@ def backend_of(info: ServerInfo) -> EmbeddedBackend:
 
 
 @asynccontextmanager
-async def shared_and_reference(tmp_path: Path) -> AsyncIterator[tuple[ServerInfo, ServerInfo]]:
+async def shared_and_reference(tmp_path: Path, **settings: Any
+                               ) -> AsyncIterator[tuple[ServerInfo, ServerInfo]]:
     """``(sharing server, reference server)``, each with topics ``pub`` (2 partitions)
-    and ``secret`` (1)."""
+    and ``secret`` (1), and ``settings`` besides the policy."""
     async with AsyncExitStack() as stack:
         servers = []
         for name in ("shared", "reference"):
             (tmp_path / name).mkdir()
             info, _ = await stack.enter_async_context(policy_server(
-                tmp_path / name, POLICY, kafka_listen=LOOPBACK))
+                tmp_path / name, POLICY, kafka_listen=LOOPBACK, **settings))
             servers.append(info)
         backend_of(servers[1]).shared_reads = None
         for info in servers:

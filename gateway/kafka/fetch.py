@@ -6,13 +6,15 @@ larger than the partition's ``partition_max_bytes`` is still sent whole when it 
 first (as Kafka does, KIP-74). The response's ``max_bytes`` stops adding partitions' data
 once reached (the first partition with data always gets its batches). An offset before
 the first available one or past the end is OFFSET_OUT_OF_RANGE; at the end it is a wait.
-Only ``read_uncommitted`` exists (there are no transactions).
+Only ``read_uncommitted`` exists (there are no transactions). Compressed bundles are
+served in the codec :class:`~gateway.kafka.fetch_codecs.FetchCompression` chooses for the
+topic and the request's version.
 
 A partition answered from a shared read (:class:`~gateway.backend.shared.SharedChunk`: the
-readers one append woke at the same position) has its record batches converted once, by
-its first reader; a Fetch of that one partition is answered with a :class:`SharedFetch`,
-whose response body is encoded once per version and shared as well (the response header,
-with the correlation id, stays per request).
+readers one append woke at the same position) has its record batches converted once per
+codec, by its first reader; a Fetch of that one partition is answered with a
+:class:`SharedFetch`, whose response body is encoded once per version and shared as well
+(the response header, with the correlation id, stays per request).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from gateway.auth.policy import Operation
 from gateway.backend.contract import Backend, FetchOutcome, FetchRequest, FetchStatus
 from gateway.backend.shared import SharedChunk
 from gateway.io.writer import JOIN_BELOW
-from protocols.kafka.bundles import bundles_to_batches
+from gateway.kafka.fetch_codecs import FetchCompression
+from protocols.kafka.bundles import FetchCodecs, bundles_to_batches
 from protocols.kafka.connection import encode_body_parts
 from protocols.kafka.records import FetchableTopicResponse, FetchResponse, PartitionData
 from protocols.kafka.types import ApiKey, ErrorCode
@@ -74,10 +77,10 @@ class SharedFetch:
         return self._chunk.encoded((_BODY_KEY, version, *self._key), encode)
 
 
-async def fetch(backend: Backend, body: Any, access: ConnectionAccess
-                ) -> FetchResponse | SharedFetch:
-    """Answer a Fetch request ``body``; waits up to its ``max_wait_ms`` when no asked
-    partition has data."""
+async def fetch(backend: Backend, body: Any, access: ConnectionAccess,
+                compression: FetchCompression, version: int) -> FetchResponse | SharedFetch:
+    """Answer a Fetch request ``body`` of ``version``; waits up to its ``max_wait_ms``
+    when no asked partition has data."""
     slots: list[tuple[str, int, int | FetchRequest]] = []  # error code, or what to read
     wanted: list[FetchRequest] = []
     for topic in body.topics:
@@ -112,8 +115,9 @@ async def fetch(backend: Backend, body: Any, access: ConnectionAccess
                                  records=b"")
             shared = False
         else:
+            codecs = compression.codecs(name, version)
             data, size, shared_data = await _partition(backend, what, by_request[id(what)],
-                                                       budget)
+                                                       budget, codecs)
             budget -= size
             shared = shared and shared_data
         responses.setdefault(name, []).append(data)
@@ -127,9 +131,9 @@ async def fetch(backend: Backend, body: Any, access: ConnectionAccess
 
 
 async def _partition(backend: Backend, request: FetchRequest, outcome: FetchOutcome,
-                     budget: int) -> tuple[PartitionData, int, bool]:
-    """One partition's answer, the record bytes it carries and whether it is all from a
-    shared read (its batches converted once for every reader)."""
+                     budget: int, codecs: FetchCodecs) -> tuple[PartitionData, int, bool]:
+    """One partition's answer, its batches in ``codecs``, the record bytes it carries and
+    whether it is all from a shared read (its batches converted once for every reader)."""
     hwm = outcome.high_water_mark
     start = log_start_offset(outcome.first_available)
     if outcome.status is not FetchStatus.DATA:
@@ -142,7 +146,8 @@ async def _partition(backend: Backend, request: FetchRequest, outcome: FetchOutc
     if type(shared) is SharedChunk and budget > 0:
         chunk = shared.data
         base_seq = outcome.base_seq
-        batches = shared.encoded(_BATCHES_KEY, lambda: bundles_to_batches(chunk, base_seq))
+        batches = shared.encoded((_BATCHES_KEY, codecs), lambda: bundles_to_batches(
+            chunk, base_seq, codecs=codecs))
         if batches.consumed or not batches.partial:
             return PartitionData(partition_index=request.partition, error_code=0,
                                  high_watermark=hwm, last_stable_offset=hwm,
@@ -154,7 +159,7 @@ async def _partition(backend: Backend, request: FetchRequest, outcome: FetchOutc
         outcome.chunk.close()
     records = b""
     if chunk:
-        batches = bundles_to_batches(chunk, outcome.base_seq)
+        batches = bundles_to_batches(chunk, outcome.base_seq, codecs=codecs)
         if not batches.consumed and batches.partial:
             # The first bundle is larger than the partition's max bytes: send it whole.
             need = decode_chunk(chunk, outcome.base_seq).partial_bundle_len or len(chunk) * 2
@@ -167,7 +172,8 @@ async def _partition(backend: Backend, request: FetchRequest, outcome: FetchOutc
                          else b"")
             finally:
                 retry.chunk.close()
-            batches = bundles_to_batches(chunk, retry.base_seq) if chunk else batches
+            batches = (bundles_to_batches(chunk, retry.base_seq, codecs=codecs) if chunk
+                       else batches)
         records = batches.records
     return PartitionData(partition_index=request.partition, error_code=0,
                          high_watermark=hwm, last_stable_offset=hwm,

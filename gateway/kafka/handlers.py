@@ -38,7 +38,8 @@ async def _metadata(ctx: RequestContext, body: Any, version: int) -> Any:
 
 
 async def _fetch(ctx: RequestContext, body: Any, version: int) -> Any:
-    return await fetch(ctx.backend, body, ctx.access)
+    return await fetch(ctx.backend, body, ctx.access, ctx.services.fetch_compression,
+                       version)
 
 
 async def _list_offsets(ctx: RequestContext, body: Any, version: int) -> Any:

@@ -1,12 +1,13 @@
 """The server-wide state of the Kafka listeners, made once per server and shared by
-every Kafka listener and connection: idempotent producers, the group coordinator and the
-groups' committed offsets."""
+every Kafka listener and connection: idempotent producers, the group coordinator, the
+groups' committed offsets and the codecs fetched batches are served in."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
+from gateway.kafka.fetch_codecs import FetchCompression
 from gateway.kafka.groups.coordinator import GroupCoordinator
 from gateway.kafka.groups.membership import MembershipCheck, NoMembers
 from gateway.kafka.groups.offsets import OffsetStore
@@ -41,6 +42,8 @@ class KafkaServices:
     #: Set: every group request is refused with GROUP_AUTHORIZATION_FAILED, this the why
     #: (upstream-Kafka mode: no group state on a gateway).
     groups_refused: str | None = None
+    #: The codec of each topic's fetched batches (``kafka.fetch_compression``).
+    fetch_compression: FetchCompression = field(default_factory=FetchCompression)
 
     @property
     def membership(self) -> MembershipCheck:
@@ -53,4 +56,12 @@ class KafkaServices:
     def in_memory(cls, settings: Settings, metrics: Metrics) -> KafkaServices:
         """A listener's own state when it is made outside a server (no coordinator, the
         offsets in memory)."""
-        return cls(ProducerStates(settings.max_producer_states, metrics), OffsetStore(None))
+        return cls(ProducerStates(settings.max_producer_states, metrics), OffsetStore(None),
+                   fetch_compression=fetch_compression(settings))
+
+
+def fetch_compression(settings: Settings) -> FetchCompression:
+    """The fetch codecs ``settings`` choose (``kafka.fetch_compression`` and
+    ``kafka.fetch_compression_topics``)."""
+    return FetchCompression(settings.kafka_fetch_compression,
+                            settings.kafka_fetch_compression_topics)

@@ -139,8 +139,29 @@ def _optional_file(value: Any) -> str:
     return str(_path(value))
 
 
-#: Codecs of the batches produced to an upstream Kafka cluster.
-UPSTREAM_COMPRESSIONS: Final = ("producer", "none", "gzip", "snappy", "lz4", "zstd")
+#: Kafka's record batch codecs: of the batches produced to an upstream Kafka cluster, and
+#: of the batches a Fetch serves compressed data in.
+KAFKA_COMPRESSIONS: Final = ("none", "gzip", "snappy", "lz4", "zstd")
+
+
+def _topic_codecs(value: Any) -> dict[str, str]:
+    """A table of topic name -> one of :data:`KAFKA_COMPRESSIONS`."""
+    if not isinstance(value, Mapping):
+        raise ValueError("expected a table of topic = \"codec\" "
+                         f"({', '.join(KAFKA_COMPRESSIONS)})")
+    codecs = {}
+    for topic, codec in value.items():
+        if not isinstance(topic, str) or not topic:
+            raise ValueError(f"expected topic names, got {topic!r}")
+        if codec not in KAFKA_COMPRESSIONS:
+            raise ValueError(f"topic {topic!r}: expected one of "
+                             f"{', '.join(KAFKA_COMPRESSIONS)}, got {codec!r}")
+        codecs[topic] = str(codec)
+    return codecs
+
+
+#: Codecs of the batches produced to an upstream Kafka cluster: Kafka's, or the producer's.
+UPSTREAM_COMPRESSIONS: Final = ("producer", *KAFKA_COMPRESSIONS)
 
 
 def _workers(value: Any) -> int:
@@ -365,6 +386,16 @@ class Settings:
         "listen.kafka_advertised", "", _optional_address,
         "HOST:PORT the Kafka listener tells clients to connect to in Metadata (empty: "
         "the address it is bound to).", "--kafka-advertised")
+    kafka_fetch_compression: str = _setting(
+        "kafka.fetch_compression", "none", _choice(*KAFKA_COMPRESSIONS),
+        "Codec of the record batches a Kafka Fetch serves compressed data in (what was "
+        "produced compressed, stored as Snappy bundles); data stored uncompressed is "
+        "served uncompressed. Every Kafka client reads none and gzip (stock kafkajs no "
+        "other); zstd goes to Fetch v10+ only (older requests get gzip). See the Kafka "
+        "listener's *Compression*.", "--kafka-fetch-compression")
+    kafka_fetch_compression_topics: dict[str, str] = _setting(  # noqa: RUF009 (a field)
+        "kafka.fetch_compression_topics", {}, _topic_codecs,
+        "kafka.fetch_compression of some topics, by name: {\"logs\" = \"zstd\"}.")
     offsets_file: Path | None = _setting(  # noqa: RUF009 (a field, made by _setting)
         "offsets.file", None, _optional_path,
         "File of the Kafka groups' committed offsets (empty: figtank-offsets.log in "
@@ -801,7 +832,7 @@ def _parse_option(option: Option, value: Any) -> Any:
 
 def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     known_tables = {o.key for o in OPTIONS
-                    if o.parse in (_topic_config, _listener_tables)}
+                    if o.parse in (_topic_config, _listener_tables, _topic_codecs)}
     flat: dict[str, Any] = {}
     for name, value in table.items():
         key = f"{prefix}{name}"

@@ -61,7 +61,12 @@ from gateway.kafka.groups.offsets import (
 )
 from gateway.kafka.idempotence import ProducerStates
 from gateway.kafka.listener import KafkaListener
-from gateway.kafka.services import NO_GROUPS_UPSTREAM, NO_GROUPS_WORKERS, KafkaServices
+from gateway.kafka.services import (
+    NO_GROUPS_UPSTREAM,
+    NO_GROUPS_WORKERS,
+    KafkaServices,
+    fetch_compression,
+)
 from gateway.server.accepting import serve_listeners
 from gateway.server.config import (
     OPTIONS,
@@ -514,7 +519,8 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                 ProducerStates(settings.max_producer_states, metrics,
                                recovered=getattr(info.backend, "stored_producer", None),
                                first_id=None if worker is None else worker_first_id(worker)),
-                info.offsets or OffsetStore(None), info.groups, groups_refused=groups_refused)
+                info.offsets or OffsetStore(None), info.groups, groups_refused=groups_refused,
+                fetch_compression=fetch_compression(settings))
             info.groups.known = services.offsets
             for spec in specs:
                 if spec.protocol in _LISTENERS:

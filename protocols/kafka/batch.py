@@ -373,12 +373,12 @@ def encode_records(records: list[Record]) -> bytearray:
 
 
 def encode_batch(batch: RecordBatch, records_section: bytes | bytearray | None = None,
-                 count: int | None = None) -> bytes:
+                 count: int | None = None, *, gzip_level: int | None = None) -> bytes:
     """Encode ``batch`` (codec from its attributes), computing length and CRC.
 
     ``records_section`` is the uncompressed records bytes when the caller already has
     them, ``count`` the number of records in it; by default both come from
-    ``batch.records``.
+    ``batch.records``. ``gzip_level``: of a gzip batch (None: the codec's default).
     """
     codec = batch.attributes & _ATTR_CODEC
     if codec > Compression.ZSTD:
@@ -388,7 +388,8 @@ def encode_batch(batch: RecordBatch, records_section: bytes | bytearray | None =
         count = len(batch.records)
     elif count is None:
         raise ValueError("count is required with records_section")
-    body = compress(Compression(codec), bytes(records_section))
+    level = {} if gzip_level is None else {"gzip_level": gzip_level}
+    body = compress(Compression(codec), bytes(records_section), **level)
     try:
         tail = _AFTER_CRC.pack(
             batch.attributes, batch.last_offset_delta, batch.base_timestamp,

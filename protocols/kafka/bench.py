@@ -1,8 +1,11 @@
 """Records per second of the batch <-> bundle mapping: ``python -m protocols.kafka.bench``.
 
-Kafka listener. Fetch path: framed Tank bundles -> Kafka batches (per fetch codec).
-Produce path: Kafka batch bytes -> Tank bundle (per producer codec). 100-byte values,
-16-byte keys, 500 records a bundle/batch. What the listener runs (compiled unless
+Kafka listener. Fetch path: framed Tank bundles -> Kafka batches, a plain bundle as an
+uncompressed batch and a Snappy bundle (what a compressed producer stored) in each codec
+``kafka.fetch_compression`` may name, with the bytes a record takes on the wire: 500
+JSON-like events a bundle (~125-byte values of random ids and words, 16-byte keys).
+Produce path: Kafka batch bytes -> Tank bundle (per producer codec): 100-byte values,
+16-byte keys, 500 records a batch. What the listener runs (compiled unless
 ``FIGTANK_PURE_PYTHON=1``); the produce rows also give the pure-Python reference.
 
 Upstream Kafka client (:mod:`protocols.kafka.upstream_codec`), compiled and pure rows:
@@ -12,12 +15,15 @@ record batch; fetch, four 500-record batches of 100-byte values -> bundles.
 
 from __future__ import annotations
 
+import json
+import random
 import timeit
 
 from protocols.kafka import upstream_codec
 from protocols.kafka.batch import Compression, Record, RecordBatch, encode_batch, read_batch
 from protocols.kafka.bundles import (
     bundles_to_batches,
+    fetch_codecs,
     records_to_bundles,
     records_to_bundles_py,
 )
@@ -59,16 +65,39 @@ def upstream() -> None:
               f"{rate:12,.0f} msgs/s")
 
 
+def events(count: int, seed: int = 1) -> list[Message]:
+    """``count`` JSON-like events (what compresses like real data: ids, words, times)."""
+    rng = random.Random(seed)
+    words = ("click", "view", "buy", "scroll", "search", "login")
+    return [Message(json.dumps({
+        "id": rng.randrange(10**9), "user": f"user-{rng.randrange(100_000)}",
+        "event": rng.choice(words), "ts": 1_700_000_000_000 + 7 * i,
+        "session": rng.randbytes(8).hex(), "amount": round(rng.random() * 100, 2),
+    }).encode(), b"key-%012d" % rng.randrange(10**12), 1_700_000_000_000 + 7 * i)
+        for i in range(count)]
+
+
+def fetch_rows() -> None:
+    """Print records/s and wire bytes a record of each fetch codec."""
+    messages = events(_N)
+    plain = frame_bundle(encode_bundle(messages, codec=Codec.NONE))
+    rows = [(Codec.NONE, Compression.NONE, plain)]
+    snappy = frame_bundle(encode_bundle(messages, codec=Codec.SNAPPY))
+    rows += [(Codec.SNAPPY, codec, snappy) for codec in Compression]
+    for tank_codec, codec, chunk in rows:
+        codecs = fetch_codecs(codec)
+        rate = _rate(lambda c=chunk, f=codecs: bundles_to_batches(c, 1, codecs=f), _N)
+        size = len(bundles_to_batches(chunk, 1, codecs=codecs).records)
+        print(f"fetch   tank {tank_codec.name:6} -> kafka {codec.name:6} {rate:12,.0f} rec/s"
+              f"  {size / _N:6.1f} bytes/rec")
+
+
 def main() -> None:
     """Print records/s for each path and codec."""
     print(f"implementation: {implementation()}")
+    fetch_rows()
     messages = [Message(b"%03d" % i * 33 + b"x", b"key-%012d" % i, 1_700_000_000_000 + i)
                 for i in range(_N)]
-    for tank_codec in Codec:
-        chunk = frame_bundle(encode_bundle(messages, codec=tank_codec))
-        for fetch in (Compression.NONE, Compression.SNAPPY, Compression.LZ4):
-            rate = _rate(lambda c=chunk, f=fetch: bundles_to_batches(c, 1, compression=f), _N)
-            print(f"fetch   tank {tank_codec.name:6} -> kafka {fetch.name:6} {rate:12,.0f} rec/s")
     batch = bundles_to_batches(frame_bundle(encode_bundle(messages, codec=Codec.NONE)), 1)
     got = read_batch(batch.records)
     assert not isinstance(got, int)

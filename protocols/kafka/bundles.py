@@ -18,10 +18,13 @@ INVALID_RECORD, 87, which clients show with its message), never dropped:
 Codecs. Produce: a compressed Kafka batch (any codec) becomes a Snappy Tank bundle, Tank's
 only codec, and an uncompressed one stays uncompressed: the producer's choice of whether to
 compress is kept. The Kafka codec cannot be kept as such: Tank compresses its own message
-layout, not Kafka's records section. Fetch: a Tank bundle is one batch, a Snappy bundle a
-snappy batch (xerial framing) and a plain one an uncompressed batch; any Kafka codec may be
-asked for instead. Re-compressing is cheap next to the per-record work (measured with
-``python -m protocols.kafka.bench``: snappy batches within 2% of uncompressed ones).
+layout, not Kafka's records section. Fetch: a Tank bundle is one batch, in the Kafka codec
+:data:`FetchCodecs` names for the bundle's codec (:func:`fetch_codecs`): by default a plain
+bundle an uncompressed batch and a Snappy one an uncompressed batch too
+(:data:`DEFAULT_FETCH_CODECS`), which every Kafka client reads (stock kafkajs reads no
+snappy, lz4 or zstd) and which costs the least CPU; the Kafka listener chooses per topic
+and request (``kafka.fetch_compression``). What each choice costs is measured by
+``python -m protocols.kafka.bench`` (the ``fetch`` rows).
 
 Timestamps are milliseconds on both sides. Kafka's batch base timestamp is the first
 record's, as the Java producer writes it; records keep their own order.
@@ -60,13 +63,16 @@ from protocols.tank.bundle import (
 from protocols.wire import encode_varint
 
 __all__ = [
-    "DEFAULT_FETCH_COMPRESSION",
+    "DEFAULT_FETCH_CODECS",
+    "FETCH_GZIP_LEVEL",
     "MAX_KEY_SIZE",
     "FetchBatches",
+    "FetchCodecs",
     "KafkaSections",
     "batch_to_bundle",
     "batch_to_messages",
     "bundles_to_batches",
+    "fetch_codecs",
     "kafka_sections",
     "kafka_sections_py",
     "records_to_bundles",
@@ -75,9 +81,20 @@ __all__ = [
 
 #: Tank keys are ``u8 len | key``.
 MAX_KEY_SIZE: Final = 255
-#: The Kafka codec of a fetched batch for each Tank bundle codec (see the module docstring).
-DEFAULT_FETCH_COMPRESSION: Final = {Codec.NONE: Compression.NONE,
-                                    Codec.SNAPPY: Compression.SNAPPY}
+#: The Kafka codec of a fetched batch for each Tank bundle codec, indexed by the bundle's
+#: :class:`~protocols.tank.bundle.Codec` (``codecs[Codec.SNAPPY]``).
+FetchCodecs = tuple[Compression, Compression]
+
+
+def fetch_codecs(compressed: Compression, plain: Compression = Compression.NONE
+                 ) -> FetchCodecs:
+    """Fetched batches of Snappy bundles in ``compressed``, of plain ones in ``plain``."""
+    return (Compression(plain), Compression(compressed))
+
+
+#: What a fetch serves unless told otherwise: uncompressed batches (see the module
+#: docstring).
+DEFAULT_FETCH_CODECS: Final = fetch_codecs(Compression.NONE)
 _INT32_MAX: Final = (1 << 31) - 1
 _INT64_MAX: Final = (1 << 63) - 1
 _NO_TIMESTAMP: Final = -1
@@ -85,6 +102,9 @@ _ATTR_LOG_APPEND_TIME: Final = 0x08
 _ATTR_TRANSACTIONAL: Final = 0x10
 _ATTR_CONTROL: Final = 0x20
 _MAX_INLINE_COUNT: Final = 15
+#: gzip level of fetched batches: each fetch compresses again, and level 1 is ~3x as fast
+#: as the Java client's 6 for ~13% more bytes (``python -m protocols.kafka.bench``).
+FETCH_GZIP_LEVEL: Final = 1
 
 
 def _refuse(index: int, batch: RecordBatch, why: str) -> InvalidRecord:
@@ -317,7 +337,7 @@ def bundles_to_batches(
     chunk: bytes | memoryview,
     base_seq: int | None,
     *,
-    compression: Compression | None = None,
+    codecs: FetchCodecs = DEFAULT_FETCH_CODECS,
 ) -> FetchBatches:
     """Kafka record batches for a run of framed Tank bundles (a store read or Consume chunk).
 
@@ -325,7 +345,7 @@ def bundles_to_batches(
     plain bundles continue from the previous one. Each whole bundle becomes one batch with
     ``baseOffset = first seq - 1`` and each message's offset its ``seq - 1`` (sparse gaps
     kept), timestamps preserved (``baseTimestamp`` the first message's), compressed with
-    ``compression`` or, when ``None``, :data:`DEFAULT_FETCH_COMPRESSION`. A partial last
+    ``codecs[bundle codec]`` (:func:`fetch_codecs`). A partial last
     bundle is left out. Raises ``ProtocolError`` for a corrupt chunk (as
     :func:`~protocols.tank.bundle.decode_chunk` does) or a bundle Kafka cannot carry (a
     timestamp over int64, a sparse gap over int32, an offset over int64).
@@ -339,8 +359,7 @@ def bundles_to_batches(
     in_place = True
     with memoryview(buffer) as view:
         for first, last, base_ts, max_ts, count, codec, start, end in bundles:
-            attributes = int(DEFAULT_FETCH_COMPRESSION[Codec(codec)] if compression is None
-                             else compression)
+            attributes = codecs[codec]
             at = start - BATCH_HEADER_SIZE
             if attributes == Compression.NONE:
                 pack_into(buffer, at, first - 1, end - at - _LOG_OVERHEAD, -1, 2, 0,
@@ -352,7 +371,8 @@ def bundles_to_batches(
             if in_place:  # the batches so far, copied out after all
                 parts = [buffer[a - BATCH_HEADER_SIZE:e] for *_, a, e in bundles[:len(parts)]]
                 in_place = False
-            body = compress(Compression(attributes), bytes(view[start:end]))
+            body = compress(Compression(attributes), bytes(view[start:end]),
+                            gzip_level=FETCH_GZIP_LEVEL)
             head = bytearray(BATCH_HEADER_SIZE)
             pack_into(head, 0, first - 1, BATCH_HEADER_SIZE - _LOG_OVERHEAD + len(body), -1,
                       2, 0, attributes, last - first, base_ts, max_ts, -1, -1, -1, count)

@@ -85,9 +85,9 @@ def _too_big(limit: int) -> ProtocolError:
 # ------------------------------------------------------------------------------ writing
 
 
-def _gzip(data: Buffer) -> bytes:
+def _gzip(data: Buffer, level: int = _GZIP_LEVEL) -> bytes:
     # zlib with wbits 31 writes the gzip container with mtime 0: deterministic bytes.
-    c = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, 31)
+    c = zlib.compressobj(level, zlib.DEFLATED, 31)
     return c.compress(data) + c.flush()
 
 
@@ -111,13 +111,14 @@ def _zstd(data: Buffer) -> bytes:
     return bytes(zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(data))
 
 
-def compress(codec: Compression, data: Buffer) -> bytes:
+def compress(codec: Compression, data: Buffer, *, gzip_level: int = _GZIP_LEVEL) -> bytes:
     """``data`` (any bytes-like object, not kept) compressed with ``codec`` (``NONE``
-    returns it as bytes)."""
+    returns it as bytes); gzip at ``gzip_level`` (1-9; 6, the Java client's, by
+    default)."""
     if codec == Compression.NONE:
         return data if isinstance(data, bytes) else bytes(data)
     if codec == Compression.GZIP:
-        return _gzip(data)
+        return _gzip(data, gzip_level)
     if codec == Compression.SNAPPY:
         return _snappy_xerial(data)
     if codec == Compression.LZ4:

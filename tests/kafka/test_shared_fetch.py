@@ -14,7 +14,11 @@ from typing import Any
 
 import trio
 
+from gateway.client.tank import open_tank_client
 from protocols.kafka import records as r
+from protocols.kafka.batch import Compression, read_batches
+from protocols.kafka.messages import RESPONSES, response_header_version
+from protocols.kafka.records import read_response_header
 from protocols.kafka.types import ApiKey
 from protocols.tank.bundle import Codec
 from tests.kafka.raw import request
@@ -113,3 +117,45 @@ async def test_woken_fetches_get_the_unshared_bytes(tmp_path: Path) -> None:
             assert shared == reference
         for reader in readers:
             await reader.aclose()
+
+
+async def test_woken_fetches_of_each_version_get_their_codec(tmp_path: Path) -> None:
+    """One Snappy bundle wakes Fetches of versions 4, 9, 10 and 12 of a topic served zstd
+    and of one served gzip: the shared conversion is made per codec, so each version gets
+    the unshared bytes, zstd from version 10 and gzip before it."""
+    async with shared_and_reference(tmp_path, kafka_fetch_compression="zstd",
+                                    kafka_fetch_compression_topics={"pub-gz": "gzip"}
+                                    ) as servers:
+        await append(servers, "pub", 0, bundle(1, 1))
+        for info in servers:
+            async with open_tank_client(*info.tank) as client:  # type: ignore[misc]
+                await client.create_topic("pub-gz", 1)
+        versions = [4, 9, 10, 12, 4, 12]
+        requests = [fetch(v, i, [("pub", 0, 1, 1 << 20)]) for i, v in enumerate(versions)]
+        requests.append(fetch(12, 50, [("pub-gz", 0, 0, 1 << 20)]))
+        readers = await _readers(servers, len(requests))
+        answers = await answered_after_append(servers, readers[:-1], requests[:-1],
+                                              len(versions),
+                                              bundle(2, 300, codec=Codec.SNAPPY))
+        await readers[-1].send(requests[-1])
+        await trio.sleep(0.3)
+        await append(servers, "pub-gz", 0, bundle(1, 300, codec=Codec.SNAPPY))
+        shared, reference = await readers[-1].frames()
+        assert shared == reference
+        for reader in readers:
+            await reader.aclose()
+    codecs = [_codecs(frame, v) for frame, v in zip(answers, [*versions], strict=True)]
+    zstd, gzip = Compression.ZSTD, Compression.GZIP
+    assert codecs == [[gzip], [gzip], [zstd], [zstd], [gzip], [zstd]]
+    assert _codecs(shared, 12) == [gzip]
+
+
+def _codecs(frame: bytes, version: int) -> list[Compression]:
+    """The codecs of the batches of the one partition a Fetch response frame holds."""
+    payload = frame[4:]
+    _, pos = read_response_header(payload, 0, len(payload),
+                              response_header_version(ApiKey.FETCH, version))
+    body = RESPONSES[ApiKey.FETCH].decode(payload[pos:], version=version)
+    [topic] = body.responses
+    [part] = topic.partitions
+    return [b.compression for b in read_batches(part.records).batches]

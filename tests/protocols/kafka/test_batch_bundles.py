@@ -18,7 +18,12 @@ from protocols.kafka.batch import (
     producer_stamps,
     read_batches,
 )
-from protocols.kafka.bundles import batch_to_bundle, batch_to_messages, bundles_to_batches
+from protocols.kafka.bundles import (
+    batch_to_bundle,
+    batch_to_messages,
+    bundles_to_batches,
+    fetch_codecs,
+)
 from protocols.tank.bundle import (
     Codec,
     Message,
@@ -52,7 +57,7 @@ def _chunk() -> tuple[bytes, list[Message]]:
 @pytest.mark.parametrize("codec", list(Compression), ids=lambda c: c.name)
 def test_bundles_to_batches_kafka_python_reads_offsets_and_timestamps(codec: Compression) -> None:
     chunk, messages = _chunk()
-    fetched = bundles_to_batches(chunk, 1, compression=codec)
+    fetched = bundles_to_batches(chunk, 1, codecs=(codec, codec))
     assert fetched.consumed == len(chunk) and not fetched.partial
     assert fetched.next_seq == messages[-1].seq + 1
     got = []
@@ -81,11 +86,16 @@ def test_round_trip_bundle_batch_bundle_keeps_everything() -> None:
         (m.key, m.value, m.timestamp) for m in messages[20:620]]
 
 
-def test_fetch_codec_follows_the_bundle() -> None:
-    chunk, _ = _chunk()
-    run = read_batches(bundles_to_batches(chunk, 1).records)
-    assert [b.compression for b in run.batches] == [
-        Compression.NONE, Compression.SNAPPY, Compression.NONE]
+@pytest.mark.parametrize("codec", list(Compression), ids=lambda c: c.name)
+def test_fetch_codecs_follow_the_bundle(codec: Compression) -> None:
+    """A plain bundle is an uncompressed batch, a Snappy one a batch in the chosen codec;
+    by default uncompressed too (every Kafka client reads it)."""
+    chunk, messages = _chunk()
+    default = read_batches(bundles_to_batches(chunk, 1).records)
+    assert [b.compression for b in default.batches] == [Compression.NONE] * 3
+    run = read_batches(bundles_to_batches(chunk, 1, codecs=fetch_codecs(codec)).records)
+    assert [b.compression for b in run.batches] == [Compression.NONE, codec, Compression.NONE]
+    assert [r.value for b in run.batches for r in b.records] == [m.value for m in messages]
 
 
 def test_partial_last_bundle_left_out() -> None:

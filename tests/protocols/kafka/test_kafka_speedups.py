@@ -37,7 +37,9 @@ from protocols.kafka.batch import (
     read_batches,
 )
 from protocols.kafka.bundles import (
-    DEFAULT_FETCH_COMPRESSION,
+    DEFAULT_FETCH_CODECS,
+    FETCH_GZIP_LEVEL,
+    FetchCodecs,
     bundles_to_batches,
     kafka_sections_py,
     records_to_bundles_py,
@@ -282,8 +284,7 @@ def test_produce_append_time_checked() -> None:
 # --------------------------------------------------------------------------- fetch
 
 
-def _expected_batches(chunk: bytes, base_seq: int | None,
-                      compression: Compression | None) -> bytes:
+def _expected_batches(chunk: bytes, base_seq: int | None, codecs: FetchCodecs) -> bytes:
     """Batches built record by record with ``encode_batch`` (the old Fetch path)."""
     from protocols.tank.bundle import iter_framed_bundles
 
@@ -293,11 +294,12 @@ def _expected_batches(chunk: bytes, base_seq: int | None,
         mine = decoded.messages[at:at + info.msg_count]
         at += info.msg_count
         first, base_ts = mine[0].seq, mine[0].timestamp
-        codec = DEFAULT_FETCH_COMPRESSION[info.codec] if compression is None else compression
+        codec = codecs[info.codec]
         records = [Record(m.seq - first, m.timestamp - base_ts, m.key, m.value) for m in mine]
         batch = RecordBatch(first - 1, base_ts, max(m.timestamp for m in mine),
                             mine[-1].seq - first, records, int(codec))
-        out.append(encode_batch(batch, encode_records(records), len(records)))
+        out.append(encode_batch(batch, encode_records(records), len(records),
+                                gzip_level=FETCH_GZIP_LEVEL))
     return b"".join(out)
 
 
@@ -330,11 +332,14 @@ def test_fetch_sections_malformed(chunk: bytes, base_seq: int | None) -> None:
 
 
 @SETTINGS
-@given(chunks(), st.sampled_from([None, *Compression]))
+@given(chunks(), st.one_of(st.just(DEFAULT_FETCH_CODECS),
+                           st.tuples(st.sampled_from(Compression),
+                                     st.sampled_from(Compression))))
 def test_fetch_batches_match_record_by_record(case: tuple[bytes, int | None, list[int]],
-                                              compression: Compression | None) -> None:
+                                              codecs: FetchCodecs) -> None:
     """bundles_to_batches, over the compiled and the pure sections, gives the bytes of
-    batches encoded record by record (or the same error)."""
+    batches encoded record by record (or the same error), for every pair of codecs the
+    plain and the Snappy bundles may be served in."""
     chunk, base_seq, seqs = case
     results = []
     for sections in (kafka_sections_py, KB._kafka_sections_native):
@@ -343,8 +348,7 @@ def test_fetch_batches_match_record_by_record(case: tuple[bytes, int | None, lis
         saved = KB.kafka_sections
         KB.kafka_sections = sections
         try:
-            results.append(outcome(bundles_to_batches, chunk, base_seq,
-                                   compression=compression))
+            results.append(outcome(bundles_to_batches, chunk, base_seq, codecs=codecs))
         finally:
             KB.kafka_sections = saved
     got = results[0]
@@ -356,7 +360,7 @@ def test_fetch_batches_match_record_by_record(case: tuple[bytes, int | None, lis
         assert other[1].records == got[1].records
         assert (other[1].consumed, other[1].next_seq, other[1].partial) == (
             got[1].consumed, got[1].next_seq, got[1].partial)
-    assert got[1].records == _expected_batches(chunk, base_seq, compression)
+    assert got[1].records == _expected_batches(chunk, base_seq, codecs)
     run = read_batches(got[1].records)
     assert [b.base_offset + r.offset_delta + 1 for b in run.batches for r in b.records] == seqs
 
@@ -402,13 +406,15 @@ def test_volume_fetch() -> None:
     assert runs > 5
 
 
-def test_fetch_plain_bundles_stay_uncompressed_and_snappy_ones_snappy() -> None:
+def test_fetch_plain_bundles_stay_uncompressed_and_snappy_ones_as_asked() -> None:
     from protocols.tank.bundle import Message, encode_bundle, frame_bundle
 
     messages = [Message(b"v%d" % i, None, 1_700_000_000_000 + i) for i in range(600)]
-    for codec, want in ((Codec.NONE, Compression.NONE), (Codec.SNAPPY, Compression.SNAPPY)):
-        chunk = frame_bundle(encode_bundle(messages, codec=codec))
-        got = bundles_to_batches(chunk, 1)
-        run = read_batches(got.records)
-        assert [b.compression for b in run.batches] == [want]
-        assert [r.value for r in run.batches[0].records] == [m.value for m in messages]
+    for codecs in (DEFAULT_FETCH_CODECS, *((Compression.NONE, c) for c in Compression)):
+        for codec in Codec:
+            chunk = frame_bundle(encode_bundle(messages, codec=codec))
+            got = bundles_to_batches(chunk, 1, codecs=codecs)
+            run = read_batches(got.records)
+            assert [b.compression for b in run.batches] == [codecs[codec]]
+            assert [r.value for r in run.batches[0].records] == [m.value for m in messages]
+    assert DEFAULT_FETCH_CODECS == (Compression.NONE, Compression.NONE)
