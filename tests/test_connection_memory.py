@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import trio
 
+from gateway.bench.command import bench
 from gateway.bench.idle import PROTOCOLS
-from gateway.cli.bench import bench
 from gateway.client.tank import open_tank_client
 from gateway.figg.listener import FiggListener
 from gateway.server.config import Settings

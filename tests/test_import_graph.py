@@ -9,6 +9,8 @@ importing ``a.b.c`` imports the packages ``a`` and ``a.b`` first.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -134,3 +136,22 @@ def test_a_circle_through_a_function_level_import_is_found(tmp_path: Path) -> No
     # not its imports (they are being imported when it runs)
     assert graph["pkg.c"] == {"pkg.sub", "pkg.sub.leaf"}
     assert graph["pkg.sub"] == {"pkg.sub.leaf"}
+
+
+def test_serve_loads_no_load_generator_and_the_bench_no_cli() -> None:
+    # figtank serve builds its parser and runs the server without importing gateway.bench
+    # (the bench's scenarios, peers and soak are ~8k lines nothing serving needs).
+    probe = ("import sys\n"
+             "from gateway.cli.main import build_parser\n"
+             "build_parser(['serve', '--data-dir', 'unused'])\n"
+             "import gateway.server.run\n"
+             "print(sorted(m for m in sys.modules if m.startswith('gateway.bench')))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.strip() == "[]"
+    # The bench sits below the command line: it imports none of gateway.cli.
+    for module, path in modules_under(ROOT, ["gateway"]).items():
+        if module.startswith("gateway.bench"):
+            cli = {n for n in _imported_names(module, path)
+                   if n == "gateway.cli" or n.startswith("gateway.cli.")}
+            assert not cli, f"{module} imports {sorted(cli)}"

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from gateway.bench.command import BenchError, address, bench
 from gateway.bench.report import describe_machine, figtank_version, machine_info
 from gateway.bench.scenarios import get_scenario
 from gateway.bench.serving import serve_figtank
-from gateway.cli.bench import BenchError, _address, bench
 from gateway.server.logs import configure_logging
 
 
@@ -351,9 +351,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="also run every case against this running broker, named so "
                              "in the table (needs --peer-tank/--peer-figg), and report "
                              "figtank beside it")
-    parser.add_argument("--peer-tank", type=_address, default=None, metavar="HOST:PORT",
+    parser.add_argument("--peer-tank", type=address, default=None, metavar="HOST:PORT",
                         help="the peer's Tank endpoint")
-    parser.add_argument("--peer-figg", type=_address, default=None, metavar="HOST:PORT",
+    parser.add_argument("--peer-figg", type=address, default=None, metavar="HOST:PORT",
                         help="the peer's Figg endpoint")
     parser.add_argument("--rounds", type=int, default=None,
                         help="with --peer: runs of each case on each side (default 3); "

@@ -111,20 +111,35 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return load_settings(getattr(args, "config", None), flag_overrides(args))
 
 
-def _commands() -> dict[str, tuple[str, Command]]:
-    from gateway.cli.bench import COMMAND as BENCH
+#: ``figtank bench``'s line in ``figtank --help``; its arguments and runner are loaded only
+#: when it runs (``figtank serve`` never imports the load generators).
+BENCH_HELP: Final = ("measure figtank or any Tank/Figg endpoint under load (scenarios: see "
+                     "--help)")
+
+
+def _bench() -> Command:
+    from gateway.bench.command import add_arguments, run
+
+    return add_arguments, run
+
+
+def _commands() -> dict[str, tuple[str, Callable[[], Command]]]:
+    """Each subcommand's help line, and what loads its arguments and runner."""
     from gateway.cli.clients import COMMANDS
     from gateway.cli.groups import COMMAND as GROUPS
     from gateway.cli.users import COMMAND as USERS
 
+    loaded = {name: (help_text, partial(lambda c: c, command))
+              for name, (help_text, command) in {**COMMANDS, "groups": GROUPS,
+                                                 "users": USERS}.items()}
+    serve: Command = (_add_serve_arguments, _run_serve)
     return {
         "serve": ("run the gateway: Figg, Tank, Kafka and HTTP listeners over one log (the "
-                  "embedded store, a Tank broker or a Kafka cluster)",
-                  (_add_serve_arguments, _run_serve)),
-        **COMMANDS,
-        "groups": GROUPS,
-        "bench": BENCH,
-        "users": USERS,
+                  "embedded store, a Tank broker or a Kafka cluster)", lambda: serve),
+        **{name: loaded[name] for name in COMMANDS},
+        "groups": loaded["groups"],
+        "bench": (BENCH_HELP, _bench),
+        "users": loaded["users"],
     }
 
 
@@ -147,15 +162,20 @@ def _version() -> str:
         return "unknown"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``figtank`` parser: every subcommand's arguments, or with ``argv`` those of the
+    subcommand it names only (the others are listed, not loaded)."""
     parser = _Parser(
         prog="figtank", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"figtank {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (help_text, (add_arguments, run)) in _commands().items():
+    chosen = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
+    for name, (help_text, load) in _commands().items():
         command = sub.add_parser(name, help=help_text, description=help_text)
-        add_arguments(command)
-        command.set_defaults(run=run)
+        if chosen is None or name == chosen:
+            add_arguments, run = load()
+            add_arguments(command)
+            command.set_defaults(run=run)
     return parser
 
 
@@ -166,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     after Ctrl-C, 141 when the reader of stdout went away (``| head``: nothing is said).
     A failure is one line on stderr; ``--log-level debug`` adds the traceback.
     """
-    args = build_parser().parse_args(argv)
+    args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     try:
         return args.run(args)
     except ConfigError as exc:

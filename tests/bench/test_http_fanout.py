@@ -3,8 +3,8 @@ every subscriber gets every message once, and the report has its rows and notes.
 
 from __future__ import annotations
 
+from gateway.bench.command import bench
 from gateway.bench.serving import serve_figtank
-from gateway.cli.bench import bench
 from tests.bench.test_scenarios import check_report
 
 

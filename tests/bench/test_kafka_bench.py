@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from gateway.bench.command import BenchError, bench
 from gateway.bench.serving import Served, serve_figtank
-from gateway.cli.bench import BenchError, bench
 from gateway.cli.main import main
 from tests.bench.test_scenarios import check_report
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from gateway.bench.command import BenchError, bench
 from gateway.bench.report import Report
-from gateway.cli.bench import BenchError, bench
 from gateway.cli.main import main
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli.bench import BenchError, bench
+from gateway.bench.command import BenchError, bench
 from gateway.cli.main import main
 from tests.bench.test_scenarios import check_report
 

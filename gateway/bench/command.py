@@ -1,4 +1,5 @@
-"""The ``figtank bench SCENARIO ...`` command.
+"""The ``figtank bench SCENARIO ...`` command (loaded by :mod:`gateway.cli.main` only when
+it runs), and :func:`bench`, the same run from Python (``make bench``, the tests).
 
 Every scenario takes the common options (endpoints, ``--target``, ``--procs``, ``--json``,
 ``--seed``, ...) and its own. It prints a table (or one JSON object with ``--json``) and
@@ -32,14 +33,12 @@ from gateway.client.tls import client_context
 from gateway.server.config import parse_address
 from gateway.server.logs import configure_logging
 
-HELP = "measure figtank or any Tank/Figg endpoint under load (scenarios: see --help)"
-
 
 class BenchError(Exception):
     """The run could not be made; the message says why."""
 
 
-def _address(text: str) -> str:
+def address(text: str) -> str:
     try:
         host, port = parse_address(text)
     except ValueError as exc:
@@ -56,11 +55,11 @@ def _positive(text: str) -> int:
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("common options")
-    group.add_argument("--tank", type=_address, default=DEFAULT_TANK,
+    group.add_argument("--tank", type=address, default=DEFAULT_TANK,
                        help="Tank endpoint HOST:PORT")
-    group.add_argument("--figg", type=_address, default=DEFAULT_FIGG,
+    group.add_argument("--figg", type=address, default=DEFAULT_FIGG,
                        help="Figg endpoint HOST:PORT")
-    group.add_argument("--kafka", type=_address, default=DEFAULT_KAFKA,
+    group.add_argument("--kafka", type=address, default=DEFAULT_KAFKA,
                        help="Kafka endpoint HOST:PORT (the kafka-* scenarios)")
     group.add_argument("--target", default="figtank",
                        help="which broker this is, recorded in the report "
@@ -177,5 +176,3 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-#: The ``_commands()`` entry of ``figtank``: (help, (add_arguments, run)).
-COMMAND: tuple[str, Any] = (HELP, (add_arguments, run))
