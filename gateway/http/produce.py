@@ -10,7 +10,9 @@ The answer (200) comes after the backend reports every append durable under
 ``store.durability``: ``{"topic", "offsets": [{"partition", "offset"}, ...]}`` in the
 order of the messages (``offset`` is the Tank sequence, the Figg offset; null where an
 upstream broker does not tell it). While the backend's upstream is away: 503
-``unavailable`` with ``Retry-After`` (:mod:`gateway.http.outage`).
+``unavailable`` with ``Retry-After`` (:mod:`gateway.http.outage`); when the store can not
+write: 507 ``disk_full``, 503 ``disk_read_only``, 500 ``disk_error``
+(:mod:`gateway.http.faults`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from gateway.auth.quotas import PrincipalQuota
 from gateway.backend.contract import ProduceBatch, ProduceCode, ensure_available
 from gateway.backend.placed import produce_placed
 from gateway.http.auth import access_of, check_topic_name, partition_param, partitions_of, require
+from gateway.http.faults import StoreFaultError
 from gateway.http.messages import payload_of
 from gateway.http.outage import FAILED_APPENDS, unavailable_error
 from gateway.http.quota import quota_of
@@ -139,6 +142,9 @@ async def _append(session: Any, request: Request, access: ConnectionAccess, topi
             if reason is not None and outcome.code in FAILED_APPENDS:
                 raise unavailable_error(f"append to {topic}/{batch.partition} failed: "
                                         f"{reason}")
+            if outcome.fault:  # the store could not write: 507 / 503 / 500
+                raise StoreFaultError(outcome.fault, f"append to {topic}/{batch.partition} "
+                                      f"failed: {outcome.reason}")
             status, code = _STATUS.get(outcome.code, (503, "append_failed"))
             raise HttpError(status, code, f"append to {topic}/{batch.partition} failed: "
                             f"{outcome.code.name.lower()} {outcome.reason}".strip())
