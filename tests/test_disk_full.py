@@ -31,7 +31,7 @@ from protocols.kafka import records as r
 from protocols.kafka.types import ApiKey, ErrorCode
 from protocols.tank.bundle import Message, encode_bundle
 from tests.disks import fill, tmpfs
-from tests.figg.helpers import RawPeer, publish
+from tests.figg.helpers import RawPeer, attach, publish
 from tests.http.ws_client import WsClient
 from tests.kafka.raw import call
 from tests.serving import ServeProcess, figtank_serve
@@ -158,16 +158,20 @@ async def test_a_full_disk_is_a_server_fault_on_every_protocol(tmp_path: Path) -
         assert ws.closed is None
         await ws.aclose()
         # Figg: the connection closes without an ACK; its logged reason names the disk.
-        for topic in ("orders", "figgfresh"):
+        # An ATTACH to a topic that can not be created closes as a store fault too.
+        for frame in (publish("orders", 1, b"f"), publish("figgfresh", 1, b"f"),
+                      attach("figgsub", 0)):
             peer = RawPeer(await trio.open_tcp_stream(*server.figg))
-            await peer.send(publish(topic, 1, b"f"))
+            await peer.send(frame)
             with trio.fail_after(10):
                 await peer.expect_closed()
             await peer.aclose()
         _, text = await trio.to_thread.run_sync(http_get, server.metrics, "/metrics")
     closes = [line for line in server.events("connection_closed")
               if line.get("protocol") == "figg" or "figg" in str(line.get("listener"))]
-    assert len(closes) == 2 and all("disk full" in line["reason"] for line in closes), closes
+    assert [line["kind"] for line in closes] == ["publish_failed", "publish_failed",
+                                                 "store_fault"], closes
+    assert all("disk full" in line["reason"] for line in closes), closes
     # Counted by outcome: the refused Figg publishes are errors, none is "ok".
     assert metric(text, "figtank_requests_total", protocol="figg", type="publish",
                   result="error") == 2

@@ -21,7 +21,10 @@ free, the zeros it writes ahead, and whether it can write now (and why not).
   operation and kind (with how many were held back). It stands until a write succeeds
   again (a failed fsync: until an fsync does), or the monitor's probe (a small file
   written and fsynced in the data directory) does. :meth:`DiskGuard.not_writable` says why
-  the store can not write now (``/health`` answers it).
+  the store can not write now (``/health`` answers it): read-only, less than
+  :data:`READY_MARGIN` free above the floor, or a standing fault. A write refused by the
+  floor is not a standing fault by itself (one client's oversized write must not make the
+  node unready while smaller ones fit).
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ IO_ERROR: Final = "io_error"
 BELOW_FLOOR: Final = "below_floor"
 FSYNC: Final = "fsync"
 
+#: Less than this free above the floor is a full disk for readiness: writes of any size
+#: would soon be refused.
+READY_MARGIN: Final = 1024 * 1024
 #: How often the store's monitor looks at the disk (and probes it after a fault).
 LOOK_EVERY_SECS: Final = 1.0
 #: A write that does not fit what was seen looks again, at most this often.
@@ -123,10 +129,8 @@ class DiskGuard:
         self._headroom = 0
         #: Zeros held ahead of all active segments (``prefill_bytes``).
         self.prefill_bytes = 0
-        #: The standing fault: ``(kind, why, cleared only by an fsync)``, and for a
-        #: ``no_space`` one the bytes that did not fit.
+        #: The standing fault: ``(kind, why, cleared only by an fsync)``.
         self.fault: tuple[str, str, bool] | None = None
-        self._needed = 0
         self._log_every = LogEvery()
 
     # -- looking --------------------------------------------------------------------------
@@ -146,7 +150,7 @@ class DiskGuard:
         self.read_only = bool(st.f_flag & os.ST_RDONLY)
         self._headroom = self.free - self.floor
         fault = self.fault
-        if fault is not None and fault[0] == NO_SPACE and self._headroom >= self._needed:
+        if fault is not None and fault[0] == NO_SPACE and self._headroom >= READY_MARGIN:
             self.fault = None
 
     @property
@@ -178,14 +182,14 @@ class DiskGuard:
         return False
 
     def refused(self, n: int, **where: Any) -> DiskFull:
-        """The refusal of a write of ``n`` bytes that did not fit (recorded, counted and
-        logged as a failure of kind ``below_floor``)."""
+        """The refusal of a write of ``n`` bytes that did not fit (counted and logged as a
+        failure of kind ``below_floor``). It is no standing fault: whether the store is
+        writable is what the disk says (:meth:`not_writable`), so that a client sending
+        one write too big for what is left does not make the node unready."""
         left = self._headroom + self.floor - n
         why = (f"disk full: {size_text(n)} more would leave {size_text(max(left, 0))} free in "
                f"{self.directory}, under the {size_text(self.floor)} floor kept free "
                "(store.min_free_bytes, store.min_free_percent)")
-        self._needed = n
-        self._record(NO_SPACE, why, False)
         self._count(BELOW_FLOOR)
         held = self._log_every.due(("write", BELOW_FLOOR))
         if held is not None:
@@ -199,8 +203,6 @@ class DiskGuard:
         standing fault (unless not ``record``), counted and logged."""
         kind = fault_kind(exc)
         why = f"{describe_fault(kind)}: {operation} in {self.directory} failed: {exc}"
-        if kind == NO_SPACE:
-            self._needed = 1
         if record:
             self._record(kind, why, operation == FSYNC)
         self._count(FSYNC if operation == FSYNC else kind)
@@ -260,8 +262,11 @@ class DiskGuard:
         """Why the store can not write now, or None while it can."""
         if self.read_only:
             return f"disk read-only: {self.directory} is on a filesystem mounted read-only"
-        if self.free - self.floor < 0:
-            return (f"disk full: {size_text(self.free)} free in {self.directory}, under the "
+        above = self.free - self.floor
+        if above < READY_MARGIN:
+            where = ("under the" if above < 0 else
+                     f"less than {size_text(READY_MARGIN)} above the")
+            return (f"disk full: {size_text(self.free)} free in {self.directory}, {where} "
                     f"{size_text(self.floor)} floor kept free (store.min_free_bytes, "
                     "store.min_free_percent)")
         fault = self.fault

@@ -63,6 +63,18 @@ async def test_the_floor_refuses_before_the_filesystem_and_lets_go_when_space_re
                 b"m0", b"m1", b"after0"]
 
 
+async def test_one_write_too_big_for_what_is_left_does_not_make_the_store_unwritable(
+        tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "disk", 8 * MIB) as disk:
+        async with open_store(disk / "data", _settings()) as store:
+            await store.create_topic("t", 1)
+            p = store.partition("t", 0)
+            with pytest.raises(DiskFull):
+                await p.append(bundle(1, "huge", size=int(7.9 * MIB)))
+            assert store.not_writable() is None
+            assert (await p.append(bundle(1, "small"))).first_seq == 1
+
+
 async def test_without_a_floor_the_filesystems_enospc_is_a_no_space_fault(tmp_path: Path
                                                                            ) -> None:
     failures: list[str] = []
