@@ -400,7 +400,7 @@ class LogSegment:
         index = self._index
         assert index is not None and not self.rolled
         add_entry = self.since_index is None or self.since_index > index_interval
-        zeros = self.prefilled - start
+        ahead = self.prefilled - start  # zeros written ahead, which the bundle overwrites
         try:
             written = os.pwritev(self.fd, (prefix, bundle), start)
             if written != total:
@@ -417,10 +417,10 @@ class LogSegment:
             self._cut(start)
             raise
         self.size = start + total
-        if zeros:
+        if ahead:
             self.prefilled = max(self.prefilled, self.size)
             if self.zeros is not None:
-                self.zeros.zeros_used(zeros - (self.prefilled - self.size))
+                self.zeros.zeros_used(ahead - (self.prefilled - self.size))
         else:
             self.prefilled = self.size
         self.since_index = total if add_entry else self.since_index + total  # type: ignore[operator]
