@@ -170,7 +170,7 @@ def test_kubernetes() -> None:
     assert {k: int(v) for k, v in container.items()} == PORTS
     assert f'prometheus.io/port: "{PORTS["metrics"]}"' in manifest
     assert re.findall(r"httpGet: \{path: (\S+), port: metrics\}", manifest) == [
-        "/health", "/health/live"]
+        "/readyz", "/livez"]
     mounts = dict(re.findall(r"\{name: (\w+), mountPath: (\S+)\}", manifest))
     assert mounts == {"data": DATA_DIR, "config": str(Path(CONFIG_PATH).parent)}
     assert re.search(r"^\s+name: data$", manifest, re.MULTILINE)  # the volumeClaimTemplate
@@ -196,7 +196,7 @@ def test_health_paths_the_deployments_probe(tmp_path: Path) -> None:
     with figtank_serve("--config", str(config)) as server:
         assert server.metrics is not None
         host, port = server.metrics
-        for path in ("/health", "/health/live"):
+        for path in ("/health", "/health/live", "/readyz", "/livez"):
             with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=5) as answer:
                 assert answer.status == 200, path
         assert server.stop() == 0

@@ -25,7 +25,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from gateway.backend.completion import completed
 from protocols.tank.bundle import BundleInfo
@@ -138,6 +138,16 @@ class ProduceOutcome:
     #: The Kafka error code a Kafka client gets instead of ``code``'s usual one (0: that
     #: one): an upstream Kafka cluster's own refusal, e.g. MESSAGE_TOO_LARGE.
     kafka_error: int = 0
+    #: With IO_FAULT from the embedded store: the kind of store fault (:data:`STORE_FAULTS`),
+    #: which the HTTP front ends answer by (507 for ``no_space``); "" otherwise.
+    fault: str = ""
+
+
+#: The kinds of store fault a produce or a topic creation can fail with: the disk is full
+#: (or the free-space floor refused the write), mounted read-only, or failing (EIO, a failed
+#: fsync). Every protocol answers them as a server fault: Tank's I/O fault, Kafka's
+#: KAFKA_STORAGE_ERROR, HTTP 507 / 503 / 500.
+STORE_FAULTS: Final = ("no_space", "read_only", "io_error")
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,12 +237,25 @@ ProduceDone = Callable[[list[ProduceOutcome]], None]
 class TopicRefused(Exception):
     """A topic that does not exist and was not created; the message says why.
 
-    ``code`` is the failed creation's outcome, None when the policy did not allow one.
+    ``code`` is the failed creation's outcome, None when the policy did not allow one;
+    ``fault`` the kind of store fault that failed it (:data:`STORE_FAULTS`: the topic is
+    not unknown, the server can not write it now), "" otherwise.
     """
 
-    def __init__(self, reason: str, code: CreateTopicCode | None = None) -> None:
+    def __init__(self, reason: str, code: CreateTopicCode | None = None,
+                 fault: str = "") -> None:
         super().__init__(reason)
         self.code = code
+        self.fault = fault
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a backend just refused to create a topic: a limit it reached, or a store fault
+    (``fault``, one of :data:`STORE_FAULTS`)."""
+
+    reason: str
+    fault: str = ""
 
 
 class BackendUnavailable(ConnectionError):
@@ -265,12 +288,12 @@ class AutoCreate:
     name is a valid topic name, with ``partitions`` partitions and the default config.
     One that somebody else created meanwhile (EXISTS) is as good. ``explain(topic)``,
     when a backend gives it, says why the creation just refused was refused (a limit it
-    reached), for the refusal's message.
+    reached, a store fault), for the refusal's message and fault.
     """
 
     enabled: bool = True
     partitions: int = 1
-    explain: Callable[[str], str | None] | None = field(default=None, compare=False)
+    explain: Callable[[str], Refusal | None] | None = field(default=None, compare=False)
 
     def allows(self, topic: str) -> bool:
         """Whether a missing ``topic`` is to be created."""
@@ -286,8 +309,10 @@ class AutoCreate:
         code = await create_topic(topic, self.partitions)
         if code not in (CreateTopicCode.OK, CreateTopicCode.EXISTS):
             why = self.explain(topic) if self.explain is not None else None
-            raise TopicRefused(why or f"could not create topic {topic!r}: {code.name.lower()}",
-                               code)
+            if why is None:
+                raise TopicRefused(f"could not create topic {topic!r}: {code.name.lower()}",
+                                   code)
+            raise TopicRefused(why.reason, code, why.fault)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from gateway.backend.contract import (
     ProduceBatch,
     ProduceCode,
     ProduceOutcome,
+    Refusal,
     ReloadConfCode,
     TopicConfigs,
     TopicInfo,
@@ -49,6 +50,7 @@ from gateway.store import (
     Partition,
     SegmentCheckPending,
     StoreError,
+    StoreIOError,
     StoreSettings,
     TopicConfig,
     TopicExists,
@@ -88,8 +90,9 @@ class EmbeddedBackend:
         self.auto_create = AutoCreate(auto_create_topics, store.settings.default_partitions,
                                       explain=self._explain_refusal)
         self._metrics = metrics
-        #: ``(topic, why)`` of the last creation a limit refused (read by auto-creation).
-        self._refusal: tuple[str, str] | None = None
+        #: ``(topic, why)`` of the last creation a limit or a store fault refused (read by
+        #: auto-creation).
+        self._refusal: tuple[str, Refusal] | None = None
         if metrics is not None:
             store.open_files.on_evict = partial(metrics.limit_hit, "max_open_segments")
         self._opened_at = time.time()
@@ -235,7 +238,8 @@ class EmbeddedBackend:
         try:
             await self.auto_create.create(topic, self.create_topic)
         except TopicRefused as exc:  # answered as an unknown topic, saying why
-            error = UnknownTopic(str(exc))
+            # ... unless the store could not write it: a server fault, not the client's.
+            error = StoreIOError(str(exc), exc.fault) if exc.fault else UnknownTopic(str(exc))
         waiting = self._awaiting_topic.pop(topic)
         for index, entries, report in waiting:
             try:
@@ -377,17 +381,25 @@ class EmbeddedBackend:
             log.warning("topic_limit_reached", limit=exc.limit, topic=name,
                         partitions=partitions, topics_held=self.store.topic_count,
                         partitions_held=self.store.partition_count, error=str(exc))
-            self._refusal = (name, str(exc))
+            self._refusal = (name, Refusal(str(exc)))
+            return CreateTopicCode.SYSTEM_ERROR
+        except StoreIOError as exc:  # logged by the store
+            self._refusal = (name, Refusal(str(exc), exc.kind))
             return CreateTopicCode.SYSTEM_ERROR
         except StoreError as exc:
             log.error("create_topic_failed", topic=name, error=str(exc))
             return CreateTopicCode.SYSTEM_ERROR
         return CreateTopicCode.OK
 
-    def _explain_refusal(self, topic: str) -> str | None:
-        """Why creating ``topic`` was just refused, if a limit refused it."""
+    def _explain_refusal(self, topic: str) -> Refusal | None:
+        """Why creating ``topic`` was just refused, if a limit or a store fault did."""
         refusal, self._refusal = self._refusal, None
         return refusal[1] if refusal is not None and refusal[0] == topic else None
+
+    def not_writable(self) -> str | None:
+        """Why the store can not write now (``/health`` is not ready meanwhile), or None."""
+        why = self.store.not_writable()
+        return None if why is None else f"store not writable: {why}"
 
     async def discover_partitions(self, topic: str) -> list[PartitionInfo] | None:
         found = self.store.topic(topic)
@@ -465,6 +477,8 @@ def _outcome(batch: ProduceBatch, result: AppendResult | StoreError) -> ProduceO
         return ProduceOutcome(ProduceCode.INVALID_SEQUENCE, reason=str(result))
     if isinstance(result, UnknownTopic):
         return ProduceOutcome(ProduceCode.UNKNOWN_TOPIC, reason=str(result))
+    if isinstance(result, StoreIOError):  # the store logged it (rate-limited)
+        return ProduceOutcome(ProduceCode.IO_FAULT, reason=str(result), fault=result.kind)
     if not isinstance(result, (InvalidBundle, BundleTooLarge)):
         log.error("append_failed", topic=batch.topic, partition=batch.partition,
                   error=str(result))
@@ -566,6 +580,9 @@ def store_settings(settings: Settings, config_bounds: ConfigBounds | None = None
         descriptor_allowance=settings.max_open_segments + connection_slots(settings),
         raise_descriptor_limit=settings.open_files == 0,
         max_producer_states=settings.max_producer_states,
+        min_free_bytes=settings.min_free_bytes,
+        min_free_percent=settings.min_free_percent,
+        max_prefill_bytes=settings.max_prefill_bytes,
     )
 
 
@@ -589,14 +606,17 @@ async def open_embedded_backend(settings: Settings, metrics: Metrics | None = No
     observe = None if metrics is None else metrics.fsync_seconds.observe
     on_data_loss = None if metrics is None else metrics.data_lost
     on_evicted = None if metrics is None else partial(metrics.limit_hit, "max_producer_states")
+    on_failure = None if metrics is None else _count_failures(metrics)
     async with open_store(settings.data_dir, store_settings(settings, config_bounds),
                           observe_fsync=observe, on_data_loss=on_data_loss,
-                          on_producer_evicted=on_evicted) as store:
+                          on_producer_evicted=on_evicted,
+                          on_write_failure=on_failure) as store:
         backend = EmbeddedBackend(store, auto_create_topics=settings.auto_create_topics,
                                   metrics=metrics)
         if metrics is not None:
             metrics.include(metrics.fsync_seconds, metrics.data_loss_events,
-                            metrics.data_loss_messages, metrics.data_loss_bytes)
+                            metrics.data_loss_messages, metrics.data_loss_bytes,
+                            metrics.store_write_failures)
             metrics.add_collector(GaugeCollector(
                 "figtank_partition_bytes", "Bytes held by each partition's segments.",
                 ["topic", "partition"],
@@ -633,3 +653,42 @@ def _add_store_gauges(metrics: Metrics, store: LogStore) -> None:
           open_descriptors)
     gauge("figtank_descriptor_limit", "The process's descriptor limit (soft RLIMIT_NOFILE).",
           lambda: descriptor_limits()[0])
+    _add_disk_gauges(metrics, store)
+
+
+def _count_failures(metrics: Metrics) -> Callable[[str], None]:
+    """``figtank_store_write_failures{kind}``, counted as the store reports them."""
+    children = {kind: metrics.store_write_failures.labels(kind)
+                for kind in ("below_floor", "no_space", "read_only", "io_error", "fsync")}
+
+    def count(kind: str) -> None:
+        child = children.get(kind)
+        if child is None:
+            child = children[kind] = metrics.store_write_failures.labels(kind)
+        child.inc()
+    return count
+
+
+def _add_disk_gauges(metrics: Metrics, store: LogStore) -> None:
+    """Gauges of the data directory's disk, as the store last looked at it (every
+    second)."""
+    disk = store.disk
+    where = [store.data_dir]
+
+    def of(value: Callable[[], float]) -> Callable[[], list[tuple[list[str], float]]]:
+        return lambda: [(where, float(value()))]
+
+    for name, help, value in (
+            ("figtank_store_free_bytes", "Bytes free to the store on its data directory's "
+             "filesystem (statvfs f_bavail), by data directory.", lambda: disk.free),
+            ("figtank_store_min_free_bytes", "The floor of free space the store keeps "
+             "(store.min_free_bytes, capped at store.min_free_percent of the filesystem).",
+             lambda: disk.floor),
+            ("figtank_store_writable", "1 while the store can write, 0 while it can not "
+             "(disk full or below the floor, read-only, failing writes or fsyncs: /health "
+             "says why).", lambda: disk.not_writable() is None)):
+        metrics.add_collector(GaugeCollector(name, help, ["directory"], of(value)))
+    metrics.add_collector(GaugeCollector(
+        "figtank_store_prefill_bytes", "Zeros written ahead of the active segments in fsync "
+        "durability, all together (store.max_prefill_bytes).", [],
+        lambda: [([], float(disk.prefill_bytes))]))

@@ -10,7 +10,10 @@ them before the reader looks at the next read, and one group fsync covers every 
 written meanwhile. When the backend reports the appends durable, the connection's
 :class:`AckQueue` sends the ACKs that became sendable, in publish order, as one write. A
 failed append fails its PUBLISHes: the connection closes without acknowledging them, and
-the client resends them (Figg has no error message).
+the client resends them (Figg has no error message; the close's logged reason says why,
+``disk full: ...`` when the store could not write). PUBLISHes are counted
+(``figtank_requests{protocol="figg",type="publish"}``) by their outcome: ``ok`` once
+acknowledged, ``error`` once refused.
 """
 
 from __future__ import annotations
@@ -58,15 +61,19 @@ class AckQueue:
 
     ACKs leave in that order even when appends finish out of order (a Figg client takes
     ACK(n) as acknowledging everything up to n); a failed call stops the queue (nothing
-    after it is acknowledged) and calls ``on_failure`` once.
+    after it is acknowledged) and calls ``on_failure`` once. ``on_outcome(acked,
+    refused)`` counts PUBLISHes by their outcome (the metrics): those acknowledged, and
+    those refused (the failed call's, and every one behind it, never acknowledged).
     """
 
-    __slots__ = ("_below", "_calls", "_inflight", "_limit", "_on_failure", "_outbox", "acked",
-                 "closed")
+    __slots__ = ("_below", "_calls", "_inflight", "_limit", "_on_failure", "_on_outcome",
+                 "_outbox", "acked", "closed")
 
-    def __init__(self, outbox: Outbox, on_failure: Callable[[str], None]) -> None:
+    def __init__(self, outbox: Outbox, on_failure: Callable[[str], None],
+                 on_outcome: Callable[[int, int], None] | None = None) -> None:
         self._outbox = outbox
         self._on_failure = on_failure
+        self._on_outcome = on_outcome
         # Made when first needed: a connection that never publishes holds neither.
         self._calls: deque[PublishCall] | None = None
         self._inflight = 0
@@ -120,15 +127,22 @@ class AckQueue:
             self._inflight -= released
             if self._inflight < self._limit and self._below is not None:
                 self._below.unpark_all()
+        on_outcome = self._on_outcome
         if failed is not None:
+            refused = failed.count + sum(call.count for call in calls)
             on_failure = self._on_failure
             self.close()
             on_failure(failed.reason)
+            if on_outcome is not None:
+                on_outcome(count, refused)
+        elif count and on_outcome is not None:
+            on_outcome(count, 0)
 
     def close(self) -> None:
         """Stop acknowledging (the connection is going away)."""
         self.closed = True
         self._on_failure = _ignore  # the session's method: no cycle left behind
+        self._on_outcome = None
         if self._below is not None:
             self._below.unpark_all()
 
@@ -205,6 +219,8 @@ def _bundle(batches: list[PublishBatch]) -> tuple[bytes, BundleInfo]:
 
 
 def _failure(batch: ProduceBatch, outcome: ProduceOutcome) -> str:
+    if outcome.fault:  # the store's reason names the disk: "disk full: ..."
+        return f"publish to {batch.topic}/{batch.partition} refused: {outcome.reason}"
     detail = f" ({outcome.reason})" if outcome.reason else ""
     return (f"publish to {batch.topic}/{batch.partition} failed: "
             f"{outcome.code.name.lower()}{detail}")

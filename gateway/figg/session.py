@@ -62,12 +62,13 @@ class FiggSession(Session):
     #: client misbehaved, but its earlier publishes still get their ACK.
     DRAIN_ON = frozenset({"protocol_error", "frame_too_large", "invalid_topic",
                           "unknown_topic", "unknown_partition", "frame_timeout",
-                          "subscription_limit", "access_denied"})
+                          "subscription_limit", "access_denied", "store_fault"})
     IDLE_REASON = "nothing received for {:g} s with no subscription and nothing in flight"
 
     __slots__ = ("_access", "_acks", "_backend", "_conn", "_feeds", "_frames", "_held_by",
                  "_log", "_max_subscriptions", "_max_unacked", "_metrics", "_partitions",
-                 "_published_ok", "_publishing", "_requests", "_settings", "_subs",
+                 "_published_error", "_published_ok", "_publishing", "_requests",
+                 "_settings", "_subs",
                  "messages_received", "principal")
 
     _outbox: Outbox
@@ -94,7 +95,7 @@ class FiggSession(Session):
         self._feeds = feeds
         self._log = log
         self._conn = FiggConnection(Role.SERVER, max_frame_size=settings.max_frame_bytes)
-        self._acks = AckQueue(self._outbox, self._publish_failed)
+        self._acks = AckQueue(self._outbox, self._publish_failed, self._published)
         self._publishing = Publishing(backend, self._acks)
         self._subs: dict[str, Subscription] = {}
         self._partitions: dict[str, TankPartition] = {}
@@ -104,6 +105,7 @@ class FiggSession(Session):
         self._held_by: str | None = None
         self._requests = metrics.requests
         self._published_ok = metrics.requests.labels("figg", "publish", "ok")
+        self._published_error = metrics.requests.labels("figg", "publish", "error")
         self.messages_received = 0
 
     @property
@@ -115,6 +117,13 @@ class FiggSession(Session):
         self._acks.close()
         for sub in self._subs.values():
             sub.detached = True
+
+    def _published(self, acked: int, refused: int) -> None:
+        """Count PUBLISHes by outcome (acknowledged, refused), never on submission."""
+        if acked:
+            self._published_ok.inc(acked)
+        if refused:
+            self._published_error.inc(refused)
 
     def _publish_failed(self, reason: str) -> None:
         # Read nothing more, but let what is queued before the failed publish go out (its
@@ -181,7 +190,6 @@ class FiggSession(Session):
     async def _handle(self, events: list[Any]) -> bool:
         """Handle a batch of events in order; True when the peer closed after them."""
         publishing = self._publishing
-        published = 0
         counts: dict[str, int] = {}
         closed = False
         access = self._access
@@ -203,14 +211,12 @@ class FiggSession(Session):
                 if kind is Ping:
                     self._outbox.put_urgent(_encode_pong(event.timestamp))
                 elif kind is Attach:
-                    published += publishing.submit()  # what came before is appended first
+                    publishing.submit()  # what came before is appended first
                     await self._attach(event)
                 elif kind is Detach:
                     self._detach(event.topic)
         finally:
-            published += publishing.submit()
-            if published:
-                self._published_ok.inc(published)
+            publishing.submit()  # counted by outcome (_published)
             for name, n in counts.items():
                 self._requests.labels("figg", name.lower(), "ok").inc(n)
         return closed
@@ -277,6 +283,8 @@ class FiggSession(Session):
                     raise TopicRefused(f"unknown topic {where.topic!r}")
                 infos = found
         except TopicRefused as exc:
+            if exc.fault:  # the store could not create it: the disk, not the client
+                raise CloseConnection("store_fault", str(exc)) from None
             if not may_create and self._backend.auto_create.allows(where.topic):
                 self._refuse(where.topic, Operation.CREATE, "attach")
             raise CloseConnection("unknown_topic", str(exc)) from None

@@ -26,6 +26,7 @@ from gateway.auth.policy import Operation
 from gateway.auth.principal import Principal
 from gateway.backend.contract import PartitionInfo, TopicRefused, ensure_topic
 from gateway.http.challenge import bearer_challenge, insufficient_scope_challenge
+from gateway.http.faults import StoreFaultError
 from gateway.http.request import HttpError, Request
 from protocols.topics import is_valid_topic_name
 
@@ -117,7 +118,8 @@ def check_topic_name(topic: str) -> None:
 async def partitions_of(session: Any, access: ConnectionAccess, topic: str, request: str
                         ) -> list[PartitionInfo]:
     """The partitions of ``topic``, created first when it is missing and both the backend's
-    auto-creation and the policy allow; 404 when it is not there."""
+    auto-creation and the policy allow; 404 when it is not there, a
+    :class:`~gateway.http.faults.StoreFaultError` when the store could not create it."""
     backend = session.listener.backend
     may_create = access.may(topic, Operation.CREATE)
     try:
@@ -130,6 +132,8 @@ async def partitions_of(session: Any, access: ConnectionAccess, topic: str, requ
             raise TopicRefused(f"unknown topic {topic!r}")
         return infos
     except TopicRefused as exc:
+        if exc.fault:  # the store could not create it: a server fault
+            raise StoreFaultError(exc.fault, str(exc)) from None
         raise HttpError(404, "unknown_topic", str(exc)) from None
 
 

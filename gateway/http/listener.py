@@ -26,6 +26,7 @@ from gateway.http.routing import Router
 from gateway.http.session import HttpSession
 from gateway.http.tail import Tails
 from gateway.http.tokens import Tokens
+from gateway.logevery import LogEvery
 from gateway.server.config import Settings
 from gateway.server.listener import ProtocolListener
 from gateway.server.metrics import GaugeCollector, Metrics
@@ -80,6 +81,9 @@ class HttpListener(ProtocolListener):
         self.open_streams = OpenStreams(self.guard, self.tokens, self.log)
         #: Open streams by kind (``sse``, ``websocket``).
         self.streams: dict[str, int] = {"sse": 0, "websocket": 0}
+        #: Refusals for a store that can not write are logged once a minute per error
+        #: (a retrying client must not flood the log).
+        self.store_fault_log = LogEvery()
         self._scope = trio.CancelScope()
         metrics.add_collector(GaugeCollector(
             "figtank_http_streams", "Open Server-Sent Events streams and WebSockets of the "

@@ -10,7 +10,9 @@ The answer (200) comes after the backend reports every append durable under
 ``store.durability``: ``{"topic", "offsets": [{"partition", "offset"}, ...]}`` in the
 order of the messages (``offset`` is the Tank sequence, the Figg offset; null where an
 upstream broker does not tell it). While the backend's upstream is away: 503
-``unavailable`` with ``Retry-After`` (:mod:`gateway.http.outage`).
+``unavailable`` with ``Retry-After`` (:mod:`gateway.http.outage`); when the store can not
+write: 507 ``disk_full``, 503 ``disk_read_only``, 500 ``disk_error``
+(:mod:`gateway.http.faults`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from gateway.backend.contract import (
 )
 from gateway.backend.placed import produce_placed
 from gateway.http.auth import access_of, check_topic_name, partition_param, partitions_of, require
+from gateway.http.faults import StoreFaultError
 from gateway.http.idempotency import (
     BEGUN,
     Remembered,
@@ -203,6 +206,9 @@ def _refusal(session: Any, topic: str, partition: int, outcome: ProduceOutcome) 
     reason = session.listener.backend.unavailable()
     if reason is not None and outcome.code in FAILED_APPENDS:
         return unavailable_error(f"append to {topic}/{partition} failed: {reason}")
+    if outcome.fault:  # the store could not write: 507 / 503 / 500
+        return StoreFaultError(outcome.fault, f"append to {topic}/{partition} failed: "
+                               f"{outcome.reason}")
     status, code = _STATUS.get(outcome.code, (503, "append_failed"))
     return HttpError(status, code, f"append to {topic}/{partition} failed: "
                      f"{outcome.code.name.lower()} {outcome.reason}".strip())

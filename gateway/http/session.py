@@ -27,6 +27,7 @@ import trio
 
 from gateway.auth.principal import Principal
 from gateway.backend.contract import BackendUnavailable
+from gateway.http.faults import StoreFaultError
 from gateway.http.framing import FramingGuard
 from gateway.http.hosts import is_loopback
 from gateway.http.outage import outage_of, unavailable_error
@@ -166,8 +167,13 @@ class HttpSession:
         """The answer to a refused request, counted and logged once."""
         self.refused += 1
         self.listener.metrics.requests.labels("http", error.code, "refused").inc()
-        self.log.warning("http_request_refused", status=error.status, error=error.code,
-                         reason=error.message, method=request.method, path=request.path)
+        held: int | None = 0
+        if isinstance(error, StoreFaultError):
+            held = self.listener.store_fault_log.due(error.code)
+        if held is not None:
+            self.log.warning("http_request_refused", status=error.status, error=error.code,
+                             reason=error.message, method=request.method,
+                             path=request.path, **({"held_back": held} if held else {}))
         answer = error_answer(error)
         self.listener.cors.apply(request, answer.headers)
         return answer

@@ -37,8 +37,11 @@ destroys the frame).
 
 While the backend's upstream is away (:mod:`gateway.http.outage`) a publish or an attach
 gets ``{"op": "error", "request": ..., "error": "unavailable", ...}`` and the socket goes
-on; an attached subscription gets ``{"op": "unavailable", ...}`` once, then
-``{"op": "available", ...}`` and the messages after its offset when the upstream is back.
+on; so it does when the store can not write (:mod:`gateway.http.faults`: ``"error":
+"disk_full"``, ``"disk_read_only"`` or ``"disk_error"``, never a 1008 close: a server
+fault, which the client tries again after ``retry_after_ms``). An attached subscription
+gets ``{"op": "unavailable", ...}`` once, then ``{"op": "available", ...}`` and the
+messages after its offset when the upstream is back.
 
 Data frames count against the principal's bytes-out quota; while it is in debt no frame
 is made for the socket (:mod:`gateway.http.quota`).
@@ -74,6 +77,7 @@ from gateway.backend.contract import (
 from gateway.backend.placed import produce_placed, reports_offsets
 from gateway.http.auth import access_of, bearer_token, partitions_of, require_some_access
 from gateway.http.cursor import Behind, Cursor, Gone, Unavailable, wait_for_room
+from gateway.http.faults import FAULT_STATUS, StoreFaultError
 from gateway.http.messages import dumps, payload_of
 from gateway.http.outage import FAILED_APPENDS, op_error, outage_of
 from gateway.http.quota import owes, quota_of, took_out, wait_out
@@ -403,6 +407,9 @@ class WebSocket:
             except BackendUnavailable as exc:
                 self._unavailable("publish", obj, str(exc))
                 return
+            except StoreFaultError as exc:
+                self._store_fault("publish", obj, exc)
+                return
             publishes.append((obj, Message(value, key, int(time.time() * 1000)), partition))
         elif op == "attach":
             if publishes:  # what came before is appended first
@@ -412,6 +419,8 @@ class WebSocket:
                 await self._attach(obj)
             except BackendUnavailable as exc:
                 self._unavailable("attach", obj, str(exc))
+            except StoreFaultError as exc:
+                self._store_fault("attach", obj, exc)
         elif op == "detach":
             topic, partition = _topic_partition(obj)
             sub = self.subs.pop((topic, partition), None)
@@ -428,6 +437,14 @@ class WebSocket:
         self.send_json(op_error(request, obj, topic, partition, reason))
         self.listener.metrics.requests.labels("http", f"ws_{request}", "unavailable").inc()
 
+    def _store_fault(self, request: str, obj: dict[str, Any], exc: StoreFaultError) -> None:
+        """One operation failed because the store can not write (its topic could not be
+        created): tell the client (``{"op": "error", "error": "disk_full", ...}``), which
+        may try again later; the socket goes on."""
+        topic, partition = _topic_partition(obj)
+        self.send_json(op_error(request, obj, topic, partition, exc.message, exc.code))
+        self.listener.metrics.requests.labels("http", f"ws_{request}", "error").inc()
+
     async def _where(self, obj: dict[str, Any], operation: Operation) -> tuple[str, int]:
         topic, partition = _topic_partition(obj)
         if not self.access.may(topic, operation):
@@ -440,6 +457,8 @@ class WebSocket:
             ensure_available(self.listener.backend)
             try:
                 infos = await partitions_of(self.session, self.access, topic, "websocket")
+            except StoreFaultError:
+                raise  # not the client's fault: an error message, the socket goes on
             except HttpError as exc:
                 raise _Close(POLICY, exc.message) from None
             count = len(infos)
@@ -467,9 +486,10 @@ class WebSocket:
                 where = (batch.topic, batch.partition)
                 if outcome.code in FAILED_APPENDS:  # not appended: the client may send it again
                     reason = self.listener.backend.unavailable()
-                    failed[where] = ("unavailable" if reason else "append_failed",
-                                     f"publish to {batch.topic}/{batch.partition} failed: "
-                                     f"{reason or outcome.reason or outcome.code.name}")
+                    error = ("unavailable" if reason else
+                             FAULT_STATUS.get(outcome.fault, (0, "append_failed"))[1])
+                    failed[where] = (error, f"publish to {batch.topic}/{batch.partition} "
+                                     f"failed: {reason or outcome.reason or outcome.code.name}")
                 elif outcome.code is not ProduceCode.OK:
                     self.close(POLICY, f"publish to {batch.topic}/{batch.partition} failed: "
                                f"{outcome.code.name.lower()}")
@@ -495,11 +515,13 @@ class WebSocket:
             self.outbox.put_urgent(b"".join(
                 self.conn.send(ws.TextMessage(data=dumps(r).decode())) for r in replies))
             requests = self.listener.metrics.requests
-            acked = len(replies) - sum(1 for r in replies if r["op"] == "error")
-            if acked:
-                requests.labels("http", "ws_publish", "ok").inc(acked)
-            if acked < len(replies):
-                requests.labels("http", "ws_publish", "unavailable").inc(len(replies) - acked)
+            results: dict[str, int] = {}
+            for r in replies:  # by outcome: ok, unavailable (the upstream), error
+                result = ("ok" if r["op"] != "error" else
+                          "unavailable" if r["error"] == "unavailable" else "error")
+                results[result] = results.get(result, 0) + 1
+            for result, n in results.items():
+                requests.labels("http", "ws_publish", result).inc(n)
 
         backend = self.listener.backend
         if reports_offsets(backend):

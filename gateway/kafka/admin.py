@@ -142,10 +142,12 @@ async def _create_one(backend: Backend, topic: Any, validate_only: bool,
         error = {CreateTopicCode.BAD_CONFIG: ErrorCode.INVALID_CONFIG,
                  CreateTopicCode.INVALID: ErrorCode.INVALID_REQUEST,
                  CreateTopicCode.READ_ONLY: ErrorCode.POLICY_VIOLATION,
-                 }.get(code, ErrorCode.POLICY_VIOLATION if why else
-                       ErrorCode.UNKNOWN_SERVER_ERROR)
-        return CreatableTopicResult(name=name, error_code=error, error_message=why or (
-            f"could not create topic {name!r}: {code.name.lower()}"))
+                 }.get(code, ErrorCode.UNKNOWN_SERVER_ERROR if why is None
+                       else ErrorCode.KAFKA_STORAGE_ERROR if why.fault
+                       else ErrorCode.POLICY_VIOLATION)
+        return CreatableTopicResult(name=name, error_code=error, error_message=(
+            why.reason if why is not None
+            else f"could not create topic {name!r}: {code.name.lower()}"))
     configs = [CreatableTopicConfigs(e.name, e.value, e.read_only, e.config_source,
                                      e.is_sensitive)
                for e in _entries(backend, name, None, planned=text)]

@@ -2,12 +2,13 @@
 
 An unknown topic is UNKNOWN_TOPIC_OR_PARTITION, unless the request allows creating it
 (version 4 and later say so; earlier ones always do) and ``topics.auto_create`` does: it
-is then created with the configured number of partitions and described at once.
+is then created with the configured number of partitions and described at once. A
+creation the store could not write (disk full, read-only, failing) is KAFKA_STORAGE_ERROR:
+a fault of the server, which clients retry, not an unknown topic.
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Final
 
 from gateway.auth.guard import ConnectionAccess
@@ -38,8 +39,12 @@ def _partitions(count: int) -> list[MetadataResponsePartition]:
 async def _describe(backend: Backend, name: str, may_create: bool) -> MetadataResponseTopic:
     infos = await backend.discover_partitions(name)
     if infos is None and may_create and backend.auto_create.allows(name):
-        with contextlib.suppress(TopicRefused):  # refused: answered as unknown
+        try:
             await backend.auto_create.create(name, backend.create_topic)
+        except TopicRefused as exc:  # refused: answered as unknown, unless a store fault
+            if exc.fault:
+                return MetadataResponseTopic(error_code=ErrorCode.KAFKA_STORAGE_ERROR,
+                                             name=name)
         infos = await backend.discover_partitions(name)
     if infos is None:
         code = (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if is_valid_topic_name(name)

@@ -83,6 +83,13 @@ _positive_float = _number(float, positive=True)
 _non_negative_float = _number(float, positive=False)
 
 
+def _percent(value: Any) -> float:
+    number = _non_negative_float(value)
+    if number > 100:
+        raise ValueError("expected a percentage, 0 to 100")
+    return float(number)
+
+
 def _origins(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [v.strip() for v in value.split(",") if v.strip()]
@@ -372,6 +379,21 @@ class Settings:
         "store.tail_cache_bytes", 16 * MIB, _non_negative_int,
         "Memory for the newest bundles of all partitions, read by the readers at the "
         "tail instead of the files (0: off).")
+    min_free_bytes: int = _setting(
+        "store.min_free_bytes", 256 * MIB, _non_negative_int,
+        "Free space kept on the data directory's filesystem: a write that would leave "
+        "less free is refused as disk full before the filesystem refuses it, and /health "
+        "says not ready (0: no floor). Capped at store.min_free_percent of the "
+        "filesystem's size, for small disks.", "--min-free-bytes")
+    min_free_percent: float = _setting(
+        "store.min_free_percent", 5.0, _percent,
+        "The floor of free space is at most this percentage of the data directory's "
+        "filesystem (the smaller of the two applies).")
+    max_prefill_bytes: int = _setting(
+        "store.max_prefill_bytes", 128 * MIB, _non_negative_int,
+        "fsync durability: zeros written ahead of all active segments together at most "
+        "(each takes up to 4 MiB, only from space above the floor, and gives it back "
+        "when a write needs it; 0: none).")
     tank_listen: str = _setting(
         "listen.tank", "127.0.0.1:11011", _optional_address,
         "Tank protocol listener (empty: off).", "--tank-listen")

@@ -46,7 +46,10 @@ _RECEIVE_SIZE: Final = 16 * 1024
 _JOIN_BELOW: Final = 16 * 1024
 _PLAIN = b"text/plain; charset=utf-8"
 _METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
-_HEALTH_PATHS = frozenset({b"/health", b"/health/ready", b"/ready"})
+#: Readiness (200 ``ready``, else 503 and why), and liveness (200 while the process runs):
+#: the pair Kubernetes probes (``/readyz``, ``/livez``) and the older names.
+_HEALTH_PATHS = frozenset({b"/health", b"/health/ready", b"/ready", b"/readyz"})
+_LIVE_PATHS = frozenset({b"/health/live", b"/livez"})
 
 Answer = tuple[int, bytes, bytes]  # status, content type, body
 
@@ -56,9 +59,10 @@ class _TooLarge(Exception):
 
 
 class Endpoint:
-    """Answers ``/metrics``, ``/health`` (200 ``ready``, else 503 with the reason
-    ``not_ready()`` gives: ``starting``, ``stopping``, an unreachable upstream) and
-    ``/health/live`` (200 while the process runs). A ``/metrics`` rendering serves the
+    """Answers ``/metrics``, ``/health`` and ``/readyz`` (200 ``ready``, else 503 with the
+    reason ``not_ready()`` gives: ``starting``, ``stopping``, an unreachable upstream, a
+    store that can not write) and ``/livez``, ``/health/live`` (200 while the process runs,
+    whatever the disk: a restart would not empty it). A ``/metrics`` rendering serves the
     scrapes of the next ``reuse_secs``; ``render`` makes it (in a worker thread; default:
     ``metrics.render``, the registry of this process)."""
 
@@ -85,7 +89,7 @@ class Endpoint:
             reason = self.not_ready()
             return (200, _PLAIN, b"ready\n") if reason is None else (
                 503, _PLAIN, f"{reason}\n".encode())
-        if path == b"/health/live":
+        if path in _LIVE_PATHS:
             return 200, _PLAIN, b"live\n"
         return 404, _PLAIN, b"not found\n"
 

@@ -168,6 +168,12 @@ class Metrics:
         self.data_loss_bytes = Counter(
             "figtank_data_loss_bytes", "Bytes of segment files found damaged or cut.",
             registry=None)
+        self.store_write_failures = Counter(
+            "figtank_store_write_failures", "Writes of the embedded store that failed or "
+            "were refused, by kind: below_floor (refused: it would have left less free "
+            "than store.min_free_bytes), no_space (the filesystem was full), read_only "
+            "(mounted read-only), io_error (an I/O error), fsync (a group fsync failed).",
+            ["kind"], registry=None)
         self.limit_hits = Counter(
             "figtank_limit_hits", "Times a resource limit refused or delayed a client, by "
             "limit (the setting's name).", ["limit"], registry=r)

@@ -343,7 +343,7 @@ async def open_backend(settings: Settings, metrics: Metrics,
         except StoreError as exc:  # a file of the store it can not read
             raise ConfigError(f"store.data_dir: {exc}; repair or remove it, or choose "
                               f"another directory with --data-dir DIR") from None
-        yield backend, lambda: None
+        yield backend, backend.not_writable
 
 
 def offsets_path(settings: Settings) -> Path | None:
@@ -417,7 +417,8 @@ async def _given(backend: Backend) -> AsyncIterator[tuple[Backend, Unavailable]]
 
 
 class _Readiness:
-    """What ``/health`` says: ``starting``, ``stopping``, or why the backend can not serve."""
+    """What ``/health`` says: ``starting``, ``stopping``, or why the backend can not serve
+    (its upstream is away; the embedded store can not write)."""
 
     def __init__(self) -> None:
         self.phase = "starting"

@@ -38,7 +38,9 @@ Partition API (what the listeners use), see :class:`Partition`:
 - ``await append(bundle, base_seq=None) -> AppendResult(first_seq, last_seq, size)``:
   validated first; durable per the durability mode when it returns. Errors:
   :class:`InvalidSequence` (Tank code 10), :class:`InvalidBundle`,
-  :class:`BundleTooLarge`, :class:`StoreIOError` (code 2), :class:`StoreClosed`.
+  :class:`BundleTooLarge`, :class:`StoreIOError` (code 2; its ``kind``: ``no_space``,
+  ``read_only``, ``io_error``; :class:`DiskFull` when the free-space floor refused it),
+  :class:`StoreClosed`.
   A plain bundle appended with a ``base_seq`` that leaves a gap is stored as a sparse
   bundle (its sequence numbers must be recoverable from the segment bytes).
 - ``read(seq, fetch_size) -> ReadResult``: a file range of whole bundles, starting at
@@ -70,6 +72,7 @@ from gateway.store.config import CONFIG_KEYS, NO_BOUNDS, ConfigBounds, TopicConf
 from gateway.store.durability import Durability
 from gateway.store.errors import (
     BundleTooLarge,
+    DiskFull,
     InvalidBundle,
     InvalidConfig,
     InvalidSequence,
@@ -96,6 +99,7 @@ __all__ = [
     "AppendResult",
     "BundleTooLarge",
     "ConfigBounds",
+    "DiskFull",
     "Durability",
     "InvalidBundle",
     "InvalidConfig",

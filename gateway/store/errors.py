@@ -53,7 +53,24 @@ class BundleTooLarge(StoreError):
 
 
 class StoreIOError(StoreError):
-    """A write, fsync or read failed (disk full, I/O error); nothing partial is visible."""
+    """A write, fsync or read failed (disk full, I/O error); nothing partial is visible.
+
+    ``kind`` says what kind of fault it is, as the protocols answer it: ``no_space`` (the
+    disk is full, or the free-space floor refused the write), ``read_only`` (the
+    filesystem is mounted read-only) or ``io_error`` (anything else: EIO, a failed fsync).
+    """
+
+    def __init__(self, message: str, kind: str = "io_error") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class DiskFull(StoreIOError):
+    """A write refused before the filesystem would have: it would leave less free than
+    the floor the store keeps (``store.min_free_bytes``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "no_space")
 
 
 class SegmentCheckPending(StoreError):

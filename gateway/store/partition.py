@@ -25,6 +25,7 @@ from gateway.store.damage import (
     check_segment_file,
     clean_check,
 )
+from gateway.store.disk import FSYNC, DiskGuard, describe_fault, fault_kind
 from gateway.store.durability import Durability, GroupCommit, SyncJob, Ticket
 from gateway.store.errors import (
     BundleTooLarge,
@@ -106,6 +107,8 @@ class PartitionEnv:
     on_data_loss: Callable[[int, int], None] | None = None
     #: The bound on idempotent producers remembered by all partitions together.
     producers: ProducerBudget | None = None
+    #: The data directory's disk: free space, its floor, prefill, faults (None: unwatched).
+    disk: DiskGuard | None = None
 
 
 @dataclass(slots=True)
@@ -289,6 +292,8 @@ class Partition:
             self._report_recovery(name, report)
             if i == len(actives) - 1:
                 self._active = seg
+                if self._fsync:
+                    seg.zeros = self._env.disk
                 segments.append(seg)
             elif seg.last_seq is None:  # an older empty active segment: a stray
                 seg.delete()
@@ -502,8 +507,7 @@ class Partition:
             return self._append_validated(bundle, info.msg_count)
         except OSError as exc:
             assert self._active is not None
-            self._log.error("append_failed", segment=self._active.name, error=str(exc))
-            return StoreIOError(f"write failed: {exc}")
+            return self._failed("append", exc, segment=self._active.name)
 
     def _append_validated(self, bundle: bytes, msg_count: int) -> AppendResult | None:
         """The write of :meth:`_append_plain_now` once the bundle is known to be plain and
@@ -524,7 +528,12 @@ class Partition:
                 or seg.index().size_bytes + ENTRY_SIZE > self.config.index_max_bytes
                 or last - seg.base > MAX_REL_SEQ or now >= self._roll_at):
             return None  # a segment roll: the general path
+        disk = self._env.disk
+        if disk is not None and not disk.take(framed):
+            return None  # refused below the floor: the general path says so
         offset = seg.append(prefix, bundle, first, last, self.config.index_interval_bytes)
+        if disk is not None and disk.fault is not None:
+            disk.wrote()
         self._written_hwm = last
         if self._tail is not None:
             self._tail.add(TailEntry(first, last, False, seg, offset, prefix, bundle))
@@ -636,7 +645,16 @@ class Partition:
     def _execute(self, plan: _Plan, msg_count: int, now: float,
                  producer: ProducerBatch | None = None
                  ) -> tuple[AppendResult, Ticket | None]:
-        """The synchronous part of an append: segment changes and the write."""
+        """The synchronous part of an append: the disk's room for it, segment changes and
+        the write."""
+        disk = self._env.disk
+        if disk is not None:
+            framed = varint_size(len(plan.data)) + len(plan.data)
+            seg = self._active
+            ahead = seg.prefilled - seg.size if seg is not None and not plan.action else 0
+            grow = framed - min(framed, ahead)  # the zeros ahead are space taken already
+            if grow and not disk.take(grow):
+                raise disk.refused(grow, topic=self.topic, partition=self.index)
         try:
             if plan.action == "replace":
                 self._drop_empty_active()
@@ -646,8 +664,7 @@ class Partition:
                 self._start_segment(plan.first, now)
                 self._apply_retention(now)  # Tank applies retention when a segment rolls
         except OSError as exc:
-            self._log.error("segment_switch_failed", error=str(exc))
-            raise StoreIOError(f"cannot start a segment: {exc}") from exc
+            raise self._failed("segment", exc) from exc
         seg = self._active
         assert seg is not None
         prefix = encode_varint(len(plan.data))
@@ -658,20 +675,21 @@ class Partition:
             try:
                 undo = self._producers.record(producer, plan.first, plan.last)
             except OSError as exc:
-                self._log.error("producer_state_write_failed", error=str(exc))
-                raise StoreIOError(f"write failed: {exc}") from exc
+                raise self._failed("producer_state", exc) from exc
         try:
             offset = seg.append(prefix, plan.data, plan.first, plan.last,
                                 self.config.index_interval_bytes)
         except OSError as exc:
-            self._log.error("append_failed", segment=seg.name, error=str(exc))
+            failure = self._failed("append", exc, segment=seg.name)
             if undo is not None:
                 try:
                     undo()
                 except OSError as undo_exc:
                     self._broken = f"cannot take back a producer state record: {undo_exc}"
                     self._log.error("partition_broken", error=str(undo_exc))
-            raise StoreIOError(f"write failed: {exc}") from exc
+            raise failure from exc
+        if disk is not None and disk.fault is not None:
+            disk.wrote()
         self._written_hwm = plan.last
         size = len(prefix) + len(plan.data)
         if self._fsync and seg.prefilled - seg.size < PREFILL_LOW:
@@ -688,12 +706,47 @@ class Partition:
 
     def _prefill(self, seg: LogSegment) -> None:
         """Keep zeros :data:`PREFILL_AHEAD` bytes ahead of the active segment's data (up to
-        its roll size): the fsyncs of appends into them need no journal commit."""
+        its roll size): the fsyncs of appends into them need no journal commit. Only from
+        the space the disk's guard allows (above the floor, within the bound of all
+        prefill together)."""
         up_to = min(seg.size + PREFILL_AHEAD, max(self.config.segment_bytes, seg.size))
+        disk = self._env.disk
+        if disk is not None:
+            up_to = seg.prefilled + disk.prefill_room(up_to - seg.prefilled)
+        if up_to <= seg.prefilled:
+            return
         try:
             seg.prefill(up_to)
         except OSError as exc:  # only a missed speed-up: appends work without it
-            self._log.warning("segment_prefill_failed", segment=seg.name, error=str(exc))
+            if disk is not None:
+                disk.failed("prefill", exc, record=False, topic=self.topic,
+                            partition=self.index, segment=seg.name)
+            else:
+                self._log.warning("segment_prefill_failed", segment=seg.name, error=str(exc))
+
+    def hand_back_zeros(self) -> int:
+        """Cut the zeros written ahead of the active segment (space is short); the bytes
+        given back. The next appends prefill again only as the disk's guard allows."""
+        seg = self._active
+        if seg is None or not seg.file_open or seg.prefilled <= seg.size:
+            return 0
+        held = seg.prefilled - seg.size
+        try:
+            seg.trim()
+        except OSError as exc:
+            self._log.warning("segment_trim_failed", segment=seg.name, error=str(exc))
+            return 0
+        return held
+
+    def _failed(self, operation: str, exc: OSError, **where: Any) -> StoreIOError:
+        """The error of a failed write (recorded, counted and logged by the disk's guard;
+        logged here where there is none)."""
+        disk = self._env.disk
+        if disk is not None:
+            return disk.failed(operation, exc, topic=self.topic, partition=self.index, **where)
+        self._log.error("store_write_failed", operation=operation, error=str(exc), **where)
+        kind = fault_kind(exc)
+        return StoreIOError(f"{describe_fault(kind)}: {operation} failed: {exc}", kind)
 
     def _count_unflushed(self, msg_count: int, now: float) -> None:
         if self._dirty_since is None:
@@ -724,6 +777,8 @@ class Partition:
 
     def _start_segment(self, base: int, now: float) -> None:
         seg = LogSegment.create(self.directory, base, int(now))
+        if self._fsync:
+            seg.zeros = self._env.disk
         self._segments.append(seg)
         self._bases.append(base)
         self._active = seg
@@ -824,12 +879,19 @@ class Partition:
         return job
 
     def _on_durable(self, payloads: Sequence[_Written]) -> None:
+        disk = self._env.disk
+        if disk is not None and disk.fault is not None:
+            disk.synced()
         if payloads:
             self._publish(payloads[-1].end, payloads[-1].last_seq,
                           sum(p.size for p in payloads))
 
     def _on_sync_failed(self, error: OSError, payloads: Sequence[_Written]) -> None:
-        self._log.error("fsync_failed", error=str(error), appends_failed=len(payloads))
+        if self._env.disk is not None:
+            self._env.disk.failed(FSYNC, error, topic=self.topic, partition=self.index,
+                                  appends_failed=len(payloads))
+        else:
+            self._log.error("fsync_failed", error=str(error), appends_failed=len(payloads))
         if not payloads:
             return
         seg = self._active
@@ -1165,7 +1227,10 @@ def _report_when_durable(outcomes: list[AppendOutcome], tickets: list[tuple[int,
     def resolved(last: Ticket) -> None:
         for i, ticket in tickets:
             if ticket.failed:
-                outcomes[i] = StoreIOError(f"fsync failed: {ticket.error}")
+                error = ticket.error
+                kind = fault_kind(error) if isinstance(error, OSError) else "io_error"
+                outcomes[i] = StoreIOError(f"{describe_fault(kind)}: fsync failed: {error}",
+                                           kind)
         on_done(outcomes)
 
     tickets[-1][1].on_resolved = resolved

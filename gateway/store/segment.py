@@ -19,7 +19,7 @@ import re
 from array import array
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 from gateway.store.damage import check_bundle_at, data_end, describe_cut, keep_cut_bytes
 from gateway.store.files import OpenFiles, SegmentFile
@@ -39,6 +39,17 @@ _INDEX_RE: Final = re.compile(r"(\d+)\.index")
 
 #: What :meth:`LogSegment.prefill` writes from (and recovery compares with).
 _ZEROS: Final = bytes(1024 * 1024)
+
+
+class ZerosLedger(Protocol):
+    """Where the zeros written ahead of active segments are counted (the store's
+    :class:`~gateway.store.disk.DiskGuard`)."""
+
+    def zeros_added(self, n: int) -> None: ...
+
+    def zeros_used(self, n: int) -> None: ...
+
+    def zeros_freed(self, n: int) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +130,7 @@ class LogSegment:
 
     __slots__ = ("_closed", "_file", "_files", "_index", "base", "created_ts", "directory",
                  "last_seq", "name", "prefilled", "rolled_ts", "since_index", "size",
-                 "visible_size")
+                 "visible_size", "zeros")
 
     def __init__(self, directory: str, name: str, base: int, fd: int, size: int, *,
                  created_ts: int, rolled_ts: int | None, last_seq: int | None,
@@ -142,6 +153,8 @@ class LogSegment:
         self.since_index: int | None = None
         #: Where the file ends: past ``size`` when zeros were written ahead (:meth:`prefill`).
         self.prefilled = size
+        #: Where the zeros ahead are counted (None: nowhere).
+        self.zeros: ZerosLedger | None = None
 
     def __repr__(self) -> str:
         return f"<LogSegment {self.name} size={self.size} visible={self.visible_size}>"
@@ -387,6 +400,7 @@ class LogSegment:
         index = self._index
         assert index is not None and not self.rolled
         add_entry = self.since_index is None or self.since_index > index_interval
+        ahead = self.prefilled - start  # zeros written ahead, which the bundle overwrites
         try:
             written = os.pwritev(self.fd, (prefix, bundle), start)
             if written != total:
@@ -403,7 +417,12 @@ class LogSegment:
             self._cut(start)
             raise
         self.size = start + total
-        self.prefilled = max(self.prefilled, self.size)
+        if ahead:
+            self.prefilled = max(self.prefilled, self.size)
+            if self.zeros is not None:
+                self.zeros.zeros_used(ahead - (self.prefilled - self.size))
+        else:
+            self.prefilled = self.size
         self.since_index = total if add_entry else self.since_index + total  # type: ignore[operator]
         self.last_seq = last_seq
         return start
@@ -413,6 +432,7 @@ class LogSegment:
         # overwrites them.
         with contextlib.suppress(OSError):
             os.ftruncate(self.fd, size)
+            self._zeros_cut()
             self.prefilled = size
         with contextlib.suppress(OSError):
             self.index().truncate_to(size)
@@ -433,16 +453,25 @@ class LogSegment:
                     raise OSError("short write while prefilling")
                 start += n
                 self.prefilled = start
+                if self.zeros is not None:
+                    self.zeros.zeros_added(n)
 
     def trim(self) -> None:
         """Cut the zeros written ahead by :meth:`prefill` (the file ends with the data)."""
         if self.prefilled > self.size:
             os.ftruncate(self.fd, self.size)
+            self._zeros_cut()
             self.prefilled = self.size
+
+    def _zeros_cut(self) -> None:
+        """The zeros ahead were cut off the file: count them given back."""
+        if self.zeros is not None and self.prefilled > self.size:
+            self.zeros.zeros_freed(self.prefilled - self.size)
 
     def truncate(self, size: int, last_seq: int | None) -> None:
         """Cut the file back to ``size`` (a bundle boundary); raises ``OSError``."""
         os.ftruncate(self.fd, size)
+        self._zeros_cut()
         self.prefilled = size
         index = self.index()
         index.truncate_to(size)
@@ -465,6 +494,7 @@ class LogSegment:
         self.name = new_name
         self.rolled_ts = ts
         self.visible_size = self.size
+        self.zeros = None
         self._files = files
         if files is not None and self._file is not None:
             files.touch(self)
@@ -538,6 +568,9 @@ class LogSegment:
         """Close the segment's index and release its file (reads in flight keep theirs);
         the segment is not to be used after this."""
         self._closed = True
+        if self.zeros is not None and self.prefilled > self.size:
+            self.zeros.zeros_used(self.prefilled - self.size)  # no longer counted here
+        self.zeros = None
         self.close_index()
         if self._files is not None:
             self._files.forget(self)

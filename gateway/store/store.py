@@ -16,12 +16,14 @@ import trio
 
 from gateway.store.config import MIB, ConfigBounds, TopicConfig, parse_config_leniently
 from gateway.store.descriptors import DescriptorBudget
+from gateway.store.disk import LOOK_EVERY_SECS, DiskGuard
 from gateway.store.durability import Durability, sync_directory
 from gateway.store.errors import (
     InvalidConfig,
     LimitReached,
     StoreClosed,
     StoreError,
+    StoreIOError,
     TopicExists,
     UnknownPartition,
     UnknownTopic,
@@ -37,6 +39,8 @@ from protocols.tank.bundle import MAX_BUNDLE_SIZE
 log = structlog.get_logger("gateway.store")
 
 CONFIG_FILE: Final = "config"
+#: What creating a directory is taken to cost on disk (a block), for the floor.
+_DIRECTORY_BYTES: Final = 4096
 #: Damage checks of rolled segments running at once (worker threads).
 CHECK_THREADS: Final = 2
 
@@ -90,6 +94,16 @@ class StoreSettings:
     #: Idempotent Kafka producers remembered durably, across all partitions (each
     #: partition's ``.kafka-producers``; :mod:`gateway.store.producers`).
     max_producer_states: int = 20_000
+    #: The floor of free space kept on the data directory's filesystem: the smaller of
+    #: these bytes and this percentage of its size; a write that would leave less free is
+    #: refused with :class:`DiskFull` (0: no floor). See :mod:`gateway.store.disk`.
+    min_free_bytes: int = 256 * MIB
+    min_free_percent: float = 5.0
+    #: Zeros written ahead of all active segments together at most (``fsync``
+    #: durability; 0: none).
+    max_prefill_bytes: int = 128 * MIB
+    #: Seconds between looks at the disk (free space; a probe after a fault).
+    disk_check_interval: float = LOOK_EVERY_SECS
 
     def __post_init__(self) -> None:
         Durability(self.durability)  # raises ValueError for anything else
@@ -104,6 +118,10 @@ class StoreSettings:
             raise ValueError("max_topics and max_partitions must be at least 1")
         if self.max_producer_states < 1:
             raise ValueError("max_producer_states must be at least 1")
+        if self.min_free_bytes < 0 or self.max_prefill_bytes < 0:
+            raise ValueError("min_free_bytes and max_prefill_bytes must be at least 0")
+        if not 0 <= self.min_free_percent <= 100:
+            raise ValueError("min_free_percent must be 0..100")
 
 
 class Topic:
@@ -133,7 +151,8 @@ class LogStore:
                  clock: Callable[[], float],
                  observe_fsync: Callable[[float], None] | None = None,
                  on_data_loss: Callable[[int, int], None] | None = None,
-                 on_producer_evicted: Callable[[], None] | None = None) -> None:
+                 on_producer_evicted: Callable[[], None] | None = None,
+                 on_write_failure: Callable[[str], None] | None = None) -> None:
         self.data_dir = data_dir
         self.settings = settings
         self._clock = clock
@@ -154,6 +173,12 @@ class LogStore:
         self._closed = False
         #: Idempotent producers remembered by every partition together.
         self.producers = ProducerBudget(settings.max_producer_states, on_producer_evicted)
+        #: The data directory's disk: free space, the floor, prefill, write faults.
+        self.disk = DiskGuard(data_dir, min_free_bytes=settings.min_free_bytes,
+                              min_free_percent=settings.min_free_percent,
+                              max_prefill_bytes=settings.max_prefill_bytes,
+                              on_failure=on_write_failure)
+        self.disk.reclaim = self._hand_back_zeros
         self._env = PartitionEnv(
             durability=Durability(settings.durability),
             max_bundle_size=settings.max_bundle_size,
@@ -170,6 +195,7 @@ class LogStore:
             inline_check_bytes=settings.inline_check_bytes,
             on_data_loss=on_data_loss,
             producers=self.producers,
+            disk=self.disk,
         )
 
     # -- opening --------------------------------------------------------------------------------
@@ -183,6 +209,7 @@ class LogStore:
     def _load(self) -> None:
         """Scan the data directory and open every topic. Blocking."""
         os.makedirs(self.data_dir, exist_ok=True)
+        self.disk.look()
         for name in sorted(os.listdir(self.data_dir)):
             path = os.path.join(self.data_dir, name)
             if name.startswith("."):
@@ -327,6 +354,9 @@ class LogStore:
         if name in self._topics:
             raise TopicExists(f"topic {name!r} exists")
         self._check_room(name, count)
+        # A directory and its first block per partition, and the topic's own.
+        if not self.disk.take((count + 1) * _DIRECTORY_BYTES):
+            raise self.disk.refused((count + 1) * _DIRECTORY_BYTES, topic=name)
         done = self._creating[name] = trio.Event()
         self._partitions += count
         created = False
@@ -339,8 +369,9 @@ class LogStore:
             self._topics[name] = topic
             created = True
         except OSError as exc:
-            log.error("topic_create_failed", topic=name, error=str(exc))
-            raise StoreError(f"cannot create topic {name!r}: {exc}") from exc
+            failure = self.disk.failed("create_topic", exc, topic=name)
+            raise StoreIOError(f"cannot create topic {name!r}: {failure}",
+                               failure.kind) from exc
         finally:
             if not created:
                 self._partitions -= count
@@ -386,6 +417,42 @@ class LogStore:
 
         p.config = await trio.to_thread.run_sync(read, limiter=self._limiter)
         return p.config
+
+    # -- the disk -------------------------------------------------------------------------------
+
+    def not_writable(self) -> str | None:
+        """Why the store can not write now (disk full or below its floor, read-only, a
+        write or fsync that failed and has not succeeded since), or None while it can."""
+        return self.disk.not_writable()
+
+    def _hand_back_zeros(self) -> int:
+        """Trim the zeros written ahead of every active segment; the bytes freed."""
+        freed = 0
+        for topic in list(self._topics.values()):
+            for partition in topic.partitions:
+                freed += partition.hand_back_zeros()
+        return freed
+
+    async def watch_disk(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                         ) -> None:
+        """Look at the disk every ``settings.disk_check_interval`` seconds (free space,
+        read-only), probe it while a fault only a write can disprove stands, and log when
+        the store becomes writable again."""
+        disk = self.disk
+        task_status.started()
+        was = disk.not_writable()
+        while not self._closed:
+            await trio.sleep(self.settings.disk_check_interval)
+            disk.look()
+            if disk.needs_probe and await trio.to_thread.run_sync(disk.probe,
+                                                                  limiter=self._limiter):
+                disk.synced()
+            now = disk.not_writable()
+            if now is None and was is not None:
+                log.warning("store_writable", was=was)
+            elif now is not None and was is None:
+                log.warning("store_not_writable", reason=now)
+            was = now
 
     # -- maintenance and closing ------------------------------------------------------------------
 
@@ -437,7 +504,8 @@ async def open_store(data_dir: str | os.PathLike[str], settings: StoreSettings |
                      maintenance: bool = True,
                      observe_fsync: Callable[[float], None] | None = None,
                      on_data_loss: Callable[[int, int], None] | None = None,
-                     on_producer_evicted: Callable[[], None] | None = None
+                     on_producer_evicted: Callable[[], None] | None = None,
+                     on_write_failure: Callable[[str], None] | None = None
                      ) -> AsyncIterator[LogStore]:
     """Open (and recover) the store in ``data_dir``; close it on exit.
 
@@ -447,10 +515,12 @@ async def open_store(data_dir: str | os.PathLike[str], settings: StoreSettings |
     ``observe_fsync`` is called with the duration of every group fsync, ``on_data_loss``
     with ``(messages, bytes)`` of every damaged region found and every recovery cut,
     ``on_producer_evicted`` each time a partition forgets an idempotent producer for
-    ``StoreSettings.max_producer_states``.
+    ``StoreSettings.max_producer_states``, ``on_write_failure`` with the kind of every
+    failed or refused write (:mod:`gateway.store.disk`). The store looks at its disk
+    every ``StoreSettings.disk_check_interval`` seconds (:meth:`LogStore.watch_disk`).
     """
     store = LogStore(os.fspath(data_dir), settings or StoreSettings(), clock, observe_fsync,
-                     on_data_loss, on_producer_evicted)
+                     on_data_loss, on_producer_evicted, on_write_failure)
     try:
         await trio.to_thread.run_sync(store._load)
     except BaseException as exc:
@@ -462,6 +532,8 @@ async def open_store(data_dir: str | os.PathLike[str], settings: StoreSettings |
         async with trio.open_nursery() as nursery:
             store._attach(nursery)
             nursery.start_soon(store._syncer.run)
+            if math.isfinite(store.settings.disk_check_interval):
+                nursery.start_soon(store.watch_disk)
             if maintenance and math.isfinite(store.settings.maintenance_interval):
                 nursery.start_soon(store.run_maintenance)
             try:
