@@ -26,6 +26,9 @@ from gateway.http.request import HttpError
 FAULT_STATUS: Final = {"no_space": (507, "disk_full"),
                        "read_only": (503, "disk_read_only"),
                        "io_error": (500, "disk_error")}
+#: The error codes of those refusals (also of a produce some of whose partitions they
+#: refused: :func:`gateway.http.produce`'s partial answer keeps the gravest one's code).
+FAULT_CODES: Final = frozenset(code for _, code in FAULT_STATUS.values())
 
 
 class StoreFaultError(HttpError):

@@ -27,7 +27,7 @@ import trio
 
 from gateway.auth.principal import Principal
 from gateway.backend.contract import BackendUnavailable
-from gateway.http.faults import StoreFaultError
+from gateway.http.faults import FAULT_CODES
 from gateway.http.framing import FramingGuard
 from gateway.http.hosts import is_loopback
 from gateway.http.outage import outage_of, unavailable_error
@@ -168,7 +168,7 @@ class HttpSession:
         self.refused += 1
         self.listener.metrics.requests.labels("http", error.code, "refused").inc()
         held: int | None = 0
-        if isinstance(error, StoreFaultError):
+        if error.code in FAULT_CODES:  # a store fault, said once a minute
             held = self.listener.store_fault_log.due(error.code)
         if held is not None:
             self.log.warning("http_request_refused", status=error.status, error=error.code,
