@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ data_dir = "{directory / 'data'}"
 [listen]
 tank = "127.0.0.1:0"
 figg = "127.0.0.1:0"
-metrics = ""
+metrics = "127.0.0.1:0"
 """)
     with figtank_serve("--config", str(config), "--kafka-listen", "127.0.0.1:0") as served:
         yield served
@@ -269,11 +270,26 @@ def test_example_with_bad_arguments_exits_2(examples: Examples, name: str,
     assert result.stdout == "" and "Traceback" not in result.stderr
 
 
+def _tank_connections(server: ServeProcess) -> float:
+    """Connections the server's Tank listener accepted so far."""
+    assert server.metrics is not None
+    with urllib.request.urlopen(f"http://{address(server.metrics)}/metrics", timeout=5) as r:
+        lines = r.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines
+               if line.startswith("figtank_connections_accepted_total{")
+               and 'listener="tank"' in line)
+
+
 def test_ctrl_c_ends_an_example_quietly_with_130(server: ServeProcess,
                                                  examples: Examples) -> None:
+    before = _tank_connections(server)
     follower = examples.start("tank_consumer.py", "--tank", address(server.tank), "--topic",
                               "quiet", "--idle", "60")
-    time.sleep(2)  # started and long-polling
+    deadline = time.monotonic() + 60
+    while _tank_connections(server) == before:  # not yet connected (a busy machine: slow)
+        assert time.monotonic() < deadline, "the example never connected"
+        time.sleep(0.1)
+    time.sleep(0.5)  # its first long poll on its way
     follower.send_signal(signal.SIGINT)
     out, err = stopped(follower)
     assert follower.returncode == 130
