@@ -49,6 +49,7 @@ import hashlib
 import operator
 import random
 import time
+import uuid
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -98,9 +99,11 @@ class TaskIdentity:
             raise WriteFailed("exactly-once writes need a micro-batch streaming query "
                               "(Spark names its query and batch to the tasks); set "
                               "exactlyOnce=false otherwise")
-        run = context.getLocalProperty("spark.jobGroup.id") or "run"
+        run = context.getLocalProperty("spark.jobGroup.id") or ""
+        # Task attempt ids start again at 0 in a restarted driver: a random part keeps a
+        # replay's attempt from taking the dead one's intents for its own.
         return cls(query, run, int(batch), context.partitionId(),
-                   f"{run}/{context.taskAttemptId()}")
+                   f"{context.taskAttemptId()}-{uuid.uuid4().hex}")
 
 
 def digest(messages: Sequence[Message]) -> str:

@@ -24,13 +24,17 @@ most five segments (40 MiB per query).
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gateway.client.errors import BoundaryError, TopicExistsError, UnknownTopicError
+from gateway.client.errors import (
+    BoundaryError,
+    RequestFailed,
+    TopicExistsError,
+    UnknownTopicError,
+)
 from gateway.client.tank_blocking import BlockingTankClient
 
 COMMITS: Final = 0
@@ -82,7 +86,7 @@ class Intent:
 
     batch: int
     task: int
-    #: Unique per attempt (the run and Spark's task attempt id).
+    #: Unique per attempt (Spark's task attempt id and a random part).
     attempt: str
     #: The target's partition count the attempt placed keyed rows with.
     partitions: int
@@ -152,8 +156,13 @@ class Ledger:
         try:
             bounds = self.client.discover_partitions(self.topic)
         except UnknownTopicError:
-            with contextlib.suppress(TopicExistsError):  # another task was first
+            try:
                 self.client.create_topic(self.topic, 2, TOPIC_CONFIG)
+            except TopicExistsError:
+                pass  # another task was first
+            except RequestFailed as exc:
+                raise LedgerError(f"could not create the commit topic {self.topic!r}: "
+                                  f"{exc}") from None
             bounds = self.client.discover_partitions(self.topic)
         if len(bounds) < 2:
             raise LedgerError(f"the commit topic {self.topic!r} has {len(bounds)} partition(s), "
