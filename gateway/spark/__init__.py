@@ -37,13 +37,18 @@ key binary, value binary`` (``key`` null when the message has none).
 ``batchMessages``           write: messages per Produce (default 4096)
 ``batchBytes``              write: bytes per Produce (default 1 MiB)
 ``compression``             write: ``auto`` (Tank's rule) | ``none`` | ``snappy``
+``exactlyOnce``             streaming write: a replayed micro-batch appends nothing
+                            twice (default true; false: at least once)
+``commitTopicPrefix``       streaming write: the query's commit topic is this,
+                            ``-``, the query id (default ``spark-sink``)
 ==========================  =====================================================
 
 Streaming offsets are the next sequence number of each partition, checkpointed by
 Spark: a restarted query resumes with no gap and no duplicate. ``Trigger.AvailableNow``
 reads what existed when the query started (in ``maxMessagesPerTrigger`` batches).
 Writing (:mod:`gateway.spark.sink`) takes ``value`` and optional ``key``,
-``partition``, ``timestamp`` columns. ``figtank-segments``: see
+``partition``, ``timestamp`` columns; streaming writes are exactly-once
+(:mod:`gateway.spark.exactly_once`), batch writes at-least-once. ``figtank-segments``: see
 :mod:`gateway.spark.segments`.
 """
 

@@ -27,6 +27,11 @@ DEFAULT_BYTES_PER_SPLIT: Final = 16 * 1024 * 1024
 DEFAULT_FETCH_BYTES: Final = 4 * 1024 * 1024
 DEFAULT_BATCH_MESSAGES: Final = 4096
 DEFAULT_BATCH_BYTES: Final = 1024 * 1024
+#: The commit topic of an exactly-once streaming write is this prefix, ``-``, the query id.
+DEFAULT_COMMIT_TOPIC_PREFIX: Final = "spark-sink"
+#: The longest prefix that leaves room for ``-`` and a query id (a 36-character UUID)
+#: within a topic name's 64 characters.
+MAX_COMMIT_TOPIC_PREFIX: Final = 64 - 37
 
 
 class OptionError(ValueError):
@@ -231,6 +236,9 @@ class TankOptions:
     batch_messages: int
     batch_bytes: int
     codec: Codec | None
+    #: Streaming writes: exactly once (a replayed batch appends nothing twice).
+    exactly_once: bool = True
+    commit_topic_prefix: str = DEFAULT_COMMIT_TOPIC_PREFIX
 
     @property
     def endpoint(self) -> str:
@@ -267,7 +275,17 @@ def tank_options(options: Mapping[str, Any], *, streaming: bool = False) -> Tank
         batch_messages=reader.integer("batchMessages", DEFAULT_BATCH_MESSAGES),
         batch_bytes=reader.integer("batchBytes", DEFAULT_BATCH_BYTES),
         codec=reader.codec(),
+        exactly_once=reader.boolean("exactlyOnce", True),
+        commit_topic_prefix=_commit_topic_prefix(reader),
     )
+
+
+def _commit_topic_prefix(reader: OptionReader) -> str:
+    prefix = reader.topic("commitTopicPrefix", required=False) or DEFAULT_COMMIT_TOPIC_PREFIX
+    if len(prefix) > MAX_COMMIT_TOPIC_PREFIX:
+        raise OptionError(f"option 'commitTopicPrefix': at most {MAX_COMMIT_TOPIC_PREFIX} "
+                          f"characters (the query id follows it), got {len(prefix)}")
+    return prefix
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,5 +38,7 @@ def test_docs_snippet_runs_without_pyspark_python(server: BackgroundServer) -> N
     assert "readme-0-2" in result.stdout  # df.show(): read by a Python worker
     [count] = re.findall(r"^(\d+) messages in the segment files", result.stdout, re.M)
     assert int(count) >= 3
-    with server.client() as client:  # the snippet's write went through
+    with server.client() as client:  # the snippet's writes went through
         assert client.discover_partitions("copy")[0].high_water_mark >= 3
+        upper = client.consume("orders-upper", 0, 1).messages  # the streaming one
+    assert b"README-0-2" in [m.value for m in upper]

@@ -26,7 +26,8 @@ from protocols.tank.bundle import Codec
 
 def test_option_names_ignore_case_and_values_keep_it() -> None:
     given = {"Topic": "Orders", "startingSequence": '{"1": 17}', "MAXMESSAGESPERTRIGGER": "9",
-             "endpoint": "[::1]:7000", "compression": "Snappy"}
+             "endpoint": "[::1]:7000", "compression": "Snappy", "ExactlyOnce": "false",
+             "commitTopicPrefix": "Copy-Job"}
     for options in (given, CaseInsensitiveDict(given)):  # what Spark hands a data source
         parsed = tank_options(options, streaming=True)
         assert parsed.topic == "Orders"
@@ -34,7 +35,10 @@ def test_option_names_ignore_case_and_values_keep_it() -> None:
         assert parsed.max_messages_per_trigger == 9
         assert (parsed.host, parsed.port) == ("::1", 7000)
         assert parsed.codec is Codec.SNAPPY
-    assert tank_options({"topic": "t"}).starting == Positions(EARLIEST)
+        assert (parsed.exactly_once, parsed.commit_topic_prefix) == (False, "Copy-Job")
+    defaults = tank_options({"topic": "t"})
+    assert defaults.starting == Positions(EARLIEST)
+    assert (defaults.exactly_once, defaults.commit_topic_prefix) == (True, "spark-sink")
 
 
 @pytest.mark.parametrize(("options", "message"), [
@@ -47,6 +51,9 @@ def test_option_names_ignore_case_and_values_keep_it() -> None:
     ({"topic": "t", "maxMessagesPerSplit": "0"}, "at least 1"),
     ({"topic": "t", "failOnDataLoss": "maybe"}, "true or false"),
     ({"topic": "t", "endpoint": "nowhere"}, "HOST:PORT"),
+    ({"topic": "t", "exactlyOnce": "sometimes"}, "'exactlyOnce': expected true or false"),
+    ({"topic": "t", "commitTopicPrefix": "-x"}, "'commitTopicPrefix': '-x' is not a valid"),
+    ({"topic": "t", "commitTopicPrefix": "x" * 28}, "at most 27 characters"),
 ])
 def test_bad_options_name_the_option(options: dict[str, str], message: str) -> None:
     with pytest.raises(OptionError, match=message):

@@ -115,3 +115,35 @@ def test_stream_write_to_another_topic(spark, server: BackgroundServer, tmp_path
            .option("topic", "stream-out").load().collect())
     assert sorted((bytes(r.value), r.key and bytes(r.key)) for r in out) == sorted(
         (p.value.upper(), p.key) for p in produced)
+
+
+def test_a_replay_of_a_committed_batch_writes_nothing(spark, server: BackgroundServer,
+                                                      tmp_path: Path) -> None:
+    """Spark replays the last batch when its own commit log lacks it (the driver died
+    after the sink's commit): the sink's commit record says it is written."""
+    from gateway.spark.ledger import COMMITS, decode_commit, topic_name
+
+    with server.client() as client:
+        client.create_topic("replay-in", 2)
+    produce(server, "replay-in", {0: 30, 1: 30})
+    checkpoint = tmp_path / "cp"
+
+    def run() -> str:
+        query = (stream(spark, server, "replay-in")
+                 .selectExpr("key", "value").writeStream.format("figtank")
+                 .option("endpoint", server.endpoint).option("topic", "replay-out")
+                 .option("checkpointLocation", str(checkpoint))
+                 .trigger(availableNow=True).start())
+        assert query.awaitTermination(60)
+        return str(query.id)
+
+    query_id = run()
+    for name in ("0", ".0.crc"):  # as if the driver died before writing them
+        (checkpoint / "commits" / name).unlink()
+    assert run() == query_id
+    with server.client() as client:
+        assert sum(b.high_water_mark for b in client.discover_partitions("replay-out")) == 60
+        topic = topic_name("spark-sink", query_id)
+        records = client.consume(topic, COMMITS, 1).messages
+    assert [(c.batch, c.written) for c in map(decode_commit, (m.value for m in records))] \
+        == [(0, 60), (0, 0)]  # batch 0 committed, then replayed: nothing written again
