@@ -6,7 +6,7 @@ mmap threshold fresh pages from the kernel and gives them back on free, and trim
 top back to the kernel past its trim threshold: the next request pays a page fault per
 4 KiB again. In a virtual machine that cost more than the conversion itself (a 10,000
 message Kafka batch to Tank bundles: 240,000 page faults and 1.7 s per 300 conversions,
-4,400 and 0.8 s with the thresholds raised; ``python -m protocols.kafka.bench``).
+4,400 and 0.8 s with the thresholds raised).
 
 :func:`keep_large_buffers` raises both thresholds so such buffers come from, and go back
 to, the heap. The memory kept is bounded by ``keep_bytes`` (the trim threshold: free
@@ -24,11 +24,12 @@ __all__ = ["DEFAULT_KEEP_BYTES", "MMAP_THRESHOLD", "keep_large_buffers"]
 #: glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD: Final = -1
 _M_MMAP_THRESHOLD: Final = -3
-#: Allocations up to this size come from the heap (glibc's own upper bound for its
-#: dynamic threshold on 64-bit systems).
-MMAP_THRESHOLD: Final = 32 * 1024 * 1024
+#: Allocations up to this size come from the heap: a batch of ``upstream_kafka.
+#: max_batch_bytes`` and its conversions fit. Larger ones still get pages of their own,
+#: given back on free (a client's 8 MB frame must not stay in the heap after it).
+MMAP_THRESHOLD: Final = 4 * 1024 * 1024
 #: Free heap kept for the next large buffers.
-DEFAULT_KEEP_BYTES: Final = 128 * 1024 * 1024
+DEFAULT_KEEP_BYTES: Final = 32 * 1024 * 1024
 
 
 def keep_large_buffers(keep_bytes: int = DEFAULT_KEEP_BYTES) -> bool:

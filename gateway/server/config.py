@@ -717,10 +717,10 @@ class Settings:
         "only in bridge or upstream-Kafka mode (the embedded store is one process's). "
         "See docs/workers.md.", "--workers")
     allocator_keep_bytes: int = _setting(
-        "server.allocator_keep_bytes", 128 * MIB, _non_negative_int,
+        "server.allocator_keep_bytes", 32 * MIB, _non_negative_int,
         "Free memory the C allocator keeps for the next large buffers (glibc's trim "
-        "threshold; allocations up to 32 MiB then come from the heap, not fresh pages: "
-        "a produce of thousands of messages costs less than half the CPU). 0: the C "
+        "threshold; allocations up to 4 MiB then come from the heap, not fresh pages: "
+        "converting a produce of thousands of messages costs half the CPU). 0: the C "
         "library's defaults.")
     log_level: str = _setting(
         "log.level", "info", _choice("debug", "info", "warning", "error"),
