@@ -12,6 +12,9 @@ from tests.tls_certs import Certs, make_certs
 #: :func:`pytest_xdist_make_scheduler`): they share one Spark session (a JVM that takes
 #: 15-20 s to start) and one server, per worker.
 SPARK_TESTS = "tests/spark/"
+#: Spark test files that start their own Spark in subprocesses (the documented snippet, the
+#: examples) and use no shared session: units of their own, run beside the others.
+SPARK_OWN_PROCESSES = ("tests/spark/test_docs_snippet.py", "tests/spark/test_examples.py")
 #: The longest units of work, started first (by far: each holds minutes of builds or
 #: JVMs); then the other files with tests marked ``slow``.
 LONGEST = (SPARK_TESTS, "tests/test_install.py")
@@ -49,16 +52,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """``--dist loadfile``, except that the Spark tests are one unit (one worker runs them
-    all, so the run starts one Spark session, not one per worker)."""
+    """``--dist loadfile``, except that the Spark tests sharing a session are one unit (one
+    worker runs them all, so the run starts one Spark session, not one per worker)."""
     if config.getoption("dist", None) != "loadfile":
         return None  # xdist's own scheduler for the mode asked for
     from xdist.scheduler import LoadFileScheduling
 
     class SparkTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return (SPARK_TESTS if nodeid.startswith(SPARK_TESTS)
-                    else super()._split_scope(nodeid))
+            if nodeid.startswith(SPARK_TESTS) and not nodeid.startswith(SPARK_OWN_PROCESSES):
+                return SPARK_TESTS
+            return super()._split_scope(nodeid)
 
     return SparkTogether(config, log)
 
