@@ -55,6 +55,7 @@ from prometheus_client import Counter
 
 from gateway.http.request import HttpError
 from gateway.server.metrics import GaugeCollector, Metrics
+from gateway.store.recordfile import append_whole
 
 log = structlog.get_logger("figtank.http.idempotency")
 
@@ -337,17 +338,7 @@ class IdempotencyKeys:
         """Write ``data`` (and fsync); on failure cut the file back to its whole records.
         Worker thread."""
         assert self._fd is not None
-        try:
-            written = os.write(self._fd, data)
-            if written != len(data):
-                raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes)")
-            if self.fsync:
-                os.fsync(self._fd)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, self._size)
-            raise
-        self._size += len(data)
+        self._size = append_whole(self._fd, data, self._size, fsync=self.fsync)
 
     def _compaction_due(self) -> bool:
         return self._size > max(COMPACT_MIN_BYTES, 2 * (self.bytes + len(MAGIC)))

@@ -45,6 +45,7 @@ import trio
 
 from gateway.logevery import LogEvery
 from gateway.server.metrics import Metrics
+from gateway.store.recordfile import append_whole
 from protocols.kafka.types import ErrorCode
 
 log = structlog.get_logger("figtank.kafka.offsets")
@@ -428,17 +429,7 @@ class OffsetStore:
         if self._dir_unsynced:
             _fsync_dir(self.path.parent)
             self._dir_unsynced = False
-        try:
-            written = os.write(self._fd, data)
-            if written != len(data):
-                raise OSError(0, f"short write ({written} of {len(data)} bytes)")
-            if self.fsync:
-                os.fsync(self._fd)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, self._size)
-            raise
-        self._size += len(data)
+        self._size = append_whole(self._fd, data, self._size, fsync=self.fsync)
 
     def _apply(self, group: str, changes: list[tuple[Key, Committed | None]]) -> None:
         offsets = self._state.get(group, {})
