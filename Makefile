@@ -69,15 +69,16 @@ PYTEST_WORKERS = -n 3 --dist loadfile --no-loadscope-reorder
 # The slowest tests of each run, for whoever next works on the suite's time.
 PYTEST_DURATIONS = --durations=15
 
-# The protocol codecs, the listeners, the store, the bridge and the whole-process runs:
-# everything the compiled loops (protocols/_speedups.pyx, gateway/store/_fsync.pyx,
+# The protocol codecs, the listeners, the store, the bridge and serving: everything the
+# compiled loops (protocols/_speedups.pyx, gateway/store/_fsync.pyx,
 # gateway/io/_fanout.pyx: the HTTP fan-out and its slow subscribers) sit
 # under (the Kafka listener: its produce, fetch and hand-off paths; the rest of
 # tests/kafka is coordination and access, above those loops). Spark, the examples, the
-# bench and the CLI's failure lines do not depend on them.
+# bench and the CLI do not depend on them (a pure-Python install's command line, serving
+# every client family, is tests/test_install.py's).
 PURE_TESTS = tests/protocols tests/figg tests/tank tests/store tests/bridge \
-	tests/test_embedded.py tests/test_bundle.py tests/test_reader_lag.py tests/test_cli.py \
-	tests/test_serve.py tests/test_shutdown.py tests/kafka/test_real_clients.py \
+	tests/test_embedded.py tests/test_bundle.py tests/test_reader_lag.py \
+	tests/test_serve.py tests/kafka/test_real_clients.py \
 	tests/kafka/test_kafka_requests.py tests/kafka/test_handoff.py \
 	tests/kafka/test_idempotence.py tests/kafka/test_produce_errors.py tests/io/test_fanout.py \
 	tests/kafka/test_shared_fetch.py tests/kafka/test_fetch_compression.py \
