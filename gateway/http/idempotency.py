@@ -34,7 +34,6 @@ upstream modes (no data directory of its own) the keys are kept in memory only.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import json
@@ -55,7 +54,7 @@ from prometheus_client import Counter
 
 from gateway.http.request import HttpError
 from gateway.server.metrics import GaugeCollector, Metrics
-from gateway.store.recordfile import append_whole
+from gateway.store.recordfile import append_whole, write_new
 
 log = structlog.get_logger("figtank.http.idempotency")
 
@@ -131,7 +130,7 @@ def recover(path: Path) -> tuple[list[tuple[str, Remembered]], int, int]:
     if not data.startswith(MAGIC):
         if data:
             raise OSError(errno.EINVAL, f"{path} is not an idempotency keys file")
-        _replace(path, MAGIC)
+        write_new(path, MAGIC)
         return [], len(MAGIC), 0
     records = []
     pos = len(MAGIC)
@@ -151,28 +150,6 @@ def recover(path: Path) -> tuple[list[tuple[str, Remembered]], int, int]:
             f.truncate(pos)
             os.fsync(f.fileno())
     return records, pos, cut
-
-
-def _replace(path: Path, data: bytes) -> None:
-    """Write ``data`` to a new file renamed over ``path`` (fsynced, and the directory)."""
-    tmp = path.with_name(path.name + ".compacting")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        if os.write(fd, data) != len(data):
-            raise OSError(errno.ENOSPC, "short write")
-        os.fsync(fd)
-    except OSError:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 @dataclass(slots=True)
@@ -348,7 +325,7 @@ class IdempotencyKeys:
         data = MAGIC + b"".join(_record(k, e) for k, e in self._entries.items())
         before = self._size
         try:
-            await trio.to_thread.run_sync(_replace, self.path, data)
+            await trio.to_thread.run_sync(write_new, self.path, data)
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
         except OSError as exc:
             log.error("idempotency_keys_compaction_failed", file=str(self.path),

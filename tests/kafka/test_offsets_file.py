@@ -142,7 +142,7 @@ async def test_commits_after_a_compaction_whose_directory_fsync_failed_are_kept(
     # to the replaced one, and the directory is fsynced before they are acknowledged.
     import gateway.kafka.groups.offsets as offsets_module
     path = tmp_path / FILE_NAME
-    real = offsets_module._fsync_dir
+    real = offsets_module.sync_directory
     calls = {"failing": True, "failed": 0, "after": 0}
 
     def flaky(directory):
@@ -155,7 +155,7 @@ async def test_commits_after_a_compaction_whose_directory_fsync_failed_are_kept(
 
     limits = OffsetLimits(compact_bytes=4096)
     async with open_offset_store(path, limits=limits) as store:
-        monkeypatch.setattr(offsets_module, "_fsync_dir", flaky)
+        monkeypatch.setattr(offsets_module, "sync_directory", flaky)
         i = acked = 0
         while not calls["failed"]:
             if await store.commit("g", [("t", i % 3, i, "m" * 20)]) == [0]:
@@ -168,7 +168,7 @@ async def test_commits_after_a_compaction_whose_directory_fsync_failed_are_kept(
         codes = await store.commit("g", [("t", 7, 1234, None)])
         assert codes == [0]
         assert calls["after"] >= 1  # the directory was fsynced before an answer
-    monkeypatch.setattr(offsets_module, "_fsync_dir", real)
+    monkeypatch.setattr(offsets_module, "sync_directory", real)
     async with open_offset_store(path) as again:
         assert again.get("g", "t", 7).offset == 1234
         assert again.get("g", "t", acked % 3).offset == acked

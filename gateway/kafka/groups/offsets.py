@@ -45,7 +45,8 @@ import trio
 
 from gateway.logevery import LogEvery
 from gateway.server.metrics import Metrics
-from gateway.store.recordfile import append_whole
+from gateway.store.durability import sync_directory
+from gateway.store.recordfile import COMPACTING, append_whole, replace_whole, write_new
 from protocols.kafka.types import ErrorCode
 
 log = structlog.get_logger("figtank.kafka.offsets")
@@ -53,7 +54,6 @@ log = structlog.get_logger("figtank.kafka.offsets")
 #: The file's name in the data directory (a regular file: see the module doc).
 FILE_NAME: Final = "figtank-offsets.log"
 #: The suffix of the file a compaction writes before renaming it over the log.
-COMPACTING: Final = ".compacting"
 #: The first bytes of the file.
 MAGIC: Final = b"FTOFFS1\n"
 
@@ -196,7 +196,7 @@ def recover(path: Path) -> tuple[dict[str, dict[Key, Committed]], int]:
     except OSError as exc:
         raise OffsetFileError(f"cannot read {path}: {exc.strerror}") from None
     if not data or (len(data) < len(MAGIC) and MAGIC.startswith(data)):
-        _write_new(path, MAGIC)
+        write_new(path, MAGIC)
         return state, len(MAGIC)
     if not data.startswith(MAGIC):
         raise OffsetFileError(f"{path} is not a figtank offsets file (move it away)")
@@ -224,40 +224,6 @@ def recover(path: Path) -> tuple[dict[str, dict[Key, Committed]], int]:
             f.truncate(pos)
             os.fsync(f.fileno())
     return state, pos
-
-
-def _write_new(path: Path, data: bytes) -> None:
-    """Write ``path`` whole (via a temporary file renamed over it, fsynced)."""
-    os.close(_replace(path, data, 0))
-    _fsync_dir(path.parent)
-
-
-def _replace(path: Path, data: bytes, flags: int) -> int:
-    """Write ``data`` to a temporary file, fsync it and rename it over ``path``; the
-    file's descriptor opened with ``flags`` (the caller closes it; the directory is not
-    fsynced yet). On failure the temporary file is removed and ``path`` is untouched."""
-    tmp = path.with_name(path.name + COMPACTING)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flags, 0o666)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    return fd
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class _Batch:
@@ -427,7 +393,7 @@ class OffsetStore:
         records, so that what follows is not lost behind a torn record. Worker thread."""
         assert self._fd is not None and self.path is not None
         if self._dir_unsynced:
-            _fsync_dir(self.path.parent)
+            sync_directory(str(self.path.parent))
             self._dir_unsynced = False
         self._size = append_whole(self._fd, data, self._size, fsync=self.fsync)
 
@@ -472,13 +438,13 @@ class OffsetStore:
         directory's fsync: see ``_dir_unsynced``)."""
         assert self.path is not None and self._fd is not None
         data = MAGIC + b"".join(encode_commit(g, entries) for g, entries in snapshot)
-        fd = _replace(self.path, data, os.O_APPEND)
+        fd = replace_whole(self.path, data, os.O_APPEND)
         old, self._fd = self._fd, fd
         self._size = len(data)
         self._dir_unsynced = True
         with contextlib.suppress(OSError):
             os.close(old)
-        _fsync_dir(self.path.parent)
+        sync_directory(str(self.path.parent))
         self._dir_unsynced = False
         return self._size
 
