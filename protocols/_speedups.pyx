@@ -461,11 +461,6 @@ cdef int _walk_body(object source, const uint8_t* buf, Py_ssize_t end, Py_ssize_
                      sink, messages, message_class)
     plain = _snappy_plain(source, buf, h.pos, end, max_uncompressed)
     size = len(plain)
-    if sink != NULL and sink.kind == SINK_BATCH:
-        # Room for the records now that their size is known: the caller's guess came from
-        # the compressed size, and growing a large buffer step by step costs more than
-        # the walk.
-        _reserve(&sink.out, size + size // 8 + 64)
     return _walk(<const uint8_t*>PyByteArray_AS_STRING(plain), 0, size, size, h.count,
                  h.sparse, first, last, plain_decode, sink, messages, message_class)
 
