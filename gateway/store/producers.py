@@ -146,6 +146,10 @@ class ProducerTable:
         self._dirty = False
         #: The file was created or replaced: the directory must be synced too.
         self.renamed = False
+        #: The file opened for appends, kept from record to record (an open and a close
+        #: per idempotent batch cost more than its write); closed when the file is
+        #: replaced and by :meth:`close`.
+        self._append_fd: int | None = None
 
     def __len__(self) -> int:
         return len(self._producers)
@@ -197,13 +201,17 @@ class ProducerTable:
         if self._compaction_due():
             self._rewrite(sync=False)
         size = self._size
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        fd = self._append_fd
+        if fd is None:
+            fd = self._append_fd = os.open(
+                self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         try:
             if os.write(fd, _pack(batch.producer_id, batch.epoch, stored)) != RECORD_SIZE:
                 os.ftruncate(fd, size)
                 raise OSError(f"short write to {self.path}")
-        finally:
-            os.close(fd)
+        except OSError:
+            self._close_append()  # opened afresh by the next record
+            raise
         if not size:
             self.renamed = True  # perhaps a new directory entry
         self._size += RECORD_SIZE
@@ -249,9 +257,16 @@ class ProducerTable:
         return os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
 
     def close(self) -> None:
-        """Give back the producers' places in the budget (the file stays)."""
+        """Give back the producers' places in the budget and the file's descriptor (the
+        file stays)."""
         self._budget.held -= len(self._producers)
         self._producers.clear()
+        self._close_append()
+
+    def _close_append(self) -> None:
+        fd, self._append_fd = self._append_fd, None
+        if fd is not None:
+            os.close(fd)
 
     # -- inside ----------------------------------------------------------------------------
 
@@ -291,6 +306,7 @@ class ProducerTable:
         finally:
             os.close(fd)
         os.replace(tmp, self.path)
+        self._close_append()  # it holds the file replaced
         self._size = len(data)
         self._records = len(data) // RECORD_SIZE
         self._dirty = True
