@@ -159,6 +159,10 @@ class Metrics:
             "(Kafka's name, e.g. MESSAGE_TOO_LARGE, TOPIC_AUTHORIZATION_FAILED; TIMED_OUT, "
             "NETWORK_EXCEPTION).", ["operation", "error"],
             registry=None)
+        self.upstream_feed_written_through = Counter(
+            "figtank_upstream_feed_written_through_messages", "Upstream-Kafka mode: "
+            "messages the gateway produced that went to its subscribers' feed from the "
+            "Produce answer, without a Fetch.", registry=None)
         self.data_loss_events = Counter(
             "figtank_data_loss_events", "Damaged regions found in rolled segments, and "
             "corrupt or torn tails recovery cut off active segments.", registry=None)

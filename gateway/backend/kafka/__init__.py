@@ -139,17 +139,17 @@ def _make_backend(cluster: Cluster, settings: Settings, metrics: Metrics | None,
     health = UpstreamHealth(probe, settings.upstream_kafka, metrics=metrics,
                             interval=probe_interval)
     health_box.append(health)
+    feeds = TailFeeds(cluster, cache_bytes=max(settings.tail_cache_bytes // 16, 256 * 1024),
+                      idle_secs=feed_idle_secs, timeout=REQUEST_TIMEOUT_SECS,
+                      metrics=metrics, on_trouble=trouble)
     producer = UpstreamProducer(
-        cluster, metrics=metrics,
+        cluster, metrics=metrics, on_stored=feeds.stored,
         delivery_timeout=settings.upstream_kafka_delivery_timeout_secs,
         request_timeout=REQUEST_TIMEOUT_SECS,
         max_batch_bytes=settings.upstream_kafka_max_batch_bytes,
         compression=(None if settings.upstream_kafka_compression == "producer"
                      else Compression[settings.upstream_kafka_compression.upper()]),
         on_trouble=trouble)
-    feeds = TailFeeds(cluster, cache_bytes=max(settings.tail_cache_bytes // 16, 256 * 1024),
-                      idle_secs=feed_idle_secs, timeout=REQUEST_TIMEOUT_SECS,
-                      metrics=metrics, on_trouble=trouble)
     history = HistoryReader(cluster, timeout=REQUEST_TIMEOUT_SECS)
     if metrics is not None:
         _add_gauges(metrics, cluster, producer, feeds)

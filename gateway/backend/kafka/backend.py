@@ -334,7 +334,8 @@ class KafkaBackend:
                 finish(i, outcome)
 
             self.producer.send(batch.topic, batch.partition, batch.bundle,
-                               checked.msg_count, done, stamp=batch.producer)
+                               checked.msg_count, done, stamp=batch.producer, kick=False)
+        self.producer.kick()
 
     def _check(self, batch: ProduceBatch) -> ProduceOutcome | BundleInfo:
         """The outcome refusing ``batch`` before it goes upstream, or its bundle's header."""
@@ -400,9 +401,12 @@ class KafkaBackend:
                 feeds[i] = feed
                 requests[i] = FetchRequest(r.topic, r.partition, seq, r.fetch_size)
 
-        async with trio.open_nursery() as nursery:
-            for i, r in enumerate(requests):
-                nursery.start_soon(resolve, i, r)
+        if len(requests) == 1:  # the common case (a subscriber's read): no task
+            await resolve(0, requests[0])
+        else:
+            async with trio.open_nursery() as nursery:
+                for i, r in enumerate(requests):
+                    nursery.start_soon(resolve, i, r)
         if any(feed.high_water_mark >= requests[i].seq for i, feed in feeds.items()):
             # The data is there and the feed still on its way to it: no empty answer.
             deadline = max(deadline, trio.current_time() + CATCH_UP_SECS)
@@ -420,11 +424,15 @@ class KafkaBackend:
                 feed.readers += 1
             try:
                 with trio.move_on_at(deadline):
-                    async with trio.open_nursery() as nursery:
-                        for feed in feeds.values():
-                            nursery.start_soon(wait_one, feed, arrived)
-                        await arrived.wait()
-                        nursery.cancel_scope.cancel()
+                    if len(feeds) == 1:
+                        [only] = feeds.values()
+                        await only.arrived.wait()
+                    else:
+                        async with trio.open_nursery() as nursery:
+                            for feed in feeds.values():
+                                nursery.start_soon(wait_one, feed, arrived)
+                            await arrived.wait()
+                            nursery.cancel_scope.cancel()
             finally:
                 for feed in feeds.values():
                     feed.readers -= 1

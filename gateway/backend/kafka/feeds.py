@@ -11,6 +11,18 @@ the cache, or ahead of the feed's position, is not served here
 ``cache_bytes`` ahead of its furthest reader, and drops what a reader was served first:
 it waits for the readers instead of dropping what they have not read.
 
+Batches the gateway itself produced to a partition with a feed are written through
+(:meth:`TailFeeds.stored`): the Produce answer names where the upstream stored the batch,
+and when that is right after the feed's position, the batch's records (the same bytes the
+upstream stored, its base offset set) become the feed's next bundles at once, by the
+same compiled conversion as a fetched answer. While its own answers keep a feed at the
+tail that way, the feed sends no Fetch (the data is already there), and it reads again
+once they stop for ``quiet_secs`` or one shows a gap (another producer wrote in between:
+the fetch reads it). A publisher and its subscribers on one gateway then cost one
+upstream round trip a batch, not two. Not written through: a batch whose timestamps the
+upstream set (LogAppendTime), one that does not follow the feed's position, and any
+while the feed's readers are a cache behind.
+
 A feed nobody read for ``idle_secs`` is dropped. The number of feeds is bounded by the
 partitions that exist; their memory by twice ``cache_bytes`` each (or one batch, when
 the upstream holds a batch larger than that).
@@ -19,6 +31,8 @@ the upstream holds a batch larger than that).
 from __future__ import annotations
 
 import bisect
+import math
+import struct
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,12 +45,19 @@ from gateway.backend.kafka.cluster import STALE_METADATA, Cluster
 from gateway.backend.kafka.fetcher import fetch_partition
 from gateway.backend.kafka.wire import BrokerLost
 from gateway.server.metrics import Metrics
+from protocols.errors import ProtocolError
 from protocols.kafka.types import ErrorCode
-from protocols.kafka.upstream_codec import UpstreamBundle
+from protocols.kafka.upstream_codec import UpstreamBundle, record_batches_to_bundles
 
 log = structlog.get_logger("figtank.upstream_kafka")
 
 TopicPartition: TypeAlias = tuple[str, int]
+#: A record batch's base offset: its first 8 bytes (outside its CRC).
+_BASE_OFFSET = struct.Struct(">q")
+#: How long a feed written through by the gateway's own produce answers stays off the
+#: upstream after the last one (seconds): past it, another producer's records are
+#: fetched as before.
+QUIET_SECS = 0.01
 #: Errors after which a feed reads on (after a pause): the leader moved, or was away.
 _PASSING = frozenset(ErrorCode(c).name for c in STALE_METADATA
                      if c != ErrorCode.UNKNOWN_TOPIC_OR_PARTITION) | {
@@ -67,6 +88,12 @@ class PartitionFeed:
     error: tuple[str, str] | None = None
     last_used: float = 0.0
     readers: int = 0
+    #: When the gateway's own produce answer last wrote the feed through (trio time).
+    fed_at: float = -math.inf
+    #: Set (and replaced) when a quiet feed must read again (a gap, or dropped).
+    resume: trio.Event = field(default_factory=trio.Event)
+    #: The last sequence of the last bundle appended (the next read continues it).
+    last_appended: int | None = None
 
     @property
     def first_cached(self) -> int:
@@ -112,11 +139,12 @@ class TailFeeds:
 
     def __init__(self, cluster: Cluster, *, cache_bytes: int = 1024 * 1024,
                  idle_secs: float = 30.0, max_wait_ms: int = 250, timeout: float = 5.0,
-                 metrics: Metrics | None = None,
+                 quiet_secs: float = QUIET_SECS, metrics: Metrics | None = None,
                  on_trouble: Callable[[], None] | None = None) -> None:
         self._cluster = cluster
         self.cache_bytes = cache_bytes
         self.idle_secs = idle_secs
+        self.quiet_secs = quiet_secs
         self.max_wait_ms = max_wait_ms
         self.timeout = timeout
         self._metrics = metrics
@@ -167,12 +195,79 @@ class TailFeeds:
             feed.consumed.set()
             feed.consumed = trio.Event()
 
+    def stored(self, topic: str, partition: int, base_offset: int,
+               batch: bytes | bytearray) -> None:
+        """The gateway's own record ``batch`` was stored at ``base_offset`` of
+        ``topic``/``partition`` (its Produce answer): written through to the partition's
+        feed when it follows the feed's position (see the module doc)."""
+        feed = self.feeds.get((topic, partition))
+        if feed is None or feed.error is not None:
+            return
+        first_seq = base_offset + 1
+        if first_seq > feed.next_seq:  # another producer wrote before it: fetch that
+            self._resume(feed)
+            return
+        if first_seq < feed.next_seq or feed.unread_bytes() >= self.cache_bytes:
+            return  # fetched already; or the readers are behind: the fetches go on
+        data = bytearray(batch)
+        _BASE_OFFSET.pack_into(data, 0, base_offset)
+        try:
+            got = record_batches_to_bundles(data, from_offset=base_offset,
+                                            after_seq=feed.last_appended)
+        except ProtocolError:  # not expected (the gateway built it): let a fetch read it
+            self._resume(feed)
+            return
+        if got.error is not None or not got.bundles:
+            self._resume(feed)
+            return
+        self._append(feed, got.bundles, got.next_offset)
+        feed.fed_at = trio.current_time()
+        if self._metrics is not None:
+            self._metrics.upstream_feed_written_through.inc(
+                sum(b.count for b in got.bundles))
+        self._arrived(feed)
+
+    def _resume(self, feed: PartitionFeed) -> None:
+        """A quiet feed reads from the upstream again now."""
+        feed.fed_at = -math.inf
+        feed.resume.set()
+        feed.resume = trio.Event()
+
+    def _append(self, feed: PartitionFeed, bundles: list[UpstreamBundle],
+                next_offset: int) -> bool:
+        """Cache ``bundles`` after the feed's position (those before it are skipped);
+        False when one straddles the position (the upstream's batches are not the ones
+        cached: the next fetch reads on from the position, records before it skipped)."""
+        whole = True
+        for bundle in bundles:
+            if bundle.last_seq < feed.next_seq:
+                continue
+            if bundle.first_seq < feed.next_seq:
+                whole = False
+                break
+            feed.bundles.append(bundle)
+            feed.cached_bytes += len(bundle.framed)
+            feed.next_seq = bundle.last_seq + 1
+            feed.last_appended = bundle.last_seq
+        if whole and next_offset + 1 > feed.next_seq:  # control batches, compaction gaps
+            feed.next_seq = next_offset + 1
+        if feed.next_seq - 1 > feed.high_water_mark:
+            feed.high_water_mark = feed.next_seq - 1
+        feed.trim(self.cache_bytes)
+        return whole
+
+    @staticmethod
+    def _arrived(feed: PartitionFeed) -> None:
+        feed.arrived.set()
+        feed.arrived = trio.Event()
+
     def _drop(self, key: TopicPartition) -> None:
         feed = self.feeds.pop(key, None)
         if feed is not None:
             feed.error = feed.error or ("_DROPPED", "the feed was closed")
             feed.arrived.set()
             feed.consumed.set()
+            feed.resume.set()
 
     async def _follow(self, feed: PartitionFeed) -> None:
         """Read ``feed``'s partition until it is dropped or its read fails."""
@@ -184,7 +279,6 @@ class TailFeeds:
             self._cluster.release(lane)
 
     async def _read(self, feed: PartitionFeed, key: TopicPartition, lane: str) -> None:
-        after: int | None = None
         pause = 0.0
         fetch_bytes = max(self.cache_bytes // 2, 64 * 1024)
         while self.feeds.get(key) is feed:
@@ -192,6 +286,13 @@ class TailFeeds:
                 await trio.sleep(pause)
                 if self.feeds.get(key) is not feed:
                     return
+            quiet_until = feed.fed_at + self.quiet_secs
+            if quiet_until > trio.current_time():
+                # Written through by the gateway's own produce answers: nothing to fetch.
+                resume = feed.resume
+                with trio.move_on_at(quiet_until):
+                    await resume.wait()
+                continue
             if feed.unread_bytes() >= self.cache_bytes:
                 consumed = feed.consumed
                 with trio.move_on_after(self.idle_secs):
@@ -203,7 +304,8 @@ class TailFeeds:
                 room = max(self.cache_bytes - feed.unread_bytes(), 1)
                 got = await fetch_partition(self._cluster, feed.topic, feed.partition,
                                             feed.next_seq - 1, max_wait_ms=self.max_wait_ms,
-                                            max_bytes=min(fetch_bytes, room), after_seq=after,
+                                            max_bytes=min(fetch_bytes, room),
+                                            after_seq=feed.last_appended,
                                             timeout=self.timeout, lane=lane)
             except BrokerLost as exc:
                 log.debug("upstream_tail_fetch_failed", topic=feed.topic,
@@ -220,23 +322,12 @@ class TailFeeds:
             pause = 0.0
             if got.high_watermark > feed.high_water_mark:
                 feed.high_water_mark = got.high_watermark
-            for bundle in got.bundles:
-                if bundle.first_seq < feed.next_seq:
-                    continue
-                feed.bundles.append(bundle)
-                feed.cached_bytes += len(bundle.framed)
-                feed.next_seq = bundle.last_seq + 1
-                after = bundle.last_seq
-            if got.next_offset + 1 > feed.next_seq:  # control batches, compaction gaps
-                feed.next_seq = got.next_offset + 1
-            if feed.next_seq - 1 > feed.high_water_mark:
-                feed.high_water_mark = feed.next_seq - 1
-            feed.trim(self.cache_bytes)
+            if not self._append(feed, got.bundles, got.next_offset):
+                feed.last_appended = None  # read on from the position, any boundary
             if got.error is not None:
                 feed.error = got.error
                 if self._metrics is not None:
                     self._metrics.upstream_errors.labels("fetch", got.error[0]).inc()
-            feed.arrived.set()
-            feed.arrived = trio.Event()
+            self._arrived(feed)
             if got.error is not None:
                 return

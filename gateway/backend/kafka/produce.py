@@ -59,6 +59,8 @@ from protocols.kafka.upstream_codec import bundles_to_record_batch
 from protocols.tank.bundle import plain_size
 
 log = structlog.get_logger("figtank.upstream_kafka")
+#: What :meth:`UpstreamProducer._dispatch` answers when no partition waits to retry.
+_NO_RETRY: Final = 3600.0
 
 #: Called in the trio thread with a bundle's outcome.
 Done = Callable[[ProduceOutcome], None]
@@ -203,7 +205,8 @@ class UpstreamProducer:
                  delivery_timeout: float = 10.0, request_timeout: float = 5.0,
                  max_batch_bytes: int = 512 * 1024, max_in_flight: int = 5,
                  compression: Compression | None = None,
-                 on_trouble: Callable[[], None] | None = None) -> None:
+                 on_trouble: Callable[[], None] | None = None,
+                 on_stored: Callable[[str, int, int, bytes], None] | None = None) -> None:
         self._cluster = cluster
         self._metrics = metrics
         self.delivery_timeout = delivery_timeout
@@ -214,6 +217,7 @@ class UpstreamProducer:
         #: a Snappy bundle, else none), as Kafka's ``compression.type=producer``.
         self.compression = compression
         self._on_trouble = on_trouble or (lambda: None)
+        self._on_stored = on_stored
         #: By ``(topic, partition)``, and ``(topic, partition, producer id)`` for a Kafka
         #: client's stamped batches.
         self._partitions: dict[tuple[str | int, ...], _Partition] = {}
@@ -235,12 +239,13 @@ class UpstreamProducer:
     # ----------------------------------------------------------------- front side
 
     def send(self, topic: str, partition: int, bundle: bytes, count: int, done: Done, *,
-             stamp: ProducerBatch | None = None) -> None:
+             stamp: ProducerBatch | None = None, kick: bool = True) -> None:
         """Queue ``bundle`` (``count`` messages) for ``topic``/``partition``; ``done`` gets
         the outcome in the trio thread. ``stamp``: a Kafka client's idempotent batch,
         sent upstream under the client's producer id and sequence (the upstream issued
         that id: :meth:`producer_id`), so that a retry reaching the cluster through any
-        gateway is stored once."""
+        gateway is stored once. ``kick=False``: the caller queues more and calls
+        :meth:`kick` once after them (they may then share requests)."""
         key = (topic, partition) if stamp is None else (topic, partition, stamp.producer_id)
         state = self._partitions.get(key)
         if state is None:
@@ -251,7 +256,27 @@ class UpstreamProducer:
         state.queued_bytes += item.size
         self._queued_messages += count
         self._ready[state] = None
-        self._wake.set()
+        if kick:
+            self.kick()
+
+    def kick(self) -> None:
+        """Send what can go now, from the calling task: after :meth:`send` (one call
+        after a front end's batches, so they share requests) and when an answer comes.
+        No wake-up of the sender task per request; what needs waiting (a producer id, a
+        leader, a connection, a retry's pause) is left to it."""
+        if self._nursery is None or self._pid is None or self._renew or self.failure:
+            self._wake.set()
+            return
+        now = trio.current_time()
+        while True:
+            later, sent = self._dispatch(now)
+            if not sent:
+                break
+        if later < _NO_RETRY or any(not state.flight or state.troubled
+                                    for state in self._ready):
+            # A partition waits for a retry, a leader or a connection, or was refused:
+            # the sender task keeps the time.
+            self._wake.set()
 
     def in_flight(self) -> int:
         """Messages queued or on their way upstream."""
@@ -287,8 +312,7 @@ class UpstreamProducer:
                 later, sent = self._dispatch(now)
                 if sent:
                     # More may go before any answer (a long queue, several batches on
-                    # their way): after the writers had their turn to send these.
-                    await trio.lowlevel.checkpoint()
+                    # their way): the requests already left, dispatch again at once.
                     continue
                 self._wake = trio.Event()
                 with trio.move_on_after(max(min(wait, later), 0.0)):
@@ -300,7 +324,7 @@ class UpstreamProducer:
         anything was sent. Called again at once after a send, and (woken) as answers
         come, so a partition keeps up to ``max_in_flight`` batches on their way."""
         by_node: dict[int, list[tuple[_Partition, _Batch]]] = {}
-        later = 3600.0
+        later = _NO_RETRY
         unknown: list[str] = []
         for state in list(self._ready):
             if state.troubled:
@@ -438,14 +462,15 @@ class UpstreamProducer:
         request = ProduceRequest(None, -1, int(self.request_timeout * 1000),
                                  [TopicProduceData(t, p) for t, p in topics.items()])
         try:
-            pending = connection.submit(ApiKey.PRODUCE, request)
+            connection.submit(ApiKey.PRODUCE, request, timeout=self.request_timeout + 1,
+                              on_answer=lambda answer, error: self._answered(parts, answer,
+                                                                             error))
         except BrokerLost as exc:
             for state, batch in parts:
                 self._refused(state, batch, -1, "NETWORK_EXCEPTION", str(exc))
             return False
         for _, batch in parts:
             batch.sent = True
-        self._nursery.start_soon(self._answer, connection, pending, parts)
         return True
 
     async def _connect(self, node: int) -> None:
@@ -463,15 +488,14 @@ class UpstreamProducer:
             self._connecting.discard(node)
             self._wake.set()
 
-    async def _answer(self, connection: Any, pending: Any,
-                      parts: list[tuple[_Partition, _Batch]]) -> None:
-        try:
-            answer = await connection.wait(pending, timeout=self.request_timeout + 1)
-        except BrokerLost as exc:
+    def _answered(self, parts: list[tuple[_Partition, _Batch]], answer: Any,
+                  error: BaseException | None) -> None:
+        """A Produce's answer (from the connection's reader), or why none will come."""
+        if error is not None:
             self._on_trouble()
             for state, batch in parts:
                 self._cluster.forget(state.topic, state.partition)
-                self._refused(state, batch, -1, "NETWORK_EXCEPTION", str(exc))
+                self._refused(state, batch, -1, "NETWORK_EXCEPTION", str(error))
             self._wake.set()
             return
         found = {(t.name, p.index): p for t in answer.responses for p in t.partition_responses}
@@ -483,10 +507,14 @@ class UpstreamProducer:
             elif part.error_code in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE_NUMBER):
                 batch.sent = False
                 self._stored(state, batch, part.base_offset)
+                if self._on_stored is not None and part.error_code == ErrorCode.NONE and \
+                        part.base_offset >= 0 and part.log_append_time_ms == -1:
+                    self._on_stored(state.topic, state.partition, part.base_offset,
+                                    batch.data)
             else:
                 name = error_name(part.error_code)
                 self._refused(state, batch, part.error_code, name, part.error_message or name)
-        self._wake.set()
+        self.kick()
 
     def _refused(self, state: _Partition, batch: _Batch, code: int, name: str,
                  text: str) -> None:

@@ -6,10 +6,14 @@ hands back a :class:`BrokerConnection`. :meth:`BrokerConnection.call` sends one 
 the highest version both sides speak and waits for its answer; any number of calls may be
 in flight on one connection (the broker answers a connection's requests in order; the
 answers are matched by correlation id). Requests go on the wire in the order they were
-submitted (:meth:`BrokerConnection.submit`, synchronous), several in one write when they
-queue up. One task per connection writes, one reads the answers
-(:meth:`BrokerConnection.run`); when the connection is lost every waiting call raises
-:class:`BrokerLost`, and the connection is not used again.
+submitted (:meth:`BrokerConnection.submit`, synchronous): written to the socket at once
+when it takes them (no task hand-off), else queued for the connection's writer task. One
+task reads the answers (:meth:`BrokerConnection.run`). A request submitted with
+``on_answer`` has its answer handed to that callback by the reader, with no task waiting
+for it (the producer's Produce requests: no task and no wake-up per request); a watchdog
+closes the connection when such an answer is late. When the connection is lost every
+waiting call raises :class:`BrokerLost` (every callback gets it), and the connection is not
+used again.
 
 The messages are figtank's own (:mod:`protocols.kafka.records`, generated from Kafka's
 message definitions): the client and the Kafka listener share one protocol layer.
@@ -20,14 +24,18 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import math
 import secrets
 import ssl
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+import structlog
 import trio
 
+from gateway.io.writer import FrameWriter
 from protocols.errors import ProtocolError
 from protocols.kafka.messages import (
     REQUESTS,
@@ -36,7 +44,7 @@ from protocols.kafka.messages import (
     request_header_version,
     response_header_version,
 )
-from protocols.kafka.primitives import Buffer, Parts
+from protocols.kafka.primitives import Parts
 from protocols.kafka.records import (
     WRITERS,
     ApiVersionsRequest,
@@ -52,9 +60,15 @@ from protocols.kafka.types import ApiKey, ErrorCode
 MAX_FRAME: Final = 256 * 1024 * 1024
 _SIZE: Final = struct.Struct(">i")
 _READ: Final = 1024 * 1024
-#: Pieces of requests smaller than this are joined into one write; larger ones are
-#: written as they are (a copy of a record batch costs more than a write).
-_JOIN_BELOW: Final = 64 * 1024
+#: How often the watchdog looks for answers past their deadline (seconds): a late answer
+#: is noticed within this much of its timeout (every timeout is seconds long).
+WATCH_EVERY: Final = 0.5
+
+#: Called with an answer's body, or with the error that means it will not come.
+OnAnswer = Callable[[Any, BaseException | None], None]
+
+
+log = structlog.get_logger("figtank.upstream_kafka")
 
 
 class BrokerLost(ConnectionError):
@@ -76,15 +90,20 @@ class Security:
 
 
 class Pending:
-    """A request on its way: its answer (or error) once ``done`` is set."""
+    """A request on its way: its answer (or error) once ``done`` is set, or handed to
+    ``on_answer`` (then there is no ``done``) before ``deadline`` (trio time)."""
 
-    __slots__ = ("api_key", "correlation", "done", "error", "result", "version")
+    __slots__ = ("api_key", "correlation", "deadline", "done", "error", "on_answer",
+                 "result", "version")
 
-    def __init__(self, api_key: int, version: int, correlation: int) -> None:
+    def __init__(self, api_key: int, version: int, correlation: int,
+                 on_answer: OnAnswer | None = None, deadline: float = math.inf) -> None:
         self.api_key = api_key
         self.version = version
         self.correlation = correlation
-        self.done = trio.Event()
+        self.on_answer = on_answer
+        self.deadline = deadline
+        self.done = trio.Event() if on_answer is None else None
         self.result: Any = None
         self.error: BaseException | None = None
 
@@ -100,10 +119,13 @@ class BrokerConnection:
         self.timeout = timeout
         self._correlation = 0
         self._pending: dict[int, Pending] = {}
-        self._outgoing: list[Buffer] = []
-        self._wake_writer = trio.Event()
-        # Cancelled by close(): the reader and the writer stop, and the stream is closed.
+        # direct: a request leaves in the submitting task when the socket takes it.
+        self._writer = FrameWriter(stream, direct=True)
+        # Cancelled by close(): the reader, the writer and the watchdog stop, and the
+        # stream is closed.
         self._reading = trio.CancelScope()
+        self._writing = trio.CancelScope()
+        self._watching = trio.CancelScope()
         #: Why the connection is no longer usable (None while it is).
         self.lost: str | None = None
         #: What the broker serves: ``{api_key: (min, max)}``.
@@ -121,11 +143,18 @@ class BrokerConnection:
         raise BrokerLost(f"{self.address} does not serve {ApiKey(api_key).name} in a "
                          f"version figtank speaks")
 
-    def submit(self, api_key: int, body: Any, *, version: int | None = None) -> Pending:
-        """Queue one request to be sent after every request submitted before it, and
-        return what its answer will land in (:meth:`wait`). Requests go on the wire in
-        the order they are submitted, whichever task submits them: a producer relies on
-        that for the order of a partition's batches."""
+    def submit(self, api_key: int, body: Any, *, version: int | None = None,
+               on_answer: OnAnswer | None = None, timeout: float | None = None) -> Pending:
+        """Send one request after every request submitted before it, and return what its
+        answer will land in (:meth:`wait`). Requests go on the wire in the order they are
+        submitted, whichever task submits them: a producer relies on that for the order
+        of a partition's batches.
+
+        No answer within ``timeout`` (default the connection's) and the connection is
+        closed (:meth:`watch`): a late answer could not be told from the next one's.
+        With ``on_answer``, nobody waits: the reader calls ``on_answer(body, None)`` with
+        the answer, or ``on_answer(None, error)`` once the connection is lost; never from
+        within this call."""
         if self.lost is not None:
             raise BrokerLost(self.lost)
         if version is None:
@@ -140,25 +169,19 @@ class BrokerConnection:
         out = Parts()
         WRITERS[REQUESTS[api_key].name](body, out, version)
         pieces = [piece for piece in out.pieces() if piece]
-        pending = Pending(api_key, version, correlation)
+        pending = Pending(api_key, version, correlation, on_answer, trio.current_time() + (
+            self.timeout if timeout is None else timeout))
         self._pending[correlation] = pending
-        self._outgoing.append(_SIZE.pack(len(header) + sum(map(len, pieces))) + header)
-        self._outgoing += pieces
-        self._wake_writer.set()
+        self._writer.put_parts_nowait(
+            [_SIZE.pack(len(header) + sum(map(len, pieces))) + header, *pieces])
         return pending
 
-    async def wait(self, pending: Pending, *, timeout: float | None = None) -> Any:
+    async def wait(self, pending: Pending) -> Any:
         """The answer's body of a submitted request (:class:`BrokerLost` when the
-        connection fails or no answer comes within ``timeout``, default the connection's)."""
+        connection fails, or closes because no answer came in time: see :meth:`watch`)."""
+        assert pending.done is not None, "an answer handed to on_answer is not waited for"
         try:
-            with trio.fail_after(self.timeout if timeout is None else timeout):
-                await pending.done.wait()
-        except trio.TooSlowError:
-            # The answer may still come; the connection can not tell which request a
-            # late one belongs to if it is dropped, so it is given up.
-            self.close(f"no answer to {ApiKey(pending.api_key).name} from {self.address} "
-                       f"in time")
-            raise BrokerLost(self.lost or "") from None
+            await pending.done.wait()
         finally:
             self._pending.pop(pending.correlation, None)
         if pending.error is not None:
@@ -168,31 +191,29 @@ class BrokerConnection:
     async def call(self, api_key: int, body: Any, *, version: int | None = None,
                    timeout: float | None = None) -> Any:
         """Send one request and wait for its answer's body (:meth:`submit`, :meth:`wait`)."""
-        return await self.wait(self.submit(api_key, body, version=version), timeout=timeout)
+        return await self.wait(self.submit(api_key, body, version=version, timeout=timeout))
 
     async def write(self) -> None:
-        """Send the submitted requests, in order, until the connection ends."""
+        """Send what the socket did not take at once, in order, until the connection ends."""
         try:
-            while self.lost is None:
-                if not self._outgoing:
-                    self._wake_writer = trio.Event()
-                    await self._wake_writer.wait()
-                    continue
-                pieces, self._outgoing = self._outgoing, []
-                small: list[Buffer] = []
-                for piece in pieces:
-                    if len(piece) < _JOIN_BELOW:
-                        small.append(piece)
-                        continue
-                    if small:
-                        await self._stream.send_all(b"".join(small))
-                        small = []
-                    await self._stream.send_all(piece)
-                if small:
-                    await self._stream.send_all(small[0] if len(small) == 1
-                                                else b"".join(small))
+            with self._writing:
+                await self._writer.run()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self.close(f"connection to {self.address} lost: {exc}")
+
+    async def watch(self) -> None:
+        """Close the connection when an answer is past its deadline: one timer per
+        connection, not a cancel scope per request (every waiting call and callback then
+        gets :class:`BrokerLost`)."""
+        with self._watching:
+            while self.lost is None:
+                await trio.sleep(WATCH_EVERY)
+                now = trio.current_time()
+                for pending in self._pending.values():
+                    if pending.deadline <= now:
+                        self.close(f"no answer to {ApiKey(pending.api_key).name} from "
+                                   f"{self.address} in time")
+                        break
 
     async def run(self) -> None:
         """Read answers until the connection ends (then every waiting call fails)."""
@@ -252,23 +273,46 @@ class BrokerConnection:
         except ProtocolError as exc:
             pending.error = BrokerLost(f"bad answer to {ApiKey(pending.api_key).name} "
                                        f"from {self.address}: {exc}")
-        pending.done.set()
+        if pending.done is not None:
+            pending.done.set()
+            return
+        del self._pending[correlation]
+        _hand_over(pending)
 
     def close(self, reason: str) -> None:
         """Stop using the connection: every waiting call raises :class:`BrokerLost`."""
         if self.lost is None:
             self.lost = reason
-        self._wake_writer.set()
         self._reading.cancel()
-        for pending in self._pending.values():
-            if not pending.done.is_set():
+        self._writing.cancel()
+        self._watching.cancel()
+        self._writer.close()
+        handed: list[Pending] = []
+        for correlation, pending in list(self._pending.items()):
+            if pending.done is None:
+                del self._pending[correlation]
+                pending.error = BrokerLost(self.lost)
+                handed.append(pending)
+            elif not pending.done.is_set():
                 pending.error = BrokerLost(self.lost)
                 pending.done.set()
+        for pending in handed:
+            _hand_over(pending)
 
     @property
     def in_flight(self) -> int:
         """Requests sent and not answered yet."""
         return len(self._pending)
+
+
+def _hand_over(pending: Pending) -> None:
+    """Give a request's answer (or error) to its ``on_answer``."""
+    assert pending.on_answer is not None
+    try:
+        pending.on_answer(pending.result, pending.error)
+    except Exception:  # one caller's bug must not end the connection for the others
+        log.exception("upstream_answer_callback_failed",
+                      api=ApiKey(pending.api_key).name)
 
 
 async def open_broker(host: str, port: int, nursery: trio.Nursery, *, security: Security,
@@ -297,6 +341,7 @@ async def open_broker(host: str, port: int, nursery: trio.Nursery, *, security: 
     connection = BrokerConnection(stream, address, client_id=client_id, timeout=timeout)
     nursery.start_soon(connection.run)
     nursery.start_soon(connection.write)
+    nursery.start_soon(connection.watch)
     try:
         answer = await connection.call(ApiKey.API_VERSIONS, ApiVersionsRequest(), version=0)
         if answer.error_code:
