@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,13 @@ from gateway.backend.contract import ProduceCode, ProduceOutcome
 from gateway.backend.kafka.cluster import Cluster
 from gateway.backend.kafka.fetcher import fetch_partition
 from gateway.backend.kafka.produce import UpstreamProducer
-from gateway.backend.kafka.wire import AuthenticationFailed, BrokerLost, Security, open_broker
+from gateway.backend.kafka.wire import (
+    AuthenticationFailed,
+    BrokerConnection,
+    BrokerLost,
+    Security,
+    open_broker,
+)
 from gateway.client.tls import client_context
 from protocols.kafka.codecs import Compression
 from protocols.kafka.records import (
@@ -252,3 +259,40 @@ async def test_batches_go_up_compressed_as_the_client_compressed_them_by_default
                 nursery.cancel_scope.cancel()
     finally:
         upstream.served.close()
+
+
+async def test_an_answer_that_does_not_come_closes_the_connection_in_time() -> None:
+    """A broker that takes requests and never answers: the waiting call and the request
+    whose answer goes to a callback both get BrokerLost at their deadline (the
+    connection's watchdog), and the connection is not used again."""
+    received = bytearray()
+
+    async def silent(stream: trio.SocketStream) -> None:
+        async for data in stream:
+            received.extend(data)
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, silent, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        connection = BrokerConnection(stream, f"127.0.0.1:{port}", client_id="t", timeout=5)
+        nursery.start_soon(connection.run)
+        nursery.start_soon(connection.write)
+        nursery.start_soon(connection.watch)
+        handed: list[tuple[object, BaseException | None]] = []
+        request = ListOffsetsRequest(replica_id=-1, topics=[])
+        started = trio.current_time()
+        connection.submit(ApiKey.LIST_OFFSETS, request, version=1, timeout=0.3,
+                          on_answer=lambda answer, error: handed.append((answer, error)))
+        with trio.fail_after(5), pytest.raises(BrokerLost, match="in time"):
+            await connection.call(ApiKey.LIST_OFFSETS, request, version=1, timeout=2)
+        waited = trio.current_time() - started
+        # The first deadline (0.3 s) closed the connection: both requests failed then.
+        assert 0.25 <= waited < 1.5, waited
+        assert len(handed) == 1 and handed[0][0] is None
+        assert isinstance(handed[0][1], BrokerLost)
+        assert connection.lost is not None and connection.in_flight == 0
+        assert len(received) > 0  # the requests were written
+        with pytest.raises(BrokerLost):
+            connection.submit(ApiKey.LIST_OFFSETS, request, version=1)
+        nursery.cancel_scope.cancel()

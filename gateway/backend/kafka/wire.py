@@ -60,10 +60,6 @@ from protocols.kafka.types import ApiKey, ErrorCode
 MAX_FRAME: Final = 256 * 1024 * 1024
 _SIZE: Final = struct.Struct(">i")
 _READ: Final = 1024 * 1024
-#: How often the watchdog looks for answers past their deadline (seconds): a late answer
-#: is noticed within this much of its timeout (every timeout is seconds long).
-WATCH_EVERY: Final = 0.5
-
 #: Called with an answer's body, or with the error that means it will not come.
 OnAnswer = Callable[[Any, BaseException | None], None]
 
@@ -126,6 +122,8 @@ class BrokerConnection:
         self._reading = trio.CancelScope()
         self._writing = trio.CancelScope()
         self._watching = trio.CancelScope()
+        #: Set when a request is submitted: the watchdog waits on it while none is out.
+        self._watch_idle = trio.Event()
         #: Why the connection is no longer usable (None while it is).
         self.lost: str | None = None
         #: What the broker serves: ``{api_key: (min, max)}``.
@@ -172,6 +170,8 @@ class BrokerConnection:
         pending = Pending(api_key, version, correlation, on_answer, trio.current_time() + (
             self.timeout if timeout is None else timeout))
         self._pending[correlation] = pending
+        if not self._watch_idle.is_set():
+            self._watch_idle.set()
         self._writer.put_parts_nowait(
             [_SIZE.pack(len(header) + sum(map(len, pieces))) + header, *pieces])
         return pending
@@ -204,16 +204,23 @@ class BrokerConnection:
     async def watch(self) -> None:
         """Close the connection when an answer is past its deadline: one timer per
         connection, not a cancel scope per request (every waiting call and callback then
-        gets :class:`BrokerLost`)."""
+        gets :class:`BrokerLost`). It sleeps until the earliest deadline, and while
+        nothing is on its way, until a request is."""
         with self._watching:
             while self.lost is None:
-                await trio.sleep(WATCH_EVERY)
-                now = trio.current_time()
-                for pending in self._pending.values():
-                    if pending.deadline <= now:
-                        self.close(f"no answer to {ApiKey(pending.api_key).name} from "
-                                   f"{self.address} in time")
-                        break
+                if not self._pending:
+                    self._watch_idle = trio.Event()
+                    await self._watch_idle.wait()
+                    continue
+                soonest = min(pending.deadline for pending in self._pending.values())
+                if soonest > trio.current_time():
+                    # A request submitted meanwhile with a shorter timeout is noticed by
+                    # the next round (timeouts are seconds, and differ little).
+                    await trio.sleep_until(soonest)
+                    continue
+                late = next(p for p in self._pending.values() if p.deadline <= soonest)
+                self.close(f"no answer to {ApiKey(late.api_key).name} from "
+                           f"{self.address} in time")
 
     async def run(self) -> None:
         """Read answers until the connection ends (then every waiting call fails)."""
