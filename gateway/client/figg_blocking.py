@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import queue
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar, TypeVarTuple
 
 import trio
 
@@ -30,6 +30,11 @@ from gateway.client.figg import (
     FiggMessage,
     Subscription,
 )
+
+__all__ = ["BlockingFiggClient", "BlockingSubscription"]
+
+T = TypeVar("T")
+Args = TypeVarTuple("Args")
 
 #: How often a pump re-checks a full queue.
 _POLL_SECS = 0.005
@@ -125,7 +130,7 @@ class BlockingFiggClient:
         """The async client (touch it only from the client's thread)."""
         return self._client
 
-    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def _call(self, fn: Callable[[*Args], Awaitable[T]], *args: *Args) -> T:
         if self._client.closed:
             raise self._client.failure or ClientClosed("the Figg client is closed")
         try:

@@ -9,6 +9,10 @@ from typing import Any, NoReturn
 
 import trio
 
+__all__ = [
+    "raise_lone", "running",
+]
+
 
 def raise_lone(group: BaseExceptionGroup) -> NoReturn:
     """Raise the group's only exception as itself, or the group when it holds several.

@@ -31,12 +31,13 @@ There is no reconnect: when the connection ends every call raises
 
 from __future__ import annotations
 
+import enum
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias, TypedDict, Unpack
 
 import structlog
 import trio
@@ -94,9 +95,9 @@ from protocols.tank.types import ConsumeFlags, CreateTopicError, ReloadConfError
 from protocols.wire import UINT64_MAX
 
 __all__ = [
-    "DEFAULT_FETCH_SIZE", "FIRST_AVAILABLE", "TAIL", "BrokerStatus", "Codec",
-    "ConsumeResult", "Message", "PartitionBounds", "TankClient", "TopicInfo",
-    "open_tank_client",
+    "CLIENT_VERSION", "DEFAULT_FETCH_SIZE", "FIRST_AVAILABLE", "MAX_FETCH_SIZE", "TAIL",
+    "BrokerStatus", "Codec", "ConsumeResult", "Message", "MessageLike", "PartitionBounds",
+    "TankClient", "TankOptions", "TopicInfo", "TopicPartition", "open_tank_client",
 ]
 
 log = structlog.get_logger("figtank.client.tank")
@@ -115,6 +116,20 @@ CLIENT_VERSION: Final = 2
 #: A message to produce: a value, ``(key, value)``, or a :class:`Message`.
 MessageLike: TypeAlias = bytes | tuple[bytes | None, bytes] | Message
 TopicPartition: TypeAlias = tuple[str, int]
+
+
+class TankOptions(TypedDict, total=False):
+    """:class:`TankClient`'s keyword arguments, for what passes them on."""
+
+    client_id: str
+    connect_timeout: float
+    request_timeout: float | None
+    max_frame_size: int
+    ssl_context: ssl.SSLContext | None
+    tls: bool
+    ca: PathLike | None
+    cert: PathLike | None
+    key: PathLike | None
 
 
 @dataclass(slots=True)
@@ -496,12 +511,17 @@ class TankClient:
             raise ValueError("either every entry has a first sequence number or none has")
         order = _entries_by_topic(entries)
 
+        def first_seq(i: int) -> int:
+            first = entries[i][3]
+            assert first is not None  # with_seqnum: every entry has one
+            return first
+
         def build(request_id: int) -> Any:
             if with_seqnum:
                 return ProduceWithSeqnumRequest(
                     CLIENT_VERSION, request_id, self.client_id, required_acks, ack_timeout_ms,
                     [ProduceWithSeqnumTopic(topic, [ProduceWithSeqnumPartition(
-                        entries[i][1], entries[i][3], entries[i][2]) for i in indexes])
+                        entries[i][1], first_seq(i), entries[i][2]) for i in indexes])
                      for topic, indexes in order.items()])
             return ProduceRequest(
                 CLIENT_VERSION, request_id, self.client_id, required_acks, ack_timeout_ms,
@@ -671,7 +691,7 @@ def _entries_by_topic(entries: Sequence[tuple[Any, ...]]) -> dict[str, list[int]
     return order
 
 
-def _code_name(codes: Any, code: int) -> str:
+def _code_name(codes: type[enum.IntEnum], code: int) -> str:
     try:
         return codes(code).name.lower()
     except ValueError:
@@ -727,7 +747,8 @@ def _decode_partition(key: TopicPartition, seq: int, part: Any
 
 
 @asynccontextmanager
-async def open_tank_client(host: str, port: int, **options: Any) -> AsyncIterator[TankClient]:
+async def open_tank_client(host: str, port: int,
+                           **options: Unpack[TankOptions]) -> AsyncIterator[TankClient]:
     """Connect a :class:`TankClient` (waiting for the broker's Ping) for the block.
 
     ``options`` are :class:`TankClient`'s keyword arguments. Raises

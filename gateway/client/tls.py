@@ -17,6 +17,10 @@ import trio
 from gateway.client.errors import ConnectError
 from gateway.io.tls import readable, tls_reason
 
+__all__ = [
+    "PathLike", "TLSHandshakeFailed", "client_context", "open_stream", "tls_failure",
+]
+
 PathLike = str | Path
 
 
