@@ -21,6 +21,7 @@ from gateway.auth.policy import Operation
 from gateway.backend.contract import ensure_available
 from gateway.http.auth import access_of, require_some_access
 from gateway.http.request import Answer, Request, json_answer
+from gateway.http.session import HttpSession
 
 MAX_TOPICS: Final = 200
 _WANTED = {"figtank_messages_in", "figtank_messages_out", "figtank_connections",
@@ -37,7 +38,7 @@ def _samples(metrics: Any) -> dict[str, list[tuple[dict[str, str], float]]]:
     return out
 
 
-async def overview(session: Any, request: Request) -> Answer:
+async def overview(session: HttpSession, request: Request) -> Answer:
     access = access_of(session, request)
     require_some_access(session, access, "see the overview")
     ensure_available(session.listener.backend)

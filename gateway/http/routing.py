@@ -17,6 +17,7 @@ from typing import Any
 
 from gateway.http.auth import challenge
 from gateway.http.request import Answer, HttpError, Request
+from gateway.http.session import HttpSession
 
 Handler = Callable[[Any, Request], Awaitable[Answer | None]]
 
@@ -33,7 +34,7 @@ class Router:
         regex = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", pattern)
         self._routes.append((method, re.compile(f"^{regex}$"), handler))
 
-    async def dispatch(self, session: Any, request: Request) -> Answer | None:
+    async def dispatch(self, session: HttpSession, request: Request) -> Answer | None:
         """Run the handler of ``request``; its answer gets the CORS headers."""
         session.listener.hosts.check(request, session)
         cors = session.listener.cors

@@ -23,6 +23,7 @@ import trio
 from gateway.auth.quotas import PrincipalQuota
 from gateway.http.cursor import Cursor
 from gateway.http.quota import owes, took_out
+from gateway.http.session import HttpSession
 from gateway.http.tail import PartitionTail, TailEvent
 from gateway.io.writer import FrameWriter
 
@@ -53,7 +54,7 @@ class TopicFollower:
     __slots__ = ("cursors", "delivered", "outbox", "positions", "quota", "session")
 
     def __init__(self, cursors: list[Cursor], positions: dict[int, int], outbox: FrameWriter,
-                 session: Any, delivered: Any, quota: PrincipalQuota | None) -> None:
+                 session: HttpSession, delivered: Any, quota: PrincipalQuota | None) -> None:
         self.cursors = cursors
         #: The position of every partition (shared with the stream's batch path).
         self.positions = positions

@@ -90,7 +90,7 @@ class FanoutGroup(Generic[M]):
     def __len__(self) -> int:
         return len(self._members)
 
-    def __contains__(self, member: M) -> bool:
+    def __contains__(self, member: object) -> bool:
         return member in self._slots
 
     @property

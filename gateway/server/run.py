@@ -93,7 +93,7 @@ Unavailable = Callable[[], str | None]
 
 _FLAGS = {option.key: option.flag for option in OPTIONS}
 #: The protocol listeners, by protocol.
-_LISTENERS: dict[str, type[ProtocolListener]] = {"tank": TankListener, "figg": FiggListener,
+_LISTENERS: dict[str, type[ProtocolListener[Any]]] = {"tank": TankListener, "figg": FiggListener,
                                                   "kafka": KafkaListener, "http": HttpListener}
 
 
@@ -114,7 +114,7 @@ class ServerInfo:
         self.backend: Backend | None = None
         #: The protocol listeners serving, by name (``"figg"``, ``"tank"``, and the
         #: [listeners.NAME] ones).
-        self.listeners: dict[str, ProtocolListener] = {}
+        self.listeners: dict[str, ProtocolListener[Any]] = {}
         #: The access policy in force (``auth.policy_file``), shared by every listener.
         self.guard = AccessGuard(metrics=metrics)
         #: The Kafka consumer groups' coordinator (shared by every Kafka listener; its
@@ -515,7 +515,7 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                                  wanted=any(s.protocol == "http" for s in specs)
                                  ) as idempotency, \
                 trio.open_nursery() as draining:
-            listeners: dict[str, ProtocolListener] = {}
+            listeners: dict[str, ProtocolListener[Any]] = {}
             services = KafkaServices(
                 ProducerStates(settings.max_producer_states, metrics,
                                recovered=getattr(info.backend, "stored_producer", None),

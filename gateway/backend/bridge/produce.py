@@ -17,6 +17,7 @@ acknowledged anyway. Past the deadline the entries fail with I/O fault.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Final, TypeAlias
 
 import structlog
@@ -24,6 +25,7 @@ import trio
 
 from gateway.backend.bridge.upstream import Upstream, UpstreamUnavailable
 from gateway.backend.contract import AutoCreate, CreateTopic, ProduceCode, TopicRefused
+from gateway.client.tank import TankClient
 
 log = structlog.get_logger("figtank.bridge")
 
@@ -126,7 +128,7 @@ class ProduceForwarder:
         for request in _requests(entries):
             try:
                 codes += await self._upstream.call(
-                    "produce", deadline, lambda client, r=request: client.produce_raw(r))
+                    "produce", deadline, partial(TankClient.produce_raw, entries=request))
             except UpstreamUnavailable as exc:
                 log.warning("upstream_produce_failed", reason=str(exc),
                             bundles=len(entries) - len(codes))

@@ -102,7 +102,7 @@ def _fetch_group(ctx: RequestContext, store: OffsetStore, group: str,
             if ctx.access.may(name, Operation.SUBSCRIBE):
                 by_topic.setdefault(name, []).append((index, c, ErrorCode.NONE))
         return list(by_topic.items())
-    answers = []
+    answers: list[tuple[str, list[tuple[int, Committed | None, int]]]] = []
     for topic in topics:
         allowed = ctx.access.may(topic.name, Operation.SUBSCRIBE)
         answers.append((topic.name, [
