@@ -7,13 +7,17 @@ or disabled). ``tests/test_stubs.py`` holds this file to the built module.
 """
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from protocols.errors import ProtocolError
 from protocols.tank.bundle import Message
 from protocols.tank.scan import Appender, MakeBatch, ProducePass
 
 _B = TypeVar("_B")
+
+class _Outcome(Protocol):
+    @property
+    def code(self) -> int: ...
 
 _Bytes = bytes | bytearray | memoryview
 
@@ -55,7 +59,7 @@ def scan_tank_requests(
     pass_type: type[ProducePass], reference: Callable[[bytes, MakeBatch], ProducePass],
 ) -> tuple[list[Any], int, ProtocolError | None]: ...
 def tank_produce_response(
-    request_id: int, layout: Sequence[tuple[str, Sequence[int]]], outcomes: Sequence[Any],
+    request_id: int, layout: Sequence[tuple[str, Sequence[int]]], outcomes: Sequence[_Outcome],
 ) -> tuple[bytes, bool]: ...
 def tank_produce_run(
     buf: bytes | bytearray, pos: int, end: int, max_payload: int,
