@@ -16,8 +16,7 @@ acknowledged anyway. Past the deadline the entries fail with I/O fault.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from functools import partial
+from collections.abc import Awaitable, Sequence
 from typing import Final, TypeAlias
 
 import structlog
@@ -126,9 +125,12 @@ class ProduceForwarder:
         split across two requests keeps its order)."""
         codes: list[int] = []
         for request in _requests(entries):
+            def produce(client: TankClient, request: list[Entry] = request
+                        ) -> Awaitable[list[int]]:
+                return client.produce_raw(request)
+
             try:
-                codes += await self._upstream.call(
-                    "produce", deadline, partial(TankClient.produce_raw, entries=request))
+                codes += await self._upstream.call("produce", deadline, produce)
             except UpstreamUnavailable as exc:
                 log.warning("upstream_produce_failed", reason=str(exc),
                             bundles=len(entries) - len(codes))
