@@ -251,8 +251,9 @@ class TankSession(RequestSession[TankConnection]):
         if (self._lane.busy or self._produce_bytes or not self._access.open
                 or self._close is not None or self._must_wait()):
             return start
+        # The Tank outbox's limit is limits.response_buffer_bytes: its room is whole.
         taken, responses, count = self._conn.serve_produces(data, start, appenders,
-                                                            self._outbox.room)
+                                                            int(self._outbox.room))
         if count:
             self.requests += count
             self._last_activity = self._last_read
