@@ -25,10 +25,11 @@ made for the stream (:mod:`gateway.http.quota`).
 from __future__ import annotations
 
 import math
-from typing import Any, Final
+from typing import Final
 
 import h11
 import trio
+from prometheus_client import Counter
 
 from gateway.auth.policy import Operation
 from gateway.auth.principal import Principal
@@ -111,8 +112,8 @@ class _Follower:
 
     __slots__ = ("cursor", "delivered", "outbox", "quota", "session")
 
-    def __init__(self, cursor: Cursor, outbox: FrameWriter, session: HttpSession, delivered: Any,
-                 quota: PrincipalQuota | None = None) -> None:
+    def __init__(self, cursor: Cursor, outbox: FrameWriter, session: HttpSession,
+                 delivered: Counter, quota: PrincipalQuota | None = None) -> None:
         self.cursor = cursor
         self.outbox = outbox
         self.session = session

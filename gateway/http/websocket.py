@@ -57,6 +57,7 @@ from typing import Any, Final
 import h11
 import trio
 import wsproto.events as ws
+from prometheus_client import Counter
 from wsproto import ConnectionType
 from wsproto.connection import Connection as WsConnection
 from wsproto.connection import ConnectionState
@@ -85,7 +86,7 @@ from gateway.http.request import HttpError, Request
 from gateway.http.revocation import EXPIRED, REVOKED
 from gateway.http.session import RECEIVE_SIZE, SOCKET_ERRORS, HttpSession
 from gateway.http.tail import PartitionTail, TailEvent
-from gateway.io.writer import FrameWriter
+from gateway.io.writer import FrameWriter, Owner
 from protocols.tank.bundle import Message, encode_bundle
 from protocols.topics import is_valid_topic_name
 
@@ -161,7 +162,7 @@ class _Subscription:
 
     __slots__ = ("cursor", "delivered", "detached", "outbox", "quota", "scope")
 
-    def __init__(self, cursor: Cursor, outbox: FrameWriter, delivered: Any,
+    def __init__(self, cursor: Cursor, outbox: FrameWriter, delivered: Counter,
                  quota: PrincipalQuota | None = None) -> None:
         self.cursor = cursor
         self.outbox = outbox
@@ -232,7 +233,7 @@ class WebSocket:
         #: Publishes waiting to be placed (bridge mode), in order; None: no placer runs.
         self._placing: list[tuple[list[ProduceBatch], ProduceDone]] | None = None
 
-    def send_json(self, value: Any, owner: Any = None) -> None:
+    def send_json(self, value: Any, owner: Owner | None = None) -> None:
         self.outbox.put_nowait(self.conn.send(ws.TextMessage(data=dumps(value).decode())),
                                owner)
 
