@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import queue
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, TypeVar, TypeVarTuple
+from typing import TypeVar, TypeVarTuple, Unpack
 
 import trio
 
@@ -28,6 +28,7 @@ from gateway.client.figg import (
     ClientError,
     FiggClient,
     FiggMessage,
+    FiggOptions,
     Subscription,
 )
 
@@ -116,7 +117,7 @@ class BlockingFiggClient:
     ``on_state_change`` runs in the client's thread.
     """
 
-    def __init__(self, host: str, port: int, **options: Any) -> None:
+    def __init__(self, host: str, port: int, **options: Unpack[FiggOptions]) -> None:
         self._client = FiggClient(host, port, **options)
         self._portal = TrioPortal("figg-client")
         try:
@@ -149,7 +150,7 @@ class BlockingFiggClient:
             raise TimeoutError("not connected in time") from None
 
     def publish(self, topic: str, data: bytes,
-                on_ack: Callable[[int], Any] | None = None) -> int:
+                on_ack: Callable[[int], object] | None = None) -> int:
         """Publish; blocks only while the window is full. ``on_ack`` runs in the client's
         thread. Returns the sequence number."""
         return self._call(self._client.publish, topic, data, on_ack)

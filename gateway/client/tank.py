@@ -73,23 +73,32 @@ from protocols.errors import ProtocolError
 from protocols.tank.bundle import Codec, Message, decode_chunk, encode_bundle
 from protocols.tank.connection import Reply, TankConnection
 from protocols.tank.messages import (
+    ClusterTopology,
     ConsumePartition,
     ConsumePartitionResult,
     ConsumeRequest,
+    ConsumeResponse,
     ConsumeTopic,
     CreateTopicRequest,
+    CreateTopicResponse,
     DiscoverPartitionsRequest,
+    DiscoverPartitionsResponse,
     DiscoverTopicsRequest,
+    DiscoverTopicsResponse,
     DiscoverTopologyRequest,
+    DiscoverTopologyResponse,
     Ping,
     ProducePartition,
     ProduceRequest,
+    ProduceResponse,
     ProduceTopic,
     ProduceWithSeqnumPartition,
     ProduceWithSeqnumRequest,
     ProduceWithSeqnumTopic,
     ReloadConfRequest,
+    ReloadConfResponse,
     StatusRequest,
+    StatusResponse,
 )
 from protocols.tank.types import ConsumeFlags, CreateTopicError, ReloadConfError
 from protocols.wire import UINT64_MAX
@@ -188,7 +197,7 @@ class _Waiter:
 
     def __init__(self) -> None:
         self.event = trio.Event()
-        self.response: Any = None
+        self.response: object = None
         self.error: BaseException | None = None
 
 
@@ -415,8 +424,10 @@ class TankClient:
             if self._next_id not in pending:
                 return self._next_id
 
-    async def request(self, build: Callable[[int], Any], *, extra_wait: float = 0.0) -> Any:
-        """Send the request ``build(request_id)`` returns and wait for its response record.
+    async def request(self, build: Callable[[int], object], *, extra_wait: float = 0.0
+                      ) -> Any:
+        """Send the request ``build(request_id)`` returns and wait for its response record
+        (of the type that answers the request's: annotate it where it is awaited).
 
         The low-level door to every request; the methods below are built on it.
         """
@@ -464,7 +475,7 @@ class TankClient:
         """Produce already encoded bundles (no length prefix), one per partition."""
         grouped = _by_topic(bundles)
 
-        def build(request_id: int) -> Any:
+        def build(request_id: int) -> ProduceRequest:
             return ProduceRequest(CLIENT_VERSION, request_id, self.client_id, required_acks,
                                   ack_timeout_ms, [
                                       ProduceTopic(topic, [ProducePartition(
@@ -485,7 +496,7 @@ class TankClient:
         bundles = {key: (first, encode_bundle(_messages(items, now), codec=codec))
                    for key, (first, items) in batches.items()}
 
-        def build(request_id: int) -> Any:
+        def build(request_id: int) -> ProduceWithSeqnumRequest:
             return ProduceWithSeqnumRequest(
                 CLIENT_VERSION, request_id, self.client_id, required_acks, ack_timeout_ms, [
                     ProduceWithSeqnumTopic(topic, [ProduceWithSeqnumPartition(
@@ -516,7 +527,7 @@ class TankClient:
             assert first is not None  # with_seqnum: every entry has one
             return first
 
-        def build(request_id: int) -> Any:
+        def build(request_id: int) -> ProduceRequest | ProduceWithSeqnumRequest:
             if with_seqnum:
                 return ProduceWithSeqnumRequest(
                     CLIENT_VERSION, request_id, self.client_id, required_acks, ack_timeout_ms,
@@ -529,7 +540,7 @@ class TankClient:
                                       for i in indexes])
                  for topic, indexes in order.items()])
 
-        response = await self.request(build)
+        response: ProduceResponse = await self.request(build)
         codes = [0] * len(entries)
         for topic, indexes in zip(response.topics, order.values(), strict=True):
             for part, i in zip(topic.partitions, indexes, strict=True):
@@ -553,7 +564,7 @@ class TankClient:
             raise ValueError("consume needs at least one partition")
         order = _entries_by_topic(entries)
 
-        def build(request_id: int) -> Any:
+        def build(request_id: int) -> ConsumeRequest:
             return ConsumeRequest(CLIENT_VERSION, request_id, self.client_id, max_wait_ms,
                                   min_bytes, 0, [
                                       ConsumeTopic(topic, [ConsumePartition(
@@ -561,7 +572,7 @@ class TankClient:
                                           for i in indexes])
                                       for topic, indexes in order.items()])
 
-        response = await self.request(build, extra_wait=max_wait_ms / 1000)
+        response: ConsumeResponse = await self.request(build, extra_wait=max_wait_ms / 1000)
         results: list[ConsumePartitionResult | None] = [None] * len(entries)
         if [t.name for t in response.topics] != list(order):
             raise BadResponse("the Consume response does not list the requested topics")
@@ -632,7 +643,7 @@ class TankClient:
         if isinstance(config, Mapping):
             config = "".join(f"{k}={v}\n" for k, v in config.items())
         raw = config.encode()
-        response = await self.request(
+        response: CreateTopicResponse = await self.request(
             lambda rid: CreateTopicRequest(rid, topic, partitions, raw))
         if response.error == CreateTopicError.EXISTS:
             raise TopicExistsError(topic)
@@ -647,7 +658,7 @@ class TankClient:
         Raises :class:`UnknownTopicError`.
         """
         wanted = list(partitions or ())
-        response = await self.request(
+        response: DiscoverPartitionsResponse = await self.request(
             lambda rid: DiscoverPartitionsRequest(rid, topic, wanted))
         if not response.partitions:
             raise UnknownTopicError(topic)
@@ -656,17 +667,20 @@ class TankClient:
                 for i, p in zip(indexes, response.partitions, strict=False)]
 
     async def discover_topics(self) -> list[TopicInfo]:
-        response = await self.request(lambda rid: DiscoverTopicsRequest(rid, 0))
+        response: DiscoverTopicsResponse = await self.request(
+            lambda rid: DiscoverTopicsRequest(rid, 0))
         return [TopicInfo(t.name, t.partition_count, bool(t.enabled)) for t in response.topics]
 
-    async def discover_topology(self) -> Any:
+    async def discover_topology(self) -> ClusterTopology | None:
         """The cluster topology, or None from a standalone broker."""
-        response = await self.request(lambda rid: DiscoverTopologyRequest(rid, 0))
+        response: DiscoverTopologyResponse = await self.request(
+            lambda rid: DiscoverTopologyRequest(rid, 0))
         return response.cluster
 
     async def reload_conf(self, topic: str, partition: int) -> None:
         """Have the broker re-read the partition's ``config`` file."""
-        response = await self.request(lambda rid: ReloadConfRequest(rid, topic, partition))
+        response: ReloadConfResponse = await self.request(
+            lambda rid: ReloadConfRequest(rid, topic, partition))
         if response.error == ReloadConfError.UNKNOWN_TOPIC:
             raise UnknownTopicError(topic)
         if response.error == ReloadConfError.UNKNOWN_PARTITION:
@@ -676,12 +690,13 @@ class TankClient:
                 ReloadConfError, response.error))
 
     async def status(self) -> BrokerStatus:
-        r = await self.request(lambda rid: StatusRequest(rid))
+        r: StatusResponse = await self.request(lambda rid: StatusRequest(rid))
         return BrokerStatus(r.topic_count, r.partition_count, r.open_partitions,
                             r.open_time_ms, r.startup_ts, r.version, bool(r.cluster_aware))
 
 
-def _entries_by_topic(entries: Sequence[tuple[Any, ...]]) -> dict[str, list[int]]:
+def _entries_by_topic(entries: Sequence[tuple[str, int, bytes, int | None]]
+                     | Sequence[tuple[str, int, int, int]]) -> dict[str, list[int]]:
     """Entry indexes by topic, topics in order of first appearance (a request's layout)."""
     order: dict[str, list[int]] = {}
     for i, entry in enumerate(entries):
@@ -698,7 +713,7 @@ def _code_name(codes: type[enum.IntEnum], code: int) -> str:
         return ""
 
 
-def _raise_produce_errors(response: Any) -> None:
+def _raise_produce_errors(response: ProduceResponse) -> None:
     errors = {(t.name, p.partition): p.error for t in response.topics
               for p in t.partitions if p.error}
     if errors:
@@ -713,7 +728,7 @@ def _grown(key: TopicPartition, size: int, partial: int) -> int:
     return grown
 
 
-def _decode_partition(key: TopicPartition, seq: int, part: Any
+def _decode_partition(key: TopicPartition, seq: int, part: ConsumePartitionResult
                       ) -> tuple[ConsumeResult, int]:
     """The partition's result, and the length to retry with when it ended in a partial
     bundle before any message was found (else 0)."""

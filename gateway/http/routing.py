@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from gateway.http.auth import challenge
 from gateway.http.request import Answer, HttpError, Request
 from gateway.http.session import HttpSession
 
-Handler = Callable[[Any, Request], Awaitable[Answer | None]]
+Handler = Callable[[HttpSession, Request], Awaitable[Answer | None]]
 
 
 class Router:
