@@ -16,6 +16,13 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final
 
+__all__ = [
+    "KAFKA_COMPRESSIONS", "MIB", "OPTIONS", "PROTOCOLS", "SASL_MECHANISMS",
+    "UPSTREAM_COMPRESSIONS", "ConfigError", "ListenerSpec", "ListenerTable", "Option",
+    "Settings", "TLSFiles", "add_setting_flags", "flag_overrides", "load_settings",
+    "parse_address", "reference_table", "settings_from_mapping",
+]
+
 MIB = 1024 * 1024
 
 
