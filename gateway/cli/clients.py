@@ -14,10 +14,10 @@ import itertools
 import math
 import ssl
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import trio
 
@@ -139,7 +139,7 @@ def common_options(parser: argparse.ArgumentParser, protocol: str, *, nested: bo
     """
     default = DEFAULT_ENDPOINTS[protocol]
 
-    def given(value: Any) -> Any:
+    def given(value: object) -> object:
         return argparse.SUPPRESS if nested else value
 
     parser.add_argument(f"--{protocol}", dest="address", type=_address,
@@ -158,7 +158,7 @@ def common_options(parser: argparse.ArgumentParser, protocol: str, *, nested: bo
 
 def _tls_options(parser: argparse.ArgumentParser, key_flags: tuple[str, ...], *,
                  nested: bool = False) -> None:
-    def given(value: Any) -> Any:
+    def given(value: object) -> object:
         return argparse.SUPPRESS if nested else value
 
     parser.add_argument("--tls", action="store_true", default=given(False),
@@ -218,7 +218,7 @@ def _failed(command: str, reason: object) -> int:
     return 1
 
 
-def run_async(fn: Callable[[argparse.Namespace, Output], Any]) -> Run:
+def run_async(fn: Callable[[argparse.Namespace, Output], Awaitable[object]]) -> Run:
     def run(args: argparse.Namespace) -> int:
         configure_client_logging(args)
         try:

@@ -92,7 +92,8 @@ Address = tuple[str, int]
 Unavailable = Callable[[], str | None]
 
 _FLAGS = {option.key: option.flag for option in OPTIONS}
-#: The protocol listeners, by protocol.
+#: The protocol listeners, by protocol (each generic over its own session type: Any of
+#: them here).
 _LISTENERS: dict[str, type[ProtocolListener[Any]]] = {"tank": TankListener, "figg": FiggListener,
                                                   "kafka": KafkaListener, "http": HttpListener}
 
@@ -609,7 +610,7 @@ def worker_first_id(worker: int) -> int:
 
 
 def log_serving(settings: Settings, info: ServerInfo, event: str = "figtank_serving",
-                **more: Any) -> None:
+                **more: object) -> None:
     """The structured line saying where a server listens (``more``: further fields)."""
     others = {name: f"{_show(a)}{' tls' if name in info.tls else ''}"
               for name, a in info.addresses.items()
@@ -641,7 +642,7 @@ class Signalled(Protocol):
 
 
 async def follow_signals(signals: AsyncIterator[int], target: Signalled,
-                         shutdown: Callable[[], None], **logged: Any) -> None:
+                         shutdown: Callable[[], None], **logged: object) -> None:
     """Until ``signals`` end: SIGHUP reloads ``target``; the first SIGINT or SIGTERM calls
     ``shutdown()``, a second one cuts ``target``'s grace period short. Each is logged
     (``signal_received``, the shutdown's line with ``logged``)."""
