@@ -122,7 +122,7 @@ def parse_quotas(entries: list[dict[str, Any]]) -> QuotaRules:
     return QuotaRules(_parse_entry(i, entry) for i, entry in enumerate(entries))
 
 
-def _parse_entry(index: int, entry: Any) -> QuotaRule:
+def _parse_entry(index: int, entry: object) -> QuotaRule:
     where = f"quota[{index}]"
     if not isinstance(entry, Mapping):
         raise ValueError(f"{where}: must be a table, got {entry!r}")
@@ -153,7 +153,7 @@ def _parse_entry(index: int, entry: Any) -> QuotaRule:
                            else normalise_identity(w) for w in who), QuotaLimits(**rates))
 
 
-def _positive(where: str, value: Any) -> float:
+def _positive(where: str, value: object) -> float:
     if (isinstance(value, bool) or not isinstance(value, int | float)
             or not math.isfinite(value) or value <= 0):
         raise ValueError(f"{where}: must be a positive number, got {value!r}")
