@@ -84,7 +84,7 @@ PURE_TESTS = tests/protocols tests/figg tests/tank tests/store tests/bridge \
 	tests/kafka/test_shared_fetch.py tests/kafka/test_fetch_compression.py \
 	tests/http/test_slow_subscribers.py
 
-# mypy checks what [tool.mypy] in pyproject.toml lists (protocols/, gateway/store/), strictly.
+# mypy checks what [tool.mypy] in pyproject.toml lists (protocols/ and gateway/), strictly.
 # (ruff's formatter is not the house style: the code is laid out by hand, so no format check.)
 lint: $(STAMP)
 	$(BIN)/ruff check .

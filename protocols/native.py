@@ -11,7 +11,10 @@ from __future__ import annotations
 import importlib
 import os
 from types import ModuleType
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+__all__ = ["PURE_PYTHON_ENV", "built", "compiled", "implementation", "pure_python_requested",
+           "speedups"]
 
 #: Set to anything but ``""`` or ``"0"`` to use the pure-Python code only.
 PURE_PYTHON_ENV: Final = "FIGTANK_PURE_PYTHON"
@@ -39,7 +42,13 @@ def compiled(name: str) -> ModuleType | None:
 
 
 #: The extension module, or None when the pure-Python code is in use.
-speedups: Final[ModuleType | None] = compiled("protocols._speedups")
+if TYPE_CHECKING:
+    # Typed by protocols/_speedups.pyi, so that every call into it is checked. mypy takes
+    # it for always there (a module can not be spelt ``X | None``); every user tests it
+    # against None first, as it must at run time (``make test`` runs them both ways).
+    from protocols import _speedups as speedups
+else:
+    speedups = compiled("protocols._speedups")
 
 
 def implementation() -> str:

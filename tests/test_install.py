@@ -116,6 +116,9 @@ def test_the_wheel_carries_both_compiled_extensions(installed: Installed) -> Non
     assert {"gateway/http/static/index.html", "gateway/http/static/figtank.mjs",
             "gateway/http/static/figtank.d.ts"} <= set(names)
     assert not [n for n in names if n.startswith("tests/") or n.endswith(".pyx")]
+    # The compiled modules' types travel with them (PEP 561), for the callers' mypy.
+    assert {f"{extension}.pyi" for extension in EXTENSIONS} | {
+        "protocols/py.typed", "gateway/py.typed"} <= set(names)
 
 
 def test_the_sdist_carries_the_sources_to_build_from(installed: Installed) -> None:

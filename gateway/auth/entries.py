@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 
-def policy_tables(entries: Any, section: str, keys: Sequence[str]
+def policy_tables(entries: object, section: str, keys: Sequence[str]
                   ) -> Iterator[tuple[str, Mapping[str, Any]]]:
     """``(where, entry)`` for each table of ``[[section]]`` (``where`` is
     ``section[i]``, for error lines); ``ValueError`` with one line when ``entries`` is

@@ -15,9 +15,10 @@ log by retrying).
 from __future__ import annotations
 
 import weakref
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 import structlog
+from prometheus_client import Counter
 
 from gateway.auth.policy import Operation, Policy
 from gateway.auth.principal import Principal
@@ -40,7 +41,7 @@ class AccessWatcher(Protocol):
 class AccessGuard:
     """The policy in force for a server, and what a reload changes."""
 
-    def __init__(self, policy: Policy | None = None, metrics: Any | None = None) -> None:
+    def __init__(self, policy: Policy | None = None, metrics: object | None = None) -> None:
         #: The policy in force; None: no policy file (everything allowed).
         self.policy = policy
         #: Incremented by each :meth:`replace`: connections drop their cached answers.
@@ -49,8 +50,9 @@ class AccessGuard:
         self.users: Users = NO_USERS
         #: The HTTP bearer tokens of the policy file (replaced with it on reload).
         self.tokens: StaticTokens = NO_TOKENS
-        self._denied = getattr(metrics, "access_denied", None)
-        self._watchers: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: ``figtank_access_denied``, when ``metrics`` (a server's Metrics) has it.
+        self._denied: Counter | None = getattr(metrics, "access_denied", None)
+        self._watchers: weakref.WeakSet[AccessWatcher] = weakref.WeakSet()
 
     def replace(self, policy: Policy) -> None:
         """Put ``policy`` in force: the next request of every connection is decided by

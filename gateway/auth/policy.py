@@ -228,7 +228,7 @@ def parse_policy(document: Mapping[str, Any], source: str = "policy") -> Policy:
     return Policy(default == "allow", rules)
 
 
-def _rule(entry: Any, where: str) -> Rule:
+def _rule(entry: object, where: str) -> Rule:
     if not isinstance(entry, Mapping):
         raise PolicyError(f"{where}: expected a table")
     for key in entry:
@@ -281,7 +281,7 @@ def _pattern(entry: Mapping[str, Any], key: str, where: str) -> TopicPattern | N
                         "*" in names)
 
 
-def _strings(value: Any, where: str) -> list[str]:
+def _strings(value: object, where: str) -> list[str]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not value:
@@ -292,7 +292,7 @@ def _strings(value: Any, where: str) -> list[str]:
     return value
 
 
-def _operations(value: Any, where: str) -> frozenset[Operation]:
+def _operations(value: object, where: str) -> frozenset[Operation]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, Sequence) or isinstance(value, str):

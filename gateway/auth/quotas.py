@@ -27,10 +27,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import structlog
 import trio
+from prometheus_client import Counter
 
 from gateway.auth.policy import normalise_identity
 from gateway.auth.principal import Principal
@@ -121,7 +122,7 @@ def parse_quotas(entries: list[dict[str, Any]]) -> QuotaRules:
     return QuotaRules(_parse_entry(i, entry) for i, entry in enumerate(entries))
 
 
-def _parse_entry(index: int, entry: Any) -> QuotaRule:
+def _parse_entry(index: int, entry: object) -> QuotaRule:
     where = f"quota[{index}]"
     if not isinstance(entry, Mapping):
         raise ValueError(f"{where}: must be a table, got {entry!r}")
@@ -152,7 +153,7 @@ def _parse_entry(index: int, entry: Any) -> QuotaRule:
                            else normalise_identity(w) for w in who), QuotaLimits(**rates))
 
 
-def _positive(where: str, value: Any) -> float:
+def _positive(where: str, value: object) -> float:
     if (isinstance(value, bool) or not isinstance(value, int | float)
             or not math.isfinite(value) or value <= 0):
         raise ValueError(f"{where}: must be a positive number, got {value!r}")
@@ -195,6 +196,17 @@ class TokenBucket:
         self.tokens = min(self.tokens, rate.burst)
 
 
+class QuotaMetrics(Protocol):
+    """What the quotas count in (a server's ``Metrics``)."""
+
+    @property
+    def quota_delay(self) -> Counter:
+        """Seconds of delay, by direction."""
+
+    def limit_hit(self, limit: str, count: int = 1) -> None:
+        """One more hit of ``limit`` in ``figtank_limit_hits``."""
+
+
 class PrincipalQuota:
     """The buckets of one principal, shared by its connections (from
     :meth:`Quotas.acquire`). Sessions check :attr:`reads_limited` / :attr:`out_limited`
@@ -205,7 +217,7 @@ class PrincipalQuota:
                  "receive_size", "requests", "users")
 
     def __init__(self, principal: Principal, limits: QuotaLimits | None,
-                 metrics: Any) -> None:
+                 metrics: QuotaMetrics) -> None:
         #: The principal whose limits apply (its first connection's, when a certificate
         #: identity connects through several listeners).
         self.principal = principal
@@ -339,7 +351,7 @@ class Quotas:
     connected now. The listeners hold this one object; :meth:`replace_rules` swaps the
     rules (SIGHUP)."""
 
-    def __init__(self, metrics: Any, rules: QuotaRules | None = None) -> None:
+    def __init__(self, metrics: QuotaMetrics, rules: QuotaRules | None = None) -> None:
         self._metrics = metrics
         self.rules = rules or QuotaRules()
         self._principals: dict[str, PrincipalQuota] = {}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Final
 
 from gateway.auth.entries import policy_tables
 
@@ -44,7 +44,7 @@ class StaticTokens:
 NO_TOKENS: Final = StaticTokens()
 
 
-def parse_tokens(entries: Any) -> StaticTokens:
+def parse_tokens(entries: object) -> StaticTokens:
     """The tokens of a policy file's ``[[token]]`` entries; ``ValueError`` with one line
     naming the entry's index and key."""
     by_digest: dict[bytes, str] = {}

@@ -19,7 +19,7 @@ import base64
 import binascii
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Final
 
 from gateway.auth.entries import policy_tables
 from gateway.auth.sasl import (
@@ -57,7 +57,7 @@ class Users:
 NO_USERS: Final = Users()
 
 
-def parse_users(entries: Any) -> Users:
+def parse_users(entries: object) -> Users:
     """The users of a policy file's ``[[user]]`` entries (as ``tomllib`` reads them).
 
     Raises ``ValueError`` with one line naming the entry's index and key, e.g.
@@ -79,7 +79,7 @@ def parse_users(entries: Any) -> Users:
     return Users(users)
 
 
-def _credential(value: Any, where: str) -> ScramCredential:
+def _credential(value: object, where: str) -> ScramCredential:
     if not isinstance(value, Mapping):
         raise ValueError(f"{where}: expected a table with {', '.join(_CREDENTIAL_FIELDS)}")
     for key in value:

@@ -21,8 +21,8 @@ current reads and is emptied when full.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Final, TypeVar
+from collections.abc import Callable, Hashable
+from typing import Any, Final, Protocol, TypeVar
 
 from gateway.backend.contract import FetchOutcome, FetchStatus
 
@@ -45,7 +45,8 @@ class SharedChunk:
         self.data = data
         #: Bytes in the chunk.
         self.length = len(data)
-        self._encoded: dict[Any, Any] | None = None
+        # Results of every kind, each under its own key.
+        self._encoded: dict[Hashable, Any] | None = None
 
     def read_bytes(self) -> bytes:
         """The chunk's bytes (the same object for every reader)."""
@@ -58,7 +59,7 @@ class SharedChunk:
     def close(self) -> None:
         """Nothing to release."""
 
-    def encoded(self, key: Any, build: Callable[[], T]) -> T:
+    def encoded(self, key: Hashable, build: Callable[[], T]) -> T:
         """What ``build()`` makes from this chunk for ``key``, built by the first caller
         and kept with the chunk for the others. ``key`` must name everything the result
         depends on besides the read this chunk came from (its partition, position, size
@@ -83,6 +84,40 @@ class _PartitionReads:
         self.reads: dict[tuple[int, int], FetchOutcome] = {}
 
 
+class SharedPartition(Protocol):
+    """What the memo reads of a store partition (its ``Partition``); kept by identity."""
+
+    @property
+    def appended_bytes(self) -> int: ...
+    @property
+    def high_water_mark(self) -> int: ...
+    @property
+    def first_available(self) -> int: ...
+    @property
+    def closed(self) -> bool: ...
+
+
+class StoreRead(Protocol):
+    """A store read in memory (its ``ReadResult``), as the memo takes it over."""
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def base_seq(self) -> int: ...
+    @property
+    def first_bundle_sparse(self) -> bool: ...
+    @property
+    def high_water_mark(self) -> int: ...
+    @property
+    def first_available(self) -> int: ...
+    @property
+    def length(self) -> int: ...
+
+    def read_bytes(self) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
 class SharedReads:
     """The current shared reads of every partition (see the module docstring).
 
@@ -93,7 +128,7 @@ class SharedReads:
     __slots__ = ("_bytes", "_entries", "_partitions", "hits")
 
     def __init__(self) -> None:
-        self._partitions: dict[Any, _PartitionReads] = {}
+        self._partitions: dict[SharedPartition, _PartitionReads] = {}
         self._bytes = 0
         self._entries = 0
         #: Reads answered from the memo (for tests and profiles).
@@ -107,7 +142,7 @@ class SharedReads:
         """Bytes of the shared chunks held."""
         return self._bytes
 
-    def get(self, partition: Any, seq: int, fetch_size: int) -> FetchOutcome | None:
+    def get(self, partition: SharedPartition, seq: int, fetch_size: int) -> FetchOutcome | None:
         """A copy of the shared outcome of reading ``(seq, fetch_size)`` from
         ``partition`` as it is now, or None."""
         reads = self._partitions.get(partition)
@@ -124,7 +159,7 @@ class SharedReads:
         return FetchOutcome(_DATA, outcome.high_water_mark, outcome.first_available,
                             outcome.base_seq, outcome.chunk, outcome.resolved_seq)
 
-    def share(self, partition: Any, seq: int, fetch_size: int, result: Any
+    def share(self, partition: SharedPartition, seq: int, fetch_size: int, result: StoreRead
               ) -> FetchOutcome | None:
         """The outcome of ``result`` (a non-empty in-memory store read of ``(seq,
         fetch_size)`` from ``partition``, made just now) with a :class:`SharedChunk`, kept
@@ -167,7 +202,7 @@ class SharedReads:
         self._partitions.clear()
         self._bytes = self._entries = 0
 
-    def _drop(self, partition: Any, reads: _PartitionReads) -> None:
+    def _drop(self, partition: SharedPartition, reads: _PartitionReads) -> None:
         del self._partitions[partition]
         self._entries -= len(reads.reads)
         self._bytes -= sum(o.chunk.length for o in reads.reads.values())

@@ -6,6 +6,7 @@ import argparse
 import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
@@ -81,7 +82,8 @@ def _size(args: argparse.Namespace) -> int:
     if args.size < HEADER_SIZE:
         raise ValueError(f"--size must be at least {HEADER_SIZE} (the stamp the checks "
                          "and latencies need)")
-    return args.size
+    size: int = args.size
+    return size
 
 
 # ----------------------------------------------------------------------- figg-publish
@@ -293,7 +295,7 @@ async def _subscribe_work(params: Params, share: Share) -> WorkerResult:
     result_counts = {"acked": sum(p.acked for p in published),
                      "reconnects": sum(p.reconnects for p in published)}
     kinds: dict[str, list[float]] = {"ack": [s for p in published for s in p.latencies]}
-    info: dict[str, list[float]] = {
+    info: dict[str, Any] = {
         "publisher_rates": [p.acked / p.seconds for p in published if p.seconds],
         "publisher_seconds": [p.seconds for p in published]}
     for kind in ("live", "resuming"):

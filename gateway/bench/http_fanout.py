@@ -152,7 +152,7 @@ def _connect(host: str, port: int, topic: str, kinds: list[str], every: int
     at a time (each batch's requests in flight together); sockets left non-blocking."""
     attach = FrameProtocol(client=True, extensions=[]).send_data(
         f'{{"op":"attach","topic":"{topic}","from":"latest"}}', fin=True)
-    subs = []
+    subs: list[_Subscriber] = []
     for first in range(0, len(kinds), CONNECT_BATCH):
         batch = []
         for kind in kinds[first:first + CONNECT_BATCH]:
@@ -232,7 +232,8 @@ async def _publish(host: str, port: int, topic: str, params: Params) -> int:
     finally:
         for stream in streams:
             await trio.aclose_forcefully(stream)
-    return ticks * params["_per_tick"]
+    sent: int = ticks * params["_per_tick"]
+    return sent
 
 
 async def _answers(stream: trio.SocketStream, count: int, within: float) -> None:

@@ -47,7 +47,8 @@ def _client_config(params: Params) -> dict[str, Any]:
 
 def _wait(params: Params) -> float:
     """Seconds to wait for the endpoint to answer metadata or offsets."""
-    return min(15.0, params["timeout"])
+    timeout: float = params["timeout"]
+    return min(15.0, timeout)
 
 
 def watermarks(params: Params, topic: str) -> tuple[int, int]:

@@ -26,8 +26,9 @@ from typing import Any
 
 import trio
 
-from gateway.bench.endpoints import ensure_topic, parse_address, tank_client
+from gateway.bench.endpoints import ensure_topic, tank_client
 from gateway.bench.procs import process_cpu_seconds
+from gateway.server.config import parse_address
 from protocols.kafka.messages import (
     REQUESTS,
     RESPONSES,

@@ -86,6 +86,7 @@ class Tally:
 
     def add(self, data: bytes) -> int:
         """Count one message; returns its send stamp (ns), or -1 when it is not ours."""
+        stamp: int
         run, publisher, index, stamp = HEADER.unpack_from(data)
         seen = self._seen.get(publisher)
         if run != self.run or seen is None or index >= len(seen):

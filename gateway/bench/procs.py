@@ -151,7 +151,8 @@ def run_workers(scenario: str, work: Callable[[dict[str, Any], Share], Awaitable
             _close(worker)
 
 
-def _read_events(index: int, stream: IO[bytes], events: queue.Queue) -> None:
+def _read_events(index: int, stream: IO[bytes], events: queue.Queue[tuple[int, Any]]
+                 ) -> None:
     try:
         while True:
             events.put((index, pickle.load(stream)))
@@ -161,7 +162,7 @@ def _read_events(index: int, stream: IO[bytes], events: queue.Queue) -> None:
         events.put((index, ("eof", f" (bad event stream: {exc!r})")))
 
 
-def _close(worker: subprocess.Popen) -> None:
+def _close(worker: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(OSError):
         assert worker.stdin is not None
         worker.stdin.close()
@@ -172,7 +173,8 @@ def _close(worker: subprocess.Popen) -> None:
         worker.wait()
 
 
-def _collect(workers: list[subprocess.Popen], events: queue.Queue, timeout: float
+def _collect(workers: list[subprocess.Popen[bytes]], events: queue.Queue[tuple[int, Any]],
+             timeout: float
              ) -> list[WorkerResult]:
     deadline = time.monotonic() + timeout
     results: dict[int, WorkerResult] = {}

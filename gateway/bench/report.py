@@ -87,6 +87,45 @@ class Check:
         return {**asdict(self), "lost": self.lost, "ok": self.ok}
 
 
+@functools.cache
+def figtank_version() -> str:
+    """The installed figtank version, with the git commit when run from a checkout."""
+    try:
+        version = metadata.version("figtank")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    root = Path(__file__).resolve().parents[2]
+    if (root / ".git").exists():
+        try:
+            commit = subprocess.run(["git", "-C", str(root), "describe", "--always",
+                                     "--dirty"], capture_output=True, text=True,
+                                    timeout=5, check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            commit = ""
+        if commit:
+            version += f"+g{commit}"
+    return version
+
+
+@functools.cache
+def machine_info() -> dict[str, Any]:
+    """What the figures came from: CPU model and count, memory, kernel, Python."""
+    model = platform.processor() or platform.machine()
+    memory_gb = None
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+        memory_gb = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (OSError, ValueError):
+        pass
+    return {"cpu": model, "cpus": os.cpu_count(), "memory_gib": memory_gb,
+            "system": f"{platform.system()} {platform.release()}",
+            "python": platform.python_version()}
+
+
 @dataclass
 class Report:
     """The result of one scenario run."""
@@ -169,45 +208,6 @@ def format_ms(seconds: float) -> str:
     """Seconds as milliseconds with sensible precision."""
     ms = seconds * 1e3
     return f"{ms:.3f}ms" if ms < 1 else f"{ms:.2f}ms" if ms < 100 else f"{ms:.0f}ms"
-
-
-@functools.cache
-def figtank_version() -> str:
-    """The installed figtank version, with the git commit when run from a checkout."""
-    try:
-        version = metadata.version("figtank")
-    except metadata.PackageNotFoundError:
-        version = "unknown"
-    root = Path(__file__).resolve().parents[2]
-    if (root / ".git").exists():
-        try:
-            commit = subprocess.run(["git", "-C", str(root), "describe", "--always",
-                                     "--dirty"], capture_output=True, text=True,
-                                    timeout=5, check=True).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            commit = ""
-        if commit:
-            version += f"+g{commit}"
-    return version
-
-
-@functools.cache
-def machine_info() -> dict[str, Any]:
-    """What the figures came from: CPU model and count, memory, kernel, Python."""
-    model = platform.processor() or platform.machine()
-    memory_gb = None
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-        memory_gb = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
-    except (OSError, ValueError):
-        pass
-    return {"cpu": model, "cpus": os.cpu_count(), "memory_gib": memory_gb,
-            "system": f"{platform.system()} {platform.release()}",
-            "python": platform.python_version()}
 
 
 def describe_machine(machine: dict[str, Any]) -> str:

@@ -15,14 +15,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 
 @dataclass
 class Served:
     """A running figtank: its process and where it listens (``host:port``)."""
 
-    process: subprocess.Popen
+    process: subprocess.Popen[str]
     tank: str
     figg: str
     data_dir: Path
@@ -50,7 +50,7 @@ def start_serve(args: Sequence[str], *, timeout: float = 30.0, cwd: Path | None 
                 on_line: Callable[[str], None] = lambda line: None,
                 preexec_fn: Callable[[], None] | None = None,
                 program: Sequence[str] = (sys.executable, "-m", "gateway.cli")
-                ) -> tuple[subprocess.Popen, dict, threading.Thread]:
+                ) -> tuple[subprocess.Popen[str], dict[str, Any], threading.Thread]:
     """Start ``figtank serve --log-format json *args`` and wait until it logs that it is
     serving: ``(process, that log event, the thread reading its log until it exits)``.
     Every log line goes to ``on_line`` (from that thread); ``preexec_fn`` runs in the
@@ -101,7 +101,7 @@ def serve_figtank(*flags: str, durability: str = "fsync", data_dir: Path | None 
                     process.wait()
 
 
-def _wait_serving(lines: queue.Queue[str | None], timeout: float) -> dict:
+def _wait_serving(lines: queue.Queue[str | None], timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     seen: list[str] = []
     while True:
@@ -117,4 +117,5 @@ def _wait_serving(lines: queue.Queue[str | None], timeout: float) -> dict:
         except json.JSONDecodeError:
             continue
         if event.get("event") == "figtank_serving":
-            return event
+            serving: dict[str, Any] = event
+            return serving

@@ -217,7 +217,9 @@ def compare(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             rounds: dict[str, list[tuple[float, bool]]] = {}
             for run in side_runs:
                 report = run.get("report")
-                for row in report["rows"] if report else ():
+                if not report:
+                    continue
+                for row in report["rows"]:
                     if row["label"] not in labels:
                         labels.append(row["label"])
                     rounds.setdefault(row["label"], []).append(

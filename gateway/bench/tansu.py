@@ -63,7 +63,7 @@ def answers_api_versions(host: str, port: int, timeout: float = 1.0) -> bool:
     if len(answer) < 6:
         return False
     correlation, error = struct.unpack_from(">ih", answer)
-    return correlation == _CORRELATION and error == 0
+    return bool(correlation == _CORRELATION and error == 0)
 
 
 def _read_exactly(sock: socket.socket, size: int) -> bytes:

@@ -139,7 +139,7 @@ class _Upstream:
     figtank upstream's Tank listener too (topics are made and counted through it)."""
 
     kind: str
-    process: subprocess.Popen
+    process: subprocess.Popen[str] | subprocess.Popen[bytes]
     kafka: str
     tank: str = ""
     figg: str = ""

@@ -14,10 +14,10 @@ import itertools
 import math
 import ssl
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import trio
 
@@ -26,8 +26,9 @@ from gateway.client.errors import ClientError, RequestTimeout
 from gateway.client.figg import ExponentialBackoff, FiggClient, open_figg_client
 from gateway.client.kafka_admin import EARLIEST, group_position, open_kafka_admin
 from gateway.client.tank import FIRST_AVAILABLE, TankClient, open_tank_client
-from gateway.client.tls import client_context, readable
+from gateway.client.tls import client_context
 from gateway.figg.offsets import InvalidTopic, figg_to_tank
+from gateway.io.tls import readable
 from gateway.server.config import parse_address
 from gateway.server.logs import configure_logging
 from gateway.store.config import CONFIG_KEYS, parse_value
@@ -138,7 +139,7 @@ def common_options(parser: argparse.ArgumentParser, protocol: str, *, nested: bo
     """
     default = DEFAULT_ENDPOINTS[protocol]
 
-    def given(value: Any) -> Any:
+    def given(value: object) -> object:
         return argparse.SUPPRESS if nested else value
 
     parser.add_argument(f"--{protocol}", dest="address", type=_address,
@@ -157,7 +158,7 @@ def common_options(parser: argparse.ArgumentParser, protocol: str, *, nested: bo
 
 def _tls_options(parser: argparse.ArgumentParser, key_flags: tuple[str, ...], *,
                  nested: bool = False) -> None:
-    def given(value: Any) -> Any:
+    def given(value: object) -> object:
         return argparse.SUPPRESS if nested else value
 
     parser.add_argument("--tls", action="store_true", default=given(False),
@@ -217,7 +218,7 @@ def _failed(command: str, reason: object) -> int:
     return 1
 
 
-def run_async(fn: Callable[[argparse.Namespace, Output], Any]) -> Run:
+def run_async(fn: Callable[[argparse.Namespace, Output], Awaitable[object]]) -> Run:
     def run(args: argparse.Namespace) -> int:
         configure_client_logging(args)
         try:
@@ -369,7 +370,8 @@ async def _group_position(args: argparse.Namespace, topic: str, partition: int) 
     a ClientError when there is none."""
     if args.from_offset_given:
         raise ClientError("--from and --from-group exclude each other")
-    position = await group_position(*args.kafka_address, args.from_group, topic, partition,
+    host, port = args.kafka_address
+    position = await group_position(host, port, args.from_group, topic, partition,
                                     timeout=args.timeout, ssl_context=args.ssl_context)
     if position is None:
         raise ClientError(f"group {args.from_group!r} has no committed offset for "

@@ -187,8 +187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     A failure is one line on stderr; ``--log-level debug`` adds the traceback.
     """
     args = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
+    run: Callable[[argparse.Namespace], int] = args.run  # set by every command
     try:
-        return args.run(args)
+        return run(args)
     except ConfigError as exc:
         print(f"figtank: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -57,7 +57,7 @@ class Output:
         self.as_json = as_json
         self._progress_shown = False
 
-    def record(self, text: str, **fields: Any) -> None:
+    def record(self, text: str, **fields: object) -> None:
         """One result: ``text`` for a person, ``fields`` as JSON."""
         self.end_progress()
         try:

@@ -17,11 +17,12 @@ import contextlib
 import os
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar, TypeVarTuple
 
 import trio
 
 T = TypeVar("T")
+Args = TypeVarTuple("Args")
 
 
 class PortalClosed(RuntimeError):
@@ -71,7 +72,7 @@ class TrioPortal:
             self._ready.set()
             await trio.sleep_forever()
 
-    def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    def call(self, fn: Callable[[*Args], Awaitable[T]], *args: *Args) -> T:
         """Run ``await fn(*args)`` in the loop and return its result (or raise its error)."""
         if self._token is None or not self._thread.is_alive() or not self.owned_by_this_process:
             raise PortalClosed("the portal is not running")

@@ -15,6 +15,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+__all__ = [
+    "PRODUCE_CODES", "BadResponse", "BoundaryError", "ClientClosed", "ClientError",
+    "ConnectError", "ConnectionLost", "PartitionFault", "ProduceFailed", "RequestFailed",
+    "RequestRefused", "RequestTimeout", "TankError", "TopicExistsError",
+    "UnknownPartitionError", "UnknownTopicError", "os_reason", "produce_code_text",
+]
+
 
 class ClientError(Exception):
     """Base of every client exception."""

@@ -46,7 +46,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypedDict, Unpack
 
 import structlog
 import trio
@@ -84,8 +84,8 @@ log = structlog.get_logger("figtank.client.figg")
 
 __all__ = [
     "Backoff", "BadResponse", "ClientClosed", "ClientError", "ConnectionState",
-    "ExponentialBackoff", "FiggClient", "FiggMessage", "RequestRefused", "Subscription",
-    "open_figg_client",
+    "ExponentialBackoff", "FiggClient", "FiggMessage", "FiggOptions", "RequestRefused",
+    "Subscription", "open_figg_client",
 ]
 
 DEFAULT_WINDOW: Final = 256
@@ -238,7 +238,7 @@ class _Pending:
     __slots__ = ("frame", "on_ack", "seq", "topic")
 
     def __init__(self, seq: int, topic: str, frame: bytes,
-                 on_ack: Callable[[int], Any] | None) -> None:
+                 on_ack: Callable[[int], object] | None) -> None:
         self.seq = seq
         self.topic = topic
         self.frame = frame
@@ -288,6 +288,26 @@ class _Link:
             self.scope.cancel()
 
 
+class FiggOptions(TypedDict, total=False):
+    """:class:`FiggClient`'s keyword arguments, for what passes them on."""
+
+    window: int
+    ping_interval: float
+    max_missed_pings: int
+    backoff: Backoff | None
+    on_state_change: Callable[[ConnectionState], object] | None
+    connect_timeout: float
+    subscription_buffer: int
+    max_frame_size: int
+    max_refusals: int | None
+    first_connect_attempts: int | None
+    ssl_context: ssl.SSLContext | None
+    tls: bool
+    ca: PathLike | None
+    cert: PathLike | None
+    key: PathLike | None
+
+
 class FiggClient:
     """A Figg client; run it with :func:`open_figg_client` (or ``nursery.start(run)``).
 
@@ -308,7 +328,7 @@ class FiggClient:
                  ping_interval: float = DEFAULT_PING_INTERVAL,
                  max_missed_pings: int = DEFAULT_MAX_MISSED_PINGS,
                  backoff: Backoff | None = None,
-                 on_state_change: Callable[[ConnectionState], Any] | None = None,
+                 on_state_change: Callable[[ConnectionState], object] | None = None,
                  connect_timeout: float = 10.0, subscription_buffer: int = 4096,
                  max_frame_size: int = DEFAULT_MAX_FRAME,
                  max_refusals: int | None = DEFAULT_MAX_REFUSALS,
@@ -378,7 +398,7 @@ class FiggClient:
         await trio.lowlevel.checkpoint()
 
     async def publish(self, topic: str, data: bytes,
-                      on_ack: Callable[[int], Any] | None = None) -> int:
+                      on_ack: Callable[[int], object] | None = None) -> int:
         """Publish ``data``; returns its sequence number.
 
         Waits only while the window of unacknowledged publishes is full. ``on_ack(seq)`` is
@@ -751,7 +771,8 @@ class FiggClient:
 
 
 @asynccontextmanager
-async def open_figg_client(host: str, port: int, **options: Any) -> AsyncIterator[FiggClient]:
+async def open_figg_client(host: str, port: int,
+                           **options: Unpack[FiggOptions]) -> AsyncIterator[FiggClient]:
     """Run a :class:`FiggClient` in the background for the ``async with`` block.
 
     The client connects (and reconnects) on its own; use ``wait_connected()`` if you

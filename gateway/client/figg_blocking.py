@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import queue
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar, TypeVarTuple, Unpack
 
 import trio
 
@@ -28,8 +28,14 @@ from gateway.client.figg import (
     ClientError,
     FiggClient,
     FiggMessage,
+    FiggOptions,
     Subscription,
 )
+
+__all__ = ["BlockingFiggClient", "BlockingSubscription"]
+
+T = TypeVar("T")
+Args = TypeVarTuple("Args")
 
 #: How often a pump re-checks a full queue.
 _POLL_SECS = 0.005
@@ -111,7 +117,7 @@ class BlockingFiggClient:
     ``on_state_change`` runs in the client's thread.
     """
 
-    def __init__(self, host: str, port: int, **options: Any) -> None:
+    def __init__(self, host: str, port: int, **options: Unpack[FiggOptions]) -> None:
         self._client = FiggClient(host, port, **options)
         self._portal = TrioPortal("figg-client")
         try:
@@ -125,7 +131,7 @@ class BlockingFiggClient:
         """The async client (touch it only from the client's thread)."""
         return self._client
 
-    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def _call(self, fn: Callable[[*Args], Awaitable[T]], *args: *Args) -> T:
         if self._client.closed:
             raise self._client.failure or ClientClosed("the Figg client is closed")
         try:
@@ -144,7 +150,7 @@ class BlockingFiggClient:
             raise TimeoutError("not connected in time") from None
 
     def publish(self, topic: str, data: bytes,
-                on_ack: Callable[[int], Any] | None = None) -> int:
+                on_ack: Callable[[int], object] | None = None) -> int:
         """Publish; blocks only while the window is full. ``on_ack`` runs in the client's
         thread. Returns the sequence number."""
         return self._call(self._client.publish, topic, data, on_ack)

@@ -55,6 +55,13 @@ from protocols.kafka.records import (
 from protocols.kafka.types import ApiKey, ErrorCode
 
 #: ListOffsets' timestamps for the bounds.
+
+__all__ = [
+    "CLIENT_ID", "EARLIEST", "LATEST", "FetchResult", "GroupDescription", "GroupMember",
+    "KafkaAdminClient", "KafkaError", "KafkaRecord", "consumer_assignment",
+    "group_position", "open_kafka_admin",
+]
+
 LATEST: Final = -1
 EARLIEST: Final = -2
 CLIENT_ID: Final = "figtank-admin"

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import trio
+
+__all__ = [
+    "raise_lone", "running",
+]
 
 
 def raise_lone(group: BaseExceptionGroup) -> NoReturn:
@@ -22,8 +26,8 @@ def raise_lone(group: BaseExceptionGroup) -> NoReturn:
 
 
 @asynccontextmanager
-async def running(serve: Callable[..., Awaitable[Any]],
-                  aclose: Callable[[], Awaitable[Any]]) -> AsyncIterator[None]:
+async def running(serve: Callable[..., Awaitable[object]],
+                  aclose: Callable[[], Awaitable[object]]) -> AsyncIterator[None]:
     """Run ``serve`` (a ``nursery.start`` task that never raises) for the block, then
     ``aclose()`` and stop it; the block's own exception comes out unwrapped."""
     try:

@@ -31,12 +31,13 @@ There is no reconnect: when the connection ends every call raises
 
 from __future__ import annotations
 
+import enum
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias, TypedDict, Unpack
 
 import structlog
 import trio
@@ -72,31 +73,40 @@ from protocols.errors import ProtocolError
 from protocols.tank.bundle import Codec, Message, decode_chunk, encode_bundle
 from protocols.tank.connection import Reply, TankConnection
 from protocols.tank.messages import (
+    ClusterTopology,
     ConsumePartition,
     ConsumePartitionResult,
     ConsumeRequest,
+    ConsumeResponse,
     ConsumeTopic,
     CreateTopicRequest,
+    CreateTopicResponse,
     DiscoverPartitionsRequest,
+    DiscoverPartitionsResponse,
     DiscoverTopicsRequest,
+    DiscoverTopicsResponse,
     DiscoverTopologyRequest,
+    DiscoverTopologyResponse,
     Ping,
     ProducePartition,
     ProduceRequest,
+    ProduceResponse,
     ProduceTopic,
     ProduceWithSeqnumPartition,
     ProduceWithSeqnumRequest,
     ProduceWithSeqnumTopic,
     ReloadConfRequest,
+    ReloadConfResponse,
     StatusRequest,
+    StatusResponse,
 )
 from protocols.tank.types import ConsumeFlags, CreateTopicError, ReloadConfError
 from protocols.wire import UINT64_MAX
 
 __all__ = [
-    "DEFAULT_FETCH_SIZE", "FIRST_AVAILABLE", "TAIL", "BrokerStatus", "Codec",
-    "ConsumeResult", "Message", "PartitionBounds", "TankClient", "TopicInfo",
-    "open_tank_client",
+    "CLIENT_VERSION", "DEFAULT_FETCH_SIZE", "FIRST_AVAILABLE", "MAX_FETCH_SIZE", "TAIL",
+    "BrokerStatus", "Codec", "ConsumeResult", "Message", "MessageLike", "PartitionBounds",
+    "TankClient", "TankOptions", "TopicInfo", "TopicPartition", "open_tank_client",
 ]
 
 log = structlog.get_logger("figtank.client.tank")
@@ -115,6 +125,20 @@ CLIENT_VERSION: Final = 2
 #: A message to produce: a value, ``(key, value)``, or a :class:`Message`.
 MessageLike: TypeAlias = bytes | tuple[bytes | None, bytes] | Message
 TopicPartition: TypeAlias = tuple[str, int]
+
+
+class TankOptions(TypedDict, total=False):
+    """:class:`TankClient`'s keyword arguments, for what passes them on."""
+
+    client_id: str
+    connect_timeout: float
+    request_timeout: float | None
+    max_frame_size: int
+    ssl_context: ssl.SSLContext | None
+    tls: bool
+    ca: PathLike | None
+    cert: PathLike | None
+    key: PathLike | None
 
 
 @dataclass(slots=True)
@@ -173,7 +197,7 @@ class _Waiter:
 
     def __init__(self) -> None:
         self.event = trio.Event()
-        self.response: Any = None
+        self.response: object = None
         self.error: BaseException | None = None
 
 
@@ -400,8 +424,10 @@ class TankClient:
             if self._next_id not in pending:
                 return self._next_id
 
-    async def request(self, build: Callable[[int], Any], *, extra_wait: float = 0.0) -> Any:
-        """Send the request ``build(request_id)`` returns and wait for its response record.
+    async def request(self, build: Callable[[int], object], *, extra_wait: float = 0.0
+                      ) -> Any:
+        """Send the request ``build(request_id)`` returns and wait for its response record
+        (of the type that answers the request's: annotate it where it is awaited).
 
         The low-level door to every request; the methods below are built on it.
         """
@@ -449,7 +475,7 @@ class TankClient:
         """Produce already encoded bundles (no length prefix), one per partition."""
         grouped = _by_topic(bundles)
 
-        def build(request_id: int) -> Any:
+        def build(request_id: int) -> ProduceRequest:
             return ProduceRequest(CLIENT_VERSION, request_id, self.client_id, required_acks,
                                   ack_timeout_ms, [
                                       ProduceTopic(topic, [ProducePartition(
@@ -470,7 +496,7 @@ class TankClient:
         bundles = {key: (first, encode_bundle(_messages(items, now), codec=codec))
                    for key, (first, items) in batches.items()}
 
-        def build(request_id: int) -> Any:
+        def build(request_id: int) -> ProduceWithSeqnumRequest:
             return ProduceWithSeqnumRequest(
                 CLIENT_VERSION, request_id, self.client_id, required_acks, ack_timeout_ms, [
                     ProduceWithSeqnumTopic(topic, [ProduceWithSeqnumPartition(
@@ -496,12 +522,17 @@ class TankClient:
             raise ValueError("either every entry has a first sequence number or none has")
         order = _entries_by_topic(entries)
 
-        def build(request_id: int) -> Any:
+        def first_seq(i: int) -> int:
+            first = entries[i][3]
+            assert first is not None  # with_seqnum: every entry has one
+            return first
+
+        def build(request_id: int) -> ProduceRequest | ProduceWithSeqnumRequest:
             if with_seqnum:
                 return ProduceWithSeqnumRequest(
                     CLIENT_VERSION, request_id, self.client_id, required_acks, ack_timeout_ms,
                     [ProduceWithSeqnumTopic(topic, [ProduceWithSeqnumPartition(
-                        entries[i][1], entries[i][3], entries[i][2]) for i in indexes])
+                        entries[i][1], first_seq(i), entries[i][2]) for i in indexes])
                      for topic, indexes in order.items()])
             return ProduceRequest(
                 CLIENT_VERSION, request_id, self.client_id, required_acks, ack_timeout_ms,
@@ -509,7 +540,7 @@ class TankClient:
                                       for i in indexes])
                  for topic, indexes in order.items()])
 
-        response = await self.request(build)
+        response: ProduceResponse = await self.request(build)
         codes = [0] * len(entries)
         for topic, indexes in zip(response.topics, order.values(), strict=True):
             for part, i in zip(topic.partitions, indexes, strict=True):
@@ -533,7 +564,7 @@ class TankClient:
             raise ValueError("consume needs at least one partition")
         order = _entries_by_topic(entries)
 
-        def build(request_id: int) -> Any:
+        def build(request_id: int) -> ConsumeRequest:
             return ConsumeRequest(CLIENT_VERSION, request_id, self.client_id, max_wait_ms,
                                   min_bytes, 0, [
                                       ConsumeTopic(topic, [ConsumePartition(
@@ -541,7 +572,7 @@ class TankClient:
                                           for i in indexes])
                                       for topic, indexes in order.items()])
 
-        response = await self.request(build, extra_wait=max_wait_ms / 1000)
+        response: ConsumeResponse = await self.request(build, extra_wait=max_wait_ms / 1000)
         results: list[ConsumePartitionResult | None] = [None] * len(entries)
         if [t.name for t in response.topics] != list(order):
             raise BadResponse("the Consume response does not list the requested topics")
@@ -612,7 +643,7 @@ class TankClient:
         if isinstance(config, Mapping):
             config = "".join(f"{k}={v}\n" for k, v in config.items())
         raw = config.encode()
-        response = await self.request(
+        response: CreateTopicResponse = await self.request(
             lambda rid: CreateTopicRequest(rid, topic, partitions, raw))
         if response.error == CreateTopicError.EXISTS:
             raise TopicExistsError(topic)
@@ -627,7 +658,7 @@ class TankClient:
         Raises :class:`UnknownTopicError`.
         """
         wanted = list(partitions or ())
-        response = await self.request(
+        response: DiscoverPartitionsResponse = await self.request(
             lambda rid: DiscoverPartitionsRequest(rid, topic, wanted))
         if not response.partitions:
             raise UnknownTopicError(topic)
@@ -636,17 +667,20 @@ class TankClient:
                 for i, p in zip(indexes, response.partitions, strict=False)]
 
     async def discover_topics(self) -> list[TopicInfo]:
-        response = await self.request(lambda rid: DiscoverTopicsRequest(rid, 0))
+        response: DiscoverTopicsResponse = await self.request(
+            lambda rid: DiscoverTopicsRequest(rid, 0))
         return [TopicInfo(t.name, t.partition_count, bool(t.enabled)) for t in response.topics]
 
-    async def discover_topology(self) -> Any:
+    async def discover_topology(self) -> ClusterTopology | None:
         """The cluster topology, or None from a standalone broker."""
-        response = await self.request(lambda rid: DiscoverTopologyRequest(rid, 0))
+        response: DiscoverTopologyResponse = await self.request(
+            lambda rid: DiscoverTopologyRequest(rid, 0))
         return response.cluster
 
     async def reload_conf(self, topic: str, partition: int) -> None:
         """Have the broker re-read the partition's ``config`` file."""
-        response = await self.request(lambda rid: ReloadConfRequest(rid, topic, partition))
+        response: ReloadConfResponse = await self.request(
+            lambda rid: ReloadConfRequest(rid, topic, partition))
         if response.error == ReloadConfError.UNKNOWN_TOPIC:
             raise UnknownTopicError(topic)
         if response.error == ReloadConfError.UNKNOWN_PARTITION:
@@ -656,12 +690,13 @@ class TankClient:
                 ReloadConfError, response.error))
 
     async def status(self) -> BrokerStatus:
-        r = await self.request(lambda rid: StatusRequest(rid))
+        r: StatusResponse = await self.request(lambda rid: StatusRequest(rid))
         return BrokerStatus(r.topic_count, r.partition_count, r.open_partitions,
                             r.open_time_ms, r.startup_ts, r.version, bool(r.cluster_aware))
 
 
-def _entries_by_topic(entries: Sequence[tuple[Any, ...]]) -> dict[str, list[int]]:
+def _entries_by_topic(entries: Sequence[tuple[str, int, bytes, int | None]]
+                     | Sequence[tuple[str, int, int, int]]) -> dict[str, list[int]]:
     """Entry indexes by topic, topics in order of first appearance (a request's layout)."""
     order: dict[str, list[int]] = {}
     for i, entry in enumerate(entries):
@@ -671,14 +706,14 @@ def _entries_by_topic(entries: Sequence[tuple[Any, ...]]) -> dict[str, list[int]
     return order
 
 
-def _code_name(codes: Any, code: int) -> str:
+def _code_name(codes: type[enum.IntEnum], code: int) -> str:
     try:
         return codes(code).name.lower()
     except ValueError:
         return ""
 
 
-def _raise_produce_errors(response: Any) -> None:
+def _raise_produce_errors(response: ProduceResponse) -> None:
     errors = {(t.name, p.partition): p.error for t in response.topics
               for p in t.partitions if p.error}
     if errors:
@@ -693,7 +728,7 @@ def _grown(key: TopicPartition, size: int, partial: int) -> int:
     return grown
 
 
-def _decode_partition(key: TopicPartition, seq: int, part: Any
+def _decode_partition(key: TopicPartition, seq: int, part: ConsumePartitionResult
                       ) -> tuple[ConsumeResult, int]:
     """The partition's result, and the length to retry with when it ended in a partial
     bundle before any message was found (else 0)."""
@@ -727,7 +762,8 @@ def _decode_partition(key: TopicPartition, seq: int, part: Any
 
 
 @asynccontextmanager
-async def open_tank_client(host: str, port: int, **options: Any) -> AsyncIterator[TankClient]:
+async def open_tank_client(host: str, port: int,
+                           **options: Unpack[TankOptions]) -> AsyncIterator[TankClient]:
     """Connect a :class:`TankClient` (waiting for the broker's Ping) for the block.
 
     ``options`` are :class:`TankClient`'s keyword arguments. Raises

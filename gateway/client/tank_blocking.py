@@ -19,10 +19,9 @@ raises :class:`~gateway.client.errors.ConnectionLost` and the next call reconnec
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar, Unpack
 
 from gateway.client._portal import PortalClosed, TrioPortal
 from gateway.client.errors import ClientClosed
@@ -34,9 +33,14 @@ from gateway.client.tank import (
     MessageLike,
     PartitionBounds,
     TankClient,
+    TankOptions,
     TopicInfo,
     TopicPartition,
 )
+
+__all__ = ["BlockingTankClient"]
+
+T = TypeVar("T")
 
 
 class BlockingTankClient:
@@ -47,7 +51,8 @@ class BlockingTankClient:
     ``connect=False`` defers connecting to the first call.
     """
 
-    def __init__(self, host: str, port: int, *, connect: bool = True, **options: Any) -> None:
+    def __init__(self, host: str, port: int, *, connect: bool = True,
+                 **options: Unpack[TankOptions]) -> None:
         self.host = host
         self.port = port
         self.options = options
@@ -89,14 +94,15 @@ class BlockingTankClient:
         if portal is not None:
             portal.close()  # a no-op in a forked child, where its thread does not exist
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, call: Callable[[TankClient], Awaitable[T]]) -> T:
+        """``await call(client)`` in the client's loop."""
         if not self.connected:
             self.connect()
         portal, client = self._portal, self._client
         if portal is None or client is None:
             raise ClientClosed("the Tank client is closed")
         try:
-            return portal.call(functools.partial(getattr(client, method), *args, **kwargs))
+            return portal.call(call, client)
         except PortalClosed:
             raise ClientClosed("the Tank client is closed") from None
 
@@ -105,47 +111,48 @@ class BlockingTankClient:
     def produce(self, batches: Mapping[TopicPartition, Sequence[MessageLike]], *,
                 codec: Codec | None = None, sparse: bool = False) -> None:
         """See :meth:`TankClient.produce`."""
-        self._call("produce", batches, codec=codec, sparse=sparse)
+        self._call(lambda c: c.produce(batches, codec=codec, sparse=sparse))
 
     def produce_bundles(self, bundles: Mapping[TopicPartition, bytes]) -> None:
         """See :meth:`TankClient.produce_bundles`."""
-        self._call("produce_bundles", bundles)
+        self._call(lambda c: c.produce_bundles(bundles))
 
     def produce_with_seqnum(
             self, batches: Mapping[TopicPartition, tuple[int, Sequence[MessageLike]]], *,
             codec: Codec | None = None) -> None:
         """See :meth:`TankClient.produce_with_seqnum`."""
-        self._call("produce_with_seqnum", batches, codec=codec)
+        self._call(lambda c: c.produce_with_seqnum(batches, codec=codec))
 
     def consume(self, topic: str, partition: int, seq: int, *, max_wait_ms: int = 0,
                 min_bytes: int = 0, fetch_size: int = DEFAULT_FETCH_SIZE) -> ConsumeResult:
         """See :meth:`TankClient.consume`."""
-        return self._call("consume", topic, partition, seq, max_wait_ms=max_wait_ms,
-                          min_bytes=min_bytes, fetch_size=fetch_size)
+        return self._call(lambda c: c.consume(topic, partition, seq, max_wait_ms=max_wait_ms,
+                                              min_bytes=min_bytes, fetch_size=fetch_size))
 
     def consume_many(self, positions: Mapping[TopicPartition, int], *, max_wait_ms: int = 0,
                      min_bytes: int = 0, fetch_size: int = DEFAULT_FETCH_SIZE
                      ) -> dict[TopicPartition, ConsumeResult]:
         """See :meth:`TankClient.consume_many`."""
-        return self._call("consume_many", positions, max_wait_ms=max_wait_ms,
-                          min_bytes=min_bytes, fetch_size=fetch_size)
+        return self._call(lambda c: c.consume_many(positions, max_wait_ms=max_wait_ms,
+                                                   min_bytes=min_bytes,
+                                                   fetch_size=fetch_size))
 
     def create_topic(self, topic: str, partitions: int,
                      config: str | Mapping[str, str] = "") -> None:
-        self._call("create_topic", topic, partitions, config)
+        self._call(lambda c: c.create_topic(topic, partitions, config))
 
     def discover_partitions(self, topic: str, partitions: Sequence[int] | None = None
                             ) -> list[PartitionBounds]:
-        return self._call("discover_partitions", topic, partitions)
+        return self._call(lambda c: c.discover_partitions(topic, partitions))
 
     def discover_topics(self) -> list[TopicInfo]:
-        return self._call("discover_topics")
+        return self._call(lambda c: c.discover_topics())
 
     def reload_conf(self, topic: str, partition: int) -> None:
-        self._call("reload_conf", topic, partition)
+        self._call(lambda c: c.reload_conf(topic, partition))
 
     def status(self) -> BrokerStatus:
-        return self._call("status")
+        return self._call(lambda c: c.status())
 
     # ---------------------------------------------------------------------- closing
 
@@ -166,5 +173,5 @@ class BlockingTankClient:
         self.close()
 
 
-def _restore(host: str, port: int, options: dict[str, Any]) -> BlockingTankClient:
+def _restore(host: str, port: int, options: TankOptions) -> BlockingTankClient:
     return BlockingTankClient(host, port, connect=False, **options)

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import ssl
 from pathlib import Path
-from typing import Any
 
 import trio
 
 from gateway.client.errors import ConnectError
 from gateway.io.tls import readable, tls_reason
+
+__all__ = [
+    "PathLike", "TLSHandshakeFailed", "client_context", "open_stream", "tls_failure",
+]
 
 PathLike = str | Path
 
@@ -68,7 +71,7 @@ async def open_stream(host: str, port: int, ssl_context: ssl.SSLContext | None, 
     stream = await trio.open_tcp_stream(host, port)
     if ssl_context is None:
         return stream
-    tls: trio.SSLStream[Any] = trio.SSLStream(
+    tls: trio.SSLStream[trio.abc.Stream] = trio.SSLStream(
         stream, ssl_context, server_hostname=server_hostname or host, https_compatible=True)
     try:
         await tls.do_handshake()

@@ -27,7 +27,7 @@ from gateway.server.metrics import GaugeCollector, Metrics
 from gateway.server.tls import ListenerTLS
 
 
-class FiggListener(ProtocolListener):
+class FiggListener(ProtocolListener[FiggSession]):
     """Accepts Figg connections and serves each one. Its connections share one
     :class:`DataFrameCache` and the topics' :class:`TailFeeds`, so subscribers of a topic
     at the same position get the DATA frames made once, and those at the tail share one
@@ -43,6 +43,8 @@ class FiggListener(ProtocolListener):
                  share_with: FiggListener | None = None) -> None:
         super().__init__(backend, settings, metrics, name=name, guard=guard, tls=tls,
                          quotas=quotas)
+        self.frames: DataFrameCache
+        self.feeds: TailFeeds
         if share_with is not None:
             # Another Figg listener of the server: one cache and one set of tail feeds
             # for all, so figg.data_cache_bytes bounds them together.

@@ -14,6 +14,11 @@ from dataclasses import dataclass
 from protocols.figg.messages import ATTACH_FROM_OFFSET
 from protocols.topics import MAX_PARTITIONS, is_valid_topic_name
 
+__all__ = [
+    "AttachStart", "InvalidTopic", "TankPartition", "attach_start", "figg_to_tank",
+    "tank_to_figg",
+]
+
 
 class InvalidTopic(ValueError):
     """A Figg topic that maps to no valid Tank (topic, partition)."""

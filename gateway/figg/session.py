@@ -25,7 +25,6 @@ for the bytes-out tokens before reading the log; PONGs and ACKs are not held.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import structlog
 import trio
@@ -187,7 +186,7 @@ class FiggSession(Session):
 
     # ---------------------------------------------------------------------- dispatch
 
-    async def _handle(self, events: list[Any]) -> bool:
+    async def _handle(self, events: list[object]) -> bool:
         """Handle a batch of events in order; True when the peer closed after them."""
         publishing = self._publishing
         counts: dict[str, int] = {}
@@ -195,8 +194,7 @@ class FiggSession(Session):
         access = self._access
         try:
             for event in events:
-                kind = type(event)
-                if kind is PublishBatch:
+                if type(event) is PublishBatch:
                     self.messages_received += event.count
                     where = self._partition_of(event.topic)
                     if not access.open and not self._may_publish(where.topic):
@@ -207,13 +205,14 @@ class FiggSession(Session):
                 if event is CLOSED:
                     closed = True
                     continue
+                kind = type(event)
                 counts[kind.__name__] = counts.get(kind.__name__, 0) + 1
-                if kind is Ping:
+                if type(event) is Ping:
                     self._outbox.put_urgent(_encode_pong(event.timestamp))
-                elif kind is Attach:
+                elif type(event) is Attach:
                     publishing.submit()  # what came before is appended first
                     await self._attach(event)
-                elif kind is Detach:
+                elif type(event) is Detach:
                     self._detach(event.topic)
         finally:
             publishing.submit()  # counted by outcome (_published)
@@ -232,7 +231,7 @@ class FiggSession(Session):
                 self._partitions[figg_topic] = where
         return where
 
-    async def _attach(self, event: Any) -> None:
+    async def _attach(self, event: Attach) -> None:
         topic = event.topic
         sub = self._subs.get(topic)
         if sub is not None:

@@ -19,8 +19,6 @@ principal the policy grants nothing on any topic (:func:`require_some_access`).
 
 from __future__ import annotations
 
-from typing import Any
-
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
 from gateway.auth.principal import Principal
@@ -28,10 +26,11 @@ from gateway.backend.contract import PartitionInfo, TopicRefused, ensure_topic
 from gateway.http.challenge import bearer_challenge, insufficient_scope_challenge
 from gateway.http.faults import StoreFaultError
 from gateway.http.request import HttpError, Request
+from gateway.http.session import HttpSession
 from protocols.topics import is_valid_topic_name
 
 
-def principal_of(session: Any, request: Request) -> Principal:
+def principal_of(session: HttpSession, request: Request) -> Principal:
     """The principal ``request`` acts as (401 for a token that is not valid)."""
     token = bearer_token(request)
     if token is None:
@@ -52,7 +51,7 @@ def bearer_token(request: Request) -> str | None:
     return request.query.get("access_token") or None
 
 
-def access_of(session: Any, request: Request) -> ConnectionAccess:
+def access_of(session: HttpSession, request: Request) -> ConnectionAccess:
     """The policy's view for ``request``'s principal (kept per principal on the
     connection, so the answers are cached as on the other listeners)."""
     principal = principal_of(session, request)
@@ -74,7 +73,7 @@ def require(access: ConnectionAccess, topic: str, operation: Operation, request:
                         f"{operation.value} {topic!r}")
 
 
-def require_some_access(session: Any, access: ConnectionAccess, what: str) -> None:
+def require_some_access(session: HttpSession, access: ConnectionAccess, what: str) -> None:
     """403 (a challenge, see :func:`challenge`) when the policy grants ``access``'s
     principal nothing on any topic: ``what`` (an endpoint naming no topic) would show it
     nothing or let it do nothing."""
@@ -83,13 +82,13 @@ def require_some_access(session: Any, access: ConnectionAccess, what: str) -> No
         raise HttpError(403, "access_denied", f"{access.principal.name} may not {what}")
 
 
-def takes_tokens(session: Any) -> bool:
+def takes_tokens(session: HttpSession) -> bool:
     """Whether the listener takes bearer tokens now (``[[token]]`` entries of the policy
     in force, or JWT keys)."""
     return bool(len(session.listener.guard.tokens)) or session.listener.tokens.has_keys
 
 
-def challenge(session: Any, request: Request, error: HttpError) -> HttpError:
+def challenge(session: HttpSession, request: Request, error: HttpError) -> HttpError:
     """``error`` as RFC 6750 wants it answered: a policy refusal (``access_denied``) of a
     request without a token becomes 401 with a ``Bearer realm`` challenge when the
     listener takes tokens; one of a request with a (valid) token gets
@@ -115,7 +114,7 @@ def check_topic_name(topic: str) -> None:
                         "[A-Za-z0-9_-], not starting or ending with - or _)")
 
 
-async def partitions_of(session: Any, access: ConnectionAccess, topic: str, request: str
+async def partitions_of(session: HttpSession, access: ConnectionAccess, topic: str, request: str
                         ) -> list[PartitionInfo]:
     """The partitions of ``topic``, created first when it is missing and both the backend's
     auto-creation and the policy allow; 404 when it is not there, a

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from functools import cache
 from importlib.resources import files
-from typing import Any
 
 from gateway.http.clientjs import classic_script
 from gateway.http.request import Answer, HttpError, Request
+from gateway.http.session import HttpSession
 
 _TYPES = {"js": b"text/javascript; charset=utf-8", "mjs": b"text/javascript; charset=utf-8",
           "ts": b"application/typescript; charset=utf-8", "html": b"text/html; charset=utf-8",
@@ -35,16 +35,16 @@ def _serve(name: str) -> Answer:
     return Answer(200, kind, body, [(b"cache-control", b"no-cache")])
 
 
-async def client_script(session: Any, request: Request) -> Answer:
+async def client_script(session: HttpSession, request: Request) -> Answer:
     """``/figtank.js`` (classic script), ``/figtank.mjs`` (ES module), ``/figtank.d.ts``."""
     return _serve(request.path.lstrip("/"))
 
 
-async def index(session: Any, request: Request) -> Answer:
+async def index(session: HttpSession, request: Request) -> Answer:
     return _serve("index.html")
 
 
-async def asset(session: Any, request: Request) -> Answer:
+async def asset(session: HttpSession, request: Request) -> Answer:
     name = request.params["name"]
     if name not in ("console.js", "console.css"):
         raise HttpError(404, "not_found", f"no file {name!r}")

@@ -29,6 +29,7 @@ from gateway.http.outage import unavailable_error
 from gateway.http.positions import first_at_time, time_param
 from gateway.http.quota import quota_of, took_out, wait_out
 from gateway.http.request import NDJSON, Answer, HttpError, Request, json_answer
+from gateway.http.session import HttpSession
 from protocols.errors import ProtocolError
 
 DEFAULT_COUNT = 100
@@ -36,7 +37,7 @@ MAX_COUNT = 10_000
 DEFAULT_BYTES = 1024 * 1024
 
 
-async def fetch(session: Any, request: Request) -> Answer:
+async def fetch(session: HttpSession, request: Request) -> Answer:
     topic = request.params["topic"]
     check_topic_name(topic)
     access = access_of(session, request)
@@ -49,7 +50,7 @@ async def fetch(session: Any, request: Request) -> Answer:
     return answer
 
 
-async def _fetch(session: Any, request: Request, topic: str) -> Answer:
+async def _fetch(session: HttpSession, request: Request, topic: str) -> Answer:
     backend = session.listener.backend
     settings = session.listener.settings
     infos = await backend.discover_partitions(topic)

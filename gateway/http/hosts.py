@@ -17,7 +17,9 @@ public name.
 from __future__ import annotations
 
 import ipaddress
-from typing import Any
+from typing import Protocol
+
+import trio
 
 from gateway.http.request import HttpError, Request
 
@@ -39,15 +41,25 @@ def _is_ip(name: str) -> bool:
     return True
 
 
-def is_loopback(stream: Any) -> bool:
+def is_loopback(stream: trio.abc.Stream) -> bool:
     """Whether the connection ``stream`` (TLS or not) was accepted on a loopback address."""
-    while not hasattr(stream, "socket") and hasattr(stream, "transport_stream"):
-        stream = stream.transport_stream
+    under: object = stream
+    while not hasattr(under, "socket") and hasattr(under, "transport_stream"):
+        under = under.transport_stream
+    if not hasattr(under, "socket"):
+        return False
     try:
-        address = stream.socket.getsockname()[0]
+        address = under.socket.getsockname()[0]
         return ipaddress.ip_address(address.partition("%")[0]).is_loopback
     except (AttributeError, OSError, ValueError):
         return False
+
+
+class OnLoopback(Protocol):
+    """A connection that can say whether it came in on a loopback address."""
+
+    @property
+    def on_loopback(self) -> bool: ...
 
 
 class HostGuard:
@@ -67,7 +79,7 @@ class HostGuard:
         return name in self.names or any(
             name == suffix[1:] or name.endswith(suffix) for suffix in self.suffixes)
 
-    def check(self, request: Request, session: Any) -> None:
+    def check(self, request: Request, session: OnLoopback) -> None:
         """421 ``host_not_allowed`` for a ``Host`` this listener does not answer to on
         ``session``'s connection (:attr:`~gateway.http.session.HttpSession.on_loopback`:
         its socket is asked once, and only for a name that could be rebound)."""

@@ -52,7 +52,7 @@ def build_router() -> Router:
     return router
 
 
-class HttpListener(ProtocolListener):
+class HttpListener(ProtocolListener[HttpSession]):
     """Accepts HTTP connections and serves each one (:class:`HttpSession`)."""
 
     protocol = "http"
@@ -115,7 +115,7 @@ class HttpListener(ProtocolListener):
         session.quota = quota
         return session
 
-    def stats(self, session: Any) -> dict[str, Any]:
+    def stats(self, session: HttpSession | None) -> dict[str, Any]:
         if session is None:
             return {}
         return {"requests": session.requests, "refused": session.refused,

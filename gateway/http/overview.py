@@ -15,19 +15,21 @@ as the collect that follows, so it runs on every read.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 from gateway.auth.policy import Operation
 from gateway.backend.contract import ensure_available
 from gateway.http.auth import access_of, require_some_access
 from gateway.http.request import Answer, Request, json_answer
+from gateway.http.session import HttpSession
+from gateway.server.metrics import Metrics
 
 MAX_TOPICS: Final = 200
 _WANTED = {"figtank_messages_in", "figtank_messages_out", "figtank_connections",
            "figtank_committed_lag_messages"}
 
 
-def _samples(metrics: Any) -> dict[str, list[tuple[dict[str, str], float]]]:
+def _samples(metrics: Metrics) -> dict[str, list[tuple[dict[str, str], float]]]:
     out: dict[str, list[tuple[dict[str, str], float]]] = {name: [] for name in _WANTED}
     metrics.flush()
     for family in metrics.registry.collect():
@@ -37,7 +39,7 @@ def _samples(metrics: Any) -> dict[str, list[tuple[dict[str, str], float]]]:
     return out
 
 
-async def overview(session: Any, request: Request) -> Answer:
+async def overview(session: HttpSession, request: Request) -> Answer:
     access = access_of(session, request)
     require_some_access(session, access, "see the overview")
     ensure_available(session.listener.backend)

@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Any
 
-from gateway.backend.contract import PartitionInfo
+from gateway.backend.contract import Backend, PartitionInfo
 from gateway.backend.timelookup import find_by_time
 from gateway.http.request import HttpError
 
@@ -71,7 +70,7 @@ def from_last_event_id(text: str, partitions: list[int], infos: list[PartitionIn
             for p in partitions}
 
 
-async def from_parameter(text: str, backend: Any, topic: str, partitions: list[int],
+async def from_parameter(text: str, backend: Backend, topic: str, partitions: list[int],
                          infos: list[PartitionInfo]) -> dict[int, int]:
     """The first sequence of each partition for ``from=text``."""
     if text in ("", "latest"):
@@ -102,7 +101,7 @@ def time_param(text: str, name: str, expected: str = "an ISO 8601 time") -> int:
     return int(when.timestamp() * 1000)
 
 
-async def first_at_time(backend: Any, topic: str, partition: int, ms: int,
+async def first_at_time(backend: Backend, topic: str, partition: int, ms: int,
                         info: PartitionInfo) -> int:
     """The sequence of the first message of ``partition`` at or after ``ms``
     (:func:`~gateway.backend.timelookup.find_by_time`); one past the end when none is."""

@@ -48,6 +48,7 @@ from gateway.http.messages import payload_of
 from gateway.http.outage import FAILED_APPENDS, unavailable_error
 from gateway.http.quota import quota_of
 from gateway.http.request import JSON, Answer, HttpError, Request, error_answer, json_answer
+from gateway.http.session import HttpSession
 from protocols.tank.bundle import Message, encode_bundle
 
 MAX_KEY: int = 255
@@ -103,7 +104,7 @@ def _partition_for(message: Message, count: int) -> int:
     return next(_turns) % count
 
 
-async def produce(session: Any, request: Request) -> Answer:
+async def produce(session: HttpSession, request: Request) -> Answer:
     topic = request.params["topic"]
     check_topic_name(topic)
     access = access_of(session, request)
@@ -155,7 +156,7 @@ def _place(request: Request, topic: str, wanted: list[tuple[int | None, Message]
     return placed
 
 
-async def _store(session: Any, topic: str, placed: list[tuple[int, Message]],
+async def _store(session: HttpSession, topic: str, placed: list[tuple[int, Message]],
                  before: list[dict[str, Any]] | None) -> Answer | HttpError:
     """Append the messages of ``placed`` (those ``before`` does not say stored), one batch a
     partition; the answer: 200 when every message is stored, else the refusal saying per
@@ -201,7 +202,8 @@ async def _store(session: Any, topic: str, placed: list[tuple[int, Message]],
     return _partial_refusal(topic, offsets, list(errors.values()))
 
 
-def _refusal(session: Any, topic: str, partition: int, outcome: ProduceOutcome) -> HttpError:
+def _refusal(session: HttpSession, topic: str, partition: int, outcome: ProduceOutcome
+             ) -> HttpError:
     """Why one partition's batch was not stored, as a refusal."""
     reason = session.listener.backend.unavailable()
     if reason is not None and outcome.code in FAILED_APPENDS:
@@ -234,7 +236,7 @@ def _answered(outcome: Answer | HttpError) -> Answer:
     return outcome
 
 
-async def _once(session: Any, request: Request, access: ConnectionAccess, topic: str,
+async def _once(session: HttpSession, request: Request, access: ConnectionAccess, topic: str,
                 key: str, placed: list[tuple[int, Message]]) -> Answer:
     """A produce with an ``Idempotency-Key``: appended at most once whatever the retries
     (:mod:`gateway.http.idempotency`)."""

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota
+from gateway.http.session import HttpSession
 
 
 @contextmanager
-def quota_of(session: Any, principal: Principal) -> Iterator[PrincipalQuota | None]:
+def quota_of(session: HttpSession, principal: Principal) -> Iterator[PrincipalQuota | None]:
     """The buckets of ``principal`` for the block (None: no quotas on this server)."""
     quotas = session.listener.quotas
     if quotas is None or principal == session.principal:

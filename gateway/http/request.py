@@ -7,6 +7,7 @@ it into a JSON answer ``{"error": code, "message": ...}`` with its status and lo
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote
@@ -47,7 +48,7 @@ class Request:
     params: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]
+    def parse(cls, method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]]
               ) -> Request:
         raw_path, _, raw_query = target.decode("latin-1").partition("?")
         try:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from gateway.http.auth import challenge
 from gateway.http.request import Answer, HttpError, Request
+from gateway.http.session import HttpSession
 
-Handler = Callable[[Any, Request], Awaitable[Answer | None]]
+Handler = Callable[[HttpSession, Request], Awaitable[Answer | None]]
 
 
 class Router:
@@ -33,7 +33,7 @@ class Router:
         regex = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", pattern)
         self._routes.append((method, re.compile(f"^{regex}$"), handler))
 
-    async def dispatch(self, session: Any, request: Request) -> Answer | None:
+    async def dispatch(self, session: HttpSession, request: Request) -> Answer | None:
         """Run the handler of ``request``; its answer gets the CORS headers."""
         session.listener.hosts.check(request, session)
         cors = session.listener.cors

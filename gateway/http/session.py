@@ -19,25 +19,65 @@ from __future__ import annotations
 
 import math
 from http import HTTPStatus
-from typing import Any, Final
+from typing import Final, Protocol
 
 import h11
 import structlog
 import trio
 
+from gateway.auth.guard import AccessGuard, ConnectionAccess
 from gateway.auth.principal import Principal
-from gateway.backend.contract import BackendUnavailable
+from gateway.auth.quotas import PrincipalQuota, Quotas
+from gateway.backend.contract import Backend, BackendUnavailable
+from gateway.http.cors import Cors
 from gateway.http.faults import FAULT_CODES
 from gateway.http.framing import FramingGuard
-from gateway.http.hosts import is_loopback
+from gateway.http.hosts import HostGuard, is_loopback
+from gateway.http.idempotency import IdempotencyKeys
 from gateway.http.outage import outage_of, unavailable_error
 from gateway.http.request import Answer, HttpError, Request, error_answer
+from gateway.http.revocation import OpenStreams
+from gateway.http.tail import Tails
+from gateway.http.tokens import Tokens
+from gateway.logevery import LogEvery
+from gateway.server.config import Settings
+from gateway.server.metrics import Metrics
 from gateway.server.session import CloseConnection
 
 MAX_HEAD: Final = 16 * 1024
 RECEIVE_SIZE: Final = 64 * 1024
 #: Socket errors that end a connection quietly.
 SOCKET_ERRORS: Final = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+class Dispatcher(Protocol):
+    """Runs the handler of a request (:class:`~gateway.http.routing.Router`)."""
+
+    async def dispatch(self, session: HttpSession, request: Request) -> Answer | None: ...
+
+
+class HttpServices(Protocol):
+    """What a session and the handlers use of the
+    :class:`~gateway.http.listener.HttpListener` serving it (which imports this module:
+    a protocol, so that the handlers are typed without an import circle)."""
+
+    backend: Backend
+    settings: Settings
+    metrics: Metrics
+    guard: AccessGuard
+    quotas: Quotas | None
+    tokens: Tokens
+    hosts: HostGuard
+    cors: Cors
+    idempotency: IdempotencyKeys
+    tails: Tails
+    open_streams: OpenStreams
+    #: Open streams by kind (``sse``, ``websocket``).
+    streams: dict[str, int]
+    store_fault_log: LogEvery
+
+    @property
+    def router(self) -> Dispatcher: ...
 
 
 class _Closed(Exception):
@@ -53,11 +93,11 @@ class HttpSession:
                                           "slow", "access_revoked", "token_expired"})
 
     # Thousands of idle streams each hold one: no per-instance dict.
-    __slots__ = ("_closing", "_end", "_frame", "_idle", "_max_body", "_on_loopback", "accesses",
-                 "bytes_sent", "conn", "framing", "listener", "log", "principal", "quota",
+    __slots__ = ("_closing", "_conn", "_end", "_frame", "_idle", "_max_body", "_on_loopback",
+                 "accesses", "bytes_sent", "framing", "listener", "log", "principal", "quota",
                  "refused", "requests", "scope", "stream")
 
-    def __init__(self, stream: trio.abc.Stream, listener: Any,
+    def __init__(self, stream: trio.abc.Stream, listener: HttpServices,
                  log: structlog.typing.FilteringBoundLogger, principal: Principal) -> None:
         self.stream = stream
         #: The :class:`~gateway.http.listener.HttpListener` serving it.
@@ -65,16 +105,17 @@ class HttpSession:
         self.log = log
         #: Who the connection acts as without a token (its listener, or its certificate).
         self.principal = principal
-        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+        self._conn: h11.Connection | None = h11.Connection(
+            h11.SERVER, max_incomplete_event_size=MAX_HEAD)
         self.requests = 0
         self.refused = 0
         self.bytes_sent = 0
         self._closing = False
         self._end: CloseConnection | None = None
         #: The quota buckets of the connection's principal (None: no quotas).
-        self.quota: Any = None
+        self.quota: PrincipalQuota | None = None
         #: The policy's view per principal a request acted as (see gateway.http.auth).
-        self.accesses: dict[Principal, Any] = {}
+        self.accesses: dict[Principal, ConnectionAccess] = {}
         #: Cancelled by shutdown(): around waiting for a request, and around a stream
         #: (a new one each time: :meth:`cancellable`).
         self.scope = trio.CancelScope()
@@ -93,6 +134,18 @@ class HttpSession:
         if self._on_loopback is None:
             self._on_loopback = is_loopback(self.stream)
         return self._on_loopback
+
+    @property
+    def conn(self) -> h11.Connection:
+        """The connection's HTTP state (h11), until :meth:`end_http`."""
+        if self._conn is None:
+            raise RuntimeError("the HTTP exchange of this connection is over")
+        return self._conn
+
+    def end_http(self) -> None:
+        """The HTTP exchange is over (a WebSocket took the connection): drop its state
+        (memory per subscriber)."""
+        self._conn = None
 
     @property
     def closing(self) -> bool:
@@ -158,7 +211,7 @@ class HttpSession:
             outage = outage_of(exc)
             if outage is None:
                 raise
-            if self.conn is None or self.conn.our_state is not h11.SEND_RESPONSE:
+            if self._conn is None or self._conn.our_state is not h11.SEND_RESPONSE:
                 self.ended("unavailable", str(outage))  # a stream already answering
                 return None
             return self.refuse(request, unavailable_error(str(outage)))
@@ -188,9 +241,10 @@ class HttpSession:
         if not data:
             self.conn.receive_data(b"")  # end of stream
         elif checked := self.framing.feed(data):
-            self.conn.receive_data(checked)
+            # h11 says bytes; it appends any buffer to its own (no copy made here).
+            self.conn.receive_data(checked)  # type: ignore[arg-type]
 
-    async def _next_event(self) -> Any:
+    async def _next_event(self) -> h11.Event | type[h11.NEED_DATA] | type[h11.PAUSED]:
         while True:
             try:
                 event = self.conn.next_event()
@@ -297,7 +351,7 @@ class HttpSession:
         """``data`` framed as a piece of the streamed body."""
         return self.conn.send(h11.Data(data=data)) or b""
 
-    def chunk_parts(self, data: bytes) -> list[Any]:
+    def chunk_parts(self, data: bytes) -> list[bytes]:
         """``data`` framed as a piece of the streamed body, as buffers (``data`` itself
         among them, not copied)."""
         return self.conn.send_with_data_passthrough(h11.Data(data=data)) or []

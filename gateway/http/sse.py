@@ -25,10 +25,11 @@ made for the stream (:mod:`gateway.http.quota`).
 from __future__ import annotations
 
 import math
-from typing import Any, Final
+from typing import Final
 
 import h11
 import trio
+from prometheus_client import Counter
 
 from gateway.auth.policy import Operation
 from gateway.auth.principal import Principal
@@ -55,7 +56,7 @@ from gateway.http.positions import event_id, from_last_event_id, from_parameter
 from gateway.http.quota import owes, quota_of, took_out, wait_out
 from gateway.http.request import Request
 from gateway.http.revocation import expired_event, revoked_event
-from gateway.http.session import SOCKET_ERRORS
+from gateway.http.session import SOCKET_ERRORS, HttpSession
 from gateway.http.tail import PartitionTail, TailEvent
 from gateway.http.topic_follow import TopicFollower
 from gateway.io.writer import FrameWriter
@@ -66,7 +67,7 @@ _HEAD = [(b"content-type", b"text/event-stream; charset=utf-8"),
          (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
 
-async def events(session: Any, request: Request) -> None:
+async def events(session: HttpSession, request: Request) -> None:
     topic = request.params["topic"]
     check_topic_name(topic)
     access = access_of(session, request)
@@ -111,8 +112,8 @@ class _Follower:
 
     __slots__ = ("cursor", "delivered", "outbox", "quota", "session")
 
-    def __init__(self, cursor: Cursor, outbox: FrameWriter, session: Any, delivered: Any,
-                 quota: PrincipalQuota | None = None) -> None:
+    def __init__(self, cursor: Cursor, outbox: FrameWriter, session: HttpSession,
+                 delivered: Counter, quota: PrincipalQuota | None = None) -> None:
         self.cursor = cursor
         self.outbox = outbox
         self.session = session
@@ -172,7 +173,7 @@ class _Admitted:
                  "topic")
     kind = "sse"
 
-    def __init__(self, session: Any, topic: str, principal: Principal, token: str | None
+    def __init__(self, session: HttpSession, topic: str, principal: Principal, token: str | None
                  ) -> None:
         self.session = session
         self.topic = topic
@@ -201,7 +202,7 @@ class _Admitted:
             self.scope.cancel()
 
 
-async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bool,
+async def _stream(session: HttpSession, topic: str, cursors: list[Cursor], *, single: bool,
                   admitted: _Admitted, quota: PrincipalQuota | None = None) -> None:
     listener = session.listener
     settings = listener.settings
@@ -271,7 +272,7 @@ async def _stream(session: Any, topic: str, cursors: list[Cursor], *, single: bo
     session.bytes_sent += outbox.bytes_sent
 
 
-async def _outage(session: Any, outbox: FrameWriter, cursors: list[Cursor],
+async def _outage(session: HttpSession, outbox: FrameWriter, cursors: list[Cursor],
                   positions: dict[int, int], single: bool, reason: str, heartbeat: float
                   ) -> None:
     """The stream's partitions can not be read now: ``event: unavailable`` once, heartbeats
@@ -290,7 +291,7 @@ async def _outage(session: Any, outbox: FrameWriter, cursors: list[Cursor],
     outbox.put_nowait(session.chunk(sse_available(last)))
 
 
-async def _write(outbox: FrameWriter, scope: trio.CancelScope, session: Any) -> None:
+async def _write(outbox: FrameWriter, scope: trio.CancelScope, session: HttpSession) -> None:
     """The stream's writer task; a broken socket ends the stream."""
     try:
         await outbox.run()

@@ -26,10 +26,11 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Final, Protocol
+from typing import Final, Protocol, TypeGuard
 
 import structlog
 import trio
+from prometheus_client import Counter
 from wsproto.frame_protocol import FrameProtocol
 
 from gateway.backend.contract import (
@@ -75,7 +76,7 @@ class TailEvent:
         self.size = len(message.value) + len(message.key or b"") + 64
         self._json: bytes | None = None
         self._sse: bytes | None = None
-        self._ws: bytes | None = None
+        self._ws: bytes | bytearray | None = None
 
     def json(self) -> bytes:
         """The message's JSON object (:func:`gateway.http.messages.message_json`)."""
@@ -94,7 +95,7 @@ class TailEvent:
             self._sse = b"id: %d\n%s" % (self.seq, self.sse_data())
         return self._sse
 
-    def ws_frame(self) -> bytes:
+    def ws_frame(self) -> bytes | bytearray:
         """The WebSocket text frame ``{"op":"data",...}`` (server frames are not masked, so
         one framing serves every connection)."""
         if self._ws is None:
@@ -106,32 +107,45 @@ class TailEvent:
 class Follower(Protocol):
     """A subscriber at the tail that the tail's reader feeds directly."""
 
-    #: Followers with the same form get the same bytes at the tail (one fan-out group);
-    #: None: never through a group (its bytes are its own, or each write is counted).
-    fanout_form: str | None
-    #: Its connection's writer.
-    outbox: FrameWriter
+    @property
+    def fanout_form(self) -> str | None:
+        """Followers with the same form get the same bytes at the tail (one fan-out
+        group); None: never through a group (its bytes are its own, or each write is
+        counted)."""
 
     @property
     def next_seq(self) -> int:
         """The sequence the subscriber delivers next (stale while in a fan-out group:
         :meth:`settle` brings it up to date when it leaves)."""
 
+    def push(self, tail: PartitionTail, events: list[TailEvent]) -> bool:
+        """Queue ``events`` (those from ``next_seq`` on) for the client, and move past
+        them; False (nothing queued) when the client is too far behind to take them."""
+
+
+class GroupFollower(Follower, Protocol):
+    """A follower with a :attr:`~Follower.fanout_form`: fed through a fan-out group while
+    its socket keeps up."""
+
+    #: Its connection's writer.
+    outbox: FrameWriter
+
     @property
-    def delivered(self) -> Any:
+    def delivered(self) -> Counter:
         """The counter of messages delivered (one per topic: ``inc(n)``)."""
 
     def encode(self, tail: PartitionTail, events: list[TailEvent]) -> bytes:
         """``events`` as sent on the subscriber's connection (the same bytes for every
         follower of its form)."""
 
-    def push(self, tail: PartitionTail, events: list[TailEvent]) -> bool:
-        """Queue ``events`` (those from ``next_seq`` on) for the client, and move past
-        them; False (nothing queued) when the client is too far behind to take them."""
-
     def settle(self, next_seq: int, sent: int) -> None:
         """It left its fan-out group at ``next_seq``, having been sent ``sent`` bytes
         through it."""
+
+
+def in_fanout(follower: Follower) -> TypeGuard[GroupFollower]:
+    """Whether ``follower`` joins a fan-out group at the tail (it has a form)."""
+    return follower.fanout_form is not None
 
 
 def events_of(topic: str, partition: int, messages: list[Message]) -> list[TailEvent]:
@@ -170,9 +184,9 @@ class PartitionTail:
         #: Those of them fed through their own writers (the others are in a group).
         self._slow: dict[Follower, None] = {}
         #: Followers whose sockets are free, by form: sent each append in one call.
-        self._groups: dict[str, FanoutGroup[Follower]] = {}
+        self._groups: dict[str, FanoutGroup[GroupFollower]] = {}
         #: The callback each group member left with its writer (see _join_fast).
-        self._hooks: dict[Follower, Callable[[], None]] = {}
+        self._hooks: dict[GroupFollower, Callable[[], None]] = {}
         #: The newest batches as sent, by (form, first seq, last seq, count).
         self._joined: dict[tuple[str, int, int, int], bytes] = {}
 
@@ -234,10 +248,11 @@ class PartitionTail:
 
     def in_group(self, follower: Follower) -> bool:
         """Whether ``follower`` is fed through its form's fan-out group now."""
-        group = self._groups.get(follower.fanout_form)
+        form = follower.fanout_form
+        group = None if form is None else self._groups.get(form)
         return group is not None and follower in group
 
-    def _join_fast(self, follower: Follower) -> None:
+    def _join_fast(self, follower: GroupFollower) -> None:
         form = follower.fanout_form
         assert form is not None
         group = self._groups.get(form)
@@ -250,6 +265,8 @@ class PartitionTail:
         follower.outbox.on_queue(hook)
 
     def _leave_fast(self, follower: Follower) -> None:
+        if not in_fanout(follower):
+            return
         form = follower.fanout_form
         group = self._groups.get(form) if form is not None else None
         sent = group.remove(follower) if group is not None else None
@@ -266,7 +283,7 @@ class PartitionTail:
         if follower in self._followers:
             self._slow[follower] = None
 
-    def _fan_out(self, group: FanoutGroup[Follower], events: list[TailEvent]) -> None:
+    def _fan_out(self, group: FanoutGroup[GroupFollower], events: list[TailEvent]) -> None:
         """Send ``events`` to every member of ``group`` in one call; the members it could
         not finish get the rest through their writers."""
         first = group.first()
@@ -295,7 +312,7 @@ class PartitionTail:
         if seq >= self.next_seq:
             return []
         i = bisect.bisect_left(self._seqs, seq, self._start)
-        out = []
+        out: list[TailEvent] = []
         size = 0
         events = self._events
         while i < len(events) and (size < max_bytes or not out):
@@ -340,7 +357,7 @@ class PartitionTail:
             for follower in list(self._slow):  # (the fast ones are in the groups)
                 if follower.next_seq > start:  # (never ahead)
                     self._release(follower)
-                elif (follower.fanout_form is not None and follower.next_seq == start
+                elif (in_fanout(follower) and follower.next_seq == start
                       and follower.outbox.free):
                     del self._slow[follower]
                     self._join_fast(follower)

@@ -16,13 +16,13 @@ id's other partitions are joined once per batch, not once per event.
 
 from __future__ import annotations
 
-from typing import Any
-
 import trio
+from prometheus_client import Counter
 
 from gateway.auth.quotas import PrincipalQuota
 from gateway.http.cursor import Cursor
 from gateway.http.quota import owes, took_out
+from gateway.http.session import HttpSession
 from gateway.http.tail import PartitionTail, TailEvent
 from gateway.io.writer import FrameWriter
 
@@ -53,7 +53,7 @@ class TopicFollower:
     __slots__ = ("cursors", "delivered", "outbox", "positions", "quota", "session")
 
     def __init__(self, cursors: list[Cursor], positions: dict[int, int], outbox: FrameWriter,
-                 session: Any, delivered: Any, quota: PrincipalQuota | None) -> None:
+                 session: HttpSession, delivered: Counter, quota: PrincipalQuota | None) -> None:
         self.cursors = cursors
         #: The position of every partition (shared with the stream's batch path).
         self.positions = positions

@@ -3,11 +3,10 @@ their first and last offsets, as JSON (only what the principal may see)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from gateway.backend.contract import ensure_available
 from gateway.http.auth import access_of, check_topic_name, require_some_access
 from gateway.http.request import Answer, HttpError, Request, json_answer
+from gateway.http.session import HttpSession
 
 
 def _partition(number: int, first_available: int, high_water_mark: int) -> dict[str, int]:
@@ -17,7 +16,7 @@ def _partition(number: int, first_available: int, high_water_mark: int) -> dict[
             "messages": messages}
 
 
-async def list_topics(session: Any, request: Request) -> Answer:
+async def list_topics(session: HttpSession, request: Request) -> Answer:
     access = access_of(session, request)
     require_some_access(session, access, "list topics")
     ensure_available(session.listener.backend)
@@ -27,7 +26,7 @@ async def list_topics(session: Any, request: Request) -> Answer:
                                    if access.may_see(t.name)]})
 
 
-async def describe_topic(session: Any, request: Request) -> Answer:
+async def describe_topic(session: HttpSession, request: Request) -> Answer:
     topic = request.params["topic"]
     check_topic_name(topic)
     access = access_of(session, request)

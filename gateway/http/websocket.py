@@ -57,6 +57,7 @@ from typing import Any, Final
 import h11
 import trio
 import wsproto.events as ws
+from prometheus_client import Counter
 from wsproto import ConnectionType
 from wsproto.connection import Connection as WsConnection
 from wsproto.connection import ConnectionState
@@ -83,9 +84,9 @@ from gateway.http.outage import FAILED_APPENDS, op_error, outage_of
 from gateway.http.quota import owes, quota_of, took_out, wait_out
 from gateway.http.request import HttpError, Request
 from gateway.http.revocation import EXPIRED, REVOKED
-from gateway.http.session import RECEIVE_SIZE, SOCKET_ERRORS
+from gateway.http.session import RECEIVE_SIZE, SOCKET_ERRORS, HttpSession
 from gateway.http.tail import PartitionTail, TailEvent
-from gateway.io.writer import FrameWriter
+from gateway.io.writer import FrameWriter, Owner
 from protocols.tank.bundle import Message, encode_bundle
 from protocols.topics import is_valid_topic_name
 
@@ -104,7 +105,7 @@ class _Close(Exception):
         self.reason = reason
 
 
-async def upgrade(session: Any, request: Request) -> None:
+async def upgrade(session: HttpSession, request: Request) -> None:
     """Check the upgrade, answer 101 and serve the WebSocket until it closes.
 
     The origin (403) and the credentials (401 / 403) are checked before the upgrade
@@ -140,7 +141,7 @@ async def upgrade(session: Any, request: Request) -> None:
     trailing, _ = conn.trailing_data
     # The HTTP exchange is over: an idle WebSocket keeps neither its h11 state nor the
     # request's headers (memory per subscriber).
-    session.conn = None
+    session.end_http()
     request.headers.clear()
     listener = session.listener
     listener.streams["websocket"] += 1
@@ -161,7 +162,7 @@ class _Subscription:
 
     __slots__ = ("cursor", "delivered", "detached", "outbox", "quota", "scope")
 
-    def __init__(self, cursor: Cursor, outbox: FrameWriter, delivered: Any,
+    def __init__(self, cursor: Cursor, outbox: FrameWriter, delivered: Counter,
                  quota: PrincipalQuota | None = None) -> None:
         self.cursor = cursor
         self.outbox = outbox
@@ -207,7 +208,7 @@ class WebSocket:
                  "quota", "session", "subs", "token", "window")
     kind = "websocket"
 
-    def __init__(self, session: Any, access: ConnectionAccess, conn: WsConnection,
+    def __init__(self, session: HttpSession, access: ConnectionAccess, conn: WsConnection,
                  token: str | None = None, quota: PrincipalQuota | None = None) -> None:
         self.session = session
         self.listener = session.listener
@@ -232,7 +233,7 @@ class WebSocket:
         #: Publishes waiting to be placed (bridge mode), in order; None: no placer runs.
         self._placing: list[tuple[list[ProduceBatch], ProduceDone]] | None = None
 
-    def send_json(self, value: Any, owner: Any = None) -> None:
+    def send_json(self, value: Any, owner: Owner | None = None) -> None:
         self.outbox.put_nowait(self.conn.send(ws.TextMessage(data=dumps(value).decode())),
                                owner)
 
@@ -335,7 +336,8 @@ class WebSocket:
             except SOCKET_ERRORS:
                 return
             ended = not data
-            self.conn.receive_data(data or None)
+            # wsproto says bytes; it appends any buffer to its own.
+            self.conn.receive_data(data or None)  # type: ignore[arg-type]
 
     def _crashed(self, exc: Exception) -> None:
         """Close after an unexpected error: 1013 when the backend's upstream is away (the

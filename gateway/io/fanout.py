@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from array import array
 from collections.abc import Callable, Sequence
-from typing import Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar
 
 from protocols.native import compiled
 
@@ -51,7 +51,10 @@ def send_each_python(fds: Sequence[int], data: bytes) -> list[tuple[int, int]]:
     return unfinished
 
 
-_native = compiled("gateway.io._fanout")
+if TYPE_CHECKING:
+    from gateway.io import _fanout as _native  # its .pyi; None at run time when not built
+else:
+    _native = compiled("gateway.io._fanout")
 #: The loop in use: compiled when built and not disabled.
 send_each: Callable[[array[int], bytes], list[tuple[int, int]]] = (
     _native.send_each if _native is not None else send_each_python)
@@ -87,7 +90,7 @@ class FanoutGroup(Generic[M]):
     def __len__(self) -> int:
         return len(self._members)
 
-    def __contains__(self, member: M) -> bool:
+    def __contains__(self, member: object) -> bool:
         return member in self._slots
 
     @property

@@ -306,7 +306,7 @@ class FrameWriter:
         return self._budget.queued
 
     @property
-    def room(self) -> int:
+    def room(self) -> float:
         """Bytes that may still be queued before the queue is :attr:`full` (0 when it is)."""
         return max(0, self._budget.limit - self._budget.queued)
 

@@ -15,8 +15,8 @@ broker (the bridge) a topic is answered with no entries.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
-from typing import Any, Final
+from collections.abc import Callable, Sequence
+from typing import Final
 
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
@@ -24,9 +24,13 @@ from gateway.backend.contract import Backend, CreateTopicCode
 from gateway.store.config import TopicConfig
 from gateway.store.errors import InvalidConfig
 from protocols.kafka.records import (
+    CreatableTopic,
+    CreatableTopicConfig,
     CreatableTopicConfigs,
     CreatableTopicResult,
+    CreateTopicsRequest,
     CreateTopicsResponse,
+    DescribeConfigsRequest,
     DescribeConfigsResourceResult,
     DescribeConfigsResponse,
     DescribeConfigsResult,
@@ -65,7 +69,7 @@ class _Refused(Exception):
         self.code = code
 
 
-def tank_config(configs: Any) -> str:
+def tank_config(configs: Sequence[CreatableTopicConfig]) -> str:
     """Tank's ``key=value`` text for CreateTopics ``configs``; :class:`_Refused`
     (INVALID_CONFIG) for a key without a Tank equivalent or a value that is no integer."""
     lines = []
@@ -87,7 +91,7 @@ def tank_config(configs: Any) -> str:
     return "\n".join(lines)
 
 
-def _check(backend: Backend, topic: Any) -> tuple[int, str]:
+def _check(backend: Backend, topic: CreatableTopic) -> tuple[int, str]:
     """The partition count and config text of a CreatableTopic, or :class:`_Refused`."""
     name = topic.name
     if not is_valid_topic_name(name):
@@ -115,7 +119,7 @@ def _check(backend: Backend, topic: Any) -> tuple[int, str]:
     return partitions, text
 
 
-async def _create_one(backend: Backend, topic: Any, validate_only: bool,
+async def _create_one(backend: Backend, topic: CreatableTopic, validate_only: bool,
                       access: ConnectionAccess) -> CreatableTopicResult:
     name = topic.name
     if not access.may(name, Operation.CREATE):
@@ -155,7 +159,7 @@ async def _create_one(backend: Backend, topic: Any, validate_only: bool,
                                 configs=configs)
 
 
-async def create_topics(backend: Backend, body: Any,
+async def create_topics(backend: Backend, body: CreateTopicsRequest,
                         access: ConnectionAccess) -> CreateTopicsResponse:
     """The answer to a CreateTopics request: each topic created (or checked) in turn; a
     name given more than once is INVALID_REQUEST for each entry and not created, as
@@ -226,7 +230,7 @@ def _entries(backend: Backend, name: str, keys: list[str] | None, *,
     return entries
 
 
-async def describe_configs(backend: Backend, body: Any,
+async def describe_configs(backend: Backend, body: DescribeConfigsRequest,
                            access: ConnectionAccess) -> DescribeConfigsResponse:
     """The answer to a DescribeConfigs request (topics only)."""
     results = []

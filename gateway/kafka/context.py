@@ -5,7 +5,6 @@ differs from the previous one's: a handler task keeps the one it was started wit
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import structlog
 
@@ -43,7 +42,7 @@ class RequestContext:
     #: of the connection).
     refusals: LogEvery = field(default_factory=LogEvery)
 
-    def refused(self, event: str, **fields: Any) -> None:
+    def refused(self, event: str, **fields: object) -> None:
         """Log a refused request as ``event``: the first of each kind on a connection,
         then at most one a minute, the next line counting those held back
         (``suppressed``), so that a client repeating a bad request can not flood the

@@ -12,13 +12,11 @@ reports to the application and kafka-python raises.
 
 from __future__ import annotations
 
-from typing import Any
-
 from gateway.auth.policy import Operation
 from gateway.kafka.context import RequestContext
 from gateway.kafka.groups.handlers import group_allowed
 from gateway.kafka.metadata import NODE_ID
-from protocols.kafka.records import Coordinator, FindCoordinatorResponse
+from protocols.kafka.records import Coordinator, FindCoordinatorRequest, FindCoordinatorResponse
 from protocols.kafka.types import ErrorCode
 
 #: What a transactional id's lookup is told.
@@ -27,7 +25,7 @@ NO_TRANSACTIONS = "figtank does not coordinate transactions"
 TRANSACTION_KEY = 1
 
 
-async def find_coordinator(ctx: RequestContext, body: Any,
+async def find_coordinator(ctx: RequestContext, body: FindCoordinatorRequest,
                            version: int) -> FindCoordinatorResponse:
     """The answer to a FindCoordinator request: this node, for one key (versions 0-3) or
     for each key asked (version 4 and later)."""

@@ -157,7 +157,7 @@ async def _partition(backend: Backend, request: FetchRequest, outcome: FetchOutc
         chunk = outcome.chunk.read_bytes() if budget > 0 else b""
     finally:
         outcome.chunk.close()
-    records = b""
+    records: bytes | bytearray = b""
     if chunk:
         batches = bundles_to_batches(chunk, outcome.base_seq, codecs=codecs)
         if not batches.consumed and batches.partial:

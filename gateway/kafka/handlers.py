@@ -13,7 +13,7 @@ from typing import Any, Final
 from gateway.kafka.admin import create_topics, describe_configs
 from gateway.kafka.context import RequestContext
 from gateway.kafka.coordinator import find_coordinator
-from gateway.kafka.fetch import fetch
+from gateway.kafka.fetch import SharedFetch, fetch
 from gateway.kafka.groups.commits import offset_commit, offset_delete, offset_fetch
 from gateway.kafka.groups.handlers import (
     describe_groups,
@@ -27,26 +27,45 @@ from gateway.kafka.idempotence import init_producer_id
 from gateway.kafka.metadata import metadata
 from gateway.kafka.offsets import list_offsets
 from gateway.kafka.sasl import refuse_authenticate, refuse_handshake
-from protocols.kafka.records import InitProducerIdResponse
+from protocols.kafka.records import (
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DescribeConfigsRequest,
+    DescribeConfigsResponse,
+    FetchRequest,
+    FetchResponse,
+    InitProducerIdRequest,
+    InitProducerIdResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    MetadataRequest,
+    MetadataResponse,
+)
 from protocols.kafka.types import ApiKey, ErrorCode
 
+#: A handler takes its API's request record and answers with its response record: the
+#: table below holds every API's, so its type can only say Any of them.
 Handler = Callable[[RequestContext, Any, int], Awaitable[Any]]
 
 
-async def _metadata(ctx: RequestContext, body: Any, version: int) -> Any:
+async def _metadata(ctx: RequestContext, body: MetadataRequest, version: int
+                    ) -> MetadataResponse:
     return await metadata(ctx.backend, body, version, ctx.advertised, ctx.access)
 
 
-async def _fetch(ctx: RequestContext, body: Any, version: int) -> Any:
+async def _fetch(ctx: RequestContext, body: FetchRequest, version: int
+                 ) -> FetchResponse | SharedFetch:
     return await fetch(ctx.backend, body, ctx.access, ctx.services.fetch_compression,
                        version)
 
 
-async def _list_offsets(ctx: RequestContext, body: Any, version: int) -> Any:
+async def _list_offsets(ctx: RequestContext, body: ListOffsetsRequest, version: int
+                        ) -> ListOffsetsResponse:
     return await list_offsets(ctx.backend, body, ctx.access)
 
 
-async def _create_topics(ctx: RequestContext, body: Any, version: int) -> Any:
+async def _create_topics(ctx: RequestContext, body: CreateTopicsRequest, version: int
+                         ) -> CreateTopicsResponse:
     response = await create_topics(ctx.backend, body, ctx.access)
     refused = [(t.name, t.error_code, t.error_message)
                for t in response.topics if t.error_code]
@@ -56,11 +75,13 @@ async def _create_topics(ctx: RequestContext, body: Any, version: int) -> Any:
     return response
 
 
-async def _describe_configs(ctx: RequestContext, body: Any, version: int) -> Any:
+async def _describe_configs(ctx: RequestContext, body: DescribeConfigsRequest, version: int
+                            ) -> DescribeConfigsResponse:
     return await describe_configs(ctx.backend, body, ctx.access)
 
 
-async def _init_producer_id(ctx: RequestContext, body: Any, version: int) -> Any:
+async def _init_producer_id(ctx: RequestContext, body: InitProducerIdRequest, version: int
+                            ) -> InitProducerIdResponse:
     issued: int | None = None
     if body.transactional_id is None:
         # In front of a Kafka cluster the cluster numbers producers, so that an id is

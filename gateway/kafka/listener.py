@@ -31,7 +31,7 @@ from gateway.server.tls import ListenerTLS
 WILDCARD_HOSTS: Final = frozenset({"0.0.0.0", "::", ""})
 
 
-class KafkaListener(ProtocolListener):
+class KafkaListener(ProtocolListener[KafkaSession]):
     """Accepts Kafka connections and serves each one."""
 
     protocol = "kafka"

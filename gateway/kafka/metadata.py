@@ -9,12 +9,13 @@ a fault of the server, which clients retry, not an unknown topic.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
 from gateway.backend.contract import Backend, TopicRefused
 from protocols.kafka.records import (
+    MetadataRequest,
     MetadataResponse,
     MetadataResponseBroker,
     MetadataResponsePartition,
@@ -53,8 +54,8 @@ async def _describe(backend: Backend, name: str, may_create: bool) -> MetadataRe
     return MetadataResponseTopic(error_code=0, name=name, partitions=_partitions(len(infos)))
 
 
-async def metadata(backend: Backend, body: Any, version: int, advertised: tuple[str, int],
-                   access: ConnectionAccess) -> MetadataResponse:
+async def metadata(backend: Backend, body: MetadataRequest, version: int,
+                   advertised: tuple[str, int], access: ConnectionAccess) -> MetadataResponse:
     """The answer to a Metadata request ``body`` of ``version``."""
     topics: list[MetadataResponseTopic] = []
     if body.topics is None or (version == 0 and not body.topics):

@@ -14,7 +14,7 @@ the last one's time winning, and gives that one answer to all of them.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Final
+from typing import Final
 
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
@@ -23,6 +23,7 @@ from gateway.backend.timelookup import find_by_time
 from gateway.kafka.fetch import log_start_offset
 from protocols.kafka.records import (
     ListOffsetsPartitionResponse,
+    ListOffsetsRequest,
     ListOffsetsResponse,
     ListOffsetsTopicResponse,
 )
@@ -32,7 +33,7 @@ LATEST: Final = -1
 EARLIEST: Final = -2
 
 
-async def list_offsets(backend: Backend, body: Any, access: ConnectionAccess
+async def list_offsets(backend: Backend, body: ListOffsetsRequest, access: ConnectionAccess
                        ) -> ListOffsetsResponse:
     """Answer a ListOffsets request ``body``."""
     topics = []

@@ -23,16 +23,21 @@ the session lifetime answered is 0, "forever").
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import structlog
 import trio
+from prometheus_client import Counter
 
 from gateway.auth.sasl import SaslFailed, SaslServer, server
 from gateway.auth.users import Users
 from gateway.kafka.context import RequestContext
 from gateway.server.session import CloseConnection
-from protocols.kafka.records import SaslAuthenticateResponse, SaslHandshakeResponse
+from protocols.kafka.records import (
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
+)
 from protocols.kafka.types import ErrorCode
 
 
@@ -41,7 +46,7 @@ class SaslGate:
     hands it SaslHandshake and SaslAuthenticate bodies until :attr:`user` is set."""
 
     def __init__(self, mechanisms: tuple[str, ...], users: Callable[[], Users], *,
-                 listener: str, failures: Any, limiter: trio.CapacityLimiter,
+                 listener: str, failures: Counter, limiter: trio.CapacityLimiter,
                  log: structlog.typing.FilteringBoundLogger) -> None:
         self._mechanisms = mechanisms
         self._users = users
@@ -57,7 +62,7 @@ class SaslGate:
         #: Whether the tokens come as raw frames (the handshake was version 0).
         self.raw = False
 
-    def handshake(self, body: Any, version: int) -> tuple[SaslHandshakeResponse,
+    def handshake(self, body: SaslHandshakeRequest, version: int) -> tuple[SaslHandshakeResponse,
                                                           CloseConnection | None]:
         """The answer to a SaslHandshake, and the close that must follow it (or None)."""
         mechanisms = list(self._mechanisms)
@@ -77,7 +82,7 @@ class SaslGate:
         self._exchange = server(body.mechanism, lambda name: self._users().lookup(name))
         return answer(ErrorCode.NONE), None
 
-    async def authenticate(self, body: Any) -> tuple[SaslAuthenticateResponse,
+    async def authenticate(self, body: SaslAuthenticateRequest) -> tuple[SaslAuthenticateResponse,
                                                      CloseConnection | None]:
         """The answer to a SaslAuthenticate, and the close that must follow it (or None).
         :attr:`user` is set once the exchange has succeeded."""
@@ -134,12 +139,14 @@ def _logged(exc: SaslFailed) -> str:
     return f"{exc} ({exc.detail})" if exc.detail else str(exc)
 
 
-async def refuse_handshake(ctx: RequestContext, body: Any, version: int) -> Any:
+async def refuse_handshake(ctx: RequestContext, body: SaslHandshakeRequest, version: int
+                           ) -> SaslHandshakeResponse:
     """SaslHandshake on a connection that is not authenticating: ILLEGAL_SASL_STATE."""
     return SaslHandshakeResponse(error_code=ErrorCode.ILLEGAL_SASL_STATE, mechanisms=[])
 
 
-async def refuse_authenticate(ctx: RequestContext, body: Any, version: int) -> Any:
+async def refuse_authenticate(ctx: RequestContext, body: SaslAuthenticateRequest,
+                              version: int) -> SaslAuthenticateResponse:
     """SaslAuthenticate on a connection that is not authenticating: ILLEGAL_SASL_STATE."""
     return SaslAuthenticateResponse(error_code=ErrorCode.ILLEGAL_SASL_STATE,
                                     error_message="no SASL exchange on this connection")

@@ -35,6 +35,7 @@ context and quota buckets are those of that principal.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -72,6 +73,7 @@ from protocols.kafka.connection import (
     SaslToken,
     UnsupportedRequest,
 )
+from protocols.kafka.records import SaslAuthenticateResponse, SaslHandshakeResponse
 from protocols.kafka.types import ApiKey, ErrorCode
 
 
@@ -89,10 +91,10 @@ class _Slot:
 
     def __init__(self) -> None:
         #: The response: one frame's bytes, or its buffers (records not copied in).
-        self.frame: bytes | list[Buffer] | None = None
+        self.frame: bytes | Sequence[Buffer] | None = None
 
 
-class KafkaSession(RequestSession):
+class KafkaSession(RequestSession[KafkaServerConnection]):
     """Serves one accepted Kafka connection until it closes; see :meth:`Session.run`."""
 
     IDLE_REASON = "no request for {:g} s with nothing in flight"
@@ -230,6 +232,7 @@ class KafkaSession(RequestSession):
             self._dispatch(request)
             return
         self._received_request()
+        response: SaslHandshakeResponse | SaslAuthenticateResponse
         if key == ApiKey.SASL_HANDSHAKE:
             response, close = gate.handshake(request.body, request.api_version)
         elif key == ApiKey.SASL_AUTHENTICATE:
@@ -285,7 +288,7 @@ class KafkaSession(RequestSession):
         self._order.append(slot)
         return slot
 
-    def _fill(self, slot: _Slot, frame: bytes | list[Buffer]) -> None:
+    def _fill(self, slot: _Slot, frame: bytes | Sequence[Buffer]) -> None:
         slot.frame = frame
         order = self._order
         assert order is not None  # the slot is in it

@@ -16,6 +16,13 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final
 
+__all__ = [
+    "KAFKA_COMPRESSIONS", "MIB", "OPTIONS", "PROTOCOLS", "SASL_MECHANISMS",
+    "UPSTREAM_COMPRESSIONS", "ConfigError", "ListenerSpec", "ListenerTable", "Option",
+    "Settings", "TLSFiles", "add_setting_flags", "flag_overrides", "load_settings",
+    "parse_address", "reference_table", "settings_from_mapping",
+]
+
 MIB = 1024 * 1024
 
 
@@ -38,18 +45,18 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, number
 
 
-def _address(value: Any) -> str:
+def _address(value: object) -> str:
     if not isinstance(value, str):
         raise ValueError("expected a \"HOST:PORT\" string")
     parse_address(value)
     return value
 
 
-def _optional_address(value: Any) -> str:
+def _optional_address(value: object) -> str:
     return "" if value in ("", None) else _address(value)
 
 
-def _addresses(value: Any) -> tuple[str, ...]:
+def _addresses(value: object) -> tuple[str, ...]:
     """A list of ``HOST:PORT`` strings; a string (and each string of a list, as repeated
     flags give them) may hold several, comma-separated."""
     if isinstance(value, str):
@@ -60,15 +67,16 @@ def _addresses(value: Any) -> tuple[str, ...]:
                  if part.strip())
 
 
-def _number(kind: type[int] | type[float], *, positive: bool) -> Callable[[Any], Any]:
+def _number(kind: type[int] | type[float], *, positive: bool) -> Callable[[object], Any]:
     """A parser of ints (from TOML integers or digits) or floats, over 0 or from 0."""
     if kind is int:
         expected = "a positive integer" if positive else "an integer >= 0"
     else:
         expected = "a number > 0" if positive else "a number >= 0"
 
-    def parse(value: Any) -> int | float:
-        if isinstance(value, bool) or (kind is int and not isinstance(value, (int, str))):
+    def parse(value: object) -> int | float:
+        if isinstance(value, bool) or not isinstance(
+                value, (int, str) if kind is int else (int, float, str)):
             raise ValueError(f"expected {expected}")
         number = kind(value)
         if number < 0 or (positive and number == 0):
@@ -83,14 +91,14 @@ _positive_float = _number(float, positive=True)
 _non_negative_float = _number(float, positive=False)
 
 
-def _percent(value: Any) -> float:
+def _percent(value: object) -> float:
     number = _non_negative_float(value)
     if number > 100:
         raise ValueError("expected a percentage, 0 to 100")
     return float(number)
 
 
-def _origins(value: Any) -> tuple[str, ...]:
+def _origins(value: object) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [v.strip() for v in value.split(",") if v.strip()]
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
@@ -101,7 +109,7 @@ def _origins(value: Any) -> tuple[str, ...]:
     return tuple(v.rstrip("/") for v in value)
 
 
-def _host_names(value: Any) -> tuple[str, ...]:
+def _host_names(value: object) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [v.strip() for v in value.split(",") if v.strip()]
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
@@ -112,7 +120,7 @@ def _host_names(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _boolean(value: Any) -> bool:
+def _boolean(value: object) -> bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
@@ -120,8 +128,8 @@ def _boolean(value: Any) -> bool:
     raise ValueError("expected true or false")
 
 
-def _choice(*allowed: str) -> Callable[[Any], str]:
-    def parse(value: Any) -> str:
+def _choice(*allowed: str) -> Callable[[object], str]:
+    def parse(value: object) -> str:
         if value not in allowed:
             raise ValueError(f"expected one of {', '.join(allowed)}")
         return str(value)
@@ -129,17 +137,17 @@ def _choice(*allowed: str) -> Callable[[Any], str]:
     return parse
 
 
-def _path(value: Any) -> Path:
+def _path(value: object) -> Path:
     if not isinstance(value, (str, Path)) or not str(value):
         raise ValueError("expected a path")
     return Path(value)
 
 
-def _optional_path(value: Any) -> Path | None:
+def _optional_path(value: object) -> Path | None:
     return None if value in ("", None) else _path(value)
 
 
-def _optional_file(value: Any) -> str:
+def _optional_file(value: object) -> str:
     """A path as text, or "" for none (TLS files: kept as given, read at start-up)."""
     if value is None or value == "":
         return ""
@@ -151,7 +159,7 @@ def _optional_file(value: Any) -> str:
 KAFKA_COMPRESSIONS: Final = ("none", "gzip", "snappy", "lz4", "zstd")
 
 
-def _topic_codecs(value: Any) -> dict[str, str]:
+def _topic_codecs(value: object) -> dict[str, str]:
     """A table of topic name -> one of :data:`KAFKA_COMPRESSIONS`."""
     if not isinstance(value, Mapping):
         raise ValueError("expected a table of topic = \"codec\" "
@@ -171,7 +179,7 @@ def _topic_codecs(value: Any) -> dict[str, str]:
 UPSTREAM_COMPRESSIONS: Final = ("producer", *KAFKA_COMPRESSIONS)
 
 
-def _workers(value: Any) -> int:
+def _workers(value: object) -> int:
     """A positive number of processes, or ``auto``: the cores this process may run on."""
     if value == "auto":
         return len(os.sched_getaffinity(0))
@@ -186,8 +194,8 @@ def _workers(value: Any) -> int:
     return number
 
 
-def _optional_choice(*allowed: str) -> Callable[[Any], str]:
-    def parse(value: Any) -> str:
+def _optional_choice(*allowed: str) -> Callable[[object], str]:
+    def parse(value: object) -> str:
         if value in ("", None):
             return ""
         if value not in allowed:
@@ -196,13 +204,13 @@ def _optional_choice(*allowed: str) -> Callable[[Any], str]:
     return parse
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     if not isinstance(value, str):
         raise ValueError("expected a string")
     return value
 
 
-def _topic_config(value: Any) -> dict[str, str]:
+def _topic_config(value: object) -> dict[str, str]:
     if not isinstance(value, Mapping):
         raise ValueError("expected a table of Tank config keys")
     from gateway.store.config import (  # the store's own rules
@@ -277,7 +285,7 @@ class ListenerSpec:
     tls_key: str = ""
 
 
-def _listener_tables(value: Any) -> dict[str, ListenerTable]:
+def _listener_tables(value: object) -> dict[str, ListenerTable]:
     if not isinstance(value, Mapping):
         raise ValueError("expected a table of listener tables ([listeners.NAME])")
     tables: dict[str, ListenerTable] = {}
@@ -319,7 +327,7 @@ def _listener_tables(value: Any) -> dict[str, ListenerTable]:
     return tables
 
 
-def _sasl_mechanisms(value: Any) -> tuple[str, ...]:
+def _sasl_mechanisms(value: object) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ValueError("expected a list of mechanism names")
     for v in value:
@@ -335,13 +343,13 @@ class Option:
 
     key: str
     attr: str
-    parse: Callable[[Any], Any]
+    parse: Callable[[object], Any]
     default: Any
     help: str
     flag: str | None = None
 
 
-def _setting(key: str, default: Any, parse: Callable[[Any], Any], help: str,
+def _setting(key: str, default: Any, parse: Callable[[object], Any], help: str,
              flag: str | None = None) -> Any:
     """A field of :class:`Settings` with everything else said of it: its TOML ``key``, the
     parser of its values, its help and its command-line ``flag`` (None: file only)."""

@@ -20,7 +20,7 @@ check retries) instead of waiting.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import h11
@@ -168,7 +168,8 @@ async def _read_request(stream: trio.abc.Stream, conn: h11.Connection
     while True:
         event = conn.next_event()
         if event is h11.NEED_DATA:
-            conn.receive_data(await stream.receive_some(_RECEIVE_SIZE))
+            # h11 says bytes; it appends any buffer to its own.
+            conn.receive_data(await stream.receive_some(_RECEIVE_SIZE))  # type: ignore[arg-type]
         elif isinstance(event, h11.Request):
             # h11 bounds a head that arrives in parts; this, one that came whole.
             size = len(event.target) + sum(len(n) + len(v) + 4 for n, v in event.headers)
@@ -211,7 +212,7 @@ async def _send(stream: trio.abc.Stream, conn: h11.Connection, answer: Answer, *
 
 async def serve_endpoint(endpoint: Endpoint, listeners: list[trio.SocketListener], *,
                          name: str = "metrics",
-                         task_status: trio.TaskStatus[list[trio.SocketListener]]
+                         task_status: trio.TaskStatus[Sequence[trio.SocketListener]]
                          = trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``endpoint`` on ``listeners`` (the listener ``name``) until cancelled."""
     await serve_listeners(endpoint.handle, listeners, name=name, metrics=endpoint.metrics,

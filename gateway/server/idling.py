@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection
-from typing import Any, Final
+from typing import Final
 
 import trio
 
@@ -28,10 +28,11 @@ def sweep_interval(timeout: float) -> float:
     return min(timeout / 4, MAX_INTERVAL)
 
 
-def idle_timeout(session: Any) -> float:
+def idle_timeout(session: object) -> float:
     """``session``'s idle timeout; ``math.inf`` for one that never times out or does so by
     itself (an HTTP session has no ``idle_timeout``)."""
-    return getattr(session, "idle_timeout", math.inf)
+    timeout: float = getattr(session, "idle_timeout", math.inf)
+    return timeout
 
 
 class IdleSweeper:
@@ -42,11 +43,11 @@ class IdleSweeper:
 
     __slots__ = ("_scope", "_sessions")
 
-    def __init__(self, sessions: Collection[Any]) -> None:
+    def __init__(self, sessions: Collection[object]) -> None:
         self._sessions = sessions
         self._scope: trio.CancelScope | None = None
 
-    def started(self, session: Any) -> None:
+    def started(self, session: object) -> None:
         """``session`` was added to the collection: make sure the sweeper runs. Called from
         the connection's task: the sweeper is started in the same nursery."""
         timeout = idle_timeout(session)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic
 
 import structlog
 import trio
@@ -21,14 +21,14 @@ from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.backend.contract import Backend
 from gateway.server.config import Settings
-from gateway.server.listening import ConnectionSlots
+from gateway.server.listening import ConnectionSlots, S
 from gateway.server.metrics import Metrics
 from gateway.server.tls import ListenerTLS, peer_identity
 
 
-class ProtocolListener(ABC):
+class ProtocolListener(ABC, Generic[S]):
     """Serves accepted connections of one protocol (:meth:`handle` is the handler of
-    :func:`gateway.server.accepting.serve_listeners`)."""
+    :func:`gateway.server.accepting.serve_listeners`) with its sessions (``S``)."""
 
     #: The protocol's name in metrics and log lines.
     protocol: ClassVar[str]
@@ -84,7 +84,7 @@ class ProtocolListener(ABC):
                 quotas.release(start.quota)
 
     def _start(self, stream: trio.abc.Stream,
-               log: structlog.typing.FilteringBoundLogger) -> Any:
+               log: structlog.typing.FilteringBoundLogger) -> S:
         """The session for ``stream`` once its principal is known (after a handshake), on
         a server without quotas."""
         return self.session(stream, log, principal=self.principal_of(stream))
@@ -98,29 +98,29 @@ class ProtocolListener(ABC):
     @abstractmethod
     def session(self, stream: trio.abc.Stream,
                 log: structlog.typing.FilteringBoundLogger, *, principal: Principal,
-                quota: PrincipalQuota | None = None) -> Any:
+                quota: PrincipalQuota | None = None) -> S:
         """The session that serves ``stream`` for ``principal`` under ``quota`` (its
         principal's buckets, None: no quotas); it has ``run()`` and ``shutdown()``."""
 
     @abstractmethod
-    def stats(self, session: Any) -> dict[str, Any]:
+    def stats(self, session: S) -> dict[str, Any]:
         """What the ``connection_closed`` log line says of ``session``'s work."""
 
 
-class _StartWithQuota:
+class _StartWithQuota(Generic[S]):
     """Builds a connection's session once its principal is known (after a handshake),
     with its principal's quota buckets, and keeps them to be given back (one small
     object per connection, where a list and a partial were three)."""
 
     __slots__ = ("listener", "quota", "quotas")
 
-    def __init__(self, listener: ProtocolListener, quotas: Quotas) -> None:
+    def __init__(self, listener: ProtocolListener[S], quotas: Quotas) -> None:
         self.listener = listener
         self.quotas = quotas
         self.quota: PrincipalQuota | None = None
 
     def __call__(self, stream: trio.abc.Stream,
-                 log: structlog.typing.FilteringBoundLogger) -> Any:
+                 log: structlog.typing.FilteringBoundLogger) -> S:
         listener = self.listener
         principal = listener.principal_of(stream)
         quota = self.quota = self.quotas.acquire(principal)

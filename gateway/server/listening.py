@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any, Final, cast
+from typing import Any, Final, Protocol, TypeVar, cast
 
 import structlog
 import trio
@@ -12,18 +12,35 @@ import trio
 from gateway.io.limits import RECEIVE_SIZE
 from gateway.server.idling import IdleSweeper
 from gateway.server.metrics import Metrics
+from gateway.server.session import CloseConnection
 from gateway.server.tls import ListenerTLS, peer_identity
 
+
+class Served(Protocol):
+    """A connection's session, as its listener runs it."""
+
+    async def run(self) -> CloseConnection:
+        """Serve the connection until it ends; why it ended."""
+        ...
+
+    def shutdown(self) -> None:
+        """The server is stopping: stop reading, finish what is in flight."""
+
+
+S = TypeVar("S", bound=Served)
 #: Builds a connection's session: ``start(stream, conn_log)`` (the stream is the TLS one
 #: on a TLS listener).
-Start = Callable[[trio.abc.Stream, structlog.typing.FilteringBoundLogger], Any]
+Start = Callable[[trio.abc.Stream, structlog.typing.FilteringBoundLogger], S]
+#: The fields a session's ``connection_closed`` line adds.
+Stats = Callable[[S], dict[str, Any]]
 
 
-def socket_of(stream: trio.abc.Stream) -> Any:
+def socket_of(stream: trio.abc.Stream) -> trio.socket.SocketType | None:
     """The socket under ``stream`` (TLS unwrapped), or None."""
     while isinstance(stream, trio.SSLStream):
         stream = stream.transport_stream
-    return getattr(stream, "socket", None)
+    socket: trio.socket.SocketType | None = getattr(stream, "socket", None)
+    return socket
 
 
 def _address(stream: trio.abc.Stream, which: str) -> tuple[str, int] | None:
@@ -118,7 +135,7 @@ class ConnectionSlots:
         self.routine_kinds = routine_kinds
         #: Connections being served.
         self.active = 0
-        self._sessions: set[Any] = set()
+        self._sessions: set[Served] = set()
         #: Closes the idle ones among them.
         self._idle = IdleSweeper(self._sessions)
         self._closing = False
@@ -130,8 +147,7 @@ class ConnectionSlots:
         for session in list(self._sessions):
             session.shutdown()
 
-    async def serve(self, stream: trio.abc.Stream, start: Start,
-                    stats: Callable[[Any], dict[str, Any]]) -> None:
+    async def serve(self, stream: trio.abc.Stream, start: Start[S], stats: Stats[S]) -> None:
         """Serve ``stream`` with the session ``start(stream, conn_log)`` builds (it has
         ``run()`` and ``shutdown()``); on a TLS listener, after the handshake, over the
         TLS stream (a failed handshake ends the connection with its own log line).

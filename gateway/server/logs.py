@@ -9,6 +9,10 @@ from typing import Any, TextIO, cast
 
 import structlog
 
+__all__ = [
+    "configure_logging",
+]
+
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
            "error": logging.ERROR}
 

@@ -24,11 +24,12 @@ import operator
 import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
-from typing import Any, Final
+from typing import Final, TypeVar
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -104,6 +105,25 @@ class TopicLabels:
                 self._folded.add(topic)
                 self._on_fold(topic)
         return OTHER
+
+
+#: A metric family (its ``labels`` gives a child of its own type).
+M = TypeVar("M", bound=MetricWrapperBase)
+#: prometheus_client leaves this one untyped.
+_go_float: Callable[[float], str] = floatToGoString
+
+
+class _AppendTotals:
+    """A topic's appends: counted by the event loop, moved into its counters by a flush."""
+
+    __slots__ = ("messages", "messages_counted", "messages_counter", "size", "size_counted",
+                 "size_counter")
+
+    def __init__(self, messages_counter: Counter, size_counter: Counter) -> None:
+        self.messages = self.size = 0
+        self.messages_counted = self.size_counted = 0
+        self.messages_counter = messages_counter
+        self.size_counter = size_counter
 
 
 class Metrics:
@@ -220,9 +240,9 @@ class Metrics:
             "figtank_readers", "Readers of a partition.", labels,
             lambda: self.fold_topics(self.reader_lag.samples()[1], operator.add, topic_at=1)))
 
-        #: By topic: ``[messages, bytes, messages counted, bytes counted, messages
-        #: counter, bytes counter]``, the first two written by the event loop only.
-        self._appended: dict[str, list[Any]] = {}
+        #: By topic: the totals appended (written by the event loop only), what the
+        #: counters were given of them, and the counters.
+        self._appended: dict[str, _AppendTotals] = {}
         self._flushes: list[Callable[[], None]] = [self._flush_appended]
         self._flush_lock = threading.Lock()
 
@@ -232,20 +252,20 @@ class Metrics:
         totals = self._appended.get(topic)
         if totals is None:
             label = self.topic_label(topic)
-            totals = [0, 0, 0, 0, self.messages_in.labels(label), self.bytes_in.labels(label)]
+            totals = _AppendTotals(self.messages_in.labels(label), self.bytes_in.labels(label))
             self._appended[topic] = totals
-        totals[0] += messages
-        totals[1] += size
+        totals.messages += messages
+        totals.size += size
 
     def _flush_appended(self) -> None:
         for totals in list(self._appended.values()):
-            messages, size = totals[0], totals[1]
-            if messages != totals[2]:
-                totals[4].inc(messages - totals[2])
-                totals[2] = messages
-            if size != totals[3]:
-                totals[5].inc(size - totals[3])
-                totals[3] = size
+            messages, size = totals.messages, totals.size
+            if messages != totals.messages_counted:
+                totals.messages_counter.inc(messages - totals.messages_counted)
+                totals.messages_counted = messages
+            if size != totals.size_counted:
+                totals.size_counter.inc(size - totals.size_counted)
+                totals.size_counted = size
 
     def on_flush(self, flush: Callable[[], None]) -> None:
         """Have :meth:`flush` call ``flush`` (which moves totals into counters)."""
@@ -258,7 +278,7 @@ class Metrics:
             for flush in self._flushes:
                 flush()
 
-    def for_topic(self, family: Any, topic: str) -> Any:
+    def for_topic(self, family: M, topic: str) -> M:
         """The child of the per-topic ``family`` (``messages_out``, ``bytes_out``...) that
         counts for ``topic``: its own, or the :data:`OTHER` one."""
         return family.labels(self.topic_label(topic))
@@ -325,7 +345,7 @@ class RequestCounter:
         self._totals: dict[tuple[str, bool], int] = {}
         #: What :meth:`_flush` moved into the counter so far, and the counter's children.
         self._counted: dict[tuple[str, bool], int] = {}
-        self._children: dict[tuple[str, bool], Any] = {}
+        self._children: dict[tuple[str, bool], Counter] = {}
         metrics.on_flush(self._flush)
 
     def inc(self, kind: str, ok: bool = True, count: int = 1) -> None:
@@ -395,7 +415,7 @@ class LoopHistogram(Collector):
         cumulative = 0
         for bound, count in zip(self._bounds, counts, strict=True):
             cumulative += count
-            buckets.append((floatToGoString(bound), cumulative))
+            buckets.append((_go_float(bound), cumulative))
         yield HistogramMetricFamily(self._name, self._documentation, buckets=buckets,
                                     sum_value=total)
 

@@ -11,7 +11,7 @@ each limit that holds the connection back once per episode (``figtank_limit_hits
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Generic, Protocol, TypeVar
 
 import structlog
 import trio
@@ -24,15 +24,27 @@ from gateway.server.metrics import Metrics
 from gateway.server.session import Session
 
 
-class RequestSession(Session):
+class Framed(Protocol):
+    """A protocol connection as the budgets see it."""
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of a partial frame held."""
+        ...
+
+
+C = TypeVar("C", bound=Framed)
+
+
+class RequestSession(Session, Generic[C]):
     """A :class:`Session` serving numbered requests with the shared budgets; subclasses
-    set ``_conn`` (whose ``buffered`` counts a partial frame) and say what their
-    unacknowledged produce bytes are."""
+    set ``_conn`` (their protocol's connection ``C``, whose ``buffered`` counts a partial
+    frame) and say what their unacknowledged produce bytes are."""
 
     __slots__ = ("_conn", "_held_by", "_in_flight", "_last_activity", "_log", "_max_in_flight",
                  "_max_unacked", "_metrics", "_settings", "_settled", "requests")
 
-    _conn: Any
+    _conn: C
 
     def __init__(self, stream: trio.abc.Stream, outbox: FrameWriter, *, settings: Settings,
                  metrics: Metrics, log: structlog.typing.FilteringBoundLogger,

@@ -92,8 +92,9 @@ Address = tuple[str, int]
 Unavailable = Callable[[], str | None]
 
 _FLAGS = {option.key: option.flag for option in OPTIONS}
-#: The protocol listeners, by protocol.
-_LISTENERS: dict[str, type[ProtocolListener]] = {"tank": TankListener, "figg": FiggListener,
+#: The protocol listeners, by protocol (each generic over its own session type: Any of
+#: them here).
+_LISTENERS: dict[str, type[ProtocolListener[Any]]] = {"tank": TankListener, "figg": FiggListener,
                                                   "kafka": KafkaListener, "http": HttpListener}
 
 
@@ -114,7 +115,7 @@ class ServerInfo:
         self.backend: Backend | None = None
         #: The protocol listeners serving, by name (``"figg"``, ``"tank"``, and the
         #: [listeners.NAME] ones).
-        self.listeners: dict[str, ProtocolListener] = {}
+        self.listeners: dict[str, ProtocolListener[Any]] = {}
         #: The access policy in force (``auth.policy_file``), shared by every listener.
         self.guard = AccessGuard(metrics=metrics)
         #: The Kafka consumer groups' coordinator (shared by every Kafka listener; its
@@ -515,7 +516,7 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                                  wanted=any(s.protocol == "http" for s in specs)
                                  ) as idempotency, \
                 trio.open_nursery() as draining:
-            listeners: dict[str, ProtocolListener] = {}
+            listeners: dict[str, ProtocolListener[Any]] = {}
             services = KafkaServices(
                 ProducerStates(settings.max_producer_states, metrics,
                                recovered=getattr(info.backend, "stored_producer", None),
@@ -609,7 +610,7 @@ def worker_first_id(worker: int) -> int:
 
 
 def log_serving(settings: Settings, info: ServerInfo, event: str = "figtank_serving",
-                **more: Any) -> None:
+                **more: object) -> None:
     """The structured line saying where a server listens (``more``: further fields)."""
     others = {name: f"{_show(a)}{' tls' if name in info.tls else ''}"
               for name, a in info.addresses.items()
@@ -641,7 +642,7 @@ class Signalled(Protocol):
 
 
 async def follow_signals(signals: AsyncIterator[int], target: Signalled,
-                         shutdown: Callable[[], None], **logged: Any) -> None:
+                         shutdown: Callable[[], None], **logged: object) -> None:
     """Until ``signals`` end: SIGHUP reloads ``target``; the first SIGINT or SIGTERM calls
     ``shutdown()``, a second one cuts ``target``'s grace period short. Each is logged
     (``signal_received``, the shutdown's line with ``logged``)."""

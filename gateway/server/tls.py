@@ -106,7 +106,8 @@ class ListenerTLS:
         ``ValueError`` and keeps the context in force when they do not load."""
         self.context = server_context(self.files)
 
-    async def accept(self, stream: trio.abc.Stream, peer: str) -> trio.SSLStream[Any] | None:
+    async def accept(self, stream: trio.abc.Stream, peer: str
+                     ) -> trio.SSLStream[trio.abc.Stream] | None:
         """Run the server's handshake on ``stream``: the TLS stream, or None (logged and
         counted) when it failed or took longer than the timeout. The caller closes
         ``stream`` either way."""
@@ -134,7 +135,7 @@ class ListenerTLS:
         return None
 
 
-async def _send_alert(tls: trio.SSLStream[Any], stream: trio.abc.Stream) -> None:
+async def _send_alert(tls: trio.SSLStream[trio.abc.Stream], stream: trio.abc.Stream) -> None:
     """Send the alert a failed handshake left unsent (trio drops it), so the client
     learns why (``certificate required``) instead of seeing the connection close."""
     outgoing = getattr(tls, "_outgoing", None)  # trio's MemoryBIO; best effort

@@ -37,6 +37,11 @@ from protocols.tank.bundle import Message
 from protocols.topics import is_valid_topic_name
 from protocols.wire import UINT64_MAX
 
+__all__ = [
+    "FigtankSegmentsDataSource", "FigtankSegmentsReader", "SegmentSplit", "plan_segments",
+    "read_split", "topic_names",
+]
+
 
 @dataclass(frozen=True)
 class SegmentSplit(InputPartition):

@@ -48,7 +48,7 @@ try:  # PySpark >= 4.1
     from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
     STREAM_ARROW = True
 except ImportError:  # pragma: no cover - PySpark 4.0
-    _StreamWriterBase = DataSourceStreamWriter  # type: ignore[misc]
+    _StreamWriterBase = DataSourceStreamWriter  # type: ignore[misc,assignment]
     STREAM_ARROW = False
 
 __all__ = ["FigtankStreamWriter", "FigtankWriter", "WriteFailed", "WriteReport",
@@ -69,13 +69,13 @@ def check_schema(schema: StructType) -> None:
                               f"{' or '.join(t.typeName() for t in allowed)}")
 
 
-def _binary(column: pa.Array) -> list[Any]:
+def _binary(column: pa.Array[Any]) -> list[Any]:
     if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
         column = column.cast(pa.binary())
     return column.to_pylist()
 
 
-def _millis(column: pa.Array) -> list[Any]:
+def _millis(column: pa.Array[Any]) -> list[Any]:
     ms = column.cast(pa.timestamp("ms", tz=column.type.tz), safe=False)
     return ms.cast(pa.int64()).to_pylist()
 
@@ -120,7 +120,7 @@ def write_rows(options: TankOptions, rows: Iterator[Any],
 
 
 def _rows_batch(rows: list[dict[str, Any]], as_bytes: Any) -> pa.RecordBatch:
-    columns: dict[str, pa.Array] = {
+    columns: dict[str, pa.Array[Any]] = {
         "value": pa.array([as_bytes(r["value"]) for r in rows], pa.binary())}
     if "key" in rows[0]:
         columns["key"] = pa.array([as_bytes(r["key"]) for r in rows], pa.binary())
@@ -137,11 +137,14 @@ class FigtankWriter(DataSourceArrowWriter):
     def __init__(self, options: TankOptions) -> None:
         self.options = options
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteReport:
+    # PySpark's DataSourceArrowWriter.write takes Arrow batches; mypy holds it to the
+    # Row iterator of DataSourceWriter's.
+    def write(self, iterator: Iterator[pa.RecordBatch]  # type: ignore[override]
+              ) -> WriteReport:
         return write_batches(self.options, iterator)
 
 
-class FigtankStreamWriter(_StreamWriterBase):  # type: ignore[misc,valid-type]
+class FigtankStreamWriter(_StreamWriterBase):
     """Streaming sink: every micro-batch's rows are produced exactly once (unless
     ``exactlyOnce=false``: then as the batch sink does, at least once)."""
 

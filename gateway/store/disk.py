@@ -34,7 +34,7 @@ import errno
 import os
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 import structlog
 
@@ -108,7 +108,7 @@ class DiskGuard:
 
     def __init__(self, directory: str, *, min_free_bytes: int, min_free_percent: float,
                  max_prefill_bytes: int, on_failure: Callable[[str], None] | None = None,
-                 statvfs: Callable[[str], Any] = os.statvfs,
+                 statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.directory = directory
         self.min_free_bytes = min_free_bytes
@@ -181,7 +181,7 @@ class DiskGuard:
             return True
         return False
 
-    def refused(self, n: int, **where: Any) -> DiskFull:
+    def refused(self, n: int, **where: object) -> DiskFull:
         """The refusal of a write of ``n`` bytes that did not fit (counted and logged as a
         failure of kind ``below_floor``). It is no standing fault: whether the store is
         writable is what the disk says (:meth:`not_writable`), so that a client sending
@@ -198,7 +198,7 @@ class DiskGuard:
         return DiskFull(why)
 
     def failed(self, operation: str, exc: OSError, *, record: bool = True,
-               **where: Any) -> StoreIOError:
+               **where: object) -> StoreIOError:
         """A failed write, fsync or creation: its error (to raise), recorded as the
         standing fault (unless not ``record``), counted and logged."""
         kind = fault_kind(exc)
@@ -226,7 +226,7 @@ class DiskGuard:
         if self._on_failure is not None:
             self._on_failure(kind)
 
-    def _log_once(self, operation: str, kind: str, exc: OSError, **where: Any) -> None:
+    def _log_once(self, operation: str, kind: str, exc: OSError, **where: object) -> None:
         held = self._log_every.due((operation, kind))
         if held is not None:
             log.error("store_write_failed", operation=operation, kind=kind, error=str(exc),

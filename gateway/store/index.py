@@ -13,6 +13,7 @@ import os
 import struct
 from array import array
 from bisect import bisect_right
+from collections.abc import Sequence
 from typing import Final
 
 ENTRY: Final = struct.Struct("<II")
@@ -40,7 +41,8 @@ def read_index_file(path: str) -> tuple[array[int], array[int], int]:
     return pairs[0::2], pairs[1::2], len(data) - whole
 
 
-def entries_are_sane(rels: array[int], offsets: array[int], file_size: int, max_rel: int) -> bool:
+def entries_are_sane(rels: Sequence[int], offsets: Sequence[int], file_size: int,
+                     max_rel: int) -> bool:
     """Cheap structural check: starts at (0, 0), both columns strictly increase, in bounds."""
     n = len(rels)
     if n == 0:

@@ -29,8 +29,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from types import ModuleType
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 import structlog
 import trio
@@ -122,10 +121,25 @@ class Syncer:
                 log.warning("sync_report_lost", reason="the trio run has finished")
 
 
-_native = compiled("gateway.store._fsync")
+if TYPE_CHECKING:
+    from gateway.store import _fsync as _native  # its .pyi; None at run time when not built
+else:
+    _native = compiled("gateway.store._fsync")
 _RESULT: Final = struct.Struct("=QiiQ")
 #: Jobs written to the workers' pipe at once (well within a pipe's buffer); more wait here.
 _MAX_QUEUED_JOBS: Final = 64
+
+
+class FsyncModule(Protocol):
+    """What :class:`NativeSyncer` uses of ``gateway.store._fsync`` (typed by its .pyi)."""
+
+    MAX_FDS: int
+    JOB_SIZE: int
+    RESULT_SIZE: int
+    FSYNC: int
+    CLOSE: int
+
+    def run_worker(self, jobs_fd: int, results_fd: int) -> None: ...
 
 
 class NativeSyncer:
@@ -134,7 +148,7 @@ class NativeSyncer:
     Create it in the trio thread; :meth:`run` (a task of the store) delivers the reports.
     """
 
-    def __init__(self, max_threads: int, module: ModuleType) -> None:
+    def __init__(self, max_threads: int, module: FsyncModule) -> None:
         if max_threads <= 0:
             raise ValueError("a syncer needs at least one thread")
         self._module = module

@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
@@ -29,8 +29,10 @@ from gateway.backend.contract import (
     ProduceOutcome,
 )
 from gateway.server.session import CloseConnection
-from gateway.tank.produce import produce_batches
+from gateway.tank.admin import AdminRequest, AdminResponse
+from gateway.tank.produce import AnyProduce, produce_batches
 from protocols.tank.messages import (
+    ConsumeRequest,
     CreateTopicRequest,
     CreateTopicResponse,
     DiscoverPartitionsRequest,
@@ -52,7 +54,7 @@ RELOAD_CONF_REFUSED: Final = ReloadConfError.UNKNOWN_TOPIC
 Merge = Callable[[list[ProduceOutcome]], list[ProduceOutcome]]
 
 
-def guarded_produce(access: ConnectionAccess, request: Any, auto_create: bool,
+def guarded_produce(access: ConnectionAccess, request: AnyProduce, auto_create: bool,
                     kind: str) -> tuple[list[ProduceBatch], Merge | None]:
     """The batches of ``request`` to append and, when the policy refused some topics,
     how to make the appended ones' outcomes the outcomes of the whole request. Topics
@@ -80,7 +82,7 @@ def guarded_produce(access: ConnectionAccess, request: Any, auto_create: bool,
     return kept, merge
 
 
-def hidden_topics(access: ConnectionAccess, request: Any) -> set[str] | None:
+def hidden_topics(access: ConnectionAccess, request: ConsumeRequest) -> set[str] | None:
     """The topics of a Consume the principal may not read (each counted and logged), or
     None when it may read them all."""
     hidden = None
@@ -111,32 +113,33 @@ def with_hidden(asked: list[FetchRequest], hidden: set[str] | None,
             for f in asked]
 
 
-def refused_admin(access: ConnectionAccess, request: Any, kind: str) -> Any | None:
+def refused_admin(access: ConnectionAccess, request: AdminRequest, kind: str
+                  ) -> AdminResponse | None:
     """The answer to an admin request the policy refuses, or None when it is allowed.
     Raises :class:`CloseConnection` for a refused Status."""
-    cls = type(request)
-    if cls is CreateTopicRequest:
+    if type(request) is CreateTopicRequest:
         if not access.may(request.topic, Operation.CREATE):
             access.refused(request.topic, Operation.CREATE, kind, "read-only (5)")
             return CreateTopicResponse(request.request_id, request.topic,
                                        int(CreateTopicError.READ_ONLY))
-    elif cls is ReloadConfRequest:
+    elif type(request) is ReloadConfRequest:
         if not access.may(request.topic, Operation.CONFIGURE):
             access.refused(request.topic, Operation.CONFIGURE, kind, "unknown topic (11)")
             return ReloadConfResponse(request.request_id, request.topic, request.partition,
                                       RELOAD_CONF_REFUSED)
-    elif cls is DiscoverPartitionsRequest:
+    elif type(request) is DiscoverPartitionsRequest:
         if not access.may_see(request.topic):
             access.refused(request.topic, "discover", kind, "unknown topic")
             return DiscoverPartitionsResponse(request.request_id, request.topic, [])
-    elif cls is StatusRequest and not access.may(None, Operation.ADMIN):
+    elif type(request) is StatusRequest and not access.may(None, Operation.ADMIN):
         access.refused(None, Operation.ADMIN, kind, "connection closed")
         raise CloseConnection("access_denied", f"{access.principal.name} may not ask for "
                               "Status (admin)")
     return None
 
 
-def visible_topics(access: ConnectionAccess, response: Any) -> Any:
+def visible_topics(access: ConnectionAccess, response: DiscoverTopicsResponse
+                   ) -> DiscoverTopicsResponse:
     """A DiscoverTopics response without the topics the principal may do nothing with."""
     if access.open:
         return response

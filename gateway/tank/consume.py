@@ -19,13 +19,18 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from gateway.backend.contract import Chunk, FetchOutcome, FetchRequest, FetchStatus
 from gateway.backend.shared import SharedChunk
 from gateway.io.writer import JOIN_BELOW
 from protocols.tank.connection import FRAME_HEADER, encode_consume_response_head
-from protocols.tank.messages import ConsumePartitionResult, ConsumeResponse, ConsumeTopicResult
+from protocols.tank.messages import (
+    ConsumePartitionResult,
+    ConsumeRequest,
+    ConsumeResponse,
+    ConsumeTopicResult,
+)
 from protocols.tank.types import ConsumeFlags
 
 #: Largest fetch size honoured for one partition (the Tank broker clamps it the same way).
@@ -49,7 +54,7 @@ _REQUEST_ID_AT: Final = FRAME_HEADER.size + 4
 _HEAD_KEY: Final = "tank-consume-head"
 
 
-def fetch_requests(request: Any) -> list[FetchRequest]:
+def fetch_requests(request: ConsumeRequest) -> list[FetchRequest]:
     """One :class:`FetchRequest` per requested partition, in request order."""
     return [FetchRequest(topic.name, part.partition, part.seq_num,
                          min(part.fetch_size, MAX_FETCH_SIZE))
@@ -69,7 +74,7 @@ class ConsumeReply:
     ok: bool
 
 
-def consume_reply(request: Any, outcomes: Sequence[FetchOutcome]) -> ConsumeReply:
+def consume_reply(request: ConsumeRequest, outcomes: Sequence[FetchOutcome]) -> ConsumeReply:
     """Build the response to ``request`` from its fetches' outcomes (in request order).
 
     Empty chunks are closed here; the others are in ``chunks`` for the caller to send and
@@ -96,7 +101,8 @@ def consume_reply(request: Any, outcomes: Sequence[FetchOutcome]) -> ConsumeRepl
         raise
 
 
-def _shared_reply(request: Any, outcome: FetchOutcome, chunk: SharedChunk) -> ConsumeReply:
+def _shared_reply(request: ConsumeRequest, outcome: FetchOutcome, chunk: SharedChunk
+                  ) -> ConsumeReply:
     """The reply to a one-partition ``request`` from a shared read: the head's bytes
     around the request id are built once per read (by :func:`_build`) and kept with it."""
     topic = request.topics[0]
@@ -115,7 +121,7 @@ def _shared_reply(request: Any, outcome: FetchOutcome, chunk: SharedChunk) -> Co
     return ConsumeReply(head, [] if whole else [chunk], {name: chunk.length}, True)
 
 
-def _build(request: Any, outcomes: Sequence[FetchOutcome]) -> ConsumeReply:
+def _build(request: ConsumeRequest, outcomes: Sequence[FetchOutcome]) -> ConsumeReply:
     topics = []
     chunks: list[Chunk] = []
     bytes_by_topic: dict[str, int] = {}

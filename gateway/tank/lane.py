@@ -15,16 +15,18 @@ and an idle one holds neither the task nor the queue.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Generic, TypeVar
+
+R = TypeVar("R")
 
 
-class OrderedLane:
+class OrderedLane(Generic[R]):
     """A FIFO of requests, handed out as batches of consecutive batchable ones."""
 
     __slots__ = ("_items", "_max_batch_bytes", "_serving", "queued_bytes")
 
     def __init__(self, max_batch_bytes: int) -> None:
-        self._items: deque[tuple[Any, int, bool]] | None = None  # made with the first
+        self._items: deque[tuple[R, int, bool]] | None = None  # made with the first
         self._max_batch_bytes = max_batch_bytes
         self._serving = 0
         #: Bytes of requests queued or being served.
@@ -39,14 +41,14 @@ class OrderedLane:
         has to queue too)."""
         return bool(self._items) or self._serving > 0
 
-    def put_nowait(self, request: Any, size: int, *, batchable: bool) -> None:
+    def put_nowait(self, request: R, size: int, *, batchable: bool) -> None:
         """Queue ``request`` (``size`` bytes); ``batchable`` ones may share a batch."""
         if self._items is None:
             self._items = deque()
         self._items.append((request, size, batchable))
         self.queued_bytes += size
 
-    def next_batch(self) -> tuple[list[Any], int] | None:
+    def next_batch(self) -> tuple[list[R], int] | None:
         """The next batch and its size: consecutive batchable requests (at least one, up to
         ``max_batch_bytes``), or one other request; None when the lane is empty (its queue
         is given back). Call :meth:`done` with the size after."""

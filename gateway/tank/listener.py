@@ -22,7 +22,7 @@ from gateway.server.tls import ListenerTLS
 from gateway.tank.session import TankSession
 
 
-class TankListener(ProtocolListener):
+class TankListener(ProtocolListener[TankSession]):
     """Accepts Tank connections and serves each one; its connections share one
     :class:`RequestCounter`."""
 

@@ -11,37 +11,37 @@ as "invalid request"), and nothing of it is appended.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final, TypeAlias
 
 from gateway.backend.contract import ProduceBatch, ProduceCode, ProduceOutcome
 from protocols.native import speedups
 from protocols.tank.connection import frame
 from protocols.tank.messages import (
+    ProducePartition,
     ProducePartitionResult,
+    ProduceRequest,
     ProduceResponse,
     ProduceTopicResult,
+    ProduceWithSeqnumPartition,
     ProduceWithSeqnumRequest,
     encode_payload,
 )
 from protocols.tank.types import TOPIC_WIDE_PRODUCE_ERRORS, ProduceError
 
+#: The two Produce requests (the second names the bundles' first sequence numbers).
+AnyProduce: TypeAlias = ProduceRequest | ProduceWithSeqnumRequest
 
-def produce_batches(request: Any) -> list[ProduceBatch]:
+
+def produce_batches(request: AnyProduce) -> list[ProduceBatch]:
     """One :class:`ProduceBatch` per requested partition, in request order."""
-    with_seqnum = type(request) is ProduceWithSeqnumRequest
-    batches = []
-    for topic in request.topics:
-        name = topic.name
-        for part in topic.partitions:
-            if with_seqnum:
-                batches.append(ProduceBatch(name, part.partition, part.bundle,
-                                            part.first_seq_num or None))
-            else:
-                batches.append(ProduceBatch(name, part.partition, part.bundle))
-    return batches
+    if type(request) is ProduceWithSeqnumRequest:
+        return [ProduceBatch(topic.name, part.partition, part.bundle, part.first_seq_num or None)
+                for topic in request.topics for part in topic.partitions]
+    return [ProduceBatch(topic.name, part.partition, part.bundle)
+            for topic in request.topics for part in topic.partitions]
 
 
-def produce_response(request: Any, outcomes: Sequence[ProduceOutcome]) -> ProduceResponse:
+def produce_response(request: AnyProduce, outcomes: Sequence[ProduceOutcome]) -> ProduceResponse:
     """The response to ``request`` from its batches' outcomes (in request order).
 
     A topic-wide code (unknown topic 0xff, read-only 0xfe) covers the whole topic on the
@@ -52,7 +52,7 @@ def produce_response(request: Any, outcomes: Sequence[ProduceOutcome]) -> Produc
     results = []
     i = 0
     for topic in request.topics:
-        parts = topic.partitions
+        parts: Sequence[ProducePartition | ProduceWithSeqnumPartition] = topic.partitions
         codes = _topic_codes([int(o.code) for o in outcomes[i:i + len(parts)]])
         i += len(parts)
         results.append(ProduceTopicResult(
@@ -69,7 +69,7 @@ def _topic_codes(codes: list[int]) -> list[int]:
 
 
 def produce_response_frame_py(request_id: int, layout: Sequence[tuple[str, Sequence[int]]],
-                              outcomes: Sequence[Any]) -> tuple[bytes, bool]:
+                              outcomes: Sequence[ProduceOutcome]) -> tuple[bytes, bool]:
     """The whole ProduceResponse frame for a
     :class:`~protocols.tank.scan.ProducePass` (its ``request_id`` and ``layout``) from its
     batches' outcomes (in request order), and whether every outcome is OK.
@@ -83,10 +83,10 @@ def produce_response_frame_py(request_id: int, layout: Sequence[tuple[str, Seque
         raise ValueError(f"{len(outcomes)} outcomes for the {total} partitions requested")
     codes = []
     for outcome in outcomes:
-        code = outcome.code
+        code = int(outcome.code)
         if not 0 <= code <= 0xFF or code == ProduceError.OTHER_LEADER:
-            raise ValueError(f"produce code {int(code)} cannot be answered")
-        codes.append(int(code))
+            raise ValueError(f"produce code {code} cannot be answered")
+        codes.append(code)
     results = []
     i = 0
     for name, partitions in layout:

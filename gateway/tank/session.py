@@ -40,8 +40,9 @@ paid for (bytes out); nothing is refused.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any, ClassVar, Final
+from typing import ClassVar, Final, TypeAlias, TypeVar, TypeVarTuple, cast
 
 import structlog
 import trio
@@ -69,6 +70,7 @@ from gateway.tank.consume import consume_reply, fetch_requests
 from gateway.tank.lane import OrderedLane
 from gateway.tank.outbox import ShortChunk, TankOutbox
 from gateway.tank.produce import (
+    AnyProduce,
     all_ok,
     produce_batches,
     produce_response,
@@ -82,6 +84,7 @@ from protocols.tank.messages import (
     CreateTopicRequest,
     DiscoverPartitionsRequest,
     DiscoverTopicsRequest,
+    DiscoverTopicsResponse,
     DiscoverTopologyRequest,
     Ping,
     ProduceRequest,
@@ -92,6 +95,9 @@ from protocols.tank.messages import (
 )
 from protocols.tank.scan import ProducePass
 from protocols.wire import UINT64_MAX
+
+R = TypeVar("R")
+Args = TypeVarTuple("Args")
 
 #: Most produce bytes handed to the backend in one call.
 LANE_BATCH_BYTES: Final = 8 * 1024 * 1024
@@ -107,13 +113,10 @@ _NAMES: Final = {
     DiscoverTopologyRequest: "discover_topology", RegReplicaRequest: "reg_replica",
     ConsumePeerRequest: "consume_peer",
 }
-_ADMIN: Final = {
-    DiscoverPartitionsRequest: admin.discover_partitions,
-    CreateTopicRequest: admin.create_topic,
-    ReloadConfRequest: admin.reload_conf,
-    StatusRequest: admin.status,
-    DiscoverTopicsRequest: admin.discover_topics,
-}
+#: The admin requests answered in a task of their own (the others go through the lane).
+_QUERIES: Final = (DiscoverPartitionsRequest, StatusRequest, DiscoverTopicsRequest)
+#: What waits in the ordered lane: Produces, and the admin requests that change topics.
+LaneRequest: TypeAlias = AnyProduce | CreateTopicRequest | ReloadConfRequest
 _REFUSED: Final = {
     RegReplicaRequest: "RegReplica is obsolete (the Tank broker closes the connection too)",
     ConsumePeerRequest: "ConsumePeer is replication between clustered brokers; figtank is "
@@ -121,11 +124,11 @@ _REFUSED: Final = {
 }
 
 
-def _produce_size(request: Any) -> int:
+def _produce_size(request: AnyProduce) -> int:
     return sum(len(p.bundle) for t in request.topics for p in t.partitions)
 
 
-class TankSession(RequestSession):
+class TankSession(RequestSession[TankConnection]):
     """Serves one accepted Tank connection until it closes; see :meth:`Session.run`."""
 
     #: The writer's failures: a broken socket, or a segment file that fails it.
@@ -165,7 +168,7 @@ class TankSession(RequestSession):
         #: Partitions this connection consumed, for the reader-lag gauge.
         self._read_partitions: set[tuple[str, int]] | None = None  # made with the first
         self._conn = TankConnection(Role.SERVER, max_frame_size=settings.max_frame_bytes)
-        self._lane = OrderedLane(LANE_BATCH_BYTES)
+        self._lane: OrderedLane[LaneRequest] = OrderedLane(LANE_BATCH_BYTES)
         #: A task serves the lane (started with the lane's first request, ends with its last).
         self._lane_served = False
         #: Bytes of Produce requests handed to the backend and not yet answered.
@@ -248,8 +251,9 @@ class TankSession(RequestSession):
         if (self._lane.busy or self._produce_bytes or not self._access.open
                 or self._close is not None or self._must_wait()):
             return start
+        # The Tank outbox's limit is limits.response_buffer_bytes: its room is whole.
         taken, responses, count = self._conn.serve_produces(data, start, appenders,
-                                                            self._outbox.room)
+                                                            int(self._outbox.room))
         if count:
             self.requests += count
             self._last_activity = self._last_read
@@ -273,10 +277,10 @@ class TankSession(RequestSession):
     def _unacked_bytes(self) -> int:
         return self._lane.queued_bytes + self._produce_bytes
 
-    def _dispatch(self, request: Any) -> None:
+    def _dispatch(self, request: object) -> None:
         kind = type(request)
         self._received_request()
-        if kind is ConsumeRequest:
+        if isinstance(request, ConsumeRequest):
             if not request.topics:
                 raise CloseConnection("refused", "Consume without topics (the Tank broker "
                                       "closes the connection too)")
@@ -288,15 +292,15 @@ class TankSession(RequestSession):
                 self._start(self._consume, request, asked, hidden)
             else:
                 self._reply_consume(request, asked, access.with_hidden(asked, hidden, outcomes))
-        elif kind in _PRODUCES:
+        elif isinstance(request, _PRODUCES):
             self._begin()
             self._produce_request(request, _produce_size(request))
-        elif kind is CreateTopicRequest or kind is ReloadConfRequest:
+        elif isinstance(request, (CreateTopicRequest, ReloadConfRequest)):
             self._begin()
             self._to_lane(request, 0, batchable=False)
-        elif kind in _ADMIN:
+        elif isinstance(request, _QUERIES):
             self._start(self._admin, request)
-        elif kind is DiscoverTopologyRequest:
+        elif isinstance(request, DiscoverTopologyRequest):
             self._outbox.put_nowait(self._conn.send(admin.discover_topology(request)))
             self._counter.inc("discover_topology")
         elif kind is Ping:
@@ -329,7 +333,7 @@ class TankSession(RequestSession):
 
         self._backend.produce_nowait(produce.batches, done)
 
-    def _produce_request(self, request: Any, size: int) -> None:
+    def _produce_request(self, request: AnyProduce, size: int) -> None:
         if self._lane.busy or topics_to_look_up(
                 self._access, (t.name for t in request.topics), self._auto_create):
             # Behind a CreateTopic or ReloadConf (keep the order), or its topics must
@@ -340,12 +344,14 @@ class TankSession(RequestSession):
 
     # ------------------------------------------------------------- requests in flight
 
-    def _start(self, handler: Any, request: Any, *args: Any) -> None:
+    def _start(self, handler: Callable[[R, *Args], Awaitable[None]], request: R,
+               *args: *Args) -> None:
         assert self._nursery is not None
         self._begin()
         self._nursery.start_soon(self._guarded, handler, request, *args)
 
-    async def _guarded(self, handler: Any, request: Any, *args: Any) -> None:
+    async def _guarded(self, handler: Callable[[R, *Args], Awaitable[None]], request: R,
+                       *args: *Args) -> None:
         try:
             await handler(request, *args)
         except Exception as exc:  # a backend failure ends this connection, not the server
@@ -353,7 +359,7 @@ class TankSession(RequestSession):
         finally:
             self._end()
 
-    def _failed(self, request: Any, exc: Exception) -> None:
+    def _failed(self, request: object, exc: Exception) -> None:
         kind = _NAMES.get(type(request), type(request).__name__)
         self._counter.inc(kind, False)
         self._log.error("tank_request_failed", request=kind, error=repr(exc))
@@ -361,7 +367,7 @@ class TankSession(RequestSession):
 
     # ------------------------------------------------------------------------ handlers
 
-    async def _consume(self, request: Any, asked: list[FetchRequest],
+    async def _consume(self, request: ConsumeRequest, asked: list[FetchRequest],
                        hidden: set[str] | None) -> None:
         with trio.CancelScope() as poll:
             if self._stopping:
@@ -377,7 +383,7 @@ class TankSession(RequestSession):
                 self._polls.discard(poll)
             self._reply_consume(request, asked, access.with_hidden(asked, hidden, outcomes))
 
-    def _reply_consume(self, request: Any, asked: list[FetchRequest],
+    def _reply_consume(self, request: ConsumeRequest, asked: list[FetchRequest],
                        outcomes: list[FetchOutcome]) -> None:
         reply = consume_reply(request, outcomes)
         self._outbox.put_consume_nowait(reply.head, reply.chunks)
@@ -401,7 +407,7 @@ class TankSession(RequestSession):
                 quota.took_out(sum(reply.bytes_by_topic.values()))
         self._counter.inc("consume", reply.ok)
 
-    async def _admin(self, request: Any) -> None:
+    async def _admin(self, request: admin.AdminRequest) -> None:
         kind = type(request)
         response = None
         if not self._access.open:
@@ -412,13 +418,13 @@ class TankSession(RequestSession):
                 self._closing(close)
                 return
         if response is None:
-            response = await _ADMIN[kind](self._backend, request)
-            if kind is DiscoverTopicsRequest:
+            response = await admin.answer(self._backend, request)
+            if isinstance(response, DiscoverTopicsResponse):
                 response = access.visible_topics(self._access, response)
         self._outbox.put_nowait(self._conn.send(response))
         self._counter.inc(_NAMES[type(request)], getattr(response, "error", 0) == 0)
 
-    def _to_lane(self, request: Any, size: int, *, batchable: bool) -> None:
+    def _to_lane(self, request: LaneRequest, size: int, *, batchable: bool) -> None:
         """Queue ``request`` in the ordered lane; start its task if none serves it."""
         self._lane.put_nowait(request, size, batchable=batchable)
         if not self._lane_served:
@@ -432,13 +438,15 @@ class TankSession(RequestSession):
         try:
             while (next_batch := lane.next_batch()) is not None:
                 batch, size = next_batch
+                first = batch[0]
                 try:
-                    if type(batch[0]) in _PRODUCES:
-                        await self._produce(batch)
+                    if isinstance(first, _PRODUCES):
+                        # Only Produces are batchable: a batch is Produces or one request.
+                        await self._produce(cast(list[AnyProduce], batch))
                     else:
-                        await self._admin(batch[0])
+                        await self._admin(first)
                 except Exception as exc:
-                    self._failed(batch[0], exc)
+                    self._failed(first, exc)
                     return
                 finally:
                     lane.done(size)
@@ -446,7 +454,7 @@ class TankSession(RequestSession):
         finally:
             self._lane_served = False
 
-    def _produce_now(self, request: Any, size: int) -> None:
+    def _produce_now(self, request: AnyProduce, size: int) -> None:
         """Hand a Produce to the backend at once (written before the next request is
         read); it is answered when the backend reports its outcomes."""
         if self._access.open:
@@ -467,11 +475,11 @@ class TankSession(RequestSession):
 
         self._backend.produce_nowait(batches, done)
 
-    def _answer_produce(self, request: Any, outcomes: list[ProduceOutcome]) -> None:
+    def _answer_produce(self, request: AnyProduce, outcomes: list[ProduceOutcome]) -> None:
         self._outbox.put_nowait(self._conn.send(produce_response(request, outcomes)))
         self._counter.inc(_NAMES[type(request)], all_ok(outcomes))
 
-    async def _produce(self, requests: list[Any]) -> None:
+    async def _produce(self, requests: list[AnyProduce]) -> None:
         """Append consecutive Produce requests (that waited in the lane) with one backend
         call, answer each."""
         guarded = not self._access.open
@@ -494,6 +502,6 @@ class TankSession(RequestSession):
         outcomes = await self._backend.produce(batches) if batches else []
         start = 0
         for request, n, merge in zip(requests, spans, merges, strict=True):
-            mine = outcomes[start:start + n]
-            self._answer_produce(request, merge(mine) if merge else mine)
+            got = outcomes[start:start + n]
+            self._answer_produce(request, merge(got) if merge else got)
             start += n

@@ -34,7 +34,7 @@ FIXED: Final = {"int8": "b", "int16": "h", "uint16": "H", "int32": "i", "uint32"
                 "int64": "q", "float64": "d", "bool": "?", "uuid": "16s"}
 VARIABLE: Final = frozenset(("string", "bytes", "records"))
 _ANNOTATIONS: Final = {"float64": "float", "bool": "bool", "uuid": "bytes", "string": "str",
-                       "bytes": "bytes", "records": "bytes | memoryview"}
+                       "bytes": "bytes", "records": "bytes | bytearray | memoryview"}
 
 
 def _test(versions: VersionRange | None, var: str = "version") -> str:

@@ -86,7 +86,7 @@ class FiggConnection:
         a frame that has begun (0: the peer stopped at a frame boundary)."""
         return self._frames.buffered
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Add bytes received from the peer; ``b""`` means the peer closed."""
         self._frames.feed(data)
 

@@ -28,7 +28,7 @@ from enum import IntEnum
 from typing import Final, TypeAlias
 
 import cramjam
-import lz4.frame  # type: ignore[import-untyped]
+import lz4.frame
 import zstandard
 
 from protocols.errors import ProtocolError

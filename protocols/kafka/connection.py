@@ -22,8 +22,9 @@ and switches back when the exchange has succeeded (:meth:`~KafkaServerConnection
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from protocols.connection import CLOSED, DEFAULT_MAX_FRAME, NEED_DATA, FrameReader, kept
 from protocols.errors import ProtocolError
@@ -44,6 +45,9 @@ from protocols.kafka.records import (
 
 #: ``int32 size`` before every payload. Read unsigned, so that a negative size is simply
 #: too large (FrameTooLarge) rather than a separate case.
+#: A response body's pieces, sent as they are.
+_B = TypeVar("_B", bound=Buffer)
+
 FRAME_HEADER: Final = struct.Struct(">I")
 _HEAD: Final = struct.Struct(">hhi")  # api key, api version, correlation id
 
@@ -155,7 +159,7 @@ def encode_body_parts(api_key: int, body: Any, api_version: int) -> list[Buffer]
 
 
 def encode_response_with_body(api_key: int, api_version: int, correlation_id: int,
-                              body: list[Buffer]) -> list[Buffer]:
+                              body: Sequence[_B]) -> list[bytes | _B]:
     """The frame of :func:`encode_response_parts` from a body already encoded (by
     :func:`encode_body_parts` at ``api_version``): size and header, then ``body``'s
     pieces as they are."""
@@ -249,8 +253,8 @@ class KafkaServerConnection:
         return encode_response_parts(request.api_key, request.api_version,
                                      request.correlation_id, body)
 
-    def send_body_parts(self, request: Request | UnsupportedRequest, body: list[Buffer]
-                        ) -> list[Buffer]:
+    def send_body_parts(self, request: Request | UnsupportedRequest, body: Sequence[_B]
+                        ) -> list[bytes | _B]:
         """:meth:`send_parts` of a body already encoded at the request's version."""
         return encode_response_with_body(request.api_key, request.api_version,
                                          request.correlation_id, body)

@@ -1025,7 +1025,7 @@ class PartitionData:
     preferred_read_replica: int = -1
     """The replica to fetch from instead, or -1."""
 
-    records: bytes | memoryview | None = None
+    records: bytes | bytearray | memoryview | None = None
     """The record batches."""
 
 
@@ -1037,7 +1037,7 @@ else:
 
         __slots__ = ('aborted_transactions', 'current_leader', 'diverging_epoch', 'error_code', 'high_watermark', 'last_stable_offset', 'log_start_offset', 'partition_index', 'preferred_read_replica', 'records', 'snapshot_id', )
 
-        def __init__(self, partition_index: int, error_code: int, high_watermark: int, last_stable_offset: int, log_start_offset: int, diverging_epoch: EpochEndOffset, current_leader: LeaderIdAndEpoch, snapshot_id: SnapshotId, aborted_transactions: list[AbortedTransaction] | None, preferred_read_replica: int, records: bytes | memoryview | None) -> None:
+        def __init__(self, partition_index: int, error_code: int, high_watermark: int, last_stable_offset: int, log_start_offset: int, diverging_epoch: EpochEndOffset, current_leader: LeaderIdAndEpoch, snapshot_id: SnapshotId, aborted_transactions: list[AbortedTransaction] | None, preferred_read_replica: int, records: bytes | bytearray | memoryview | None) -> None:
             self.partition_index = partition_index
             self.error_code = error_code
             self.high_watermark = high_watermark
@@ -2708,7 +2708,7 @@ class PartitionProduceData:
     index: int = 0
     """The partition index."""
 
-    records: bytes | memoryview | None = None
+    records: bytes | bytearray | memoryview | None = None
     """The record batches to append."""
 
 
@@ -2720,7 +2720,7 @@ else:
 
         __slots__ = ('index', 'records', )
 
-        def __init__(self, index: int, records: bytes | memoryview | None) -> None:
+        def __init__(self, index: int, records: bytes | bytearray | memoryview | None) -> None:
             self.index = index
             self.records = records
 

@@ -183,6 +183,7 @@ def encode_bundle(
     else:
         head.append(flags)
         head += encode_varint(count)
+    body: bytes | bytearray
     try:
         if sparse:
             first, last = messages[0].seq, messages[-1].seq
@@ -197,7 +198,8 @@ def encode_bundle(
     except struct.error as exc:
         raise ValueError(f"timestamp or sequence number outside u64: {exc}") from None
     if codec is Codec.SNAPPY:
-        body = snappy.compress(body)
+        # types-python-snappy says bytes; python-snappy takes any buffer (no copy here).
+        body = snappy.compress(body)  # type: ignore[arg-type]
     return b"".join((head, body))
 
 

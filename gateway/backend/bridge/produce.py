@@ -16,7 +16,7 @@ acknowledged anyway. Past the deadline the entries fail with I/O fault.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Final, TypeAlias
 
 import structlog
@@ -24,6 +24,7 @@ import trio
 
 from gateway.backend.bridge.upstream import Upstream, UpstreamUnavailable
 from gateway.backend.contract import AutoCreate, CreateTopic, ProduceCode, TopicRefused
+from gateway.client.tank import TankClient
 
 log = structlog.get_logger("figtank.bridge")
 
@@ -124,9 +125,12 @@ class ProduceForwarder:
         split across two requests keeps its order)."""
         codes: list[int] = []
         for request in _requests(entries):
+            def produce(client: TankClient, request: list[Entry] = request
+                        ) -> Awaitable[list[int]]:
+                return client.produce_raw(request)
+
             try:
-                codes += await self._upstream.call(
-                    "produce", deadline, lambda client, r=request: client.produce_raw(r))
+                codes += await self._upstream.call("produce", deadline, produce)
             except UpstreamUnavailable as exc:
                 log.warning("upstream_produce_failed", reason=str(exc),
                             bundles=len(entries) - len(codes))

@@ -277,7 +277,9 @@ class Upstream:
             session = self._session
             if session is not None and len(self._pool) < self.max_consume_connections:
                 try:
-                    return await session.start(self._pooled, main.host, main.port)
+                    pooled: TankClient = await session.start(self._pooled, main.host,
+                                                             main.port)
+                    return pooled
                 except (ConnectError, RuntimeError) as exc:  # RuntimeError: session ended
                     log.warning("upstream_consume_connection_failed", address=self.address,
                                 error=repr(exc))

@@ -14,6 +14,7 @@ import json
 import statistics
 import subprocess
 import sys
+from typing import Any
 
 from gateway.bench.serving import serve_figtank
 
@@ -24,20 +25,22 @@ SCENARIOS = {
 }
 
 
-def run_scenario(figg: str, args: list[str], messages: int, size: int) -> dict:
+def run_scenario(figg: str, args: list[str], messages: int, size: int) -> dict[str, Any]:
     """One ``figtank bench`` run against ``figg``; its JSON report."""
     command = [sys.executable, "-m", "gateway.cli", "bench", *args, "--figg", figg,
                "--messages", str(messages), "--size", str(size), "--json"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(args)} failed against {figg}:\n{done.stderr}")
-    return json.loads(done.stdout)
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
 
 
-def throughput(report: dict) -> float:
+def throughput(report: dict[str, Any]) -> float:
     """Messages/s of the report's first row (publish or delivery)."""
     row = report["rows"][0]
-    return row["messages"] / row["seconds"]
+    rate: float = row["messages"] / row["seconds"]
+    return rate
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import random
 from collections.abc import Callable
+from functools import partial
 
 from gateway.bench.stats import best_rate
 from protocols.tank.bundle import (
@@ -62,10 +63,10 @@ def main() -> None:
             bundle = encode_bundle(messages, codec=codec)
             chunk = frame_bundle(bundle) * args.chunk_bundles
             rows: list[tuple[str, Callable[[], object], int]] = [
-                ("encode", lambda m=messages, c=codec: encode_bundle(m, codec=c), 1),
-                ("decode", lambda b=bundle: decode_bundle(b, 1), 1),
-                ("decode_chunk", lambda c=chunk: decode_chunk(c, 1), args.chunk_bundles),
-                ("validate", lambda b=bundle: validate_bundle(b), 1),
+                ("encode", partial(encode_bundle, messages, codec=codec), 1),
+                ("decode", partial(decode_bundle, bundle, 1), 1),
+                ("decode_chunk", partial(decode_chunk, chunk, 1), args.chunk_bundles),
+                ("validate", partial(validate_bundle, bundle), 1),
             ]
             for name, fn, bundles_per_call in rows:
                 calls = best_rate(fn, args.seconds, args.repeat)

@@ -19,14 +19,18 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from gateway.bench.serving import serve_figtank
 from gateway.client.tank import open_tank_client
 from protocols.tank.bundle import Message
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 TOPIC = "bench"
 MB = 1_000_000
@@ -101,8 +105,10 @@ def main() -> None:
         broker = spark.read.format("figtank").option("endpoint", endpoint).option("topic", TOPIC)
         segments = spark.read.format("figtank-segments").option("topic", TOPIC)
         assert broker.load().count() == args.messages == segments.load(data_dir).count()
-        for name, make in (("broker", lambda a: broker.option("arrow", a).load()),
-                           ("segments", lambda a: segments.option("arrow", a).load(data_dir))):
+        makers: tuple[tuple[str, Callable[[str], DataFrame]], ...] = (
+            ("broker", lambda a: broker.option("arrow", a).load()),
+            ("segments", lambda a: segments.option("arrow", a).load(data_dir)))
+        for name, make in makers:
             for arrow in ("true", "false"):
                 df = make(arrow)
                 seconds = timed(df, args.repeat)

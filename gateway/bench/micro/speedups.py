@@ -15,6 +15,7 @@ import argparse
 import random
 import sys
 from collections.abc import Callable
+from functools import partial
 from unittest import mock
 
 from gateway.bench.stats import best_rate
@@ -76,8 +77,8 @@ def main() -> None:
             bundle = encode_bundle([Message(v, timestamp=TS) for v in values(rng, count, 100)],
                                    codec=codec)
             cases.append((f"validate_bundle {count} x 100 B {codec.name.lower()}", count,
-                          lambda b=bundle: B.validate_bundle_py(b),
-                          lambda b=bundle: B.validate_bundle(b)))
+                          partial(B.validate_bundle_py, bundle),
+                          partial(B.validate_bundle, bundle)))
 
     buf, frames = publishes(rng)
     cases.append((f"scan_publishes 256 KiB, {VALUE_SIZE} B values", frames,
@@ -89,11 +90,11 @@ def main() -> None:
         count = len(B.decode_chunk_py(chunk, 1).messages)
         name = f"256 KiB chunk, {per_bundle}-message {codec.name.lower()} bundles"
         cases.append((f"data_frames {name}", count,
-                      lambda c=chunk: translate.data_frames_py(TOPIC, c, 1),
-                      lambda c=chunk: translate.data_frames(TOPIC, c, 1)))
+                      partial(translate.data_frames_py, TOPIC, chunk, 1),
+                      partial(translate.data_frames, TOPIC, chunk, 1)))
         cases.append((f"decode_chunk {name}", count,
-                      lambda c=chunk: B.decode_chunk_py(c, 1),
-                      lambda c=chunk: B.decode_chunk(c, 1)))
+                      partial(B.decode_chunk_py, chunk, 1),
+                      partial(B.decode_chunk, chunk, 1)))
 
     print(f"{'case':<62} {'pure msg/s':>13} {'compiled msg/s':>15} {'x':>6}")
     for name, messages, pure, compiled in cases:

@@ -13,15 +13,17 @@ def acknowledged_lost(good: dict[str, Any]) -> int | None:
     topics = good.get("topics")
     if not topics:
         return None
-    losses = [t.get("lost") for t in topics.values()]
-    if any(lost is None for lost in losses):
+    losses: list[int | None] = [t.get("lost") for t in topics.values()]
+    counted = [lost for lost in losses if lost is not None]
+    if len(counted) < len(losses):
         return None
-    return sum(losses)
+    return sum(counted)
 
 
 def verdict(result: dict[str, Any]) -> bool:
     """Whether the soak passed: nothing acknowledged lost and the server survived."""
-    return result["acknowledged_lost"] == 0 and result["server"]["survived"]
+    survived: bool = result["server"]["survived"]
+    return result["acknowledged_lost"] == 0 and survived
 
 
 def _mib(value: int | None) -> str:

@@ -62,7 +62,7 @@ class Target:
     tank: tuple[str, int]
     metrics: tuple[str, int]
     #: The process, when the soak started it.
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen[str] | None = None
     log: ServerLog | None = None
     settings: dict[str, object] = field(default_factory=dict)
     #: How the soak stopped the server it started (set once it has).
@@ -109,7 +109,7 @@ def own_server(serve_args: Sequence[str], durability: str) -> Iterator[Target]:
             reader.join(timeout=10)
 
 
-def _stop(process: subprocess.Popen, patience: float = 30.0) -> dict[str, object]:
+def _stop(process: subprocess.Popen[str], patience: float = 30.0) -> dict[str, object]:
     """SIGTERM, then SIGKILL after ``patience`` seconds: how long it took, the exit
     status, and whether it had to be killed."""
     start = time.monotonic()

@@ -27,7 +27,7 @@ def loopback_address(text: str) -> tuple[str, int]:
     except socket.gaierror as exc:
         raise ValueError(f"{text}: {exc}") from None
     for info in infos:
-        address = ipaddress.ip_address(info[4][0].split("%")[0])
+        address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
         if not address.is_loopback:
             raise ValueError(f"{text}: not a loopback address ({address}); "
                              f"the soak only attacks this machine's loopback")

@@ -12,19 +12,24 @@ GROUP_AUTHORIZATION_FAILED) and against the topic's partitions; then stored dura
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 from gateway.auth.policy import Operation
 from gateway.kafka.context import RequestContext
 from gateway.kafka.groups.handlers import group_allowed
 from gateway.kafka.groups.offsets import Committed, OffsetStore
 from protocols.kafka.records import (
+    OffsetCommitRequest,
     OffsetCommitResponse,
     OffsetCommitResponsePartition,
     OffsetCommitResponseTopic,
+    OffsetDeleteRequest,
     OffsetDeleteResponse,
     OffsetDeleteResponsePartition,
     OffsetDeleteResponseTopic,
+    OffsetFetchRequest,
+    OffsetFetchRequestTopic,
+    OffsetFetchRequestTopics,
     OffsetFetchResponse,
     OffsetFetchResponseGroup,
     OffsetFetchResponsePartition,
@@ -47,7 +52,8 @@ async def _partition_counts(ctx: RequestContext, topics: list[str]) -> dict[str,
     return counts
 
 
-async def offset_commit(ctx: RequestContext, body: Any, version: int) -> OffsetCommitResponse:
+async def offset_commit(ctx: RequestContext, body: OffsetCommitRequest,
+                        version: int) -> OffsetCommitResponse:
     """Answer an OffsetCommit: every partition's code, NONE once the commit is durable."""
     group = body.group_id
     codes: dict[tuple[str, int], int] = {}
@@ -91,7 +97,8 @@ async def offset_commit(ctx: RequestContext, body: Any, version: int) -> OffsetC
 
 
 def _fetch_group(ctx: RequestContext, store: OffsetStore, group: str,
-                 topics: Any) -> list[tuple[str, list[tuple[int, Committed | None, int]]]]:
+                 topics: Sequence[OffsetFetchRequestTopic | OffsetFetchRequestTopics] | None
+                 ) -> list[tuple[str, list[tuple[int, Committed | None, int]]]]:
     """``[(topic, [(partition, committed or None, error code)])]`` of ``group``: the
     partitions asked for, or (``topics`` None) every committed one the connection may
     read."""
@@ -102,7 +109,7 @@ def _fetch_group(ctx: RequestContext, store: OffsetStore, group: str,
             if ctx.access.may(name, Operation.SUBSCRIBE):
                 by_topic.setdefault(name, []).append((index, c, ErrorCode.NONE))
         return list(by_topic.items())
-    answers = []
+    answers: list[tuple[str, list[tuple[int, Committed | None, int]]]] = []
     for topic in topics:
         allowed = ctx.access.may(topic.name, Operation.SUBSCRIBE)
         answers.append((topic.name, [
@@ -125,7 +132,8 @@ def _partition(index: int, c: Committed | None, code: int) -> OffsetFetchRespons
     return OffsetFetchResponsePartitions(index, c.offset, -1, c.metadata, code)
 
 
-async def offset_fetch(ctx: RequestContext, body: Any, version: int) -> OffsetFetchResponse:
+async def offset_fetch(ctx: RequestContext, body: OffsetFetchRequest,
+                       version: int) -> OffsetFetchResponse:
     """Answer an OffsetFetch: the committed offsets asked for (-1: none), of one group
     (versions 0-7) or of each group asked (version 8 and later)."""
     store = ctx.offsets
@@ -153,7 +161,8 @@ async def offset_fetch(ctx: RequestContext, body: Any, version: int) -> OffsetFe
     return OffsetFetchResponse(groups=groups)
 
 
-async def offset_delete(ctx: RequestContext, body: Any, version: int) -> OffsetDeleteResponse:
+async def offset_delete(ctx: RequestContext, body: OffsetDeleteRequest,
+                        version: int) -> OffsetDeleteResponse:
     """Answer an OffsetDelete: a group with members keeps its offsets
     (GROUP_SUBSCRIBED_TO_TOPIC); an unknown group is GROUP_ID_NOT_FOUND."""
     group = body.group_id

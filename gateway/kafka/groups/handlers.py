@@ -13,8 +13,6 @@ only the groups the connection may discover.
 
 from __future__ import annotations
 
-from typing import Any
-
 from gateway.auth.policy import Operation
 from gateway.kafka.context import RequestContext
 from gateway.kafka.groups.coordinator import GroupCoordinator, JoinRequest
@@ -22,14 +20,20 @@ from gateway.kafka.groups.state import GroupState
 from protocols.kafka.records import (
     DescribedGroup,
     DescribedGroupMember,
+    DescribeGroupsRequest,
     DescribeGroupsResponse,
+    HeartbeatRequest,
     HeartbeatResponse,
+    JoinGroupRequest,
     JoinGroupResponse,
     JoinGroupResponseMember,
+    LeaveGroupRequest,
     LeaveGroupResponse,
     ListedGroup,
+    ListGroupsRequest,
     ListGroupsResponse,
     MemberResponse,
+    SyncGroupRequest,
     SyncGroupResponse,
 )
 from protocols.kafka.types import ErrorCode
@@ -59,7 +63,8 @@ def group_allowed(ctx: RequestContext, group: str, operation: Operation,
     return False
 
 
-async def join_group(ctx: RequestContext, body: Any, version: int) -> JoinGroupResponse:
+async def join_group(ctx: RequestContext, body: JoinGroupRequest,
+                     version: int) -> JoinGroupResponse:
     """JoinGroup; waits for the rebalance."""
     if not group_allowed(ctx, body.group_id, Operation.SUBSCRIBE, "join_group"):
         return JoinGroupResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED,
@@ -86,7 +91,8 @@ async def join_group(ctx: RequestContext, body: Any, version: int) -> JoinGroupR
                  for m, i, meta in result.members])
 
 
-async def sync_group(ctx: RequestContext, body: Any, version: int) -> SyncGroupResponse:
+async def sync_group(ctx: RequestContext, body: SyncGroupRequest,
+                     version: int) -> SyncGroupResponse:
     """SyncGroup; a member waits for the leader's assignments."""
     if not group_allowed(ctx, body.group_id, Operation.SUBSCRIBE, "sync_group"):
         return SyncGroupResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
@@ -103,7 +109,7 @@ async def sync_group(ctx: RequestContext, body: Any, version: int) -> SyncGroupR
                              assignment=result.assignment)
 
 
-async def heartbeat(ctx: RequestContext, body: Any, version: int) -> HeartbeatResponse:
+async def heartbeat(ctx: RequestContext, body: HeartbeatRequest, version: int) -> HeartbeatResponse:
     """Heartbeat."""
     if not group_allowed(ctx, body.group_id, Operation.SUBSCRIBE, "heartbeat"):
         return HeartbeatResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
@@ -111,7 +117,8 @@ async def heartbeat(ctx: RequestContext, body: Any, version: int) -> HeartbeatRe
         body.group_id, body.generation_id, body.member_id, body.group_instance_id))
 
 
-async def leave_group(ctx: RequestContext, body: Any, version: int) -> LeaveGroupResponse:
+async def leave_group(ctx: RequestContext, body: LeaveGroupRequest,
+                      version: int) -> LeaveGroupResponse:
     """LeaveGroup: one member (versions 0-2) or several."""
     if not group_allowed(ctx, body.group_id, Operation.SUBSCRIBE, "leave_group"):
         return LeaveGroupResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
@@ -125,7 +132,7 @@ async def leave_group(ctx: RequestContext, body: Any, version: int) -> LeaveGrou
         for (m, i), code in zip(members, codes, strict=True)])
 
 
-async def describe_groups(ctx: RequestContext, body: Any,
+async def describe_groups(ctx: RequestContext, body: DescribeGroupsRequest,
                           version: int) -> DescribeGroupsResponse:
     """DescribeGroups; an unknown group is Dead (with no error, as Kafka answers up to
     version 5)."""
@@ -148,7 +155,8 @@ async def describe_groups(ctx: RequestContext, body: Any,
     return DescribeGroupsResponse(groups=described)
 
 
-async def list_groups(ctx: RequestContext, body: Any, version: int) -> ListGroupsResponse:
+async def list_groups(ctx: RequestContext, body: ListGroupsRequest,
+                      version: int) -> ListGroupsResponse:
     """ListGroups, filtered by state (version 4) and type (version 5), and to the groups
     the connection may discover (as Kafka lists those it may describe)."""
     states = {s.lower() for s in body.states_filter} if version >= 4 else set()
