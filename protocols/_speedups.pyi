@@ -50,7 +50,7 @@ def tank_to_kafka_batch(
     base_sequence: int, now_ms: int, codec: int, max_uncompressed: int,
 ) -> tuple[bytes, int]: ...
 def kafka_batches_to_bundles(
-    records: bytes | memoryview, from_offset: int, after_seq: int | None,
+    records: bytes | bytearray | memoryview, from_offset: int, after_seq: int | None,
     max_decompressed: int, max_batch_size: int, bundle_class: Callable[..., _B],
 ) -> tuple[list[_B], int, tuple[int, int] | None]: ...
 # items: a ProducePass per Produce, (message id, payload) for the other requests.

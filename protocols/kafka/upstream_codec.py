@@ -227,7 +227,7 @@ def _bundle(messages: list[Message], previous: int | None) -> UpstreamBundle:
 
 
 def record_batches_to_bundles_py(
-    records: bytes | memoryview, *, from_offset: int, after_seq: int | None,
+    records: bytes | bytearray | memoryview, *, from_offset: int, after_seq: int | None,
     max_decompressed: int = MAX_DECOMPRESSED_SIZE,
 ) -> FetchedBundles:
     """:func:`record_batches_to_bundles`'s reference: each batch opened by
@@ -280,7 +280,7 @@ def record_batches_to_bundles_py(
 
 
 def _record_batches_to_bundles_native(
-    records: bytes | memoryview, *, from_offset: int, after_seq: int | None,
+    records: bytes | bytearray | memoryview, *, from_offset: int, after_seq: int | None,
     max_decompressed: int = MAX_DECOMPRESSED_SIZE,
 ) -> FetchedBundles:
     """:func:`record_batches_to_bundles_py`, compiled: same arguments, results, errors."""
@@ -325,7 +325,7 @@ def bundles_to_record_batch(
 
 
 def record_batches_to_bundles(
-    records: bytes | memoryview, *, from_offset: int, after_seq: int | None,
+    records: bytes | bytearray | memoryview, *, from_offset: int, after_seq: int | None,
     max_decompressed: int = MAX_DECOMPRESSED_SIZE,
 ) -> FetchedBundles:
     """The framed Tank bundles of one partition's fetched ``records`` (zero or more
