@@ -1,5 +1,5 @@
-"""A partition's reads below its cached tail: from its segment files, past damaged regions
-(:func:`read_segments`), and from the bundles cached at the tail (:func:`read_cached`).
+"""A partition's reads from its segment files, past damaged regions (:func:`read_segments`),
+and from the bundles cached at the tail (:func:`read_cached`).
 :meth:`gateway.store.partition.Partition.read` says what a read returns."""
 
 from __future__ import annotations
@@ -25,18 +25,43 @@ def read_segments(segments: list[LogSegment], bases: list[int], checks: SegmentC
                   seq: int, fetch_size: int, hwm: int, first_available: int, interval: int,
                   log: structlog.typing.FilteringBoundLogger) -> ReadResult:
     """Read ``seq`` (a sequence number from ``first_available`` to ``hwm``) from
-    ``segments``: whole bundles to the first boundary at or past ``max(fetch_size, 32)``
-    bytes, within one segment, past damaged regions. A suspect index is rebuilt (with
-    ``interval``) once and the read tried again; a read that fails still raises
-    :class:`StoreIOError`."""
+    ``segments`` (based at ``bases``): whole bundles to the first boundary at or past
+    ``max(fetch_size, 32)`` bytes, within one segment.
+
+    A sequence in a damaged region reads from the next readable one (this segment's next
+    extent, or a later segment's base); nothing readable up to ``hwm`` reads as the tail
+    does. Raises :class:`~gateway.store.errors.SegmentCheckPending` when a segment must be
+    checked first. A suspect index is rebuilt (with ``interval``) once and the read tried
+    again; a read that fails still raises :class:`StoreIOError`."""
     wanted = seq
     for attempt in (0, 1):
-        where = readable(segments, bases, checks, seq, hwm)
-        if where is None:  # lost up to the high-water mark: wait for appends, as at the tail
-            return ReadResult(seq=wanted, base_seq=wanted, first_bundle_sparse=False,
-                              high_water_mark=hwm, first_available=first_available,
-                              next_seq=wanted)
-        seg, seq, limit, limit_last, check = where
+        # The segment holding seq (the lookup runs here, not in a function of its own:
+        # this is every read's path below the cached tail).
+        i = max(bisect_right(bases, seq) - 1, 0)
+        while i < len(segments) - 1 and (segments[i].last_seq or 0) < seq:
+            i += 1
+        limit_last: int | None
+        check: SegmentCheck | None
+        while True:
+            seg = segments[i]
+            if not seg.rolled:
+                limit, limit_last, check = seg.visible_size, hwm, None
+                break
+            check = checks.checked(seg)
+            if check.clean:
+                limit, limit_last = seg.visible_size, seg.last_seq
+                break
+            extent = check.extent_for(seq)
+            if extent is not None:
+                seq, limit, limit_last = max(seq, extent.first_seq), extent.end, extent.last_seq
+                break
+            i += 1
+            if i == len(segments) or segments[i].base > hwm:
+                # lost up to the high-water mark: wait for appends, as at the tail
+                return ReadResult(seq=wanted, base_seq=wanted, first_bundle_sparse=False,
+                                  high_water_mark=hwm, first_available=first_available,
+                                  next_seq=wanted)
+            seq = segments[i].base
         try:
             found = seg.locate(seq, limit, limit_last)
             if found is None:
@@ -70,33 +95,6 @@ def read_segments(segments: list[LogSegment], bases: list[int], checks: SegmentC
                           file=file, offset=offset, length=end - offset,
                           next_seq=next_seq)
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def readable(segments: list[LogSegment], bases: list[int], checks: SegmentChecks, seq: int,
-             hwm: int) -> tuple[LogSegment, int, int, int | None, SegmentCheck | None] | None:
-    """Where to read ``seq`` in ``segments`` (based at ``bases``): ``(segment, sequence
-    to read from, byte limit, last sequence before the limit, the segment's check)``. A
-    sequence in a damaged region moves on to the next readable one (this segment's next
-    extent, or a later segment's base); None when nothing readable follows up to ``hwm``.
-    Raises :class:`~gateway.store.errors.SegmentCheckPending` when a segment must be
-    checked first."""
-    i = max(bisect_right(bases, seq) - 1, 0)
-    while i < len(segments) - 1 and (segments[i].last_seq or 0) < seq:
-        i += 1
-    while True:
-        seg = segments[i]
-        if not seg.rolled:
-            return seg, seq, seg.visible_size, hwm, None
-        check = checks.checked(seg)
-        if check.clean:
-            return seg, seq, seg.visible_size, seg.last_seq, check
-        extent = check.extent_for(seq)
-        if extent is not None:
-            return seg, max(seq, extent.first_seq), extent.end, extent.last_seq, check
-        i += 1
-        if i == len(segments) or segments[i].base > hwm:
-            return None
-        seq = segments[i].base
 
 
 def read_cached(seq: int, entries: list[TailEntry], target: int, hwm: int,
