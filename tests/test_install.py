@@ -84,8 +84,17 @@ def clean_copy(destination: Path) -> Path:
 
 
 def new_env(path: Path) -> Path:
-    venv.EnvBuilder(with_pip=True, clear=True).create(path)
+    """A new virtual environment without pip of its own (``ensurepip`` would take 10 s):
+    :func:`pip_install` installs into it."""
+    venv.EnvBuilder(with_pip=False, clear=True).create(path)
     return path
+
+
+def pip_install(env: Path, wheel: Path, cwd: Path) -> None:
+    """Install ``wheel`` and its dependencies into ``env`` with the suite's pip (what the
+    environment's own pip would install: ``--python`` runs pip for that interpreter)."""
+    run(sys.executable, "-m", "pip", "--python", env / "bin" / "python", "install",
+        "--quiet", wheel, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
@@ -96,11 +105,14 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     # No --sdist/--wheel: build makes the sdist, then the wheel from the unpacked sdist.
     # Compiled without optimisation: what is tested is that the extensions are built,
     # carried and loaded, not their speed (half the build's time: 32 s against 64 s).
-    run(sys.executable, "-m", "build", "--outdir", dist, source, cwd=work, CFLAGS="-O0")
+    # --no-isolation: with the build requirements the test extra installs (pyproject's
+    # [build-system] requires; build checks they are there), not two new environments.
+    run(sys.executable, "-m", "build", "--no-isolation", "--outdir", dist, source, cwd=work,
+        CFLAGS="-O0")
     [sdist] = dist.glob("figtank-*.tar.gz")
     [wheel] = dist.glob("figtank-*.whl")
     env = new_env(work / "env")
-    run(env / "bin" / "python", "-m", "pip", "install", "--quiet", wheel, cwd=work)
+    pip_install(env, wheel, work)
     home = work / "home"
     home.mkdir()
     yield Installed(sdist, wheel, env, home)
@@ -201,15 +213,16 @@ def test_the_installed_server_serves_every_client_family(installed: Installed,
 def test_without_a_compiler_the_sdist_installs_in_pure_python(installed: Installed,
                                                               tmp_path: Path) -> None:
     wheels = tmp_path / "wheels"
-    # -v shows the build's own output; no cache, so the compiled wheel is not reused
-    built = run(installed.bin("python"), "-m", "pip", "wheel", "-v", "--no-cache-dir",
-                "--no-deps", "--wheel-dir", wheels, installed.sdist, cwd=tmp_path,
-                CC="false", CXX="false")
+    # -v shows the build's own output; no cache, so the compiled wheel is not reused; the
+    # build requirements the suite's (as for the compiled build)
+    built = run(sys.executable, "-m", "pip", "wheel", "-v", "--no-cache-dir",
+                "--no-build-isolation", "--no-deps", "--wheel-dir", wheels, installed.sdist,
+                cwd=tmp_path, CC="false", CXX="false")
     assert "not built" in built.stdout + built.stderr  # the build said what it left out
     [wheel] = wheels.glob("figtank-*.whl")
     assert not [n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".so")]
     pure = Installed(installed.sdist, wheel, new_env(tmp_path / "env"), installed.home)
-    run(pure.bin("python"), "-m", "pip", "install", "--quiet", wheel, cwd=tmp_path)
+    pip_install(pure.env, wheel, tmp_path)
     assert pure.figtank("--version").stdout.strip() == "figtank 0.1.0"
     serving = serve_and_use(pure, tmp_path / "data")
     assert serving["hot_paths"] == "pure-python"
