@@ -179,6 +179,29 @@ def test_the_size_check_finds_a_long_module_and_spares_generated_ones(tmp_path: 
                                                    "pkg.long": MAX_MODULE_LINES + 1}
 
 
+def test_a_command_loads_only_its_own_module() -> None:
+    # figtank --version and --help import no subcommand's module; a Figg or Tank client
+    # command neither the other commands' modules nor the Kafka codecs (the generated
+    # records module alone costs 0.3 s of start-up); fetch does load them.
+    probe = ("import sys\n"
+             "from gateway.cli.main import build_parser\n"
+             "build_parser(sys.argv[1:])\n"
+             "wanted = ('gateway.cli.clients', 'gateway.cli.groups', 'gateway.cli.users',\n"
+             "          'gateway.bench.command', 'protocols.kafka.records')\n"
+             "print(' '.join(m for m in wanted if m in sys.modules))\n")
+
+    def loaded(*argv: str) -> set[str]:
+        done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True,
+                              text=True, timeout=60, check=True)
+        return set(done.stdout.split())
+
+    assert loaded("--version") == set()
+    assert loaded("publish", "-t", "x") == {"gateway.cli.clients"}
+    assert loaded("consume", "x") == {"gateway.cli.clients"}
+    assert loaded("users") == {"gateway.cli.users"}
+    assert {"gateway.cli.groups", "protocols.kafka.records"} <= loaded("groups")
+
+
 def test_serve_loads_no_load_generator_and_the_bench_no_cli() -> None:
     # figtank serve builds its parser and runs the server without importing gateway.bench
     # (the bench's scenarios, peers and soak are ~8k lines nothing serving needs).

@@ -24,7 +24,6 @@ import trio
 from gateway.cli.output import Output, escaped, json_payload, plural
 from gateway.client.errors import ClientError, RequestTimeout
 from gateway.client.figg import ExponentialBackoff, FiggClient, open_figg_client
-from gateway.client.kafka_admin import EARLIEST, group_position, open_kafka_admin
 from gateway.client.tank import FIRST_AVAILABLE, TankClient, open_tank_client
 from gateway.client.tls import client_context
 from gateway.figg.offsets import InvalidTopic, figg_to_tank
@@ -33,7 +32,6 @@ from gateway.server.config import parse_address
 from gateway.server.logs import configure_logging
 from gateway.store.config import CONFIG_KEYS, parse_value
 from gateway.store.errors import InvalidConfig
-from gateway.store.inspect import check_rolled, iter_messages, list_segments
 from protocols.errors import ProtocolError
 from protocols.tank.bundle import Message
 from protocols.topics import MAX_PARTITIONS
@@ -370,6 +368,8 @@ async def _group_position(args: argparse.Namespace, topic: str, partition: int) 
     a ClientError when there is none."""
     if args.from_offset_given:
         raise ClientError("--from and --from-group exclude each other")
+    from gateway.client.kafka_admin import group_position  # the Kafka codecs: only here
+
     host, port = args.kafka_address
     position = await group_position(host, port, args.from_group, topic, partition,
                                     timeout=args.timeout, ssl_context=args.ssl_context)
@@ -501,6 +501,8 @@ def _add_fetch(parser: argparse.ArgumentParser) -> None:
 async def _fetch(args: argparse.Namespace, out: Output) -> None:
     """Read a partition over the Kafka listener (Fetch), one record a line: the Kafka
     offset first (the message's Tank sequence minus 1)."""
+    from gateway.client.kafka_admin import EARLIEST, open_kafka_admin  # only here
+
     topic, partition = args.target
     shown = 0
     async with open_kafka_admin(*args.address, timeout=args.timeout,
@@ -596,6 +598,8 @@ def _not_a_partition(directory: str) -> str:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    from gateway.store.inspect import check_rolled, iter_messages, list_segments
+
     configure_client_logging(args)
     out = Output(args.json)
     try:
@@ -649,14 +653,15 @@ def _inspect(args: argparse.Namespace) -> int:
     return status
 
 
-COMMANDS: dict[str, tuple[str, tuple[Callable[[argparse.ArgumentParser], None], Run]]] = {
-    "publish": ("publish messages over Figg", (_add_publish, run_async(_publish))),
-    "subscribe": ("print a Figg topic's messages", (_add_subscribe, run_async(_subscribe))),
-    "produce": ("produce messages over Tank", (_add_produce, run_async(_produce))),
-    "consume": ("print a Tank partition's messages", (_add_consume, run_async(_consume))),
-    "fetch": ("print a partition's messages over Kafka (Fetch)",
-              (_add_fetch, run_async(_fetch))),
-    "topics": ("create, list or describe topics (Tank)", (_add_topics, run_async(_topics))),
-    "status": ("the broker's status (Tank)", (_add_status, run_async(_status))),
-    "inspect": ("dump a partition's segment and index files", (_add_inspect, _inspect)),
+#: Each client subcommand's (add arguments, run); their help lines are
+#: :data:`gateway.cli.main.COMMAND_HELP`'s (this module is loaded only when one runs).
+COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Run]] = {
+    "publish": (_add_publish, run_async(_publish)),
+    "subscribe": (_add_subscribe, run_async(_subscribe)),
+    "produce": (_add_produce, run_async(_produce)),
+    "consume": (_add_consume, run_async(_consume)),
+    "fetch": (_add_fetch, run_async(_fetch)),
+    "topics": (_add_topics, run_async(_topics)),
+    "status": (_add_status, run_async(_status)),
+    "inspect": (_add_inspect, _inspect),
 }

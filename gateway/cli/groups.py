@@ -9,7 +9,7 @@ An offset out of the partition's bounds is moved to the nearest bound (and said 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Callable
 
 from gateway.cli.clients import common_options, run_async
 from gateway.cli.output import Output, plural
@@ -198,7 +198,6 @@ def _name(code: int) -> str:
         return f"error {code}"
 
 
-#: ``figtank groups``: (help, (add arguments, run)).
-COMMAND: tuple[str, Any] = (
-    "list, describe or reset Kafka consumer groups' committed offsets (Kafka)",
-    (add_groups, run_async(groups)))
+#: ``figtank groups``: (add arguments, run).
+COMMAND: tuple[Callable[[argparse.ArgumentParser], None],
+              Callable[[argparse.Namespace], int]] = (add_groups, run_async(groups))

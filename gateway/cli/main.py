@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import os
 import signal
@@ -117,30 +118,39 @@ BENCH_HELP: Final = ("measure figtank or any Tank/Figg endpoint under load (scen
                      "--help)")
 
 
-def _bench() -> Command:
-    from gateway.bench.command import add_arguments, run
+#: Each subcommand's help line, in ``figtank --help``'s order, and the module that holds
+#: its arguments and runner (its ``COMMANDS[name]`` or ``COMMAND``): a module is imported
+#: only when its command runs, so a client command starts without the others' imports.
+COMMAND_HELP: Final = {
+    "serve": ("run the gateway: Figg, Tank, Kafka and HTTP listeners over one log (the "
+              "embedded store, a Tank broker or a Kafka cluster)", ""),
+    "publish": ("publish messages over Figg", "gateway.cli.clients"),
+    "subscribe": ("print a Figg topic's messages", "gateway.cli.clients"),
+    "produce": ("produce messages over Tank", "gateway.cli.clients"),
+    "consume": ("print a Tank partition's messages", "gateway.cli.clients"),
+    "fetch": ("print a partition's messages over Kafka (Fetch)", "gateway.cli.clients"),
+    "topics": ("create, list or describe topics (Tank)", "gateway.cli.clients"),
+    "status": ("the broker's status (Tank)", "gateway.cli.clients"),
+    "inspect": ("dump a partition's segment and index files", "gateway.cli.clients"),
+    "groups": ("list, describe or reset Kafka consumer groups' committed offsets (Kafka)",
+               "gateway.cli.groups"),
+    "bench": (BENCH_HELP, "gateway.bench.command"),
+    "users": ("manage SASL users of the access policy file (Kafka listener)",
+              "gateway.cli.users"),
+}
 
-    return add_arguments, run
 
-
-def _commands() -> dict[str, tuple[str, Callable[[], Command]]]:
-    """Each subcommand's help line, and what loads its arguments and runner."""
-    from gateway.cli.clients import COMMANDS
-    from gateway.cli.groups import COMMAND as GROUPS
-    from gateway.cli.users import COMMAND as USERS
-
-    loaded = {name: (help_text, partial(lambda c: c, command))
-              for name, (help_text, command) in {**COMMANDS, "groups": GROUPS,
-                                                 "users": USERS}.items()}
-    serve: Command = (_add_serve_arguments, _run_serve)
-    return {
-        "serve": ("run the gateway: Figg, Tank, Kafka and HTTP listeners over one log (the "
-                  "embedded store, a Tank broker or a Kafka cluster)", lambda: serve),
-        **{name: loaded[name] for name in COMMANDS},
-        "groups": loaded["groups"],
-        "bench": (BENCH_HELP, _bench),
-        "users": loaded["users"],
-    }
+def _load(name: str) -> Command:
+    """The arguments and runner of subcommand ``name`` (its module imported now)."""
+    module_name = COMMAND_HELP[name][1]
+    if not module_name:
+        return _add_serve_arguments, _run_serve
+    module = importlib.import_module(module_name)
+    if module_name == "gateway.bench.command":
+        return module.add_arguments, module.run
+    command: Command = (module.COMMANDS[name] if hasattr(module, "COMMANDS")
+                        else module.COMMAND)
+    return command
 
 
 #: What figtank is, in ``figtank --help`` (and pyproject.toml's description).
@@ -170,10 +180,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"figtank {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
-    for name, (help_text, load) in _commands().items():
+    for name, (help_text, _) in COMMAND_HELP.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
         if chosen is None or name == chosen:
-            add_arguments, run = load()
+            add_arguments, run = _load(name)
             add_arguments(command)
             command.set_defaults(run=run)
     return parser

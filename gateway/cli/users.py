@@ -77,6 +77,5 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-#: The ``users`` subcommand of :mod:`gateway.cli.main`.
-COMMAND = ("manage SASL users of the access policy file (Kafka listener)",
-           (add_arguments, run))
+#: The ``users`` subcommand of :mod:`gateway.cli.main`: (add arguments, run).
+COMMAND = (add_arguments, run)
