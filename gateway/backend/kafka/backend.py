@@ -414,25 +414,11 @@ class KafkaBackend:
                        for o in outcomes)
                and feeds and trio.current_time() < deadline):
             # Every partition is at its feed's tail: wait for any of them.
-            arrived = trio.Event()
-
-            async def wait_one(feed: PartitionFeed, arrived: trio.Event) -> None:
-                await feed.arrived.wait()
-                arrived.set()
-
             for feed in feeds.values():
                 feed.readers += 1
             try:
                 with trio.move_on_at(deadline):
-                    if len(feeds) == 1:
-                        [only] = feeds.values()
-                        await only.arrived.wait()
-                    else:
-                        async with trio.open_nursery() as nursery:
-                            for feed in feeds.values():
-                                nursery.start_soon(wait_one, feed, arrived)
-                            await arrived.wait()
-                            nursery.cancel_scope.cancel()
+                    await _any_arrival(list(feeds.values()))
             finally:
                 for feed in feeds.values():
                     feed.readers -= 1
@@ -657,6 +643,25 @@ def read_refusal(error_name: str) -> FetchStatus:
 
 def _no_nursery(*args: Any) -> None:
     raise RuntimeError("the backend runs inside open_kafka_backend")
+
+
+async def _any_arrival(feeds: list[PartitionFeed]) -> None:
+    """Wait until one of ``feeds`` has news: one feed is waited on directly (a
+    subscriber's read, no task), several are raced."""
+    if len(feeds) == 1:
+        await feeds[0].arrived.wait()
+        return
+    arrived = trio.Event()
+
+    async def wait_one(feed: PartitionFeed) -> None:
+        await feed.arrived.wait()
+        arrived.set()
+
+    async with trio.open_nursery() as nursery:
+        for feed in feeds:
+            nursery.start_soon(wait_one, feed)
+        await arrived.wait()
+        nursery.cancel_scope.cancel()
 
 
 def _outcome(bundles: list[UpstreamBundle], high_water_mark: int, seq: int) -> FetchOutcome:
