@@ -176,3 +176,5 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+#: ``figtank bench``: (add arguments, run), as :mod:`gateway.cli.main` loads a command.
+COMMAND = (add_arguments, run)

@@ -119,8 +119,9 @@ BENCH_HELP: Final = ("measure figtank or any Tank/Figg endpoint under load (scen
 
 
 #: Each subcommand's help line, in ``figtank --help``'s order, and the module that holds
-#: its arguments and runner (its ``COMMANDS[name]`` or ``COMMAND``): a module is imported
-#: only when its command runs, so a client command starts without the others' imports.
+#: its arguments and runner (its ``COMMANDS[name]``, or its ``COMMAND`` when it holds one
+#: command): a module is imported only when its command runs, so a client command starts
+#: without the others' imports.
 COMMAND_HELP: Final = {
     "serve": ("run the gateway: Figg, Tank, Kafka and HTTP listeners over one log (the "
               "embedded store, a Tank broker or a Kafka cluster)", ""),
@@ -146,8 +147,6 @@ def _load(name: str) -> Command:
     if not module_name:
         return _add_serve_arguments, _run_serve
     module = importlib.import_module(module_name)
-    if module_name == "gateway.bench.command":
-        return module.add_arguments, module.run
     command: Command = (module.COMMANDS[name] if hasattr(module, "COMMANDS")
                         else module.COMMAND)
     return command
