@@ -20,7 +20,7 @@ import time
 from run_example import FIGG_OPTIONS, run_example, wait_figg_connected
 
 from gateway.client.figg_blocking import BlockingFiggClient
-from gateway.server.config import parse_address
+from gateway.core.config import parse_address
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ from pathlib import Path
 from run_example import FIGG_OPTIONS, run_example, wait_figg_connected
 
 from gateway.client.figg_blocking import BlockingFiggClient
-from gateway.server.config import parse_address
+from gateway.core.config import parse_address
 
 
 def default_state(topic: str) -> Path:

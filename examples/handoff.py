@@ -24,8 +24,8 @@ from run_example import FIGG_OPTIONS, Failed, run_example
 
 from gateway.client.figg import ConnectionState, FiggClient, open_figg_client
 from gateway.client.tank import TankClient, open_tank_client
+from gateway.core.config import parse_address
 from gateway.figg.offsets import tank_to_figg
-from gateway.server.config import parse_address
 
 
 async def figg_read(figg: FiggClient, topic: str, after: int, until: int) -> list[int]:

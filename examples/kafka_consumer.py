@@ -19,7 +19,7 @@ import time
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
 from run_example import Failed, run_example
 
-from gateway.server.config import parse_address
+from gateway.core.config import parse_address
 
 
 def start_offset(text: str) -> int:

@@ -17,7 +17,7 @@ import time
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from run_example import Failed, run_example
 
-from gateway.server.config import parse_address
+from gateway.core.config import parse_address
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from gateway.client.errors import ClientError
 from gateway.client.figg_blocking import BlockingFiggClient
-from gateway.server.logs import configure_logging
+from gateway.core.logs import configure_logging
 
 EXPECTED: tuple[type[BaseException], ...] = (ClientError, OSError)
 

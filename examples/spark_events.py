@@ -41,8 +41,8 @@ from run_example import (  # noqa: E402
     wait_figg_connected,
 )
 
-from gateway.server.config import parse_address  # noqa: E402
-from gateway.server.logs import configure_logging  # noqa: E402
+from gateway.core.config import parse_address  # noqa: E402
+from gateway.core.logs import configure_logging  # noqa: E402
 
 EVENT_SCHEMA = "key string, amount double"
 LOG4J_CONFIG = Path(__file__).resolve().with_name("log4j2.properties")

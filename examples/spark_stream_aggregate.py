@@ -23,7 +23,7 @@ from typing import Any
 
 from spark_events import add_spark_log_argument, as_messages, per_key_minute, run_spark
 
-from gateway.server.config import parse_address
+from gateway.core.config import parse_address
 
 
 def main() -> None:

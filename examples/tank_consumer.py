@@ -24,7 +24,7 @@ from run_example import run_example
 
 from gateway.client.errors import BoundaryError, UnknownTopicError
 from gateway.client.tank import open_tank_client
-from gateway.server.config import parse_address
+from gateway.core.config import parse_address
 
 
 def when(timestamp_ms: int) -> str:

@@ -18,7 +18,7 @@ from run_example import run_example
 
 from gateway.client.tank import Message
 from gateway.client.tank_blocking import BlockingTankClient
-from gateway.server.config import parse_address
+from gateway.core.config import parse_address
 
 
 def main() -> None:

@@ -8,9 +8,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from gateway.backend.contract import Backend
-from gateway.server.config import Settings
-from gateway.server.metrics import Metrics
+from gateway.core.config import Settings
+from gateway.core.contract import Backend
+from gateway.core.metrics import Metrics
 from gateway.server.run import open_server
 
 #: Seconds the tests' servers give open connections at the end of a block.

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.server.config import (
+from gateway.core.config import (
     OPTIONS,
     ConfigError,
     Settings,

@@ -18,7 +18,7 @@ import trio
 
 from gateway.backend.embedded import open_embedded_backend
 from gateway.client.tank import open_tank_client
-from gateway.server.config import Settings
+from gateway.core.config import Settings
 from protocols.connection import NEED_DATA, Role
 from protocols.figg.messages import Ack, Attached, Pong
 from protocols.tank.bundle import Message, encode_bundle

@@ -21,8 +21,8 @@ import trio
 from gateway.bench.command import bench
 from gateway.bench.idle import PROTOCOLS
 from gateway.client.tank import open_tank_client
+from gateway.core.config import Settings
 from gateway.figg.listener import FiggListener
-from gateway.server.config import Settings
 from gateway.tank.listener import TankListener
 from tests.figg.helpers import attach, detach, ping, publish
 from tests.listeners import RunningServer, listening

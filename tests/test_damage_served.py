@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 from gateway.backend.embedded import EmbeddedBackend
 from gateway.client.errors import ProduceFailed
 from gateway.client.tank import Message, TankClient, open_tank_client
-from gateway.server.config import Settings
+from gateway.core.config import Settings
 from gateway.store import StoreSettings, open_store
 from protocols.figg.records import Attached
 from protocols.tank.bundle import frame_bundle

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli.main import build_parser, settings_from_args
-from gateway.server.config import Settings, load_settings, parse_address, settings_from_mapping
+from gateway.core.config import Settings, load_settings, parse_address, settings_from_mapping
 from tests.serving import figtank_serve
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"

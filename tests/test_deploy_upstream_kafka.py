@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from gateway.cli.main import build_parser, settings_from_args
-from gateway.server.config import Settings, load_settings, parse_address
+from gateway.core.config import Settings, load_settings, parse_address
 from tests.test_deploy import CONFIG_PATH, PORTS, flags, serve_parser
 
 HERE = Path(__file__).resolve().parents[1] / "deploy" / "upstream-kafka"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import yaml
 
+from gateway.core.config import reference_table
 from gateway.kafka.versions import served_table
-from gateway.server.config import reference_table
 from tests.docs import DOCS, MKDOCS_YML, ROOT, between, code_blocks, nav_pages, page, pages
 
 
@@ -54,7 +54,7 @@ def test_configuration_reference_matches_the_code() -> None:
                          "\n<!-- config-reference:end -->")
     assert documented == reference_table(), (
         "docs/configuration.md's table is stale: paste "
-        "gateway.server.config.reference_table()")
+        "gateway.core.config.reference_table()")
 
 
 def test_kafka_api_table_matches_what_api_versions_answers() -> None:
@@ -161,7 +161,7 @@ def test_the_deployment_page_names_every_port_the_image_exposes() -> None:
 
 
 def test_the_architecture_drawing_names_every_listener_and_backend() -> None:
-    from gateway.server.config import PROTOCOLS
+    from gateway.core.config import PROTOCOLS
 
     drawing = next(code_blocks(page("architecture.md")))
     for protocol in PROTOCOLS:

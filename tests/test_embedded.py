@@ -7,7 +7,10 @@ import pytest
 import trio
 
 from gateway.backend.bridge.backend import BridgeBackend
-from gateway.backend.contract import (
+from gateway.backend.embedded import EmbeddedBackend, open_embedded_backend
+from gateway.backend.kafka.backend import KafkaBackend
+from gateway.core.config import Settings
+from gateway.core.contract import (
     AutoCreate,
     Backend,
     CreateTopicCode,
@@ -19,10 +22,7 @@ from gateway.backend.contract import (
     TopicRefused,
     ensure_topic,
 )
-from gateway.backend.embedded import EmbeddedBackend, open_embedded_backend
-from gateway.backend.kafka.backend import KafkaBackend
-from gateway.server.config import Settings
-from gateway.server.metrics import Metrics
+from gateway.core.metrics import Metrics
 from protocols.tank.bundle import Message, decode_chunk, encode_bundle
 from protocols.wire import UINT64_MAX
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import trio
 
-from gateway.server.config import Settings
+from gateway.core.config import Settings
 from gateway.server.run import open_server
 from tests.figg.memory_backend import MemoryBackend
 

@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 
 from gateway.client.figg import open_figg_client
 from gateway.client.tank import open_tank_client
-from gateway.server.config import Settings
+from gateway.core.config import Settings
 from gateway.server.run import open_server
 from tests.test_http_endpoint import Peer, get
 

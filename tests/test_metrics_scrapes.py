@@ -17,9 +17,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from structlog.testing import capture_logs
 
-from gateway.server.config import Settings
+from gateway.core.config import Settings
+from gateway.core.metrics import GaugeCollector, Metrics
 from gateway.server.endpoint import Endpoint, serve_endpoint
-from gateway.server.metrics import GaugeCollector, Metrics
 from gateway.server.rendering import REUSE_SECS
 from gateway.server.run import open_server
 from protocols.figg.records import encode_ping_frame, encode_pong_frame

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from gateway.server.metrics import Metrics, RequestCounter
+from gateway.core.metrics import Metrics, RequestCounter
 from tests.test_metric_topics import samples
 
 
@@ -66,7 +66,7 @@ def test_loop_histogram_renders_as_prometheus_client_histogram() -> None:
 
     from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-    from gateway.server.metrics import _LATENCY_BUCKETS
+    from gateway.core.metrics import _LATENCY_BUCKETS
 
     metrics = Metrics()
     registry = CollectorRegistry()

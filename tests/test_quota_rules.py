@@ -10,7 +10,7 @@ import trio.testing
 
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import QuotaRules, Quotas, Rate, parse_quotas
-from gateway.server.metrics import Metrics
+from gateway.core.metrics import Metrics
 
 ALICE = Principal("figg", "CN=alice,O=acme")
 BOB = Principal("tank", "CN=bob")

@@ -22,7 +22,7 @@ import trio
 from gateway.auth.quotas import QuotaRules, parse_quotas
 from gateway.client.figg import open_figg_client
 from gateway.client.tank import open_tank_client
-from gateway.server.config import Settings
+from gateway.core.config import Settings
 from gateway.server.run import ServerInfo, open_server
 
 SIZE = 10_000  # bytes per message

@@ -6,7 +6,7 @@ import trio
 
 from gateway.client.figg import open_figg_client
 from gateway.client.tank import open_tank_client
-from gateway.server.config import Settings
+from gateway.core.config import Settings
 from gateway.server.run import ServerInfo, run_server
 
 

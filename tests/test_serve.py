@@ -12,7 +12,7 @@ import trio
 
 from gateway.cli.main import serving_line
 from gateway.client.figg import open_figg_client
-from gateway.server.config import Settings
+from gateway.core.config import Settings
 from gateway.server.run import open_server
 from tests.serving import figtank_serve
 

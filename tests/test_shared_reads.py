@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from gateway.backend import shared
-from gateway.backend.contract import FetchRequest, FetchStatus, ProduceBatch
 from gateway.backend.embedded import EmbeddedBackend, open_embedded_backend
 from gateway.backend.shared import SharedChunk
-from gateway.server.config import Settings
-from gateway.server.metrics import Metrics
+from gateway.core.config import Settings
+from gateway.core.contract import FetchRequest, FetchStatus, ProduceBatch
+from gateway.core.metrics import Metrics
 from protocols.tank.bundle import Codec, Message, encode_bundle
 
 

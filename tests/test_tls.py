@@ -23,7 +23,7 @@ from structlog.testing import capture_logs
 from gateway.client.figg import open_figg_client
 from gateway.client.tank import TankClient, open_tank_client
 from gateway.client.tls import TLSHandshakeFailed, client_context, open_stream
-from gateway.server.config import ConfigError, Settings, settings_from_mapping
+from gateway.core.config import ConfigError, Settings, settings_from_mapping
 from gateway.server.run import ServerInfo, open_server
 from gateway.server.tls import subject_identity
 from tests.tls_certs import Certs

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
-from gateway.backend.contract import Backend
+from gateway.core.contract import Backend
 
 
 def topics_to_look_up(access: ConnectionAccess, topics: Iterable[str],

@@ -14,7 +14,9 @@ from typing import Final
 import structlog
 import trio
 
-from gateway.backend.contract import (
+from gateway.backend.shared import SharedReads
+from gateway.core.config import Settings
+from gateway.core.contract import (
     AutoCreate,
     BackendStatus,
     CreateTopicCode,
@@ -33,9 +35,7 @@ from gateway.backend.contract import (
     TopicRefused,
     produce_and_wait,
 )
-from gateway.backend.shared import SharedReads
-from gateway.server.config import Settings
-from gateway.server.metrics import GaugeCollector, Metrics
+from gateway.core.metrics import GaugeCollector, Metrics
 from gateway.store import (
     AppendResult,
     BundleTooLarge,
@@ -185,7 +185,7 @@ class EmbeddedBackend:
 
     def fast_appender(self, topic: str, partition: int) -> FastAppender | None:
         """An appender for ``topic``'s ``partition`` (see
-        :meth:`~gateway.backend.contract.Backend.fast_appender`): the partition's
+        :meth:`~gateway.core.contract.Backend.fast_appender`): the partition's
         :meth:`~gateway.store.partition.Partition.append_plain`, counted as
         :meth:`produce_nowait` counts it. It looks the partition up on every call, so a
         topic deleted and created again is found. None in ``fsync`` durability."""

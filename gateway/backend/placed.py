@@ -17,7 +17,7 @@ from elsewhere. The limit: a partition that others append to without pause can w
 race; after :data:`ATTEMPTS` lost races the append fails with I/O fault (nothing was
 appended; the client sends it again). A partition the upstream can not describe is
 appended plainly, without offsets. A look-up the upstream did not answer
-(:class:`~gateway.backend.contract.BackendUnavailable`) fails its batch with I/O fault,
+(:class:`~gateway.core.contract.BackendUnavailable`) fails its batch with I/O fault,
 nothing of it sent.
 """
 
@@ -30,7 +30,7 @@ from typing import Final
 
 import trio
 
-from gateway.backend.contract import (
+from gateway.core.contract import (
     Backend,
     BackendUnavailable,
     ProduceBatch,

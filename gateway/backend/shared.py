@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any, Final, Protocol, TypeVar
 
-from gateway.backend.contract import FetchOutcome, FetchStatus
+from gateway.core.contract import FetchOutcome, FetchStatus
 
 T = TypeVar("T")
 

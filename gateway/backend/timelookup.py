@@ -4,7 +4,7 @@ Neither log keeps a time index: Tank's on-disk format has none (its segment file
 carry the broker's wall-clock seconds when a segment was created or rolled, not the
 messages' timestamps, which producers set), and a Tank broker has no request that looks
 a time up. What both backends can do cheaply is read the bundle holding a sequence
-number (:meth:`~gateway.backend.contract.Backend.fetch`: the embedded store finds it
+number (:meth:`~gateway.core.contract.Backend.fetch`: the embedded store finds it
 through the segment list and sparse index; a Tank broker the same way), so a lookup
 bisects the partition's sequence range, reading one bundle per step and narrowing by all
 of that bundle's messages: O(log n) small reads (about ``log2(messages / bundle size)``),
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from gateway.backend.contract import Backend, FetchRequest, FetchStatus
+from gateway.core.contract import Backend, FetchRequest, FetchStatus
 from protocols.tank.bundle import Message, decode_chunk
 
 #: Bytes asked per probe: the store answers with the whole bundle holding the sequence;

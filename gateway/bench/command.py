@@ -30,8 +30,8 @@ from gateway.bench.scenario import Params
 from gateway.bench.scenarios import SCENARIOS, get_scenario
 from gateway.client.errors import ClientError
 from gateway.client.tls import client_context
-from gateway.server.config import parse_address
-from gateway.server.logs import configure_logging
+from gateway.core.config import parse_address
+from gateway.core.logs import configure_logging
 
 
 class BenchError(Exception):

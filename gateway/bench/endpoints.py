@@ -17,7 +17,7 @@ from gateway.client.errors import (
 )
 from gateway.client.figg import FiggClient, open_figg_client
 from gateway.client.tank import TankClient, open_tank_client
-from gateway.server.config import parse_address
+from gateway.core.config import parse_address
 
 DEFAULT_TANK: Final = "127.0.0.1:11011"
 DEFAULT_FIGG: Final = "127.0.0.1:8119"

@@ -38,7 +38,7 @@ from gateway.bench.procs import Share, WorkerResult
 from gateway.bench.report import Check, Report, Row
 from gateway.bench.scenario import Params, Scenario, make_report, samples, total
 from gateway.bench.stats import summarize
-from gateway.server.config import parse_address
+from gateway.core.config import parse_address
 
 TICK: Final = 0.01
 #: Subscribers whose requests are in flight together while connecting.

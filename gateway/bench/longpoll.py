@@ -28,7 +28,7 @@ import trio
 
 from gateway.bench.endpoints import ensure_topic, tank_client
 from gateway.bench.procs import process_cpu_seconds
-from gateway.server.config import parse_address
+from gateway.core.config import parse_address
 from protocols.kafka.messages import (
     REQUESTS,
     RESPONSES,

@@ -35,8 +35,8 @@ import trio
 from gateway.auth.quotas import QuotaRules, parse_quotas
 from gateway.client.figg import open_figg_client
 from gateway.client.tank import open_tank_client
-from gateway.server.config import Settings
-from gateway.server.logs import configure_logging
+from gateway.core.config import Settings
+from gateway.core.logs import configure_logging
 from gateway.server.run import ServerInfo, open_server
 
 MIB = 1024 * 1024

@@ -29,7 +29,7 @@ import trio
 
 from gateway.bench.serving import start_serve
 from gateway.client.figg import open_figg_client
-from gateway.server.config import parse_address
+from gateway.core.config import parse_address
 from protocols.figg.records import encode_ping_frame
 
 _PONG = 16  # header (type u16, version u16, length u32) and the echoed u64

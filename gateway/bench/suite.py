@@ -32,7 +32,7 @@ from gateway.bench.command import BenchError, address, bench
 from gateway.bench.report import describe_machine, figtank_version, machine_info
 from gateway.bench.scenarios import get_scenario
 from gateway.bench.serving import serve_figtank
-from gateway.server.logs import configure_logging
+from gateway.core.logs import configure_logging
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import trio
 from gateway.bench.endpoints import use_tls
 from gateway.bench.procs import PipeBarrier, Share, send_event
 from gateway.bench.scenarios import get_scenario
-from gateway.server.logs import configure_logging
+from gateway.core.logs import configure_logging
 
 
 def main() -> None:

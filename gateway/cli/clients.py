@@ -26,10 +26,10 @@ from gateway.client.errors import ClientError, RequestTimeout
 from gateway.client.figg import ExponentialBackoff, FiggClient, open_figg_client
 from gateway.client.tank import FIRST_AVAILABLE, TankClient, open_tank_client
 from gateway.client.tls import client_context
+from gateway.core.config import parse_address
+from gateway.core.logs import configure_logging
 from gateway.figg.offsets import InvalidTopic, figg_to_tank
 from gateway.io.tls import readable
-from gateway.server.config import parse_address
-from gateway.server.logs import configure_logging
 from gateway.store.config import CONFIG_KEYS, parse_value
 from gateway.store.errors import InvalidConfig
 from protocols.errors import ProtocolError

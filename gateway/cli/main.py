@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Final, NoReturn
 import trio
 
 from gateway.cli.output import StdoutClosed
-from gateway.extras import MissingExtra
-from gateway.server.config import (
+from gateway.core.config import (
     ConfigError,
     Settings,
     add_setting_flags,
     flag_overrides,
     load_settings,
 )
-from gateway.server.logs import configure_logging
+from gateway.core.logs import configure_logging
+from gateway.extras import MissingExtra
 from gateway.server.outcome import describe, leaves, run_serving
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""The Figg listener: serves the Figg protocol over a :class:`~gateway.backend.contract.Backend`.
+"""The Figg listener: serves the Figg protocol over a :class:`~gateway.core.contract.Backend`.
 
 Each connection is a :class:`~gateway.figg.session.FiggSession`; the server
 (:func:`gateway.server.run.open_server`) binds ``listen.figg`` and runs the listener.
@@ -17,13 +17,13 @@ import trio
 from gateway.auth.guard import AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
-from gateway.backend.contract import Backend
+from gateway.core.config import Settings
+from gateway.core.contract import Backend
+from gateway.core.metrics import GaugeCollector, Metrics
 from gateway.figg.feed import TailFeeds
 from gateway.figg.frames import DataFrameCache
 from gateway.figg.session import FiggSession
-from gateway.server.config import Settings
 from gateway.server.listener import ProtocolListener
-from gateway.server.metrics import GaugeCollector, Metrics
 from gateway.server.tls import ListenerTLS
 
 

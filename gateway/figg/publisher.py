@@ -5,7 +5,7 @@ The connection's reader turns every complete frame of a read into events in one 
 topic arrive as one :class:`~protocols.translate.PublishBatch`, already laid out as a Tank
 message set with its ACK frames ready. :class:`Publishing` gathers the batches of a read
 into one bundle per partition and hands them to the backend at once
-(:meth:`~gateway.backend.contract.Backend.produce_nowait`): the embedded store writes
+(:meth:`~gateway.core.contract.Backend.produce_nowait`): the embedded store writes
 them before the reader looks at the next read, and one group fsync covers every connection's bundles
 written meanwhile. When the backend reports the appends durable, the connection's
 :class:`AckQueue` sends the ACKs that became sendable, in publish order, as one write. A
@@ -24,7 +24,7 @@ from typing import Final
 
 from trio.lowlevel import ParkingLot
 
-from gateway.backend.contract import Backend, ProduceBatch, ProduceCode, ProduceOutcome
+from gateway.core.contract import Backend, ProduceBatch, ProduceCode, ProduceOutcome
 from gateway.figg.offsets import TankPartition
 from gateway.figg.outbox import Outbox
 from protocols.tank.bundle import BundleInfo, Codec

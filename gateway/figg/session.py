@@ -33,15 +33,15 @@ from gateway.auth.guard import OPEN, AccessGuard
 from gateway.auth.policy import Operation
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota
-from gateway.backend.contract import Backend, TopicRefused, ensure_topic
+from gateway.core.config import Settings
+from gateway.core.contract import Backend, TopicRefused, ensure_topic
+from gateway.core.metrics import Metrics
 from gateway.figg.feed import TailFeeds
 from gateway.figg.frames import DataFrameCache
 from gateway.figg.offsets import InvalidTopic, TankPartition, attach_start, figg_to_tank
 from gateway.figg.outbox import Outbox
 from gateway.figg.publisher import AckQueue, Publishing
 from gateway.figg.subscription import Subscription, SubscriptionError
-from gateway.server.config import Settings
-from gateway.server.metrics import Metrics
 from gateway.server.session import PROTOCOL_ERRORS, CloseConnection, Session
 from protocols.connection import CLOSED, Role
 from protocols.figg.connection import FiggConnection

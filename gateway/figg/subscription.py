@@ -26,12 +26,12 @@ import structlog
 import trio
 
 from gateway.auth.quotas import PrincipalQuota
-from gateway.backend.contract import Backend, Chunk, FetchOutcome, FetchRequest, FetchStatus
+from gateway.core.contract import Backend, Chunk, FetchOutcome, FetchRequest, FetchStatus
+from gateway.core.metrics import Metrics
 from gateway.figg.feed import TailFeed, TailFeeds
 from gateway.figg.frames import DataFrameCache
 from gateway.figg.offsets import TankPartition
 from gateway.figg.outbox import Outbox
-from gateway.server.metrics import Metrics
 from protocols.errors import ProtocolError
 from protocols.translate import DataFrames, data_frames
 

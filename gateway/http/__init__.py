@@ -1,5 +1,5 @@
 """The HTTP listener (``listen.http``): produce, fetch, Server-Sent Events, WebSocket and the
-web console, over the :class:`~gateway.backend.contract.Backend` contract.
+web console, over the :class:`~gateway.core.contract.Backend` contract.
 
 HTTP is parsed by h11 and WebSocket frames by wsproto; this package never parses either by
 hand. Modules, one job each:

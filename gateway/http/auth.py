@@ -22,7 +22,7 @@ from __future__ import annotations
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
 from gateway.auth.principal import Principal
-from gateway.backend.contract import PartitionInfo, TopicRefused, ensure_topic
+from gateway.core.contract import PartitionInfo, TopicRefused, ensure_topic
 from gateway.http.challenge import bearer_challenge, insufficient_scope_challenge
 from gateway.http.faults import StoreFaultError
 from gateway.http.request import HttpError, Request

@@ -21,7 +21,7 @@ from typing import Final
 
 import trio
 
-from gateway.backend.contract import (
+from gateway.core.contract import (
     Backend,
     BackendUnavailable,
     FetchRequest,

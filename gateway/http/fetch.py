@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.auth.policy import Operation
-from gateway.backend.contract import FetchRequest, FetchStatus, ensure_available
+from gateway.core.contract import FetchRequest, FetchStatus, ensure_available
 from gateway.http.auth import access_of, check_topic_name, partition_param, require
 from gateway.http.messages import decode_messages, dumps, message_json
 from gateway.http.outage import unavailable_error

@@ -52,8 +52,8 @@ import structlog
 import trio
 from prometheus_client import Counter
 
+from gateway.core.metrics import GaugeCollector, Metrics
 from gateway.http.request import HttpError
-from gateway.server.metrics import GaugeCollector, Metrics
 from gateway.store.recordfile import append_whole, write_new
 
 log = structlog.get_logger("figtank.http.idempotency")

@@ -17,7 +17,9 @@ import trio
 from gateway.auth.guard import AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
-from gateway.backend.contract import Backend
+from gateway.core.config import Settings
+from gateway.core.contract import Backend
+from gateway.core.metrics import GaugeCollector, Metrics
 from gateway.http.cors import Cors
 from gateway.http.hosts import HostGuard
 from gateway.http.idempotency import IdempotencyKeys, Limits
@@ -27,9 +29,7 @@ from gateway.http.session import HttpSession
 from gateway.http.tail import Tails
 from gateway.http.tokens import Tokens
 from gateway.logevery import LogEvery
-from gateway.server.config import Settings
 from gateway.server.listener import ProtocolListener
-from gateway.server.metrics import GaugeCollector, Metrics
 from gateway.server.tls import ListenerTLS
 
 

@@ -1,14 +1,14 @@
 """What the HTTP front ends answer while the backend's upstream is away.
 
 In bridge mode and upstream-Kafka mode the backend may lose its upstream (a Tank broker, a
-Kafka cluster). It then raises :class:`~gateway.backend.contract.BackendUnavailable` and
-says so through :meth:`~gateway.backend.contract.Backend.unavailable`. The front ends
+Kafka cluster). It then raises :class:`~gateway.core.contract.BackendUnavailable` and
+says so through :meth:`~gateway.core.contract.Backend.unavailable`. The front ends
 answer, and go on serving once the upstream is back, without a restart:
 
 - a request (produce, fetch, topics, the console's overview, the start of an SSE stream):
   503 ``{"error": "unavailable", "message"}`` with ``Retry-After: 1`` (the session answers
-  every :class:`~gateway.backend.contract.BackendUnavailable` so), at once when the outage
-  is known (:func:`~gateway.backend.contract.ensure_available`), else after the backend's
+  every :class:`~gateway.core.contract.BackendUnavailable` so), at once when the outage
+  is known (:func:`~gateway.core.contract.ensure_available`), else after the backend's
   own wait for its upstream (``upstream.wait_secs``);
 - a WebSocket operation: ``{"op": "error", "request": "publish" | "attach", ...}``
   (:func:`op_error`), the socket goes on;
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from gateway.backend.contract import BackendUnavailable, ProduceCode
+from gateway.core.contract import BackendUnavailable, ProduceCode
 from gateway.http.messages import dumps
 from gateway.http.request import HttpError
 

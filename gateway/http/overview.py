@@ -7,7 +7,7 @@ groups' lag per partition, read from the server's metrics, so the listener needs
 but the backend and the registry.
 
 The hot paths count appends as plain totals that reach their counters only on
-:meth:`~gateway.server.metrics.Metrics.flush` (done by a ``/metrics`` scrape): the
+:meth:`~gateway.core.metrics.Metrics.flush` (done by a ``/metrics`` scrape): the
 overview flushes first, or its counters would stand still whenever nothing scrapes. A
 flush is one pass over the per-topic totals and request counters, the same order of work
 as the collect that follows, so it runs on every read.
@@ -18,11 +18,11 @@ from __future__ import annotations
 from typing import Final
 
 from gateway.auth.policy import Operation
-from gateway.backend.contract import ensure_available
+from gateway.core.contract import ensure_available
+from gateway.core.metrics import Metrics
 from gateway.http.auth import access_of, require_some_access
 from gateway.http.request import Answer, Request, json_answer
 from gateway.http.session import HttpSession
-from gateway.server.metrics import Metrics
 
 MAX_TOPICS: Final = 200
 _WANTED = {"figtank_messages_in", "figtank_messages_out", "figtank_connections",

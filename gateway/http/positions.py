@@ -25,8 +25,8 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-from gateway.backend.contract import Backend, PartitionInfo
 from gateway.backend.timelookup import find_by_time
+from gateway.core.contract import Backend, PartitionInfo
 from gateway.http.request import HttpError
 
 #: A time, a space and HH:MM (or HHMM) at the end: a zone whose "+" was not escaped.

@@ -26,13 +26,13 @@ from typing import Any
 
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
-from gateway.backend.contract import (
+from gateway.backend.placed import produce_placed
+from gateway.core.contract import (
     ProduceBatch,
     ProduceCode,
     ProduceOutcome,
     ensure_available,
 )
-from gateway.backend.placed import produce_placed
 from gateway.http.auth import access_of, check_topic_name, partition_param, partitions_of, require
 from gateway.http.faults import StoreFaultError
 from gateway.http.idempotency import (

@@ -28,7 +28,9 @@ import trio
 from gateway.auth.guard import AccessGuard, ConnectionAccess
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
-from gateway.backend.contract import Backend, BackendUnavailable
+from gateway.core.config import Settings
+from gateway.core.contract import Backend, BackendUnavailable
+from gateway.core.metrics import Metrics
 from gateway.http.cors import Cors
 from gateway.http.faults import FAULT_CODES
 from gateway.http.framing import FramingGuard
@@ -40,8 +42,6 @@ from gateway.http.revocation import OpenStreams
 from gateway.http.tail import Tails
 from gateway.http.tokens import Tokens
 from gateway.logevery import LogEvery
-from gateway.server.config import Settings
-from gateway.server.metrics import Metrics
 from gateway.server.session import CloseConnection
 
 MAX_HEAD: Final = 16 * 1024

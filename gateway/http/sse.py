@@ -34,7 +34,7 @@ from prometheus_client import Counter
 from gateway.auth.policy import Operation
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota
-from gateway.backend.contract import ensure_available
+from gateway.core.contract import ensure_available
 from gateway.http.auth import (
     access_of,
     bearer_token,

@@ -33,7 +33,7 @@ import trio
 from prometheus_client import Counter
 from wsproto.frame_protocol import FrameProtocol
 
-from gateway.backend.contract import (
+from gateway.core.contract import (
     Backend,
     BackendUnavailable,
     FetchRequest,

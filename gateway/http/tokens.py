@@ -24,10 +24,10 @@ from typing import Any, Final
 
 from gateway.auth.guard import AccessGuard
 from gateway.auth.principal import Principal
+from gateway.core.config import ConfigError, Settings
 from gateway.extras import require
 from gateway.http.challenge import invalid_token_challenge
 from gateway.http.request import HttpError, Request
-from gateway.server.config import ConfigError, Settings
 
 CACHE_ENTRIES: Final = 4096
 

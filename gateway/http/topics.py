@@ -3,7 +3,7 @@ their first and last offsets, as JSON (only what the principal may see)."""
 
 from __future__ import annotations
 
-from gateway.backend.contract import ensure_available
+from gateway.core.contract import ensure_available
 from gateway.http.auth import access_of, check_topic_name, require_some_access
 from gateway.http.request import Answer, HttpError, Request, json_answer
 from gateway.http.session import HttpSession

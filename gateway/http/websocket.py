@@ -66,7 +66,8 @@ from wsproto.utilities import LocalProtocolError, RemoteProtocolError, generate_
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
 from gateway.auth.quotas import PrincipalQuota
-from gateway.backend.contract import (
+from gateway.backend.placed import produce_placed, reports_offsets
+from gateway.core.contract import (
     BackendUnavailable,
     ProduceBatch,
     ProduceCode,
@@ -75,7 +76,6 @@ from gateway.backend.contract import (
     TopicRefused,
     ensure_available,
 )
-from gateway.backend.placed import produce_placed, reports_offsets
 from gateway.http.auth import access_of, bearer_token, partitions_of, require_some_access
 from gateway.http.cursor import Behind, Cursor, Gone, Unavailable, wait_for_room
 from gateway.http.faults import FAULT_STATUS, StoreFaultError

@@ -68,7 +68,7 @@ class ShortChunk(OSError):
 
 
 class FileChunk(Protocol):
-    """A run of bytes in memory or in a file (:class:`gateway.backend.contract.Chunk`)."""
+    """A run of bytes in memory or in a file (:class:`gateway.core.contract.Chunk`)."""
 
     @property
     def length(self) -> int: ...

@@ -20,7 +20,7 @@ from typing import Final
 
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
-from gateway.backend.contract import Backend, CreateTopicCode
+from gateway.core.contract import Backend, CreateTopicCode
 from gateway.store.config import TopicConfig
 from gateway.store.errors import InvalidConfig
 from protocols.kafka.records import (

@@ -10,7 +10,7 @@ import structlog
 
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.principal import Principal
-from gateway.backend.contract import Backend
+from gateway.core.contract import Backend
 from gateway.kafka.groups.coordinator import GroupCoordinator
 from gateway.kafka.groups.membership import MembershipCheck
 from gateway.kafka.groups.offsets import OffsetStore

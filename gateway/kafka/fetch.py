@@ -23,8 +23,8 @@ from typing import Any, Final
 
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
-from gateway.backend.contract import Backend, FetchOutcome, FetchRequest, FetchStatus
 from gateway.backend.shared import SharedChunk
+from gateway.core.contract import Backend, FetchOutcome, FetchRequest, FetchStatus
 from gateway.io.writer import JOIN_BELOW
 from gateway.kafka.fetch_codecs import FetchCompression
 from protocols.kafka.bundles import FetchCodecs, bundles_to_batches

@@ -47,8 +47,8 @@ from typing import Final
 
 import structlog
 
+from gateway.core.metrics import Metrics
 from gateway.logevery import LogEvery
-from gateway.server.metrics import Metrics
 from gateway.store.producers import KEEP_BATCHES, StoredProducer
 from protocols.kafka.records import InitProducerIdResponse
 from protocols.kafka.types import ErrorCode

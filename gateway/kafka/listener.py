@@ -1,4 +1,4 @@
-"""The Kafka listener: serves Kafka's protocol over a :class:`~gateway.backend.contract.Backend`.
+"""The Kafka listener: serves Kafka's protocol over a :class:`~gateway.core.contract.Backend`.
 
 Each connection is a :class:`~gateway.kafka.session.KafkaSession`; the server
 (:func:`gateway.server.run.open_server`) binds ``listen.kafka`` and tells the listener
@@ -17,14 +17,14 @@ import trio
 from gateway.auth.guard import AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
-from gateway.backend.contract import Backend
+from gateway.core.config import ListenerTable, Settings
+from gateway.core.contract import Backend
+from gateway.core.metrics import Metrics, RequestCounter
 from gateway.kafka.sasl import SaslGate
 from gateway.kafka.services import KafkaServices
 from gateway.kafka.session import KafkaSession
-from gateway.server.config import ListenerTable, Settings
 from gateway.server.listener import ProtocolListener
 from gateway.server.listening import local_host
-from gateway.server.metrics import Metrics, RequestCounter
 from gateway.server.tls import ListenerTLS
 
 #: Bind addresses meaning "every interface": no client can connect to them as such.

@@ -13,7 +13,7 @@ from typing import Final
 
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
-from gateway.backend.contract import Backend, TopicRefused
+from gateway.core.contract import Backend, TopicRefused
 from protocols.kafka.records import (
     MetadataRequest,
     MetadataResponse,

@@ -18,8 +18,8 @@ from typing import Final
 
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
-from gateway.backend.contract import Backend
 from gateway.backend.timelookup import find_by_time
+from gateway.core.contract import Backend
 from gateway.kafka.fetch import log_start_offset
 from protocols.kafka.records import (
     ListOffsetsPartitionResponse,

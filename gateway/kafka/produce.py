@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
-from gateway.backend.contract import ProduceBatch, ProduceCode, ProduceOutcome
+from gateway.core.contract import ProduceBatch, ProduceCode, ProduceOutcome
 from gateway.kafka.idempotence import BatchEntry, ProducerStates
 from gateway.store.producers import ProducerBatch
 from protocols.errors import ProtocolError

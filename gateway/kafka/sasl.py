@@ -1,6 +1,6 @@
 """SASL on a Kafka listener: SaslHandshake and SaslAuthenticate before anything else.
 
-A listener with ``sasl_mechanisms`` (:class:`~gateway.server.config.ListenerTable`) gives
+A listener with ``sasl_mechanisms`` (:class:`~gateway.core.config.ListenerTable`) gives
 each connection a :class:`SaslGate`. Until it has authenticated, the connection may send
 ApiVersions, one SaslHandshake and the tokens of its mechanism's exchange
 (:mod:`gateway.auth.sasl`); anything else closes the connection. After a SaslHandshake

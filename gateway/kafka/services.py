@@ -7,13 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
+from gateway.core.config import Settings
+from gateway.core.metrics import Metrics
 from gateway.kafka.fetch_codecs import FetchCompression
 from gateway.kafka.groups.coordinator import GroupCoordinator
 from gateway.kafka.groups.membership import MembershipCheck, NoMembers
 from gateway.kafka.groups.offsets import OffsetStore
 from gateway.kafka.idempotence import ProducerStates
-from gateway.server.config import Settings
-from gateway.server.metrics import Metrics
 
 #: Why consumer groups are refused in upstream-Kafka mode (the clients' error message).
 NO_GROUPS_UPSTREAM: Final = (

@@ -46,7 +46,9 @@ from gateway.auth.guard import OPEN, AccessGuard
 from gateway.auth.lookup import look_up, topics_to_look_up
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import OUT, PrincipalQuota, Quotas
-from gateway.backend.contract import Backend, ProduceOutcome
+from gateway.core.config import Settings
+from gateway.core.contract import Backend, ProduceOutcome
+from gateway.core.metrics import Metrics, RequestCounter
 from gateway.io.writer import JOIN_BELOW, Buffer, FrameWriter
 from gateway.kafka.context import RequestContext
 from gateway.kafka.fetch import SharedFetch
@@ -61,9 +63,7 @@ from gateway.kafka.produce import (
 from gateway.kafka.sasl import SaslGate
 from gateway.kafka.services import KafkaServices
 from gateway.kafka.versions import SERVED, api_versions
-from gateway.server.config import Settings
 from gateway.server.listening import peer_host
-from gateway.server.metrics import Metrics, RequestCounter
 from gateway.server.requests import RequestSession
 from gateway.server.session import PROTOCOL_ERRORS, CloseConnection
 from protocols.connection import CLOSED, NEED_DATA

@@ -19,8 +19,8 @@ from typing import Final
 import structlog
 import trio
 
+from gateway.core.metrics import Metrics
 from gateway.io.backoff import ExponentialBackoff
-from gateway.server.metrics import Metrics
 
 log = structlog.get_logger("figtank.accept")
 

@@ -27,9 +27,9 @@ import h11
 import structlog
 import trio
 
+from gateway.core.metrics import Metrics
 from gateway.server.accepting import serve_listeners
 from gateway.server.listening import peer_name
-from gateway.server.metrics import Metrics
 from gateway.server.rendering import REUSE_SECS, RenderFailed, SharedRendering
 from gateway.server.tls import ListenerTLS
 

@@ -19,10 +19,10 @@ import trio
 from gateway.auth.guard import OPEN, AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
-from gateway.backend.contract import Backend
-from gateway.server.config import Settings
+from gateway.core.config import Settings
+from gateway.core.contract import Backend
+from gateway.core.metrics import Metrics
 from gateway.server.listening import ConnectionSlots, S
-from gateway.server.metrics import Metrics
 from gateway.server.tls import ListenerTLS, peer_identity
 
 

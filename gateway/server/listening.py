@@ -9,9 +9,9 @@ from typing import Any, Final, Protocol, TypeVar, cast
 import structlog
 import trio
 
+from gateway.core.metrics import Metrics
 from gateway.io.limits import RECEIVE_SIZE
 from gateway.server.idling import IdleSweeper
-from gateway.server.metrics import Metrics
 from gateway.server.session import CloseConnection
 from gateway.server.tls import ListenerTLS, peer_identity
 

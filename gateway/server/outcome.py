@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from gateway.core.config import ConfigError, Settings
 from gateway.extras import MissingExtra
 from gateway.io.allocator import keep_large_buffers
-from gateway.server.config import ConfigError, Settings
 
 
 def run_serving(serve: Callable[[], Awaitable[int | None]], settings: Settings) -> int:

@@ -18,9 +18,9 @@ import trio
 from trio.lowlevel import ParkingLot
 
 from gateway.auth.quotas import PrincipalQuota
+from gateway.core.config import Settings
+from gateway.core.metrics import Metrics
 from gateway.io.writer import FrameWriter
-from gateway.server.config import Settings
-from gateway.server.metrics import Metrics
 from gateway.server.session import Session
 
 

@@ -11,7 +11,7 @@
 instead of the one the settings select; :func:`run_server` is the same as a task.
 
 Start-up binds every listener before the backend opens; a listener or a data directory
-the machine refuses is a :class:`~gateway.server.config.ConfigError` naming the setting.
+the machine refuses is a :class:`~gateway.core.config.ConfigError` naming the setting.
 Before the embedded store opens, :func:`apply_descriptor_limit` raises the soft
 descriptor limit to what the data directory and the listeners want (``limits.open_files``).
 
@@ -43,8 +43,16 @@ from gateway.auth.access import Access, load_access
 from gateway.auth.guard import AccessGuard
 from gateway.auth.policy import PolicyError
 from gateway.auth.quotas import QuotaRules, Quotas
-from gateway.backend.contract import Backend
 from gateway.backend.embedded import connection_slots, open_embedded_backend
+from gateway.core.config import (
+    OPTIONS,
+    ConfigError,
+    ListenerSpec,
+    Settings,
+    parse_address,
+)
+from gateway.core.contract import Backend
+from gateway.core.metrics import Metrics
 from gateway.figg.listener import FiggListener
 from gateway.http.idempotency import FILE_NAME as IDEMPOTENCY_FILE
 from gateway.http.idempotency import IdempotencyKeys, open_idempotency_keys, register_metrics
@@ -68,16 +76,8 @@ from gateway.kafka.services import (
     fetch_compression,
 )
 from gateway.server.accepting import serve_listeners
-from gateway.server.config import (
-    OPTIONS,
-    ConfigError,
-    ListenerSpec,
-    Settings,
-    parse_address,
-)
 from gateway.server.endpoint import Endpoint, serve_endpoint
 from gateway.server.listener import ProtocolListener
-from gateway.server.metrics import Metrics
 from gateway.server.reuseport import shared_sockets
 from gateway.server.tls import ListenerTLS
 from gateway.store import StoreError
@@ -472,7 +472,7 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
     ``backend`` serves that open backend instead of opening the one the settings select
     (``metrics`` should then be the registry it counts in). ``quotas``: the quota rules
     in force from the start (:attr:`ServerInfo.quotas` swaps them later). Raises
-    :class:`~gateway.server.config.ConfigError` before serving when a listener can not be
+    :class:`~gateway.core.config.ConfigError` before serving when a listener can not be
     bound or the data directory can not be used. ``worker``: the index of this process
     among the workers of ``figtank serve --workers N`` (:mod:`gateway.server.workers`):
     its protocol listeners share their ports with the others' (``SO_REUSEPORT``) and it

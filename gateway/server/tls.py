@@ -26,9 +26,9 @@ from typing import Any, Final
 import structlog
 import trio
 
+from gateway.core.config import TLSFiles
+from gateway.core.metrics import Metrics
 from gateway.io.tls import readable, tls_reason
-from gateway.server.config import TLSFiles
-from gateway.server.metrics import Metrics
 
 log = structlog.get_logger("figtank.tls")
 

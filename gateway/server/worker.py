@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
+from gateway.core.config import ConfigError, Settings
+from gateway.core.logs import configure_logging
 from gateway.extras import MissingExtra
-from gateway.server.config import ConfigError, Settings
-from gateway.server.logs import configure_logging
 
 if TYPE_CHECKING:
     from gateway.server.run import ServerInfo

@@ -46,11 +46,11 @@ import structlog
 import trio
 from prometheus_client import Counter
 
+from gateway.core.config import ListenerSpec, ListenerTable, Settings, parse_address
+from gateway.core.metrics import Metrics
 from gateway.io.backoff import ExponentialBackoff
-from gateway.server.config import ListenerSpec, ListenerTable, Settings, parse_address
 from gateway.server.endpoint import Endpoint, serve_endpoint
 from gateway.server.merging import MetricsMerger, Source
-from gateway.server.metrics import Metrics
 from gateway.server.reuseport import reserve
 from gateway.server.run import (
     ServerInfo,

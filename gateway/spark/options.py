@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from gateway.server.config import parse_address
+from gateway.core.config import parse_address
 from protocols.tank.bundle import Codec
 from protocols.topics import is_valid_topic_name
 

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import structlog
 import trio
 
-from gateway.backend.completion import completed
+from gateway.io.completion import completed
 from gateway.store.appending import (
     MAX_CHOSEN_SEQ,
     AppendEntry,

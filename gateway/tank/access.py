@@ -20,7 +20,7 @@ from typing import Final
 
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
-from gateway.backend.contract import (
+from gateway.core.contract import (
     FetchOutcome,
     FetchRequest,
     FetchStatus,

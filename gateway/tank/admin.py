@@ -1,4 +1,4 @@
-"""Tank's admin requests answered from a :class:`~gateway.backend.contract.Backend`.
+"""Tank's admin requests answered from a :class:`~gateway.core.contract.Backend`.
 
 Each function takes the decoded request and returns the response record. figtank is a
 standalone broker: Status reports no cluster and DiscoverTopology answers ``0xFFFF``.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TypeAlias
 
-from gateway.backend.contract import Backend
+from gateway.core.contract import Backend
 from protocols.tank.messages import (
     CreateTopicRequest,
     CreateTopicResponse,

@@ -1,7 +1,7 @@
 """Consume: the request to backend fetches, the fetch outcomes to a response head and chunks.
 
 The long poll (maxWait, minBytes) happens inside :meth:`Backend.fetch`; this module only
-translates. Per partition, by :class:`~gateway.backend.contract.FetchStatus`:
+translates. Per partition, by :class:`~gateway.core.contract.FetchStatus`:
 
 - DATA: flag 0x00 with the first bundle's base sequence, or 0xfe when that bundle is sparse
   (it names its own sequences). An empty chunk after a timed-out wait sends, as its base
@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from gateway.backend.contract import Chunk, FetchOutcome, FetchRequest, FetchStatus
 from gateway.backend.shared import SharedChunk
+from gateway.core.contract import Chunk, FetchOutcome, FetchRequest, FetchStatus
 from gateway.io.writer import JOIN_BELOW
 from protocols.tank.connection import FRAME_HEADER, encode_consume_response_head
 from protocols.tank.messages import (

@@ -1,4 +1,4 @@
-"""The Tank listener: serves the Tank protocol over a :class:`~gateway.backend.contract.Backend`.
+"""The Tank listener: serves the Tank protocol over a :class:`~gateway.core.contract.Backend`.
 
 Each connection is a :class:`~gateway.tank.session.TankSession`; the server
 (:func:`gateway.server.run.open_server`) binds ``listen.tank`` and runs the listener.
@@ -14,10 +14,10 @@ import trio
 from gateway.auth.guard import AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
-from gateway.backend.contract import Backend
-from gateway.server.config import Settings
+from gateway.core.config import Settings
+from gateway.core.contract import Backend
+from gateway.core.metrics import Metrics, RequestCounter
 from gateway.server.listener import ProtocolListener
-from gateway.server.metrics import Metrics, RequestCounter
 from gateway.server.tls import ListenerTLS
 from gateway.tank.session import TankSession
 

@@ -3,7 +3,7 @@
 Every frame the listener sends on a connection goes through one :class:`TankOutbox`, a
 :class:`~gateway.io.writer.FrameWriter` drained by one writer task, so responses never
 interleave. A Consume response is queued as its head (frame header and response header)
-plus its :class:`~gateway.backend.contract.Chunk`\\ s (:meth:`TankOutbox.put_consume_nowait`):
+plus its :class:`~gateway.core.contract.Chunk`\\ s (:meth:`TankOutbox.put_consume_nowait`):
 the writer sends the head and then each file-backed chunk with ``os.sendfile`` straight
 from the segment file, or the chunk's bytes when it is held in memory or the stream is not
 a plain socket (TLS, tests).

@@ -1,6 +1,6 @@
 """Produce and ProduceWithSeqnum: requests to backend batches, outcomes to the response.
 
-Bundles are not decoded here. The :class:`~gateway.backend.contract.Backend` contract is that each
+Bundles are not decoded here. The :class:`~gateway.core.contract.Backend` contract is that each
 batch is validated before anything of it is appended and that a bad bundle fails only its
 own batch; the embedded store does exactly that (a full ``validate_bundle`` walk), so a
 second walk in the listener would double the CPU cost of every produce for nothing. A
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final, TypeAlias
 
-from gateway.backend.contract import ProduceBatch, ProduceCode, ProduceOutcome
+from gateway.core.contract import ProduceBatch, ProduceCode, ProduceOutcome
 from protocols.native import speedups
 from protocols.tank.connection import frame
 from protocols.tank.messages import (

@@ -9,10 +9,10 @@ request in the buffer:
   by request id on the client;
 - a run of Produces of one bundle each to partitions the connection produced to before
   is appended and answered in one compiled pass where the backend offers an appender
-  (:meth:`~gateway.backend.contract.Backend.fast_appender`: the embedded store in ``os``
+  (:meth:`~gateway.core.contract.Backend.fast_appender`: the embedded store in ``os``
   durability), when nothing the connection has in flight or queued must go first;
 - Produce and ProduceWithSeqnum are handed to the backend at once
-  (:meth:`~gateway.backend.contract.Backend.produce_nowait`: written before the next request is
+  (:meth:`~gateway.core.contract.Backend.produce_nowait`: written before the next request is
   read, answered when durable); CreateTopic and ReloadConf go through the connection's
   :class:`~gateway.tank.lane.OrderedLane`, and Produces that arrive while one is pending
   queue behind it, so every request that changes the log is served in arrival order;
@@ -51,7 +51,8 @@ from gateway.auth.guard import OPEN, AccessGuard
 from gateway.auth.lookup import look_up, topics_to_look_up
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota
-from gateway.backend.contract import (
+from gateway.core.config import Settings
+from gateway.core.contract import (
     Backend,
     FastAppender,
     FetchOutcome,
@@ -60,9 +61,8 @@ from gateway.backend.contract import (
     ProduceBatch,
     ProduceOutcome,
 )
+from gateway.core.metrics import Metrics, RequestCounter
 from gateway.io.errors import STREAM_ERRORS, ExceptionMap, failed
-from gateway.server.config import Settings
-from gateway.server.metrics import Metrics, RequestCounter
 from gateway.server.requests import RequestSession
 from gateway.server.session import PROTOCOL_ERRORS, CloseConnection
 from gateway.tank import access, admin

@@ -13,10 +13,10 @@ from typing import Any
 import trio
 
 from gateway.auth.principal import Principal
+from gateway.core.config import Settings
+from gateway.core.metrics import Metrics
 from gateway.figg.listener import FiggListener
-from gateway.server.config import Settings
 from gateway.server.listener import ProtocolListener
-from gateway.server.metrics import Metrics
 from gateway.server.run import ServerInfo, open_server
 from gateway.tank.listener import TankListener
 

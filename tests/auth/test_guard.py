@@ -9,7 +9,7 @@ from structlog.testing import capture_logs
 from gateway.auth.guard import LOGGED_REFUSALS, AccessGuard
 from gateway.auth.policy import Operation, Policy, parse_policy
 from gateway.auth.principal import Principal
-from gateway.server.metrics import Metrics
+from gateway.core.metrics import Metrics
 
 
 def deny_all() -> Policy:

@@ -18,7 +18,7 @@ from gateway.auth.principal import Principal
 from gateway.auth.quotas import parse_quotas
 from gateway.auth.sasl import SaslFailed, scram_credential, server
 from gateway.auth.users import parse_users, user_entry
-from gateway.server.config import ConfigError, settings_from_mapping
+from gateway.core.config import ConfigError, settings_from_mapping
 from tests.kafka.scram_client import ScramClient
 
 # RFC 7677 section 3.

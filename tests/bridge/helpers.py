@@ -10,7 +10,7 @@ from typing import Any
 
 import trio
 
-from gateway.server.config import Settings
+from gateway.core.config import Settings
 from gateway.server.run import ServerInfo, run_server
 from tests.ports import free_port  # noqa: F401 (re-exported)
 

@@ -9,7 +9,10 @@ import pytest
 import trio
 
 from gateway.backend.bridge import BridgeBackend, UpstreamUnavailable, open_bridge_backend
-from gateway.backend.contract import (
+from gateway.client.figg import open_figg_client
+from gateway.client.tank import open_tank_client
+from gateway.core.config import Settings
+from gateway.core.contract import (
     Backend,
     CreateTopicCode,
     FetchRequest,
@@ -18,10 +21,7 @@ from gateway.backend.contract import (
     ProduceCode,
     ReloadConfCode,
 )
-from gateway.client.figg import open_figg_client
-from gateway.client.tank import open_tank_client
-from gateway.server.config import Settings
-from gateway.server.metrics import Metrics
+from gateway.core.metrics import Metrics
 from protocols.tank.bundle import Message, decode_chunk, encode_bundle
 from tests.bridge.helpers import address, bridge_server, free_port, upstream_server
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import trio
 
-from gateway.backend.contract import Backend
 from gateway.backend.embedded import open_embedded_backend
-from gateway.server.config import Settings
+from gateway.core.config import Settings
+from gateway.core.contract import Backend
 from protocols.connection import CLOSED, NEED_DATA, Role
 from protocols.figg.connection import FiggConnection
 from protocols.figg.messages import ATTACH_FROM_OFFSET, FAST, MessageType

@@ -1,4 +1,4 @@
-"""A tiny in-memory :class:`~gateway.backend.contract.Backend`: a unit-test aid only.
+"""A tiny in-memory :class:`~gateway.core.contract.Backend`: a unit-test aid only.
 
 The Must-show tests run against the embedded store; this one lets the listener's own
 logic be tested without files, and lets a test drop old bundles by hand.
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from gateway.backend.contract import (
+from gateway.core.contract import (
     AutoCreate,
     BackendStatus,
     BytesChunk,

@@ -15,7 +15,7 @@ import trio
 
 from gateway.client.figg import FiggClient, open_figg_client
 from gateway.client.tank import FIRST_AVAILABLE, TankClient, open_tank_client
-from gateway.server.config import Settings
+from gateway.core.config import Settings
 from gateway.server.run import open_server
 from protocols.tank.bundle import Codec, Message
 from tests.figg.helpers import open_test_backend

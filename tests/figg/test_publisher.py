@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.backend.contract import ProduceCode, ProduceOutcome
+from gateway.core.contract import ProduceCode, ProduceOutcome
 from gateway.figg.offsets import figg_to_tank
 from gateway.figg.publisher import AckQueue, Publishing
 from protocols.connection import Role

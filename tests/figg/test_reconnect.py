@@ -11,8 +11,8 @@ import random
 import pytest
 import trio
 
-from gateway.backend.contract import Backend, FetchRequest
 from gateway.client.figg import FiggMessage, open_figg_client
+from gateway.core.contract import Backend, FetchRequest
 from protocols.tank.bundle import decode_chunk
 from tests.figg.helpers import figg_server, open_test_backend
 from tests.figg.proxy import dropping_proxy

@@ -9,7 +9,7 @@ from pathlib import Path
 import trio
 from structlog.testing import capture_logs
 
-from gateway.server.config import Settings
+from gateway.core.config import Settings
 from protocols.figg.messages import Ack, Attached
 from tests.figg.helpers import RawPeer, attach, publish
 from tests.listeners import listening

@@ -12,7 +12,7 @@ from typing import Any
 import h11
 import trio
 
-from gateway.server.config import Settings
+from gateway.core.config import Settings
 from tests.listeners import RunningServer, listening
 
 

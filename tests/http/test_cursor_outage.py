@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from gateway.backend.contract import ensure_topic
 from gateway.backend.embedded import open_embedded_backend
+from gateway.core.config import Settings
+from gateway.core.contract import ensure_topic
+from gateway.core.metrics import Metrics
 from gateway.http.cursor import Cursor, Unavailable, next_batch
 from gateway.http.tail import WATCH_SECS, PartitionTail, Tails, events_of
-from gateway.server.config import Settings
-from gateway.server.metrics import Metrics
 from protocols.tank.bundle import Message
 
 

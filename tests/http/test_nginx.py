@@ -19,7 +19,7 @@ import trio
 import wsproto.events as ws
 from structlog.testing import capture_logs
 
-from gateway.server.config import Settings
+from gateway.core.config import Settings
 from tests.http.helpers import H11Client, http_server, sse_events
 from tests.http.nginx import SHIPPED, nginx_in_front, nginx_version
 from tests.http.test_curl import curl

@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from gateway.server.config import Settings
+from gateway.core.config import Settings
 from gateway.server.run import ServerInfo, open_server
 
 #: Short timeouts for the real clients: a test fails in seconds, never hangs.

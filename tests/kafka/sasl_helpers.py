@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.auth.users import user_entry
-from gateway.server.config import ListenerTable, Settings
+from gateway.core.config import ListenerTable, Settings
 from gateway.server.run import ServerInfo, open_server
 from tests.tls_certs import Certs
 

@@ -22,7 +22,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.structs import TopicPartition as KTopicPartition
 from structlog.testing import capture_logs
 
-from gateway.server.config import ListenerTable, Settings
+from gateway.core.config import ListenerTable, Settings
 from gateway.server.run import ServerInfo, open_server
 from protocols.kafka import records as r
 from protocols.kafka.types import ApiKey, ErrorCode

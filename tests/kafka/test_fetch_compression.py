@@ -16,7 +16,7 @@ import trio
 from kafka.structs import TopicPartition as KTopicPartition
 
 from gateway.client.tank import open_tank_client
-from gateway.server.config import ConfigError, Settings, settings_from_mapping
+from gateway.core.config import ConfigError, Settings, settings_from_mapping
 from protocols.kafka import records as r
 from protocols.kafka.batch import Compression, read_batches
 from protocols.kafka.types import ApiKey

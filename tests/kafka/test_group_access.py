@@ -15,7 +15,7 @@ import kafka.errors
 import trio
 from structlog.testing import capture_logs
 
-from gateway.server.config import ListenerTable
+from gateway.core.config import ListenerTable
 from gateway.server.run import ServerInfo
 from protocols.kafka import records as r
 from protocols.kafka.types import ApiKey, ErrorCode

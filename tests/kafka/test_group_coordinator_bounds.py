@@ -7,9 +7,9 @@ from __future__ import annotations
 import trio
 from structlog.testing import capture_logs
 
+from gateway.core.config import Settings
+from gateway.core.metrics import Metrics
 from gateway.kafka.groups.coordinator import GroupCoordinator, JoinRequest
-from gateway.server.config import Settings
-from gateway.server.metrics import Metrics
 from protocols.kafka.types import ErrorCode
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import trio
 from structlog.testing import capture_logs
 
-from gateway.server.config import ListenerTable
+from gateway.core.config import ListenerTable
 from gateway.server.run import ServerInfo
 from protocols.kafka import records as r
 from protocols.kafka.batch import Record, RecordBatch, encode_batch, encode_records

@@ -17,7 +17,7 @@ import trio
 from kafka.structs import TopicPartition as KTopicPartition
 
 from gateway.auth.quotas import parse_quotas
-from gateway.server.config import ListenerTable, Settings
+from gateway.core.config import ListenerTable, Settings
 from gateway.server.run import ServerInfo, open_server
 from protocols.kafka import records as r
 from protocols.kafka.types import ApiKey

@@ -14,10 +14,10 @@ import random
 import confluent_kafka as ck
 import trio
 
-from gateway.backend.contract import ProduceBatch, ProduceCode
 from gateway.backend.embedded import EmbeddedBackend, open_embedded_backend
 from gateway.backend.timelookup import PROBE_BYTES, find_by_time
-from gateway.server.config import Settings
+from gateway.core.config import Settings
+from gateway.core.contract import ProduceBatch, ProduceCode
 from gateway.store.config import NO_BOUNDS
 from protocols.tank.bundle import Message, encode_bundle
 from tests.kafka.helpers import CONFLUENT, bootstrap, kafka_server

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gateway.backend.contract import ProduceBatch, ProduceCode, ProduceOutcome
+from gateway.core.contract import ProduceBatch, ProduceCode, ProduceOutcome
 from gateway.tank.produce import produce_response_frame_py
 from protocols import native
 from protocols.tank import scan as S

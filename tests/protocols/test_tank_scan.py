@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.backend.contract import ProduceBatch, ProduceCode, ProduceOutcome
+from gateway.core.contract import ProduceBatch, ProduceCode, ProduceOutcome
 from gateway.tank import produce as P
 from protocols import native
 from protocols.connection import CLOSED, Role

@@ -13,7 +13,7 @@ import trio
 
 from gateway.backend.embedded import open_embedded_backend
 from gateway.client.tank_blocking import BlockingTankClient
-from gateway.server.config import Settings
+from gateway.core.config import Settings
 from gateway.server.run import ServerInfo, run_server
 from gateway.store import NO_BOUNDS
 from protocols.tank.bundle import Message

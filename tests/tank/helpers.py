@@ -9,9 +9,9 @@ from typing import Any
 
 import trio
 
-from gateway.backend.contract import Backend
-from gateway.server.config import Settings
-from gateway.server.metrics import Metrics
+from gateway.core.config import Settings
+from gateway.core.contract import Backend
+from gateway.core.metrics import Metrics
 from protocols.connection import CLOSED, NEED_DATA, Role
 from protocols.tank.connection import TankConnection
 from tests.listeners import RunningServer, listening

@@ -13,11 +13,11 @@ import pytest
 import trio
 
 import gateway.io.writer
-from gateway.backend.contract import BytesChunk, FetchOutcome, FetchRequest
 from gateway.backend.embedded import open_embedded_backend
 from gateway.client.errors import BoundaryError, UnknownPartitionError, UnknownTopicError
 from gateway.client.tank import TAIL, TankClient, open_tank_client
-from gateway.server.config import Settings
+from gateway.core.config import Settings
+from gateway.core.contract import BytesChunk, FetchOutcome, FetchRequest
 from protocols.tank.bundle import Message
 from protocols.tank.connection import Reply
 from protocols.tank.messages import (

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.backend.contract import FetchStatus, ProduceCode
 from gateway.backend.kafka.backend import read_refusal
 from gateway.backend.kafka.produce import refused_outcome
+from gateway.core.contract import FetchStatus, ProduceCode
 from protocols.kafka.types import ErrorCode
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gateway.backend.kafka import bootstrap_addresses, security_of
-from gateway.server.config import (
+from gateway.core.config import (
     ConfigError,
     Settings,
     add_setting_flags,

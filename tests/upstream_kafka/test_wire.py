@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import trio
 
-from gateway.backend.contract import ProduceCode, ProduceOutcome
 from gateway.backend.kafka.cluster import Cluster
 from gateway.backend.kafka.fetcher import fetch_partition
 from gateway.backend.kafka.produce import UpstreamProducer
@@ -26,6 +25,7 @@ from gateway.backend.kafka.wire import (
     open_broker,
 )
 from gateway.client.tls import client_context
+from gateway.core.contract import ProduceCode, ProduceOutcome
 from protocols.kafka.codecs import Compression
 from protocols.kafka.records import (
     CreatableTopic,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.core.metrics import Metrics
 from gateway.server.merging import MetricsMerger, Source
-from gateway.server.metrics import Metrics
 
 ONE, TWO = Source("0", 101), Source("1", 102)
 

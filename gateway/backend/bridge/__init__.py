@@ -3,7 +3,7 @@
 ``figtank serve --upstream HOST:PORT`` (repeatable; ``[upstream] brokers = [...]`` in the
 config file) serves the Figg and Tank listeners from an upstream Tank broker instead of
 the embedded store. The listeners do not know the difference: they talk to a
-:class:`BridgeBackend` through the same :class:`~gateway.backend.contract.Backend` protocol.
+:class:`BridgeBackend` through the same :class:`~gateway.core.contract.Backend` protocol.
 
 - :mod:`gateway.backend.bridge.upstream`: the one connection to the broker, reconnected with
   backoff across the addresses in order; outages logged and counted;
@@ -28,8 +28,8 @@ import trio
 from gateway.backend.bridge.backend import BridgeBackend
 from gateway.backend.bridge.upstream import Backoff, Upstream, UpstreamUnavailable
 from gateway.client.lone import raise_lone
-from gateway.server.config import Settings
-from gateway.server.metrics import Metrics
+from gateway.core.config import Settings
+from gateway.core.metrics import Metrics
 
 __all__ = ["Backoff", "BridgeBackend", "Upstream", "UpstreamUnavailable",
            "open_bridge_backend"]

@@ -1,6 +1,6 @@
 """The bridge backend: both listeners served by an upstream Tank broker.
 
-:class:`BridgeBackend` implements :class:`~gateway.backend.contract.Backend` request for request
+:class:`BridgeBackend` implements :class:`~gateway.core.contract.Backend` request for request
 over the upstream connection (:class:`~gateway.backend.bridge.upstream.Upstream`); figtank keeps no
 log of its own. Sequence numbers are the upstream's, so a position means the same through
 the bridge and at the broker.
@@ -9,7 +9,7 @@ the bridge and at the broker.
   a bad one fails only its own batch and never reaches the broker; then one upstream
   Produce (ProduceWithSeqnum for batches with a base sequence) for all the appends of a
   scheduler round (:mod:`gateway.backend.bridge.produce`). Missing topics are created
-  upstream as :class:`~gateway.backend.contract.AutoCreate` says. Tank's Produce response
+  upstream as :class:`~gateway.core.contract.AutoCreate` says. Tank's Produce response
   carries no sequence numbers, so an OK outcome has them only where the batch named them
   (base sequence, sparse).
 - fetch: one upstream Consume with the caller's long-poll parameters; identical fetches in
@@ -33,7 +33,7 @@ import trio
 from gateway.backend.bridge.fetch import FetchForwarder
 from gateway.backend.bridge.produce import Entry, ProduceForwarder
 from gateway.backend.bridge.upstream import Upstream, UpstreamUnavailable
-from gateway.backend.contract import (
+from gateway.core.contract import (
     AutoCreate,
     BackendStatus,
     CreateTopicCode,
@@ -49,7 +49,7 @@ from gateway.backend.contract import (
     ReloadConfCode,
     TopicInfo,
 )
-from gateway.server.metrics import Metrics
+from gateway.core.metrics import Metrics
 from protocols.errors import ProtocolError
 from protocols.tank.bundle import BundleInfo, validate_bundle
 from protocols.tank.messages import (

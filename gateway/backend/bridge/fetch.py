@@ -26,8 +26,8 @@ import structlog
 import trio
 
 from gateway.backend.bridge.upstream import Upstream, UpstreamUnavailable
-from gateway.backend.contract import BytesChunk, FetchOutcome, FetchStatus
 from gateway.client.tank import TankClient
+from gateway.core.contract import BytesChunk, FetchOutcome, FetchStatus
 from protocols.tank.messages import ConsumePartitionResult
 from protocols.tank.types import ConsumeFlags
 from protocols.wire import UINT64_MAX

@@ -7,7 +7,7 @@ request at once (requests are pipelined, not queued behind each other). One call
 entries stay in order, so one partition's bundles are appended in the order given.
 
 Entries the upstream answers with unknown topic are created there (CreateTopic) when the
-backend's :class:`~gateway.backend.contract.AutoCreate` allows it, then sent once more.
+backend's :class:`~gateway.core.contract.AutoCreate` allows it, then sent once more.
 While the upstream is away a request waits for it until its deadline; a request whose
 connection broke before the answer is sent again on the next connection. That is
 at-least-once, the contract of both protocols' clients, which resend what was not
@@ -23,8 +23,8 @@ import structlog
 import trio
 
 from gateway.backend.bridge.upstream import Upstream, UpstreamUnavailable
-from gateway.backend.contract import AutoCreate, CreateTopic, ProduceCode, TopicRefused
 from gateway.client.tank import TankClient
+from gateway.core.contract import AutoCreate, CreateTopic, ProduceCode, TopicRefused
 
 log = structlog.get_logger("figtank.bridge")
 

@@ -31,7 +31,6 @@ from typing import Final, TypeVar
 import structlog
 import trio
 
-from gateway.backend.contract import BackendUnavailable
 from gateway.client.errors import (
     BadResponse,
     ClientClosed,
@@ -40,9 +39,10 @@ from gateway.client.errors import (
     RequestTimeout,
 )
 from gateway.client.tank import TankClient
+from gateway.core.config import parse_address
+from gateway.core.contract import BackendUnavailable
+from gateway.core.metrics import Metrics
 from gateway.io.backoff import ExponentialBackoff
-from gateway.server.config import parse_address
-from gateway.server.metrics import Metrics
 from protocols.connection import BROKER_MAX_FRAME
 
 log = structlog.get_logger("figtank.bridge")

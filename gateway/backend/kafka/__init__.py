@@ -4,7 +4,7 @@
 bootstrap_servers = [...]`` in the config file) serves every listener (Figg, Tank, Kafka,
 HTTP) from a Kafka-protocol cluster (Kafka, Redpanda, Tansu, another figtank's Kafka
 listener), speaking Kafka to it with figtank's own protocol layer. The listeners see a
-:class:`KafkaBackend` behind the usual :class:`~gateway.backend.contract.Backend`.
+:class:`KafkaBackend` behind the usual :class:`~gateway.core.contract.Backend`.
 
 - :mod:`gateway.backend.kafka.wire`: one pipelined connection to a broker (TLS, SASL);
 - :mod:`gateway.backend.kafka.cluster`: brokers, partition leaders, connections;
@@ -34,8 +34,8 @@ from gateway.backend.kafka.produce import UpstreamProducer
 from gateway.backend.kafka.wire import Security
 from gateway.client.lone import raise_lone
 from gateway.client.tls import client_context
-from gateway.server.config import Settings
-from gateway.server.metrics import GaugeCollector, Metrics
+from gateway.core.config import Settings
+from gateway.core.metrics import GaugeCollector, Metrics
 from protocols.kafka.codecs import Compression
 from protocols.kafka.records import MetadataRequest
 from protocols.kafka.types import ApiKey

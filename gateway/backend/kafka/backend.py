@@ -1,6 +1,6 @@
 """The upstream-Kafka backend: every listener served from a Kafka-protocol cluster.
 
-:class:`KafkaBackend` implements :class:`~gateway.backend.contract.Backend` with figtank's
+:class:`KafkaBackend` implements :class:`~gateway.core.contract.Backend` with figtank's
 own Kafka client (:mod:`gateway.backend.kafka.wire`, :mod:`~gateway.backend.kafka.cluster`):
 figtank keeps no log, no offsets and no group state of its own, so gateways in front of
 one cluster are interchangeable. Positions are the cluster's: **Figg offset = Tank
@@ -12,7 +12,7 @@ sequence = Kafka offset + 1**.
   it (``acks=all``). A bundle naming its own sequence numbers (sparse, or
   ProduceWithSeqnum) is refused with INVALID_SEQUENCE: the upstream numbers records. A
   missing topic is created with CreateTopics when
-  :class:`~gateway.backend.contract.AutoCreate` allows it.
+  :class:`~gateway.core.contract.AutoCreate` allows it.
 - fetch: from the partition's tail feed (:mod:`gateway.backend.kafka.feeds`) when the
   position is in its cache or at its tail (the long poll waits on the feed), else one
   Fetch from the position (:mod:`gateway.backend.kafka.history`).
@@ -34,7 +34,14 @@ from typing import Any, Final
 import structlog
 import trio
 
-from gateway.backend.contract import (
+from gateway.backend.kafka.cluster import Cluster
+from gateway.backend.kafka.feeds import PartitionFeed, TailFeeds
+from gateway.backend.kafka.fetcher import NO_WAIT_MS, fetch_partition
+from gateway.backend.kafka.health import UpstreamHealth
+from gateway.backend.kafka.history import HistoryRead, HistoryReader
+from gateway.backend.kafka.produce import UpstreamProducer
+from gateway.backend.kafka.wire import BrokerLost, error_name
+from gateway.core.contract import (
     AutoCreate,
     BackendStatus,
     BackendUnavailable,
@@ -51,14 +58,7 @@ from gateway.backend.contract import (
     ReloadConfCode,
     TopicInfo,
 )
-from gateway.backend.kafka.cluster import Cluster
-from gateway.backend.kafka.feeds import PartitionFeed, TailFeeds
-from gateway.backend.kafka.fetcher import NO_WAIT_MS, fetch_partition
-from gateway.backend.kafka.health import UpstreamHealth
-from gateway.backend.kafka.history import HistoryRead, HistoryReader
-from gateway.backend.kafka.produce import UpstreamProducer
-from gateway.backend.kafka.wire import BrokerLost, error_name
-from gateway.server.metrics import Metrics
+from gateway.core.metrics import Metrics
 from protocols.errors import ProtocolError
 from protocols.kafka.records import (
     CreatableTopic,

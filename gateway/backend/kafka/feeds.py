@@ -44,7 +44,7 @@ import trio
 from gateway.backend.kafka.cluster import STALE_METADATA, Cluster
 from gateway.backend.kafka.fetcher import fetch_partition
 from gateway.backend.kafka.wire import BrokerLost
-from gateway.server.metrics import Metrics
+from gateway.core.metrics import Metrics
 from protocols.errors import ProtocolError
 from protocols.kafka.types import ErrorCode
 from protocols.kafka.upstream_codec import UpstreamBundle, record_batches_to_bundles

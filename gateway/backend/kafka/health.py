@@ -21,7 +21,7 @@ import structlog
 import trio
 
 from gateway.backend.kafka.wire import AuthenticationFailed
-from gateway.server.metrics import Metrics
+from gateway.core.metrics import Metrics
 
 log = structlog.get_logger("figtank.upstream_kafka")
 

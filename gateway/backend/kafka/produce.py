@@ -42,10 +42,10 @@ from typing import Any, Final
 import structlog
 import trio
 
-from gateway.backend.contract import ProduceCode, ProduceOutcome
 from gateway.backend.kafka.cluster import PRODUCE, STALE_METADATA, Cluster
 from gateway.backend.kafka.wire import BrokerLost, error_name
-from gateway.server.metrics import Metrics
+from gateway.core.contract import ProduceCode, ProduceOutcome
+from gateway.core.metrics import Metrics
 from gateway.store.producers import ProducerBatch
 from protocols.kafka.codecs import Compression
 from protocols.kafka.records import (

@@ -27,7 +27,7 @@ from gateway.bench.soak.tank_abusers import fill_topic
 from gateway.bench.soak.target import Sample, Sampler, Target, attached, own_server
 from gateway.bench.soak.wire import close, connect, http_get, http_request
 from gateway.client.errors import ClientError
-from gateway.server.logs import configure_logging
+from gateway.core.logs import configure_logging
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:

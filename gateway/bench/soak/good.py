@@ -38,7 +38,7 @@ from gateway.bench.stats import summarize
 from gateway.client.errors import ClientError
 from gateway.client.figg import FiggClient, open_figg_client
 from gateway.client.tank import FIRST_AVAILABLE, TankClient, open_tank_client
-from gateway.server.logs import configure_logging
+from gateway.core.logs import configure_logging
 from protocols.connection import CLOSED, Role
 from protocols.errors import ProtocolError
 from protocols.figg.connection import FiggConnection

@@ -11,7 +11,7 @@ from typing import Final
 
 import trio
 
-from gateway.server.config import parse_address
+from gateway.core.config import parse_address
 
 #: ``tcpi_state`` of an open connection (linux/tcp_states.h: TCP_ESTABLISHED).
 _ESTABLISHED: Final = 1

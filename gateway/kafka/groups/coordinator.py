@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 import structlog
 import trio
 
+from gateway.core.config import Settings
+from gateway.core.metrics import Metrics
 from gateway.kafka.groups.state import (
     Group,
     GroupState,
@@ -40,8 +42,6 @@ from gateway.kafka.groups.state import (
     SyncResult,
 )
 from gateway.logevery import LogEvery
-from gateway.server.config import Settings
-from gateway.server.metrics import Metrics
 from protocols.kafka.types import ErrorCode
 
 log = structlog.get_logger("figtank.kafka.groups")

@@ -16,9 +16,9 @@ from typing import Final
 import structlog
 import trio
 
-from gateway.backend.contract import Backend
+from gateway.core.contract import Backend
+from gateway.core.metrics import GaugeCollector, Metrics, Samples
 from gateway.kafka.groups.offsets import OffsetStore
-from gateway.server.metrics import GaugeCollector, Metrics, Samples
 
 log = structlog.get_logger("figtank.kafka.offsets")
 

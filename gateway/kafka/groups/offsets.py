@@ -43,8 +43,8 @@ from typing import Final
 import structlog
 import trio
 
+from gateway.core.metrics import Metrics
 from gateway.logevery import LogEvery
-from gateway.server.metrics import Metrics
 from gateway.store.durability import sync_directory
 from gateway.store.recordfile import COMPACTING, append_whole, replace_whole, write_new
 from protocols.kafka.types import ErrorCode

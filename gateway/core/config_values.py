@@ -1,4 +1,4 @@
-"""The values of settings: the parsers and validators of :mod:`gateway.server.config`
+"""The values of settings: the parsers and validators of :mod:`gateway.core.config`
 (each takes a value as TOML or a flag gives it and returns it checked, or raises
 ``ValueError`` / :class:`ConfigError` naming what is wrong), and the listener tables."""
 

@@ -4,7 +4,7 @@ Every option is declared once, as a field of :class:`Settings`: its key in the T
 file, its flag, its type, default and help. :data:`OPTIONS` (one row a setting), the
 CLI flags, the config-file parser and the configuration reference (docs/configuration.md) all derive
 from those fields. The parsers of the values, and the listener tables, are
-:mod:`gateway.server.config_values`'s (imported from here as before).
+:mod:`gateway.core.config_values`'s (imported from here as before).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from gateway.server.config_values import (
+from gateway.core.config_values import (
     KAFKA_COMPRESSIONS,
     MIB,
     PROTOCOLS,

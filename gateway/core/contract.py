@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Protocol
 
-from gateway.backend.completion import completed
+from gateway.io.completion import completed
 from protocols.tank.bundle import BundleInfo
 from protocols.topics import is_valid_topic_name
 
