@@ -25,7 +25,7 @@ from gateway.client.tank import TankClient, open_tank_client
 from gateway.client.tls import TLSHandshakeFailed, client_context, open_stream
 from gateway.core.config import ConfigError, Settings, settings_from_mapping
 from gateway.server.run import ServerInfo, open_server
-from gateway.server.tls import subject_identity
+from gateway.serving.tls import subject_identity
 from tests.tls_certs import Certs
 
 FAST = {"ping_interval": 0.2, "backoff": lambda attempt: 0.02 * attempt}

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gateway.client.figg_blocking import BlockingFiggClient
-from gateway.server.tls import subject_identity
+from gateway.serving.tls import subject_identity
 from tests.serving import ServeProcess, figtank_serve
 from tests.tls_certs import Certs
 

@@ -23,8 +23,8 @@ from gateway.core.metrics import GaugeCollector, Metrics
 from gateway.figg.feed import TailFeeds
 from gateway.figg.frames import DataFrameCache
 from gateway.figg.session import FiggSession
-from gateway.server.listener import ProtocolListener
-from gateway.server.tls import ListenerTLS
+from gateway.serving.listener import ProtocolListener
+from gateway.serving.tls import ListenerTLS
 
 
 class FiggListener(ProtocolListener[FiggSession]):

@@ -42,7 +42,7 @@ from gateway.figg.offsets import InvalidTopic, TankPartition, attach_start, figg
 from gateway.figg.outbox import Outbox
 from gateway.figg.publisher import AckQueue, Publishing
 from gateway.figg.subscription import Subscription, SubscriptionError
-from gateway.server.session import PROTOCOL_ERRORS, CloseConnection, Session
+from gateway.serving.session import PROTOCOL_ERRORS, CloseConnection, Session
 from protocols.connection import CLOSED, Role
 from protocols.figg.connection import FiggConnection
 from protocols.figg.messages import FAST, Attach, Detach, MessageType, Ping

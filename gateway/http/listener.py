@@ -1,7 +1,7 @@
 """The HTTP listener: serves :mod:`gateway.http`'s endpoints over a backend.
 
 Connections are admitted, secured (TLS) and accounted for like every listener's
-(:class:`~gateway.server.listener.ProtocolListener`: ``limits.max_connections``, the
+(:class:`~gateway.serving.listener.ProtocolListener`: ``limits.max_connections``, the
 ``figtank_connections{protocol="http"}`` gauges, one ``connection_closed`` line each). Its
 live subscribers share the partitions' :class:`~gateway.http.tail.Tails`, whose readers
 run in :meth:`HttpListener.run`.
@@ -29,8 +29,8 @@ from gateway.http.session import HttpSession
 from gateway.http.tail import Tails
 from gateway.http.tokens import Tokens
 from gateway.logevery import LogEvery
-from gateway.server.listener import ProtocolListener
-from gateway.server.tls import ListenerTLS
+from gateway.serving.listener import ProtocolListener
+from gateway.serving.tls import ListenerTLS
 
 
 def build_router() -> Router:

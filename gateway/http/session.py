@@ -42,7 +42,7 @@ from gateway.http.revocation import OpenStreams
 from gateway.http.tail import Tails
 from gateway.http.tokens import Tokens
 from gateway.logevery import LogEvery
-from gateway.server.session import CloseConnection
+from gateway.serving.session import CloseConnection
 
 MAX_HEAD: Final = 16 * 1024
 RECEIVE_SIZE: Final = 64 * 1024

@@ -23,9 +23,9 @@ from gateway.core.metrics import Metrics, RequestCounter
 from gateway.kafka.sasl import SaslGate
 from gateway.kafka.services import KafkaServices
 from gateway.kafka.session import KafkaSession
-from gateway.server.listener import ProtocolListener
-from gateway.server.listening import local_host
-from gateway.server.tls import ListenerTLS
+from gateway.serving.listener import ProtocolListener
+from gateway.serving.listening import local_host
+from gateway.serving.tls import ListenerTLS
 
 #: Bind addresses meaning "every interface": no client can connect to them as such.
 WILDCARD_HOSTS: Final = frozenset({"0.0.0.0", "::", ""})

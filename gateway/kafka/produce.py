@@ -97,7 +97,7 @@ def plan_produce(body: Any, access: ConnectionAccess, max_batch: int,
     that partition only). A topic the principal may not publish to is refused with
     TOPIC_AUTHORIZATION_FAILED; one the backend would create (``auto_create``) but the
     principal may not, and not seen to exist (looked up first:
-    :func:`gateway.auth.lookup.topics_to_look_up`), with UNKNOWN_TOPIC_OR_PARTITION, as
+    :func:`gateway.serving.lookup.topics_to_look_up`), with UNKNOWN_TOPIC_OR_PARTITION, as
     a broker without auto-creation answers. With ``producers``, idempotent batches'
     sequences are checked (a refused request is planned without, so that it changes no
     state)."""

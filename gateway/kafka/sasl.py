@@ -31,7 +31,7 @@ from prometheus_client import Counter
 from gateway.auth.sasl import SaslFailed, SaslServer, server
 from gateway.auth.users import Users
 from gateway.kafka.context import RequestContext
-from gateway.server.session import CloseConnection
+from gateway.serving.session import CloseConnection
 from protocols.kafka.records import (
     SaslAuthenticateRequest,
     SaslAuthenticateResponse,

@@ -9,7 +9,7 @@ answer. Every other request runs its handler (:data:`gateway.kafka.handlers.HAND
 in its own task.
 
 Under a quota of its principal (:mod:`gateway.auth.quotas`) the connection's reads wait
-for the bytes-in and requests tokens (:class:`~gateway.server.session.Session`), and a
+for the bytes-in and requests tokens (:class:`~gateway.serving.session.Session`), and a
 Fetch waits, before it is served, until the record bytes sent on earlier Fetches are paid
 for (bytes out), as a Tank Consume does. A Fetch response carries in ``throttle_time_ms``
 the wait its bytes put ahead of the principal (its bytes-out debt when it is sent): what
@@ -43,7 +43,6 @@ import structlog
 import trio
 
 from gateway.auth.guard import OPEN, AccessGuard
-from gateway.auth.lookup import look_up, topics_to_look_up
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import OUT, PrincipalQuota, Quotas
 from gateway.core.config import Settings
@@ -63,9 +62,10 @@ from gateway.kafka.produce import (
 from gateway.kafka.sasl import SaslGate
 from gateway.kafka.services import KafkaServices
 from gateway.kafka.versions import SERVED, api_versions
-from gateway.server.listening import peer_host
-from gateway.server.requests import RequestSession
-from gateway.server.session import PROTOCOL_ERRORS, CloseConnection
+from gateway.serving.listening import peer_host
+from gateway.serving.lookup import look_up, topics_to_look_up
+from gateway.serving.requests import RequestSession
+from gateway.serving.session import PROTOCOL_ERRORS, CloseConnection
 from protocols.connection import CLOSED, NEED_DATA
 from protocols.kafka.connection import (
     KafkaServerConnection,

@@ -28,10 +28,10 @@ import structlog
 import trio
 
 from gateway.core.metrics import Metrics
-from gateway.server.accepting import serve_listeners
-from gateway.server.listening import peer_name
 from gateway.server.rendering import REUSE_SECS, RenderFailed, SharedRendering
-from gateway.server.tls import ListenerTLS
+from gateway.serving.accepting import serve_listeners
+from gateway.serving.listening import peer_name
+from gateway.serving.tls import ListenerTLS
 
 log = structlog.get_logger("figtank.http")
 

@@ -75,11 +75,11 @@ from gateway.kafka.services import (
     KafkaServices,
     fetch_compression,
 )
-from gateway.server.accepting import serve_listeners
 from gateway.server.endpoint import Endpoint, serve_endpoint
-from gateway.server.listener import ProtocolListener
 from gateway.server.reuseport import shared_sockets
-from gateway.server.tls import ListenerTLS
+from gateway.serving.accepting import serve_listeners
+from gateway.serving.listener import ProtocolListener
+from gateway.serving.tls import ListenerTLS
 from gateway.store import StoreError
 from gateway.store.descriptors import count_partitions, needed_at_start, raise_soft_limit
 from gateway.tank.listener import TankListener

@@ -28,7 +28,7 @@ from gateway.core.contract import (
     ProduceCode,
     ProduceOutcome,
 )
-from gateway.server.session import CloseConnection
+from gateway.serving.session import CloseConnection
 from gateway.tank.admin import AdminRequest, AdminResponse
 from gateway.tank.produce import AnyProduce, produce_batches
 from protocols.tank.messages import (
@@ -58,7 +58,7 @@ def guarded_produce(access: ConnectionAccess, request: AnyProduce, auto_create: 
                     kind: str) -> tuple[list[ProduceBatch], Merge | None]:
     """The batches of ``request`` to append and, when the policy refused some topics,
     how to make the appended ones' outcomes the outcomes of the whole request. Topics
-    still to look up (:func:`gateway.auth.lookup.topics_to_look_up`) count as missing."""
+    still to look up (:func:`gateway.serving.lookup.topics_to_look_up`) count as missing."""
     batches = produce_batches(request)
     refused: dict[str, ProduceOutcome] = {}
     for topic in request.topics:

@@ -17,8 +17,8 @@ from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.core.config import Settings
 from gateway.core.contract import Backend
 from gateway.core.metrics import Metrics, RequestCounter
-from gateway.server.listener import ProtocolListener
-from gateway.server.tls import ListenerTLS
+from gateway.serving.listener import ProtocolListener
+from gateway.serving.tls import ListenerTLS
 from gateway.tank.session import TankSession
 
 

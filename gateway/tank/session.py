@@ -33,7 +33,7 @@ held back (once per episode, until a request is admitted without waiting) counts
 of that limit and logs ``connection_held_back`` at debug level.
 
 Under a quota of its principal (:mod:`gateway.auth.quotas`) the connection's reads wait
-for the bytes-in and requests tokens (:class:`~gateway.server.session.Session`), and a
+for the bytes-in and requests tokens (:class:`~gateway.serving.session.Session`), and a
 Consume waits, before it is served, until the chunk bytes sent on earlier Consumes are
 paid for (bytes out); nothing is refused.
 """
@@ -48,7 +48,6 @@ import structlog
 import trio
 
 from gateway.auth.guard import OPEN, AccessGuard
-from gateway.auth.lookup import look_up, topics_to_look_up
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota
 from gateway.core.config import Settings
@@ -63,8 +62,9 @@ from gateway.core.contract import (
 )
 from gateway.core.metrics import Metrics, RequestCounter
 from gateway.io.errors import STREAM_ERRORS, ExceptionMap, failed
-from gateway.server.requests import RequestSession
-from gateway.server.session import PROTOCOL_ERRORS, CloseConnection
+from gateway.serving.lookup import look_up, topics_to_look_up
+from gateway.serving.requests import RequestSession
+from gateway.serving.session import PROTOCOL_ERRORS, CloseConnection
 from gateway.tank import access, admin
 from gateway.tank.consume import consume_reply, fetch_requests
 from gateway.tank.lane import OrderedLane

@@ -16,8 +16,8 @@ from gateway.auth.principal import Principal
 from gateway.core.config import Settings
 from gateway.core.metrics import Metrics
 from gateway.figg.listener import FiggListener
-from gateway.server.listener import ProtocolListener
 from gateway.server.run import ServerInfo, open_server
+from gateway.serving.listener import ProtocolListener
 from gateway.tank.listener import TankListener
 
 LOOPBACK = "127.0.0.1:0"

@@ -8,7 +8,7 @@ import trio
 from gateway.client.errors import ConnectionLost
 from gateway.io.errors import ExceptionMap, socket_errors
 from gateway.io.limits import RECEIVE_SIZE
-from gateway.server.session import PROTOCOL_ERRORS, RECEIVE_ERRORS, CloseConnection
+from gateway.serving.session import PROTOCOL_ERRORS, RECEIVE_ERRORS, CloseConnection
 from protocols.errors import FrameTooLarge, ProtocolError
 from tests.io.helpers import reset, tcp_pair
 

@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from gateway.server.session import receive
+from gateway.serving.session import receive
 
 
 def loopback_pair() -> tuple[socket.socket, socket.socket]:

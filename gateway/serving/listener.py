@@ -22,13 +22,13 @@ from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.core.config import Settings
 from gateway.core.contract import Backend
 from gateway.core.metrics import Metrics
-from gateway.server.listening import ConnectionSlots, S
-from gateway.server.tls import ListenerTLS, peer_identity
+from gateway.serving.listening import ConnectionSlots, S
+from gateway.serving.tls import ListenerTLS, peer_identity
 
 
 class ProtocolListener(ABC, Generic[S]):
     """Serves accepted connections of one protocol (:meth:`handle` is the handler of
-    :func:`gateway.server.accepting.serve_listeners`) with its sessions (``S``)."""
+    :func:`gateway.serving.accepting.serve_listeners`) with its sessions (``S``)."""
 
     #: The protocol's name in metrics and log lines.
     protocol: ClassVar[str]
@@ -92,7 +92,7 @@ class ProtocolListener(ABC, Generic[S]):
     def principal_of(self, stream: trio.abc.Stream) -> Principal:
         """Who the connection on ``stream`` (after its TLS handshake) acts as: this
         listener, and on a mutual-TLS listener the subject of the client's certificate
-        (:func:`gateway.server.tls.subject_identity`)."""
+        (:func:`gateway.serving.tls.subject_identity`)."""
         return Principal(self.name, peer_identity(stream))
 
     @abstractmethod

@@ -6,7 +6,7 @@ deadline armed around every read would cost time on every request. The
 :class:`IdleSweeper` of a listener instead looks at all its connections every
 :func:`sweep_interval` (a quarter of the idle timeout, at most a second) and asks each to
 close if it has been idle for its timeout (:meth:`Session.sweep
-<gateway.server.session.Session.sweep>`, which also lets a parked writer task end). A
+<gateway.serving.session.Session.sweep>`, which also lets a parked writer task end). A
 connection therefore closes between its timeout and a quarter of it later. The task runs
 only while the listener has connections.
 """

@@ -11,9 +11,9 @@ import trio
 
 from gateway.core.metrics import Metrics
 from gateway.io.limits import RECEIVE_SIZE
-from gateway.server.idling import IdleSweeper
-from gateway.server.session import CloseConnection
-from gateway.server.tls import ListenerTLS, peer_identity
+from gateway.serving.idling import IdleSweeper
+from gateway.serving.session import CloseConnection
+from gateway.serving.tls import ListenerTLS, peer_identity
 
 
 class Served(Protocol):

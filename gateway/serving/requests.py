@@ -21,7 +21,7 @@ from gateway.auth.quotas import PrincipalQuota
 from gateway.core.config import Settings
 from gateway.core.metrics import Metrics
 from gateway.io.writer import FrameWriter
-from gateway.server.session import Session
+from gateway.serving.session import Session
 
 
 class Framed(Protocol):

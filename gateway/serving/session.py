@@ -20,7 +20,7 @@ Two timers guard the reads (0 turns either off):
   piling up) does not count.
 - ``idle_timeout``: a connection that sends nothing for that long while it is not busy
   (:meth:`Session._busy`) and nothing is queued for it closes (``idle``). No task of the
-  connection watches this: the listener's :class:`~gateway.server.idling.IdleSweeper`
+  connection watches this: the listener's :class:`~gateway.serving.idling.IdleSweeper`
   looks at all its connections a few times per timeout (:meth:`Session.sweep`), so an
   idle connection costs no timer of its own.
 
