@@ -1,6 +1,7 @@
-"""The packages' import graph: no module imports itself back through others, and
-``protocols/`` never imports ``gateway/``; and the modules' sizes: none written by hand
-is over :data:`MAX_MODULE_LINES` lines.
+"""The packages' import graph: no module imports itself back through others, the folders
+form a stack (:data:`STACK`: each imports only from its own layer or lower ones, and no
+two folders import each other), ``protocols/`` never imports ``gateway/``; and the
+modules' sizes: none written by hand is over :data:`MAX_MODULE_LINES` lines.
 
 Every import counts, the ones inside functions and under ``TYPE_CHECKING`` too: a
 function-level import is how a circle hides (the record generators had one), and
@@ -19,6 +20,26 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("gateway", "protocols")
 #: The most lines a hand-written module may have: a longer one holds more than one job.
 MAX_MODULE_LINES = 900
+
+#: The folders (and loose modules) of the packages, layer by layer from the bottom up: a
+#: module imports only from its own layer or lower ones (docs/architecture.md draws it).
+#: A folder's subfolders are part of it (``gateway.backend.kafka`` of ``gateway.backend``).
+STACK: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
+    {"protocols"},                                      # sans-IO: bytes in, events out
+    {"gateway.io", "gateway.extras", "gateway.logevery"},  # the socket edge, small helpers
+    {"gateway.store", "gateway.auth", "gateway.client"},
+    {"gateway.core"},           # settings, metrics, logs, the Backend contract
+    {"gateway.backend"},        # embedded, bridge, upstream Kafka; the listeners' read helpers
+    {"gateway.serving"},        # what the listeners share
+    {"gateway.figg", "gateway.tank", "gateway.kafka", "gateway.http"},  # the listeners
+    {"gateway.server"},         # the process: wiring (run), workers, the metrics endpoint
+    {"gateway.spark"},
+    {"gateway.bench"},
+    {"gateway.cli"},
+))
+#: The imports allowed to run up :data:`STACK` (importing module, imported module) -> why.
+#: At most one, and none today.
+UPWARD_IMPORTS: dict[tuple[str, str], str] = {}
 
 
 def modules_under(root: Path, packages: Iterable[str]) -> dict[str, Path]:
@@ -108,6 +129,98 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
                     if len(component) > 1:
                         found.append(sorted(component))
     return found
+
+
+def folder_of(module: str, stack: Iterable[Iterable[str]]) -> str | None:
+    """The folder of ``stack`` that ``module`` is in (the longest that holds it), or None."""
+    holding = [folder for layer in stack for folder in layer
+               if module == folder or module.startswith(folder + ".")]
+    return max(holding, key=len, default=None)
+
+
+def unplaced_modules(modules: Iterable[str], stack: Iterable[Iterable[str]]) -> list[str]:
+    """The modules in no folder of ``stack`` (the packages' own ``__init__`` aside)."""
+    return sorted(m for m in modules if "." in m and folder_of(m, stack) is None)
+
+
+def upward_imports(graph: dict[str, set[str]], stack: tuple[Iterable[str], ...]
+                   ) -> list[tuple[str, str]]:
+    """Every (module, imported module) of ``graph`` whose import goes from a folder of
+    ``stack`` to one in a higher layer."""
+    layer = {folder: i for i, folders in enumerate(stack) for folder in folders}
+    found = []
+    for module, targets in graph.items():
+        source = folder_of(module, stack)
+        for target in targets:
+            into = folder_of(target, stack)
+            if source is not None and into is not None and layer[into] > layer[source]:
+                found.append((module, target))
+    return sorted(found)
+
+
+def folder_graph(graph: dict[str, set[str]], stack: Iterable[Iterable[str]]
+                 ) -> dict[str, set[str]]:
+    """Folder -> the other folders of ``stack`` its modules import."""
+    folders: dict[str, set[str]] = {f: set() for layer in stack for f in layer}
+    for module, targets in graph.items():
+        source = folder_of(module, [folders])
+        for target in targets:
+            into = folder_of(target, [folders])
+            if source is not None and into is not None and into != source:
+                folders[source].add(into)
+    return folders
+
+
+def test_the_folders_form_a_stack() -> None:
+    modules = modules_under(ROOT, PACKAGES)
+    graph = import_graph(modules)
+    assert len(graph) > 150  # the walk found the packages
+    assert unplaced_modules(modules, STACK) == []  # a new folder takes its place in STACK
+    assert len(UPWARD_IMPORTS) <= 1
+    assert upward_imports(graph, STACK) == sorted(UPWARD_IMPORTS)
+    assert circles(folder_graph(graph, STACK)) == []  # not even within a layer
+
+
+def test_the_architecture_page_draws_the_stack() -> None:
+    # docs/architecture.md's drawing: one line a layer, top first, its folders before the
+    # first run of two spaces.
+    from tests.docs import between, code_blocks, page
+
+    drawing = next(code_blocks(between(page("architecture.md"), "## The stack of folders",
+                                       "\n## ")))
+    drawn = [frozenset(name if name == "protocols" else f"gateway.{name}"
+                       for name in line.split("  ", 1)[0].split())
+             for line in reversed(drawing.splitlines())]
+    assert tuple(drawn) == STACK
+
+
+def test_the_stack_check_finds_an_upward_import(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    for folder in ("low", "mid", "top", "side", "odd"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "low" / "base.py").write_text("VALUE = 1\n")
+    (package / "mid" / "use.py").write_text("from pkg.low.base import VALUE\n")
+    (package / "top" / "app.py").write_text("from pkg.mid import use\nfrom pkg import side\n")
+    (package / "side" / "peer.py").write_text("import pkg.top.app\n")  # same layer
+    (package / "odd" / "stray.py").write_text("")
+    stack = (frozenset({"pkg.low"}), frozenset({"pkg.mid"}),
+             frozenset({"pkg.top", "pkg.side"}))
+    modules = modules_under(tmp_path, ["pkg"])
+    graph = import_graph(modules)
+    assert upward_imports(graph, stack) == []
+    assert unplaced_modules(modules, stack) == ["pkg.odd", "pkg.odd.stray"]
+    # same layer, but top and side import each other
+    assert circles(folder_graph(graph, stack)) == [["pkg.side", "pkg.top"]]
+    # an upward import inside a function or only for the type checker counts too
+    (package / "low" / "late.py").write_text("def later():\n    from pkg.mid.use import x\n")
+    (package / "low" / "typed.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.top import app\n")
+    graph = import_graph(modules_under(tmp_path, ["pkg"]))
+    assert upward_imports(graph, stack) == [
+        ("pkg.low.late", "pkg.mid"), ("pkg.low.late", "pkg.mid.use"),
+        ("pkg.low.typed", "pkg.top"), ("pkg.low.typed", "pkg.top.app")]
 
 
 def test_no_import_circle_in_the_packages() -> None:
