@@ -1,1 +1,2 @@
-"""The backend contract and its implementations: the embedded store, the bridge to Tank."""
+"""The backends (the embedded store, the bridge to Tank, the upstream Kafka cluster) and
+what listeners build on a backend: placed appends, shared reads, offsets by time."""
