@@ -30,6 +30,7 @@ from gateway.core.contract import (
     ProduceOutcome,
     Refusal,
     ReloadConfCode,
+    TailChange,
     TopicConfigs,
     TopicInfo,
     TopicRefused,
@@ -262,6 +263,11 @@ class EmbeddedBackend:
         if any(_answers_now(o) for o in outcomes):
             return outcomes
         return None  # empty chunks: nothing to close
+
+    def watch_tail(self, topic: str, partition: int, seq: int,
+                   on_change: TailChange) -> None:
+        """None: readers at the tail long-poll the store (:meth:`fetch`)."""
+        return None
 
     async def fetch(self, requests: Sequence[FetchRequest], *, max_wait_ms: int,
                     min_bytes: int) -> list[FetchOutcome]:

@@ -232,6 +232,9 @@ class ReloadConfCode(enum.IntEnum):
 
 #: Called with the outcomes of a :meth:`Backend.produce_nowait`, in batch order.
 ProduceDone = Callable[[list[ProduceOutcome]], None]
+#: Called by a backend's tail read (:meth:`Backend.watch_tail`): True when data arrived,
+#: False when the read failed or ended (the watcher then fetches to learn why).
+TailChange = Callable[[bool], None]
 
 
 class TopicRefused(Exception):
@@ -377,6 +380,16 @@ class Backend(Protocol):
         """What :meth:`fetch` would answer at once (some partition has data or an
         error), without waiting; None when it would have to wait or go elsewhere to know.
         """
+
+    def watch_tail(self, topic: str, partition: int, seq: int,
+                   on_change: TailChange) -> Callable[[], None] | None:
+        """Push instead of long poll, for a reader at the tail: ``on_change`` is called
+        in the trio thread, synchronously from the task that moved the partition's tail
+        read at ``seq`` (an arrival: True; a failure or its end: False), until the
+        returned function is called; the reader then takes what came with
+        :meth:`fetch_nowait`. No task wakes per arrival. ``on_change`` must not raise.
+        None when the backend has no such read of the partition at ``seq`` now: the
+        reader long-polls with :meth:`fetch`."""
 
     async def create_topic(self, name: str, partitions: int, config: str = ""
                            ) -> CreateTopicCode: ...

@@ -183,6 +183,10 @@ class Metrics:
             "figtank_upstream_feed_written_through_messages", "Upstream-Kafka mode: "
             "messages the gateway produced that went to its subscribers' feed from the "
             "Produce answer, without a Fetch.", registry=None)
+        self.upstream_feed_pushes = Counter(
+            "figtank_upstream_feed_pushes", "Upstream-Kafka mode: arrivals a feed handed "
+            "to the readers at its tail from the task that brought them (no reader woke "
+            "up to fetch them).", registry=None)
         self.data_loss_events = Counter(
             "figtank_data_loss_events", "Damaged regions found in rolled segments, and "
             "corrupt or torn tails recovery cut off active segments.", registry=None)

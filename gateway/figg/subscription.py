@@ -20,6 +20,7 @@ while in debt, as when its connection is behind.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Final
 
 import structlog
@@ -74,6 +75,8 @@ class Subscription:
         self._scope = trio.CancelScope()
         #: The feed it follows now, if any.
         self._feed: TailFeed | None = None
+        #: Set to wake the task while the backend pushes to it (see :meth:`_pushed`).
+        self._tail_woken: trio.Event | None = None
 
     @property
     def position(self) -> int:
@@ -169,6 +172,8 @@ class Subscription:
         fetch_size = FETCH_SIZE
         try:
             while True:
+                if fetch_size == FETCH_SIZE and await self._pushed(feed):
+                    return None  # fell behind while fed
                 request = FetchRequest(where.topic, where.partition, self.next_seq, fetch_size)
                 [outcome] = await self._backend.fetch([request], max_wait_ms=MAX_WAIT_MS,
                                                       min_bytes=1)
@@ -191,6 +196,60 @@ class Subscription:
                     return None
         finally:
             self._feeds.end(self._topic_bytes, feed)
+
+    async def _pushed(self, feed: TailFeed) -> bool:
+        """Lead ``feed`` from the backend's tail read, where it pushes
+        (:meth:`~gateway.core.contract.Backend.watch_tail`): each arrival is delivered
+        from the task that brought it (:meth:`_on_tail`), with no wake-up of ours. Returns
+        True when we fell behind meanwhile; False when the push ended otherwise, or
+        never began (the caller fetches: that tells why, or waits at the tail)."""
+        where = self.where
+        woken = self._tail_woken = trio.Event()
+        unwatch = self._backend.watch_tail(where.topic, where.partition, self.next_seq,
+                                           partial(self._on_tail, feed))
+        if unwatch is None:
+            self._tail_woken = None
+            return False
+        try:
+            with trio.move_on_after(MAX_WAIT_MS / 1000):
+                await woken.wait()
+        finally:
+            unwatch()
+            self._tail_woken = None
+        return self._outbox.full or self._owes()
+
+    def _on_tail(self, feed: TailFeed, ok: bool) -> None:
+        """The backend's tail read moved (see :meth:`_pushed`): deliver what came to the
+        feed's followers and to us, as :meth:`_lead` does after a fetch; wake our task
+        for anything else (an error, a cut chunk, a full outbox, a detach)."""
+        woken = self._tail_woken
+        if woken is None or woken.is_set():
+            return
+        where = self.where
+        try:
+            while ok and not self.detached:
+                got = self._backend.fetch_nowait(
+                    [FetchRequest(where.topic, where.partition, self.next_seq, FETCH_SIZE)])
+                if got is None:
+                    return  # nothing past us yet
+                [outcome] = got
+                chunk = outcome.chunk
+                if outcome.status is not FetchStatus.DATA:
+                    break
+                try:
+                    frames = self._frames_of(chunk, outcome.base_seq)
+                finally:
+                    chunk.close()
+                if frames.next_seq <= self.next_seq:
+                    break  # no whole message: the task asks for more
+                hwm = outcome.high_water_mark
+                feed.deliver(frames.frames, frames.count, frames.next_seq, hwm)
+                self._put(frames.frames, frames.count, frames.next_seq, hwm)
+                if self._outbox.full or self._owes():
+                    break
+        except Exception:  # a SubscriptionError, say: the task fetches again and sees it
+            pass
+        woken.set()
 
     def take(self, frames: bytes, count: int, next_seq: int, high_water_mark: int) -> bool:
         """A feed's frames for this follower; False (nothing queued) when the connection

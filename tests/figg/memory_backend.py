@@ -121,6 +121,9 @@ class MemoryBackend:
     def fetch_nowait(self, requests: Sequence[FetchRequest]) -> None:
         return None  # everything goes through fetch (with its gate and checkpoints)
 
+    def watch_tail(self, topic: str, partition: int, seq: int, on_change: object) -> None:
+        return None  # readers at the tail long-poll fetch
+
     async def fetch(self, requests: Sequence[FetchRequest], *, max_wait_ms: int,
                     min_bytes: int) -> list[FetchOutcome]:
         if self.fetch_gate is not None:

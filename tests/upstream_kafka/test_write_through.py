@@ -5,6 +5,7 @@ publishing. Against the figtank stand-in and Tansu."""
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import confluent_kafka as ck
@@ -12,11 +13,15 @@ import trio
 
 from gateway.client.figg import open_figg_client
 from gateway.client.tank import open_tank_client
+from protocols.figg.messages import ATTACH_FROM_OFFSET, MessageType
+from protocols.figg.records import decode_data, encode_attach_frame
 from tests.bridge.helpers import metric
 from tests.upstream_kafka.helpers import AnyUpstream, blocking, upstream_and_gateway
 
 TOPIC = "through"
 WRITTEN_THROUGH = "figtank_upstream_feed_written_through_messages_total"
+#: A Figg frame's header: type, version, payload size.
+_FRAME_HEAD = struct.Struct(">HHI")
 
 
 def _foreign_produce(address: str, values: list[bytes]) -> None:
@@ -94,3 +99,67 @@ async def test_a_quiet_feed_reads_the_upstream_again(tmp_path: Path) -> None:
                 message = await sub.receive()
                 assert (message.offset, message.data) == (32, b"from-elsewhere")
                 assert trio.current_time() - started < 1.0
+
+
+PUSHES = "figtank_upstream_feed_pushes_total"
+
+
+async def _read_data(stream: trio.SocketStream, count: int) -> list[tuple[int, bytes]]:
+    """``count`` DATA messages from a raw Figg connection: (offset, data) each."""
+    got: list[tuple[int, bytes]] = []
+    buffer = bytearray()
+    while len(got) < count:
+        data = await stream.receive_some(1 << 16)
+        assert data, "the gateway closed the connection"
+        buffer += data
+        pos = 0
+        while len(buffer) - pos >= 8:
+            kind, _, size = _FRAME_HEAD.unpack_from(buffer, pos)
+            if len(buffer) - pos - 8 < size:
+                break
+            if kind == MessageType.DATA:
+                message = decode_data(bytes(buffer[pos + 8:pos + 8 + size]))
+                got.append((message.offset, message.data))
+            pos += 8 + size
+        del buffer[:pos]
+    return got
+
+
+async def test_subscribers_at_the_tail_are_pushed_to_and_one_that_stops_reading_catches_up(
+        tmp_path: Path) -> None:
+    """A subscriber at the feed's tail gets each batch from the task that brought it
+    (counted as pushes); one whose connection stops reading is left behind by the push,
+    reads on its own once it reads again, and misses nothing."""
+    async with upstream_and_gateway(tmp_path) as (upstream, _, served):
+        assert served.figg and served.metrics
+        with trio.fail_after(90):
+            async with open_figg_client(*served.figg) as client, \
+                    open_figg_client(*served.figg) as reading:
+                await client.publish_and_wait(TOPIC, b"first")
+                reader = await reading.subscribe(TOPIC, from_offset=0)
+                stalled = await trio.open_tcp_stream(*served.figg)
+                await stalled.send_all(encode_attach_frame(ATTACH_FROM_OFFSET,
+                                                           TOPIC.encode(), 0))
+                values = [b"%05d" % i + bytes(1000) for i in range(6000)]
+                expected = list(enumerate([b"first", *values], start=1))
+                got: list[tuple[int, bytes]] = []
+
+                async def read() -> None:
+                    for _ in expected:
+                        message = await reader.receive()
+                        got.append((message.offset, message.data))
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(read)
+                    for start in range(0, len(values), 200):
+                        for value in values[start:start + 200]:
+                            await client.publish(TOPIC, value)
+                        await client.wait_all_acked()
+                assert got == expected
+                pushes = metric(served.metrics, PUSHES)
+                assert pushes is not None and pushes > 0
+                # 6 MB the stalled connection never read: far past its outbox and its
+                # socket's buffers, so the push left it behind; it catches up now.
+                assert await _read_data(stalled, len(expected)) == expected
+                await stalled.aclose()
+            assert await upstream.stored(TOPIC) == expected

@@ -47,6 +47,7 @@ from gateway.core.contract import (
     ProduceOutcome,
     ProduceQueue,
     ReloadConfCode,
+    TailChange,
     TopicInfo,
 )
 from gateway.core.metrics import Metrics
@@ -175,6 +176,11 @@ class BridgeBackend:
 
     def fetch_nowait(self, requests: Sequence[FetchRequest]) -> None:
         """Always None: only the upstream knows (see :meth:`fetch`)."""
+        return None
+
+    def watch_tail(self, topic: str, partition: int, seq: int,
+                   on_change: TailChange) -> None:
+        """None: readers long-poll the upstream (:meth:`fetch`)."""
         return None
 
     async def fetch(self, requests: Sequence[FetchRequest], *, max_wait_ms: int,

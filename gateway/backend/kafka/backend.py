@@ -56,6 +56,7 @@ from gateway.core.contract import (
     ProduceDone,
     ProduceOutcome,
     ReloadConfCode,
+    TailChange,
     TopicInfo,
 )
 from gateway.core.metrics import Metrics
@@ -385,6 +386,16 @@ class KafkaBackend:
                 return None
             outcomes.append(outcome)
         return outcomes if any(o.chunk.length for o in outcomes) else None
+
+    def watch_tail(self, topic: str, partition: int, seq: int,
+                   on_change: TailChange) -> Callable[[], None] | None:
+        """Pushes from the partition's feed (:meth:`TailFeeds.watch`: its fetches and the
+        gateway's own batches written through) while it reads at ``seq``."""
+        feed = self.feeds.feeds.get((topic, partition))
+        if feed is None or feed.error is not None or feed.next_seq != seq or \
+                not self.health.up:
+            return None
+        return self.feeds.watch(feed, on_change)
 
     async def fetch(self, requests: Sequence[FetchRequest], *, max_wait_ms: int,
                     min_bytes: int) -> list[FetchOutcome]:

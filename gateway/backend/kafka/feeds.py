@@ -44,6 +44,7 @@ import trio
 from gateway.backend.kafka.cluster import STALE_METADATA, Cluster
 from gateway.backend.kafka.fetcher import fetch_partition
 from gateway.backend.kafka.wire import BrokerLost
+from gateway.core.contract import TailChange
 from gateway.core.metrics import Metrics
 from protocols.errors import ProtocolError
 from protocols.kafka.types import ErrorCode
@@ -94,6 +95,9 @@ class PartitionFeed:
     resume: trio.Event = field(default_factory=trio.Event)
     #: The last sequence of the last bundle appended (the next read continues it).
     last_appended: int | None = None
+    #: Called at each arrival (True) and when the read fails or ends (False):
+    #: :meth:`TailFeeds.watch`.
+    watchers: list[TailChange] = field(default_factory=list)
 
     @property
     def first_cached(self) -> int:
@@ -187,6 +191,20 @@ class TailFeeds:
             self._drop(key)
         return self.open(feed.topic, feed.partition, seq)
 
+    def watch(self, feed: PartitionFeed, on_change: TailChange) -> Callable[[], None]:
+        """Call ``on_change`` at each of ``feed``'s arrivals, from the task that brought
+        it, until the returned function is called; a watcher counts as a reader (the
+        feed is not dropped as idle meanwhile)."""
+        feed.watchers.append(on_change)
+        feed.readers += 1
+
+        def unwatch() -> None:
+            if on_change in feed.watchers:
+                feed.watchers.remove(on_change)
+                feed.readers -= 1
+
+        return unwatch
+
     def served_from(self, feed: PartitionFeed, last_seq: int) -> None:
         """A reader was served ``feed``'s bundles up to ``last_seq``."""
         feed.last_used = trio.current_time()
@@ -256,10 +274,15 @@ class TailFeeds:
         feed.trim(self.cache_bytes)
         return whole
 
-    @staticmethod
-    def _arrived(feed: PartitionFeed) -> None:
+    def _arrived(self, feed: PartitionFeed) -> None:
         feed.arrived.set()
         feed.arrived = trio.Event()
+        if feed.watchers:
+            ok = feed.error is None
+            if ok and self._metrics is not None:
+                self._metrics.upstream_feed_pushes.inc(len(feed.watchers))
+            for watcher in list(feed.watchers):
+                watcher(ok)
 
     def _drop(self, key: TopicPartition) -> None:
         feed = self.feeds.pop(key, None)
@@ -268,6 +291,8 @@ class TailFeeds:
             feed.arrived.set()
             feed.consumed.set()
             feed.resume.set()
+            for watcher in list(feed.watchers):
+                watcher(False)
 
     async def _follow(self, feed: PartitionFeed) -> None:
         """Read ``feed``'s partition until it is dropped or its read fails."""

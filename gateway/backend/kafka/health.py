@@ -60,7 +60,8 @@ class UpstreamHealth:
         self.refusal: str | None = None
         if metrics is not None:
             metrics.include(metrics.upstream_up, metrics.upstream_outages,
-                            metrics.upstream_errors, metrics.upstream_feed_written_through)
+                            metrics.upstream_errors, metrics.upstream_feed_written_through,
+                            metrics.upstream_feed_pushes)
             metrics.upstream_up.set(0)
 
     @property
