@@ -20,6 +20,7 @@ from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.core.config import Settings
 from gateway.core.contract import Backend
 from gateway.core.metrics import GaugeCollector, Metrics
+from gateway.core.sections import ConnectionLimits
 from gateway.figg.feed import TailFeeds
 from gateway.figg.frames import DataFrameCache
 from gateway.figg.session import FiggSession
@@ -41,8 +42,9 @@ class FiggListener(ProtocolListener[FiggSession]):
                  name: str | None = None, guard: AccessGuard | None = None,
                  tls: ListenerTLS | None = None, quotas: Quotas | None = None,
                  share_with: FiggListener | None = None) -> None:
-        super().__init__(backend, settings, metrics, name=name, guard=guard, tls=tls,
-                         quotas=quotas)
+        super().__init__(backend, metrics, limits=ConnectionLimits.of(settings), name=name,
+                         guard=guard, tls=tls, quotas=quotas)
+        self.settings = settings
         self.frames: DataFrameCache
         self.feeds: TailFeeds
         if share_with is not None:
@@ -62,8 +64,9 @@ class FiggListener(ProtocolListener[FiggSession]):
                 principal: Principal, quota: PrincipalQuota | None = None
                 ) -> FiggSession:
         return FiggSession(stream, backend=self.backend, settings=self.settings,
-                           metrics=self.metrics, frames=self.frames, feeds=self.feeds, log=log,
-                           principal=principal, guard=self.guard, quota=quota)
+                           limits=self.limits, metrics=self.metrics, frames=self.frames,
+                           feeds=self.feeds, log=log, principal=principal, guard=self.guard,
+                           quota=quota)
 
     def stats(self, session: FiggSession) -> dict[str, Any]:
         return {"received": session.messages_received, "acked": session.published,

@@ -20,6 +20,7 @@ from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.core.config import Settings
 from gateway.core.contract import Backend
 from gateway.core.metrics import GaugeCollector, Metrics
+from gateway.core.sections import ConnectionLimits
 from gateway.http.cors import Cors
 from gateway.http.hosts import HostGuard
 from gateway.http.idempotency import IdempotencyKeys, Limits
@@ -64,8 +65,9 @@ class HttpListener(ProtocolListener[HttpSession]):
                  name: str | None = None, guard: AccessGuard | None = None,
                  tls: ListenerTLS | None = None, quotas: Quotas | None = None,
                  idempotency: IdempotencyKeys | None = None) -> None:
-        super().__init__(backend, settings, metrics, name=name, guard=guard, tls=tls,
-                         quotas=quotas)
+        super().__init__(backend, metrics, limits=ConnectionLimits.of(settings), name=name,
+                         guard=guard, tls=tls, quotas=quotas)
+        self.settings = settings
         #: The produces' Idempotency-Key values (shared by the server's HTTP listeners;
         #: in memory when none is given).
         self.idempotency = idempotency if idempotency is not None else IdempotencyKeys(

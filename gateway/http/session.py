@@ -31,6 +31,7 @@ from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.core.config import Settings
 from gateway.core.contract import Backend, BackendUnavailable
 from gateway.core.metrics import Metrics
+from gateway.core.sections import ConnectionLimits
 from gateway.http.cors import Cors
 from gateway.http.faults import FAULT_CODES
 from gateway.http.framing import FramingGuard
@@ -63,6 +64,7 @@ class HttpServices(Protocol):
 
     backend: Backend
     settings: Settings
+    limits: ConnectionLimits
     metrics: Metrics
     guard: AccessGuard
     quotas: Quotas | None
@@ -120,8 +122,8 @@ class HttpSession:
         #: (a new one each time: :meth:`cancellable`).
         self.scope = trio.CancelScope()
         settings = listener.settings
-        self._idle = settings.idle_timeout_secs or math.inf
-        self._frame = settings.frame_timeout_secs or math.inf
+        self._idle = listener.limits.idle_timeout_secs or math.inf
+        self._frame = listener.limits.frame_timeout_secs or math.inf
         self._max_body = settings.http_max_body_bytes
         #: Checks every byte before h11 reads it.
         self.framing = FramingGuard(self._max_body)

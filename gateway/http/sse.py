@@ -206,7 +206,7 @@ async def _stream(session: HttpSession, topic: str, cursors: list[Cursor], *, si
                   admitted: _Admitted, quota: PrincipalQuota | None = None) -> None:
     listener = session.listener
     settings = listener.settings
-    stall = settings.idle_timeout_secs or math.inf
+    stall = listener.limits.idle_timeout_secs or math.inf
     heartbeat = settings.http_heartbeat_secs
     delivered = listener.metrics.for_topic(listener.metrics.messages_out, topic)
     positions = {c.partition: c.position for c in cursors}

@@ -562,7 +562,7 @@ class WebSocket:
             self.send_json({"op": "attached", "topic": topic, "partition": partition,
                             "offset": sub.cursor.position})
             return
-        if len(self.subs) >= self.listener.settings.max_requests_in_flight:
+        if len(self.subs) >= self.listener.limits.max_requests_in_flight:
             raise _Close(POLICY, "too many subscriptions on one WebSocket")
         backend = self.listener.backend
         ensure_available(backend)
@@ -610,7 +610,7 @@ class WebSocket:
         cursor = sub.cursor
         outbox = self.outbox
         tail = cursor.tail
-        stall = self.listener.settings.idle_timeout_secs or math.inf
+        stall = self.listener.limits.idle_timeout_secs or math.inf
         delivered = sub.delivered
         with sub.scope:
             try:

@@ -20,6 +20,7 @@ from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.core.config import ListenerTable, Settings
 from gateway.core.contract import Backend
 from gateway.core.metrics import Metrics, RequestCounter
+from gateway.core.sections import ConnectionLimits
 from gateway.kafka.sasl import SaslGate
 from gateway.kafka.services import KafkaServices
 from gateway.kafka.session import KafkaSession
@@ -42,8 +43,9 @@ class KafkaListener(ProtocolListener[KafkaSession]):
                  name: str | None = None, guard: AccessGuard | None = None,
                  tls: ListenerTLS | None = None, quotas: Quotas | None = None,
                  services: KafkaServices | None = None) -> None:
-        super().__init__(backend, settings, metrics, name=name, guard=guard, tls=tls,
-                         quotas=quotas)
+        super().__init__(backend, metrics, limits=ConnectionLimits.of(settings), name=name,
+                         guard=guard, tls=tls, quotas=quotas)
+        self.settings = settings
         #: The server-wide Kafka state (:func:`~gateway.server.run.open_server` gives
         #: every Kafka listener the same), or this listener's own.
         self.services = services or KafkaServices.in_memory(settings, metrics)
@@ -83,7 +85,7 @@ class KafkaListener(ProtocolListener[KafkaSession]):
                         failures=self.metrics.sasl_failures, limiter=self._sasl_threads,
                         log=log) if self.sasl_mechanisms else None
         return KafkaSession(stream, backend=self.backend, settings=self.settings,
-                            metrics=self.metrics, counter=self.counter, log=log,
+                            limits=self.limits, metrics=self.metrics, counter=self.counter, log=log,
                             advertised=self.advertised_to(stream), principal=principal,
                             guard=guard, quota=quota, sasl=sasl, quotas=self.quotas,
                             services=self.services)

@@ -94,8 +94,8 @@ Unavailable = Callable[[], str | None]
 _FLAGS = {option.key: option.flag for option in OPTIONS}
 #: The protocol listeners, by protocol (each generic over its own session type: Any of
 #: them here).
-_LISTENERS: dict[str, type[ProtocolListener[Any]]] = {"tank": TankListener, "figg": FiggListener,
-                                                  "kafka": KafkaListener, "http": HttpListener}
+_LISTENERS: dict[str, Callable[..., ProtocolListener[Any]]] = {
+    "tank": TankListener, "figg": FiggListener, "kafka": KafkaListener, "http": HttpListener}
 
 
 class ServerInfo:

@@ -17,6 +17,7 @@ from gateway.auth.quotas import PrincipalQuota, Quotas
 from gateway.core.config import Settings
 from gateway.core.contract import Backend
 from gateway.core.metrics import Metrics, RequestCounter
+from gateway.core.sections import ConnectionLimits
 from gateway.serving.listener import ProtocolListener
 from gateway.serving.tls import ListenerTLS
 from gateway.tank.session import TankSession
@@ -33,8 +34,9 @@ class TankListener(ProtocolListener[TankSession]):
     def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
                  name: str | None = None, guard: AccessGuard | None = None,
                  tls: ListenerTLS | None = None, quotas: Quotas | None = None) -> None:
-        super().__init__(backend, settings, metrics, name=name, guard=guard, tls=tls,
-                         quotas=quotas)
+        super().__init__(backend, metrics, limits=ConnectionLimits.of(settings), name=name,
+                         guard=guard, tls=tls, quotas=quotas)
+        self.settings = settings
         self.counter = RequestCounter(metrics, "tank")
 
     def session(self, stream: trio.abc.Stream,
@@ -42,7 +44,7 @@ class TankListener(ProtocolListener[TankSession]):
                 principal: Principal, quota: PrincipalQuota | None = None
                 ) -> TankSession:
         return TankSession(stream, backend=self.backend, settings=self.settings,
-                           metrics=self.metrics, counter=self.counter, log=log,
+                           limits=self.limits, metrics=self.metrics, counter=self.counter, log=log,
                            principal=principal, guard=self.guard, quota=quota)
 
     def stats(self, session: TankSession) -> dict[str, Any]:
