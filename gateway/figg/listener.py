@@ -17,13 +17,13 @@ import trio
 from gateway.auth.guard import AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
-from gateway.core.config import Settings
 from gateway.core.contract import Backend
 from gateway.core.metrics import GaugeCollector, Metrics
 from gateway.core.sections import ConnectionLimits
 from gateway.figg.feed import TailFeeds
 from gateway.figg.frames import DataFrameCache
 from gateway.figg.session import FiggSession
+from gateway.figg.settings import FiggSettings
 from gateway.serving.listener import ProtocolListener
 from gateway.serving.tls import ListenerTLS
 
@@ -38,12 +38,13 @@ class FiggListener(ProtocolListener[FiggSession]):
     routine_kinds = frozenset({"eof", "reset", "send_failed", "shutdown", "idle"})
     log = structlog.get_logger("figtank.figg")
 
-    def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
-                 name: str | None = None, guard: AccessGuard | None = None,
-                 tls: ListenerTLS | None = None, quotas: Quotas | None = None,
-                 share_with: FiggListener | None = None) -> None:
-        super().__init__(backend, metrics, limits=ConnectionLimits.of(settings), name=name,
+    def __init__(self, backend: Backend, settings: FiggSettings, metrics: Metrics, *,
+                 limits: ConnectionLimits | None = None, name: str | None = None,
+                 guard: AccessGuard | None = None, tls: ListenerTLS | None = None,
+                 quotas: Quotas | None = None, share_with: FiggListener | None = None) -> None:
+        super().__init__(backend, metrics, limits=limits, name=name,
                          guard=guard, tls=tls, quotas=quotas)
+        #: The listener's settings (``figg.*``).
         self.settings = settings
         self.frames: DataFrameCache
         self.feeds: TailFeeds
@@ -52,7 +53,7 @@ class FiggListener(ProtocolListener[FiggSession]):
             # for all, so figg.data_cache_bytes bounds them together.
             self.frames, self.feeds = share_with.frames, share_with.feeds
             return
-        self.frames = DataFrameCache(settings.figg_data_cache_bytes)
+        self.frames = DataFrameCache(settings.data_cache_bytes)
         self.feeds = TailFeeds()
         metrics.add_collector(GaugeCollector(
             "figtank_figg_data_cache_bytes",

@@ -33,7 +33,6 @@ from gateway.auth.guard import OPEN, AccessGuard
 from gateway.auth.policy import Operation
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota
-from gateway.core.config import Settings
 from gateway.core.contract import Backend, TopicRefused, ensure_topic
 from gateway.core.metrics import Metrics
 from gateway.core.sections import ConnectionLimits
@@ -42,6 +41,7 @@ from gateway.figg.frames import DataFrameCache
 from gateway.figg.offsets import InvalidTopic, TankPartition, attach_start, figg_to_tank
 from gateway.figg.outbox import Outbox
 from gateway.figg.publisher import AckQueue, Publishing
+from gateway.figg.settings import FiggSettings
 from gateway.figg.subscription import Subscription, SubscriptionError
 from gateway.serving.session import PROTOCOL_ERRORS, CloseConnection, Session
 from protocols.connection import CLOSED, Role
@@ -68,12 +68,12 @@ class FiggSession(Session):
     __slots__ = ("_access", "_acks", "_backend", "_conn", "_feeds", "_frames", "_held_by",
                  "_log", "_max_subscriptions", "_max_unacked", "_metrics", "_partitions",
                  "_published_error", "_published_ok", "_publishing", "_requests",
-                 "_settings", "_subs",
+                 "_subs",
                  "messages_received", "principal")
 
     _outbox: Outbox
 
-    def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: Settings,
+    def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: FiggSettings,
                  limits: ConnectionLimits, metrics: Metrics, frames: DataFrameCache,
                  feeds: TailFeeds,
                  log: structlog.typing.FilteringBoundLogger,
@@ -90,7 +90,6 @@ class FiggSession(Session):
         if guard is not None:
             guard.watch(self)
         self._backend = backend
-        self._settings = settings
         self._metrics = metrics
         self._frames = frames
         self._feeds = feeds

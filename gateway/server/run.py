@@ -53,7 +53,9 @@ from gateway.core.config import (
 )
 from gateway.core.contract import Backend
 from gateway.core.metrics import Metrics
+from gateway.core.sections import ConnectionLimits, Section
 from gateway.figg.listener import FiggListener
+from gateway.figg.settings import FiggSettings
 from gateway.http.idempotency import FILE_NAME as IDEMPOTENCY_FILE
 from gateway.http.idempotency import IdempotencyKeys, open_idempotency_keys, register_metrics
 from gateway.http.idempotency import Limits as IdempotencyLimits
@@ -96,6 +98,8 @@ _FLAGS = {option.key: option.flag for option in OPTIONS}
 #: them here).
 _LISTENERS: dict[str, Callable[..., ProtocolListener[Any]]] = {
     "tank": TankListener, "figg": FiggListener, "kafka": KafkaListener, "http": HttpListener}
+#: The section of each listener that takes one (the others take the whole Settings).
+_SECTIONS: dict[str, type[Section]] = {"figg": FiggSettings}
 
 
 class ServerInfo:
@@ -524,6 +528,7 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                 info.offsets or OffsetStore(None), info.groups, groups_refused=groups_refused,
                 fetch_compression=fetch_compression(settings))
             info.groups.known = services.offsets
+            limits = ConnectionLimits.of(settings)
             for spec in specs:
                 if spec.protocol in _LISTENERS:
                     make = _LISTENERS[spec.protocol]
@@ -532,7 +537,12 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                         {"share_with": first} if make is FiggListener and first
                         else {"services": services} if make is KafkaListener
                         else {"idempotency": idempotency} if make is HttpListener else {})
-                    listeners[spec.name] = make(info.backend, settings, metrics,
+                    section = _SECTIONS.get(spec.protocol)
+                    if section is not None:
+                        more["limits"] = limits
+                    listeners[spec.name] = make(info.backend,
+                                                settings if section is None
+                                                else section.of(settings), metrics,
                                                 name=spec.name, guard=info.guard,
                                                 quotas=info.quotas,
                                                 tls=tls.get(spec.name),
