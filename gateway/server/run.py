@@ -85,6 +85,7 @@ from gateway.serving.tls import ListenerTLS
 from gateway.store import StoreError
 from gateway.store.descriptors import count_partitions, needed_at_start, raise_soft_limit
 from gateway.tank.listener import TankListener
+from gateway.tank.settings import TankSettings
 from protocols.native import implementation
 
 log = structlog.get_logger("figtank.server")
@@ -99,7 +100,7 @@ _FLAGS = {option.key: option.flag for option in OPTIONS}
 _LISTENERS: dict[str, Callable[..., ProtocolListener[Any]]] = {
     "tank": TankListener, "figg": FiggListener, "kafka": KafkaListener, "http": HttpListener}
 #: The section of each listener that takes one (the others take the whole Settings).
-_SECTIONS: dict[str, type[Section]] = {"figg": FiggSettings}
+_SECTIONS: dict[str, type[Section]] = {"figg": FiggSettings, "tank": TankSettings}
 
 
 class ServerInfo:

@@ -50,7 +50,6 @@ import trio
 from gateway.auth.guard import OPEN, AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota
-from gateway.core.config import Settings
 from gateway.core.contract import (
     Backend,
     FastAppender,
@@ -77,6 +76,7 @@ from gateway.tank.produce import (
     produce_response,
     produce_response_frame,
 )
+from gateway.tank.settings import TankSettings
 from protocols.connection import CLOSED, Role
 from protocols.tank.connection import TankConnection
 from protocols.tank.messages import (
@@ -151,7 +151,7 @@ class TankSession(RequestSession[TankConnection]):
 
     _outbox: TankOutbox
 
-    def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: Settings,
+    def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: TankSettings,
                  limits: ConnectionLimits, metrics: Metrics, counter: RequestCounter,
                  log: structlog.typing.FilteringBoundLogger,
                  principal: Principal | None = None,
