@@ -45,7 +45,6 @@ import trio
 from gateway.auth.guard import OPEN, AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import OUT, PrincipalQuota, Quotas
-from gateway.core.config import Settings
 from gateway.core.contract import Backend, ProduceOutcome
 from gateway.core.metrics import Metrics, RequestCounter
 from gateway.core.sections import ConnectionLimits
@@ -62,6 +61,7 @@ from gateway.kafka.produce import (
 )
 from gateway.kafka.sasl import SaslGate
 from gateway.kafka.services import KafkaServices
+from gateway.kafka.settings import KafkaSettings
 from gateway.kafka.versions import SERVED, api_versions
 from gateway.serving.listening import peer_host
 from gateway.serving.lookup import look_up, topics_to_look_up
@@ -107,7 +107,7 @@ class KafkaSession(RequestSession[KafkaServerConnection]):
                  "_user_quota",
                  "principal")
 
-    def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: Settings,
+    def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: KafkaSettings,
                  limits: ConnectionLimits, metrics: Metrics, counter: RequestCounter,
                  log: structlog.typing.FilteringBoundLogger, advertised: tuple[str, int],
                  principal: Principal | None = None, guard: AccessGuard | None = None,

@@ -1,5 +1,4 @@
-"""What the Kafka listener and its group coordinator are configured with
-(:mod:`gateway.core.sections`)."""
+"""What the Kafka listener is configured with (:mod:`gateway.core.sections`)."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ from dataclasses import dataclass
 from gateway.core.config import ListenerTable
 from gateway.core.sections import Section, setting
 
-__all__ = ["GroupSettings", "KafkaSettings"]
+__all__ = ["KafkaSettings"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,15 +26,3 @@ class KafkaSettings(Section):
     #: The [listeners.NAME] tables: a Kafka listener's SASL mechanisms are in its own.
     listeners: dict[str, ListenerTable] = setting("listeners")
 
-
-@dataclass(frozen=True, slots=True)
-class GroupSettings(Section):
-    """The consumer groups' coordinator's bounds and timing (``groups.*``)."""
-
-    initial_rebalance_delay_ms: int = setting("groups.initial_rebalance_delay_ms")
-    min_session_timeout_ms: int = setting("groups.min_session_timeout_ms")
-    max_session_timeout_ms: int = setting("groups.max_session_timeout_ms")
-    max_groups: int = setting("groups.max_groups")
-    max_members: int = setting("groups.max_members")
-    max_member_bytes: int = setting("groups.max_member_bytes")
-    max_bytes: int = setting("groups.max_bytes")

@@ -69,6 +69,7 @@ from gateway.kafka.groups.offsets import (
     OffsetStore,
     open_offset_store,
 )
+from gateway.kafka.groups.settings import GroupSettings
 from gateway.kafka.idempotence import ProducerStates
 from gateway.kafka.listener import KafkaListener
 from gateway.kafka.services import (
@@ -77,6 +78,7 @@ from gateway.kafka.services import (
     KafkaServices,
     fetch_compression,
 )
+from gateway.kafka.settings import KafkaSettings
 from gateway.server.endpoint import Endpoint, serve_endpoint
 from gateway.server.reuseport import shared_sockets
 from gateway.serving.accepting import serve_listeners
@@ -100,7 +102,8 @@ _FLAGS = {option.key: option.flag for option in OPTIONS}
 _LISTENERS: dict[str, Callable[..., ProtocolListener[Any]]] = {
     "tank": TankListener, "figg": FiggListener, "kafka": KafkaListener, "http": HttpListener}
 #: The section of each listener that takes one (the others take the whole Settings).
-_SECTIONS: dict[str, type[Section]] = {"figg": FiggSettings, "tank": TankSettings}
+_SECTIONS: dict[str, type[Section]] = {"figg": FiggSettings, "tank": TankSettings,
+                                        "kafka": KafkaSettings}
 
 
 class ServerInfo:
@@ -506,7 +509,7 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                                     tls=tls.get(spec.name))
                 await outer.start(partial(serve_endpoint, endpoint, bound[spec.name],
                                           name=spec.name))
-        info.groups = GroupCoordinator(settings, metrics)
+        info.groups = GroupCoordinator(GroupSettings.of(settings), metrics)
         await outer.start(info.groups.run)
         backend_in_use = (open_backend(settings, metrics, info.grace_deadline)
                           if backend is None else _given(backend))
@@ -527,7 +530,7 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                                recovered=getattr(info.backend, "stored_producer", None),
                                first_id=None if worker is None else worker_first_id(worker)),
                 info.offsets or OffsetStore(None), info.groups, groups_refused=groups_refused,
-                fetch_compression=fetch_compression(settings))
+                fetch_compression=fetch_compression(KafkaSettings.of(settings)))
             info.groups.known = services.offsets
             limits = ConnectionLimits.of(settings)
             for spec in specs:
