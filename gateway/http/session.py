@@ -28,7 +28,6 @@ import trio
 from gateway.auth.guard import AccessGuard, ConnectionAccess
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
-from gateway.core.config import Settings
 from gateway.core.contract import Backend, BackendUnavailable
 from gateway.core.metrics import Metrics
 from gateway.core.sections import ConnectionLimits
@@ -40,6 +39,7 @@ from gateway.http.idempotency import IdempotencyKeys
 from gateway.http.outage import outage_of, unavailable_error
 from gateway.http.request import Answer, HttpError, Request, error_answer
 from gateway.http.revocation import OpenStreams
+from gateway.http.settings import HttpSettings
 from gateway.http.tail import Tails
 from gateway.http.tokens import Tokens
 from gateway.logevery import LogEvery
@@ -63,7 +63,7 @@ class HttpServices(Protocol):
     a protocol, so that the handlers are typed without an import circle)."""
 
     backend: Backend
-    settings: Settings
+    settings: HttpSettings
     limits: ConnectionLimits
     metrics: Metrics
     guard: AccessGuard
@@ -124,7 +124,7 @@ class HttpSession:
         settings = listener.settings
         self._idle = listener.limits.idle_timeout_secs or math.inf
         self._frame = listener.limits.frame_timeout_secs or math.inf
-        self._max_body = settings.http_max_body_bytes
+        self._max_body = settings.max_body_bytes
         #: Checks every byte before h11 reads it.
         self.framing = FramingGuard(self._max_body)
         self._on_loopback: bool | None = None

@@ -220,9 +220,9 @@ class WebSocket:
         self.quota = quota
         self.conn = conn
         settings = self.listener.settings
-        self.outbox = FrameWriter(session.stream, settings.http_subscriber_buffer_bytes)
-        self.max_message = settings.http_max_body_bytes
-        self.window = settings.http_ws_publish_window
+        self.outbox = FrameWriter(session.stream, settings.subscriber_buffer_bytes)
+        self.max_message = settings.max_body_bytes
+        self.window = settings.ws_publish_window
         self.in_flight = 0
         self.subs: dict[tuple[str, int], _Subscription] = {}
         self.partitions: dict[str, int] = {}
@@ -589,7 +589,7 @@ class WebSocket:
         tail = self.listener.tails.acquire(topic, partition, tail_seq)
         metrics = self.listener.metrics
         sub = _Subscription(Cursor(backend, tail, next_seq,
-                                   self.listener.settings.http_subscriber_buffer_bytes),
+                                   self.listener.settings.subscriber_buffer_bytes),
                             self.outbox, metrics.for_topic(metrics.messages_out, topic),
                             self.quota)
         self.subs[(topic, partition)] = sub

@@ -60,6 +60,7 @@ from gateway.http.idempotency import FILE_NAME as IDEMPOTENCY_FILE
 from gateway.http.idempotency import IdempotencyKeys, open_idempotency_keys, register_metrics
 from gateway.http.idempotency import Limits as IdempotencyLimits
 from gateway.http.listener import HttpListener
+from gateway.http.settings import HttpSettings
 from gateway.kafka.groups.coordinator import GroupCoordinator
 from gateway.kafka.groups.lag import CommittedLag
 from gateway.kafka.groups.offsets import (
@@ -101,9 +102,9 @@ _FLAGS = {option.key: option.flag for option in OPTIONS}
 #: them here).
 _LISTENERS: dict[str, Callable[..., ProtocolListener[Any]]] = {
     "tank": TankListener, "figg": FiggListener, "kafka": KafkaListener, "http": HttpListener}
-#: The section of each listener that takes one (the others take the whole Settings).
+#: The settings of each protocol listener (its section).
 _SECTIONS: dict[str, type[Section]] = {"figg": FiggSettings, "tank": TankSettings,
-                                        "kafka": KafkaSettings}
+                                        "kafka": KafkaSettings, "http": HttpSettings}
 
 
 class ServerInfo:
@@ -541,12 +542,9 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                         {"share_with": first} if make is FiggListener and first
                         else {"services": services} if make is KafkaListener
                         else {"idempotency": idempotency} if make is HttpListener else {})
-                    section = _SECTIONS.get(spec.protocol)
-                    if section is not None:
-                        more["limits"] = limits
                     listeners[spec.name] = make(info.backend,
-                                                settings if section is None
-                                                else section.of(settings), metrics,
+                                                _SECTIONS[spec.protocol].of(settings),
+                                                metrics, limits=limits,
                                                 name=spec.name, guard=info.guard,
                                                 quotas=info.quotas,
                                                 tls=tls.get(spec.name),
