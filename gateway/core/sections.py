@@ -49,10 +49,16 @@ class Section:
     def of(cls, settings: Settings) -> Self:
         """The section's values in ``settings``."""
         return cls(**{f.name: getattr(settings, option_of(f.metadata["key"]).attr)
-                      for f in fields(cls) if "key" in f.metadata})
+                      for f in fields(cls) if "key" in f.metadata}, **cls.derived(settings))
 
     @classmethod
-    def keys(cls) -> dict[str, str]:
+    def derived(cls, settings: Settings) -> dict[str, Any]:
+        """The values of the section's fields that no one setting gives, made from
+        ``settings`` (none unless a section says otherwise)."""
+        return {}
+
+    @classmethod
+    def setting_keys(cls) -> dict[str, str]:
         """The setting each field takes: field name -> key (derived fields left out)."""
         return {f.name: f.metadata["key"] for f in fields(cls) if "key" in f.metadata}
 

@@ -43,7 +43,7 @@ from gateway.auth.access import Access, load_access
 from gateway.auth.guard import AccessGuard
 from gateway.auth.policy import PolicyError
 from gateway.auth.quotas import QuotaRules, Quotas
-from gateway.backend.embedded import connection_slots, open_embedded_backend
+from gateway.backend.embedded import EmbeddedSettings, connection_slots, open_embedded_backend
 from gateway.core.config import (
     OPTIONS,
     ConfigError,
@@ -349,7 +349,8 @@ async def open_backend(settings: Settings, metrics: Metrics,
     apply_descriptor_limit(settings)
     async with AsyncExitStack() as stack:
         try:
-            backend = await stack.enter_async_context(open_embedded_backend(settings, metrics))
+            backend = await stack.enter_async_context(open_embedded_backend(
+                EmbeddedSettings.of(settings), metrics))
         except StoreError as exc:  # a file of the store it can not read
             raise ConfigError(f"store.data_dir: {exc}; repair or remove it, or choose "
                               f"another directory with --data-dir DIR") from None
