@@ -333,9 +333,9 @@ async def open_backend(settings: Settings, metrics: Metrics,
     ConfigError naming ``store.data_dir``. ``grace_deadline`` says when the shutdown's
     grace period ends: an upstream Kafka producer flushes what it holds until then."""
     if settings.bridge_mode:
-        from gateway.backend.bridge import open_bridge_backend  # bridge mode only
+        from gateway.backend.bridge import BridgeSettings, open_bridge_backend
 
-        async with open_bridge_backend(settings, metrics) as bridge:
+        async with open_bridge_backend(BridgeSettings.of(settings), metrics) as bridge:
             yield bridge, bridge.unavailable
         return
     if settings.upstream_kafka_mode:
