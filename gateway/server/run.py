@@ -339,9 +339,9 @@ async def open_backend(settings: Settings, metrics: Metrics,
             yield bridge, bridge.unavailable
         return
     if settings.upstream_kafka_mode:
-        from gateway.backend.kafka import open_kafka_backend
+        from gateway.backend.kafka import UpstreamKafkaSettings, open_kafka_backend
 
-        async with open_kafka_backend(settings, metrics,
+        async with open_kafka_backend(UpstreamKafkaSettings.of(settings), metrics,
                                       flush_deadline=grace_deadline) as upstream:
             yield upstream, upstream.unavailable
         return
