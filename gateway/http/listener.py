@@ -9,6 +9,7 @@ run in :meth:`HttpListener.run`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -101,6 +102,12 @@ class HttpListener(ProtocolListener[HttpSession]):
         """Run the tails' readers until :meth:`shutdown`."""
         with self._scope:
             await self.tails.run(task_status=task_status)
+
+    def reloaders(self) -> list[tuple[str, Callable[[], None]]]:
+        """The JWT key files, when it has any."""
+        if not self.tokens.has_keys:
+            return []
+        return [(f"jwt keys of listener {self.name}", self.reload_keys)]
 
     def reload_keys(self) -> None:
         """Read the JWT key files again (SIGHUP) and end the open streams whose token no

@@ -10,7 +10,7 @@ an upstream broker serve it alike.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Generic
 
 import structlog
@@ -56,6 +56,22 @@ class ProtocolListener(ABC, Generic[S]):
         self._slots = ConnectionSlots(self.protocol, self.limits.max_connections, metrics,
                                       self.log, self.routine_kinds, listener=self.name,
                                       tls=tls)
+
+    def bound(self, address: tuple[str, int]) -> None:
+        """The server bound the listener's sockets to ``address`` (before it serves);
+        nothing to do unless a listener says otherwise (Kafka's advertises it)."""
+
+    def reloaders(self) -> list[tuple[str, Callable[[], None]]]:
+        """What SIGHUP should re-read for this listener: (what, reload) pairs, as
+        :meth:`~gateway.server.run.ServerInfo.add_reloader` takes them (none unless a
+        listener says otherwise)."""
+        return []
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """The listener's own background work, started before it accepts and stopped
+        by :meth:`shutdown` (none unless a listener says otherwise: returns at once)."""
+        task_status.started()
 
     @property
     def active(self) -> int:
