@@ -4,7 +4,9 @@ Every option is declared once, as a field of :class:`Settings`: its key in the T
 file, its flag, its type, default and help. :data:`OPTIONS` (one row a setting), the
 CLI flags, the config-file parser and the configuration reference (docs/configuration.md) all derive
 from those fields. The parsers of the values, and the listener tables, are
-:mod:`gateway.core.config_values`'s (imported from here as before).
+:mod:`gateway.core.config_values`'s (imported from here as before). The listeners and
+backends do not receive :class:`Settings` whole: each gets its section of it
+(:mod:`gateway.core.sections`).
 """
 
 from __future__ import annotations
