@@ -56,7 +56,7 @@ def test_each_field_has_the_type_and_default_of_its_setting(cls: type[Section]) 
 
 
 @pytest.mark.parametrize("cls", SECTIONS.values(), ids=list(SECTIONS))
-def test_of_copies_the_values_of_the_settings(cls: type[Section], tmp_path: Path) -> None:
+def test_of_copies_the_values_of_the_settings(cls: type[Section]) -> None:
     made, default = cls.of(load_settings()), cls()
     assert all(getattr(made, name) == getattr(default, name) for name in cls.setting_keys())
     for name, key in cls.setting_keys().items():
