@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from gateway.backend.embedded import open_embedded_backend
+from gateway.backend.embedded import EmbeddedSettings, open_embedded_backend
 from gateway.client.tank import open_tank_client
 from gateway.core.config import Settings
 from protocols.connection import NEED_DATA, Role
@@ -186,7 +186,7 @@ async def test_tank_unacked_produce_bytes_hold_the_connection_back(tmp_path: Pat
 async def test_figg_unacked_publish_bytes_hold_the_connection_back(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "data", durability="fsync", unacked_bytes=1,
                         figg_listen="", tank_listen="", metrics_listen="")
-    async with open_embedded_backend(settings) as backend, \
+    async with open_embedded_backend(EmbeddedSettings.of(settings)) as backend, \
             listening("figg", backend, settings) as running:
         peer = await RawPeer.connect(running)
         await peer.send(*(publish("p", i, b"x") for i in range(1, 41)))

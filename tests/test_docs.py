@@ -170,3 +170,23 @@ def test_the_architecture_drawing_names_every_listener_and_backend() -> None:
         assert f"{name} listener" in drawing, f"the drawing has no {name} listener"
     for backend in ("embedded store", "upstream Tank broker", "upstream Kafka cluster"):
         assert backend in drawing, f"the drawing has no {backend}"
+
+
+def test_the_architecture_page_says_which_section_each_part_receives() -> None:
+    # Its table of sections names every section written in gateway/ with the file it is
+    # in, and a line for every listener of the server's table; its way to add a listener
+    # names the table.
+    from gateway.server.listeners import LISTENERS
+
+    text = page("architecture.md")
+    table = between(text, "## How settings reach each part", "## Adding a listener")
+    named = dict(re.findall(r"\| `(\w+)` \(`([\w/]+\.py)`\) \|", table))
+    written = {name: path.relative_to(ROOT / "gateway").as_posix()
+               for path in (ROOT / "gateway").rglob("*.py")
+               for name in re.findall(r"^class (\w+)\(Section\)", path.read_text(),
+                                      re.MULTILINE)}
+    assert named == written, "docs/architecture.md's table of sections is stale"
+    for kind in LISTENERS:
+        assert f"| {kind.shown} listener | `{kind.section.__name__}`" in table, kind.name
+    adding = between(text, "## Adding a listener", "## ")
+    assert "`server/listeners.py`'s table `LISTENERS`" in " ".join(adding.split())

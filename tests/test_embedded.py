@@ -7,7 +7,7 @@ import pytest
 import trio
 
 from gateway.backend.bridge.backend import BridgeBackend
-from gateway.backend.embedded import EmbeddedBackend, open_embedded_backend
+from gateway.backend.embedded import EmbeddedBackend, EmbeddedSettings, open_embedded_backend
 from gateway.backend.kafka.backend import KafkaBackend
 from gateway.core.config import Settings
 from gateway.core.contract import (
@@ -43,7 +43,7 @@ def values_of(outcome) -> list[tuple[int, bytes]]:
 @pytest.fixture
 async def backend(tmp_path: Path):
     settings = Settings(data_dir=tmp_path / "data", durability="os")
-    async with open_embedded_backend(settings, Metrics()) as backend:
+    async with open_embedded_backend(EmbeddedSettings.of(settings), Metrics()) as backend:
         yield backend
 
 
@@ -94,7 +94,7 @@ async def test_produce_errors_per_partition(backend: EmbeddedBackend) -> None:
 
 async def test_no_auto_create(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, auto_create_topics=False, durability="os")
-    async with open_embedded_backend(settings) as backend:
+    async with open_embedded_backend(EmbeddedSettings.of(settings)) as backend:
         [outcome] = await backend.produce([ProduceBatch("t", 0, bundle(b"x"))])
         assert outcome.code is ProduceCode.UNKNOWN_TOPIC
         assert await backend.discover_partitions("t") is None
@@ -102,7 +102,7 @@ async def test_no_auto_create(tmp_path: Path) -> None:
 
 async def test_ensure_topic_creates_as_the_policy_says(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, durability="os", default_partitions=2)
-    async with open_embedded_backend(settings) as backend:
+    async with open_embedded_backend(EmbeddedSettings.of(settings)) as backend:
         assert backend.auto_create == AutoCreate(True, 2)
         assert [p.high_water_mark for p in await ensure_topic(backend, "fresh")] == [0, 0]
         with pytest.raises(TopicRefused, match="unknown topic") as refused:
@@ -240,8 +240,8 @@ async def test_admin_requests(backend: EmbeddedBackend) -> None:
 
 async def test_metrics_count_appends_and_sizes(tmp_path: Path) -> None:
     metrics = Metrics()
-    async with open_embedded_backend(Settings(data_dir=tmp_path, durability="fsync"),
-                                     metrics) as backend:
+    settings = EmbeddedSettings.of(Settings(data_dir=tmp_path, durability="fsync"))
+    async with open_embedded_backend(settings, metrics) as backend:
         await backend.produce([ProduceBatch("m", 0, bundle(b"a", b"b", b"c"))])
         text = metrics.render().decode()
     assert 'figtank_messages_in_total{topic="m"} 3.0' in text
@@ -260,8 +260,8 @@ def fsync_count(metrics: Metrics) -> float:
 
 async def test_bundles_of_one_partition_share_a_group_fsync(tmp_path: Path) -> None:
     metrics = Metrics()
-    async with open_embedded_backend(Settings(data_dir=tmp_path, durability="fsync"),
-                                     metrics) as backend:
+    settings = EmbeddedSettings.of(Settings(data_dir=tmp_path, durability="fsync"))
+    async with open_embedded_backend(settings, metrics) as backend:
         await backend.produce([ProduceBatch("g", 0, bundle(b"first"))])
         before = fsync_count(metrics)
         outcomes = await backend.produce(
@@ -274,7 +274,8 @@ async def test_bundles_of_one_partition_share_a_group_fsync(tmp_path: Path) -> N
 async def test_append_many_reports_each_entry(tmp_path: Path) -> None:
     from gateway.store import AppendResult, InvalidBundle, InvalidSequence
 
-    async with open_embedded_backend(Settings(data_dir=tmp_path, durability="fsync")) as b:
+    settings = EmbeddedSettings.of(Settings(data_dir=tmp_path, durability="fsync"))
+    async with open_embedded_backend(settings) as b:
         await b.create_topic("e", 1)
         partition = b.store.partition("e", 0)
         results = await partition.append_many([

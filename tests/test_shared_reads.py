@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gateway.backend import shared
-from gateway.backend.embedded import EmbeddedBackend, open_embedded_backend
+from gateway.backend.embedded import EmbeddedBackend, EmbeddedSettings, open_embedded_backend
 from gateway.backend.shared import SharedChunk
 from gateway.core.config import Settings
 from gateway.core.contract import FetchRequest, FetchStatus, ProduceBatch
@@ -24,7 +24,7 @@ def bundle(size: int = 10, count: int = 1) -> bytes:
 @pytest.fixture
 async def backend(tmp_path: Path) -> AsyncIterator[EmbeddedBackend]:
     settings = Settings(data_dir=tmp_path / "data", durability="os")
-    async with open_embedded_backend(settings, Metrics()) as backend:
+    async with open_embedded_backend(EmbeddedSettings.of(settings), Metrics()) as backend:
         await backend.create_topic("t", 2)
         yield backend
 

@@ -7,9 +7,11 @@ import operator
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from functools import partial
 from importlib.metadata import PackageNotFoundError, version
-from typing import Final
+from pathlib import Path
+from typing import Any, Final
 
 import structlog
 import trio
@@ -37,6 +39,7 @@ from gateway.core.contract import (
     produce_and_wait,
 )
 from gateway.core.metrics import GaugeCollector, Metrics
+from gateway.core.sections import Section, setting
 from gateway.store import (
     AppendResult,
     BundleTooLarge,
@@ -567,7 +570,38 @@ class _ProduceCall:
             self._metrics.append_seconds.observe(elapsed)
 
 
-def store_settings(settings: Settings, config_bounds: ConfigBounds | None = None
+@dataclass(frozen=True, slots=True)
+class EmbeddedSettings(Section):
+    """What the embedded store backend is configured with (``store.*``, the topics'
+    defaults and the store's limits)."""
+
+    data_dir: Path = setting("store.data_dir")
+    durability: str = setting("store.durability")
+    max_bundle_bytes: int = setting("store.max_bundle_bytes")
+    retention_check_secs: float = setting("store.retention_check_secs")
+    check_rolled_segments: str = setting("store.check_rolled_segments")
+    tail_cache_bytes: int = setting("store.tail_cache_bytes")
+    min_free_bytes: int = setting("store.min_free_bytes")
+    min_free_percent: float = setting("store.min_free_percent")
+    max_prefill_bytes: int = setting("store.max_prefill_bytes")
+    auto_create_topics: bool = setting("topics.auto_create")
+    default_partitions: int = setting("topics.default_partitions")
+    topic_config: dict[str, str] = setting("topics.config")
+    max_topics: int = setting("limits.max_topics")
+    max_partitions: int = setting("limits.max_partitions")
+    max_open_segments: int = setting("limits.max_open_segments")
+    open_files: int = setting("limits.open_files")
+    max_producer_states: int = setting("limits.max_producer_states")
+    #: Connections every listener together may hold, each a descriptor (derived from
+    #: the listeners; 0 when the section is made without settings).
+    connection_slots: int = 0
+
+    @classmethod
+    def derived(cls, settings: Settings) -> dict[str, Any]:
+        return {"connection_slots": connection_slots(settings)}
+
+
+def store_settings(settings: EmbeddedSettings, config_bounds: ConfigBounds | None = None
                    ) -> StoreSettings:
     """The store's settings derived from the gateway's (``config_bounds``: the default
     minimums of client-set topic config unless given, for tests)."""
@@ -583,7 +617,7 @@ def store_settings(settings: Settings, config_bounds: ConfigBounds | None = None
         max_partitions=settings.max_partitions,
         config_bounds=config_bounds or ConfigBounds(),
         check_rolled_segments=settings.check_rolled_segments,
-        descriptor_allowance=settings.max_open_segments + connection_slots(settings),
+        descriptor_allowance=settings.max_open_segments + settings.connection_slots,
         raise_descriptor_limit=settings.open_files == 0,
         max_producer_states=settings.max_producer_states,
         min_free_bytes=settings.min_free_bytes,
@@ -599,7 +633,7 @@ def connection_slots(settings: Settings) -> int:
 
 
 @asynccontextmanager
-async def open_embedded_backend(settings: Settings, metrics: Metrics | None = None, *,
+async def open_embedded_backend(settings: EmbeddedSettings, metrics: Metrics | None = None, *,
                                 config_bounds: ConfigBounds | None = None
                                 ) -> AsyncIterator[EmbeddedBackend]:
     """Open (and recover) the store in ``settings.data_dir`` and serve it as a backend.

@@ -74,13 +74,13 @@ def _announce(info: ServerInfo) -> None:
     print(serving_line(info), file=sys.stderr)
 
 
-#: How the listeners named after their protocol are shown, in the order shown.
-_SHOWN: Final = {"figg": "Figg", "tank": "Tank", "kafka": "Kafka", "http": "HTTP"}
-
-
 def serving_line(info: ServerInfo) -> str:
-    """The line :func:`_announce` prints."""
-    order = {name: i for i, name in enumerate(_SHOWN)}
+    """The line :func:`_announce` prints: the listeners named after their protocol
+    first, in the order and with the names of the table of listeners."""
+    from gateway.server.listeners import LISTENERS  # serving only: client commands skip it
+
+    shown = {kind.name: kind.shown for kind in LISTENERS}
+    order = {name: i for i, name in enumerate(shown)}
     names = sorted(info.addresses, key=lambda n: (n == "metrics", order.get(n, len(order))))
     where = []
     for name in names:
@@ -92,8 +92,8 @@ def serving_line(info: ServerInfo) -> str:
         if name == "http":
             where.append(f"HTTP on {'https' if name in info.tls else 'http'}://{host}:{port}/")
             continue
-        shown = f"{_SHOWN.get(name, name)} on {host}:{port}"
-        where.append(shown + (" (TLS)" if name in info.tls else ""))
+        where.append(f"{shown.get(name, name)} on {host}:{port}"
+                     + (" (TLS)" if name in info.tls else ""))
     return f"figtank: serving {', '.join(where) or 'nothing'} (Ctrl-C stops)"
 
 

@@ -4,7 +4,9 @@ Every option is declared once, as a field of :class:`Settings`: its key in the T
 file, its flag, its type, default and help. :data:`OPTIONS` (one row a setting), the
 CLI flags, the config-file parser and the configuration reference (docs/configuration.md) all derive
 from those fields. The parsers of the values, and the listener tables, are
-:mod:`gateway.core.config_values`'s (imported from here as before).
+:mod:`gateway.core.config_values`'s (imported from here as before). The listeners and
+backends do not receive :class:`Settings` whole: each gets its section of it
+(:mod:`gateway.core.sections`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from gateway.core.config_values import (
     KAFKA_COMPRESSIONS,
@@ -49,7 +51,7 @@ from gateway.core.config_values import (
     parse_address,
 )
 
-__all__ = ["KAFKA_COMPRESSIONS", "MIB", "OPTIONS", "PROTOCOLS", "SASL_MECHANISMS",
+__all__ = ["KAFKA_COMPRESSIONS", "LISTEN", "MIB", "OPTIONS", "PROTOCOLS", "SASL_MECHANISMS",
            "UPSTREAM_COMPRESSIONS", "ConfigError", "ListenerSpec", "ListenerTable", "Option",
            "Settings", "TLSFiles", "add_setting_flags", "flag_overrides", "load_settings",
            "parse_address", "reference_table", "settings_from_mapping"]
@@ -496,9 +498,7 @@ class Settings:
         """Every listener to open (those with an empty address are off), in the order
         metrics, tank, figg, kafka, http, then the [listeners.NAME] ones; a ConfigError
         naming the key when a TLS setting lacks its pair."""
-        listen = {"metrics": self.metrics_listen, "tank": self.tank_listen,
-                  "figg": self.figg_listen, "kafka": self.kafka_listen,
-                  "http": self.http_listen}
+        listen = {name: getattr(self, attr) for name, attr in LISTEN.items()}
         if self.tls_client_ca and not self.tls_cert and not any(
                 t.tls_cert for t in self.listeners.values()):
             raise ConfigError("tls.client_ca: mutual TLS needs a certificate: set tls.cert "
@@ -567,6 +567,11 @@ OPTIONS: tuple[Option, ...] = tuple(
     for f in fields(Settings))
 _BY_ATTR = {option.attr: option for option in OPTIONS}
 _BY_KEY = {option.key: option for option in OPTIONS}
+#: The attribute of each listener's address setting (``listen.NAME``), by listener name:
+#: metrics first, then the protocol listeners in the order of PROTOCOLS (a KeyError here
+#: when a protocol has no ``listen.`` setting).
+LISTEN: Final = {name: _BY_KEY[f"listen.{name}"].attr
+                 for name in sorted(PROTOCOLS, key=lambda name: name != "metrics")}
 
 
 def _parse_option(option: Option, value: Any) -> Any:

@@ -17,12 +17,13 @@ import trio
 from gateway.auth.guard import AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
-from gateway.core.config import Settings
 from gateway.core.contract import Backend
 from gateway.core.metrics import GaugeCollector, Metrics
+from gateway.core.sections import ConnectionLimits
 from gateway.figg.feed import TailFeeds
 from gateway.figg.frames import DataFrameCache
 from gateway.figg.session import FiggSession
+from gateway.figg.settings import FiggSettings
 from gateway.serving.listener import ProtocolListener
 from gateway.serving.tls import ListenerTLS
 
@@ -37,12 +38,14 @@ class FiggListener(ProtocolListener[FiggSession]):
     routine_kinds = frozenset({"eof", "reset", "send_failed", "shutdown", "idle"})
     log = structlog.get_logger("figtank.figg")
 
-    def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
-                 name: str | None = None, guard: AccessGuard | None = None,
-                 tls: ListenerTLS | None = None, quotas: Quotas | None = None,
-                 share_with: FiggListener | None = None) -> None:
-        super().__init__(backend, settings, metrics, name=name, guard=guard, tls=tls,
-                         quotas=quotas)
+    def __init__(self, backend: Backend, settings: FiggSettings, metrics: Metrics, *,
+                 limits: ConnectionLimits | None = None, name: str | None = None,
+                 guard: AccessGuard | None = None, tls: ListenerTLS | None = None,
+                 quotas: Quotas | None = None, share_with: FiggListener | None = None) -> None:
+        super().__init__(backend, metrics, limits=limits, name=name,
+                         guard=guard, tls=tls, quotas=quotas)
+        #: The listener's settings (``figg.*``).
+        self.settings = settings
         self.frames: DataFrameCache
         self.feeds: TailFeeds
         if share_with is not None:
@@ -50,7 +53,7 @@ class FiggListener(ProtocolListener[FiggSession]):
             # for all, so figg.data_cache_bytes bounds them together.
             self.frames, self.feeds = share_with.frames, share_with.feeds
             return
-        self.frames = DataFrameCache(settings.figg_data_cache_bytes)
+        self.frames = DataFrameCache(settings.data_cache_bytes)
         self.feeds = TailFeeds()
         metrics.add_collector(GaugeCollector(
             "figtank_figg_data_cache_bytes",
@@ -62,8 +65,9 @@ class FiggListener(ProtocolListener[FiggSession]):
                 principal: Principal, quota: PrincipalQuota | None = None
                 ) -> FiggSession:
         return FiggSession(stream, backend=self.backend, settings=self.settings,
-                           metrics=self.metrics, frames=self.frames, feeds=self.feeds, log=log,
-                           principal=principal, guard=self.guard, quota=quota)
+                           limits=self.limits, metrics=self.metrics, frames=self.frames,
+                           feeds=self.feeds, log=log, principal=principal, guard=self.guard,
+                           quota=quota)
 
     def stats(self, session: FiggSession) -> dict[str, Any]:
         return {"received": session.messages_received, "acked": session.published,

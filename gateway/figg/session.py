@@ -33,14 +33,15 @@ from gateway.auth.guard import OPEN, AccessGuard
 from gateway.auth.policy import Operation
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota
-from gateway.core.config import Settings
 from gateway.core.contract import Backend, TopicRefused, ensure_topic
 from gateway.core.metrics import Metrics
+from gateway.core.sections import ConnectionLimits
 from gateway.figg.feed import TailFeeds
 from gateway.figg.frames import DataFrameCache
 from gateway.figg.offsets import InvalidTopic, TankPartition, attach_start, figg_to_tank
 from gateway.figg.outbox import Outbox
 from gateway.figg.publisher import AckQueue, Publishing
+from gateway.figg.settings import FiggSettings
 from gateway.figg.subscription import Subscription, SubscriptionError
 from gateway.serving.session import PROTOCOL_ERRORS, CloseConnection, Session
 from protocols.connection import CLOSED, Role
@@ -67,20 +68,21 @@ class FiggSession(Session):
     __slots__ = ("_access", "_acks", "_backend", "_conn", "_feeds", "_frames", "_held_by",
                  "_log", "_max_subscriptions", "_max_unacked", "_metrics", "_partitions",
                  "_published_error", "_published_ok", "_publishing", "_requests",
-                 "_settings", "_subs",
+                 "_subs",
                  "messages_received", "principal")
 
     _outbox: Outbox
 
-    def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: Settings,
-                 metrics: Metrics, frames: DataFrameCache, feeds: TailFeeds,
+    def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: FiggSettings,
+                 limits: ConnectionLimits, metrics: Metrics, frames: DataFrameCache,
+                 feeds: TailFeeds,
                  log: structlog.typing.FilteringBoundLogger,
                  principal: Principal | None = None,
                  guard: AccessGuard | None = None,
                  quota: PrincipalQuota | None = None) -> None:
         super().__init__(stream, Outbox(stream, settings.subscriber_buffer_bytes),
-                         frame_timeout=settings.frame_timeout_secs,
-                         idle_timeout=settings.idle_timeout_secs, quota=quota)
+                         frame_timeout=limits.frame_timeout_secs,
+                         idle_timeout=limits.idle_timeout_secs, quota=quota)
         #: Who the connection acts as (its listener, or its certificate's subject).
         self.principal = principal or Principal("figg")
         #: What the access policy lets it do; a reload looks at its subscriptions again.
@@ -88,18 +90,17 @@ class FiggSession(Session):
         if guard is not None:
             guard.watch(self)
         self._backend = backend
-        self._settings = settings
         self._metrics = metrics
         self._frames = frames
         self._feeds = feeds
         self._log = log
-        self._conn = FiggConnection(Role.SERVER, max_frame_size=settings.max_frame_bytes)
+        self._conn = FiggConnection(Role.SERVER, max_frame_size=limits.max_frame_bytes)
         self._acks = AckQueue(self._outbox, self._publish_failed, self._published)
         self._publishing = Publishing(backend, self._acks)
         self._subs: dict[str, Subscription] = {}
         self._partitions: dict[str, TankPartition] = {}
-        self._max_unacked = settings.unacked_bytes
-        self._max_subscriptions = settings.max_requests_in_flight
+        self._max_unacked = limits.unacked_bytes
+        self._max_subscriptions = limits.max_requests_in_flight
         #: The limit holding the connection back now (its setting's name), or None.
         self._held_by: str | None = None
         self._requests = metrics.requests

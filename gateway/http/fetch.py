@@ -61,8 +61,8 @@ async def _fetch(session: HttpSession, request: Request, topic: str) -> Answer:
     ndjson = request.wants_ndjson()
     max_count = min(request.int_param("max_count", DEFAULT_COUNT, minimum=1) or 1, MAX_COUNT)
     max_bytes = min(request.int_param("max_bytes", DEFAULT_BYTES, minimum=1) or 1,
-                    settings.http_max_body_bytes * 8)
-    wait_ms = min(request.int_param("wait_ms", 0) or 0, settings.http_max_wait_ms)
+                    settings.max_body_bytes * 8)
+    wait_ms = min(request.int_param("wait_ms", 0) or 0, settings.max_wait_ms)
     info = infos[partition]
     offset = request.int_param("offset", max(info.first_available, 1))
     assert offset is not None

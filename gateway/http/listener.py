@@ -9,6 +9,7 @@ run in :meth:`HttpListener.run`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -17,15 +18,16 @@ import trio
 from gateway.auth.guard import AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
-from gateway.core.config import Settings
 from gateway.core.contract import Backend
 from gateway.core.metrics import GaugeCollector, Metrics
+from gateway.core.sections import ConnectionLimits
 from gateway.http.cors import Cors
 from gateway.http.hosts import HostGuard
 from gateway.http.idempotency import IdempotencyKeys, Limits
 from gateway.http.revocation import OpenStreams
 from gateway.http.routing import Router
 from gateway.http.session import HttpSession
+from gateway.http.settings import HttpSettings
 from gateway.http.tail import Tails
 from gateway.http.tokens import Tokens
 from gateway.logevery import LogEvery
@@ -60,22 +62,24 @@ class HttpListener(ProtocolListener[HttpSession]):
                                "send_failed"})
     log = structlog.get_logger("figtank.http")
 
-    def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
-                 name: str | None = None, guard: AccessGuard | None = None,
-                 tls: ListenerTLS | None = None, quotas: Quotas | None = None,
-                 idempotency: IdempotencyKeys | None = None) -> None:
-        super().__init__(backend, settings, metrics, name=name, guard=guard, tls=tls,
-                         quotas=quotas)
+    def __init__(self, backend: Backend, settings: HttpSettings, metrics: Metrics, *,
+                 limits: ConnectionLimits | None = None, name: str | None = None,
+                 guard: AccessGuard | None = None, tls: ListenerTLS | None = None,
+                 quotas: Quotas | None = None, idempotency: IdempotencyKeys | None = None) -> None:
+        super().__init__(backend, metrics, limits=limits, name=name,
+                         guard=guard, tls=tls, quotas=quotas)
+        #: The listener's settings (``http.*``).
+        self.settings = settings
         #: The produces' Idempotency-Key values (shared by the server's HTTP listeners;
         #: in memory when none is given).
         self.idempotency = idempotency if idempotency is not None else IdempotencyKeys(
-            None, Limits(settings.http_idempotency_max_keys,
-                         settings.http_idempotency_max_bytes,
-                         settings.http_idempotency_ttl_secs))
-        self.tails = Tails(backend, settings.http_tail_buffer_bytes)
+            None, Limits(settings.idempotency_max_keys,
+                         settings.idempotency_max_bytes,
+                         settings.idempotency_ttl_secs))
+        self.tails = Tails(backend, settings.tail_buffer_bytes)
         self.router = build_router()
-        self.hosts = HostGuard(settings.http_allowed_hosts)
-        self.cors = Cors(settings.http_cors_origins, "https" if tls is not None else "http")
+        self.hosts = HostGuard(settings.allowed_hosts)
+        self.cors = Cors(settings.cors_origins, "https" if tls is not None else "http")
         self.tokens = Tokens(self.guard, settings)
         #: The open SSE streams and WebSockets a reload may end.
         self.open_streams = OpenStreams(self.guard, self.tokens, self.log)
@@ -98,6 +102,12 @@ class HttpListener(ProtocolListener[HttpSession]):
         """Run the tails' readers until :meth:`shutdown`."""
         with self._scope:
             await self.tails.run(task_status=task_status)
+
+    def reloaders(self) -> list[tuple[str, Callable[[], None]]]:
+        """The JWT key files, when it has any."""
+        if not self.tokens.has_keys:
+            return []
+        return [(f"jwt keys of listener {self.name}", self.reload_keys)]
 
     def reload_keys(self) -> None:
         """Read the JWT key files again (SIGHUP) and end the open streams whose token no

@@ -28,9 +28,9 @@ import trio
 from gateway.auth.guard import AccessGuard, ConnectionAccess
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
-from gateway.core.config import Settings
 from gateway.core.contract import Backend, BackendUnavailable
 from gateway.core.metrics import Metrics
+from gateway.core.sections import ConnectionLimits
 from gateway.http.cors import Cors
 from gateway.http.faults import FAULT_CODES
 from gateway.http.framing import FramingGuard
@@ -39,6 +39,7 @@ from gateway.http.idempotency import IdempotencyKeys
 from gateway.http.outage import outage_of, unavailable_error
 from gateway.http.request import Answer, HttpError, Request, error_answer
 from gateway.http.revocation import OpenStreams
+from gateway.http.settings import HttpSettings
 from gateway.http.tail import Tails
 from gateway.http.tokens import Tokens
 from gateway.logevery import LogEvery
@@ -62,7 +63,8 @@ class HttpServices(Protocol):
     a protocol, so that the handlers are typed without an import circle)."""
 
     backend: Backend
-    settings: Settings
+    settings: HttpSettings
+    limits: ConnectionLimits
     metrics: Metrics
     guard: AccessGuard
     quotas: Quotas | None
@@ -120,9 +122,9 @@ class HttpSession:
         #: (a new one each time: :meth:`cancellable`).
         self.scope = trio.CancelScope()
         settings = listener.settings
-        self._idle = settings.idle_timeout_secs or math.inf
-        self._frame = settings.frame_timeout_secs or math.inf
-        self._max_body = settings.http_max_body_bytes
+        self._idle = listener.limits.idle_timeout_secs or math.inf
+        self._frame = listener.limits.frame_timeout_secs or math.inf
+        self._max_body = settings.max_body_bytes
         #: Checks every byte before h11 reads it.
         self.framing = FramingGuard(self._max_body)
         self._on_loopback: bool | None = None

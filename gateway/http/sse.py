@@ -88,7 +88,7 @@ async def events(session: HttpSession, request: Request) -> None:
     tails = [listener.tails.acquire(topic, p, infos[p].high_water_mark + 1)
              for p in partitions]
     cursors = [Cursor(listener.backend, tail, starts[tail.partition],
-                      settings.http_subscriber_buffer_bytes) for tail in tails]
+                      settings.subscriber_buffer_bytes) for tail in tails]
     headers = list(_HEAD)
     listener.cors.apply(request, headers)
     request.headers.clear()  # read: an idle stream keeps no more of its request
@@ -206,11 +206,11 @@ async def _stream(session: HttpSession, topic: str, cursors: list[Cursor], *, si
                   admitted: _Admitted, quota: PrincipalQuota | None = None) -> None:
     listener = session.listener
     settings = listener.settings
-    stall = settings.idle_timeout_secs or math.inf
-    heartbeat = settings.http_heartbeat_secs
+    stall = listener.limits.idle_timeout_secs or math.inf
+    heartbeat = settings.heartbeat_secs
     delivered = listener.metrics.for_topic(listener.metrics.messages_out, topic)
     positions = {c.partition: c.position for c in cursors}
-    outbox = FrameWriter(session.stream, settings.http_subscriber_buffer_bytes)
+    outbox = FrameWriter(session.stream, settings.subscriber_buffer_bytes)
     outbox.put_nowait(session.chunk(b"retry: 1000\n: " + event_id(positions) + b"\n\n"))
     follower = _Follower(cursors[0], outbox, session, delivered, quota) if single else None
     whole = None if single else TopicFollower(cursors, positions, outbox, session, delivered,

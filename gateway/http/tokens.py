@@ -24,10 +24,11 @@ from typing import Any, Final
 
 from gateway.auth.guard import AccessGuard
 from gateway.auth.principal import Principal
-from gateway.core.config import ConfigError, Settings
+from gateway.core.config import ConfigError
 from gateway.extras import require
 from gateway.http.challenge import invalid_token_challenge
 from gateway.http.request import HttpError, Request
+from gateway.http.settings import HttpSettings
 
 CACHE_ENTRIES: Final = 4096
 
@@ -39,17 +40,17 @@ def _invalid(why: str) -> HttpError:
 class Tokens:
     """What bearer tokens the listener accepts."""
 
-    def __init__(self, guard: AccessGuard, settings: Settings) -> None:
+    def __init__(self, guard: AccessGuard, settings: HttpSettings) -> None:
         self._guard = guard
         self._files = {algorithm: (key, read) for algorithm, key, read in (
-            ("HS256", "http.jwt_hs256_secret_file", settings.http_jwt_hs256_secret_file),
+            ("HS256", "http.jwt_hs256_secret_file", settings.jwt_hs256_secret_file),
             ("RS256", "http.jwt_rs256_public_key_file",
-             settings.http_jwt_rs256_public_key_file)) if read}
+             settings.jwt_rs256_public_key_file)) if read}
         self._keys: dict[str, Any] = self._read_keys()
         self._jwt = require("jwt", extra="jwt", purpose="JWT bearer tokens") if (
             self._keys) else None
-        self._audience = settings.http_jwt_audience or None
-        self._issuer = settings.http_jwt_issuer or None
+        self._audience = settings.jwt_audience or None
+        self._issuer = settings.jwt_issuer or None
         #: token -> (user, kept until, its ``exp`` or None)
         self._cache: dict[str, tuple[str, float, float | None]] = {}
 

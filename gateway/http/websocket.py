@@ -220,9 +220,9 @@ class WebSocket:
         self.quota = quota
         self.conn = conn
         settings = self.listener.settings
-        self.outbox = FrameWriter(session.stream, settings.http_subscriber_buffer_bytes)
-        self.max_message = settings.http_max_body_bytes
-        self.window = settings.http_ws_publish_window
+        self.outbox = FrameWriter(session.stream, settings.subscriber_buffer_bytes)
+        self.max_message = settings.max_body_bytes
+        self.window = settings.ws_publish_window
         self.in_flight = 0
         self.subs: dict[tuple[str, int], _Subscription] = {}
         self.partitions: dict[str, int] = {}
@@ -562,7 +562,7 @@ class WebSocket:
             self.send_json({"op": "attached", "topic": topic, "partition": partition,
                             "offset": sub.cursor.position})
             return
-        if len(self.subs) >= self.listener.settings.max_requests_in_flight:
+        if len(self.subs) >= self.listener.limits.max_requests_in_flight:
             raise _Close(POLICY, "too many subscriptions on one WebSocket")
         backend = self.listener.backend
         ensure_available(backend)
@@ -589,7 +589,7 @@ class WebSocket:
         tail = self.listener.tails.acquire(topic, partition, tail_seq)
         metrics = self.listener.metrics
         sub = _Subscription(Cursor(backend, tail, next_seq,
-                                   self.listener.settings.http_subscriber_buffer_bytes),
+                                   self.listener.settings.subscriber_buffer_bytes),
                             self.outbox, metrics.for_topic(metrics.messages_out, topic),
                             self.quota)
         self.subs[(topic, partition)] = sub
@@ -610,7 +610,7 @@ class WebSocket:
         cursor = sub.cursor
         outbox = self.outbox
         tail = cursor.tail
-        stall = self.listener.settings.idle_timeout_secs or math.inf
+        stall = self.listener.limits.idle_timeout_secs or math.inf
         delivered = sub.delivered
         with sub.scope:
             try:

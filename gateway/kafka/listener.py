@@ -17,12 +17,14 @@ import trio
 from gateway.auth.guard import AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
-from gateway.core.config import ListenerTable, Settings
+from gateway.core.config import ListenerTable
 from gateway.core.contract import Backend
 from gateway.core.metrics import Metrics, RequestCounter
+from gateway.core.sections import ConnectionLimits
 from gateway.kafka.sasl import SaslGate
 from gateway.kafka.services import KafkaServices
 from gateway.kafka.session import KafkaSession
+from gateway.kafka.settings import KafkaSettings
 from gateway.serving.listener import ProtocolListener
 from gateway.serving.listening import local_host
 from gateway.serving.tls import ListenerTLS
@@ -38,12 +40,14 @@ class KafkaListener(ProtocolListener[KafkaSession]):
     routine_kinds = frozenset({"eof", "reset", "send_failed", "shutdown", "idle"})
     log = structlog.get_logger("figtank.kafka")
 
-    def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
-                 name: str | None = None, guard: AccessGuard | None = None,
-                 tls: ListenerTLS | None = None, quotas: Quotas | None = None,
-                 services: KafkaServices | None = None) -> None:
-        super().__init__(backend, settings, metrics, name=name, guard=guard, tls=tls,
-                         quotas=quotas)
+    def __init__(self, backend: Backend, settings: KafkaSettings, metrics: Metrics, *,
+                 limits: ConnectionLimits | None = None, name: str | None = None,
+                 guard: AccessGuard | None = None, tls: ListenerTLS | None = None,
+                 quotas: Quotas | None = None, services: KafkaServices | None = None) -> None:
+        super().__init__(backend, metrics, limits=limits, name=name,
+                         guard=guard, tls=tls, quotas=quotas)
+        #: The listener's settings.
+        self.settings = settings
         #: The server-wide Kafka state (:func:`~gateway.server.run.open_server` gives
         #: every Kafka listener the same), or this listener's own.
         self.services = services or KafkaServices.in_memory(settings, metrics)
@@ -60,7 +64,7 @@ class KafkaListener(ProtocolListener[KafkaSession]):
         """The listener is bound to ``address``: advertise it, unless the listener named
         kafka has ``listen.kafka_advertised``. Bound to every interface (0.0.0.0, ::),
         each connection is told the address it reached."""
-        given = self.settings.kafka_advertised if self.name == "kafka" else ""
+        given = self.settings.advertised if self.name == "kafka" else ""
         if given:
             host, _, port = given.rpartition(":")
             self.advertised = (host.strip("[]"), int(port))
@@ -83,7 +87,7 @@ class KafkaListener(ProtocolListener[KafkaSession]):
                         failures=self.metrics.sasl_failures, limiter=self._sasl_threads,
                         log=log) if self.sasl_mechanisms else None
         return KafkaSession(stream, backend=self.backend, settings=self.settings,
-                            metrics=self.metrics, counter=self.counter, log=log,
+                            limits=self.limits, metrics=self.metrics, counter=self.counter, log=log,
                             advertised=self.advertised_to(stream), principal=principal,
                             guard=guard, quota=quota, sasl=sasl, quotas=self.quotas,
                             services=self.services)

@@ -7,13 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
-from gateway.core.config import Settings
 from gateway.core.metrics import Metrics
 from gateway.kafka.fetch_codecs import FetchCompression
 from gateway.kafka.groups.coordinator import GroupCoordinator
 from gateway.kafka.groups.membership import MembershipCheck, NoMembers
 from gateway.kafka.groups.offsets import OffsetStore
 from gateway.kafka.idempotence import ProducerStates
+from gateway.kafka.settings import KafkaSettings
 
 #: Why consumer groups are refused in upstream-Kafka mode (the clients' error message).
 NO_GROUPS_UPSTREAM: Final = (
@@ -53,15 +53,14 @@ class KafkaServices:
         return NoMembers(self.offsets.has_group)
 
     @classmethod
-    def in_memory(cls, settings: Settings, metrics: Metrics) -> KafkaServices:
+    def in_memory(cls, settings: KafkaSettings, metrics: Metrics) -> KafkaServices:
         """A listener's own state when it is made outside a server (no coordinator, the
         offsets in memory)."""
         return cls(ProducerStates(settings.max_producer_states, metrics), OffsetStore(None),
                    fetch_compression=fetch_compression(settings))
 
 
-def fetch_compression(settings: Settings) -> FetchCompression:
+def fetch_compression(settings: KafkaSettings) -> FetchCompression:
     """The fetch codecs ``settings`` choose (``kafka.fetch_compression`` and
     ``kafka.fetch_compression_topics``)."""
-    return FetchCompression(settings.kafka_fetch_compression,
-                            settings.kafka_fetch_compression_topics)
+    return FetchCompression(settings.fetch_compression, settings.fetch_compression_topics)

@@ -45,9 +45,9 @@ import trio
 from gateway.auth.guard import OPEN, AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import OUT, PrincipalQuota, Quotas
-from gateway.core.config import Settings
 from gateway.core.contract import Backend, ProduceOutcome
 from gateway.core.metrics import Metrics, RequestCounter
+from gateway.core.sections import ConnectionLimits
 from gateway.io.writer import JOIN_BELOW, Buffer, FrameWriter
 from gateway.kafka.context import RequestContext
 from gateway.kafka.fetch import SharedFetch
@@ -61,6 +61,7 @@ from gateway.kafka.produce import (
 )
 from gateway.kafka.sasl import SaslGate
 from gateway.kafka.services import KafkaServices
+from gateway.kafka.settings import KafkaSettings
 from gateway.kafka.versions import SERVED, api_versions
 from gateway.serving.listening import peer_host
 from gateway.serving.lookup import look_up, topics_to_look_up
@@ -102,17 +103,19 @@ class KafkaSession(RequestSession[KafkaServerConnection]):
     DRAIN_ON = frozenset({"sasl_failed"})
 
     __slots__ = ("_access", "_backend", "_context", "_counter", "_deadline", "_guard",
-                 "_order", "_produce_bytes", "_quotas", "_sasl", "_services", "_user_quota",
+                 "_order", "_produce_bytes", "_quotas", "_sasl", "_services", "_settings",
+                 "_user_quota",
                  "principal")
 
-    def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: Settings,
-                 metrics: Metrics, counter: RequestCounter,
+    def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: KafkaSettings,
+                 limits: ConnectionLimits, metrics: Metrics, counter: RequestCounter,
                  log: structlog.typing.FilteringBoundLogger, advertised: tuple[str, int],
                  principal: Principal | None = None, guard: AccessGuard | None = None,
                  quota: PrincipalQuota | None = None, sasl: SaslGate | None = None,
                  quotas: Quotas | None = None, services: KafkaServices | None = None) -> None:
         super().__init__(stream, FrameWriter(stream, settings.response_buffer_bytes),
-                         settings=settings, metrics=metrics, log=log, quota=quota)
+                         limits=limits, metrics=metrics, log=log, quota=quota)
+        self._settings = settings
         #: Who the connection acts as (its listener, or its certificate's subject; its
         #: SASL user once authenticated).
         self.principal = principal or Principal("kafka")
@@ -133,7 +136,7 @@ class KafkaSession(RequestSession[KafkaServerConnection]):
                                        principal=self.principal, advertised=advertised,
                                        log=log, services=self._services,
                                        client_host=_peer(stream))
-        self._conn = KafkaServerConnection(max_frame_size=settings.max_frame_bytes)
+        self._conn = KafkaServerConnection(max_frame_size=limits.max_frame_bytes)
         self._order: deque[_Slot] | None = None  # made with the first request
         #: Bytes of Produce requests handed to the backend and not yet answered.
         self._produce_bytes = 0

@@ -43,7 +43,7 @@ from gateway.auth.access import Access, load_access
 from gateway.auth.guard import AccessGuard
 from gateway.auth.policy import PolicyError
 from gateway.auth.quotas import QuotaRules, Quotas
-from gateway.backend.embedded import connection_slots, open_embedded_backend
+from gateway.backend.embedded import EmbeddedSettings, connection_slots, open_embedded_backend
 from gateway.core.config import (
     OPTIONS,
     ConfigError,
@@ -53,11 +53,10 @@ from gateway.core.config import (
 )
 from gateway.core.contract import Backend
 from gateway.core.metrics import Metrics
-from gateway.figg.listener import FiggListener
+from gateway.core.sections import ConnectionLimits
 from gateway.http.idempotency import FILE_NAME as IDEMPOTENCY_FILE
 from gateway.http.idempotency import IdempotencyKeys, open_idempotency_keys, register_metrics
 from gateway.http.idempotency import Limits as IdempotencyLimits
-from gateway.http.listener import HttpListener
 from gateway.kafka.groups.coordinator import GroupCoordinator
 from gateway.kafka.groups.lag import CommittedLag
 from gateway.kafka.groups.offsets import (
@@ -67,22 +66,23 @@ from gateway.kafka.groups.offsets import (
     OffsetStore,
     open_offset_store,
 )
+from gateway.kafka.groups.settings import GroupSettings
 from gateway.kafka.idempotence import ProducerStates
-from gateway.kafka.listener import KafkaListener
 from gateway.kafka.services import (
     NO_GROUPS_UPSTREAM,
     NO_GROUPS_WORKERS,
     KafkaServices,
     fetch_compression,
 )
+from gateway.kafka.settings import KafkaSettings
 from gateway.server.endpoint import Endpoint, serve_endpoint
+from gateway.server.listeners import BY_NAME, Shared
 from gateway.server.reuseport import shared_sockets
 from gateway.serving.accepting import serve_listeners
 from gateway.serving.listener import ProtocolListener
 from gateway.serving.tls import ListenerTLS
 from gateway.store import StoreError
 from gateway.store.descriptors import count_partitions, needed_at_start, raise_soft_limit
-from gateway.tank.listener import TankListener
 from protocols.native import implementation
 
 log = structlog.get_logger("figtank.server")
@@ -92,10 +92,6 @@ Address = tuple[str, int]
 Unavailable = Callable[[], str | None]
 
 _FLAGS = {option.key: option.flag for option in OPTIONS}
-#: The protocol listeners, by protocol (each generic over its own session type: Any of
-#: them here).
-_LISTENERS: dict[str, type[ProtocolListener[Any]]] = {"tank": TankListener, "figg": FiggListener,
-                                                  "kafka": KafkaListener, "http": HttpListener}
 
 
 class ServerInfo:
@@ -103,15 +99,10 @@ class ServerInfo:
     serves with, and how to stop it."""
 
     def __init__(self, metrics: Metrics) -> None:
-        #: Where the listeners named tank, figg and metrics listen.
-        self.tank: Address | None = None
-        self.figg: Address | None = None
-        self.metrics: Address | None = None
-        self.kafka: Address | None = None
-        #: Where the HTTP listener named http listens.
-        self.http: Address | None = None
         #: Where every listener listens, by name (``"tank"``, ``"analytics"``...).
         self.addresses: dict[str, Address] = {}
+        #: Where the metrics endpoint named metrics listens.
+        self.metrics: Address | None = None
         self.backend: Backend | None = None
         #: The protocol listeners serving, by name (``"figg"``, ``"tank"``, and the
         #: [listeners.NAME] ones).
@@ -133,6 +124,13 @@ class ServerInfo:
         self._grace = trio.CancelScope()
         self._grace_cut = False
         self._reloaders: list[tuple[str, Callable[[], None]]] = []
+
+    def __getattr__(self, name: str) -> Address | None:
+        """``server.figg``, ``server.tank``, ``server.kafka``, ``server.http``: where the
+        listener of that name (a line of the table of listeners) listens; None: off."""
+        if name in BY_NAME:
+            return self.addresses.get(name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def add_reloader(self, what: str, reload: Callable[[], None]) -> None:
         """Have :meth:`reload` (SIGHUP) call ``reload()``: it re-reads ``what`` (a
@@ -324,15 +322,15 @@ async def open_backend(settings: Settings, metrics: Metrics,
     ConfigError naming ``store.data_dir``. ``grace_deadline`` says when the shutdown's
     grace period ends: an upstream Kafka producer flushes what it holds until then."""
     if settings.bridge_mode:
-        from gateway.backend.bridge import open_bridge_backend  # bridge mode only
+        from gateway.backend.bridge import BridgeSettings, open_bridge_backend
 
-        async with open_bridge_backend(settings, metrics) as bridge:
+        async with open_bridge_backend(BridgeSettings.of(settings), metrics) as bridge:
             yield bridge, bridge.unavailable
         return
     if settings.upstream_kafka_mode:
-        from gateway.backend.kafka import open_kafka_backend
+        from gateway.backend.kafka import UpstreamKafkaSettings, open_kafka_backend
 
-        async with open_kafka_backend(settings, metrics,
+        async with open_kafka_backend(UpstreamKafkaSettings.of(settings), metrics,
                                       flush_deadline=grace_deadline) as upstream:
             yield upstream, upstream.unavailable
         return
@@ -340,7 +338,8 @@ async def open_backend(settings: Settings, metrics: Metrics,
     apply_descriptor_limit(settings)
     async with AsyncExitStack() as stack:
         try:
-            backend = await stack.enter_async_context(open_embedded_backend(settings, metrics))
+            backend = await stack.enter_async_context(open_embedded_backend(
+                EmbeddedSettings.of(settings), metrics))
         except StoreError as exc:  # a file of the store it can not read
             raise ConfigError(f"store.data_dir: {exc}; repair or remove it, or choose "
                               f"another directory with --data-dir DIR") from None
@@ -501,7 +500,7 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                                     tls=tls.get(spec.name))
                 await outer.start(partial(serve_endpoint, endpoint, bound[spec.name],
                                           name=spec.name))
-        info.groups = GroupCoordinator(settings, metrics)
+        info.groups = GroupCoordinator(GroupSettings.of(settings), metrics)
         await outer.start(info.groups.run)
         backend_in_use = (open_backend(settings, metrics, info.grace_deadline)
                           if backend is None else _given(backend))
@@ -522,42 +521,29 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                                recovered=getattr(info.backend, "stored_producer", None),
                                first_id=None if worker is None else worker_first_id(worker)),
                 info.offsets or OffsetStore(None), info.groups, groups_refused=groups_refused,
-                fetch_compression=fetch_compression(settings))
+                fetch_compression=fetch_compression(KafkaSettings.of(settings)))
             info.groups.known = services.offsets
+            limits = ConnectionLimits.of(settings)
+            shared = Shared(services, idempotency, listeners)
             for spec in specs:
-                if spec.protocol in _LISTENERS:
-                    make = _LISTENERS[spec.protocol]
-                    first = next((x for x in listeners.values() if type(x) is make), None)
-                    more: dict[str, Any] = (
-                        {"share_with": first} if make is FiggListener and first
-                        else {"services": services} if make is KafkaListener
-                        else {"idempotency": idempotency} if make is HttpListener else {})
-                    listeners[spec.name] = make(info.backend, settings, metrics,
-                                                name=spec.name, guard=info.guard,
-                                                quotas=info.quotas,
-                                                tls=tls.get(spec.name),
-                                                **more)
-                    made = listeners[spec.name]
-                    if isinstance(made, KafkaListener):
-                        made.bound(info.addresses[spec.name])
-                    if isinstance(made, HttpListener) and made.tokens.has_keys:
-                        info.add_reloader(f"jwt keys of listener {spec.name}",
-                                          made.reload_keys)
+                if (kind := BY_NAME.get(spec.protocol)) is None:
+                    continue  # a metrics endpoint, started above
+                made = listeners[spec.name] = kind.make(
+                    info.backend, settings, metrics, shared, limits=limits, name=spec.name,
+                    guard=info.guard, quotas=info.quotas, tls=tls.get(spec.name))
+                made.bound(info.addresses[spec.name])
+                for what, reload in made.reloaders():
+                    info.add_reloader(what, reload)
             info.listeners = listeners
             drain = trio.Event()
             connections = await draining.start(info._hold_connections, grace, drain)
             for listener in listeners.values():
-                if isinstance(listener, HttpListener):
-                    await draining.start(listener.run)
+                await draining.start(listener.run)
             async with trio.open_nursery() as accepting:
                 for name, listener in listeners.items():
                     await accepting.start(partial(
                         serve_listeners, listener.handle, bound[name], name=name,
                         metrics=metrics, handler_nursery=connections))
-                info.tank = info.addresses.get("tank")
-                info.figg = info.addresses.get("figg")
-                info.kafka = info.addresses.get("kafka")
-                info.http = info.addresses.get("http")
                 readiness.phase = "serving"
                 if worker is None:
                     log_serving(settings, info)
@@ -614,9 +600,8 @@ def log_serving(settings: Settings, info: ServerInfo, event: str = "figtank_serv
     """The structured line saying where a server listens (``more``: further fields)."""
     others = {name: f"{_show(a)}{' tls' if name in info.tls else ''}"
               for name, a in info.addresses.items()
-              if name not in ("tank", "figg", "kafka", "metrics", "http")}
-    log.info(event, tank=_show(info.tank), figg=_show(info.figg),
-             kafka=_show(info.kafka), http=_show(info.http),
+              if name not in BY_NAME and name != "metrics"}
+    log.info(event, **{name: _show(info.addresses.get(name)) for name in BY_NAME},
              metrics=_show(info.metrics), listeners=others or None,
              tls=sorted(info.tls) or None,
              backend=("upstream" if settings.bridge_mode else "upstream_kafka"

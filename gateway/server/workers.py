@@ -46,7 +46,7 @@ import structlog
 import trio
 from prometheus_client import Counter
 
-from gateway.core.config import ListenerSpec, ListenerTable, Settings, parse_address
+from gateway.core.config import LISTEN, ListenerSpec, ListenerTable, Settings, parse_address
 from gateway.core.metrics import Metrics
 from gateway.io.backoff import ExponentialBackoff
 from gateway.server.endpoint import Endpoint, serve_endpoint
@@ -116,10 +116,10 @@ def worker_settings(settings: Settings, ports: dict[str, int],
         host, _ = parse_address(spec.address)
         where = _show(host, ports[spec.name])
         if spec.key.startswith("listen."):
-            changes[f"{spec.name}_listen"] = where
+            changes[LISTEN[spec.name]] = where
         else:
             tables[spec.name] = replace(tables[spec.name], address=where)
-    changes["metrics_listen"] = PRIVATE_METRICS if metrics else ""
+    changes[LISTEN["metrics"]] = PRIVATE_METRICS if metrics else ""
     tables["metrics"] = ListenerTable(tls=False)
     return replace(settings, listeners=tables, **changes)  # type: ignore[arg-type]
 
@@ -423,8 +423,7 @@ async def supervise(settings: Settings, *, grace: float = 2.0,
             if spec.name in info.tls:
                 info.add_reloader(f"tls certificate of listener {spec.name}",
                                   info.tls[spec.name].reload)
-        for name in ("tank", "figg", "kafka", "http", "metrics"):
-            setattr(info, name, info.addresses.get(name))
+        info.metrics = info.addresses.get("metrics")
         supervisor = Supervisor(settings, worker_settings(settings, ports, specs), grace,
                                 info)
         async with trio.open_nursery() as nursery:

@@ -10,7 +10,7 @@ an upstream broker serve it alike.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Generic
 
 import structlog
@@ -19,9 +19,9 @@ import trio
 from gateway.auth.guard import OPEN, AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
-from gateway.core.config import Settings
 from gateway.core.contract import Backend
 from gateway.core.metrics import Metrics
+from gateway.core.sections import ConnectionLimits
 from gateway.serving.listening import ConnectionSlots, S
 from gateway.serving.tls import ListenerTLS, peer_identity
 
@@ -36,9 +36,10 @@ class ProtocolListener(ABC, Generic[S]):
     routine_kinds: ClassVar[frozenset[str]]
     log: ClassVar[structlog.typing.FilteringBoundLogger]
 
-    def __init__(self, backend: Backend, settings: Settings, metrics: Metrics, *,
-                 name: str | None = None, guard: AccessGuard | None = None,
-                 tls: ListenerTLS | None = None, quotas: Quotas | None = None) -> None:
+    def __init__(self, backend: Backend, metrics: Metrics, *,
+                 limits: ConnectionLimits | None = None, name: str | None = None,
+                 guard: AccessGuard | None = None, tls: ListenerTLS | None = None,
+                 quotas: Quotas | None = None) -> None:
         #: The listener's name (its principal when no certificate names the client).
         self.name = name or self.protocol
         #: The access policy its sessions enforce.
@@ -46,13 +47,31 @@ class ProtocolListener(ABC, Generic[S]):
         #: The server's quota registry (shared by its listeners), or None: no quotas.
         self.quotas = quotas
         self.backend = backend
-        self.settings = settings
+        #: The bounds of its connections (``limits.*``); its own settings are the
+        #: subclass's ``settings`` (its section).
+        self.limits = limits or ConnectionLimits()
         self.metrics = metrics
         #: Its TLS (None: plain TCP).
         self.tls = tls
-        self._slots = ConnectionSlots(self.protocol, settings.max_connections, metrics,
+        self._slots = ConnectionSlots(self.protocol, self.limits.max_connections, metrics,
                                       self.log, self.routine_kinds, listener=self.name,
                                       tls=tls)
+
+    def bound(self, address: tuple[str, int]) -> None:
+        """The server bound the listener's sockets to ``address`` (before it serves);
+        nothing to do unless a listener says otherwise (Kafka's advertises it)."""
+
+    def reloaders(self) -> list[tuple[str, Callable[[], None]]]:
+        """What SIGHUP should re-read for this listener: (what, reload) pairs, as
+        :meth:`~gateway.server.run.ServerInfo.add_reloader` takes them (none unless a
+        listener says otherwise)."""
+        return []
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """The listener's own background work, started before it accepts and stopped
+        by :meth:`shutdown` (none unless a listener says otherwise: returns at once)."""
+        task_status.started()
 
     @property
     def active(self) -> int:

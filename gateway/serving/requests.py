@@ -18,8 +18,8 @@ import trio
 from trio.lowlevel import ParkingLot
 
 from gateway.auth.quotas import PrincipalQuota
-from gateway.core.config import Settings
 from gateway.core.metrics import Metrics
+from gateway.core.sections import ConnectionLimits
 from gateway.io.writer import FrameWriter
 from gateway.serving.session import Session
 
@@ -42,21 +42,20 @@ class RequestSession(Session, Generic[C]):
     frame) and say what their unacknowledged produce bytes are."""
 
     __slots__ = ("_conn", "_held_by", "_in_flight", "_last_activity", "_log", "_max_in_flight",
-                 "_max_unacked", "_metrics", "_settings", "_settled", "requests")
+                 "_max_unacked", "_metrics", "_settled", "requests")
 
     _conn: C
 
-    def __init__(self, stream: trio.abc.Stream, outbox: FrameWriter, *, settings: Settings,
+    def __init__(self, stream: trio.abc.Stream, outbox: FrameWriter, *, limits: ConnectionLimits,
                  metrics: Metrics, log: structlog.typing.FilteringBoundLogger,
                  quota: PrincipalQuota | None = None) -> None:
-        super().__init__(stream, outbox, frame_timeout=settings.frame_timeout_secs,
-                         idle_timeout=settings.idle_timeout_secs, quota=quota)
-        self._settings = settings
+        super().__init__(stream, outbox, frame_timeout=limits.frame_timeout_secs,
+                         idle_timeout=limits.idle_timeout_secs, quota=quota)
         self._metrics = metrics
         self._log = log
         self._in_flight = 0
-        self._max_in_flight = settings.max_requests_in_flight
-        self._max_unacked = settings.unacked_bytes
+        self._max_in_flight = limits.max_requests_in_flight
+        self._max_unacked = limits.unacked_bytes
         #: The limit holding the connection back now (its setting's name), or None.
         self._held_by: str | None = None
         self._settled: ParkingLot | None = None  # made when someone first waits

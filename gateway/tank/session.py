@@ -50,7 +50,6 @@ import trio
 from gateway.auth.guard import OPEN, AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota
-from gateway.core.config import Settings
 from gateway.core.contract import (
     Backend,
     FastAppender,
@@ -61,6 +60,7 @@ from gateway.core.contract import (
     ProduceOutcome,
 )
 from gateway.core.metrics import Metrics, RequestCounter
+from gateway.core.sections import ConnectionLimits
 from gateway.io.errors import STREAM_ERRORS, ExceptionMap, failed
 from gateway.serving.lookup import look_up, topics_to_look_up
 from gateway.serving.requests import RequestSession
@@ -76,6 +76,7 @@ from gateway.tank.produce import (
     produce_response,
     produce_response_frame,
 )
+from gateway.tank.settings import TankSettings
 from protocols.connection import CLOSED, Role
 from protocols.tank.connection import TankConnection
 from protocols.tank.messages import (
@@ -150,14 +151,14 @@ class TankSession(RequestSession[TankConnection]):
 
     _outbox: TankOutbox
 
-    def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: Settings,
-                 metrics: Metrics, counter: RequestCounter,
+    def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: TankSettings,
+                 limits: ConnectionLimits, metrics: Metrics, counter: RequestCounter,
                  log: structlog.typing.FilteringBoundLogger,
                  principal: Principal | None = None,
                  guard: AccessGuard | None = None,
                  quota: PrincipalQuota | None = None) -> None:
         super().__init__(stream, TankOutbox(stream, settings.response_buffer_bytes),
-                         settings=settings, metrics=metrics, log=log, quota=quota)
+                         limits=limits, metrics=metrics, log=log, quota=quota)
         #: Who the connection acts as (its listener, or its certificate's subject).
         self.principal = principal or Principal("tank")
         #: What the access policy lets it do.
@@ -167,7 +168,7 @@ class TankSession(RequestSession[TankConnection]):
         self._counter = counter
         #: Partitions this connection consumed, for the reader-lag gauge.
         self._read_partitions: set[tuple[str, int]] | None = None  # made with the first
-        self._conn = TankConnection(Role.SERVER, max_frame_size=settings.max_frame_bytes)
+        self._conn = TankConnection(Role.SERVER, max_frame_size=limits.max_frame_bytes)
         self._lane: OrderedLane[LaneRequest] = OrderedLane(LANE_BATCH_BYTES)
         #: A task serves the lane (started with the lane's first request, ends with its last).
         self._lane_served = False

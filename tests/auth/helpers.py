@@ -15,7 +15,9 @@ import trio
 from gateway.auth.principal import Principal
 from gateway.core.config import Settings
 from gateway.core.metrics import Metrics
+from gateway.core.sections import ConnectionLimits
 from gateway.figg.listener import FiggListener
+from gateway.server.listeners import BY_NAME
 from gateway.server.run import ServerInfo, open_server
 from gateway.serving.listener import ProtocolListener
 from gateway.tank.listener import TankListener
@@ -65,7 +67,8 @@ async def acting_as(info: ServerInfo, settings: Settings, protocol: str, *, name
     assert info.backend is not None
     # Its own registry (a second Figg listener's gauges would clash with the first's);
     # refusals still count in the server's, through the guard.
-    listener = Acting(info.backend, settings, Metrics(), name=name, guard=info.guard)
+    listener = Acting(info.backend, BY_NAME[protocol].section.of(settings), Metrics(),
+                      limits=ConnectionLimits.of(settings), name=name, guard=info.guard)
     async with trio.open_nursery() as nursery:
         sockets = await nursery.start(partial(trio.serve_tcp, listener.handle, 0,
                                               host="127.0.0.1"))

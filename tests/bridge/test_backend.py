@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from gateway.backend.bridge import BridgeBackend, UpstreamUnavailable, open_bridge_backend
+from gateway.backend.bridge import (
+    BridgeBackend,
+    BridgeSettings,
+    UpstreamUnavailable,
+    open_bridge_backend,
+)
 from gateway.client.figg import open_figg_client
 from gateway.client.tank import open_tank_client
 from gateway.core.config import Settings
@@ -37,8 +42,8 @@ def values_of(outcome) -> list[tuple[int, bytes]]:
     return [(m.seq, m.value) for m in chunk.messages]
 
 
-def bridge_settings(*upstream: str, **overrides) -> Settings:
-    return Settings(upstream=upstream, **{"kafka_listen": "", "http_listen": "", **overrides})
+def bridge_settings(*upstream: str, **overrides) -> BridgeSettings:
+    return BridgeSettings.of(Settings(upstream=upstream, **overrides))
 
 
 def test_bridge_backend_satisfies_the_protocol() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import trio
 
-from gateway.backend.embedded import open_embedded_backend
+from gateway.backend.embedded import EmbeddedSettings, open_embedded_backend
 from gateway.core.config import Settings
 from gateway.core.contract import Backend
 from protocols.connection import CLOSED, NEED_DATA, Role
@@ -108,5 +108,6 @@ async def open_test_backend(tmp_path: Any, *, config_bounds: Any = None, **setti
     settings.setdefault("retention_check_secs", 0)
     config = Settings(data_dir=Path(tmp_path) / "data", figg_listen="", tank_listen="",
                       metrics_listen="", **settings)
-    async with open_embedded_backend(config, config_bounds=config_bounds) as backend:
+    async with open_embedded_backend(EmbeddedSettings.of(config),
+                                     config_bounds=config_bounds) as backend:
         yield backend

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from gateway.backend.embedded import open_embedded_backend
+from gateway.backend.embedded import EmbeddedSettings, open_embedded_backend
 from gateway.core.config import Settings
 from gateway.core.contract import ensure_topic
 from gateway.core.metrics import Metrics
@@ -21,7 +21,7 @@ async def test_a_batch_taken_before_another_partition_is_unavailable_is_not_lost
         tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "data", durability="os")
     with trio.fail_after(10):
-        async with open_embedded_backend(settings, Metrics()) as backend:
+        async with open_embedded_backend(EmbeddedSettings.of(settings), Metrics()) as backend:
             buffered = PartitionTail("t", 0, 1, 1 << 20)
             away = PartitionTail("t", 1, 1, 1 << 20)
             buffered.append(events_of("t", 0, [Message(b"m%d" % i, seq=i)
@@ -45,7 +45,7 @@ async def test_a_long_outage_keeps_one_waker_per_waiting_subscriber(tmp_path: Pa
     outage must not pile up an event per stream per heartbeat."""
     settings = Settings(data_dir=tmp_path / "data", durability="os")
     with trio.fail_after(10):
-        async with open_embedded_backend(settings, Metrics()) as backend:
+        async with open_embedded_backend(EmbeddedSettings.of(settings), Metrics()) as backend:
             tail = PartitionTail("t", 0, 1, 1 << 20)
             tail.outage("upstream away")
             cursor = Cursor(backend, tail, 1, 1 << 20)
@@ -66,7 +66,7 @@ async def test_a_tail_marked_unavailable_while_the_upstream_is_up_recovers_at_on
     (up to 30 s later), tells the subscribers it is available."""
     settings = Settings(data_dir=tmp_path / "data", durability="os")
     with trio.fail_after(10):
-        async with open_embedded_backend(settings, Metrics()) as backend:
+        async with open_embedded_backend(EmbeddedSettings.of(settings), Metrics()) as backend:
             backend.has_upstream = True  # type: ignore[misc]  # an upstream that is up
             await ensure_topic(backend, "t")
             tails = Tails(backend, 1 << 20)

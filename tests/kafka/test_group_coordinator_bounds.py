@@ -7,9 +7,9 @@ from __future__ import annotations
 import trio
 from structlog.testing import capture_logs
 
-from gateway.core.config import Settings
 from gateway.core.metrics import Metrics
 from gateway.kafka.groups.coordinator import GroupCoordinator, JoinRequest
+from gateway.kafka.groups.settings import GroupSettings
 from protocols.kafka.types import ErrorCode
 
 
@@ -20,9 +20,8 @@ def _join(group: str, member_id: str = "", session_ms: int = 1_800_000) -> JoinR
                        require_known_member_id=True, client_id="c", client_host="h")
 
 
-async def test_join_and_leave_loops_do_not_grow_the_timer_heap(tmp_path):
-    coordinator = GroupCoordinator(Settings(data_dir=tmp_path, kafka_listen="",
-                                            http_listen=""), Metrics())
+async def test_join_and_leave_loops_do_not_grow_the_timer_heap():
+    coordinator = GroupCoordinator(GroupSettings(), Metrics())
     async with trio.open_nursery() as nursery:
         await nursery.start(coordinator.run)
         for i in range(3000):
@@ -35,9 +34,8 @@ async def test_join_and_leave_loops_do_not_grow_the_timer_heap(tmp_path):
         nursery.cancel_scope.cancel()
 
 
-async def test_a_group_limit_is_logged_once_a_minute(tmp_path):
-    settings = Settings(data_dir=tmp_path, kafka_listen="", http_listen="", max_group_members=2)
-    coordinator = GroupCoordinator(settings, Metrics())
+async def test_a_group_limit_is_logged_once_a_minute():
+    coordinator = GroupCoordinator(GroupSettings(max_members=2), Metrics())
     async with trio.open_nursery() as nursery:
         await nursery.start(coordinator.run)
         with capture_logs() as logs:

@@ -14,7 +14,7 @@ import random
 import confluent_kafka as ck
 import trio
 
-from gateway.backend.embedded import EmbeddedBackend, open_embedded_backend
+from gateway.backend.embedded import EmbeddedBackend, EmbeddedSettings, open_embedded_backend
 from gateway.backend.timelookup import PROBE_BYTES, find_by_time
 from gateway.core.config import Settings
 from gateway.core.contract import ProduceBatch, ProduceCode
@@ -50,7 +50,8 @@ async def _lookup(backend: EmbeddedBackend, topic: str, when: int):
 async def test_lookup_cost_is_logarithmic_over_many_segments(tmp_path):
     settings = Settings(data_dir=tmp_path / "data", durability="os")
     costs = {}
-    async with open_embedded_backend(settings, config_bounds=NO_BOUNDS) as backend:
+    async with open_embedded_backend(EmbeddedSettings.of(settings),
+                                     config_bounds=NO_BOUNDS) as backend:
         for count in (1_000, 10_000):
             topic = f"t{count}"
             # Non-decreasing, with runs of equal times (a bundle's messages often share one).
@@ -81,7 +82,8 @@ async def test_decreasing_timestamps_still_answer_at_or_after(tmp_path):
     and it is the first such after the last message the bisection saw before it."""
     settings = Settings(data_dir=tmp_path / "data", durability="os")
     stamps = [BASE + i for i in range(500)] + [BASE + i for i in range(100, 600)]
-    async with open_embedded_backend(settings, config_bounds=NO_BOUNDS) as backend:
+    async with open_embedded_backend(EmbeddedSettings.of(settings),
+                                     config_bounds=NO_BOUNDS) as backend:
         await backend.create_topic("jump", 1, "log.segment.bytes=4096")
         await _fill(backend, "jump", stamps)
         for when in (BASE + 50, BASE + 300, BASE + 550, BASE + 600):

@@ -11,7 +11,7 @@ from typing import Any
 
 import trio
 
-from gateway.backend.embedded import open_embedded_backend
+from gateway.backend.embedded import EmbeddedSettings, open_embedded_backend
 from gateway.client.tank_blocking import BlockingTankClient
 from gateway.core.config import Settings
 from gateway.server.run import ServerInfo, run_server
@@ -72,7 +72,8 @@ class BackgroundServer:
             self._ready.set()
 
     async def _serve(self) -> None:
-        async with open_embedded_backend(self.settings, config_bounds=NO_BOUNDS) as backend, \
+        async with open_embedded_backend(EmbeddedSettings.of(self.settings),
+                                         config_bounds=NO_BOUNDS) as backend, \
                 trio.open_nursery() as nursery:
             self._info = await nursery.start(partial(run_server, self.settings,
                                                      backend=backend, grace=0.5))

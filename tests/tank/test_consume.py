@@ -13,7 +13,7 @@ import pytest
 import trio
 
 import gateway.io.writer
-from gateway.backend.embedded import open_embedded_backend
+from gateway.backend.embedded import EmbeddedSettings, open_embedded_backend
 from gateway.client.errors import BoundaryError, UnknownPartitionError, UnknownTopicError
 from gateway.client.tank import TAIL, TankClient, open_tank_client
 from gateway.core.config import Settings
@@ -250,7 +250,7 @@ class ChunkCuttingBackend:
 
 async def test_client_retries_a_partial_bundle_with_a_larger_fetch(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, durability="os", tank_listen="127.0.0.1:0")
-    async with open_embedded_backend(settings) as embedded:
+    async with open_embedded_backend(EmbeddedSettings.of(settings)) as embedded:
         backend = ChunkCuttingBackend(embedded)
         async with serving(backend, settings) as server, \
                 open_tank_client(server.host, server.port) as client:

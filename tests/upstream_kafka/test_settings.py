@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.backend.kafka import bootstrap_addresses, security_of
+from gateway.backend.kafka import UpstreamKafkaSettings, bootstrap_addresses, security_of
 from gateway.core.config import (
     ConfigError,
     Settings,
@@ -32,7 +32,8 @@ def test_the_flag_takes_a_comma_separated_list_and_repeats() -> None:
     assert settings.upstream_kafka == ("k1:9092", "k2:9092", "k3:9093")
     assert settings.upstream_kafka_mode and settings.upstream_mode
     assert not settings.bridge_mode
-    assert bootstrap_addresses(settings) == [("k1", 9092), ("k2", 9092), ("k3", 9093)]
+    assert bootstrap_addresses(UpstreamKafkaSettings.of(settings)) == [
+        ("k1", 9092), ("k2", 9092), ("k3", 9093)]
     # Batches go up compressed as the clients compressed their bundles (Kafka's
     # compression.type=producer), at most 512 KiB of records each.
     assert (settings.upstream_kafka_compression,
@@ -57,9 +58,10 @@ max_batch_bytes = 65536
 delivery_timeout_secs = 20
 """)
     settings = load_settings(config)
-    assert bootstrap_addresses(settings) == [("kafka-0", 9093), ("::1", 9094)]
-    assert settings.upstream_kafka_client_id == "gw-a"
-    security = security_of(settings)
+    upstream = UpstreamKafkaSettings.of(settings)
+    assert bootstrap_addresses(upstream) == [("kafka-0", 9093), ("::1", 9094)]
+    assert upstream.client_id == "gw-a"
+    security = security_of(upstream)
     assert security.ssl_context is not None
     assert security.ssl_context.verify_mode is ssl.CERT_REQUIRED
     assert (security.sasl_mechanism, security.sasl_username, security.sasl_password) == (
@@ -78,7 +80,7 @@ delivery_timeout_secs = 20
 ])
 def test_security_follows_what_is_configured(extra: dict, tls: bool, sasl: str) -> None:
     settings = Settings().with_overrides(upstream_kafka="k:9092", **extra)
-    security = security_of(settings)
+    security = security_of(UpstreamKafkaSettings.of(settings))
     assert (security.ssl_context is not None, security.sasl_mechanism) == (tls, sasl)
 
 

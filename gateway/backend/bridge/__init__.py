@@ -26,27 +26,27 @@ from typing import Any
 import trio
 
 from gateway.backend.bridge.backend import BridgeBackend
+from gateway.backend.bridge.settings import BridgeSettings
 from gateway.backend.bridge.upstream import Backoff, Upstream, UpstreamUnavailable
 from gateway.client.lone import raise_lone
-from gateway.core.config import Settings
 from gateway.core.metrics import Metrics
 
-__all__ = ["Backoff", "BridgeBackend", "Upstream", "UpstreamUnavailable",
+__all__ = ["Backoff", "BridgeBackend", "BridgeSettings", "Upstream", "UpstreamUnavailable",
            "open_bridge_backend"]
 
 
 @asynccontextmanager
-async def open_bridge_backend(settings: Settings, metrics: Metrics | None = None, *,
+async def open_bridge_backend(settings: BridgeSettings, metrics: Metrics | None = None, *,
                               upstream_options: dict[str, Any] | None = None,
                               **backend_options: Any) -> AsyncIterator[BridgeBackend]:
-    """Connect to ``settings.upstream`` and serve it as a backend for the block.
+    """Connect to ``settings.brokers`` and serve it as a backend for the block.
 
     Returns after the first round of connection attempts even if no broker answered (the
     gateway starts and serves once the upstream comes). ``upstream_options`` go to
     :class:`Upstream` (timeouts, backoff, keepalive), ``backend_options`` to
     :class:`BridgeBackend` (``wait_secs``).
     """
-    upstream = Upstream(settings.upstream, metrics=metrics, **(upstream_options or {}))
+    upstream = Upstream(settings.brokers, metrics=metrics, **(upstream_options or {}))
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(upstream.run)
@@ -54,7 +54,7 @@ async def open_bridge_backend(settings: Settings, metrics: Metrics | None = None
                 upstream, nursery, auto_create_topics=settings.auto_create_topics,
                 default_partitions=settings.default_partitions,
                 topic_config=settings.topic_config, max_bundle_bytes=settings.max_bundle_bytes,
-                metrics=metrics, **{"wait_secs": settings.upstream_wait_secs, **backend_options})
+                metrics=metrics, **{"wait_secs": settings.wait_secs, **backend_options})
             try:
                 yield backend
             finally:

@@ -31,17 +31,17 @@ from gateway.backend.kafka.feeds import TailFeeds
 from gateway.backend.kafka.health import UpstreamHealth
 from gateway.backend.kafka.history import HistoryReader
 from gateway.backend.kafka.produce import UpstreamProducer
+from gateway.backend.kafka.settings import UpstreamKafkaSettings
 from gateway.backend.kafka.wire import Security
 from gateway.client.lone import raise_lone
 from gateway.client.tls import client_context
-from gateway.core.config import Settings
 from gateway.core.metrics import GaugeCollector, Metrics
 from protocols.kafka.codecs import Compression
 from protocols.kafka.records import MetadataRequest
 from protocols.kafka.types import ApiKey
 
-__all__ = ["KafkaBackend", "UpstreamUnavailable", "bootstrap_addresses", "open_kafka_backend",
-           "security_of"]
+__all__ = ["KafkaBackend", "UpstreamKafkaSettings", "UpstreamUnavailable", "bootstrap_addresses",
+           "open_kafka_backend", "security_of"]
 
 log = structlog.get_logger("figtank.upstream_kafka")
 
@@ -52,36 +52,34 @@ FLUSH_SECS: Final = 5.0
 REQUEST_TIMEOUT_SECS: Final = 5.0
 
 
-def security_of(settings: Settings) -> Security:
+def security_of(settings: UpstreamKafkaSettings) -> Security:
     """TLS and SASL to the upstream, as the settings say."""
-    tls = bool(settings.upstream_kafka_tls or settings.upstream_kafka_tls_ca
-               or settings.upstream_kafka_tls_cert)
+    tls = bool(settings.tls or settings.tls_ca or settings.tls_cert)
     context = None
     if tls:
-        context = client_context(ca=settings.upstream_kafka_tls_ca or None,
-                                 cert=settings.upstream_kafka_tls_cert or None,
-                                 key=settings.upstream_kafka_tls_key or None)
-    return Security(context, settings.upstream_kafka_sasl_mechanism,
-                    settings.upstream_kafka_sasl_username,
-                    settings.upstream_kafka_sasl_password)
+        context = client_context(ca=settings.tls_ca or None,
+                                 cert=settings.tls_cert or None,
+                                 key=settings.tls_key or None)
+    return Security(context, settings.sasl_mechanism, settings.sasl_username,
+                    settings.sasl_password)
 
 
-def bootstrap_addresses(settings: Settings) -> list[tuple[str, int]]:
+def bootstrap_addresses(settings: UpstreamKafkaSettings) -> list[tuple[str, int]]:
     """The bootstrap servers as ``(host, port)``."""
     out = []
-    for address in settings.upstream_kafka:
+    for address in settings.bootstrap_servers:
         host, _, port = address.rpartition(":")
         out.append((host.strip("[]"), int(port)))
     return out
 
 
 @asynccontextmanager
-async def open_kafka_backend(settings: Settings, metrics: Metrics | None = None, *,
+async def open_kafka_backend(settings: UpstreamKafkaSettings, metrics: Metrics | None = None, *,
                              wait_secs: float | None = None, probe_interval: float = 5.0,
                              feed_idle_secs: float = 30.0,
                              flush_deadline: Callable[[], float | None] | None = None
                              ) -> AsyncIterator[KafkaBackend]:
-    """Serve ``settings.upstream_kafka`` as a backend for the block.
+    """Serve ``settings.bootstrap_servers`` as a backend for the block.
 
     Returns after the first probe of the upstream whether or not it answered (the gateway
     starts, not ready, and serves once the upstream answers). On exit the producer
@@ -94,7 +92,7 @@ async def open_kafka_backend(settings: Settings, metrics: Metrics | None = None,
     try:
         async with trio.open_nursery() as connections:
             cluster = Cluster(bootstrap_addresses(settings), connections, security=security,
-                              client_id=settings.upstream_kafka_client_id,
+                              client_id=settings.client_id,
                               timeout=REQUEST_TIMEOUT_SECS)
             try:
                 async with trio.open_nursery() as nursery:
@@ -120,7 +118,7 @@ async def open_kafka_backend(settings: Settings, metrics: Metrics | None = None,
         raise_lone(group)
 
 
-def _make_backend(cluster: Cluster, settings: Settings, metrics: Metrics | None,
+def _make_backend(cluster: Cluster, settings: UpstreamKafkaSettings, metrics: Metrics | None,
                   wait_secs: float | None, probe_interval: float,
                   feed_idle_secs: float) -> KafkaBackend:
     health_box: list[UpstreamHealth] = []
@@ -136,7 +134,7 @@ def _make_backend(cluster: Cluster, settings: Settings, metrics: Metrics | None,
                                        timeout=timeout)
         cluster.learn(answer)
 
-    health = UpstreamHealth(probe, settings.upstream_kafka, metrics=metrics,
+    health = UpstreamHealth(probe, settings.bootstrap_servers, metrics=metrics,
                             interval=probe_interval)
     health_box.append(health)
     feeds = TailFeeds(cluster, cache_bytes=max(settings.tail_cache_bytes // 16, 256 * 1024),
@@ -144,11 +142,11 @@ def _make_backend(cluster: Cluster, settings: Settings, metrics: Metrics | None,
                       metrics=metrics, on_trouble=trouble)
     producer = UpstreamProducer(
         cluster, metrics=metrics, on_stored=feeds.stored,
-        delivery_timeout=settings.upstream_kafka_delivery_timeout_secs,
+        delivery_timeout=settings.delivery_timeout_secs,
         request_timeout=REQUEST_TIMEOUT_SECS,
-        max_batch_bytes=settings.upstream_kafka_max_batch_bytes,
-        compression=(None if settings.upstream_kafka_compression == "producer"
-                     else Compression[settings.upstream_kafka_compression.upper()]),
+        max_batch_bytes=settings.max_batch_bytes,
+        compression=(None if settings.compression == "producer"
+                     else Compression[settings.compression.upper()]),
         on_trouble=trouble)
     history = HistoryReader(cluster, timeout=REQUEST_TIMEOUT_SECS)
     if metrics is not None:
@@ -157,7 +155,7 @@ def _make_backend(cluster: Cluster, settings: Settings, metrics: Metrics | None,
                         health=health, auto_create_topics=settings.auto_create_topics,
                         default_partitions=settings.default_partitions,
                         max_bundle_bytes=settings.max_bundle_bytes,
-                        wait_secs=(settings.upstream_wait_secs if wait_secs is None
+                        wait_secs=(settings.wait_secs if wait_secs is None
                                    else wait_secs),
                         metrics=metrics)
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import structlog
 import trio
 
-from gateway.core.config import Settings
 from gateway.core.metrics import Metrics
+from gateway.kafka.groups.settings import GroupSettings
 from gateway.kafka.groups.state import (
     Group,
     GroupState,
@@ -99,7 +99,7 @@ class GroupCoordinator:
     :meth:`leave`, :meth:`describe` and :meth:`list`; the offsets' handlers call
     :meth:`check_member` and :meth:`is_empty`."""
 
-    def __init__(self, settings: Settings, metrics: Metrics, *,
+    def __init__(self, settings: GroupSettings, metrics: Metrics, *,
                  known: KnownGroups | None = None) -> None:
         self.settings = settings
         self.metrics = metrics
@@ -266,14 +266,14 @@ class GroupCoordinator:
                   total: int | None = None) -> bool:
         """Whether a member may hold ``new`` bytes instead of ``old`` (``total``: what all
         members would then hold, if not just that change)."""
-        if new > self.settings.max_group_member_bytes:
+        if new > self.settings.max_member_bytes:
             self._limit("groups.max_member_bytes", group=group.group_id, member=member_id,
-                        bytes=new, max=self.settings.max_group_member_bytes)
+                        bytes=new, max=self.settings.max_member_bytes)
             return False
         total = self._bytes - old + new if total is None else total
-        if total > self.settings.max_group_bytes:
+        if total > self.settings.max_bytes:
             self._limit("groups.max_bytes", group=group.group_id, member=member_id,
-                        bytes=total, max=self.settings.max_group_bytes)
+                        bytes=total, max=self.settings.max_bytes)
             return False
         return True
 
@@ -299,7 +299,7 @@ class GroupCoordinator:
         now = trio.current_time()
         timeout = self._max_rebalance_timeout(group)
         if initial:
-            delay = self.settings.group_initial_rebalance_delay_ms / 1000
+            delay = self.settings.initial_rebalance_delay_ms / 1000
             group.initial_until = now + timeout
             group.deadline = now + min(delay, timeout)
         else:
@@ -315,7 +315,7 @@ class GroupCoordinator:
         """In the initial delay each new member pushes the end by the delay (Kafka's
         InitialDelayedJoin), never past the rebalance timeout."""
         if group.initial_until is not None:
-            delay = self.settings.group_initial_rebalance_delay_ms / 1000
+            delay = self.settings.initial_rebalance_delay_ms / 1000
             group.deadline = min(trio.current_time() + delay, group.initial_until)
             self._at(group.deadline, "join", group.group_id)
 
@@ -388,8 +388,8 @@ class GroupCoordinator:
         s = self.settings
         if not r.group_id:
             return JoinResult(_E.INVALID_GROUP_ID, r.member_id)
-        if not (s.group_min_session_timeout_ms <= r.session_timeout_ms
-                <= s.group_max_session_timeout_ms):
+        if not (s.min_session_timeout_ms <= r.session_timeout_ms
+                <= s.max_session_timeout_ms):
             return JoinResult(_E.INVALID_SESSION_TIMEOUT, r.member_id)
         if not r.protocol_type or not r.protocols:
             return JoinResult(_E.INCONSISTENT_GROUP_PROTOCOL, r.member_id)
@@ -440,8 +440,8 @@ class GroupCoordinator:
             self._forget(group, old, _E.FENCED_INSTANCE_ID)
             if group.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
                 self._prepare_rebalance(group, "join")
-        elif not known and len(group.members) + len(group.pending) >= s.max_group_members:
-            self._limit("groups.max_members", group=group.group_id, max=s.max_group_members)
+        elif not known and len(group.members) + len(group.pending) >= s.max_members:
+            self._limit("groups.max_members", group=group.group_id, max=s.max_members)
             return JoinResult(_E.GROUP_MAX_SIZE_REACHED, r.member_id)
         member_id = r.member_id if known else self._new_member_id(r)
         if not known and r.instance_id is None and r.require_known_member_id:

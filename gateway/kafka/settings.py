@@ -1,0 +1,28 @@
+"""What the Kafka listener is configured with (:mod:`gateway.core.sections`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.core.config import ListenerTable
+from gateway.core.sections import Section, setting
+
+__all__ = ["KafkaSettings"]
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaSettings(Section):
+    """The Kafka listener's settings (beside the :class:`ConnectionLimits` every listener
+    holds)."""
+
+    #: HOST:PORT Metadata names for the listener named kafka (empty: where it is bound).
+    advertised: str = setting("listen.kafka_advertised")
+    fetch_compression: str = setting("kafka.fetch_compression")
+    fetch_compression_topics: dict[str, str] = setting("kafka.fetch_compression_topics")
+    response_buffer_bytes: int = setting("limits.response_buffer_bytes")
+    sasl_timeout_secs: float = setting("limits.sasl_timeout_secs")
+    max_bundle_bytes: int = setting("store.max_bundle_bytes")
+    max_producer_states: int = setting("limits.max_producer_states")
+    #: The [listeners.NAME] tables: a Kafka listener's SASL mechanisms are in its own.
+    listeners: dict[str, ListenerTable] = setting("listeners")
+
