@@ -17,8 +17,8 @@ and when that is right after the feed's position, the batch's records (the same 
 upstream stored, its base offset set) become the feed's next bundles at once, by the
 same compiled conversion as a fetched answer. While its own answers keep a feed at the
 tail that way, the feed sends no Fetch (the data is already there), and it reads again
-once they stop for ``quiet_secs`` or one shows a gap (another producer wrote in between:
-the fetch reads it). A publisher and its subscribers on one gateway then cost one
+within ``quiet_secs`` of the last one, or once one shows a gap (another producer wrote in
+between: the fetch reads it). A publisher and its subscribers on one gateway then cost one
 upstream round trip a batch, not two. Not written through: a batch whose timestamps the
 upstream set (LogAppendTime), one that does not follow the feed's position, and any
 while the feed's readers are a cache behind.
@@ -93,6 +93,9 @@ class PartitionFeed:
     fed_at: float = -math.inf
     #: Set (and replaced) when a quiet feed must read again (a gap, or dropped).
     resume: trio.Event = field(default_factory=trio.Event)
+    #: While the feed is quiet: the scope its task waits in, until the deadline the
+    #: gateway's write-throughs keep moving on.
+    quiet: trio.CancelScope | None = None
     #: The last sequence of the last bundle appended (the next read continues it).
     last_appended: int | None = None
     #: Called at each arrival (True) and when the read fails or ends (False):
@@ -239,7 +242,11 @@ class TailFeeds:
             self._resume(feed)
             return
         self._append(feed, got.bundles, got.next_offset)
-        feed.fed_at = trio.current_time()
+        feed.fed_at = now = trio.current_time()
+        quiet = feed.quiet
+        if quiet is not None and quiet.deadline - now < self.quiet_secs / 2:
+            # (Moved only once half of it has passed: a deadline move costs a few µs.)
+            quiet.deadline = now + self.quiet_secs
         if self._metrics is not None:
             self._metrics.upstream_feed_written_through.inc(
                 sum(b.count for b in got.bundles))
@@ -314,9 +321,12 @@ class TailFeeds:
             quiet_until = feed.fed_at + self.quiet_secs
             if quiet_until > trio.current_time():
                 # Written through by the gateway's own produce answers: nothing to fetch.
+                # The answers move the deadline on (stored()): one wake-up when they stop,
+                # not one per quiet period while they go on.
                 resume = feed.resume
-                with trio.move_on_at(quiet_until):
+                with trio.CancelScope(deadline=quiet_until) as feed.quiet:
                     await resume.wait()
+                feed.quiet = None
                 continue
             if feed.unread_bytes() >= self.cache_bytes:
                 consumed = feed.consumed
