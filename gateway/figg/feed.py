@@ -29,10 +29,10 @@ whenever a delivery's lag differs from the one before.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from gateway.io.fanout import FanoutGroup
-from gateway.tail.followers import FEED, RELEASE, Followers
+from gateway.tail.followers import Followers
 
 
 class OutQuota(Protocol):
@@ -82,13 +82,10 @@ class Follower(Protocol):
         """Count ``messages`` DATA frames (``size`` bytes) sent to the group's members."""
 
 
-class _Delivery(NamedTuple):
-    """What a feed delivers: the DATA frames of the messages up to ``next_seq - 1``."""
-
-    frames: bytes
-    messages: int
-    next_seq: int
-    high_water_mark: int
+#: What a feed delivers: the DATA frames of the messages up to ``next_seq - 1``, how many
+#: messages they hold, ``next_seq`` and the high-water mark (a plain tuple: made for every
+#: delivery).
+_Delivery = tuple[bytes, int, int, int]
 
 
 class TailFeed(Followers[Follower, _Delivery]):
@@ -135,7 +132,7 @@ class TailFeed(Followers[Follower, _Delivery]):
     def deliver(self, frames: bytes, count: int, next_seq: int, high_water_mark: int) -> None:
         """Give every follower the frames of the messages up to ``next_seq - 1``; release
         those whose connection can not take them."""
-        piece = _Delivery(frames, count, next_seq, high_water_mark)
+        piece = (frames, count, next_seq, high_water_mark)
         if self._quotas:
             self._check_quotas()  # (before the slow ones are fed: those it takes out are)
         if self._slow:
@@ -167,20 +164,26 @@ class TailFeed(Followers[Follower, _Delivery]):
 
     # The engine's hooks (gateway.tail.followers).
 
-    def _admit(self, sub: Follower, piece: _Delivery) -> int:
-        if sub.detached:
-            return RELEASE
-        fd = sub.direct_fd()
-        return fd if fd >= 0 else FEED
+    def feed_slow(self, piece: _Delivery) -> None:
+        """The followers fed one by one: the engine's loop with its ``_feed`` hook inlined
+        (a Figg subscriber whose outbox is busy is fed here at every delivery, and the
+        hook's call was a third of this loop's cost)."""
+        slow = self._slow
+        frames, count, next_seq, high_water_mark = piece
+        for sub in list(slow):
+            if sub.detached:
+                self._release(sub)
+            elif (fd := sub.direct_fd()) >= 0:
+                del slow[sub]
+                self._join(sub, fd)
+                self._joined(sub, piece)
+            elif not sub.take(frames, count, next_seq, high_water_mark):
+                self._release(sub)
 
-    def _take(self, sub: Follower, piece: _Delivery) -> bool:
-        return sub.take(piece.frames, piece.messages, piece.next_seq, piece.high_water_mark)
-
-    def _encode(self, first: Follower, piece: _Delivery) -> bytes:
-        return piece.frames
-
-    def _count(self, first: Follower, piece: _Delivery, data: bytes, members: int) -> None:
-        first.count_out(piece.messages * members, len(data) * members)
+    def _encode(self, first: Follower, piece: _Delivery, members: int) -> bytes:
+        frames = piece[0]
+        first.count_out(piece[1] * members, len(frames) * members)
+        return frames
 
     def _on_queue(self, sub: Follower, callback: Callable[[], None]) -> None:
         sub.on_queue(callback)
@@ -198,7 +201,7 @@ class TailFeed(Followers[Follower, _Delivery]):
         quota = sub.quota
         if quota is not None:
             self._quotas[quota] = self._quotas.get(quota, 0) + 1
-        sub.report_lag(piece.next_seq, piece.high_water_mark)
+        sub.report_lag(piece[2], piece[3])
 
     def _forgotten(self, sub: Follower) -> None:
         quota = sub.quota

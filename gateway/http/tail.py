@@ -40,7 +40,7 @@ from gateway.backend.contract import (
 )
 from gateway.http.messages import decode_messages, dumps, message_json
 from gateway.io.writer import FrameWriter
-from gateway.tail.followers import FEED, RELEASE, Followers
+from gateway.tail.followers import FED, RELEASE, Followers
 from protocols.errors import ProtocolError
 from protocols.tank.bundle import Message
 
@@ -389,26 +389,21 @@ class _TailFollowers(Followers[Follower, list[TailEvent]]):
         super().__init__()
         self._tail = tail
 
-    def _admit(self, follower: Follower, events: list[TailEvent]) -> int:
+    def _feed(self, follower: Follower, events: list[TailEvent]) -> int:
         start = events[0].seq
         if follower.next_seq > start:  # (never ahead)
             return RELEASE
         if in_fanout(follower) and follower.next_seq == start and follower.outbox.free:
             return follower.outbox.fd
-        return FEED
-
-    def _take(self, follower: Follower, events: list[TailEvent]) -> bool:
-        return follower.push(self._tail, events)
+        return FED if follower.push(self._tail, events) else RELEASE
 
     def _form(self, follower: Follower) -> str | None:
         return follower.fanout_form
 
-    def _encode(self, first: Follower, events: list[TailEvent]) -> bytes:
-        return cast(GroupFollower, first).encode(self._tail, events)
-
-    def _count(self, first: Follower, events: list[TailEvent], data: bytes, members: int
-               ) -> None:
-        cast(GroupFollower, first).delivered.inc(members * len(events))
+    def _encode(self, first: Follower, events: list[TailEvent], members: int) -> bytes:
+        member = cast(GroupFollower, first)
+        member.delivered.inc(members * len(events))
+        return member.encode(self._tail, events)
 
     def _on_queue(self, follower: Follower, callback: Callable[[], None]) -> None:
         cast(GroupFollower, follower).outbox.on_queue(callback)

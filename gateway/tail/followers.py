@@ -17,11 +17,10 @@ client is behind) is *released*: its event is set, and it reads on its own from 
 stands.
 
 What differs between protocols is a handful of small steps, the hooks a subclass
-implements: whether a follower joins a group now (:meth:`Followers._admit`), feeding one
-by itself (:meth:`Followers._take`), encoding a piece in a form
-(:meth:`Followers._encode`), counting what a group was sent, queueing the rest a pass
-did not write, and bringing a follower's position up to date when it leaves its group
-(:meth:`Followers._settled`).
+implements: whether a follower joins a group now or is fed by itself
+(:meth:`Followers._feed`), encoding a piece in a form and counting what a group was
+sent (:meth:`Followers._encode`), queueing the rest a pass did not write, and bringing a
+follower's position up to date when it leaves its group (:meth:`Followers._settled`).
 """
 
 from __future__ import annotations
@@ -34,14 +33,15 @@ import trio
 
 from gateway.io.fanout import FanoutGroup
 
-__all__ = ["FEED", "RELEASE", "Followers"]
+__all__ = ["FED", "RELEASE", "Followers"]
 
 F = TypeVar("F")
 P = TypeVar("P")
 
-#: :meth:`Followers._admit`: feed the follower one by one (:meth:`Followers._take`).
-FEED: Final = -1
-#: :meth:`Followers._admit`: release the follower (it reads on its own).
+#: :meth:`Followers._feed`: the follower took the piece through its own writer.
+FED: Final = -1
+#: :meth:`Followers._feed`: the follower can not take the piece: release it (it reads on
+#: its own from where it stands).
 RELEASE: Final = -2
 
 
@@ -64,27 +64,22 @@ class Followers(Generic[F, P]):
 
     # -- the hooks -------------------------------------------------------------------
 
-    def _admit(self, follower: F, piece: P) -> int:
-        """At a delivery, for a follower fed one by one: the descriptor of its socket to
-        join its form's group with now (before ``piece`` is sent), :data:`FEED` to feed
-        it ``piece`` one by one, or :data:`RELEASE`."""
-        raise NotImplementedError
-
-    def _take(self, follower: F, piece: P) -> bool:
-        """Queue ``piece`` through ``follower``'s own writer; False (nothing queued) when
-        its client is too far behind (it is released)."""
+    def _feed(self, follower: F, piece: P) -> int:
+        """At a delivery, for a follower fed one by one: the descriptor of its socket when
+        it joins its form's group now (``piece`` then goes to it through the group), or
+        :data:`FED` (it took ``piece`` through its own writer), or :data:`RELEASE` (it
+        can not take it: nothing was queued). One call a follower: this is the path that
+        costs Python per follower."""
         raise NotImplementedError
 
     def _form(self, follower: F) -> Hashable:
         """The form of ``follower``'s bytes (its group); one form unless overridden."""
         return None
 
-    def _encode(self, first: F, piece: P) -> bytes:
-        """``piece`` in the form of ``first``'s group, as every member of it is sent."""
+    def _encode(self, first: F, piece: P, members: int) -> bytes:
+        """``piece`` in the form of ``first``'s group, as every member of it is sent;
+        count it sent to ``members`` members."""
         raise NotImplementedError
-
-    def _count(self, first: F, piece: P, data: bytes, members: int) -> None:
-        """Count ``data`` (``piece``) sent to ``members`` members of ``first``'s group."""
 
     def _on_queue(self, follower: F, callback: Callable[[], None]) -> None:
         """Call ``callback`` once, the next time bytes are queued in ``follower``'s
@@ -190,24 +185,24 @@ class Followers(Generic[F, P]):
         """The followers fed one by one: each joins its group, takes ``piece`` or is
         released."""
         slow = self._slow
+        feed = self._feed
         for follower in list(slow):
-            fd = self._admit(follower, piece)
+            fd = feed(follower, piece)
             if fd >= 0:
                 del slow[follower]
                 self._join(follower, fd)
                 self._joined(follower, piece)
-            elif fd == RELEASE or not self._take(follower, piece):
+            elif fd == RELEASE:
                 self._release(follower)
 
     def send_groups(self, piece: P) -> None:
         """Send ``piece`` to every group's members, encoded once per form, in one call a
         group; the members a call could not finish get the rest through their writers."""
-        for group in list(self._groups.values()):
+        # (No group is made while sending: a member leaving only leaves its group.)
+        for group in self._groups.values():
             if not len(group):
                 continue
-            first = group.first()
-            data = self._encode(first, piece)
-            self._count(first, piece, data, len(group))
+            data = self._encode(group.first(), piece, len(group))
             for member, result, before in group.send(data):
                 self._forget(member)
                 self._slow[member] = None

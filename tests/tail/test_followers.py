@@ -20,7 +20,7 @@ import trio.testing
 from gateway.io import fanout
 from gateway.io.fanout import send_each_python
 from gateway.io.writer import FrameWriter
-from gateway.tail.followers import FEED, RELEASE, Followers
+from gateway.tail.followers import FED, RELEASE, Followers
 from protocols import native
 from tests.io.helpers import receive_exactly, tcp_pair
 
@@ -62,19 +62,16 @@ class Tail(Followers[Sub, tuple[int, bytes]]):
         self.next_seq = seq + 1
         self.fan_out((seq, payload))
 
-    def _admit(self, sub: Sub, piece: tuple[int, bytes]) -> int:
+    def _feed(self, sub: Sub, piece: tuple[int, bytes]) -> int:
         if sub.next_seq > piece[0]:
             return RELEASE
         if sub.grouped and sub.next_seq == piece[0] and sub.outbox.free:
             return sub.outbox.fd
-        return FEED
-
-    def _take(self, sub: Sub, piece: tuple[int, bytes]) -> bool:
         if sub.outbox.full:
-            return False
+            return RELEASE
         sub.outbox.put_nowait(self.frame(sub.form, piece))
         sub.next_seq = piece[0] + 1
-        return True
+        return FED
 
     def _form(self, sub: Sub) -> str:
         return sub.form
@@ -83,12 +80,10 @@ class Tail(Followers[Sub, tuple[int, bytes]]):
     def frame(form: str, piece: tuple[int, bytes]) -> bytes:
         return b"%s%d:%s;" % (form.encode(), piece[0], piece[1])
 
-    def _encode(self, first: Sub, piece: tuple[int, bytes]) -> bytes:
+    def _encode(self, first: Sub, piece: tuple[int, bytes], members: int) -> bytes:
         self.encoded.append(first.form)
-        return self.frame(first.form, piece)
-
-    def _count(self, first: Sub, piece: tuple[int, bytes], data: bytes, members: int) -> None:
         self.counted[first.form] = self.counted.get(first.form, 0) + members
+        return self.frame(first.form, piece)
 
     def _on_queue(self, sub: Sub, callback: Callable[[], None]) -> None:
         sub.outbox.on_queue(callback)
