@@ -30,7 +30,7 @@ STACK: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"gateway.store", "gateway.auth", "gateway.client"},
     {"gateway.core"},           # settings, metrics, logs, the Backend contract
     {"gateway.backend"},        # embedded, bridge, upstream Kafka; the listeners' read helpers
-    {"gateway.serving"},        # what the listeners share
+    {"gateway.serving", "gateway.tail"},  # what the listeners share; the fan-out engine
     {"gateway.figg", "gateway.tank", "gateway.kafka", "gateway.http"},  # the listeners
     {"gateway.server"},         # the process: wiring (run), workers, the metrics endpoint
     {"gateway.spark"},

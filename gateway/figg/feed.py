@@ -29,12 +29,10 @@ whenever a delivery's lag differs from the one before.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Protocol
 
-import trio
-
 from gateway.io.fanout import FanoutGroup
+from gateway.tail.followers import Followers
 
 
 class OutQuota(Protocol):
@@ -84,25 +82,23 @@ class Follower(Protocol):
         """Count ``messages`` DATA frames (``size`` bytes) sent to the group's members."""
 
 
-class TailFeed:
+#: What a feed delivers: the DATA frames of the messages up to ``next_seq - 1``, how many
+#: messages they hold, ``next_seq`` and the high-water mark (a plain tuple: made for every
+#: delivery).
+_Delivery = tuple[bytes, int, int, int]
+
+
+class TailFeed(Followers[Follower, _Delivery]):
     """One figg topic's subscribers at the tail; see the module docstring."""
 
-    __slots__ = ("_followers", "_group", "_hooks", "_members_lag", "_quotas", "_slow",
-                 "high_water_mark", "next_seq")
+    __slots__ = ("_members_lag", "_quotas", "high_water_mark", "next_seq")
 
     def __init__(self, next_seq: int) -> None:
+        super().__init__()
         #: Where the feed reads next; followers join only here.
         self.next_seq = next_seq
         #: The high-water mark the last delivery saw.
         self.high_water_mark = next_seq - 1
-        #: Every follower, and the event that releases it.
-        self._followers: dict[Follower, trio.Event] = {}
-        #: The followers fed one by one (the others are in the group).
-        self._slow: dict[Follower, None] = {}
-        #: The followers fed with one compiled pass.
-        self._group: FanoutGroup[Follower] = FanoutGroup()
-        #: The callback each group member left with its outbox.
-        self._hooks: dict[Follower, Callable[[], None]] = {}
         #: The quotas of the group's members, with how many members have each.
         self._quotas: dict[OutQuota, int] = {}
         #: The reader lag the members last reported (None: not yet).
@@ -110,22 +106,17 @@ class TailFeed:
 
     @property
     def followers(self) -> int:
-        return len(self._followers)
+        return len(self)
 
     @property
-    def grouped(self) -> int:
-        """Followers fed through the fan-out group now."""
-        return len(self._group)
-
-    def in_group(self, sub: Follower) -> bool:
-        """Whether ``sub`` is in the group (its ``next_seq`` is then the feed's)."""
-        return sub in self._group
+    def _group(self) -> FanoutGroup[Follower]:
+        """The followers fed with one compiled pass (a Figg topic's frames are one form)."""
+        return self.group()
 
     async def follow(self, sub: Follower) -> None:
         """Be fed from here on; returns when released (the caller reads on its own then,
         its ``next_seq`` up to date)."""
-        released = self._followers[sub] = trio.Event()
-        self._slow[sub] = None
+        released = self.add(sub)
         try:
             await released.wait()
         finally:
@@ -134,86 +125,85 @@ class TailFeed:
     def unfollow(self, sub: Follower) -> None:
         """Stop feeding ``sub`` now (no byte is written for it after this call) and release
         it; its position is up to date after this."""
-        released = self._followers.pop(sub, None)
-        if released is None:
-            return
-        self._slow.pop(sub, None)
-        self._leave_group(sub)
-        released.set()
+        released = self.remove(sub)
+        if released is not None:
+            released.set()
 
     def deliver(self, frames: bytes, count: int, next_seq: int, high_water_mark: int) -> None:
         """Give every follower the frames of the messages up to ``next_seq - 1``; release
         those whose connection can not take them."""
-        group = self._group
-        slow = self._slow
+        piece = (frames, count, next_seq, high_water_mark)
         if self._quotas:
             self._check_quotas()  # (before the slow ones are fed: those it takes out are)
-        if slow:
-            for sub in list(slow):
-                if sub.detached:
-                    self._release(sub)
-                elif (fd := sub.direct_fd()) >= 0:
-                    del slow[sub]
-                    self._join_group(sub, fd)
-                    sub.report_lag(next_seq, high_water_mark)
-                elif not sub.take(frames, count, next_seq, high_water_mark):
-                    self._release(sub)
-        if len(group):
-            members = len(group)
-            group.first().count_out(count * members, len(frames) * members)
-            for member, result, _ in group.send(frames):
-                # Out of the group with the rest queued in its outbox, in order.
-                self._forget_member(member)
-                slow[member] = None
-                member.settle(next_seq, high_water_mark)
-                member.queue_rest(frames[result:] if result > 0 else frames, result > 0)
+        if self._slow:
+            self.feed_slow(piece)
+        # Members a pass could not finish leave the group at this delivery's end.
+        self.next_seq = next_seq
+        self.high_water_mark = high_water_mark
+        if self._forms:
+            self.send_groups(piece)
             lag = high_water_mark - next_seq + 1
             if lag != self._members_lag:  # (rare: at the tail it stays 0)
                 self._members_lag = lag
-                for member in group.members:
+                for member in self.members():
                     member.report_lag(next_seq, high_water_mark)
-        self.next_seq = next_seq
-        self.high_water_mark = high_water_mark
 
     def stop(self) -> None:
         """Release every follower (the leader stops)."""
-        for sub in list(self._followers):
-            self.unfollow(sub)
-
-    def _release(self, sub: Follower) -> None:
-        del self._slow[sub]
-        self._followers.pop(sub).set()
+        self.release_all()
 
     def _check_quotas(self) -> None:
         """Members whose principal has a bytes-out limit now (a reload) are fed one by one
         from now on (each delivery is charged to its bucket there)."""
         if not any(quota.out_limited for quota in self._quotas):
             return
-        for member in self._group.members:
+        for member in self.members():
             quota = member.quota
             if quota is not None and quota.out_limited:
-                self._settle(member)
+                self.settle(member)
 
-    def _join_group(self, sub: Follower, fd: int) -> None:
-        self._group.add(sub, fd)
+    # The engine's hooks (gateway.tail.followers).
+
+    def feed_slow(self, piece: _Delivery) -> None:
+        """The followers fed one by one: the engine's loop with its ``_feed`` hook inlined
+        (a Figg subscriber whose outbox is busy is fed here at every delivery, and the
+        hook's call was a third of this loop's cost)."""
+        slow = self._slow
+        frames, count, next_seq, high_water_mark = piece
+        for sub in list(slow):
+            if sub.detached:
+                self._release(sub)
+            elif (fd := sub.direct_fd()) >= 0:
+                del slow[sub]
+                self._join(sub, fd)
+                self._joined(sub, piece)
+            elif not sub.take(frames, count, next_seq, high_water_mark):
+                self._release(sub)
+
+    def _encode(self, first: Follower, piece: _Delivery, members: int) -> bytes:
+        frames = piece[0]
+        first.count_out(piece[1] * members, len(frames) * members)
+        return frames
+
+    def _on_queue(self, sub: Follower, callback: Callable[[], None]) -> None:
+        sub.on_queue(callback)
+
+    def _forget_on_queue(self, sub: Follower, callback: Callable[[], None]) -> None:
+        sub.forget_on_queue(callback)
+
+    def _queue_rest(self, sub: Follower, data: bytes, result: int) -> None:
+        sub.queue_rest(data[result:] if result > 0 else data, result > 0)
+
+    def _settled(self, sub: Follower, sent: int) -> None:
+        sub.settle(self.next_seq, self.high_water_mark)
+
+    def _joined(self, sub: Follower, piece: _Delivery) -> None:
         quota = sub.quota
         if quota is not None:
             self._quotas[quota] = self._quotas.get(quota, 0) + 1
-        # Anything queued in its outbox must go out before the group writes to its socket
-        # again: from then on it is fed through the outbox.
-        hook = self._hooks[sub] = partial(self._settle, sub)
-        sub.on_queue(hook)
+        sub.report_lag(piece[2], piece[3])
 
-    def _leave_group(self, sub: Follower) -> bool:
-        if self._group.remove(sub) is None:
-            return False
-        self._forget_member(sub)
-        sub.settle(self.next_seq, self.high_water_mark)
-        return True
-
-    def _forget_member(self, sub: Follower) -> None:
-        """What the feed kept for ``sub`` as a member (it is out of the group now)."""
-        sub.forget_on_queue(self._hooks.pop(sub))
+    def _forgotten(self, sub: Follower) -> None:
         quota = sub.quota
         if quota is not None:
             left = self._quotas[quota] - 1
@@ -221,11 +211,6 @@ class TailFeed:
                 self._quotas[quota] = left
             else:
                 del self._quotas[quota]
-
-    def _settle(self, sub: Follower) -> None:
-        """Bytes were queued in ``sub``'s outbox: it is fed one by one from now on."""
-        if self._leave_group(sub) and sub in self._followers:
-            self._slow[sub] = None
 
 
 class TailFeeds:

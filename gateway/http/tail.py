@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from functools import partial
-from typing import Final, Protocol, TypeGuard
+from typing import Final, Protocol, TypeGuard, cast
 
 import structlog
 import trio
@@ -40,8 +39,8 @@ from gateway.core.contract import (
     FetchStatus,
 )
 from gateway.http.messages import decode_messages, dumps, message_json
-from gateway.io.fanout import FanoutGroup
 from gateway.io.writer import FrameWriter
+from gateway.tail.followers import FED, RELEASE, Followers
 from protocols.errors import ProtocolError
 from protocols.tank.bundle import Message
 
@@ -179,14 +178,9 @@ class PartitionTail:
         self._bytes = 0
         self._wakers: list[trio.Event] = []
         self.idle_since: float | None = None
-        #: Subscribers fed by the reader itself, and the event that releases each.
-        self._followers: dict[Follower, trio.Event] = {}
-        #: Those of them fed through their own writers (the others are in a group).
-        self._slow: dict[Follower, None] = {}
-        #: Followers whose sockets are free, by form: sent each append in one call.
-        self._groups: dict[str, FanoutGroup[GroupFollower]] = {}
-        #: The callback each group member left with its writer (see _join_fast).
-        self._hooks: dict[GroupFollower, Callable[[], None]] = {}
+        #: Subscribers fed by the reader itself (those whose sockets are free through a
+        #: fan-out group of their form: sent each append in one call).
+        self._followers = _TailFollowers(self)
         #: The newest batches as sent, by (form, first seq, last seq, count).
         self._joined: dict[tuple[str, int, int, int], bytes] = {}
 
@@ -231,78 +225,21 @@ class PartitionTail:
         if (follower.next_seq != self.next_seq or self.failed is not None
                 or self.unavailable is not None):
             return None
-        if released is None:
-            released = trio.Event()
-        self._followers[follower] = released
-        self._slow[follower] = None
-        return released
+        return self._followers.add(follower, released)
 
     def unfollow(self, follower: Follower) -> None:
         """Stop feeding ``follower`` (its position is up to date after this)."""
-        if self._followers.pop(follower, None) is None:
-            return
-        if follower in self._slow:
-            del self._slow[follower]
-        else:
-            self._leave_fast(follower)
+        self._followers.remove(follower)
 
     def in_group(self, follower: Follower) -> bool:
         """Whether ``follower`` is fed through its form's fan-out group now."""
-        form = follower.fanout_form
-        group = None if form is None else self._groups.get(form)
-        return group is not None and follower in group
-
-    def _join_fast(self, follower: GroupFollower) -> None:
-        form = follower.fanout_form
-        assert form is not None
-        group = self._groups.get(form)
-        if group is None:
-            group = self._groups[form] = FanoutGroup()
-        group.add(follower, follower.outbox.fd)
-        # Anything queued in its writer (a partial write, a heartbeat, a reply) must go
-        # out before the group writes to its socket again.
-        hook = self._hooks[follower] = partial(self.settle, follower)
-        follower.outbox.on_queue(hook)
-
-    def _leave_fast(self, follower: Follower) -> None:
-        if not in_fanout(follower):
-            return
-        form = follower.fanout_form
-        group = self._groups.get(form) if form is not None else None
-        sent = group.remove(follower) if group is not None else None
-        if sent is None:
-            return
-        follower.outbox.forget_on_queue(self._hooks.pop(follower))
-        follower.settle(self.next_seq, sent)
+        return self._followers.in_group(follower)
 
     def settle(self, follower: Follower) -> None:
         """Bring ``follower``'s position up to date: out of its fan-out group (it joins
         again at an append that finds its socket free). Called when bytes are queued in
         its writer: from then on it is fed through the writer, in order."""
-        self._leave_fast(follower)
-        if follower in self._followers:
-            self._slow[follower] = None
-
-    def _fan_out(self, group: FanoutGroup[GroupFollower], events: list[TailEvent]) -> None:
-        """Send ``events`` to every member of ``group`` in one call; the members it could
-        not finish get the rest through their writers."""
-        first = group.first()
-        data = first.encode(self, events)
-        first.delivered.inc(len(group) * len(events))
-        for member, result, before in group.send(data):
-            member.outbox.forget_on_queue(self._hooks.pop(member))
-            member.settle(self.next_seq, before + max(result, 0))
-            self._slow[member] = None
-            member.outbox.put_nowait(data[result:] if result > 0 else data)
-
-    def _release_all(self) -> None:
-        for group in self._groups.values():
-            for member in group.members:
-                self._leave_fast(member)
-        self._slow.clear()
-        followers, self._followers = self._followers, {}
-        for released in followers.values():
-            released.set()
+        self._followers.settle(follower)
 
     def since(self, seq: int, max_bytes: int) -> list[TailEvent] | None:
         """Events from ``seq`` on, up to about ``max_bytes`` (at least one); None when
@@ -352,36 +289,20 @@ class PartitionTail:
                 self._start = 0
         elif not self._events:
             self._first_seq = next_seq
-        if self._followers and events:
-            start = events[0].seq
-            for follower in list(self._slow):  # (the fast ones are in the groups)
-                if follower.next_seq > start:  # (never ahead)
-                    self._release(follower)
-                elif (in_fanout(follower) and follower.next_seq == start
-                      and follower.outbox.free):
-                    del self._slow[follower]
-                    self._join_fast(follower)
-                elif not follower.push(self, events):
-                    self._release(follower)
-            for group in self._groups.values():
-                if len(group):
-                    self._fan_out(group, events)
+        if events and len(self._followers):
+            self._followers.fan_out(events)
         self._wake()
-
-    def _release(self, follower: Follower) -> None:
-        del self._slow[follower]
-        self._followers.pop(follower).set()
 
     def skip_to(self, seq: int) -> None:
         """The log's bounds moved (retention): start over at ``seq``."""
-        self._release_all()  # (at the positions they had)
+        self._followers.release_all()  # (at the positions they had)
         self._events, self._seqs, self._before, self._start, self._bytes = [], [], [], 0, 0
         self.next_seq = self._first_seq = seq
         self._wake()
 
     def fail(self, reason: str) -> None:
         self.failed = reason
-        self._release_all()
+        self._followers.release_all()
         self._wake()
 
     def outage(self, reason: str) -> None:
@@ -389,7 +310,7 @@ class PartitionTail:
         followers and wake every subscriber, to tell their clients."""
         if self.unavailable is None:
             self.unavailable = reason
-            self._release_all()
+            self._followers.release_all()
             self._wake()
 
     def recovered(self) -> None:
@@ -457,6 +378,44 @@ class PartitionTail:
                 self.skip_to(target)
             else:
                 self.fail(f"{status.value}: {self.topic}/{self.partition}")
+
+
+class _TailFollowers(Followers[Follower, list[TailEvent]]):
+    """The followers of a :class:`PartitionTail`, fed each append (a list of events)."""
+
+    __slots__ = ("_tail",)
+
+    def __init__(self, tail: PartitionTail) -> None:
+        super().__init__()
+        self._tail = tail
+
+    def _feed(self, follower: Follower, events: list[TailEvent]) -> int:
+        start = events[0].seq
+        if follower.next_seq > start:  # (never ahead)
+            return RELEASE
+        if in_fanout(follower) and follower.next_seq == start and follower.outbox.free:
+            return follower.outbox.fd
+        return FED if follower.push(self._tail, events) else RELEASE
+
+    def _form(self, follower: Follower) -> str | None:
+        return follower.fanout_form
+
+    def _encode(self, first: Follower, events: list[TailEvent], members: int) -> bytes:
+        member = cast(GroupFollower, first)
+        member.delivered.inc(members * len(events))
+        return member.encode(self._tail, events)
+
+    def _on_queue(self, follower: Follower, callback: Callable[[], None]) -> None:
+        cast(GroupFollower, follower).outbox.on_queue(callback)
+
+    def _forget_on_queue(self, follower: Follower, callback: Callable[[], None]) -> None:
+        cast(GroupFollower, follower).outbox.forget_on_queue(callback)
+
+    def _queue_rest(self, follower: Follower, data: bytes, result: int) -> None:
+        cast(GroupFollower, follower).outbox.put_nowait(data[result:] if result > 0 else data)
+
+    def _settled(self, follower: Follower, sent: int) -> None:
+        cast(GroupFollower, follower).settle(self._tail.next_seq, sent)
 
 
 class Tails:
