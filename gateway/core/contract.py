@@ -263,11 +263,17 @@ class Refusal:
 
 class BackendUnavailable(ConnectionError):
     """The backend's upstream (a Tank broker, a Kafka cluster) did not answer in time: the
-    request may be tried again later. Each upstream backend raises its own subclass.
+    request may be tried again later. The upstream backends raise
+    :class:`UpstreamUnavailable`.
 
     It is a ``ConnectionError`` (an ``OSError``) for the callers that treat it as a lost
     connection; a front end that serves clients catches it *before* it catches socket
     errors, since it is not the client's socket that failed."""
+
+
+class UpstreamUnavailable(BackendUnavailable):
+    """An upstream backend's broker or cluster (the bridge's Tank broker, the upstream Kafka
+    cluster) could not be reached, or did not answer, before the request's deadline."""
 
 
 def ensure_available(backend: Backend) -> None:

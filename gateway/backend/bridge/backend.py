@@ -19,7 +19,7 @@ the bridge and at the broker.
 While the upstream is away, calls wait for it for up to ``wait_secs`` (a fetch: its
 ``max_wait``); then produce answers I/O fault, fetch FAULT, create_topic system error,
 reload_conf I/O error, and the discovery and status calls raise
-:class:`~gateway.backend.bridge.upstream.UpstreamUnavailable`.
+:class:`~gateway.core.contract.UpstreamUnavailable`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import trio
 
 from gateway.backend.bridge.fetch import FetchForwarder
 from gateway.backend.bridge.produce import Entry, ProduceForwarder
-from gateway.backend.bridge.upstream import Upstream, UpstreamUnavailable
+from gateway.backend.bridge.upstream import Upstream
 from gateway.core.contract import (
     AutoCreate,
     BackendStatus,
@@ -49,6 +49,7 @@ from gateway.core.contract import (
     ReloadConfCode,
     TailChange,
     TopicInfo,
+    UpstreamUnavailable,
 )
 from gateway.core.metrics import Metrics
 from protocols.errors import ProtocolError

@@ -20,8 +20,9 @@ sequence = Kafka offset + 1**.
 
 While the upstream does not answer (:mod:`gateway.backend.kafka.health`), calls give the
 answers the front ends turn into their "unavailable": produce I/O fault, fetch FAULT,
-create_topic system error, and discovery raises :class:`UpstreamUnavailable`, after
-waiting for it up to ``wait_secs`` into the outage (a fetch: within its ``max_wait``).
+create_topic system error, and discovery raises
+:class:`~gateway.core.contract.UpstreamUnavailable`, after waiting for it up to
+``wait_secs`` into the outage (a fetch: within its ``max_wait``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ from gateway.backend.kafka.wire import BrokerLost, error_name
 from gateway.core.contract import (
     AutoCreate,
     BackendStatus,
-    BackendUnavailable,
     BytesChunk,
     CreateTopicCode,
     FetchOutcome,
@@ -58,6 +58,7 @@ from gateway.core.contract import (
     ReloadConfCode,
     TailChange,
     TopicInfo,
+    UpstreamUnavailable,
 )
 from gateway.core.metrics import Metrics
 from protocols.errors import ProtocolError
@@ -91,10 +92,6 @@ UNKNOWN_TOPIC: Final = "UNKNOWN_TOPIC_OR_PARTITION"
 _EARLIEST: Final = -2
 #: Kafka's names of the upstream's authorization failures.
 _DENIED: Final = ("TOPIC_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED")
-
-
-class UpstreamUnavailable(BackendUnavailable):
-    """The upstream cluster did not answer in time."""
 
 
 class UpstreamRefused(Exception):
