@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 from gateway.io.completion import completed
 from protocols.tank.bundle import BundleInfo
+from protocols.topics import TopicInfo as TopicInfo  # re-exported: part of the contract
 from protocols.topics import is_valid_topic_name
 
 if TYPE_CHECKING:
@@ -190,13 +191,6 @@ class PartitionInfo:
 
     first_available: int
     high_water_mark: int
-
-
-@dataclass(frozen=True, slots=True)
-class TopicInfo:
-    name: str
-    partitions: int
-    enabled: bool = True
 
 
 @dataclass(frozen=True, slots=True)
