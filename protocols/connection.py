@@ -1,4 +1,6 @@
-"""What the Tank and Figg connection state machines share: roles, sentinels, framing.
+"""What the Figg, Tank and Kafka connection state machines share: roles, sentinels,
+framing (:class:`FrameReader`) and the calls every connection answers alike
+(:class:`FramedConnection`).
 
 A connection object (after h11) keeps no socket. Its owner feeds it bytes with
 ``receive_data`` (``b""`` means the peer closed), pulls events with
@@ -200,3 +202,28 @@ class FrameReader:
             raise ProtocolError(f"connection closed in the middle of a frame "
                                 f"({available} bytes of it received)")
         return CLOSED
+
+
+class FramedConnection:
+    """What every connection object (Figg, Tank, Kafka) answers alike: the peer's bytes go
+    to a :class:`FrameReader`, ``_frames``, which the subclass makes with its protocol's
+    header."""
+
+    __slots__ = ("_frames",)
+
+    _frames: FrameReader
+
+    @property
+    def max_frame_size(self) -> int:
+        """The largest payload accepted from the peer."""
+        return self._frames.max_payload
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet returned as events: after ``NEED_DATA``, the part of
+        a frame that has begun (0: the peer stopped at a frame boundary)."""
+        return self._frames.buffered
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Add bytes received from the peer; ``b""`` means the peer closed."""
+        self._frames.feed(data)

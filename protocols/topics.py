@@ -1,8 +1,10 @@
-"""Tank's topic-name rule, shared by both protocols and the store."""
+"""Tank's topic-name rule, shared by both protocols and the store, and what a discovery of
+topics reports of each (:class:`TopicInfo`)."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Final
 
 #: Largest number of partitions a Tank topic may have.
@@ -17,3 +19,13 @@ def is_valid_topic_name(name: str) -> bool:
     Nothing else can reach a file path: no ``/``, ``.``, ``..`` or NUL.
     """
     return isinstance(name, str) and _TOPIC_NAME.fullmatch(name) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    """A topic as a discovery reports it (Tank's DiscoverTopics, a backend's
+    ``discover_topics``): its name, its number of partitions, whether it is enabled."""
+
+    name: str
+    partitions: int
+    enabled: bool = True

@@ -101,6 +101,7 @@ from protocols.tank.messages import (
     StatusResponse,
 )
 from protocols.tank.types import ConsumeFlags, CreateTopicError, ReloadConfError
+from protocols.topics import TopicInfo
 from protocols.wire import UINT64_MAX
 
 __all__ = [
@@ -165,13 +166,6 @@ class PartitionBounds:
     first_available: int
     high_water_mark: int
     error: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class TopicInfo:
-    name: str
-    partitions: int
-    enabled: bool = True
 
 
 @dataclass(frozen=True, slots=True)

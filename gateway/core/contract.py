@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 from gateway.io.completion import completed
 from protocols.tank.bundle import BundleInfo
+from protocols.topics import TopicInfo as TopicInfo  # re-exported: part of the contract
 from protocols.topics import is_valid_topic_name
 
 if TYPE_CHECKING:
@@ -193,13 +194,6 @@ class PartitionInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class TopicInfo:
-    name: str
-    partitions: int
-    enabled: bool = True
-
-
-@dataclass(frozen=True, slots=True)
 class BackendStatus:
     """What Tank's Status request reports."""
 
@@ -263,11 +257,17 @@ class Refusal:
 
 class BackendUnavailable(ConnectionError):
     """The backend's upstream (a Tank broker, a Kafka cluster) did not answer in time: the
-    request may be tried again later. Each upstream backend raises its own subclass.
+    request may be tried again later. The upstream backends raise
+    :class:`UpstreamUnavailable`.
 
     It is a ``ConnectionError`` (an ``OSError``) for the callers that treat it as a lost
     connection; a front end that serves clients catches it *before* it catches socket
     errors, since it is not the client's socket that failed."""
+
+
+class UpstreamUnavailable(BackendUnavailable):
+    """An upstream backend's broker or cluster (the bridge's Tank broker, the upstream Kafka
+    cluster) could not be reached, or did not answer, before the request's deadline."""
 
 
 def ensure_available(backend: Backend) -> None:

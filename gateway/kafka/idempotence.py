@@ -41,23 +41,20 @@ transactional ids are refused (transactions are not served).
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Final
 
-import structlog
-
 from gateway.core.metrics import Metrics
-from gateway.logevery import LogEvery
-from gateway.store.producers import KEEP_BATCHES, StoredProducer
+from gateway.store.producers import KEEP_BATCHES, ProducerBudget, ProducerLRU, StoredProducer
 from protocols.kafka.records import InitProducerIdResponse
 from protocols.kafka.types import ErrorCode
 
 #: Batches remembered per producer and partition (Kafka's ``NUM_BATCHES_TO_RETAIN``).
 WINDOW: Final = KEEP_BATCHES
 _INT32_MAX: Final = (1 << 31) - 1
-
-log = structlog.get_logger("figtank.kafka")
+#: What a forgotten producer means, as the limit's log line says.
+_FORGETS: Final = ("the least recently used producer's sequence state on a partition is "
+                   "forgotten (its next batch is accepted at any sequence)")
 
 Key = tuple[str, int, int]
 #: ``(topic, partition, producer_id)`` -> what the partition keeps durably, or None.
@@ -139,8 +136,9 @@ class Verdict:
 class ProducerStates:
     """The server's idempotent producers: ids handed out and, per producer id and
     partition, the epoch and last :data:`WINDOW` batches, for at most ``max_states``
-    (producer, partition) pairs, the least recently used forgotten first (counted as
-    ``figtank_limit_hits{limit="max_producer_states"}``). ``recovered`` looks up what
+    (producer, partition) pairs, the least recently used forgotten first (a
+    :class:`~gateway.store.producers.ProducerLRU`, as each partition of the store keeps;
+    counted as ``figtank_limit_hits{limit="max_producer_states"}``). ``recovered`` looks up what
     the backend keeps durably of a producer this table does not hold: with it, a state
     dropped here is not forgotten (it comes back from there), and the backend counts
     what it forgets itself."""
@@ -151,9 +149,8 @@ class ProducerStates:
         self._metrics = metrics
         self._recovered = recovered
         self._next_id = time.time_ns() // 1000 if first_id is None else first_id
-        self._states: OrderedDict[Key, _State] = OrderedDict()
-        self._forgotten = 0
-        self._log_every = LogEvery()
+        self._states: ProducerLRU[Key, _State] = ProducerLRU(ProducerBudget(
+            max_states, self._count_forgotten, action=_FORGETS))
 
     def __len__(self) -> int:
         return len(self._states)
@@ -181,7 +178,7 @@ class ProducerStates:
         if state is None:
             state = self._add(key, epoch)
         else:
-            self._states.move_to_end(key)
+            self._states.touch(key)
             if epoch == state.epoch:
                 for entry in state.batches:
                     if entry.first_seq == base_seq and entry.last_seq == last_seq:
@@ -218,7 +215,7 @@ class ProducerStates:
         partition (it may have more batches in flight after this one)."""
         state = self._states.get(entry.key)
         if state is not None and entry in state.batches:
-            del self._states[entry.key]
+            self._states.pop(entry.key)
 
     def _restore(self, key: Key) -> _State | None:
         """The state the backend keeps durably for ``key``, taken into the table (its
@@ -234,25 +231,13 @@ class ProducerStates:
         return state
 
     def _add(self, key: Key, epoch: int) -> _State:
-        if len(self._states) >= self.max_states:
-            self._states.popitem(last=False)
-            if self._recovered is not None:
-                return self._new_state(key, epoch)
-            self._forgotten += 1
-            if self._metrics is not None:
-                self._metrics.limit_hit("max_producer_states")
-            if self._log_every.due() is not None:
-                log.warning("producer_states_limit_reached", limit="max_producer_states",
-                            max_states=self.max_states, forgotten=self._forgotten,
-                            action="the least recently used producer's sequence state "
-                                   "on a partition is forgotten (its next batch is "
-                                   "accepted at any sequence)")
-        return self._new_state(key, epoch)
+        # A state dropped here while the backend keeps it durably is not forgotten: it is
+        # restored from there, and the backend counts what it forgets itself.
+        return self._states.add(key, _State(epoch), count=self._recovered is None)
 
-    def _new_state(self, key: Key, epoch: int) -> _State:
-        state = _State(epoch)
-        self._states[key] = state
-        return state
+    def _count_forgotten(self) -> None:
+        if self._metrics is not None:
+            self._metrics.limit_hit("max_producer_states")
 
 
 def init_producer_id(producers: ProducerStates, transactional_id: str | None,

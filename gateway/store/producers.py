@@ -19,7 +19,9 @@ record; that batch was not acknowledged, and its retry is then appended again.
 
 Bounded: at most ``max_states`` producers across every partition of the store (each with
 at most :data:`KEEP_BATCHES` batches), and one more per partition that holds none of
-them; past it a partition forgets its least recently written producer (``on_evicted``).
+them; past it a partition forgets its least recently written producer (``on_evicted``):
+each partition's producers are a :class:`ProducerLRU` of the store's :class:`ProducerBudget`
+(the Kafka listener's table of producers, :mod:`gateway.kafka.idempotence`, is one too).
 When the file holds many more records than can be live, it is rewritten with only those
 before the next record (a temporary file renamed over it; the next sync round makes both
 durable, with the directory).
@@ -31,9 +33,9 @@ import os
 import struct
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple
+from typing import Final, Generic, NamedTuple, TypeVar
 
 import structlog
 
@@ -87,15 +89,25 @@ class StoredProducer:
             del self.batches[0]
 
 
+#: What a forgotten producer means, as the budget logs it by default (a store's partitions).
+PARTITION_FORGETS: Final = ("a partition forgets its least recently written idempotent "
+                            "producer (that producer's next batch there is accepted at any "
+                            "sequence)")
+
+
 class ProducerBudget:
-    """The bound on producers remembered by all the store's partitions together."""
+    """The bound on producers remembered by the :class:`ProducerLRU` that share it (all the
+    store's partitions together); ``action`` says in its log line what forgetting one
+    means."""
 
     def __init__(self, max_states: int,
-                 on_evicted: Callable[[], None] | None = None) -> None:
+                 on_evicted: Callable[[], None] | None = None, *,
+                 action: str = PARTITION_FORGETS) -> None:
         self.max_states = max_states
         self.held = 0
         self.evicted = 0
         self._on_evicted = on_evicted
+        self._action = action
         self._log_every = LogEvery()
 
     @property
@@ -110,9 +122,63 @@ class ProducerBudget:
         if self._log_every.due() is not None:
             log.warning("producer_states_limit_reached", limit="max_producer_states",
                         max_states=self.max_states, forgotten=self.evicted,
-                        action="a partition forgets its least recently written "
-                               "idempotent producer (that producer's next batch there "
-                               "is accepted at any sequence)")
+                        action=self._action)
+
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class ProducerLRU(Generic[K, V]):
+    """Producers' states by key, the least recently used first, held within a
+    :class:`ProducerBudget`: adding one while the budget is full forgets the least recently
+    used (unless it would be the only one: each LRU may always hold one)."""
+
+    __slots__ = ("_budget", "_items")
+
+    def __init__(self, budget: ProducerBudget) -> None:
+        self._budget = budget
+        self._items: OrderedDict[K, V] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: K) -> V | None:
+        """The state of ``key`` (None: not held), leaving its place in the order as is."""
+        return self._items.get(key)
+
+    def touch(self, key: K) -> None:
+        """``key`` (held) was just used: it is forgotten last."""
+        self._items.move_to_end(key)
+
+    def add(self, key: K, value: V, *, count: bool = True) -> V:
+        """Hold ``value`` for ``key`` (not held), as the most recently used; when the budget
+        is full, forget the least recently used first (counted by the budget when
+        ``count``). Returns ``value``."""
+        if self._budget.full and self._items:
+            self._items.popitem(last=False)
+            self._budget.held -= 1
+            if count:
+                self._budget.count_eviction()
+        self._items[key] = value
+        self._budget.held += 1
+        return value
+
+    def pop(self, key: K) -> V | None:
+        """Forget ``key``; its state, or None when it was not held."""
+        value = self._items.pop(key, None)
+        if value is not None:
+            self._budget.held -= 1
+        return value
+
+    def clear(self) -> None:
+        """Forget every state, giving back their places in the budget."""
+        self._budget.held -= len(self._items)
+        self._items.clear()
+
+    def items(self) -> Iterator[tuple[K, V]]:
+        """``(key, state)`` pairs, the least recently used first."""
+        return iter(self._items.items())
 
 
 def _pack(producer_id: int, epoch: int, batch: StoredBatch) -> bytes:
@@ -137,8 +203,7 @@ class ProducerTable:
 
     def __init__(self, directory: str, budget: ProducerBudget) -> None:
         self.path = os.path.join(directory, FILE_NAME)
-        self._budget = budget
-        self._producers: OrderedDict[int, StoredProducer] = OrderedDict()
+        self._producers: ProducerLRU[int, StoredProducer] = ProducerLRU(budget)
         #: Bytes and records in the file (only this table writes it).
         self._size = 0
         self._records = 0
@@ -226,8 +291,7 @@ class ProducerTable:
             self._size = size
             self._records -= 1
             if saved is None:
-                if self._producers.pop(batch.producer_id, None) is not None:
-                    self._budget.held -= 1
+                self._producers.pop(batch.producer_id)
             else:
                 restored = self._producers.get(batch.producer_id)
                 if restored is not None:
@@ -238,12 +302,10 @@ class ProducerTable:
     def cut(self, log_end: int) -> None:
         """Forget the batches past ``log_end`` (the log lost them: a failed fsync cut the
         unsynced tail back) and rewrite the file without them."""
-        for pid in list(self._producers):
-            producer = self._producers[pid]
+        for pid, producer in list(self._producers.items()):
             producer.batches = [b for b in producer.batches if b.last_offset <= log_end]
             if not producer.batches:
-                del self._producers[pid]
-                self._budget.held -= 1
+                self._producers.pop(pid)
         if self._size:
             self._rewrite(sync=False)
 
@@ -259,7 +321,6 @@ class ProducerTable:
     def close(self) -> None:
         """Give back the producers' places in the budget and the file's descriptor (the
         file stays)."""
-        self._budget.held -= len(self._producers)
         self._producers.clear()
         self._close_append()
 
@@ -279,15 +340,9 @@ class ProducerTable:
                   count: bool = True) -> None:
         producer = self._producers.get(producer_id)
         if producer is None:
-            if self._budget.full and self._producers:
-                self._producers.popitem(last=False)
-                self._budget.held -= 1
-                if count:
-                    self._budget.count_eviction()
-            producer = self._producers[producer_id] = StoredProducer(epoch)
-            self._budget.held += 1
+            producer = self._producers.add(producer_id, StoredProducer(epoch), count=count)
         else:
-            self._producers.move_to_end(producer_id)
+            self._producers.touch(producer_id)
         producer.add(epoch, batch)
 
     def _rewrite(self, *, sync: bool) -> None:

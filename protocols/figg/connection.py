@@ -15,6 +15,7 @@ from protocols.connection import (
     CLOSED,
     DEFAULT_MAX_FRAME,
     NEED_DATA,
+    FramedConnection,
     FrameReader,
     Role,
     kept,
@@ -53,7 +54,7 @@ def _codecs(role: Role) -> tuple[dict[int, Callable[[bytes], Any]],
     return decoders, encoders
 
 
-class FiggConnection:
+class FiggConnection(FramedConnection):
     """One end of a Figg connection.
 
     A ``Role.SERVER`` connection decodes what clients send (ATTACH, DETACH, PUBLISH, PING)
@@ -67,28 +68,13 @@ class FiggConnection:
     connection is dead: every later ``next_event`` raises the same error.
     """
 
-    __slots__ = ("_decoders", "_encoders", "_error", "_frames", "role")
+    __slots__ = ("_decoders", "_encoders", "_error", "role")
 
     def __init__(self, role: Role, *, max_frame_size: int = DEFAULT_MAX_FRAME) -> None:
         self.role = role
         self._frames = FrameReader(HEADER, _LENGTH_INDEX, max_frame_size)
         self._decoders, self._encoders = _codecs(role)  # one pair per role, shared
         self._error: ProtocolError | None = None
-
-    @property
-    def max_frame_size(self) -> int:
-        """The largest payload accepted from the peer."""
-        return self._frames.max_payload
-
-    @property
-    def buffered(self) -> int:
-        """Bytes received and not yet returned as events: after ``NEED_DATA``, the part of
-        a frame that has begun (0: the peer stopped at a frame boundary)."""
-        return self._frames.buffered
-
-    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
-        """Add bytes received from the peer; ``b""`` means the peer closed."""
-        self._frames.feed(data)
 
     def next_event(self) -> Any:
         """The next message from the peer, :data:`NEED_DATA`, or :data:`CLOSED` after a

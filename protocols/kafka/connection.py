@@ -26,7 +26,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
-from protocols.connection import CLOSED, DEFAULT_MAX_FRAME, NEED_DATA, FrameReader, kept
+from protocols.connection import (
+    CLOSED,
+    DEFAULT_MAX_FRAME,
+    NEED_DATA,
+    FramedConnection,
+    FrameReader,
+    kept,
+)
 from protocols.errors import ProtocolError
 from protocols.kafka.messages import (
     REQUESTS,
@@ -169,7 +176,7 @@ def encode_response_with_body(api_key: int, api_version: int, correlation_id: in
     return [FRAME_HEADER.pack(size) + header, *body]
 
 
-class KafkaServerConnection:
+class KafkaServerConnection(FramedConnection):
     """The server end of a Kafka connection: bytes in, requests out, responses to bytes.
 
     :meth:`next_event` returns a :class:`Request` or :class:`UnsupportedRequest` (a
@@ -202,20 +209,6 @@ class KafkaServerConnection:
         """From the next frame on, frames are Kafka requests again (the SASL exchange
         started by a SaslHandshake version 0 has succeeded)."""
         self._raw_sasl = False
-
-    @property
-    def max_frame_size(self) -> int:
-        """The largest payload accepted from the peer."""
-        return self._frames.max_payload
-
-    @property
-    def buffered(self) -> int:
-        """Bytes received and not yet returned as events."""
-        return self._frames.buffered
-
-    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
-        """Feed bytes received from the peer; ``b""`` means the peer closed."""
-        self._frames.feed(data)
 
     def next_event(self) -> Any:
         """The next :class:`Request`, :class:`UnsupportedRequest` or :class:`SaslToken`,

@@ -425,62 +425,6 @@ def _truncated() -> ProtocolError:
     return ProtocolError("truncated message in bundle message set")
 
 
-def _decode_plain(buf: bytes, pos: int, end: int, count: int, seq: int, out: list[Message]) -> None:
-    """Decode a plain (not sparse) message set, appending to ``out``.
-
-    The hot loop. ``buf`` must be ``bytes`` so that slices are independent copies.
-    """
-    append = out.append
-    message = Message
-    unpack_u64 = _unpack_u64
-    stop = seq + count
-    ts = 0
-    try:
-        while pos < end:
-            flags = buf[pos]
-            if flags == USE_LAST_SPECIFIED_TS:
-                n = buf[pos + 1]
-                if n < 0x80:
-                    pos += 2
-                    vend = pos + n
-                    if vend > end:
-                        raise _truncated()
-                    append(message(buf[pos:vend], None, ts, seq))
-                    seq += 1
-                    pos = vend
-                    continue
-            elif flags > _MSG_FLAGS_MAX:
-                raise ProtocolError(f"invalid message flags {flags:#04x}")
-            pos += 1
-            if not flags & USE_LAST_SPECIFIED_TS:
-                if pos + 8 > end:
-                    raise _truncated()
-                ts = unpack_u64(buf, pos)[0]
-                pos += 8
-            key = None
-            if flags & HAVE_KEY:
-                kend = pos + 1 + buf[pos]
-                if kend > end:
-                    raise _truncated()
-                key = buf[pos + 1 : kend]
-                pos = kend
-            n = buf[pos]
-            if n < 0x80:
-                pos += 1
-            else:
-                n, pos = _varint(buf, pos, end, "message length")
-            vend = pos + n
-            if vend > end:
-                raise _truncated()
-            append(message(buf[pos:vend], key, ts, seq))
-            seq += 1
-            pos = vend
-    except IndexError:
-        raise _truncated() from None
-    if seq != stop:
-        raise ProtocolError(f"bundle header says {count} messages, message set holds more or less")
-
-
 def _walk(
     buf: bytes | memoryview,
     pos: int,
@@ -489,25 +433,45 @@ def _walk(
     first: int | None,
     last: int | None,
     out: list[Message] | None,
+    plain_decode: bool = False,
 ) -> None:
-    """Check every message of a message set; with ``out``, also decode them (sparse path).
+    """Check every message of a message set; with ``out``, also decode them.
 
     ``first``/``last`` are the sparse header's sequence numbers, ``None`` for a plain
-    bundle (only checked here: plain bundles are decoded by :func:`_decode_plain`).
-    Decoding requires ``buf`` to be ``bytes``.
+    bundle (then only checked), or with ``plain_decode`` a plain bundle decoded into
+    ``out``: numbered from ``first``, its count checked only at the end. Decoding requires
+    ``buf`` to be ``bytes``, so that the slices are independent copies. The compiled twin
+    is ``_walk`` of ``protocols/_speedups.pyx``, which has the same two modes.
+
+    The hot loop of the pure-Python decoder: a plain bundle's message with no key, the
+    last timestamp and a short value takes the first branch.
     """
-    sparse = first is not None
+    sparse = first is not None and not plain_decode
     final = count - 1
     seq = first or 0
     last_seq = 0 if last is None else last  # set whenever sparse
     ts = 0
     idx = 0
     unpack_u64 = _unpack_u64
+    message = Message
+    append = out.append if out is not None else None
     try:
         while pos < end:
-            if idx == count:
-                raise ProtocolError(f"message set holds more than the {count} messages counted")
             flags = buf[pos]
+            if plain_decode:
+                if flags == USE_LAST_SPECIFIED_TS:
+                    n = buf[pos + 1]
+                    if n < 0x80:
+                        pos += 2
+                        vend = pos + n
+                        if vend > end:
+                            raise _truncated()
+                        append(message(buf[pos:vend], None, ts, seq))  # type: ignore[misc, arg-type]
+                        seq += 1
+                        pos = vend
+                        continue
+            elif idx == count:
+                raise ProtocolError(f"message set holds more than the {count} messages counted")
             pos += 1
             if flags > _MSG_FLAGS_MAX:
                 raise ProtocolError(f"invalid message flags {flags:#04x}")
@@ -534,7 +498,7 @@ def _walk(
                 kend = pos + 1 + buf[pos]
                 if kend > end:
                     raise _truncated()
-                if out is not None:
+                if append is not None:
                     key = buf[pos + 1 : kend]
                 pos = kend
             n = buf[pos]
@@ -545,14 +509,20 @@ def _walk(
             vend = pos + n
             if vend > end:
                 raise _truncated()
-            if out is not None:
+            if append is not None:
                 # Decoding has bytes (see the docstring): the slices are bytes.
-                out.append(Message(buf[pos:vend], key, ts, seq))  # type: ignore[arg-type]
+                append(message(buf[pos:vend], key, ts, seq))  # type: ignore[arg-type]
+            if plain_decode:
+                seq += 1
             pos = vend
             idx += 1
     except IndexError:
         raise _truncated() from None
-    if idx != count:
+    if plain_decode:
+        if seq != (first or 0) + count:  # idx does not count the first branch's messages
+            raise ProtocolError(
+                f"bundle header says {count} messages, message set holds more or less")
+    elif idx != count:
         raise ProtocolError(f"bundle header says {count} messages, message set holds {idx}")
 
 
@@ -629,7 +599,7 @@ def _decode_into(
         raise ProtocolError("a plain bundle needs a base sequence number")
     if base_seq + count - 1 > UINT64_MAX:
         raise ProtocolError("bundle sequence numbers overflow u64")
-    _decode_plain(buf, pos, end, count, base_seq, out)
+    _walk(buf, pos, end, count, base_seq, None, out, plain_decode=True)
 
 
 # ----------------------------------------------------------------------------- chunks

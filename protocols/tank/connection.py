@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
 
-from protocols.connection import CLOSED, DEFAULT_MAX_FRAME, NEED_DATA, FrameReader, Role, kept
+from protocols.connection import (
+    CLOSED,
+    DEFAULT_MAX_FRAME,
+    NEED_DATA,
+    FramedConnection,
+    FrameReader,
+    Role,
+    kept,
+)
 from protocols.errors import ProtocolError
 from protocols.tank.bundle import MAX_UNCOMPRESSED_SIZE
 from protocols.tank.messages import (
@@ -89,7 +97,7 @@ def _consume_frame(response: Any) -> bytes:
                      *body.chunks(response)])
 
 
-class TankConnection:
+class TankConnection(FramedConnection):
     """One end of a Tank connection: bytes in, records out, records in, bytes out.
 
     Server role: :meth:`next_event` returns request records (``ProduceRequest``,
@@ -119,21 +127,6 @@ class TankConnection:
     def pending(self) -> Mapping[int, Any]:
         """Client role: sent requests awaiting their response, by request id (read-only)."""
         return MappingProxyType(self._pending)
-
-    @property
-    def max_frame_size(self) -> int:
-        """The largest payload accepted from the peer."""
-        return self._frames.max_payload
-
-    @property
-    def buffered(self) -> int:
-        """Bytes received and not yet returned as events: after ``NEED_DATA``, the part of
-        a frame that has begun (0: the peer stopped at a frame boundary)."""
-        return self._frames.buffered
-
-    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
-        """Feed bytes received from the peer; ``b""`` means the peer closed."""
-        self._frames.feed(data)
 
     def next_event(self) -> Any:
         """The next request (server) or :class:`Reply`/``Ping`` (client), NEED_DATA or CLOSED."""

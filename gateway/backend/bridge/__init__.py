@@ -27,8 +27,9 @@ import trio
 
 from gateway.backend.bridge.backend import BridgeBackend
 from gateway.backend.bridge.settings import BridgeSettings
-from gateway.backend.bridge.upstream import Backoff, Upstream, UpstreamUnavailable
+from gateway.backend.bridge.upstream import Backoff, Upstream
 from gateway.client.lone import raise_lone
+from gateway.core.contract import UpstreamUnavailable
 from gateway.core.metrics import Metrics
 
 __all__ = ["Backoff", "BridgeBackend", "BridgeSettings", "Upstream", "UpstreamUnavailable",

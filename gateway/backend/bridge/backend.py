@@ -5,8 +5,9 @@ over the upstream connection (:class:`~gateway.backend.bridge.upstream.Upstream`
 log of its own. Sequence numbers are the upstream's, so a position means the same through
 the bridge and at the broker.
 
-- produce: bundles are checked here first (size, framing), as the embedded store does, so
-  a bad one fails only its own batch and never reaches the broker; then one upstream
+- produce: bundles are checked here first (size, framing: :mod:`gateway.backend.forwarding`),
+  as the embedded store does, so a bad one fails only its own batch and never reaches the
+  broker; then one upstream
   Produce (ProduceWithSeqnum for batches with a base sequence) for all the appends of a
   scheduler round (:mod:`gateway.backend.bridge.produce`). Missing topics are created
   upstream as :class:`~gateway.core.contract.AutoCreate` says. Tank's Produce response
@@ -19,7 +20,7 @@ the bridge and at the broker.
 While the upstream is away, calls wait for it for up to ``wait_secs`` (a fetch: its
 ``max_wait``); then produce answers I/O fault, fetch FAULT, create_topic system error,
 reload_conf I/O error, and the discovery and status calls raise
-:class:`~gateway.backend.bridge.upstream.UpstreamUnavailable`.
+:class:`~gateway.core.contract.UpstreamUnavailable`.
 """
 
 from __future__ import annotations
@@ -32,7 +33,14 @@ import trio
 
 from gateway.backend.bridge.fetch import FetchForwarder
 from gateway.backend.bridge.produce import Entry, ProduceForwarder
-from gateway.backend.bridge.upstream import Upstream, UpstreamUnavailable
+from gateway.backend.bridge.upstream import Upstream
+from gateway.backend.forwarding import (
+    DEFAULT_WAIT_SECS,
+    Forwarding,
+    checked_bundle,
+    refuse_topic_name,
+    valid_new_topic,
+)
 from gateway.core.contract import (
     AutoCreate,
     BackendStatus,
@@ -49,25 +57,23 @@ from gateway.core.contract import (
     ReloadConfCode,
     TailChange,
     TopicInfo,
+    UpstreamUnavailable,
 )
 from gateway.core.metrics import Metrics
-from protocols.errors import ProtocolError
-from protocols.tank.bundle import BundleInfo, validate_bundle
+from protocols.tank.bundle import BundleInfo
 from protocols.tank.messages import (
     CreateTopicRequest,
     DiscoverPartitionsRequest,
     DiscoverTopicsRequest,
     ReloadConfRequest,
 )
-from protocols.topics import MAX_PARTITIONS, is_valid_topic_name
+from protocols.topics import is_valid_topic_name
 from protocols.wire import UINT64_MAX
 
-#: How long a produce or admin call waits for an absent upstream.
-DEFAULT_WAIT_SECS: Final = 5.0
 _MAX_U16: Final = 0xFFFF
 
 
-class BridgeBackend:
+class BridgeBackend(Forwarding):
     """Serves both listeners from an upstream Tank broker; see the module doc.
 
     ``nursery`` runs the shared fetches and merged produce requests (it must outlive
@@ -77,8 +83,6 @@ class BridgeBackend:
 
     #: Whether produce outcomes carry the offsets (see the Backend contract).
     reports_offsets = False
-    #: In front of a Tank broker, which may go away (:meth:`unavailable`).
-    has_upstream = True
 
     def __init__(self, upstream: Upstream, nursery: trio.Nursery, *,
                  auto_create_topics: bool = True, default_partitions: int = 1,
@@ -139,22 +143,14 @@ class BridgeBackend:
 
     def _check(self, batch: ProduceBatch) -> ProduceOutcome | BundleInfo:
         """The bundle's header when it may go upstream, else the outcome refusing it."""
-        if not is_valid_topic_name(batch.topic):
-            return ProduceOutcome(ProduceCode.UNKNOWN_TOPIC,
-                                  reason=f"invalid topic name {batch.topic!r}")
+        refused = refuse_topic_name(batch)
+        if refused is not None:
+            return refused
         if not 0 <= batch.partition <= _MAX_U16:
             return ProduceOutcome(ProduceCode.UNKNOWN_PARTITION)
         if batch.base_seq is not None and not 0 < batch.base_seq <= UINT64_MAX:
             return ProduceOutcome(ProduceCode.INVALID_SEQUENCE)
-        if len(batch.bundle) > self.max_bundle_bytes:
-            return ProduceOutcome(ProduceCode.IO_FAULT, reason=(
-                f"bundle of {len(batch.bundle)} bytes is over {self.max_bundle_bytes}"))
-        if batch.info is not None:  # built by the gateway itself
-            return batch.info
-        try:
-            return validate_bundle(batch.bundle)
-        except ProtocolError as exc:
-            return ProduceOutcome(ProduceCode.IO_FAULT, reason=f"invalid bundle: {exc}")
+        return checked_bundle(batch, self.max_bundle_bytes)
 
     def _outcome(self, batch: ProduceBatch, info: BundleInfo, code: int) -> ProduceOutcome:
         if code != ProduceCode.OK:
@@ -217,7 +213,7 @@ class BridgeBackend:
     async def create_topic(self, name: str, partitions: int, config: str = ""
                            ) -> CreateTopicCode:
         """CreateTopic upstream, with the configured topic defaults for keys not given."""
-        if not is_valid_topic_name(name) or not 0 < partitions <= MAX_PARTITIONS:
+        if not valid_new_topic(name, partitions):
             return CreateTopicCode.INVALID
         raw = _with_defaults(config, self.topic_config).encode()
         try:
@@ -262,16 +258,8 @@ class BridgeBackend:
         except ValueError:  # 12: refused by a clustered broker
             return ReloadConfCode.IO_ERROR
 
-    def topic_configs(self) -> None:
-        """None: the upstream keeps its topics' settings."""
-        return None
-
     async def issue_producer_id(self) -> None:
         """None: the Kafka listener numbers producers itself."""
-        return None
-
-    def fast_appender(self, topic: str, partition: int) -> None:
-        """No one-pass appends: every Produce goes through :meth:`produce_nowait`."""
         return None
 
     async def status(self) -> BackendStatus:

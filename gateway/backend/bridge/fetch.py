@@ -25,9 +25,9 @@ from typing import Final, TypeAlias
 import structlog
 import trio
 
-from gateway.backend.bridge.upstream import Upstream, UpstreamUnavailable
+from gateway.backend.bridge.upstream import Upstream
 from gateway.client.tank import TankClient
-from gateway.core.contract import BytesChunk, FetchOutcome, FetchStatus
+from gateway.core.contract import BytesChunk, FetchOutcome, FetchStatus, UpstreamUnavailable
 from protocols.tank.messages import ConsumePartitionResult
 from protocols.tank.types import ConsumeFlags
 from protocols.wire import UINT64_MAX

@@ -22,9 +22,15 @@ from typing import Final, TypeAlias
 import structlog
 import trio
 
-from gateway.backend.bridge.upstream import Upstream, UpstreamUnavailable
+from gateway.backend.bridge.upstream import Upstream
 from gateway.client.tank import TankClient
-from gateway.core.contract import AutoCreate, CreateTopic, ProduceCode, TopicRefused
+from gateway.core.contract import (
+    AutoCreate,
+    CreateTopic,
+    ProduceCode,
+    TopicRefused,
+    UpstreamUnavailable,
+)
 
 log = structlog.get_logger("figtank.bridge")
 

@@ -40,7 +40,7 @@ from gateway.client.errors import (
 )
 from gateway.client.tank import TankClient
 from gateway.core.config import parse_address
-from gateway.core.contract import BackendUnavailable
+from gateway.core.contract import UpstreamUnavailable
 from gateway.core.metrics import Metrics
 from gateway.io.backoff import ExponentialBackoff
 from protocols.connection import BROKER_MAX_FRAME
@@ -57,10 +57,6 @@ STABLE_SECS: Final = 1.0
 CONSUMES_PER_CONNECTION: Final = 256
 #: Most consume connections; past it, the least loaded one takes more.
 MAX_CONSUME_CONNECTIONS: Final = 32
-
-
-class UpstreamUnavailable(BackendUnavailable):
-    """The upstream broker could not be reached before the request's deadline."""
 
 
 @dataclass(frozen=True, slots=True)

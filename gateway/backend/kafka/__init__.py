@@ -25,7 +25,7 @@ from typing import Final
 import structlog
 import trio
 
-from gateway.backend.kafka.backend import KafkaBackend, UpstreamUnavailable
+from gateway.backend.kafka.backend import KafkaBackend
 from gateway.backend.kafka.cluster import Cluster
 from gateway.backend.kafka.feeds import TailFeeds
 from gateway.backend.kafka.health import UpstreamHealth
@@ -35,6 +35,7 @@ from gateway.backend.kafka.settings import UpstreamKafkaSettings
 from gateway.backend.kafka.wire import Security
 from gateway.client.lone import raise_lone
 from gateway.client.tls import client_context
+from gateway.core.contract import UpstreamUnavailable
 from gateway.core.metrics import GaugeCollector, Metrics
 from protocols.kafka.codecs import Compression
 from protocols.kafka.records import MetadataRequest

@@ -20,8 +20,9 @@ sequence = Kafka offset + 1**.
 
 While the upstream does not answer (:mod:`gateway.backend.kafka.health`), calls give the
 answers the front ends turn into their "unavailable": produce I/O fault, fetch FAULT,
-create_topic system error, and discovery raises :class:`UpstreamUnavailable`, after
-waiting for it up to ``wait_secs`` into the outage (a fetch: within its ``max_wait``).
+create_topic system error, and discovery raises
+:class:`~gateway.core.contract.UpstreamUnavailable`, after waiting for it up to
+``wait_secs`` into the outage (a fetch: within its ``max_wait``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ from typing import Any, Final
 import structlog
 import trio
 
+from gateway.backend.forwarding import (
+    DEFAULT_WAIT_SECS,
+    Forwarding,
+    checked_bundle,
+    refuse_topic_name,
+    valid_new_topic,
+)
 from gateway.backend.kafka.cluster import Cluster
 from gateway.backend.kafka.feeds import PartitionFeed, TailFeeds
 from gateway.backend.kafka.fetcher import NO_WAIT_MS, fetch_partition
@@ -44,7 +52,6 @@ from gateway.backend.kafka.wire import BrokerLost, error_name
 from gateway.core.contract import (
     AutoCreate,
     BackendStatus,
-    BackendUnavailable,
     BytesChunk,
     CreateTopicCode,
     FetchOutcome,
@@ -58,9 +65,9 @@ from gateway.core.contract import (
     ReloadConfCode,
     TailChange,
     TopicInfo,
+    UpstreamUnavailable,
 )
 from gateway.core.metrics import Metrics
-from protocols.errors import ProtocolError
 from protocols.kafka.records import (
     CreatableTopic,
     CreateTopicsRequest,
@@ -70,14 +77,12 @@ from protocols.kafka.records import (
 )
 from protocols.kafka.types import ApiKey, ErrorCode
 from protocols.kafka.upstream_codec import UpstreamBundle
-from protocols.tank.bundle import BundleInfo, validate_bundle
-from protocols.topics import MAX_PARTITIONS, is_valid_topic_name
+from protocols.tank.bundle import BundleInfo
+from protocols.topics import is_valid_topic_name
 from protocols.wire import UINT64_MAX
 
 log = structlog.get_logger("figtank.upstream_kafka")
 
-#: How long a produce or admin call waits for an absent upstream.
-DEFAULT_WAIT_SECS: Final = 5.0
 #: How long a fetch waits for a feed that is reading data known to exist, whatever its
 #: own max wait (a feed opened for it, catching up).
 CATCH_UP_SECS: Final = 2.0
@@ -93,10 +98,6 @@ _EARLIEST: Final = -2
 _DENIED: Final = ("TOPIC_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED")
 
 
-class UpstreamUnavailable(BackendUnavailable):
-    """The upstream cluster did not answer in time."""
-
-
 class UpstreamRefused(Exception):
     """The upstream answered a partition's request with an error that is not an outage
     (an authorization failure, an unknown topic): ``error`` is Kafka's name."""
@@ -106,13 +107,11 @@ class UpstreamRefused(Exception):
         self.error = error
 
 
-class KafkaBackend:
+class KafkaBackend(Forwarding):
     """Serves the listeners from an upstream Kafka cluster; see the module doc."""
 
     #: Whether produce outcomes carry the offsets (see the Backend contract).
     reports_offsets = True
-    #: In front of a Kafka cluster, which may go away (:meth:`unavailable`).
-    has_upstream = True
 
     def __init__(self, *, cluster: Cluster, producer: UpstreamProducer, feeds: TailFeeds,
                  history: HistoryReader, health: UpstreamHealth,
@@ -341,9 +340,9 @@ class KafkaBackend:
     def _check(self, batch: ProduceBatch) -> ProduceOutcome | BundleInfo:
         """The outcome refusing ``batch`` before it goes upstream, or its bundle's header."""
         count = self._partitions.get(batch.topic)
-        if not is_valid_topic_name(batch.topic):
-            return ProduceOutcome(ProduceCode.UNKNOWN_TOPIC,
-                                  reason=f"invalid topic name {batch.topic!r}")
+        refused = refuse_topic_name(batch)
+        if refused is not None:
+            return refused
         if count is None:
             if self.health.up:  # else it was not looked up: the upstream did not answer
                 self._count("produce", UNKNOWN_TOPIC)
@@ -356,15 +355,9 @@ class KafkaBackend:
             return ProduceOutcome(ProduceCode.INVALID_SEQUENCE, reason=(
                 "the upstream Kafka cluster numbers records: a produce can not name "
                 "its sequence numbers"))
-        if len(batch.bundle) > self.max_bundle_bytes:
-            return ProduceOutcome(ProduceCode.IO_FAULT, reason=(
-                f"bundle of {len(batch.bundle)} bytes is over {self.max_bundle_bytes}"))
-        info = batch.info
-        if info is None:
-            try:
-                info = validate_bundle(batch.bundle)
-            except ProtocolError as exc:
-                return ProduceOutcome(ProduceCode.IO_FAULT, reason=f"invalid bundle: {exc}")
+        info = checked_bundle(batch, self.max_bundle_bytes)
+        if isinstance(info, ProduceOutcome):
+            return info
         if info.sparse:
             return ProduceOutcome(ProduceCode.INVALID_SEQUENCE, reason=(
                 "a sparse bundle names its sequence numbers; the upstream numbers records"))
@@ -532,7 +525,7 @@ class KafkaBackend:
                            ) -> CreateTopicCode:
         """CreateTopics upstream (Tank config keys are not Kafka's: ``config`` is not
         passed on)."""
-        if not is_valid_topic_name(name) or not 0 < partitions <= MAX_PARTITIONS:
+        if not valid_new_topic(name, partitions):
             return CreateTopicCode.INVALID
         try:
             await self._ready()
@@ -623,14 +616,6 @@ class KafkaBackend:
         if await self.partition_count(topic) is None:
             return ReloadConfCode.UNKNOWN_TOPIC
         return ReloadConfCode.OK
-
-    def topic_configs(self) -> None:
-        """None: the upstream keeps its topics' settings."""
-        return None
-
-    def fast_appender(self, topic: str, partition: int) -> None:
-        """No one-pass appends: every Produce goes through :meth:`produce_nowait`."""
-        return None
 
     async def status(self) -> BackendStatus:
         topics = await self.discover_topics()
