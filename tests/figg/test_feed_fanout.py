@@ -14,31 +14,15 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
-import pytest
 import trio
 import trio.testing
 
 from gateway.figg.feed import TailFeed
-from gateway.io import fanout
-from gateway.io.fanout import send_each_python
 from gateway.io.writer import FrameWriter
-from protocols import native
 from protocols.figg.messages import Attached, Detached
 from tests.figg.helpers import RawPeer, attach, detach, figg_server, open_test_backend, publish
 from tests.figg.test_listener import slow_reader
 from tests.io.helpers import receive_exactly, tcp_pair
-
-_native = native.built("gateway.io._fanout")
-LOOPS: list[Callable[..., Any]] = [send_each_python] + (
-    [_native.send_each] if _native is not None else [])
-
-
-@pytest.fixture(params=LOOPS, ids=lambda loop: "python" if loop is send_each_python
-                else "compiled")
-def loop(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Run the test with this send_each loop in the fan-out group."""
-    monkeypatch.setattr(fanout, "send_each", request.param)
-    return request.param
 
 
 class Quota:

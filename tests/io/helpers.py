@@ -70,3 +70,4 @@ class FileRange:
         if not self.closed:
             self.closed = True
             os.close(self.fd)
+
