@@ -10,6 +10,7 @@ importing ``a.b.c`` imports the packages ``a`` and ``a.b`` first.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -110,14 +111,20 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+@functools.cache
+def package_graph() -> dict[str, set[str]]:
+    """The import graph of :data:`PACKAGES` (every module parsed once for the tests)."""
+    return import_graph(modules_under(ROOT, PACKAGES))
+
+
 def test_no_import_circle_in_the_packages() -> None:
-    graph = import_graph(modules_under(ROOT, PACKAGES))
+    graph = package_graph()
     assert len(graph) > 150  # the walk found the packages
     assert circles(graph) == []
 
 
 def test_protocols_never_imports_gateway() -> None:
-    graph = import_graph(modules_under(ROOT, PACKAGES))
+    graph = package_graph()
     crossing = sorted((module, target) for module, targets in graph.items()
                       if module.startswith("protocols") for target in targets
                       if target.startswith("gateway"))
