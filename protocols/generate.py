@@ -7,10 +7,11 @@ and ``protocols/kafka/records.py`` (Kafka's type system: :mod:`protocols.codegen
 them under ``DIR`` instead. ``tests/protocols/test_generate.py`` holds the checked-in files
 to the declarations.
 
-For every message (and every inline struct) the output has a frozen, slotted dataclass
-with typed fields and docstrings from the declaration (its leading ``//`` comment, the
-``about`` texts). Its codecs are straight-line functions: one ``struct`` call per run of
-fixed-width fields, explicit bounds checks that raise
+For every message (and every inline struct) the output has a frozen, slotted record class
+(:class:`protocols.record.Record`, with its ``__init__`` written out: no dataclass to
+build at import) with typed fields and docstrings from the declaration (its leading ``//``
+comment, the ``about`` texts). Its codecs are straight-line functions: one ``struct`` call
+per run of fixed-width fields, explicit bounds checks that raise
 :class:`~protocols.errors.ProtocolError`, no per-field dispatch:
 
 - every message: ``decode_<name>(payload, version=None, context=None)`` and

@@ -39,8 +39,8 @@ Kafka's (``int16``-length ``string``, ``int32``-length ``bytes``, ...).
 the caller passes it (Figg carries it in the frame header).
 
 The declarations are compiled ahead of time: :mod:`protocols.generate` writes each
-protocol's record classes (frozen, slotted, typed dataclasses) and straight-line codec
-functions into a checked-in module (``protocols/tank/records.py``,
+protocol's record classes (frozen, slotted, typed: :mod:`protocols.record`) and
+straight-line codec functions into a checked-in module (``protocols/tank/records.py``,
 ``protocols/figg/records.py``), as Kafka generates its message classes from its JSON. A
 field absent from a version decodes to its default. This module holds what the generator
 reads (:func:`parse_spec`, :class:`TypeRegistry`) and what its output calls at run time

@@ -166,6 +166,11 @@ async def test_a_full_disk_is_a_server_fault_on_every_protocol(tmp_path: Path) -
             with trio.fail_after(10):
                 await peer.expect_closed()
             await peer.aclose()
+        # A rendering of /metrics answers the scrapes of the next second (the fixture's
+        # scrape too, on a fast run): wait for one made after the Figg closes.
+        assert await trio.to_thread.run_sync(
+            wait_metric, server, "figtank_requests_total", 2,
+            {"protocol": "figg", "type": "publish", "result": "error"})
         _, text = await trio.to_thread.run_sync(http_get, server.metrics, "/metrics")
     closes = [line for line in server.events("connection_closed")
               if line.get("protocol") == "figg" or "figg" in str(line.get("listener"))]
@@ -197,6 +202,9 @@ async def test_health_metrics_and_log_while_full_then_publishes_resume(tmp_path:
         assert data_dir in reason
         assert http_get(server.metrics, "/readyz") == (status, reason)
         assert http_get(server.metrics, "/livez") == (200, "live\n")  # not a restart case
+        # A rendering made after the refusals (one answers the scrapes of a second).
+        assert wait_metric(server, "figtank_store_write_failures_total", 50,
+                           {"kind": "below_floor"})
         _, text = http_get(server.metrics, "/metrics")
         assert metric(text, "figtank_store_writable", directory=data_dir) == 0
         free = metric(text, "figtank_store_free_bytes", directory=data_dir)

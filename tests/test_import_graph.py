@@ -11,6 +11,7 @@ importing ``a.b.c`` imports the packages ``a`` and ``a.b`` first.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -131,6 +132,12 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+@functools.cache
+def package_graph() -> dict[str, set[str]]:
+    """The import graph of :data:`PACKAGES` (every module parsed once for the tests)."""
+    return import_graph(modules_under(ROOT, PACKAGES))
+
+
 def folder_of(module: str, stack: Iterable[Iterable[str]]) -> str | None:
     """The folder of ``stack`` that ``module`` is in (the longest that holds it), or None."""
     holding = [folder for layer in stack for folder in layer
@@ -173,7 +180,7 @@ def folder_graph(graph: dict[str, set[str]], stack: Iterable[Iterable[str]]
 
 def test_the_folders_form_a_stack() -> None:
     modules = modules_under(ROOT, PACKAGES)
-    graph = import_graph(modules)
+    graph = package_graph()
     assert len(graph) > 150  # the walk found the packages
     assert unplaced_modules(modules, STACK) == []  # a new folder takes its place in STACK
     assert len(UPWARD_IMPORTS) <= 1
@@ -224,13 +231,13 @@ def test_the_stack_check_finds_an_upward_import(tmp_path: Path) -> None:
 
 
 def test_no_import_circle_in_the_packages() -> None:
-    graph = import_graph(modules_under(ROOT, PACKAGES))
+    graph = package_graph()
     assert len(graph) > 150  # the walk found the packages
     assert circles(graph) == []
 
 
 def test_protocols_never_imports_gateway() -> None:
-    graph = import_graph(modules_under(ROOT, PACKAGES))
+    graph = package_graph()
     crossing = sorted((module, target) for module, targets in graph.items()
                       if module.startswith("protocols") for target in targets
                       if target.startswith("gateway"))

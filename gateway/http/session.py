@@ -92,7 +92,8 @@ class HttpSession:
     #: Ends after which the peer gets up to a second to read the last answer (a refusal,
     #: a WebSocket close frame) before the connection closes (see close_after_answer).
     DRAIN_ON: frozenset[str] = frozenset({"bad_request", "websocket_close", "unavailable",
-                                          "slow", "access_revoked", "token_expired"})
+                                          "slow", "access_revoked", "token_expired",
+                                          "frame_timeout"})
 
     # Thousands of idle streams each hold one: no per-instance dict.
     __slots__ = ("_closing", "_conn", "_end", "_frame", "_idle", "_max_body", "_on_loopback",

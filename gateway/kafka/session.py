@@ -76,6 +76,7 @@ from protocols.kafka.connection import (
 )
 from protocols.kafka.records import SaslAuthenticateResponse, SaslHandshakeResponse
 from protocols.kafka.types import ApiKey, ErrorCode
+from protocols.record import replace as replace_record
 
 
 def _name(api_key: int) -> str:
@@ -337,7 +338,8 @@ class KafkaSession(RequestSession[KafkaServerConnection]):
             if quota is not None and quota.out_limited and request.api_key == ApiKey.FETCH:
                 quota.took_out(sum(len(p.records or b"") for t in response.responses
                                    for p in t.partitions))
-                response = replace(response, throttle_time_ms=quota.pending_ms(OUT))
+                response = replace_record(response,
+                                          throttle_time_ms=quota.pending_ms(OUT))
             # Buffers: a Fetch response's records are written as they are, not copied.
             self._fill(slot, self._conn.send_parts(request, response))
             self._counter.inc(kind)

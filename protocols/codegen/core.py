@@ -177,33 +177,46 @@ class Module:
         return found
 
     def emit_record(self, rec: RecordStruct) -> None:
-        lines = ["@dataclass(frozen=True, slots=True)", f"class {rec.name}:",
-                 *docstring(rec.doc, "    ")]
+        """The record class (a :class:`protocols.record.Record` with its ``__init__``
+        written out) and its builder."""
+        lines = [f"class {rec.name}(Record):", *docstring(rec.doc, "    ")]
+        # Slot order does not matter to the layout (CPython sorts them) but ruff wants it.
+        slots = "".join(repr(n) + ", " for n in sorted(f.name for f in rec.fields))
+        order = "".join(repr(f.name) + ", " for f in rec.fields)
+        lines += ["", f"    __slots__ = ({slots})", f"    __match_args__ = ({order})"]
+        params, sets = [], []
         for f in rec.fields:
             check_name(rec.name, f.name)
             kind = self.annotation(f, rec.name)
-            default = self.default(f)
-            if default == "[]":
-                default = "field(default_factory=list)"
             lines.append("")
-            lines.append(f"    {f.name}: {kind} = {default}")
+            lines.append(f"    {f.name}: {kind}")
             if f.about:
                 lines += docstring(f.about, "    ")
-        if not rec.fields:
-            lines += ["", "    pass"] if not rec.doc else []
+            default = self.default(f)
+            fresh = ("[]" if default == "[]" else default.removeprefix(
+                "field(default_factory=").removesuffix(")") + "()"
+                if default.startswith("field(") else None)
+            if fresh is None:
+                params.append(f"{f.name}: {kind} = {default}")
+                sets.append(f"init_field(self, {f.name!r}, {f.name})")
+            else:
+                params.append(f"{f.name}: {kind} = NEW_DEFAULT")
+                sets.append(f"init_field(self, {f.name!r}, {fresh} if {f.name} is NEW_DEFAULT "
+                            f"else {f.name})")
+        lines += ["", f"    def __init__(self{''.join(', ' + p for p in params)}) -> None:",
+                  *(f"        {line}" for line in sets or ["pass"])]
         args = ", ".join(f"{f.name}: {self.annotation(f, rec.name)}" for f in rec.fields)
-        # Slot order does not matter to the layout (CPython sorts them) but ruff wants it.
-        slots = "".join(repr(n) + ", " for n in sorted(f.name for f in rec.fields))
         lines += [
             "", "",
             "if TYPE_CHECKING:",
             f"    _{rec.name}Builder = {rec.name}",
             "else:",
-            f"    class _{rec.name}Builder:",
+            f"    class _{rec.name}Builder(Record):",
             f'        """Makes a {rec.name} without the frozen ``__init__``'
             f' (see the module docstring)."""',
             "",
             f"        __slots__ = ({slots})",
+            "        __setattr__ = object.__setattr__",
             "",
             f"        def __init__(self{', ' if args else ''}{args}) -> None:",
             *(f"            self.{f.name} = {f.name}" for f in rec.fields),
@@ -726,12 +739,13 @@ class Module:
         imports = [
             "from __future__ import annotations", "",
             *(["from collections.abc import Iterable"] if target.batches else []),
-            "from dataclasses import dataclass, field" if any(
-                "field(" in r for r in self.records) else "from dataclasses import dataclass",
             "from struct import Struct",
             "from struct import error as StructError",
             f"from typing import {', '.join(typing_names)}", "",
             "from protocols.errors import ProtocolError",
+            "from protocols.record import NEW_DEFAULT, Record, init_field" if any(
+                "NEW_DEFAULT" in r for r in self.records) else
+            "from protocols.record import Record, init_field",
             f"from protocols.spec import {', '.join(sorted(self.spec_imports))}",
         ]
         if target.custom_module is not None:

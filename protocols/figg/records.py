@@ -11,12 +11,12 @@ fails while this file is not what the generator makes.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from struct import Struct
 from struct import error as StructError
 from typing import TYPE_CHECKING, Any, Final
 
 from protocols.errors import ProtocolError
+from protocols.record import Record, init_field
 from protocols.spec import Buffer, FlatCodec, PayloadFunctions, cannot_encode, not_utf8, overrun, trailing, truncated
 
 
@@ -29,30 +29,35 @@ _S5: Final = Struct('>HHII')
 _S6: Final = Struct('>QI')
 
 
-@dataclass(frozen=True, slots=True)
-class Ack:
+class Ack(Record):
     """ACK (type 6, server -> client): publishes up to and including seq_num are stored.
     Payload: u64 seqNum. The Go client releases every publish <= seq_num.
     """
 
-    seq_num: int = 0
+    __slots__ = ('seq_num', )
+    __match_args__ = ('seq_num', )
+
+    seq_num: int
     """the highest publish acknowledged"""
+
+    def __init__(self, seq_num: int = 0) -> None:
+        init_field(self, 'seq_num', seq_num)
 
 
 if TYPE_CHECKING:
     _AckBuilder = Ack
 else:
-    class _AckBuilder:
+    class _AckBuilder(Record):
         """Makes a Ack without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('seq_num', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, seq_num: int) -> None:
             self.seq_num = seq_num
 
 
-@dataclass(frozen=True, slots=True)
-class Attach:
+class Attach(Record):
     """ATTACH (type 1, client -> server): subscribe to a topic.
     Payload: u16 flags | u32 len | topic | u64 offset, big-endian like all of Figg.
     The frame header carries the version (always 1); the payload has no version field.
@@ -64,23 +69,32 @@ class Attach:
     A topic that is not UTF-8 is a ProtocolError, as for every "string" field.
     """
 
-    flags: int = 0
+    __slots__ = ('flags', 'offset', 'topic', )
+    __match_args__ = ('flags', 'topic', 'offset', )
+
+    flags: int
     """ATTACH_FROM_OFFSET (0x8000) or 0"""
 
-    topic: str = ''
+    topic: str
     """u32 len | UTF-8 name"""
 
-    offset: int = 0
+    offset: int
     """resume after this offset (with the flag)"""
+
+    def __init__(self, flags: int = 0, topic: str = '', offset: int = 0) -> None:
+        init_field(self, 'flags', flags)
+        init_field(self, 'topic', topic)
+        init_field(self, 'offset', offset)
 
 
 if TYPE_CHECKING:
     _AttachBuilder = Attach
 else:
-    class _AttachBuilder:
+    class _AttachBuilder(Record):
         """Makes a Attach without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('flags', 'offset', 'topic', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, flags: int, topic: str, offset: int) -> None:
             self.flags = flags
@@ -88,59 +102,74 @@ else:
             self.offset = offset
 
 
-@dataclass(frozen=True, slots=True)
-class Attached:
+class Attached(Record):
     """ATTACHED (type 2, server -> client): the subscription is live.
     Payload: u32 len | topic | u64 offset.
     `offset` is where delivery really starts (the server may clamp the requested one);
     the client resumes from it after a reconnect if no DATA arrived in between.
     """
 
-    topic: str = ''
+    __slots__ = ('offset', 'topic', )
+    __match_args__ = ('topic', 'offset', )
+
+    topic: str
     """u32 len | UTF-8 name"""
 
-    offset: int = 0
+    offset: int
     """the position delivery starts after"""
+
+    def __init__(self, topic: str = '', offset: int = 0) -> None:
+        init_field(self, 'topic', topic)
+        init_field(self, 'offset', offset)
 
 
 if TYPE_CHECKING:
     _AttachedBuilder = Attached
 else:
-    class _AttachedBuilder:
+    class _AttachedBuilder(Record):
         """Makes a Attached without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('offset', 'topic', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, topic: str, offset: int) -> None:
             self.topic = topic
             self.offset = offset
 
 
-@dataclass(frozen=True, slots=True)
-class Data:
+class Data(Record):
     """DATA (type 7, server -> client): one message of an attached topic.
     Payload: u32 len | topic | u64 offset | u32 len | data.
     `offset` names this message: ATTACH(ATTACH_FROM_OFFSET, offset) resumes with the
     message after it. Clients treat it as opaque (figtank uses the Tank sequence number).
     """
 
-    topic: str = ''
+    __slots__ = ('data', 'offset', 'topic', )
+    __match_args__ = ('topic', 'offset', 'data', )
+
+    topic: str
     """u32 len | UTF-8 name"""
 
-    offset: int = 0
+    offset: int
     """the position of this message"""
 
-    data: bytes = b''
+    data: bytes
     """u32 len | the opaque message"""
+
+    def __init__(self, topic: str = '', offset: int = 0, data: bytes = b'') -> None:
+        init_field(self, 'topic', topic)
+        init_field(self, 'offset', offset)
+        init_field(self, 'data', data)
 
 
 if TYPE_CHECKING:
     _DataBuilder = Data
 else:
-    class _DataBuilder:
+    class _DataBuilder(Record):
         """Makes a Data without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('data', 'offset', 'topic', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, topic: str, offset: int, data: bytes) -> None:
             self.topic = topic
@@ -148,95 +177,118 @@ else:
             self.data = data
 
 
-@dataclass(frozen=True, slots=True)
-class Detach:
+class Detach(Record):
     """DETACH (type 3, client -> server): unsubscribe from a topic.
     Payload: u32 len | topic. (The real Figg server ignores it; figtank answers DETACHED.)
     """
 
-    topic: str = ''
+    __slots__ = ('topic', )
+    __match_args__ = ('topic', )
+
+    topic: str
     """u32 len | UTF-8 name"""
+
+    def __init__(self, topic: str = '') -> None:
+        init_field(self, 'topic', topic)
 
 
 if TYPE_CHECKING:
     _DetachBuilder = Detach
 else:
-    class _DetachBuilder:
+    class _DetachBuilder(Record):
         """Makes a Detach without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('topic', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, topic: str) -> None:
             self.topic = topic
 
 
-@dataclass(frozen=True, slots=True)
-class Detached:
+class Detached(Record):
     """DETACHED (type 4, server -> client): the subscription is gone.
     Payload: u32 len | topic. (The real Figg server never sends it.)
     """
 
-    topic: str = ''
+    __slots__ = ('topic', )
+    __match_args__ = ('topic', )
+
+    topic: str
     """u32 len | UTF-8 name"""
+
+    def __init__(self, topic: str = '') -> None:
+        init_field(self, 'topic', topic)
 
 
 if TYPE_CHECKING:
     _DetachedBuilder = Detached
 else:
-    class _DetachedBuilder:
+    class _DetachedBuilder(Record):
         """Makes a Detached without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('topic', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, topic: str) -> None:
             self.topic = topic
 
 
-@dataclass(frozen=True, slots=True)
-class Ping:
+class Ping(Record):
     """PING (type 8, client -> server): keepalive; the Go client sends one every 2 s and
     disconnects after 2 unanswered. Payload: u64 timestamp (UnixNano in the Go client).
     An empty PING (which crashes the real server) is a ProtocolError.
     """
 
-    timestamp: int = 0
+    __slots__ = ('timestamp', )
+    __match_args__ = ('timestamp', )
+
+    timestamp: int
     """opaque to the server"""
+
+    def __init__(self, timestamp: int = 0) -> None:
+        init_field(self, 'timestamp', timestamp)
 
 
 if TYPE_CHECKING:
     _PingBuilder = Ping
 else:
-    class _PingBuilder:
+    class _PingBuilder(Record):
         """Makes a Ping without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('timestamp', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, timestamp: int) -> None:
             self.timestamp = timestamp
 
 
-@dataclass(frozen=True, slots=True)
-class Pong:
+class Pong(Record):
     """PONG (type 9, server -> client): answers a PING. Payload: u64 timestamp, echoed."""
 
-    timestamp: int = 0
+    __slots__ = ('timestamp', )
+    __match_args__ = ('timestamp', )
+
+    timestamp: int
     """the PING's timestamp"""
+
+    def __init__(self, timestamp: int = 0) -> None:
+        init_field(self, 'timestamp', timestamp)
 
 
 if TYPE_CHECKING:
     _PongBuilder = Pong
 else:
-    class _PongBuilder:
+    class _PongBuilder(Record):
         """Makes a Pong without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('timestamp', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, timestamp: int) -> None:
             self.timestamp = timestamp
 
 
-@dataclass(frozen=True, slots=True)
-class Publish:
+class Publish(Record):
     """PUBLISH (type 5, client -> server): append one message to a topic.
     Payload: u32 len | topic | u64 seqNum | u32 len | data.
     Answered by ACK(seq_num); the client numbers its publishes and resends the unacked
@@ -244,23 +296,32 @@ class Publish:
     that overruns it (which the real server accepts) is a ProtocolError.
     """
 
-    topic: str = ''
+    __slots__ = ('data', 'seq_num', 'topic', )
+    __match_args__ = ('topic', 'seq_num', 'data', )
+
+    topic: str
     """u32 len | UTF-8 name"""
 
-    seq_num: int = 0
+    seq_num: int
     """the client's publish sequence number"""
 
-    data: bytes = b''
+    data: bytes
     """u32 len | the opaque message"""
+
+    def __init__(self, topic: str = '', seq_num: int = 0, data: bytes = b'') -> None:
+        init_field(self, 'topic', topic)
+        init_field(self, 'seq_num', seq_num)
+        init_field(self, 'data', data)
 
 
 if TYPE_CHECKING:
     _PublishBuilder = Publish
 else:
-    class _PublishBuilder:
+    class _PublishBuilder(Record):
         """Makes a Publish without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('data', 'seq_num', 'topic', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, topic: str, seq_num: int, data: bytes) -> None:
             self.topic = topic

@@ -10,12 +10,12 @@ fails while this file is not what the generator makes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from struct import Struct
 from struct import error as StructError
 from typing import TYPE_CHECKING, Any, Final
 
 from protocols.errors import ProtocolError
+from protocols.record import NEW_DEFAULT, Record, init_field
 from protocols.spec import Buffer, PayloadFunctions, cannot_encode, trailing, truncated
 from collections.abc import Callable
 from protocols.kafka.primitives import not_in_version, null_not_allowed, read_bytes, read_count, read_nullable_records, read_nullable_string, read_string, read_tag_header, read_uvarint, skip_tagged, write_bytes, write_count, write_records, write_string, write_tagged
@@ -45,53 +45,68 @@ _S20: Final = Struct('>iqi')
 _S21: Final = Struct('>hhi')
 
 
-@dataclass(frozen=True, slots=True)
-class ApiVersionsRequest:
+class ApiVersionsRequest(Record):
     """Asks which API keys and versions the broker supports. Version 3 is flexible and names
     the client software (KIP-511).
     """
 
-    client_software_name: str = ''
+    __slots__ = ('client_software_name', 'client_software_version', )
+    __match_args__ = ('client_software_name', 'client_software_version', )
+
+    client_software_name: str
     """The name of the client software."""
 
-    client_software_version: str = ''
+    client_software_version: str
     """The version of the client software."""
+
+    def __init__(self, client_software_name: str = '', client_software_version: str = '') -> None:
+        init_field(self, 'client_software_name', client_software_name)
+        init_field(self, 'client_software_version', client_software_version)
 
 
 if TYPE_CHECKING:
     _ApiVersionsRequestBuilder = ApiVersionsRequest
 else:
-    class _ApiVersionsRequestBuilder:
+    class _ApiVersionsRequestBuilder(Record):
         """Makes a ApiVersionsRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('client_software_name', 'client_software_version', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, client_software_name: str, client_software_version: str) -> None:
             self.client_software_name = client_software_name
             self.client_software_version = client_software_version
 
 
-@dataclass(frozen=True, slots=True)
-class ApiVersion:
+class ApiVersion(Record):
     """One element of ``ApiVersionsResponse.api_keys``."""
 
-    api_key: int = 0
+    __slots__ = ('api_key', 'max_version', 'min_version', )
+    __match_args__ = ('api_key', 'min_version', 'max_version', )
+
+    api_key: int
     """The API key."""
 
-    min_version: int = 0
+    min_version: int
     """The lowest supported version."""
 
-    max_version: int = 0
+    max_version: int
     """The highest supported version."""
+
+    def __init__(self, api_key: int = 0, min_version: int = 0, max_version: int = 0) -> None:
+        init_field(self, 'api_key', api_key)
+        init_field(self, 'min_version', min_version)
+        init_field(self, 'max_version', max_version)
 
 
 if TYPE_CHECKING:
     _ApiVersionBuilder = ApiVersion
 else:
-    class _ApiVersionBuilder:
+    class _ApiVersionBuilder(Record):
         """Makes a ApiVersion without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('api_key', 'max_version', 'min_version', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, api_key: int, min_version: int, max_version: int) -> None:
             self.api_key = api_key
@@ -99,27 +114,35 @@ else:
             self.max_version = max_version
 
 
-@dataclass(frozen=True, slots=True)
-class SupportedFeatureKey:
+class SupportedFeatureKey(Record):
     """One element of ``ApiVersionsResponse.supported_features``."""
 
-    name: str = ''
+    __slots__ = ('max_version', 'min_version', 'name', )
+    __match_args__ = ('name', 'min_version', 'max_version', )
+
+    name: str
     """The feature's name."""
 
-    min_version: int = 0
+    min_version: int
     """The lowest supported version of the feature."""
 
-    max_version: int = 0
+    max_version: int
     """The highest supported version of the feature."""
+
+    def __init__(self, name: str = '', min_version: int = 0, max_version: int = 0) -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'min_version', min_version)
+        init_field(self, 'max_version', max_version)
 
 
 if TYPE_CHECKING:
     _SupportedFeatureKeyBuilder = SupportedFeatureKey
 else:
-    class _SupportedFeatureKeyBuilder:
+    class _SupportedFeatureKeyBuilder(Record):
         """Makes a SupportedFeatureKey without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('max_version', 'min_version', 'name', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, min_version: int, max_version: int) -> None:
             self.name = name
@@ -127,27 +150,35 @@ else:
             self.max_version = max_version
 
 
-@dataclass(frozen=True, slots=True)
-class FinalizedFeatureKey:
+class FinalizedFeatureKey(Record):
     """One element of ``ApiVersionsResponse.finalized_features``."""
 
-    name: str = ''
+    __slots__ = ('max_version_level', 'min_version_level', 'name', )
+    __match_args__ = ('name', 'max_version_level', 'min_version_level', )
+
+    name: str
     """The feature's name."""
 
-    max_version_level: int = 0
+    max_version_level: int
     """The finalized highest version level."""
 
-    min_version_level: int = 0
+    min_version_level: int
     """The finalized lowest version level."""
+
+    def __init__(self, name: str = '', max_version_level: int = 0, min_version_level: int = 0) -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'max_version_level', max_version_level)
+        init_field(self, 'min_version_level', min_version_level)
 
 
 if TYPE_CHECKING:
     _FinalizedFeatureKeyBuilder = FinalizedFeatureKey
 else:
-    class _FinalizedFeatureKeyBuilder:
+    class _FinalizedFeatureKeyBuilder(Record):
         """Makes a FinalizedFeatureKey without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('max_version_level', 'min_version_level', 'name', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, max_version_level: int, min_version_level: int) -> None:
             self.name = name
@@ -155,42 +186,54 @@ else:
             self.min_version_level = min_version_level
 
 
-@dataclass(frozen=True, slots=True)
-class ApiVersionsResponse:
+class ApiVersionsResponse(Record):
     """The API versions a broker supports. Sent with response header version 0 whatever its
     own version, and as version 0 with UNSUPPORTED_VERSION when the request's version was
     too new.
     """
 
-    error_code: int = 0
+    __slots__ = ('api_keys', 'error_code', 'finalized_features', 'finalized_features_epoch', 'supported_features', 'throttle_time_ms', 'zk_migration_ready', )
+    __match_args__ = ('error_code', 'api_keys', 'throttle_time_ms', 'supported_features', 'finalized_features_epoch', 'finalized_features', 'zk_migration_ready', )
+
+    error_code: int
     """The top-level error code."""
 
-    api_keys: list[ApiVersion] = field(default_factory=list)
+    api_keys: list[ApiVersion]
     """The APIs the broker supports."""
 
-    throttle_time_ms: int = 0
+    throttle_time_ms: int
     """How long the request was throttled for a quota, in milliseconds."""
 
-    supported_features: list[SupportedFeatureKey] = field(default_factory=list)
+    supported_features: list[SupportedFeatureKey]
     """Features the broker supports."""
 
-    finalized_features_epoch: int = -1
+    finalized_features_epoch: int
     """The epoch of the finalized features, -1 when unknown."""
 
-    finalized_features: list[FinalizedFeatureKey] = field(default_factory=list)
+    finalized_features: list[FinalizedFeatureKey]
     """The features finalized cluster-wide."""
 
-    zk_migration_ready: bool = False
+    zk_migration_ready: bool
     """Whether a ZooKeeper controller is ready to migrate (always false here)."""
+
+    def __init__(self, error_code: int = 0, api_keys: list[ApiVersion] = NEW_DEFAULT, throttle_time_ms: int = 0, supported_features: list[SupportedFeatureKey] = NEW_DEFAULT, finalized_features_epoch: int = -1, finalized_features: list[FinalizedFeatureKey] = NEW_DEFAULT, zk_migration_ready: bool = False) -> None:
+        init_field(self, 'error_code', error_code)
+        init_field(self, 'api_keys', [] if api_keys is NEW_DEFAULT else api_keys)
+        init_field(self, 'throttle_time_ms', throttle_time_ms)
+        init_field(self, 'supported_features', [] if supported_features is NEW_DEFAULT else supported_features)
+        init_field(self, 'finalized_features_epoch', finalized_features_epoch)
+        init_field(self, 'finalized_features', [] if finalized_features is NEW_DEFAULT else finalized_features)
+        init_field(self, 'zk_migration_ready', zk_migration_ready)
 
 
 if TYPE_CHECKING:
     _ApiVersionsResponseBuilder = ApiVersionsResponse
 else:
-    class _ApiVersionsResponseBuilder:
+    class _ApiVersionsResponseBuilder(Record):
         """Makes a ApiVersionsResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('api_keys', 'error_code', 'finalized_features', 'finalized_features_epoch', 'supported_features', 'throttle_time_ms', 'zk_migration_ready', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, error_code: int, api_keys: list[ApiVersion], throttle_time_ms: int, supported_features: list[SupportedFeatureKey], finalized_features_epoch: int, finalized_features: list[FinalizedFeatureKey], zk_migration_ready: bool) -> None:
             self.error_code = error_code
@@ -202,81 +245,105 @@ else:
             self.zk_migration_ready = zk_migration_ready
 
 
-@dataclass(frozen=True, slots=True)
-class CreatableReplicaAssignment:
+class CreatableReplicaAssignment(Record):
     """One element of ``CreatableTopic.assignments``."""
 
-    partition_index: int = 0
+    __slots__ = ('broker_ids', 'partition_index', )
+    __match_args__ = ('partition_index', 'broker_ids', )
+
+    partition_index: int
     """The partition index."""
 
-    broker_ids: list[int] = field(default_factory=list)
+    broker_ids: list[int]
     """The brokers to place its replicas on."""
+
+    def __init__(self, partition_index: int = 0, broker_ids: list[int] = NEW_DEFAULT) -> None:
+        init_field(self, 'partition_index', partition_index)
+        init_field(self, 'broker_ids', [] if broker_ids is NEW_DEFAULT else broker_ids)
 
 
 if TYPE_CHECKING:
     _CreatableReplicaAssignmentBuilder = CreatableReplicaAssignment
 else:
-    class _CreatableReplicaAssignmentBuilder:
+    class _CreatableReplicaAssignmentBuilder(Record):
         """Makes a CreatableReplicaAssignment without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('broker_ids', 'partition_index', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, partition_index: int, broker_ids: list[int]) -> None:
             self.partition_index = partition_index
             self.broker_ids = broker_ids
 
 
-@dataclass(frozen=True, slots=True)
-class CreatableTopicConfig:
+class CreatableTopicConfig(Record):
     """One element of ``CreatableTopic.configs``."""
 
-    name: str = ''
+    __slots__ = ('name', 'value', )
+    __match_args__ = ('name', 'value', )
+
+    name: str
     """The configuration key."""
 
-    value: str | None = ''
+    value: str | None
     """The value, or null."""
+
+    def __init__(self, name: str = '', value: str | None = '') -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'value', value)
 
 
 if TYPE_CHECKING:
     _CreatableTopicConfigBuilder = CreatableTopicConfig
 else:
-    class _CreatableTopicConfigBuilder:
+    class _CreatableTopicConfigBuilder(Record):
         """Makes a CreatableTopicConfig without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('name', 'value', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, value: str | None) -> None:
             self.name = name
             self.value = value
 
 
-@dataclass(frozen=True, slots=True)
-class CreatableTopic:
+class CreatableTopic(Record):
     """One element of ``CreateTopicsRequest.topics``."""
 
-    name: str = ''
+    __slots__ = ('assignments', 'configs', 'name', 'num_partitions', 'replication_factor', )
+    __match_args__ = ('name', 'num_partitions', 'replication_factor', 'assignments', 'configs', )
+
+    name: str
     """The topic name."""
 
-    num_partitions: int = 0
+    num_partitions: int
     """The number of partitions, or -1 for the broker's default."""
 
-    replication_factor: int = 0
+    replication_factor: int
     """The number of replicas, or -1 for the broker's default."""
 
-    assignments: list[CreatableReplicaAssignment] = field(default_factory=list)
+    assignments: list[CreatableReplicaAssignment]
     """Explicit replica placement, or empty."""
 
-    configs: list[CreatableTopicConfig] = field(default_factory=list)
+    configs: list[CreatableTopicConfig]
     """The topic's configuration."""
+
+    def __init__(self, name: str = '', num_partitions: int = 0, replication_factor: int = 0, assignments: list[CreatableReplicaAssignment] = NEW_DEFAULT, configs: list[CreatableTopicConfig] = NEW_DEFAULT) -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'num_partitions', num_partitions)
+        init_field(self, 'replication_factor', replication_factor)
+        init_field(self, 'assignments', [] if assignments is NEW_DEFAULT else assignments)
+        init_field(self, 'configs', [] if configs is NEW_DEFAULT else configs)
 
 
 if TYPE_CHECKING:
     _CreatableTopicBuilder = CreatableTopic
 else:
-    class _CreatableTopicBuilder:
+    class _CreatableTopicBuilder(Record):
         """Makes a CreatableTopic without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('assignments', 'configs', 'name', 'num_partitions', 'replication_factor', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, num_partitions: int, replication_factor: int, assignments: list[CreatableReplicaAssignment], configs: list[CreatableTopicConfig]) -> None:
             self.name = name
@@ -286,27 +353,35 @@ else:
             self.configs = configs
 
 
-@dataclass(frozen=True, slots=True)
-class CreateTopicsRequest:
+class CreateTopicsRequest(Record):
     """Creates topics. Version 5 is flexible (and its response describes the topics created)."""
 
-    topics: list[CreatableTopic] = field(default_factory=list)
+    __slots__ = ('timeout_ms', 'topics', 'validate_only', )
+    __match_args__ = ('topics', 'timeout_ms', 'validate_only', )
+
+    topics: list[CreatableTopic]
     """The topics to create."""
 
-    timeout_ms: int = 60000
+    timeout_ms: int
     """How long to wait for the creation, in milliseconds."""
 
-    validate_only: bool = False
+    validate_only: bool
     """Only check the request; create nothing."""
+
+    def __init__(self, topics: list[CreatableTopic] = NEW_DEFAULT, timeout_ms: int = 60000, validate_only: bool = False) -> None:
+        init_field(self, 'topics', [] if topics is NEW_DEFAULT else topics)
+        init_field(self, 'timeout_ms', timeout_ms)
+        init_field(self, 'validate_only', validate_only)
 
 
 if TYPE_CHECKING:
     _CreateTopicsRequestBuilder = CreateTopicsRequest
 else:
-    class _CreateTopicsRequestBuilder:
+    class _CreateTopicsRequestBuilder(Record):
         """Makes a CreateTopicsRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('timeout_ms', 'topics', 'validate_only', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, topics: list[CreatableTopic], timeout_ms: int, validate_only: bool) -> None:
             self.topics = topics
@@ -314,33 +389,43 @@ else:
             self.validate_only = validate_only
 
 
-@dataclass(frozen=True, slots=True)
-class CreatableTopicConfigs:
+class CreatableTopicConfigs(Record):
     """One element of ``CreatableTopicResult.configs``."""
 
-    name: str = ''
+    __slots__ = ('config_source', 'is_sensitive', 'name', 'read_only', 'value', )
+    __match_args__ = ('name', 'value', 'read_only', 'config_source', 'is_sensitive', )
+
+    name: str
     """The configuration key."""
 
-    value: str | None = ''
+    value: str | None
     """The value, or null."""
 
-    read_only: bool = False
+    read_only: bool
     """Whether it can be changed."""
 
-    config_source: int = -1
+    config_source: int
     """Where the value comes from."""
 
-    is_sensitive: bool = False
+    is_sensitive: bool
     """Whether the value is hidden."""
+
+    def __init__(self, name: str = '', value: str | None = '', read_only: bool = False, config_source: int = -1, is_sensitive: bool = False) -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'value', value)
+        init_field(self, 'read_only', read_only)
+        init_field(self, 'config_source', config_source)
+        init_field(self, 'is_sensitive', is_sensitive)
 
 
 if TYPE_CHECKING:
     _CreatableTopicConfigsBuilder = CreatableTopicConfigs
 else:
-    class _CreatableTopicConfigsBuilder:
+    class _CreatableTopicConfigsBuilder(Record):
         """Makes a CreatableTopicConfigs without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('config_source', 'is_sensitive', 'name', 'read_only', 'value', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, value: str | None, read_only: bool, config_source: int, is_sensitive: bool) -> None:
             self.name = name
@@ -350,42 +435,55 @@ else:
             self.is_sensitive = is_sensitive
 
 
-@dataclass(frozen=True, slots=True)
-class CreatableTopicResult:
+class CreatableTopicResult(Record):
     """One element of ``CreateTopicsResponse.topics``."""
 
-    name: str = ''
+    __slots__ = ('configs', 'error_code', 'error_message', 'name', 'num_partitions', 'replication_factor', 'topic_config_error_code', 'topic_id', )
+    __match_args__ = ('name', 'topic_id', 'error_code', 'error_message', 'topic_config_error_code', 'num_partitions', 'replication_factor', 'configs', )
+
+    name: str
     """The topic name."""
 
-    topic_id: bytes = b'\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00'
+    topic_id: bytes
     """The topic id."""
 
-    error_code: int = 0
+    error_code: int
     """The error code, or 0."""
 
-    error_message: str | None = None
+    error_message: str | None
     """The error message, or null."""
 
-    topic_config_error_code: int = 0
+    topic_config_error_code: int
     """Why the configuration could not be described, or 0."""
 
-    num_partitions: int = -1
+    num_partitions: int
     """The number of partitions, or -1."""
 
-    replication_factor: int = -1
+    replication_factor: int
     """The number of replicas, or -1."""
 
-    configs: list[CreatableTopicConfigs] | None = field(default_factory=list)
+    configs: list[CreatableTopicConfigs] | None
     """The configuration of the topic, or null."""
+
+    def __init__(self, name: str = '', topic_id: bytes = b'\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00', error_code: int = 0, error_message: str | None = None, topic_config_error_code: int = 0, num_partitions: int = -1, replication_factor: int = -1, configs: list[CreatableTopicConfigs] | None = NEW_DEFAULT) -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'topic_id', topic_id)
+        init_field(self, 'error_code', error_code)
+        init_field(self, 'error_message', error_message)
+        init_field(self, 'topic_config_error_code', topic_config_error_code)
+        init_field(self, 'num_partitions', num_partitions)
+        init_field(self, 'replication_factor', replication_factor)
+        init_field(self, 'configs', [] if configs is NEW_DEFAULT else configs)
 
 
 if TYPE_CHECKING:
     _CreatableTopicResultBuilder = CreatableTopicResult
 else:
-    class _CreatableTopicResultBuilder:
+    class _CreatableTopicResultBuilder(Record):
         """Makes a CreatableTopicResult without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('configs', 'error_code', 'error_message', 'name', 'num_partitions', 'replication_factor', 'topic_config_error_code', 'topic_id', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, topic_id: bytes, error_code: int, error_message: str | None, topic_config_error_code: int, num_partitions: int, replication_factor: int, configs: list[CreatableTopicConfigs] | None) -> None:
             self.name = name
@@ -398,51 +496,66 @@ else:
             self.configs = configs
 
 
-@dataclass(frozen=True, slots=True)
-class CreateTopicsResponse:
+class CreateTopicsResponse(Record):
     """The outcome for each topic of a CreateTopics request."""
 
-    throttle_time_ms: int = 0
+    __slots__ = ('throttle_time_ms', 'topics', )
+    __match_args__ = ('throttle_time_ms', 'topics', )
+
+    throttle_time_ms: int
     """How long the request was throttled for a quota, in milliseconds."""
 
-    topics: list[CreatableTopicResult] = field(default_factory=list)
+    topics: list[CreatableTopicResult]
     """Each topic asked for."""
+
+    def __init__(self, throttle_time_ms: int = 0, topics: list[CreatableTopicResult] = NEW_DEFAULT) -> None:
+        init_field(self, 'throttle_time_ms', throttle_time_ms)
+        init_field(self, 'topics', [] if topics is NEW_DEFAULT else topics)
 
 
 if TYPE_CHECKING:
     _CreateTopicsResponseBuilder = CreateTopicsResponse
 else:
-    class _CreateTopicsResponseBuilder:
+    class _CreateTopicsResponseBuilder(Record):
         """Makes a CreateTopicsResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('throttle_time_ms', 'topics', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, throttle_time_ms: int, topics: list[CreatableTopicResult]) -> None:
             self.throttle_time_ms = throttle_time_ms
             self.topics = topics
 
 
-@dataclass(frozen=True, slots=True)
-class DescribeConfigsResource:
+class DescribeConfigsResource(Record):
     """One element of ``DescribeConfigsRequest.resources``."""
 
-    resource_type: int = 0
+    __slots__ = ('configuration_keys', 'resource_name', 'resource_type', )
+    __match_args__ = ('resource_type', 'resource_name', 'configuration_keys', )
+
+    resource_type: int
     """The resource type (2: topic, 4: broker)."""
 
-    resource_name: str = ''
+    resource_name: str
     """The resource name."""
 
-    configuration_keys: list[str] | None = field(default_factory=list)
+    configuration_keys: list[str] | None
     """The keys to describe, or null for all."""
+
+    def __init__(self, resource_type: int = 0, resource_name: str = '', configuration_keys: list[str] | None = NEW_DEFAULT) -> None:
+        init_field(self, 'resource_type', resource_type)
+        init_field(self, 'resource_name', resource_name)
+        init_field(self, 'configuration_keys', [] if configuration_keys is NEW_DEFAULT else configuration_keys)
 
 
 if TYPE_CHECKING:
     _DescribeConfigsResourceBuilder = DescribeConfigsResource
 else:
-    class _DescribeConfigsResourceBuilder:
+    class _DescribeConfigsResourceBuilder(Record):
         """Makes a DescribeConfigsResource without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('configuration_keys', 'resource_name', 'resource_type', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, resource_type: int, resource_name: str, configuration_keys: list[str] | None) -> None:
             self.resource_type = resource_type
@@ -450,27 +563,35 @@ else:
             self.configuration_keys = configuration_keys
 
 
-@dataclass(frozen=True, slots=True)
-class DescribeConfigsRequest:
+class DescribeConfigsRequest(Record):
     """Describes the configuration of resources (here: topics). Version 4 is flexible."""
 
-    resources: list[DescribeConfigsResource] = field(default_factory=list)
+    __slots__ = ('include_documentation', 'include_synonyms', 'resources', )
+    __match_args__ = ('resources', 'include_synonyms', 'include_documentation', )
+
+    resources: list[DescribeConfigsResource]
     """The resources to describe."""
 
-    include_synonyms: bool = False
+    include_synonyms: bool
     """Whether to include synonyms."""
 
-    include_documentation: bool = False
+    include_documentation: bool
     """Whether to include documentation."""
+
+    def __init__(self, resources: list[DescribeConfigsResource] = NEW_DEFAULT, include_synonyms: bool = False, include_documentation: bool = False) -> None:
+        init_field(self, 'resources', [] if resources is NEW_DEFAULT else resources)
+        init_field(self, 'include_synonyms', include_synonyms)
+        init_field(self, 'include_documentation', include_documentation)
 
 
 if TYPE_CHECKING:
     _DescribeConfigsRequestBuilder = DescribeConfigsRequest
 else:
-    class _DescribeConfigsRequestBuilder:
+    class _DescribeConfigsRequestBuilder(Record):
         """Makes a DescribeConfigsRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('include_documentation', 'include_synonyms', 'resources', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, resources: list[DescribeConfigsResource], include_synonyms: bool, include_documentation: bool) -> None:
             self.resources = resources
@@ -478,27 +599,35 @@ else:
             self.include_documentation = include_documentation
 
 
-@dataclass(frozen=True, slots=True)
-class DescribeConfigsSynonym:
+class DescribeConfigsSynonym(Record):
     """One element of ``DescribeConfigsResourceResult.synonyms``."""
 
-    name: str = ''
+    __slots__ = ('name', 'source', 'value', )
+    __match_args__ = ('name', 'value', 'source', )
+
+    name: str
     """The synonym's key."""
 
-    value: str | None = ''
+    value: str | None
     """Its value, or null."""
 
-    source: int = 0
+    source: int
     """Where it comes from."""
+
+    def __init__(self, name: str = '', value: str | None = '', source: int = 0) -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'value', value)
+        init_field(self, 'source', source)
 
 
 if TYPE_CHECKING:
     _DescribeConfigsSynonymBuilder = DescribeConfigsSynonym
 else:
-    class _DescribeConfigsSynonymBuilder:
+    class _DescribeConfigsSynonymBuilder(Record):
         """Makes a DescribeConfigsSynonym without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('name', 'source', 'value', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, value: str | None, source: int) -> None:
             self.name = name
@@ -506,42 +635,55 @@ else:
             self.source = source
 
 
-@dataclass(frozen=True, slots=True)
-class DescribeConfigsResourceResult:
+class DescribeConfigsResourceResult(Record):
     """One element of ``DescribeConfigsResult.configs``."""
 
-    name: str = ''
+    __slots__ = ('config_source', 'config_type', 'documentation', 'is_sensitive', 'name', 'read_only', 'synonyms', 'value', )
+    __match_args__ = ('name', 'value', 'read_only', 'config_source', 'is_sensitive', 'synonyms', 'config_type', 'documentation', )
+
+    name: str
     """The configuration key."""
 
-    value: str | None = ''
+    value: str | None
     """The value, or null."""
 
-    read_only: bool = False
+    read_only: bool
     """Whether it can be changed."""
 
-    config_source: int = -1
+    config_source: int
     """Where the value comes from (5: default config)."""
 
-    is_sensitive: bool = False
+    is_sensitive: bool
     """Whether the value is hidden."""
 
-    synonyms: list[DescribeConfigsSynonym] = field(default_factory=list)
+    synonyms: list[DescribeConfigsSynonym]
     """Other keys for the same setting."""
 
-    config_type: int = 0
+    config_type: int
     """The value's type (0: unknown)."""
 
-    documentation: str | None = None
+    documentation: str | None
     """What the setting does, or null."""
+
+    def __init__(self, name: str = '', value: str | None = '', read_only: bool = False, config_source: int = -1, is_sensitive: bool = False, synonyms: list[DescribeConfigsSynonym] = NEW_DEFAULT, config_type: int = 0, documentation: str | None = None) -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'value', value)
+        init_field(self, 'read_only', read_only)
+        init_field(self, 'config_source', config_source)
+        init_field(self, 'is_sensitive', is_sensitive)
+        init_field(self, 'synonyms', [] if synonyms is NEW_DEFAULT else synonyms)
+        init_field(self, 'config_type', config_type)
+        init_field(self, 'documentation', documentation)
 
 
 if TYPE_CHECKING:
     _DescribeConfigsResourceResultBuilder = DescribeConfigsResourceResult
 else:
-    class _DescribeConfigsResourceResultBuilder:
+    class _DescribeConfigsResourceResultBuilder(Record):
         """Makes a DescribeConfigsResourceResult without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('config_source', 'config_type', 'documentation', 'is_sensitive', 'name', 'read_only', 'synonyms', 'value', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, value: str | None, read_only: bool, config_source: int, is_sensitive: bool, synonyms: list[DescribeConfigsSynonym], config_type: int, documentation: str | None) -> None:
             self.name = name
@@ -554,33 +696,43 @@ else:
             self.documentation = documentation
 
 
-@dataclass(frozen=True, slots=True)
-class DescribeConfigsResult:
+class DescribeConfigsResult(Record):
     """One element of ``DescribeConfigsResponse.results``."""
 
-    error_code: int = 0
+    __slots__ = ('configs', 'error_code', 'error_message', 'resource_name', 'resource_type', )
+    __match_args__ = ('error_code', 'error_message', 'resource_type', 'resource_name', 'configs', )
+
+    error_code: int
     """The error code, or 0."""
 
-    error_message: str | None = ''
+    error_message: str | None
     """The error message, or null."""
 
-    resource_type: int = 0
+    resource_type: int
     """The resource type."""
 
-    resource_name: str = ''
+    resource_name: str
     """The resource name."""
 
-    configs: list[DescribeConfigsResourceResult] = field(default_factory=list)
+    configs: list[DescribeConfigsResourceResult]
     """Each configuration entry."""
+
+    def __init__(self, error_code: int = 0, error_message: str | None = '', resource_type: int = 0, resource_name: str = '', configs: list[DescribeConfigsResourceResult] = NEW_DEFAULT) -> None:
+        init_field(self, 'error_code', error_code)
+        init_field(self, 'error_message', error_message)
+        init_field(self, 'resource_type', resource_type)
+        init_field(self, 'resource_name', resource_name)
+        init_field(self, 'configs', [] if configs is NEW_DEFAULT else configs)
 
 
 if TYPE_CHECKING:
     _DescribeConfigsResultBuilder = DescribeConfigsResult
 else:
-    class _DescribeConfigsResultBuilder:
+    class _DescribeConfigsResultBuilder(Record):
         """Makes a DescribeConfigsResult without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('configs', 'error_code', 'error_message', 'resource_name', 'resource_type', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, error_code: int, error_message: str | None, resource_type: int, resource_name: str, configs: list[DescribeConfigsResourceResult]) -> None:
             self.error_code = error_code
@@ -590,86 +742,111 @@ else:
             self.configs = configs
 
 
-@dataclass(frozen=True, slots=True)
-class DescribeConfigsResponse:
+class DescribeConfigsResponse(Record):
     """The configuration of each resource described."""
 
-    throttle_time_ms: int = 0
+    __slots__ = ('results', 'throttle_time_ms', )
+    __match_args__ = ('throttle_time_ms', 'results', )
+
+    throttle_time_ms: int
     """How long the request was throttled for a quota, in milliseconds."""
 
-    results: list[DescribeConfigsResult] = field(default_factory=list)
+    results: list[DescribeConfigsResult]
     """Each resource described."""
+
+    def __init__(self, throttle_time_ms: int = 0, results: list[DescribeConfigsResult] = NEW_DEFAULT) -> None:
+        init_field(self, 'throttle_time_ms', throttle_time_ms)
+        init_field(self, 'results', [] if results is NEW_DEFAULT else results)
 
 
 if TYPE_CHECKING:
     _DescribeConfigsResponseBuilder = DescribeConfigsResponse
 else:
-    class _DescribeConfigsResponseBuilder:
+    class _DescribeConfigsResponseBuilder(Record):
         """Makes a DescribeConfigsResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('results', 'throttle_time_ms', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, throttle_time_ms: int, results: list[DescribeConfigsResult]) -> None:
             self.throttle_time_ms = throttle_time_ms
             self.results = results
 
 
-@dataclass(frozen=True, slots=True)
-class DescribeGroupsRequest:
+class DescribeGroupsRequest(Record):
     """Describes groups: state, protocol and members. Version 3 asks for the authorized
     operations, 4 adds instance ids, 5 is flexible.
     """
 
-    groups: list[str] = field(default_factory=list)
+    __slots__ = ('groups', 'include_authorized_operations', )
+    __match_args__ = ('groups', 'include_authorized_operations', )
+
+    groups: list[str]
     """The groups to describe."""
 
-    include_authorized_operations: bool = False
+    include_authorized_operations: bool
     """Whether to tell the operations the client may do."""
+
+    def __init__(self, groups: list[str] = NEW_DEFAULT, include_authorized_operations: bool = False) -> None:
+        init_field(self, 'groups', [] if groups is NEW_DEFAULT else groups)
+        init_field(self, 'include_authorized_operations', include_authorized_operations)
 
 
 if TYPE_CHECKING:
     _DescribeGroupsRequestBuilder = DescribeGroupsRequest
 else:
-    class _DescribeGroupsRequestBuilder:
+    class _DescribeGroupsRequestBuilder(Record):
         """Makes a DescribeGroupsRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('groups', 'include_authorized_operations', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, groups: list[str], include_authorized_operations: bool) -> None:
             self.groups = groups
             self.include_authorized_operations = include_authorized_operations
 
 
-@dataclass(frozen=True, slots=True)
-class DescribedGroupMember:
+class DescribedGroupMember(Record):
     """One element of ``DescribedGroup.members``."""
 
-    member_id: str = ''
+    __slots__ = ('client_host', 'client_id', 'group_instance_id', 'member_assignment', 'member_id', 'member_metadata', )
+    __match_args__ = ('member_id', 'group_instance_id', 'client_id', 'client_host', 'member_metadata', 'member_assignment', )
+
+    member_id: str
     """The member's id."""
 
-    group_instance_id: str | None = None
+    group_instance_id: str | None
     """The member's instance id, or null."""
 
-    client_id: str = ''
+    client_id: str
     """The client id of the member's last join."""
 
-    client_host: str = ''
+    client_host: str
     """The member's host."""
 
-    member_metadata: bytes = b''
+    member_metadata: bytes
     """Its metadata for the protocol chosen (Stable groups only)."""
 
-    member_assignment: bytes = b''
+    member_assignment: bytes
     """Its assignment (Stable groups only)."""
+
+    def __init__(self, member_id: str = '', group_instance_id: str | None = None, client_id: str = '', client_host: str = '', member_metadata: bytes = b'', member_assignment: bytes = b'') -> None:
+        init_field(self, 'member_id', member_id)
+        init_field(self, 'group_instance_id', group_instance_id)
+        init_field(self, 'client_id', client_id)
+        init_field(self, 'client_host', client_host)
+        init_field(self, 'member_metadata', member_metadata)
+        init_field(self, 'member_assignment', member_assignment)
 
 
 if TYPE_CHECKING:
     _DescribedGroupMemberBuilder = DescribedGroupMember
 else:
-    class _DescribedGroupMemberBuilder:
+    class _DescribedGroupMemberBuilder(Record):
         """Makes a DescribedGroupMember without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('client_host', 'client_id', 'group_instance_id', 'member_assignment', 'member_id', 'member_metadata', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, member_id: str, group_instance_id: str | None, client_id: str, client_host: str, member_metadata: bytes, member_assignment: bytes) -> None:
             self.member_id = member_id
@@ -680,39 +857,51 @@ else:
             self.member_assignment = member_assignment
 
 
-@dataclass(frozen=True, slots=True)
-class DescribedGroup:
+class DescribedGroup(Record):
     """One element of ``DescribeGroupsResponse.groups``."""
 
-    error_code: int = 0
+    __slots__ = ('authorized_operations', 'error_code', 'group_id', 'group_state', 'members', 'protocol_data', 'protocol_type', )
+    __match_args__ = ('error_code', 'group_id', 'group_state', 'protocol_type', 'protocol_data', 'members', 'authorized_operations', )
+
+    error_code: int
     """The error code, or 0."""
 
-    group_id: str = ''
+    group_id: str
     """The group."""
 
-    group_state: str = ''
+    group_state: str
     """Its state (Empty, PreparingRebalance, CompletingRebalance, Stable, Dead)."""
 
-    protocol_type: str = ''
+    protocol_type: str
     """Its protocol type, or empty."""
 
-    protocol_data: str = ''
+    protocol_data: str
     """The protocol chosen, or empty."""
 
-    members: list[DescribedGroupMember] = field(default_factory=list)
+    members: list[DescribedGroupMember]
     """Its members."""
 
-    authorized_operations: int = -2147483648
+    authorized_operations: int
     """A bit field of the operations the client may do (-2^31: not asked)."""
+
+    def __init__(self, error_code: int = 0, group_id: str = '', group_state: str = '', protocol_type: str = '', protocol_data: str = '', members: list[DescribedGroupMember] = NEW_DEFAULT, authorized_operations: int = -2147483648) -> None:
+        init_field(self, 'error_code', error_code)
+        init_field(self, 'group_id', group_id)
+        init_field(self, 'group_state', group_state)
+        init_field(self, 'protocol_type', protocol_type)
+        init_field(self, 'protocol_data', protocol_data)
+        init_field(self, 'members', [] if members is NEW_DEFAULT else members)
+        init_field(self, 'authorized_operations', authorized_operations)
 
 
 if TYPE_CHECKING:
     _DescribedGroupBuilder = DescribedGroup
 else:
-    class _DescribedGroupBuilder:
+    class _DescribedGroupBuilder(Record):
         """Makes a DescribedGroup without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('authorized_operations', 'error_code', 'group_id', 'group_state', 'members', 'protocol_data', 'protocol_type', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, error_code: int, group_id: str, group_state: str, protocol_type: str, protocol_data: str, members: list[DescribedGroupMember], authorized_operations: int) -> None:
             self.error_code = error_code
@@ -724,60 +913,78 @@ else:
             self.authorized_operations = authorized_operations
 
 
-@dataclass(frozen=True, slots=True)
-class DescribeGroupsResponse:
+class DescribeGroupsResponse(Record):
     """Each group described."""
 
-    throttle_time_ms: int = 0
+    __slots__ = ('groups', 'throttle_time_ms', )
+    __match_args__ = ('throttle_time_ms', 'groups', )
+
+    throttle_time_ms: int
     """How long the request was throttled for a quota, in milliseconds."""
 
-    groups: list[DescribedGroup] = field(default_factory=list)
+    groups: list[DescribedGroup]
     """Each group."""
+
+    def __init__(self, throttle_time_ms: int = 0, groups: list[DescribedGroup] = NEW_DEFAULT) -> None:
+        init_field(self, 'throttle_time_ms', throttle_time_ms)
+        init_field(self, 'groups', [] if groups is NEW_DEFAULT else groups)
 
 
 if TYPE_CHECKING:
     _DescribeGroupsResponseBuilder = DescribeGroupsResponse
 else:
-    class _DescribeGroupsResponseBuilder:
+    class _DescribeGroupsResponseBuilder(Record):
         """Makes a DescribeGroupsResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('groups', 'throttle_time_ms', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, throttle_time_ms: int, groups: list[DescribedGroup]) -> None:
             self.throttle_time_ms = throttle_time_ms
             self.groups = groups
 
 
-@dataclass(frozen=True, slots=True)
-class FetchPartition:
+class FetchPartition(Record):
     """One element of ``FetchTopic.partitions``."""
 
-    partition: int = 0
+    __slots__ = ('current_leader_epoch', 'fetch_offset', 'last_fetched_epoch', 'log_start_offset', 'partition', 'partition_max_bytes', )
+    __match_args__ = ('partition', 'current_leader_epoch', 'fetch_offset', 'last_fetched_epoch', 'log_start_offset', 'partition_max_bytes', )
+
+    partition: int
     """The partition index."""
 
-    current_leader_epoch: int = -1
+    current_leader_epoch: int
     """The leader epoch the client knows."""
 
-    fetch_offset: int = 0
+    fetch_offset: int
     """The offset to read from."""
 
-    last_fetched_epoch: int = -1
+    last_fetched_epoch: int
     """The epoch of the last batch fetched."""
 
-    log_start_offset: int = -1
+    log_start_offset: int
     """A follower's log start offset; -1 from a consumer."""
 
-    partition_max_bytes: int = 0
+    partition_max_bytes: int
     """The most bytes to answer with for this partition."""
+
+    def __init__(self, partition: int = 0, current_leader_epoch: int = -1, fetch_offset: int = 0, last_fetched_epoch: int = -1, log_start_offset: int = -1, partition_max_bytes: int = 0) -> None:
+        init_field(self, 'partition', partition)
+        init_field(self, 'current_leader_epoch', current_leader_epoch)
+        init_field(self, 'fetch_offset', fetch_offset)
+        init_field(self, 'last_fetched_epoch', last_fetched_epoch)
+        init_field(self, 'log_start_offset', log_start_offset)
+        init_field(self, 'partition_max_bytes', partition_max_bytes)
 
 
 if TYPE_CHECKING:
     _FetchPartitionBuilder = FetchPartition
 else:
-    class _FetchPartitionBuilder:
+    class _FetchPartitionBuilder(Record):
         """Makes a FetchPartition without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('current_leader_epoch', 'fetch_offset', 'last_fetched_epoch', 'log_start_offset', 'partition', 'partition_max_bytes', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, partition: int, current_leader_epoch: int, fetch_offset: int, last_fetched_epoch: int, log_start_offset: int, partition_max_bytes: int) -> None:
             self.partition = partition
@@ -788,102 +995,132 @@ else:
             self.partition_max_bytes = partition_max_bytes
 
 
-@dataclass(frozen=True, slots=True)
-class FetchTopic:
+class FetchTopic(Record):
     """One element of ``FetchRequest.topics``."""
 
-    topic: str = ''
+    __slots__ = ('partitions', 'topic', )
+    __match_args__ = ('topic', 'partitions', )
+
+    topic: str
     """The topic name."""
 
-    partitions: list[FetchPartition] = field(default_factory=list)
+    partitions: list[FetchPartition]
     """The partitions to fetch."""
+
+    def __init__(self, topic: str = '', partitions: list[FetchPartition] = NEW_DEFAULT) -> None:
+        init_field(self, 'topic', topic)
+        init_field(self, 'partitions', [] if partitions is NEW_DEFAULT else partitions)
 
 
 if TYPE_CHECKING:
     _FetchTopicBuilder = FetchTopic
 else:
-    class _FetchTopicBuilder:
+    class _FetchTopicBuilder(Record):
         """Makes a FetchTopic without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('partitions', 'topic', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, topic: str, partitions: list[FetchPartition]) -> None:
             self.topic = topic
             self.partitions = partitions
 
 
-@dataclass(frozen=True, slots=True)
-class ForgottenTopic:
+class ForgottenTopic(Record):
     """One element of ``FetchRequest.forgotten_topics_data``."""
 
-    topic: str = ''
+    __slots__ = ('partitions', 'topic', )
+    __match_args__ = ('topic', 'partitions', )
+
+    topic: str
     """The topic name."""
 
-    partitions: list[int] = field(default_factory=list)
+    partitions: list[int]
     """The partitions to drop."""
+
+    def __init__(self, topic: str = '', partitions: list[int] = NEW_DEFAULT) -> None:
+        init_field(self, 'topic', topic)
+        init_field(self, 'partitions', [] if partitions is NEW_DEFAULT else partitions)
 
 
 if TYPE_CHECKING:
     _ForgottenTopicBuilder = ForgottenTopic
 else:
-    class _ForgottenTopicBuilder:
+    class _ForgottenTopicBuilder(Record):
         """Makes a ForgottenTopic without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('partitions', 'topic', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, topic: str, partitions: list[int]) -> None:
             self.topic = topic
             self.partitions = partitions
 
 
-@dataclass(frozen=True, slots=True)
-class FetchRequest:
+class FetchRequest(Record):
     """Reads record batches from partitions. Version 4 adds the isolation level (KIP-98),
     version 7 incremental fetch sessions (KIP-227), version 11 the rack (KIP-392), version
     12 is flexible. Version 13 and later name topics by id: not supported here.
     """
 
-    cluster_id: str | None = None
+    __slots__ = ('cluster_id', 'forgotten_topics_data', 'isolation_level', 'max_bytes', 'max_wait_ms', 'min_bytes', 'rack_id', 'replica_id', 'session_epoch', 'session_id', 'topics', )
+    __match_args__ = ('cluster_id', 'replica_id', 'max_wait_ms', 'min_bytes', 'max_bytes', 'isolation_level', 'session_id', 'session_epoch', 'topics', 'forgotten_topics_data', 'rack_id', )
+
+    cluster_id: str | None
     """The cluster id, when the client knows it."""
 
-    replica_id: int = 0
+    replica_id: int
     """The follower's broker id, or -1 for a consumer."""
 
-    max_wait_ms: int = 0
+    max_wait_ms: int
     """How long to wait for MinBytes, in milliseconds."""
 
-    min_bytes: int = 0
+    min_bytes: int
     """The fewest bytes worth answering with."""
 
-    max_bytes: int = 2147483647
+    max_bytes: int
     """The most bytes to answer with."""
 
-    isolation_level: int = 0
+    isolation_level: int
     """0: read uncommitted; 1: read committed (only up to the last stable offset)."""
 
-    session_id: int = 0
+    session_id: int
     """The fetch session id."""
 
-    session_epoch: int = -1
+    session_epoch: int
     """The fetch session epoch."""
 
-    topics: list[FetchTopic] = field(default_factory=list)
+    topics: list[FetchTopic]
     """The topics to fetch."""
 
-    forgotten_topics_data: list[ForgottenTopic] = field(default_factory=list)
+    forgotten_topics_data: list[ForgottenTopic]
     """Partitions to drop from the fetch session."""
 
-    rack_id: str = ''
+    rack_id: str
     """The consumer's rack."""
+
+    def __init__(self, cluster_id: str | None = None, replica_id: int = 0, max_wait_ms: int = 0, min_bytes: int = 0, max_bytes: int = 2147483647, isolation_level: int = 0, session_id: int = 0, session_epoch: int = -1, topics: list[FetchTopic] = NEW_DEFAULT, forgotten_topics_data: list[ForgottenTopic] = NEW_DEFAULT, rack_id: str = '') -> None:
+        init_field(self, 'cluster_id', cluster_id)
+        init_field(self, 'replica_id', replica_id)
+        init_field(self, 'max_wait_ms', max_wait_ms)
+        init_field(self, 'min_bytes', min_bytes)
+        init_field(self, 'max_bytes', max_bytes)
+        init_field(self, 'isolation_level', isolation_level)
+        init_field(self, 'session_id', session_id)
+        init_field(self, 'session_epoch', session_epoch)
+        init_field(self, 'topics', [] if topics is NEW_DEFAULT else topics)
+        init_field(self, 'forgotten_topics_data', [] if forgotten_topics_data is NEW_DEFAULT else forgotten_topics_data)
+        init_field(self, 'rack_id', rack_id)
 
 
 if TYPE_CHECKING:
     _FetchRequestBuilder = FetchRequest
 else:
-    class _FetchRequestBuilder:
+    class _FetchRequestBuilder(Record):
         """Makes a FetchRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('cluster_id', 'forgotten_topics_data', 'isolation_level', 'max_bytes', 'max_wait_ms', 'min_bytes', 'rack_id', 'replica_id', 'session_epoch', 'session_id', 'topics', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, cluster_id: str | None, replica_id: int, max_wait_ms: int, min_bytes: int, max_bytes: int, isolation_level: int, session_id: int, session_epoch: int, topics: list[FetchTopic], forgotten_topics_data: list[ForgottenTopic], rack_id: str) -> None:
             self.cluster_id = cluster_id
@@ -899,143 +1136,187 @@ else:
             self.rack_id = rack_id
 
 
-@dataclass(frozen=True, slots=True)
-class EpochEndOffset:
+class EpochEndOffset(Record):
     """``PartitionData.diverging_epoch``."""
 
-    epoch: int = -1
+    __slots__ = ('end_offset', 'epoch', )
+    __match_args__ = ('epoch', 'end_offset', )
 
-    end_offset: int = -1
+    epoch: int
+
+    end_offset: int
+
+    def __init__(self, epoch: int = -1, end_offset: int = -1) -> None:
+        init_field(self, 'epoch', epoch)
+        init_field(self, 'end_offset', end_offset)
 
 
 if TYPE_CHECKING:
     _EpochEndOffsetBuilder = EpochEndOffset
 else:
-    class _EpochEndOffsetBuilder:
+    class _EpochEndOffsetBuilder(Record):
         """Makes a EpochEndOffset without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('end_offset', 'epoch', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, epoch: int, end_offset: int) -> None:
             self.epoch = epoch
             self.end_offset = end_offset
 
 
-@dataclass(frozen=True, slots=True)
-class LeaderIdAndEpoch:
+class LeaderIdAndEpoch(Record):
     """``PartitionData.current_leader``."""
 
-    leader_id: int = -1
+    __slots__ = ('leader_epoch', 'leader_id', )
+    __match_args__ = ('leader_id', 'leader_epoch', )
+
+    leader_id: int
     """The leader's broker id."""
 
-    leader_epoch: int = -1
+    leader_epoch: int
     """The leader epoch."""
+
+    def __init__(self, leader_id: int = -1, leader_epoch: int = -1) -> None:
+        init_field(self, 'leader_id', leader_id)
+        init_field(self, 'leader_epoch', leader_epoch)
 
 
 if TYPE_CHECKING:
     _LeaderIdAndEpochBuilder = LeaderIdAndEpoch
 else:
-    class _LeaderIdAndEpochBuilder:
+    class _LeaderIdAndEpochBuilder(Record):
         """Makes a LeaderIdAndEpoch without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('leader_epoch', 'leader_id', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, leader_id: int, leader_epoch: int) -> None:
             self.leader_id = leader_id
             self.leader_epoch = leader_epoch
 
 
-@dataclass(frozen=True, slots=True)
-class SnapshotId:
+class SnapshotId(Record):
     """``PartitionData.snapshot_id``."""
 
-    end_offset: int = -1
+    __slots__ = ('end_offset', 'epoch', )
+    __match_args__ = ('end_offset', 'epoch', )
 
-    epoch: int = -1
+    end_offset: int
+
+    epoch: int
+
+    def __init__(self, end_offset: int = -1, epoch: int = -1) -> None:
+        init_field(self, 'end_offset', end_offset)
+        init_field(self, 'epoch', epoch)
 
 
 if TYPE_CHECKING:
     _SnapshotIdBuilder = SnapshotId
 else:
-    class _SnapshotIdBuilder:
+    class _SnapshotIdBuilder(Record):
         """Makes a SnapshotId without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('end_offset', 'epoch', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, end_offset: int, epoch: int) -> None:
             self.end_offset = end_offset
             self.epoch = epoch
 
 
-@dataclass(frozen=True, slots=True)
-class AbortedTransaction:
+class AbortedTransaction(Record):
     """One element of ``PartitionData.aborted_transactions``."""
 
-    producer_id: int = 0
+    __slots__ = ('first_offset', 'producer_id', )
+    __match_args__ = ('producer_id', 'first_offset', )
+
+    producer_id: int
     """The producer id."""
 
-    first_offset: int = 0
+    first_offset: int
     """The first offset of the aborted transaction."""
+
+    def __init__(self, producer_id: int = 0, first_offset: int = 0) -> None:
+        init_field(self, 'producer_id', producer_id)
+        init_field(self, 'first_offset', first_offset)
 
 
 if TYPE_CHECKING:
     _AbortedTransactionBuilder = AbortedTransaction
 else:
-    class _AbortedTransactionBuilder:
+    class _AbortedTransactionBuilder(Record):
         """Makes a AbortedTransaction without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('first_offset', 'producer_id', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, producer_id: int, first_offset: int) -> None:
             self.producer_id = producer_id
             self.first_offset = first_offset
 
 
-@dataclass(frozen=True, slots=True)
-class PartitionData:
+class PartitionData(Record):
     """One element of ``FetchableTopicResponse.partitions``."""
 
-    partition_index: int = 0
+    __slots__ = ('aborted_transactions', 'current_leader', 'diverging_epoch', 'error_code', 'high_watermark', 'last_stable_offset', 'log_start_offset', 'partition_index', 'preferred_read_replica', 'records', 'snapshot_id', )
+    __match_args__ = ('partition_index', 'error_code', 'high_watermark', 'last_stable_offset', 'log_start_offset', 'diverging_epoch', 'current_leader', 'snapshot_id', 'aborted_transactions', 'preferred_read_replica', 'records', )
+
+    partition_index: int
     """The partition index."""
 
-    error_code: int = 0
+    error_code: int
     """The partition's error code, or 0."""
 
-    high_watermark: int = 0
+    high_watermark: int
     """The offset after the last committed record."""
 
-    last_stable_offset: int = -1
+    last_stable_offset: int
     """The last stable offset."""
 
-    log_start_offset: int = -1
+    log_start_offset: int
     """The partition's first offset."""
 
-    diverging_epoch: EpochEndOffset = field(default_factory=EpochEndOffset)
+    diverging_epoch: EpochEndOffset
     """Where the follower's log diverges (followers only)."""
 
-    current_leader: LeaderIdAndEpoch = field(default_factory=LeaderIdAndEpoch)
+    current_leader: LeaderIdAndEpoch
     """The current leader, when the partition's leader moved."""
 
-    snapshot_id: SnapshotId = field(default_factory=SnapshotId)
+    snapshot_id: SnapshotId
     """The snapshot to read instead (KRaft followers only)."""
 
-    aborted_transactions: list[AbortedTransaction] | None = field(default_factory=list)
+    aborted_transactions: list[AbortedTransaction] | None
     """The aborted transactions in the records."""
 
-    preferred_read_replica: int = -1
+    preferred_read_replica: int
     """The replica to fetch from instead, or -1."""
 
-    records: bytes | bytearray | memoryview | None = None
+    records: bytes | bytearray | memoryview | None
     """The record batches."""
+
+    def __init__(self, partition_index: int = 0, error_code: int = 0, high_watermark: int = 0, last_stable_offset: int = -1, log_start_offset: int = -1, diverging_epoch: EpochEndOffset = NEW_DEFAULT, current_leader: LeaderIdAndEpoch = NEW_DEFAULT, snapshot_id: SnapshotId = NEW_DEFAULT, aborted_transactions: list[AbortedTransaction] | None = NEW_DEFAULT, preferred_read_replica: int = -1, records: bytes | bytearray | memoryview | None = None) -> None:
+        init_field(self, 'partition_index', partition_index)
+        init_field(self, 'error_code', error_code)
+        init_field(self, 'high_watermark', high_watermark)
+        init_field(self, 'last_stable_offset', last_stable_offset)
+        init_field(self, 'log_start_offset', log_start_offset)
+        init_field(self, 'diverging_epoch', EpochEndOffset() if diverging_epoch is NEW_DEFAULT else diverging_epoch)
+        init_field(self, 'current_leader', LeaderIdAndEpoch() if current_leader is NEW_DEFAULT else current_leader)
+        init_field(self, 'snapshot_id', SnapshotId() if snapshot_id is NEW_DEFAULT else snapshot_id)
+        init_field(self, 'aborted_transactions', [] if aborted_transactions is NEW_DEFAULT else aborted_transactions)
+        init_field(self, 'preferred_read_replica', preferred_read_replica)
+        init_field(self, 'records', records)
 
 
 if TYPE_CHECKING:
     _PartitionDataBuilder = PartitionData
 else:
-    class _PartitionDataBuilder:
+    class _PartitionDataBuilder(Record):
         """Makes a PartitionData without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('aborted_transactions', 'current_leader', 'diverging_epoch', 'error_code', 'high_watermark', 'last_stable_offset', 'log_start_offset', 'partition_index', 'preferred_read_replica', 'records', 'snapshot_id', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, partition_index: int, error_code: int, high_watermark: int, last_stable_offset: int, log_start_offset: int, diverging_epoch: EpochEndOffset, current_leader: LeaderIdAndEpoch, snapshot_id: SnapshotId, aborted_transactions: list[AbortedTransaction] | None, preferred_read_replica: int, records: bytes | bytearray | memoryview | None) -> None:
             self.partition_index = partition_index
@@ -1051,54 +1332,70 @@ else:
             self.records = records
 
 
-@dataclass(frozen=True, slots=True)
-class FetchableTopicResponse:
+class FetchableTopicResponse(Record):
     """One element of ``FetchResponse.responses``."""
 
-    topic: str = ''
+    __slots__ = ('partitions', 'topic', )
+    __match_args__ = ('topic', 'partitions', )
+
+    topic: str
     """The topic name."""
 
-    partitions: list[PartitionData] = field(default_factory=list)
+    partitions: list[PartitionData]
     """Each partition fetched."""
+
+    def __init__(self, topic: str = '', partitions: list[PartitionData] = NEW_DEFAULT) -> None:
+        init_field(self, 'topic', topic)
+        init_field(self, 'partitions', [] if partitions is NEW_DEFAULT else partitions)
 
 
 if TYPE_CHECKING:
     _FetchableTopicResponseBuilder = FetchableTopicResponse
 else:
-    class _FetchableTopicResponseBuilder:
+    class _FetchableTopicResponseBuilder(Record):
         """Makes a FetchableTopicResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('partitions', 'topic', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, topic: str, partitions: list[PartitionData]) -> None:
             self.topic = topic
             self.partitions = partitions
 
 
-@dataclass(frozen=True, slots=True)
-class FetchResponse:
+class FetchResponse(Record):
     """The record batches read from each partition, with its high watermark."""
 
-    throttle_time_ms: int = 0
+    __slots__ = ('error_code', 'responses', 'session_id', 'throttle_time_ms', )
+    __match_args__ = ('throttle_time_ms', 'error_code', 'session_id', 'responses', )
+
+    throttle_time_ms: int
     """How long the request was throttled for a quota, in milliseconds."""
 
-    error_code: int = 0
+    error_code: int
     """The top-level error code."""
 
-    session_id: int = 0
+    session_id: int
     """The fetch session id, or 0."""
 
-    responses: list[FetchableTopicResponse] = field(default_factory=list)
+    responses: list[FetchableTopicResponse]
     """Each topic fetched."""
+
+    def __init__(self, throttle_time_ms: int = 0, error_code: int = 0, session_id: int = 0, responses: list[FetchableTopicResponse] = NEW_DEFAULT) -> None:
+        init_field(self, 'throttle_time_ms', throttle_time_ms)
+        init_field(self, 'error_code', error_code)
+        init_field(self, 'session_id', session_id)
+        init_field(self, 'responses', [] if responses is NEW_DEFAULT else responses)
 
 
 if TYPE_CHECKING:
     _FetchResponseBuilder = FetchResponse
 else:
-    class _FetchResponseBuilder:
+    class _FetchResponseBuilder(Record):
         """Makes a FetchResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('error_code', 'responses', 'session_id', 'throttle_time_ms', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, throttle_time_ms: int, error_code: int, session_id: int, responses: list[FetchableTopicResponse]) -> None:
             self.throttle_time_ms = throttle_time_ms
@@ -1107,29 +1404,37 @@ else:
             self.responses = responses
 
 
-@dataclass(frozen=True, slots=True)
-class FindCoordinatorRequest:
+class FindCoordinatorRequest(Record):
     """Finds the coordinator of a consumer group or transactional id. Version 3 is flexible;
     version 4 looks up several keys at once (KIP-699).
     """
 
-    key: str = ''
+    __slots__ = ('coordinator_keys', 'key', 'key_type', )
+    __match_args__ = ('key', 'key_type', 'coordinator_keys', )
+
+    key: str
     """The key to look up."""
 
-    key_type: int = 0
+    key_type: int
     """0: a consumer group; 1: a transactional id."""
 
-    coordinator_keys: list[str] = field(default_factory=list)
+    coordinator_keys: list[str]
     """The keys to look up."""
+
+    def __init__(self, key: str = '', key_type: int = 0, coordinator_keys: list[str] = NEW_DEFAULT) -> None:
+        init_field(self, 'key', key)
+        init_field(self, 'key_type', key_type)
+        init_field(self, 'coordinator_keys', [] if coordinator_keys is NEW_DEFAULT else coordinator_keys)
 
 
 if TYPE_CHECKING:
     _FindCoordinatorRequestBuilder = FindCoordinatorRequest
 else:
-    class _FindCoordinatorRequestBuilder:
+    class _FindCoordinatorRequestBuilder(Record):
         """Makes a FindCoordinatorRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('coordinator_keys', 'key', 'key_type', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, key: str, key_type: int, coordinator_keys: list[str]) -> None:
             self.key = key
@@ -1137,36 +1442,47 @@ else:
             self.coordinator_keys = coordinator_keys
 
 
-@dataclass(frozen=True, slots=True)
-class Coordinator:
+class Coordinator(Record):
     """One element of ``FindCoordinatorResponse.coordinators``."""
 
-    key: str = ''
+    __slots__ = ('error_code', 'error_message', 'host', 'key', 'node_id', 'port', )
+    __match_args__ = ('key', 'node_id', 'host', 'port', 'error_code', 'error_message', )
+
+    key: str
     """The key."""
 
-    node_id: int = 0
+    node_id: int
     """The coordinator's broker id."""
 
-    host: str = ''
+    host: str
     """The coordinator's host."""
 
-    port: int = 0
+    port: int
     """The coordinator's port."""
 
-    error_code: int = 0
+    error_code: int
     """The error code, or 0."""
 
-    error_message: str | None = None
+    error_message: str | None
     """The error message, or null."""
+
+    def __init__(self, key: str = '', node_id: int = 0, host: str = '', port: int = 0, error_code: int = 0, error_message: str | None = None) -> None:
+        init_field(self, 'key', key)
+        init_field(self, 'node_id', node_id)
+        init_field(self, 'host', host)
+        init_field(self, 'port', port)
+        init_field(self, 'error_code', error_code)
+        init_field(self, 'error_message', error_message)
 
 
 if TYPE_CHECKING:
     _CoordinatorBuilder = Coordinator
 else:
-    class _CoordinatorBuilder:
+    class _CoordinatorBuilder(Record):
         """Makes a Coordinator without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('error_code', 'error_message', 'host', 'key', 'node_id', 'port', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, key: str, node_id: int, host: str, port: int, error_code: int, error_message: str | None) -> None:
             self.key = key
@@ -1177,39 +1493,51 @@ else:
             self.error_message = error_message
 
 
-@dataclass(frozen=True, slots=True)
-class FindCoordinatorResponse:
+class FindCoordinatorResponse(Record):
     """The coordinator of each key looked up."""
 
-    throttle_time_ms: int = 0
+    __slots__ = ('coordinators', 'error_code', 'error_message', 'host', 'node_id', 'port', 'throttle_time_ms', )
+    __match_args__ = ('throttle_time_ms', 'error_code', 'error_message', 'node_id', 'host', 'port', 'coordinators', )
+
+    throttle_time_ms: int
     """How long the request was throttled for a quota, in milliseconds."""
 
-    error_code: int = 0
+    error_code: int
     """The error code, or 0."""
 
-    error_message: str | None = None
+    error_message: str | None
     """The error message, or null."""
 
-    node_id: int = 0
+    node_id: int
     """The coordinator's broker id."""
 
-    host: str = ''
+    host: str
     """The coordinator's host."""
 
-    port: int = 0
+    port: int
     """The coordinator's port."""
 
-    coordinators: list[Coordinator] = field(default_factory=list)
+    coordinators: list[Coordinator]
     """Each key's coordinator."""
+
+    def __init__(self, throttle_time_ms: int = 0, error_code: int = 0, error_message: str | None = None, node_id: int = 0, host: str = '', port: int = 0, coordinators: list[Coordinator] = NEW_DEFAULT) -> None:
+        init_field(self, 'throttle_time_ms', throttle_time_ms)
+        init_field(self, 'error_code', error_code)
+        init_field(self, 'error_message', error_message)
+        init_field(self, 'node_id', node_id)
+        init_field(self, 'host', host)
+        init_field(self, 'port', port)
+        init_field(self, 'coordinators', [] if coordinators is NEW_DEFAULT else coordinators)
 
 
 if TYPE_CHECKING:
     _FindCoordinatorResponseBuilder = FindCoordinatorResponse
 else:
-    class _FindCoordinatorResponseBuilder:
+    class _FindCoordinatorResponseBuilder(Record):
         """Makes a FindCoordinatorResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('coordinators', 'error_code', 'error_message', 'host', 'node_id', 'port', 'throttle_time_ms', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, throttle_time_ms: int, error_code: int, error_message: str | None, node_id: int, host: str, port: int, coordinators: list[Coordinator]) -> None:
             self.throttle_time_ms = throttle_time_ms
@@ -1221,32 +1549,41 @@ else:
             self.coordinators = coordinators
 
 
-@dataclass(frozen=True, slots=True)
-class HeartbeatRequest:
+class HeartbeatRequest(Record):
     """A member is alive; the answer says whether the group is rebalancing. Version 3 adds
     the instance id, 4 is flexible.
     """
 
-    group_id: str = ''
+    __slots__ = ('generation_id', 'group_id', 'group_instance_id', 'member_id', )
+    __match_args__ = ('group_id', 'generation_id', 'member_id', 'group_instance_id', )
+
+    group_id: str
     """The group."""
 
-    generation_id: int = 0
+    generation_id: int
     """The member's generation."""
 
-    member_id: str = ''
+    member_id: str
     """The member's id."""
 
-    group_instance_id: str | None = None
+    group_instance_id: str | None
     """The static member's instance id, or null."""
+
+    def __init__(self, group_id: str = '', generation_id: int = 0, member_id: str = '', group_instance_id: str | None = None) -> None:
+        init_field(self, 'group_id', group_id)
+        init_field(self, 'generation_id', generation_id)
+        init_field(self, 'member_id', member_id)
+        init_field(self, 'group_instance_id', group_instance_id)
 
 
 if TYPE_CHECKING:
     _HeartbeatRequestBuilder = HeartbeatRequest
 else:
-    class _HeartbeatRequestBuilder:
+    class _HeartbeatRequestBuilder(Record):
         """Makes a HeartbeatRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('generation_id', 'group_id', 'group_instance_id', 'member_id', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None) -> None:
             self.group_id = group_id
@@ -1255,54 +1592,70 @@ else:
             self.group_instance_id = group_instance_id
 
 
-@dataclass(frozen=True, slots=True)
-class HeartbeatResponse:
+class HeartbeatResponse(Record):
     """Whether the member is current (0), or must rejoin."""
 
-    throttle_time_ms: int = 0
+    __slots__ = ('error_code', 'throttle_time_ms', )
+    __match_args__ = ('throttle_time_ms', 'error_code', )
+
+    throttle_time_ms: int
     """How long the request was throttled for a quota, in milliseconds."""
 
-    error_code: int = 0
+    error_code: int
     """The error code, or 0."""
+
+    def __init__(self, throttle_time_ms: int = 0, error_code: int = 0) -> None:
+        init_field(self, 'throttle_time_ms', throttle_time_ms)
+        init_field(self, 'error_code', error_code)
 
 
 if TYPE_CHECKING:
     _HeartbeatResponseBuilder = HeartbeatResponse
 else:
-    class _HeartbeatResponseBuilder:
+    class _HeartbeatResponseBuilder(Record):
         """Makes a HeartbeatResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('error_code', 'throttle_time_ms', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, throttle_time_ms: int, error_code: int) -> None:
             self.throttle_time_ms = throttle_time_ms
             self.error_code = error_code
 
 
-@dataclass(frozen=True, slots=True)
-class InitProducerIdRequest:
+class InitProducerIdRequest(Record):
     """Asks for a producer id (idempotent or transactional producers). Version 2 is flexible."""
 
-    transactional_id: str | None = ''
+    __slots__ = ('producer_epoch', 'producer_id', 'transaction_timeout_ms', 'transactional_id', )
+    __match_args__ = ('transactional_id', 'transaction_timeout_ms', 'producer_id', 'producer_epoch', )
+
+    transactional_id: str | None
     """The transactional id, or null."""
 
-    transaction_timeout_ms: int = 0
+    transaction_timeout_ms: int
     """The transaction timeout, in milliseconds."""
 
-    producer_id: int = -1
+    producer_id: int
     """The producer's current id, or -1."""
 
-    producer_epoch: int = -1
+    producer_epoch: int
     """The producer's current epoch, or -1."""
+
+    def __init__(self, transactional_id: str | None = '', transaction_timeout_ms: int = 0, producer_id: int = -1, producer_epoch: int = -1) -> None:
+        init_field(self, 'transactional_id', transactional_id)
+        init_field(self, 'transaction_timeout_ms', transaction_timeout_ms)
+        init_field(self, 'producer_id', producer_id)
+        init_field(self, 'producer_epoch', producer_epoch)
 
 
 if TYPE_CHECKING:
     _InitProducerIdRequestBuilder = InitProducerIdRequest
 else:
-    class _InitProducerIdRequestBuilder:
+    class _InitProducerIdRequestBuilder(Record):
         """Makes a InitProducerIdRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('producer_epoch', 'producer_id', 'transaction_timeout_ms', 'transactional_id', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, transactional_id: str | None, transaction_timeout_ms: int, producer_id: int, producer_epoch: int) -> None:
             self.transactional_id = transactional_id
@@ -1311,30 +1664,39 @@ else:
             self.producer_epoch = producer_epoch
 
 
-@dataclass(frozen=True, slots=True)
-class InitProducerIdResponse:
+class InitProducerIdResponse(Record):
     """The producer id and epoch given."""
 
-    throttle_time_ms: int = 0
+    __slots__ = ('error_code', 'producer_epoch', 'producer_id', 'throttle_time_ms', )
+    __match_args__ = ('throttle_time_ms', 'error_code', 'producer_id', 'producer_epoch', )
+
+    throttle_time_ms: int
     """How long the request was throttled for a quota, in milliseconds."""
 
-    error_code: int = 0
+    error_code: int
     """The error code, or 0."""
 
-    producer_id: int = -1
+    producer_id: int
     """The producer id, or -1."""
 
-    producer_epoch: int = 0
+    producer_epoch: int
     """The producer epoch."""
+
+    def __init__(self, throttle_time_ms: int = 0, error_code: int = 0, producer_id: int = -1, producer_epoch: int = 0) -> None:
+        init_field(self, 'throttle_time_ms', throttle_time_ms)
+        init_field(self, 'error_code', error_code)
+        init_field(self, 'producer_id', producer_id)
+        init_field(self, 'producer_epoch', producer_epoch)
 
 
 if TYPE_CHECKING:
     _InitProducerIdResponseBuilder = InitProducerIdResponse
 else:
-    class _InitProducerIdResponseBuilder:
+    class _InitProducerIdResponseBuilder(Record):
         """Makes a InitProducerIdResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('error_code', 'producer_epoch', 'producer_id', 'throttle_time_ms', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, throttle_time_ms: int, error_code: int, producer_id: int, producer_epoch: int) -> None:
             self.throttle_time_ms = throttle_time_ms
@@ -1343,69 +1705,89 @@ else:
             self.producer_epoch = producer_epoch
 
 
-@dataclass(frozen=True, slots=True)
-class JoinGroupRequestProtocol:
+class JoinGroupRequestProtocol(Record):
     """One element of ``JoinGroupRequest.protocols``."""
 
-    name: str = ''
+    __slots__ = ('metadata', 'name', )
+    __match_args__ = ('name', 'metadata', )
+
+    name: str
     """The protocol's name."""
 
-    metadata: bytes = b''
+    metadata: bytes
     """The member's metadata for that protocol."""
+
+    def __init__(self, name: str = '', metadata: bytes = b'') -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'metadata', metadata)
 
 
 if TYPE_CHECKING:
     _JoinGroupRequestProtocolBuilder = JoinGroupRequestProtocol
 else:
-    class _JoinGroupRequestProtocolBuilder:
+    class _JoinGroupRequestProtocolBuilder(Record):
         """Makes a JoinGroupRequestProtocol without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('metadata', 'name', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, metadata: bytes) -> None:
             self.name = name
             self.metadata = metadata
 
 
-@dataclass(frozen=True, slots=True)
-class JoinGroupRequest:
+class JoinGroupRequest(Record):
     """Joins a consumer group (the classic group protocol). Version 4 answers a first join
     without a member id MEMBER_ID_REQUIRED with the id to join with (KIP-394); version 5
     adds static membership (KIP-345); version 6 is flexible; version 8 adds the reason.
     """
 
-    group_id: str = ''
+    __slots__ = ('group_id', 'group_instance_id', 'member_id', 'protocol_type', 'protocols', 'reason', 'rebalance_timeout_ms', 'session_timeout_ms', )
+    __match_args__ = ('group_id', 'session_timeout_ms', 'rebalance_timeout_ms', 'member_id', 'group_instance_id', 'protocol_type', 'protocols', 'reason', )
+
+    group_id: str
     """The group to join."""
 
-    session_timeout_ms: int = 0
+    session_timeout_ms: int
     """A member not heard from for this long is removed, in milliseconds."""
 
-    rebalance_timeout_ms: int = -1
+    rebalance_timeout_ms: int
     """How long a rebalance waits for each member to rejoin, in milliseconds."""
 
-    member_id: str = ''
+    member_id: str
     """The member id the coordinator gave, or empty on a first join."""
 
-    group_instance_id: str | None = None
+    group_instance_id: str | None
     """The static member's instance id, or null."""
 
-    protocol_type: str = ''
+    protocol_type: str
     """The kind of group ("consumer" for consumers)."""
 
-    protocols: list[JoinGroupRequestProtocol] = field(default_factory=list)
+    protocols: list[JoinGroupRequestProtocol]
     """The protocols (assignors) the member supports, preferred first."""
 
-    reason: str | None = None
+    reason: str | None
     """Why the member joins, or null."""
+
+    def __init__(self, group_id: str = '', session_timeout_ms: int = 0, rebalance_timeout_ms: int = -1, member_id: str = '', group_instance_id: str | None = None, protocol_type: str = '', protocols: list[JoinGroupRequestProtocol] = NEW_DEFAULT, reason: str | None = None) -> None:
+        init_field(self, 'group_id', group_id)
+        init_field(self, 'session_timeout_ms', session_timeout_ms)
+        init_field(self, 'rebalance_timeout_ms', rebalance_timeout_ms)
+        init_field(self, 'member_id', member_id)
+        init_field(self, 'group_instance_id', group_instance_id)
+        init_field(self, 'protocol_type', protocol_type)
+        init_field(self, 'protocols', [] if protocols is NEW_DEFAULT else protocols)
+        init_field(self, 'reason', reason)
 
 
 if TYPE_CHECKING:
     _JoinGroupRequestBuilder = JoinGroupRequest
 else:
-    class _JoinGroupRequestBuilder:
+    class _JoinGroupRequestBuilder(Record):
         """Makes a JoinGroupRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('group_id', 'group_instance_id', 'member_id', 'protocol_type', 'protocols', 'reason', 'rebalance_timeout_ms', 'session_timeout_ms', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, group_id: str, session_timeout_ms: int, rebalance_timeout_ms: int, member_id: str, group_instance_id: str | None, protocol_type: str, protocols: list[JoinGroupRequestProtocol], reason: str | None) -> None:
             self.group_id = group_id
@@ -1418,27 +1800,35 @@ else:
             self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
-class JoinGroupResponseMember:
+class JoinGroupResponseMember(Record):
     """One element of ``JoinGroupResponse.members``."""
 
-    member_id: str = ''
+    __slots__ = ('group_instance_id', 'member_id', 'metadata', )
+    __match_args__ = ('member_id', 'group_instance_id', 'metadata', )
+
+    member_id: str
     """The member's id."""
 
-    group_instance_id: str | None = None
+    group_instance_id: str | None
     """The member's instance id, or null."""
 
-    metadata: bytes = b''
+    metadata: bytes
     """The member's metadata for the protocol chosen."""
+
+    def __init__(self, member_id: str = '', group_instance_id: str | None = None, metadata: bytes = b'') -> None:
+        init_field(self, 'member_id', member_id)
+        init_field(self, 'group_instance_id', group_instance_id)
+        init_field(self, 'metadata', metadata)
 
 
 if TYPE_CHECKING:
     _JoinGroupResponseMemberBuilder = JoinGroupResponseMember
 else:
-    class _JoinGroupResponseMemberBuilder:
+    class _JoinGroupResponseMemberBuilder(Record):
         """Makes a JoinGroupResponseMember without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('group_instance_id', 'member_id', 'metadata', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, member_id: str, group_instance_id: str | None, metadata: bytes) -> None:
             self.member_id = member_id
@@ -1446,47 +1836,61 @@ else:
             self.metadata = metadata
 
 
-@dataclass(frozen=True, slots=True)
-class JoinGroupResponse:
+class JoinGroupResponse(Record):
     """The outcome of a join: the generation, the protocol chosen, the leader and (to the
     leader only) every member's metadata.
     """
 
-    throttle_time_ms: int = 0
+    __slots__ = ('error_code', 'generation_id', 'leader', 'member_id', 'members', 'protocol_name', 'protocol_type', 'skip_assignment', 'throttle_time_ms', )
+    __match_args__ = ('throttle_time_ms', 'error_code', 'generation_id', 'protocol_type', 'protocol_name', 'leader', 'skip_assignment', 'member_id', 'members', )
+
+    throttle_time_ms: int
     """How long the request was throttled for a quota, in milliseconds."""
 
-    error_code: int = 0
+    error_code: int
     """The error code, or 0."""
 
-    generation_id: int = -1
+    generation_id: int
     """The group's generation."""
 
-    protocol_type: str | None = None
+    protocol_type: str | None
     """The group's protocol type."""
 
-    protocol_name: str | None = ''
+    protocol_name: str | None
     """The protocol chosen."""
 
-    leader: str = ''
+    leader: str
     """The leader's member id."""
 
-    skip_assignment: bool = False
+    skip_assignment: bool
     """Whether the leader is to skip the assignment (always false here)."""
 
-    member_id: str = ''
+    member_id: str
     """The member's id."""
 
-    members: list[JoinGroupResponseMember] = field(default_factory=list)
+    members: list[JoinGroupResponseMember]
     """Every member, to the leader only."""
+
+    def __init__(self, throttle_time_ms: int = 0, error_code: int = 0, generation_id: int = -1, protocol_type: str | None = None, protocol_name: str | None = '', leader: str = '', skip_assignment: bool = False, member_id: str = '', members: list[JoinGroupResponseMember] = NEW_DEFAULT) -> None:
+        init_field(self, 'throttle_time_ms', throttle_time_ms)
+        init_field(self, 'error_code', error_code)
+        init_field(self, 'generation_id', generation_id)
+        init_field(self, 'protocol_type', protocol_type)
+        init_field(self, 'protocol_name', protocol_name)
+        init_field(self, 'leader', leader)
+        init_field(self, 'skip_assignment', skip_assignment)
+        init_field(self, 'member_id', member_id)
+        init_field(self, 'members', [] if members is NEW_DEFAULT else members)
 
 
 if TYPE_CHECKING:
     _JoinGroupResponseBuilder = JoinGroupResponse
 else:
-    class _JoinGroupResponseBuilder:
+    class _JoinGroupResponseBuilder(Record):
         """Makes a JoinGroupResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('error_code', 'generation_id', 'leader', 'member_id', 'members', 'protocol_name', 'protocol_type', 'skip_assignment', 'throttle_time_ms', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, throttle_time_ms: int, error_code: int, generation_id: int, protocol_type: str | None, protocol_name: str | None, leader: str, skip_assignment: bool, member_id: str, members: list[JoinGroupResponseMember]) -> None:
             self.throttle_time_ms = throttle_time_ms
@@ -1500,27 +1904,35 @@ else:
             self.members = members
 
 
-@dataclass(frozen=True, slots=True)
-class MemberIdentity:
+class MemberIdentity(Record):
     """One element of ``LeaveGroupRequest.members``."""
 
-    member_id: str = ''
+    __slots__ = ('group_instance_id', 'member_id', 'reason', )
+    __match_args__ = ('member_id', 'group_instance_id', 'reason', )
+
+    member_id: str
     """The member's id (may be empty when the instance id is given)."""
 
-    group_instance_id: str | None = None
+    group_instance_id: str | None
     """The static member's instance id, or null."""
 
-    reason: str | None = None
+    reason: str | None
     """Why it leaves, or null."""
+
+    def __init__(self, member_id: str = '', group_instance_id: str | None = None, reason: str | None = None) -> None:
+        init_field(self, 'member_id', member_id)
+        init_field(self, 'group_instance_id', group_instance_id)
+        init_field(self, 'reason', reason)
 
 
 if TYPE_CHECKING:
     _MemberIdentityBuilder = MemberIdentity
 else:
-    class _MemberIdentityBuilder:
+    class _MemberIdentityBuilder(Record):
         """Makes a MemberIdentity without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('group_instance_id', 'member_id', 'reason', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, member_id: str, group_instance_id: str | None, reason: str | None) -> None:
             self.member_id = member_id
@@ -1528,29 +1940,37 @@ else:
             self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
-class LeaveGroupRequest:
+class LeaveGroupRequest(Record):
     """Members leave a group. Version 3 removes several members at once (by member id or
     instance id, KIP-345), 4 is flexible, 5 adds the reason.
     """
 
-    group_id: str = ''
+    __slots__ = ('group_id', 'member_id', 'members', )
+    __match_args__ = ('group_id', 'member_id', 'members', )
+
+    group_id: str
     """The group."""
 
-    member_id: str = ''
+    member_id: str
     """The member leaving."""
 
-    members: list[MemberIdentity] = field(default_factory=list)
+    members: list[MemberIdentity]
     """The members leaving."""
+
+    def __init__(self, group_id: str = '', member_id: str = '', members: list[MemberIdentity] = NEW_DEFAULT) -> None:
+        init_field(self, 'group_id', group_id)
+        init_field(self, 'member_id', member_id)
+        init_field(self, 'members', [] if members is NEW_DEFAULT else members)
 
 
 if TYPE_CHECKING:
     _LeaveGroupRequestBuilder = LeaveGroupRequest
 else:
-    class _LeaveGroupRequestBuilder:
+    class _LeaveGroupRequestBuilder(Record):
         """Makes a LeaveGroupRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('group_id', 'member_id', 'members', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, group_id: str, member_id: str, members: list[MemberIdentity]) -> None:
             self.group_id = group_id
@@ -1558,27 +1978,35 @@ else:
             self.members = members
 
 
-@dataclass(frozen=True, slots=True)
-class MemberResponse:
+class MemberResponse(Record):
     """One element of ``LeaveGroupResponse.members``."""
 
-    member_id: str = ''
+    __slots__ = ('error_code', 'group_instance_id', 'member_id', )
+    __match_args__ = ('member_id', 'group_instance_id', 'error_code', )
+
+    member_id: str
     """The member's id."""
 
-    group_instance_id: str | None = ''
+    group_instance_id: str | None
     """The member's instance id, or null."""
 
-    error_code: int = 0
+    error_code: int
     """The error code, or 0."""
+
+    def __init__(self, member_id: str = '', group_instance_id: str | None = '', error_code: int = 0) -> None:
+        init_field(self, 'member_id', member_id)
+        init_field(self, 'group_instance_id', group_instance_id)
+        init_field(self, 'error_code', error_code)
 
 
 if TYPE_CHECKING:
     _MemberResponseBuilder = MemberResponse
 else:
-    class _MemberResponseBuilder:
+    class _MemberResponseBuilder(Record):
         """Makes a MemberResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('error_code', 'group_instance_id', 'member_id', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, member_id: str, group_instance_id: str | None, error_code: int) -> None:
             self.member_id = member_id
@@ -1586,27 +2014,35 @@ else:
             self.error_code = error_code
 
 
-@dataclass(frozen=True, slots=True)
-class LeaveGroupResponse:
+class LeaveGroupResponse(Record):
     """The outcome of a leave, and of each member's (version 3 and later)."""
 
-    throttle_time_ms: int = 0
+    __slots__ = ('error_code', 'members', 'throttle_time_ms', )
+    __match_args__ = ('throttle_time_ms', 'error_code', 'members', )
+
+    throttle_time_ms: int
     """How long the request was throttled for a quota, in milliseconds."""
 
-    error_code: int = 0
+    error_code: int
     """The error code, or 0."""
 
-    members: list[MemberResponse] = field(default_factory=list)
+    members: list[MemberResponse]
     """Each member's outcome."""
+
+    def __init__(self, throttle_time_ms: int = 0, error_code: int = 0, members: list[MemberResponse] = NEW_DEFAULT) -> None:
+        init_field(self, 'throttle_time_ms', throttle_time_ms)
+        init_field(self, 'error_code', error_code)
+        init_field(self, 'members', [] if members is NEW_DEFAULT else members)
 
 
 if TYPE_CHECKING:
     _LeaveGroupResponseBuilder = LeaveGroupResponse
 else:
-    class _LeaveGroupResponseBuilder:
+    class _LeaveGroupResponseBuilder(Record):
         """Makes a LeaveGroupResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('error_code', 'members', 'throttle_time_ms', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, throttle_time_ms: int, error_code: int, members: list[MemberResponse]) -> None:
             self.throttle_time_ms = throttle_time_ms
@@ -1614,54 +2050,70 @@ else:
             self.members = members
 
 
-@dataclass(frozen=True, slots=True)
-class ListGroupsRequest:
+class ListGroupsRequest(Record):
     """Lists the groups. Version 3 is flexible, 4 filters by state, 5 by type."""
 
-    states_filter: list[str] = field(default_factory=list)
+    __slots__ = ('states_filter', 'types_filter', )
+    __match_args__ = ('states_filter', 'types_filter', )
+
+    states_filter: list[str]
     """Only groups in these states (empty: every group)."""
 
-    types_filter: list[str] = field(default_factory=list)
+    types_filter: list[str]
     """Only groups of these types (empty: every group)."""
+
+    def __init__(self, states_filter: list[str] = NEW_DEFAULT, types_filter: list[str] = NEW_DEFAULT) -> None:
+        init_field(self, 'states_filter', [] if states_filter is NEW_DEFAULT else states_filter)
+        init_field(self, 'types_filter', [] if types_filter is NEW_DEFAULT else types_filter)
 
 
 if TYPE_CHECKING:
     _ListGroupsRequestBuilder = ListGroupsRequest
 else:
-    class _ListGroupsRequestBuilder:
+    class _ListGroupsRequestBuilder(Record):
         """Makes a ListGroupsRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('states_filter', 'types_filter', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, states_filter: list[str], types_filter: list[str]) -> None:
             self.states_filter = states_filter
             self.types_filter = types_filter
 
 
-@dataclass(frozen=True, slots=True)
-class ListedGroup:
+class ListedGroup(Record):
     """One element of ``ListGroupsResponse.groups``."""
 
-    group_id: str = ''
+    __slots__ = ('group_id', 'group_state', 'group_type', 'protocol_type', )
+    __match_args__ = ('group_id', 'protocol_type', 'group_state', 'group_type', )
+
+    group_id: str
     """The group."""
 
-    protocol_type: str = ''
+    protocol_type: str
     """Its protocol type."""
 
-    group_state: str = ''
+    group_state: str
     """Its state."""
 
-    group_type: str = ''
+    group_type: str
     """Its type (classic)."""
+
+    def __init__(self, group_id: str = '', protocol_type: str = '', group_state: str = '', group_type: str = '') -> None:
+        init_field(self, 'group_id', group_id)
+        init_field(self, 'protocol_type', protocol_type)
+        init_field(self, 'group_state', group_state)
+        init_field(self, 'group_type', group_type)
 
 
 if TYPE_CHECKING:
     _ListedGroupBuilder = ListedGroup
 else:
-    class _ListedGroupBuilder:
+    class _ListedGroupBuilder(Record):
         """Makes a ListedGroup without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('group_id', 'group_state', 'group_type', 'protocol_type', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, group_id: str, protocol_type: str, group_state: str, group_type: str) -> None:
             self.group_id = group_id
@@ -1670,27 +2122,35 @@ else:
             self.group_type = group_type
 
 
-@dataclass(frozen=True, slots=True)
-class ListGroupsResponse:
+class ListGroupsResponse(Record):
     """Every group (matching the filters)."""
 
-    throttle_time_ms: int = 0
+    __slots__ = ('error_code', 'groups', 'throttle_time_ms', )
+    __match_args__ = ('throttle_time_ms', 'error_code', 'groups', )
+
+    throttle_time_ms: int
     """How long the request was throttled for a quota, in milliseconds."""
 
-    error_code: int = 0
+    error_code: int
     """The error code, or 0."""
 
-    groups: list[ListedGroup] = field(default_factory=list)
+    groups: list[ListedGroup]
     """Each group."""
+
+    def __init__(self, throttle_time_ms: int = 0, error_code: int = 0, groups: list[ListedGroup] = NEW_DEFAULT) -> None:
+        init_field(self, 'throttle_time_ms', throttle_time_ms)
+        init_field(self, 'error_code', error_code)
+        init_field(self, 'groups', [] if groups is NEW_DEFAULT else groups)
 
 
 if TYPE_CHECKING:
     _ListGroupsResponseBuilder = ListGroupsResponse
 else:
-    class _ListGroupsResponseBuilder:
+    class _ListGroupsResponseBuilder(Record):
         """Makes a ListGroupsResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('error_code', 'groups', 'throttle_time_ms', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, throttle_time_ms: int, error_code: int, groups: list[ListedGroup]) -> None:
             self.throttle_time_ms = throttle_time_ms
@@ -1698,27 +2158,35 @@ else:
             self.groups = groups
 
 
-@dataclass(frozen=True, slots=True)
-class ListOffsetsPartition:
+class ListOffsetsPartition(Record):
     """One element of ``ListOffsetsTopic.partitions``."""
 
-    partition_index: int = 0
+    __slots__ = ('current_leader_epoch', 'partition_index', 'timestamp', )
+    __match_args__ = ('partition_index', 'current_leader_epoch', 'timestamp', )
+
+    partition_index: int
     """The partition index."""
 
-    current_leader_epoch: int = -1
+    current_leader_epoch: int
     """The leader epoch the client knows."""
 
-    timestamp: int = 0
+    timestamp: int
     """The time to look up, or -1 (latest), -2 (earliest), -3 (max timestamp)."""
+
+    def __init__(self, partition_index: int = 0, current_leader_epoch: int = -1, timestamp: int = 0) -> None:
+        init_field(self, 'partition_index', partition_index)
+        init_field(self, 'current_leader_epoch', current_leader_epoch)
+        init_field(self, 'timestamp', timestamp)
 
 
 if TYPE_CHECKING:
     _ListOffsetsPartitionBuilder = ListOffsetsPartition
 else:
-    class _ListOffsetsPartitionBuilder:
+    class _ListOffsetsPartitionBuilder(Record):
         """Makes a ListOffsetsPartition without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('current_leader_epoch', 'partition_index', 'timestamp', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, partition_index: int, current_leader_epoch: int, timestamp: int) -> None:
             self.partition_index = partition_index
@@ -1726,53 +2194,68 @@ else:
             self.timestamp = timestamp
 
 
-@dataclass(frozen=True, slots=True)
-class ListOffsetsTopic:
+class ListOffsetsTopic(Record):
     """One element of ``ListOffsetsRequest.topics``."""
 
-    name: str = ''
+    __slots__ = ('name', 'partitions', )
+    __match_args__ = ('name', 'partitions', )
+
+    name: str
     """The topic name."""
 
-    partitions: list[ListOffsetsPartition] = field(default_factory=list)
+    partitions: list[ListOffsetsPartition]
     """Each partition to look up."""
+
+    def __init__(self, name: str = '', partitions: list[ListOffsetsPartition] = NEW_DEFAULT) -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'partitions', [] if partitions is NEW_DEFAULT else partitions)
 
 
 if TYPE_CHECKING:
     _ListOffsetsTopicBuilder = ListOffsetsTopic
 else:
-    class _ListOffsetsTopicBuilder:
+    class _ListOffsetsTopicBuilder(Record):
         """Makes a ListOffsetsTopic without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('name', 'partitions', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, partitions: list[ListOffsetsPartition]) -> None:
             self.name = name
             self.partitions = partitions
 
 
-@dataclass(frozen=True, slots=True)
-class ListOffsetsRequest:
+class ListOffsetsRequest(Record):
     """Looks up offsets by timestamp: -2 for the earliest, -1 for the latest, else the first
     record at or after that time. Version 6 is flexible.
     """
 
-    replica_id: int = 0
+    __slots__ = ('isolation_level', 'replica_id', 'topics', )
+    __match_args__ = ('replica_id', 'isolation_level', 'topics', )
+
+    replica_id: int
     """The broker id of the requester, or -1 for a client."""
 
-    isolation_level: int = 0
+    isolation_level: int
     """0: read uncommitted; 1: read committed."""
 
-    topics: list[ListOffsetsTopic] = field(default_factory=list)
+    topics: list[ListOffsetsTopic]
     """Each topic to look up."""
+
+    def __init__(self, replica_id: int = 0, isolation_level: int = 0, topics: list[ListOffsetsTopic] = NEW_DEFAULT) -> None:
+        init_field(self, 'replica_id', replica_id)
+        init_field(self, 'isolation_level', isolation_level)
+        init_field(self, 'topics', [] if topics is NEW_DEFAULT else topics)
 
 
 if TYPE_CHECKING:
     _ListOffsetsRequestBuilder = ListOffsetsRequest
 else:
-    class _ListOffsetsRequestBuilder:
+    class _ListOffsetsRequestBuilder(Record):
         """Makes a ListOffsetsRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('isolation_level', 'replica_id', 'topics', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, replica_id: int, isolation_level: int, topics: list[ListOffsetsTopic]) -> None:
             self.replica_id = replica_id
@@ -1780,33 +2263,43 @@ else:
             self.topics = topics
 
 
-@dataclass(frozen=True, slots=True)
-class ListOffsetsPartitionResponse:
+class ListOffsetsPartitionResponse(Record):
     """One element of ``ListOffsetsTopicResponse.partitions``."""
 
-    partition_index: int = 0
+    __slots__ = ('error_code', 'leader_epoch', 'offset', 'partition_index', 'timestamp', )
+    __match_args__ = ('partition_index', 'error_code', 'timestamp', 'offset', 'leader_epoch', )
+
+    partition_index: int
     """The partition index."""
 
-    error_code: int = 0
+    error_code: int
     """The partition's error code, or 0."""
 
-    timestamp: int = -1
+    timestamp: int
     """The timestamp of the record found, or -1."""
 
-    offset: int = -1
+    offset: int
     """The offset found, or -1."""
 
-    leader_epoch: int = -1
+    leader_epoch: int
     """The leader epoch."""
+
+    def __init__(self, partition_index: int = 0, error_code: int = 0, timestamp: int = -1, offset: int = -1, leader_epoch: int = -1) -> None:
+        init_field(self, 'partition_index', partition_index)
+        init_field(self, 'error_code', error_code)
+        init_field(self, 'timestamp', timestamp)
+        init_field(self, 'offset', offset)
+        init_field(self, 'leader_epoch', leader_epoch)
 
 
 if TYPE_CHECKING:
     _ListOffsetsPartitionResponseBuilder = ListOffsetsPartitionResponse
 else:
-    class _ListOffsetsPartitionResponseBuilder:
+    class _ListOffsetsPartitionResponseBuilder(Record):
         """Makes a ListOffsetsPartitionResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('error_code', 'leader_epoch', 'offset', 'partition_index', 'timestamp', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, partition_index: int, error_code: int, timestamp: int, offset: int, leader_epoch: int) -> None:
             self.partition_index = partition_index
@@ -1816,105 +2309,135 @@ else:
             self.leader_epoch = leader_epoch
 
 
-@dataclass(frozen=True, slots=True)
-class ListOffsetsTopicResponse:
+class ListOffsetsTopicResponse(Record):
     """One element of ``ListOffsetsResponse.topics``."""
 
-    name: str = ''
+    __slots__ = ('name', 'partitions', )
+    __match_args__ = ('name', 'partitions', )
+
+    name: str
     """The topic name."""
 
-    partitions: list[ListOffsetsPartitionResponse] = field(default_factory=list)
+    partitions: list[ListOffsetsPartitionResponse]
     """Each partition looked up."""
+
+    def __init__(self, name: str = '', partitions: list[ListOffsetsPartitionResponse] = NEW_DEFAULT) -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'partitions', [] if partitions is NEW_DEFAULT else partitions)
 
 
 if TYPE_CHECKING:
     _ListOffsetsTopicResponseBuilder = ListOffsetsTopicResponse
 else:
-    class _ListOffsetsTopicResponseBuilder:
+    class _ListOffsetsTopicResponseBuilder(Record):
         """Makes a ListOffsetsTopicResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('name', 'partitions', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, partitions: list[ListOffsetsPartitionResponse]) -> None:
             self.name = name
             self.partitions = partitions
 
 
-@dataclass(frozen=True, slots=True)
-class ListOffsetsResponse:
+class ListOffsetsResponse(Record):
     """The offsets found for each partition looked up."""
 
-    throttle_time_ms: int = 0
+    __slots__ = ('throttle_time_ms', 'topics', )
+    __match_args__ = ('throttle_time_ms', 'topics', )
+
+    throttle_time_ms: int
     """How long the request was throttled for a quota, in milliseconds."""
 
-    topics: list[ListOffsetsTopicResponse] = field(default_factory=list)
+    topics: list[ListOffsetsTopicResponse]
     """Each topic looked up."""
+
+    def __init__(self, throttle_time_ms: int = 0, topics: list[ListOffsetsTopicResponse] = NEW_DEFAULT) -> None:
+        init_field(self, 'throttle_time_ms', throttle_time_ms)
+        init_field(self, 'topics', [] if topics is NEW_DEFAULT else topics)
 
 
 if TYPE_CHECKING:
     _ListOffsetsResponseBuilder = ListOffsetsResponse
 else:
-    class _ListOffsetsResponseBuilder:
+    class _ListOffsetsResponseBuilder(Record):
         """Makes a ListOffsetsResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('throttle_time_ms', 'topics', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, throttle_time_ms: int, topics: list[ListOffsetsTopicResponse]) -> None:
             self.throttle_time_ms = throttle_time_ms
             self.topics = topics
 
 
-@dataclass(frozen=True, slots=True)
-class MetadataRequestTopic:
+class MetadataRequestTopic(Record):
     """One element of ``MetadataRequest.topics``."""
 
-    topic_id: bytes = b'\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00'
+    __slots__ = ('name', 'topic_id', )
+    __match_args__ = ('topic_id', 'name', )
+
+    topic_id: bytes
     """The topic id (zero: by name)."""
 
-    name: str | None = ''
+    name: str | None
     """The topic name."""
+
+    def __init__(self, topic_id: bytes = b'\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00', name: str | None = '') -> None:
+        init_field(self, 'topic_id', topic_id)
+        init_field(self, 'name', name)
 
 
 if TYPE_CHECKING:
     _MetadataRequestTopicBuilder = MetadataRequestTopic
 else:
-    class _MetadataRequestTopicBuilder:
+    class _MetadataRequestTopicBuilder(Record):
         """Makes a MetadataRequestTopic without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('name', 'topic_id', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, topic_id: bytes, name: str | None) -> None:
             self.topic_id = topic_id
             self.name = name
 
 
-@dataclass(frozen=True, slots=True)
-class MetadataRequest:
+class MetadataRequest(Record):
     """Asks for the brokers, and the partitions and leaders of some topics (null: all of them).
     Version 4 lets the client say whether a missing topic may be created; version 9 is
     flexible; version 10 adds topic ids.
     """
 
-    topics: list[MetadataRequestTopic] | None = field(default_factory=list)
+    __slots__ = ('allow_auto_topic_creation', 'include_cluster_authorized_operations', 'include_topic_authorized_operations', 'topics', )
+    __match_args__ = ('topics', 'allow_auto_topic_creation', 'include_cluster_authorized_operations', 'include_topic_authorized_operations', )
+
+    topics: list[MetadataRequestTopic] | None
     """The topics to describe: empty in version 0 and null from version 1 mean all."""
 
-    allow_auto_topic_creation: bool = True
+    allow_auto_topic_creation: bool
     """Whether the broker may create a topic the request names and lacks."""
 
-    include_cluster_authorized_operations: bool = False
+    include_cluster_authorized_operations: bool
     """Whether to include the cluster's authorized operations."""
 
-    include_topic_authorized_operations: bool = False
+    include_topic_authorized_operations: bool
     """Whether to include each topic's authorized operations."""
+
+    def __init__(self, topics: list[MetadataRequestTopic] | None = NEW_DEFAULT, allow_auto_topic_creation: bool = True, include_cluster_authorized_operations: bool = False, include_topic_authorized_operations: bool = False) -> None:
+        init_field(self, 'topics', [] if topics is NEW_DEFAULT else topics)
+        init_field(self, 'allow_auto_topic_creation', allow_auto_topic_creation)
+        init_field(self, 'include_cluster_authorized_operations', include_cluster_authorized_operations)
+        init_field(self, 'include_topic_authorized_operations', include_topic_authorized_operations)
 
 
 if TYPE_CHECKING:
     _MetadataRequestBuilder = MetadataRequest
 else:
-    class _MetadataRequestBuilder:
+    class _MetadataRequestBuilder(Record):
         """Makes a MetadataRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('allow_auto_topic_creation', 'include_cluster_authorized_operations', 'include_topic_authorized_operations', 'topics', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, topics: list[MetadataRequestTopic] | None, allow_auto_topic_creation: bool, include_cluster_authorized_operations: bool, include_topic_authorized_operations: bool) -> None:
             self.topics = topics
@@ -1923,30 +2446,39 @@ else:
             self.include_topic_authorized_operations = include_topic_authorized_operations
 
 
-@dataclass(frozen=True, slots=True)
-class MetadataResponseBroker:
+class MetadataResponseBroker(Record):
     """One element of ``MetadataResponse.brokers``."""
 
-    node_id: int = 0
+    __slots__ = ('host', 'node_id', 'port', 'rack', )
+    __match_args__ = ('node_id', 'host', 'port', 'rack', )
+
+    node_id: int
     """The broker id."""
 
-    host: str = ''
+    host: str
     """The host name clients connect to."""
 
-    port: int = 0
+    port: int
     """The port."""
 
-    rack: str | None = None
+    rack: str | None
     """The rack, or null."""
+
+    def __init__(self, node_id: int = 0, host: str = '', port: int = 0, rack: str | None = None) -> None:
+        init_field(self, 'node_id', node_id)
+        init_field(self, 'host', host)
+        init_field(self, 'port', port)
+        init_field(self, 'rack', rack)
 
 
 if TYPE_CHECKING:
     _MetadataResponseBrokerBuilder = MetadataResponseBroker
 else:
-    class _MetadataResponseBrokerBuilder:
+    class _MetadataResponseBrokerBuilder(Record):
         """Makes a MetadataResponseBroker without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('host', 'node_id', 'port', 'rack', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, node_id: int, host: str, port: int, rack: str | None) -> None:
             self.node_id = node_id
@@ -1955,39 +2487,51 @@ else:
             self.rack = rack
 
 
-@dataclass(frozen=True, slots=True)
-class MetadataResponsePartition:
+class MetadataResponsePartition(Record):
     """One element of ``MetadataResponseTopic.partitions``."""
 
-    error_code: int = 0
+    __slots__ = ('error_code', 'isr_nodes', 'leader_epoch', 'leader_id', 'offline_replicas', 'partition_index', 'replica_nodes', )
+    __match_args__ = ('error_code', 'partition_index', 'leader_id', 'leader_epoch', 'replica_nodes', 'isr_nodes', 'offline_replicas', )
+
+    error_code: int
     """The partition's error code."""
 
-    partition_index: int = 0
+    partition_index: int
     """The partition index."""
 
-    leader_id: int = 0
+    leader_id: int
     """The leader's broker id."""
 
-    leader_epoch: int = -1
+    leader_epoch: int
     """The leader epoch."""
 
-    replica_nodes: list[int] = field(default_factory=list)
+    replica_nodes: list[int]
     """The replicas' broker ids."""
 
-    isr_nodes: list[int] = field(default_factory=list)
+    isr_nodes: list[int]
     """The in-sync replicas' broker ids."""
 
-    offline_replicas: list[int] = field(default_factory=list)
+    offline_replicas: list[int]
     """The offline replicas' broker ids."""
+
+    def __init__(self, error_code: int = 0, partition_index: int = 0, leader_id: int = 0, leader_epoch: int = -1, replica_nodes: list[int] = NEW_DEFAULT, isr_nodes: list[int] = NEW_DEFAULT, offline_replicas: list[int] = NEW_DEFAULT) -> None:
+        init_field(self, 'error_code', error_code)
+        init_field(self, 'partition_index', partition_index)
+        init_field(self, 'leader_id', leader_id)
+        init_field(self, 'leader_epoch', leader_epoch)
+        init_field(self, 'replica_nodes', [] if replica_nodes is NEW_DEFAULT else replica_nodes)
+        init_field(self, 'isr_nodes', [] if isr_nodes is NEW_DEFAULT else isr_nodes)
+        init_field(self, 'offline_replicas', [] if offline_replicas is NEW_DEFAULT else offline_replicas)
 
 
 if TYPE_CHECKING:
     _MetadataResponsePartitionBuilder = MetadataResponsePartition
 else:
-    class _MetadataResponsePartitionBuilder:
+    class _MetadataResponsePartitionBuilder(Record):
         """Makes a MetadataResponsePartition without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('error_code', 'isr_nodes', 'leader_epoch', 'leader_id', 'offline_replicas', 'partition_index', 'replica_nodes', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, error_code: int, partition_index: int, leader_id: int, leader_epoch: int, replica_nodes: list[int], isr_nodes: list[int], offline_replicas: list[int]) -> None:
             self.error_code = error_code
@@ -1999,36 +2543,47 @@ else:
             self.offline_replicas = offline_replicas
 
 
-@dataclass(frozen=True, slots=True)
-class MetadataResponseTopic:
+class MetadataResponseTopic(Record):
     """One element of ``MetadataResponse.topics``."""
 
-    error_code: int = 0
+    __slots__ = ('error_code', 'is_internal', 'name', 'partitions', 'topic_authorized_operations', 'topic_id', )
+    __match_args__ = ('error_code', 'name', 'topic_id', 'is_internal', 'partitions', 'topic_authorized_operations', )
+
+    error_code: int
     """The topic's error code."""
 
-    name: str | None = ''
+    name: str | None
     """The topic name."""
 
-    topic_id: bytes = b'\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00'
+    topic_id: bytes
     """The topic id."""
 
-    is_internal: bool = False
+    is_internal: bool
     """Whether the topic is internal to the broker."""
 
-    partitions: list[MetadataResponsePartition] = field(default_factory=list)
+    partitions: list[MetadataResponsePartition]
     """Each partition of the topic."""
 
-    topic_authorized_operations: int = -2147483648
+    topic_authorized_operations: int
     """A bit field of the operations allowed on the topic."""
+
+    def __init__(self, error_code: int = 0, name: str | None = '', topic_id: bytes = b'\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00', is_internal: bool = False, partitions: list[MetadataResponsePartition] = NEW_DEFAULT, topic_authorized_operations: int = -2147483648) -> None:
+        init_field(self, 'error_code', error_code)
+        init_field(self, 'name', name)
+        init_field(self, 'topic_id', topic_id)
+        init_field(self, 'is_internal', is_internal)
+        init_field(self, 'partitions', [] if partitions is NEW_DEFAULT else partitions)
+        init_field(self, 'topic_authorized_operations', topic_authorized_operations)
 
 
 if TYPE_CHECKING:
     _MetadataResponseTopicBuilder = MetadataResponseTopic
 else:
-    class _MetadataResponseTopicBuilder:
+    class _MetadataResponseTopicBuilder(Record):
         """Makes a MetadataResponseTopic without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('error_code', 'is_internal', 'name', 'partitions', 'topic_authorized_operations', 'topic_id', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, error_code: int, name: str | None, topic_id: bytes, is_internal: bool, partitions: list[MetadataResponsePartition], topic_authorized_operations: int) -> None:
             self.error_code = error_code
@@ -2039,38 +2594,49 @@ else:
             self.topic_authorized_operations = topic_authorized_operations
 
 
-@dataclass(frozen=True, slots=True)
-class MetadataResponse:
+class MetadataResponse(Record):
     """The brokers of the cluster and, for each topic asked about, its partitions, their
     leaders and replicas.
     """
 
-    throttle_time_ms: int = 0
+    __slots__ = ('brokers', 'cluster_authorized_operations', 'cluster_id', 'controller_id', 'throttle_time_ms', 'topics', )
+    __match_args__ = ('throttle_time_ms', 'brokers', 'cluster_id', 'controller_id', 'topics', 'cluster_authorized_operations', )
+
+    throttle_time_ms: int
     """How long the request was throttled for a quota, in milliseconds."""
 
-    brokers: list[MetadataResponseBroker] = field(default_factory=list)
+    brokers: list[MetadataResponseBroker]
     """Every broker."""
 
-    cluster_id: str | None = None
+    cluster_id: str | None
     """The cluster id."""
 
-    controller_id: int = -1
+    controller_id: int
     """The controller's broker id."""
 
-    topics: list[MetadataResponseTopic] = field(default_factory=list)
+    topics: list[MetadataResponseTopic]
     """Each topic asked about."""
 
-    cluster_authorized_operations: int = -2147483648
+    cluster_authorized_operations: int
     """A bit field of the operations allowed on the cluster."""
+
+    def __init__(self, throttle_time_ms: int = 0, brokers: list[MetadataResponseBroker] = NEW_DEFAULT, cluster_id: str | None = None, controller_id: int = -1, topics: list[MetadataResponseTopic] = NEW_DEFAULT, cluster_authorized_operations: int = -2147483648) -> None:
+        init_field(self, 'throttle_time_ms', throttle_time_ms)
+        init_field(self, 'brokers', [] if brokers is NEW_DEFAULT else brokers)
+        init_field(self, 'cluster_id', cluster_id)
+        init_field(self, 'controller_id', controller_id)
+        init_field(self, 'topics', [] if topics is NEW_DEFAULT else topics)
+        init_field(self, 'cluster_authorized_operations', cluster_authorized_operations)
 
 
 if TYPE_CHECKING:
     _MetadataResponseBuilder = MetadataResponse
 else:
-    class _MetadataResponseBuilder:
+    class _MetadataResponseBuilder(Record):
         """Makes a MetadataResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('brokers', 'cluster_authorized_operations', 'cluster_id', 'controller_id', 'throttle_time_ms', 'topics', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, throttle_time_ms: int, brokers: list[MetadataResponseBroker], cluster_id: str | None, controller_id: int, topics: list[MetadataResponseTopic], cluster_authorized_operations: int) -> None:
             self.throttle_time_ms = throttle_time_ms
@@ -2081,33 +2647,43 @@ else:
             self.cluster_authorized_operations = cluster_authorized_operations
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetCommitRequestPartition:
+class OffsetCommitRequestPartition(Record):
     """One element of ``OffsetCommitRequestTopic.partitions``."""
 
-    partition_index: int = 0
+    __slots__ = ('commit_timestamp', 'committed_leader_epoch', 'committed_metadata', 'committed_offset', 'partition_index', )
+    __match_args__ = ('partition_index', 'committed_offset', 'committed_leader_epoch', 'commit_timestamp', 'committed_metadata', )
+
+    partition_index: int
     """The partition index."""
 
-    committed_offset: int = 0
+    committed_offset: int
     """The offset committed: the next one the group reads."""
 
-    committed_leader_epoch: int = -1
+    committed_leader_epoch: int
     """The leader epoch, or -1."""
 
-    commit_timestamp: int = -1
+    commit_timestamp: int
     """The commit's timestamp (version 1 only)."""
 
-    committed_metadata: str | None = ''
+    committed_metadata: str | None
     """The client's metadata of this offset."""
+
+    def __init__(self, partition_index: int = 0, committed_offset: int = 0, committed_leader_epoch: int = -1, commit_timestamp: int = -1, committed_metadata: str | None = '') -> None:
+        init_field(self, 'partition_index', partition_index)
+        init_field(self, 'committed_offset', committed_offset)
+        init_field(self, 'committed_leader_epoch', committed_leader_epoch)
+        init_field(self, 'commit_timestamp', commit_timestamp)
+        init_field(self, 'committed_metadata', committed_metadata)
 
 
 if TYPE_CHECKING:
     _OffsetCommitRequestPartitionBuilder = OffsetCommitRequestPartition
 else:
-    class _OffsetCommitRequestPartitionBuilder:
+    class _OffsetCommitRequestPartitionBuilder(Record):
         """Makes a OffsetCommitRequestPartition without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('commit_timestamp', 'committed_leader_epoch', 'committed_metadata', 'committed_offset', 'partition_index', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, partition_index: int, committed_offset: int, committed_leader_epoch: int, commit_timestamp: int, committed_metadata: str | None) -> None:
             self.partition_index = partition_index
@@ -2117,32 +2693,38 @@ else:
             self.committed_metadata = committed_metadata
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetCommitRequestTopic:
+class OffsetCommitRequestTopic(Record):
     """One element of ``OffsetCommitRequest.topics``."""
 
-    name: str = ''
+    __slots__ = ('name', 'partitions', )
+    __match_args__ = ('name', 'partitions', )
+
+    name: str
     """The topic name."""
 
-    partitions: list[OffsetCommitRequestPartition] = field(default_factory=list)
+    partitions: list[OffsetCommitRequestPartition]
     """The partitions to commit offsets for."""
+
+    def __init__(self, name: str = '', partitions: list[OffsetCommitRequestPartition] = NEW_DEFAULT) -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'partitions', [] if partitions is NEW_DEFAULT else partitions)
 
 
 if TYPE_CHECKING:
     _OffsetCommitRequestTopicBuilder = OffsetCommitRequestTopic
 else:
-    class _OffsetCommitRequestTopicBuilder:
+    class _OffsetCommitRequestTopicBuilder(Record):
         """Makes a OffsetCommitRequestTopic without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('name', 'partitions', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, partitions: list[OffsetCommitRequestPartition]) -> None:
             self.name = name
             self.partitions = partitions
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetCommitRequest:
+class OffsetCommitRequest(Record):
     """Commits a consumer group's offsets. Version 1 adds the generation and member id (and a
     per-partition commit timestamp, gone in version 2); versions 2-4 carry a retention time;
     version 6 the leader epoch; version 7 the group instance id; version 8 is flexible;
@@ -2150,32 +2732,44 @@ class OffsetCommitRequest:
     not declared.
     """
 
-    group_id: str = ''
+    __slots__ = ('generation_id_or_member_epoch', 'group_id', 'group_instance_id', 'member_id', 'retention_time_ms', 'topics', )
+    __match_args__ = ('group_id', 'generation_id_or_member_epoch', 'member_id', 'group_instance_id', 'retention_time_ms', 'topics', )
+
+    group_id: str
     """The group id."""
 
-    generation_id_or_member_epoch: int = -1
+    generation_id_or_member_epoch: int
     """The group's generation (classic protocol), or -1."""
 
-    member_id: str = ''
+    member_id: str
     """The member id the coordinator assigned, or empty."""
 
-    group_instance_id: str | None = None
+    group_instance_id: str | None
     """The static member's instance id, or null."""
 
-    retention_time_ms: int = -1
+    retention_time_ms: int
     """How long to keep the offsets (-1: the broker's setting)."""
 
-    topics: list[OffsetCommitRequestTopic] = field(default_factory=list)
+    topics: list[OffsetCommitRequestTopic]
     """The topics to commit offsets for."""
+
+    def __init__(self, group_id: str = '', generation_id_or_member_epoch: int = -1, member_id: str = '', group_instance_id: str | None = None, retention_time_ms: int = -1, topics: list[OffsetCommitRequestTopic] = NEW_DEFAULT) -> None:
+        init_field(self, 'group_id', group_id)
+        init_field(self, 'generation_id_or_member_epoch', generation_id_or_member_epoch)
+        init_field(self, 'member_id', member_id)
+        init_field(self, 'group_instance_id', group_instance_id)
+        init_field(self, 'retention_time_ms', retention_time_ms)
+        init_field(self, 'topics', [] if topics is NEW_DEFAULT else topics)
 
 
 if TYPE_CHECKING:
     _OffsetCommitRequestBuilder = OffsetCommitRequest
 else:
-    class _OffsetCommitRequestBuilder:
+    class _OffsetCommitRequestBuilder(Record):
         """Makes a OffsetCommitRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('generation_id_or_member_epoch', 'group_id', 'group_instance_id', 'member_id', 'retention_time_ms', 'topics', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, group_id: str, generation_id_or_member_epoch: int, member_id: str, group_instance_id: str | None, retention_time_ms: int, topics: list[OffsetCommitRequestTopic]) -> None:
             self.group_id = group_id
@@ -2186,215 +2780,278 @@ else:
             self.topics = topics
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetCommitResponsePartition:
+class OffsetCommitResponsePartition(Record):
     """One element of ``OffsetCommitResponseTopic.partitions``."""
 
-    partition_index: int = 0
+    __slots__ = ('error_code', 'partition_index', )
+    __match_args__ = ('partition_index', 'error_code', )
+
+    partition_index: int
     """The partition index."""
 
-    error_code: int = 0
+    error_code: int
     """The error code, or 0."""
+
+    def __init__(self, partition_index: int = 0, error_code: int = 0) -> None:
+        init_field(self, 'partition_index', partition_index)
+        init_field(self, 'error_code', error_code)
 
 
 if TYPE_CHECKING:
     _OffsetCommitResponsePartitionBuilder = OffsetCommitResponsePartition
 else:
-    class _OffsetCommitResponsePartitionBuilder:
+    class _OffsetCommitResponsePartitionBuilder(Record):
         """Makes a OffsetCommitResponsePartition without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('error_code', 'partition_index', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, partition_index: int, error_code: int) -> None:
             self.partition_index = partition_index
             self.error_code = error_code
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetCommitResponseTopic:
+class OffsetCommitResponseTopic(Record):
     """One element of ``OffsetCommitResponse.topics``."""
 
-    name: str = ''
+    __slots__ = ('name', 'partitions', )
+    __match_args__ = ('name', 'partitions', )
+
+    name: str
     """The topic name."""
 
-    partitions: list[OffsetCommitResponsePartition] = field(default_factory=list)
+    partitions: list[OffsetCommitResponsePartition]
     """The result of each partition."""
+
+    def __init__(self, name: str = '', partitions: list[OffsetCommitResponsePartition] = NEW_DEFAULT) -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'partitions', [] if partitions is NEW_DEFAULT else partitions)
 
 
 if TYPE_CHECKING:
     _OffsetCommitResponseTopicBuilder = OffsetCommitResponseTopic
 else:
-    class _OffsetCommitResponseTopicBuilder:
+    class _OffsetCommitResponseTopicBuilder(Record):
         """Makes a OffsetCommitResponseTopic without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('name', 'partitions', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, partitions: list[OffsetCommitResponsePartition]) -> None:
             self.name = name
             self.partitions = partitions
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetCommitResponse:
+class OffsetCommitResponse(Record):
     """The result of each partition of an OffsetCommit."""
 
-    throttle_time_ms: int = 0
+    __slots__ = ('throttle_time_ms', 'topics', )
+    __match_args__ = ('throttle_time_ms', 'topics', )
+
+    throttle_time_ms: int
     """How long the request was throttled for a quota, in milliseconds."""
 
-    topics: list[OffsetCommitResponseTopic] = field(default_factory=list)
+    topics: list[OffsetCommitResponseTopic]
     """The result of each topic."""
+
+    def __init__(self, throttle_time_ms: int = 0, topics: list[OffsetCommitResponseTopic] = NEW_DEFAULT) -> None:
+        init_field(self, 'throttle_time_ms', throttle_time_ms)
+        init_field(self, 'topics', [] if topics is NEW_DEFAULT else topics)
 
 
 if TYPE_CHECKING:
     _OffsetCommitResponseBuilder = OffsetCommitResponse
 else:
-    class _OffsetCommitResponseBuilder:
+    class _OffsetCommitResponseBuilder(Record):
         """Makes a OffsetCommitResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('throttle_time_ms', 'topics', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, throttle_time_ms: int, topics: list[OffsetCommitResponseTopic]) -> None:
             self.throttle_time_ms = throttle_time_ms
             self.topics = topics
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetDeleteRequestPartition:
+class OffsetDeleteRequestPartition(Record):
     """One element of ``OffsetDeleteRequestTopic.partitions``."""
 
-    partition_index: int = 0
+    __slots__ = ('partition_index', )
+    __match_args__ = ('partition_index', )
+
+    partition_index: int
     """The partition index."""
+
+    def __init__(self, partition_index: int = 0) -> None:
+        init_field(self, 'partition_index', partition_index)
 
 
 if TYPE_CHECKING:
     _OffsetDeleteRequestPartitionBuilder = OffsetDeleteRequestPartition
 else:
-    class _OffsetDeleteRequestPartitionBuilder:
+    class _OffsetDeleteRequestPartitionBuilder(Record):
         """Makes a OffsetDeleteRequestPartition without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('partition_index', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, partition_index: int) -> None:
             self.partition_index = partition_index
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetDeleteRequestTopic:
+class OffsetDeleteRequestTopic(Record):
     """One element of ``OffsetDeleteRequest.topics``."""
 
-    name: str = ''
+    __slots__ = ('name', 'partitions', )
+    __match_args__ = ('name', 'partitions', )
+
+    name: str
     """The topic name."""
 
-    partitions: list[OffsetDeleteRequestPartition] = field(default_factory=list)
+    partitions: list[OffsetDeleteRequestPartition]
     """The partitions to delete offsets of."""
+
+    def __init__(self, name: str = '', partitions: list[OffsetDeleteRequestPartition] = NEW_DEFAULT) -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'partitions', [] if partitions is NEW_DEFAULT else partitions)
 
 
 if TYPE_CHECKING:
     _OffsetDeleteRequestTopicBuilder = OffsetDeleteRequestTopic
 else:
-    class _OffsetDeleteRequestTopicBuilder:
+    class _OffsetDeleteRequestTopicBuilder(Record):
         """Makes a OffsetDeleteRequestTopic without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('name', 'partitions', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, partitions: list[OffsetDeleteRequestPartition]) -> None:
             self.name = name
             self.partitions = partitions
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetDeleteRequest:
+class OffsetDeleteRequest(Record):
     """Deletes committed offsets of a group that has no member subscribed to their topics."""
 
-    group_id: str = ''
+    __slots__ = ('group_id', 'topics', )
+    __match_args__ = ('group_id', 'topics', )
+
+    group_id: str
     """The group id."""
 
-    topics: list[OffsetDeleteRequestTopic] = field(default_factory=list)
+    topics: list[OffsetDeleteRequestTopic]
     """The topics to delete offsets of."""
+
+    def __init__(self, group_id: str = '', topics: list[OffsetDeleteRequestTopic] = NEW_DEFAULT) -> None:
+        init_field(self, 'group_id', group_id)
+        init_field(self, 'topics', [] if topics is NEW_DEFAULT else topics)
 
 
 if TYPE_CHECKING:
     _OffsetDeleteRequestBuilder = OffsetDeleteRequest
 else:
-    class _OffsetDeleteRequestBuilder:
+    class _OffsetDeleteRequestBuilder(Record):
         """Makes a OffsetDeleteRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('group_id', 'topics', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, group_id: str, topics: list[OffsetDeleteRequestTopic]) -> None:
             self.group_id = group_id
             self.topics = topics
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetDeleteResponsePartition:
+class OffsetDeleteResponsePartition(Record):
     """One element of ``OffsetDeleteResponseTopic.partitions``."""
 
-    partition_index: int = 0
+    __slots__ = ('error_code', 'partition_index', )
+    __match_args__ = ('partition_index', 'error_code', )
+
+    partition_index: int
     """The partition index."""
 
-    error_code: int = 0
+    error_code: int
     """The error code, or 0."""
+
+    def __init__(self, partition_index: int = 0, error_code: int = 0) -> None:
+        init_field(self, 'partition_index', partition_index)
+        init_field(self, 'error_code', error_code)
 
 
 if TYPE_CHECKING:
     _OffsetDeleteResponsePartitionBuilder = OffsetDeleteResponsePartition
 else:
-    class _OffsetDeleteResponsePartitionBuilder:
+    class _OffsetDeleteResponsePartitionBuilder(Record):
         """Makes a OffsetDeleteResponsePartition without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('error_code', 'partition_index', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, partition_index: int, error_code: int) -> None:
             self.partition_index = partition_index
             self.error_code = error_code
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetDeleteResponseTopic:
+class OffsetDeleteResponseTopic(Record):
     """One element of ``OffsetDeleteResponse.topics``."""
 
-    name: str = ''
+    __slots__ = ('name', 'partitions', )
+    __match_args__ = ('name', 'partitions', )
+
+    name: str
     """The topic name."""
 
-    partitions: list[OffsetDeleteResponsePartition] = field(default_factory=list)
+    partitions: list[OffsetDeleteResponsePartition]
     """The result of each partition."""
+
+    def __init__(self, name: str = '', partitions: list[OffsetDeleteResponsePartition] = NEW_DEFAULT) -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'partitions', [] if partitions is NEW_DEFAULT else partitions)
 
 
 if TYPE_CHECKING:
     _OffsetDeleteResponseTopicBuilder = OffsetDeleteResponseTopic
 else:
-    class _OffsetDeleteResponseTopicBuilder:
+    class _OffsetDeleteResponseTopicBuilder(Record):
         """Makes a OffsetDeleteResponseTopic without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('name', 'partitions', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, partitions: list[OffsetDeleteResponsePartition]) -> None:
             self.name = name
             self.partitions = partitions
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetDeleteResponse:
+class OffsetDeleteResponse(Record):
     """The result of an OffsetDelete: a group-level error code, and one per partition."""
 
-    error_code: int = 0
+    __slots__ = ('error_code', 'throttle_time_ms', 'topics', )
+    __match_args__ = ('error_code', 'throttle_time_ms', 'topics', )
+
+    error_code: int
     """The top-level error code, or 0."""
 
-    throttle_time_ms: int = 0
+    throttle_time_ms: int
     """How long the request was throttled for a quota, in milliseconds."""
 
-    topics: list[OffsetDeleteResponseTopic] = field(default_factory=list)
+    topics: list[OffsetDeleteResponseTopic]
     """The result of each topic."""
+
+    def __init__(self, error_code: int = 0, throttle_time_ms: int = 0, topics: list[OffsetDeleteResponseTopic] = NEW_DEFAULT) -> None:
+        init_field(self, 'error_code', error_code)
+        init_field(self, 'throttle_time_ms', throttle_time_ms)
+        init_field(self, 'topics', [] if topics is NEW_DEFAULT else topics)
 
 
 if TYPE_CHECKING:
     _OffsetDeleteResponseBuilder = OffsetDeleteResponse
 else:
-    class _OffsetDeleteResponseBuilder:
+    class _OffsetDeleteResponseBuilder(Record):
         """Makes a OffsetDeleteResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('error_code', 'throttle_time_ms', 'topics', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, error_code: int, throttle_time_ms: int, topics: list[OffsetDeleteResponseTopic]) -> None:
             self.error_code = error_code
@@ -2402,78 +3059,101 @@ else:
             self.topics = topics
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetFetchRequestTopic:
+class OffsetFetchRequestTopic(Record):
     """One element of ``OffsetFetchRequest.topics``."""
 
-    name: str = ''
+    __slots__ = ('name', 'partition_indexes', )
+    __match_args__ = ('name', 'partition_indexes', )
+
+    name: str
     """The topic name."""
 
-    partition_indexes: list[int] = field(default_factory=list)
+    partition_indexes: list[int]
     """The partitions asked about."""
+
+    def __init__(self, name: str = '', partition_indexes: list[int] = NEW_DEFAULT) -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'partition_indexes', [] if partition_indexes is NEW_DEFAULT else partition_indexes)
 
 
 if TYPE_CHECKING:
     _OffsetFetchRequestTopicBuilder = OffsetFetchRequestTopic
 else:
-    class _OffsetFetchRequestTopicBuilder:
+    class _OffsetFetchRequestTopicBuilder(Record):
         """Makes a OffsetFetchRequestTopic without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('name', 'partition_indexes', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, partition_indexes: list[int]) -> None:
             self.name = name
             self.partition_indexes = partition_indexes
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetFetchRequestTopics:
+class OffsetFetchRequestTopics(Record):
     """One element of ``OffsetFetchRequestGroup.topics``."""
 
-    name: str = ''
+    __slots__ = ('name', 'partition_indexes', )
+    __match_args__ = ('name', 'partition_indexes', )
+
+    name: str
     """The topic name."""
 
-    partition_indexes: list[int] = field(default_factory=list)
+    partition_indexes: list[int]
     """The partitions asked about."""
+
+    def __init__(self, name: str = '', partition_indexes: list[int] = NEW_DEFAULT) -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'partition_indexes', [] if partition_indexes is NEW_DEFAULT else partition_indexes)
 
 
 if TYPE_CHECKING:
     _OffsetFetchRequestTopicsBuilder = OffsetFetchRequestTopics
 else:
-    class _OffsetFetchRequestTopicsBuilder:
+    class _OffsetFetchRequestTopicsBuilder(Record):
         """Makes a OffsetFetchRequestTopics without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('name', 'partition_indexes', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, partition_indexes: list[int]) -> None:
             self.name = name
             self.partition_indexes = partition_indexes
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetFetchRequestGroup:
+class OffsetFetchRequestGroup(Record):
     """One element of ``OffsetFetchRequest.groups``."""
 
-    group_id: str = ''
+    __slots__ = ('group_id', 'member_epoch', 'member_id', 'topics', )
+    __match_args__ = ('group_id', 'member_id', 'member_epoch', 'topics', )
+
+    group_id: str
     """The group id."""
 
-    member_id: str | None = None
+    member_id: str | None
     """The member id (KIP-848), or null."""
 
-    member_epoch: int = -1
+    member_epoch: int
     """The member epoch (KIP-848), or -1."""
 
-    topics: list[OffsetFetchRequestTopics] | None = field(default_factory=list)
+    topics: list[OffsetFetchRequestTopics] | None
     """The topics asked about, or null for every one."""
+
+    def __init__(self, group_id: str = '', member_id: str | None = None, member_epoch: int = -1, topics: list[OffsetFetchRequestTopics] | None = NEW_DEFAULT) -> None:
+        init_field(self, 'group_id', group_id)
+        init_field(self, 'member_id', member_id)
+        init_field(self, 'member_epoch', member_epoch)
+        init_field(self, 'topics', [] if topics is NEW_DEFAULT else topics)
 
 
 if TYPE_CHECKING:
     _OffsetFetchRequestGroupBuilder = OffsetFetchRequestGroup
 else:
-    class _OffsetFetchRequestGroupBuilder:
+    class _OffsetFetchRequestGroupBuilder(Record):
         """Makes a OffsetFetchRequestGroup without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('group_id', 'member_epoch', 'member_id', 'topics', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, group_id: str, member_id: str | None, member_epoch: int, topics: list[OffsetFetchRequestTopics] | None) -> None:
             self.group_id = group_id
@@ -2482,34 +3162,43 @@ else:
             self.topics = topics
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetFetchRequest:
+class OffsetFetchRequest(Record):
     """Reads a consumer group's committed offsets. Version 2 allows null topics (every
     committed partition); version 6 is flexible; version 7 adds RequireStable; version 8
     asks for several groups at once; version 9 adds the (KIP-848) member id and epoch.
     Version 10 (topic ids) is not declared.
     """
 
-    group_id: str = ''
+    __slots__ = ('group_id', 'groups', 'require_stable', 'topics', )
+    __match_args__ = ('group_id', 'topics', 'groups', 'require_stable', )
+
+    group_id: str
     """The group to read the offsets of."""
 
-    topics: list[OffsetFetchRequestTopic] | None = field(default_factory=list)
+    topics: list[OffsetFetchRequestTopic] | None
     """The topics asked about, or null for every one."""
 
-    groups: list[OffsetFetchRequestGroup] = field(default_factory=list)
+    groups: list[OffsetFetchRequestGroup]
     """The groups asked about."""
 
-    require_stable: bool = False
+    require_stable: bool
     """Whether to refuse offsets of pending transactions (none here)."""
+
+    def __init__(self, group_id: str = '', topics: list[OffsetFetchRequestTopic] | None = NEW_DEFAULT, groups: list[OffsetFetchRequestGroup] = NEW_DEFAULT, require_stable: bool = False) -> None:
+        init_field(self, 'group_id', group_id)
+        init_field(self, 'topics', [] if topics is NEW_DEFAULT else topics)
+        init_field(self, 'groups', [] if groups is NEW_DEFAULT else groups)
+        init_field(self, 'require_stable', require_stable)
 
 
 if TYPE_CHECKING:
     _OffsetFetchRequestBuilder = OffsetFetchRequest
 else:
-    class _OffsetFetchRequestBuilder:
+    class _OffsetFetchRequestBuilder(Record):
         """Makes a OffsetFetchRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('group_id', 'groups', 'require_stable', 'topics', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, group_id: str, topics: list[OffsetFetchRequestTopic] | None, groups: list[OffsetFetchRequestGroup], require_stable: bool) -> None:
             self.group_id = group_id
@@ -2518,33 +3207,43 @@ else:
             self.require_stable = require_stable
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetFetchResponsePartition:
+class OffsetFetchResponsePartition(Record):
     """One element of ``OffsetFetchResponseTopic.partitions``."""
 
-    partition_index: int = 0
+    __slots__ = ('committed_leader_epoch', 'committed_offset', 'error_code', 'metadata', 'partition_index', )
+    __match_args__ = ('partition_index', 'committed_offset', 'committed_leader_epoch', 'metadata', 'error_code', )
+
+    partition_index: int
     """The partition index."""
 
-    committed_offset: int = 0
+    committed_offset: int
     """The committed offset, or -1."""
 
-    committed_leader_epoch: int = -1
+    committed_leader_epoch: int
     """The leader epoch, or -1."""
 
-    metadata: str | None = ''
+    metadata: str | None
     """The metadata committed with the offset."""
 
-    error_code: int = 0
+    error_code: int
     """The error code, or 0."""
+
+    def __init__(self, partition_index: int = 0, committed_offset: int = 0, committed_leader_epoch: int = -1, metadata: str | None = '', error_code: int = 0) -> None:
+        init_field(self, 'partition_index', partition_index)
+        init_field(self, 'committed_offset', committed_offset)
+        init_field(self, 'committed_leader_epoch', committed_leader_epoch)
+        init_field(self, 'metadata', metadata)
+        init_field(self, 'error_code', error_code)
 
 
 if TYPE_CHECKING:
     _OffsetFetchResponsePartitionBuilder = OffsetFetchResponsePartition
 else:
-    class _OffsetFetchResponsePartitionBuilder:
+    class _OffsetFetchResponsePartitionBuilder(Record):
         """Makes a OffsetFetchResponsePartition without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('committed_leader_epoch', 'committed_offset', 'error_code', 'metadata', 'partition_index', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, partition_index: int, committed_offset: int, committed_leader_epoch: int, metadata: str | None, error_code: int) -> None:
             self.partition_index = partition_index
@@ -2554,57 +3253,74 @@ else:
             self.error_code = error_code
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetFetchResponseTopic:
+class OffsetFetchResponseTopic(Record):
     """One element of ``OffsetFetchResponse.topics``."""
 
-    name: str = ''
+    __slots__ = ('name', 'partitions', )
+    __match_args__ = ('name', 'partitions', )
+
+    name: str
     """The topic name."""
 
-    partitions: list[OffsetFetchResponsePartition] = field(default_factory=list)
+    partitions: list[OffsetFetchResponsePartition]
     """The offsets of each partition."""
+
+    def __init__(self, name: str = '', partitions: list[OffsetFetchResponsePartition] = NEW_DEFAULT) -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'partitions', [] if partitions is NEW_DEFAULT else partitions)
 
 
 if TYPE_CHECKING:
     _OffsetFetchResponseTopicBuilder = OffsetFetchResponseTopic
 else:
-    class _OffsetFetchResponseTopicBuilder:
+    class _OffsetFetchResponseTopicBuilder(Record):
         """Makes a OffsetFetchResponseTopic without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('name', 'partitions', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, partitions: list[OffsetFetchResponsePartition]) -> None:
             self.name = name
             self.partitions = partitions
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetFetchResponsePartitions:
+class OffsetFetchResponsePartitions(Record):
     """One element of ``OffsetFetchResponseTopics.partitions``."""
 
-    partition_index: int = 0
+    __slots__ = ('committed_leader_epoch', 'committed_offset', 'error_code', 'metadata', 'partition_index', )
+    __match_args__ = ('partition_index', 'committed_offset', 'committed_leader_epoch', 'metadata', 'error_code', )
+
+    partition_index: int
     """The partition index."""
 
-    committed_offset: int = 0
+    committed_offset: int
     """The committed offset, or -1."""
 
-    committed_leader_epoch: int = -1
+    committed_leader_epoch: int
     """The leader epoch, or -1."""
 
-    metadata: str | None = ''
+    metadata: str | None
     """The metadata committed with the offset."""
 
-    error_code: int = 0
+    error_code: int
     """The error code, or 0."""
+
+    def __init__(self, partition_index: int = 0, committed_offset: int = 0, committed_leader_epoch: int = -1, metadata: str | None = '', error_code: int = 0) -> None:
+        init_field(self, 'partition_index', partition_index)
+        init_field(self, 'committed_offset', committed_offset)
+        init_field(self, 'committed_leader_epoch', committed_leader_epoch)
+        init_field(self, 'metadata', metadata)
+        init_field(self, 'error_code', error_code)
 
 
 if TYPE_CHECKING:
     _OffsetFetchResponsePartitionsBuilder = OffsetFetchResponsePartitions
 else:
-    class _OffsetFetchResponsePartitionsBuilder:
+    class _OffsetFetchResponsePartitionsBuilder(Record):
         """Makes a OffsetFetchResponsePartitions without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('committed_leader_epoch', 'committed_offset', 'error_code', 'metadata', 'partition_index', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, partition_index: int, committed_offset: int, committed_leader_epoch: int, metadata: str | None, error_code: int) -> None:
             self.partition_index = partition_index
@@ -2614,51 +3330,66 @@ else:
             self.error_code = error_code
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetFetchResponseTopics:
+class OffsetFetchResponseTopics(Record):
     """One element of ``OffsetFetchResponseGroup.topics``."""
 
-    name: str = ''
+    __slots__ = ('name', 'partitions', )
+    __match_args__ = ('name', 'partitions', )
+
+    name: str
     """The topic name."""
 
-    partitions: list[OffsetFetchResponsePartitions] = field(default_factory=list)
+    partitions: list[OffsetFetchResponsePartitions]
     """The offsets of each partition."""
+
+    def __init__(self, name: str = '', partitions: list[OffsetFetchResponsePartitions] = NEW_DEFAULT) -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'partitions', [] if partitions is NEW_DEFAULT else partitions)
 
 
 if TYPE_CHECKING:
     _OffsetFetchResponseTopicsBuilder = OffsetFetchResponseTopics
 else:
-    class _OffsetFetchResponseTopicsBuilder:
+    class _OffsetFetchResponseTopicsBuilder(Record):
         """Makes a OffsetFetchResponseTopics without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('name', 'partitions', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, partitions: list[OffsetFetchResponsePartitions]) -> None:
             self.name = name
             self.partitions = partitions
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetFetchResponseGroup:
+class OffsetFetchResponseGroup(Record):
     """One element of ``OffsetFetchResponse.groups``."""
 
-    group_id: str = ''
+    __slots__ = ('error_code', 'group_id', 'topics', )
+    __match_args__ = ('group_id', 'topics', 'error_code', )
+
+    group_id: str
     """The group id."""
 
-    topics: list[OffsetFetchResponseTopics] = field(default_factory=list)
+    topics: list[OffsetFetchResponseTopics]
     """The offsets of each topic."""
 
-    error_code: int = 0
+    error_code: int
     """The group's error code, or 0."""
+
+    def __init__(self, group_id: str = '', topics: list[OffsetFetchResponseTopics] = NEW_DEFAULT, error_code: int = 0) -> None:
+        init_field(self, 'group_id', group_id)
+        init_field(self, 'topics', [] if topics is NEW_DEFAULT else topics)
+        init_field(self, 'error_code', error_code)
 
 
 if TYPE_CHECKING:
     _OffsetFetchResponseGroupBuilder = OffsetFetchResponseGroup
 else:
-    class _OffsetFetchResponseGroupBuilder:
+    class _OffsetFetchResponseGroupBuilder(Record):
         """Makes a OffsetFetchResponseGroup without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('error_code', 'group_id', 'topics', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, group_id: str, topics: list[OffsetFetchResponseTopics], error_code: int) -> None:
             self.group_id = group_id
@@ -2666,33 +3397,42 @@ else:
             self.error_code = error_code
 
 
-@dataclass(frozen=True, slots=True)
-class OffsetFetchResponse:
+class OffsetFetchResponse(Record):
     """A consumer group's committed offsets (-1 and null metadata: none committed). Version 2
     adds a top-level error code, 3 the throttle time, 5 the leader epoch; version 8 answers
     per group.
     """
 
-    throttle_time_ms: int = 0
+    __slots__ = ('error_code', 'groups', 'throttle_time_ms', 'topics', )
+    __match_args__ = ('throttle_time_ms', 'topics', 'error_code', 'groups', )
+
+    throttle_time_ms: int
     """How long the request was throttled for a quota, in milliseconds."""
 
-    topics: list[OffsetFetchResponseTopic] = field(default_factory=list)
+    topics: list[OffsetFetchResponseTopic]
     """The offsets of each topic."""
 
-    error_code: int = 0
+    error_code: int
     """The top-level error code, or 0."""
 
-    groups: list[OffsetFetchResponseGroup] = field(default_factory=list)
+    groups: list[OffsetFetchResponseGroup]
     """The offsets of each group."""
+
+    def __init__(self, throttle_time_ms: int = 0, topics: list[OffsetFetchResponseTopic] = NEW_DEFAULT, error_code: int = 0, groups: list[OffsetFetchResponseGroup] = NEW_DEFAULT) -> None:
+        init_field(self, 'throttle_time_ms', throttle_time_ms)
+        init_field(self, 'topics', [] if topics is NEW_DEFAULT else topics)
+        init_field(self, 'error_code', error_code)
+        init_field(self, 'groups', [] if groups is NEW_DEFAULT else groups)
 
 
 if TYPE_CHECKING:
     _OffsetFetchResponseBuilder = OffsetFetchResponse
 else:
-    class _OffsetFetchResponseBuilder:
+    class _OffsetFetchResponseBuilder(Record):
         """Makes a OffsetFetchResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('error_code', 'groups', 'throttle_time_ms', 'topics', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, throttle_time_ms: int, topics: list[OffsetFetchResponseTopic], error_code: int, groups: list[OffsetFetchResponseGroup]) -> None:
             self.throttle_time_ms = throttle_time_ms
@@ -2701,80 +3441,103 @@ else:
             self.groups = groups
 
 
-@dataclass(frozen=True, slots=True)
-class PartitionProduceData:
+class PartitionProduceData(Record):
     """One element of ``TopicProduceData.partition_data``."""
 
-    index: int = 0
+    __slots__ = ('index', 'records', )
+    __match_args__ = ('index', 'records', )
+
+    index: int
     """The partition index."""
 
-    records: bytes | bytearray | memoryview | None = None
+    records: bytes | bytearray | memoryview | None
     """The record batches to append."""
+
+    def __init__(self, index: int = 0, records: bytes | bytearray | memoryview | None = None) -> None:
+        init_field(self, 'index', index)
+        init_field(self, 'records', records)
 
 
 if TYPE_CHECKING:
     _PartitionProduceDataBuilder = PartitionProduceData
 else:
-    class _PartitionProduceDataBuilder:
+    class _PartitionProduceDataBuilder(Record):
         """Makes a PartitionProduceData without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('index', 'records', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, index: int, records: bytes | bytearray | memoryview | None) -> None:
             self.index = index
             self.records = records
 
 
-@dataclass(frozen=True, slots=True)
-class TopicProduceData:
+class TopicProduceData(Record):
     """One element of ``ProduceRequest.topic_data``."""
 
-    name: str = ''
+    __slots__ = ('name', 'partition_data', )
+    __match_args__ = ('name', 'partition_data', )
+
+    name: str
     """The topic name."""
 
-    partition_data: list[PartitionProduceData] = field(default_factory=list)
+    partition_data: list[PartitionProduceData]
     """Each partition to produce to."""
+
+    def __init__(self, name: str = '', partition_data: list[PartitionProduceData] = NEW_DEFAULT) -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'partition_data', [] if partition_data is NEW_DEFAULT else partition_data)
 
 
 if TYPE_CHECKING:
     _TopicProduceDataBuilder = TopicProduceData
 else:
-    class _TopicProduceDataBuilder:
+    class _TopicProduceDataBuilder(Record):
         """Makes a TopicProduceData without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('name', 'partition_data', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, partition_data: list[PartitionProduceData]) -> None:
             self.name = name
             self.partition_data = partition_data
 
 
-@dataclass(frozen=True, slots=True)
-class ProduceRequest:
+class ProduceRequest(Record):
     """Appends record batches to partitions. Version 3 is the first to carry record batches of
     magic 2 (KIP-98); version 9 is flexible.
     """
 
-    transactional_id: str | None = None
+    __slots__ = ('acks', 'timeout_ms', 'topic_data', 'transactional_id', )
+    __match_args__ = ('transactional_id', 'acks', 'timeout_ms', 'topic_data', )
+
+    transactional_id: str | None
     """The transactional id, or null when not transactional."""
 
-    acks: int = 0
+    acks: int
     """How many replicas must acknowledge: 0, 1 or -1 (all in-sync replicas)."""
 
-    timeout_ms: int = 0
+    timeout_ms: int
     """How long to wait for the acknowledgements, in milliseconds."""
 
-    topic_data: list[TopicProduceData] = field(default_factory=list)
+    topic_data: list[TopicProduceData]
     """Each topic to produce to."""
+
+    def __init__(self, transactional_id: str | None = None, acks: int = 0, timeout_ms: int = 0, topic_data: list[TopicProduceData] = NEW_DEFAULT) -> None:
+        init_field(self, 'transactional_id', transactional_id)
+        init_field(self, 'acks', acks)
+        init_field(self, 'timeout_ms', timeout_ms)
+        init_field(self, 'topic_data', [] if topic_data is NEW_DEFAULT else topic_data)
 
 
 if TYPE_CHECKING:
     _ProduceRequestBuilder = ProduceRequest
 else:
-    class _ProduceRequestBuilder:
+    class _ProduceRequestBuilder(Record):
         """Makes a ProduceRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('acks', 'timeout_ms', 'topic_data', 'transactional_id', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, transactional_id: str | None, acks: int, timeout_ms: int, topic_data: list[TopicProduceData]) -> None:
             self.transactional_id = transactional_id
@@ -2783,63 +3546,82 @@ else:
             self.topic_data = topic_data
 
 
-@dataclass(frozen=True, slots=True)
-class BatchIndexAndErrorMessage:
+class BatchIndexAndErrorMessage(Record):
     """One element of ``PartitionProduceResponse.record_errors``."""
 
-    batch_index: int = 0
+    __slots__ = ('batch_index', 'batch_index_error_message', )
+    __match_args__ = ('batch_index', 'batch_index_error_message', )
+
+    batch_index: int
     """The index of the record in its batch."""
 
-    batch_index_error_message: str | None = None
+    batch_index_error_message: str | None
     """Why that record failed, or null."""
+
+    def __init__(self, batch_index: int = 0, batch_index_error_message: str | None = None) -> None:
+        init_field(self, 'batch_index', batch_index)
+        init_field(self, 'batch_index_error_message', batch_index_error_message)
 
 
 if TYPE_CHECKING:
     _BatchIndexAndErrorMessageBuilder = BatchIndexAndErrorMessage
 else:
-    class _BatchIndexAndErrorMessageBuilder:
+    class _BatchIndexAndErrorMessageBuilder(Record):
         """Makes a BatchIndexAndErrorMessage without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('batch_index', 'batch_index_error_message', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, batch_index: int, batch_index_error_message: str | None) -> None:
             self.batch_index = batch_index
             self.batch_index_error_message = batch_index_error_message
 
 
-@dataclass(frozen=True, slots=True)
-class PartitionProduceResponse:
+class PartitionProduceResponse(Record):
     """One element of ``TopicProduceResponse.partition_responses``."""
 
-    index: int = 0
+    __slots__ = ('base_offset', 'error_code', 'error_message', 'index', 'log_append_time_ms', 'log_start_offset', 'record_errors', )
+    __match_args__ = ('index', 'error_code', 'base_offset', 'log_append_time_ms', 'log_start_offset', 'record_errors', 'error_message', )
+
+    index: int
     """The partition index."""
 
-    error_code: int = 0
+    error_code: int
     """The error code, or 0."""
 
-    base_offset: int = 0
+    base_offset: int
     """The offset of the first record appended."""
 
-    log_append_time_ms: int = -1
+    log_append_time_ms: int
     """The append time when the topic uses log-append time, else -1."""
 
-    log_start_offset: int = -1
+    log_start_offset: int
     """The partition's first offset."""
 
-    record_errors: list[BatchIndexAndErrorMessage] = field(default_factory=list)
+    record_errors: list[BatchIndexAndErrorMessage]
     """The records that made the batch fail."""
 
-    error_message: str | None = None
+    error_message: str | None
     """A message describing the error, or null."""
+
+    def __init__(self, index: int = 0, error_code: int = 0, base_offset: int = 0, log_append_time_ms: int = -1, log_start_offset: int = -1, record_errors: list[BatchIndexAndErrorMessage] = NEW_DEFAULT, error_message: str | None = None) -> None:
+        init_field(self, 'index', index)
+        init_field(self, 'error_code', error_code)
+        init_field(self, 'base_offset', base_offset)
+        init_field(self, 'log_append_time_ms', log_append_time_ms)
+        init_field(self, 'log_start_offset', log_start_offset)
+        init_field(self, 'record_errors', [] if record_errors is NEW_DEFAULT else record_errors)
+        init_field(self, 'error_message', error_message)
 
 
 if TYPE_CHECKING:
     _PartitionProduceResponseBuilder = PartitionProduceResponse
 else:
-    class _PartitionProduceResponseBuilder:
+    class _PartitionProduceResponseBuilder(Record):
         """Makes a PartitionProduceResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('base_offset', 'error_code', 'error_message', 'index', 'log_append_time_ms', 'log_start_offset', 'record_errors', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, index: int, error_code: int, base_offset: int, log_append_time_ms: int, log_start_offset: int, record_errors: list[BatchIndexAndErrorMessage], error_message: str | None) -> None:
             self.index = index
@@ -2851,81 +3633,104 @@ else:
             self.error_message = error_message
 
 
-@dataclass(frozen=True, slots=True)
-class TopicProduceResponse:
+class TopicProduceResponse(Record):
     """One element of ``ProduceResponse.responses``."""
 
-    name: str = ''
+    __slots__ = ('name', 'partition_responses', )
+    __match_args__ = ('name', 'partition_responses', )
+
+    name: str
     """The topic name."""
 
-    partition_responses: list[PartitionProduceResponse] = field(default_factory=list)
+    partition_responses: list[PartitionProduceResponse]
     """Each partition produced to."""
+
+    def __init__(self, name: str = '', partition_responses: list[PartitionProduceResponse] = NEW_DEFAULT) -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'partition_responses', [] if partition_responses is NEW_DEFAULT else partition_responses)
 
 
 if TYPE_CHECKING:
     _TopicProduceResponseBuilder = TopicProduceResponse
 else:
-    class _TopicProduceResponseBuilder:
+    class _TopicProduceResponseBuilder(Record):
         """Makes a TopicProduceResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('name', 'partition_responses', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, partition_responses: list[PartitionProduceResponse]) -> None:
             self.name = name
             self.partition_responses = partition_responses
 
 
-@dataclass(frozen=True, slots=True)
-class ProduceResponse:
+class ProduceResponse(Record):
     """The outcome of a produce, per partition: the offset given to the first record appended."""
 
-    responses: list[TopicProduceResponse] = field(default_factory=list)
+    __slots__ = ('responses', 'throttle_time_ms', )
+    __match_args__ = ('responses', 'throttle_time_ms', )
+
+    responses: list[TopicProduceResponse]
     """Each topic produced to."""
 
-    throttle_time_ms: int = 0
+    throttle_time_ms: int
     """How long the request was throttled for a quota, in milliseconds."""
+
+    def __init__(self, responses: list[TopicProduceResponse] = NEW_DEFAULT, throttle_time_ms: int = 0) -> None:
+        init_field(self, 'responses', [] if responses is NEW_DEFAULT else responses)
+        init_field(self, 'throttle_time_ms', throttle_time_ms)
 
 
 if TYPE_CHECKING:
     _ProduceResponseBuilder = ProduceResponse
 else:
-    class _ProduceResponseBuilder:
+    class _ProduceResponseBuilder(Record):
         """Makes a ProduceResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('responses', 'throttle_time_ms', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, responses: list[TopicProduceResponse], throttle_time_ms: int) -> None:
             self.responses = responses
             self.throttle_time_ms = throttle_time_ms
 
 
-@dataclass(frozen=True, slots=True)
-class RequestHeader:
+class RequestHeader(Record):
     """The header before every request's body. Version 1 until the request's own version is
     flexible, then version 2, which ends in a tagged-field section. The client id stays a
     plain nullable int16-length string in both.
     """
 
-    request_api_key: int = 0
+    __slots__ = ('client_id', 'correlation_id', 'request_api_key', 'request_api_version', )
+    __match_args__ = ('request_api_key', 'request_api_version', 'correlation_id', 'client_id', )
+
+    request_api_key: int
     """The API key of this request."""
 
-    request_api_version: int = 0
+    request_api_version: int
     """The API version of this request."""
 
-    correlation_id: int = 0
+    correlation_id: int
     """Echoed in the response header, so the client can match answers."""
 
-    client_id: str | None = None
+    client_id: str | None
     """The client's name, for logs and quotas."""
+
+    def __init__(self, request_api_key: int = 0, request_api_version: int = 0, correlation_id: int = 0, client_id: str | None = None) -> None:
+        init_field(self, 'request_api_key', request_api_key)
+        init_field(self, 'request_api_version', request_api_version)
+        init_field(self, 'correlation_id', correlation_id)
+        init_field(self, 'client_id', client_id)
 
 
 if TYPE_CHECKING:
     _RequestHeaderBuilder = RequestHeader
 else:
-    class _RequestHeaderBuilder:
+    class _RequestHeaderBuilder(Record):
         """Makes a RequestHeader without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('client_id', 'correlation_id', 'request_api_key', 'request_api_version', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, request_api_key: int, request_api_version: int, correlation_id: int, client_id: str | None) -> None:
             self.request_api_key = request_api_key
@@ -2934,73 +3739,94 @@ else:
             self.client_id = client_id
 
 
-@dataclass(frozen=True, slots=True)
-class ResponseHeader:
+class ResponseHeader(Record):
     """The header before every response's body: version 1 (with a tagged-field section) when
     the response's version is flexible, else version 0. An ApiVersions response always uses
     version 0, so that a client that does not yet know the broker can read it.
     """
 
-    correlation_id: int = 0
+    __slots__ = ('correlation_id', )
+    __match_args__ = ('correlation_id', )
+
+    correlation_id: int
     """The correlation id of the request this answers."""
+
+    def __init__(self, correlation_id: int = 0) -> None:
+        init_field(self, 'correlation_id', correlation_id)
 
 
 if TYPE_CHECKING:
     _ResponseHeaderBuilder = ResponseHeader
 else:
-    class _ResponseHeaderBuilder:
+    class _ResponseHeaderBuilder(Record):
         """Makes a ResponseHeader without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('correlation_id', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, correlation_id: int) -> None:
             self.correlation_id = correlation_id
 
 
-@dataclass(frozen=True, slots=True)
-class SaslAuthenticateRequest:
+class SaslAuthenticateRequest(Record):
     """One SASL token from the client. Version 2 is flexible."""
 
-    auth_bytes: bytes = b''
+    __slots__ = ('auth_bytes', )
+    __match_args__ = ('auth_bytes', )
+
+    auth_bytes: bytes
     """The SASL token, as the mechanism defines it."""
+
+    def __init__(self, auth_bytes: bytes = b'') -> None:
+        init_field(self, 'auth_bytes', auth_bytes)
 
 
 if TYPE_CHECKING:
     _SaslAuthenticateRequestBuilder = SaslAuthenticateRequest
 else:
-    class _SaslAuthenticateRequestBuilder:
+    class _SaslAuthenticateRequestBuilder(Record):
         """Makes a SaslAuthenticateRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('auth_bytes', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, auth_bytes: bytes) -> None:
             self.auth_bytes = auth_bytes
 
 
-@dataclass(frozen=True, slots=True)
-class SaslAuthenticateResponse:
+class SaslAuthenticateResponse(Record):
     """The server's SASL token, or why authentication failed."""
 
-    error_code: int = 0
+    __slots__ = ('auth_bytes', 'error_code', 'error_message', 'session_lifetime_ms', )
+    __match_args__ = ('error_code', 'error_message', 'auth_bytes', 'session_lifetime_ms', )
+
+    error_code: int
     """The error code, or 0."""
 
-    error_message: str | None = ''
+    error_message: str | None
     """The error message, or null."""
 
-    auth_bytes: bytes = b''
+    auth_bytes: bytes
     """The server's SASL token."""
 
-    session_lifetime_ms: int = 0
+    session_lifetime_ms: int
     """How long the session lasts, in milliseconds (0: forever)."""
+
+    def __init__(self, error_code: int = 0, error_message: str | None = '', auth_bytes: bytes = b'', session_lifetime_ms: int = 0) -> None:
+        init_field(self, 'error_code', error_code)
+        init_field(self, 'error_message', error_message)
+        init_field(self, 'auth_bytes', auth_bytes)
+        init_field(self, 'session_lifetime_ms', session_lifetime_ms)
 
 
 if TYPE_CHECKING:
     _SaslAuthenticateResponseBuilder = SaslAuthenticateResponse
 else:
-    class _SaslAuthenticateResponseBuilder:
+    class _SaslAuthenticateResponseBuilder(Record):
         """Makes a SaslAuthenticateResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('auth_bytes', 'error_code', 'error_message', 'session_lifetime_ms', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, error_code: int, error_message: str | None, auth_bytes: bytes, session_lifetime_ms: int) -> None:
             self.error_code = error_code
@@ -3009,111 +3835,143 @@ else:
             self.session_lifetime_ms = session_lifetime_ms
 
 
-@dataclass(frozen=True, slots=True)
-class SaslHandshakeRequest:
+class SaslHandshakeRequest(Record):
     """Picks the SASL mechanism. In version 0 the SASL tokens follow as raw frames; in version
     1 they travel in SaslAuthenticate requests.
     """
 
-    mechanism: str = ''
+    __slots__ = ('mechanism', )
+    __match_args__ = ('mechanism', )
+
+    mechanism: str
     """The SASL mechanism the client picked."""
+
+    def __init__(self, mechanism: str = '') -> None:
+        init_field(self, 'mechanism', mechanism)
 
 
 if TYPE_CHECKING:
     _SaslHandshakeRequestBuilder = SaslHandshakeRequest
 else:
-    class _SaslHandshakeRequestBuilder:
+    class _SaslHandshakeRequestBuilder(Record):
         """Makes a SaslHandshakeRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('mechanism', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, mechanism: str) -> None:
             self.mechanism = mechanism
 
 
-@dataclass(frozen=True, slots=True)
-class SaslHandshakeResponse:
+class SaslHandshakeResponse(Record):
     """Whether the mechanism is enabled, and the ones that are."""
 
-    error_code: int = 0
+    __slots__ = ('error_code', 'mechanisms', )
+    __match_args__ = ('error_code', 'mechanisms', )
+
+    error_code: int
     """The error code, or 0."""
 
-    mechanisms: list[str] = field(default_factory=list)
+    mechanisms: list[str]
     """The mechanisms enabled on the server."""
+
+    def __init__(self, error_code: int = 0, mechanisms: list[str] = NEW_DEFAULT) -> None:
+        init_field(self, 'error_code', error_code)
+        init_field(self, 'mechanisms', [] if mechanisms is NEW_DEFAULT else mechanisms)
 
 
 if TYPE_CHECKING:
     _SaslHandshakeResponseBuilder = SaslHandshakeResponse
 else:
-    class _SaslHandshakeResponseBuilder:
+    class _SaslHandshakeResponseBuilder(Record):
         """Makes a SaslHandshakeResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('error_code', 'mechanisms', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, error_code: int, mechanisms: list[str]) -> None:
             self.error_code = error_code
             self.mechanisms = mechanisms
 
 
-@dataclass(frozen=True, slots=True)
-class SyncGroupRequestAssignment:
+class SyncGroupRequestAssignment(Record):
     """One element of ``SyncGroupRequest.assignments``."""
 
-    member_id: str = ''
+    __slots__ = ('assignment', 'member_id', )
+    __match_args__ = ('member_id', 'assignment', )
+
+    member_id: str
     """The member assigned."""
 
-    assignment: bytes = b''
+    assignment: bytes
     """Its assignment."""
+
+    def __init__(self, member_id: str = '', assignment: bytes = b'') -> None:
+        init_field(self, 'member_id', member_id)
+        init_field(self, 'assignment', assignment)
 
 
 if TYPE_CHECKING:
     _SyncGroupRequestAssignmentBuilder = SyncGroupRequestAssignment
 else:
-    class _SyncGroupRequestAssignmentBuilder:
+    class _SyncGroupRequestAssignmentBuilder(Record):
         """Makes a SyncGroupRequestAssignment without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('assignment', 'member_id', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, member_id: str, assignment: bytes) -> None:
             self.member_id = member_id
             self.assignment = assignment
 
 
-@dataclass(frozen=True, slots=True)
-class SyncGroupRequest:
+class SyncGroupRequest(Record):
     """After a join: the leader sends every member's assignment, the others wait for theirs.
     Version 3 adds the instance id, 4 is flexible, 5 names the protocol.
     """
 
-    group_id: str = ''
+    __slots__ = ('assignments', 'generation_id', 'group_id', 'group_instance_id', 'member_id', 'protocol_name', 'protocol_type', )
+    __match_args__ = ('group_id', 'generation_id', 'member_id', 'group_instance_id', 'protocol_type', 'protocol_name', 'assignments', )
+
+    group_id: str
     """The group."""
 
-    generation_id: int = 0
+    generation_id: int
     """The generation the member joined."""
 
-    member_id: str = ''
+    member_id: str
     """The member's id."""
 
-    group_instance_id: str | None = None
+    group_instance_id: str | None
     """The static member's instance id, or null."""
 
-    protocol_type: str | None = None
+    protocol_type: str | None
     """The group's protocol type, or null."""
 
-    protocol_name: str | None = None
+    protocol_name: str | None
     """The protocol chosen, or null."""
 
-    assignments: list[SyncGroupRequestAssignment] = field(default_factory=list)
+    assignments: list[SyncGroupRequestAssignment]
     """The leader's assignments (empty from the others)."""
+
+    def __init__(self, group_id: str = '', generation_id: int = 0, member_id: str = '', group_instance_id: str | None = None, protocol_type: str | None = None, protocol_name: str | None = None, assignments: list[SyncGroupRequestAssignment] = NEW_DEFAULT) -> None:
+        init_field(self, 'group_id', group_id)
+        init_field(self, 'generation_id', generation_id)
+        init_field(self, 'member_id', member_id)
+        init_field(self, 'group_instance_id', group_instance_id)
+        init_field(self, 'protocol_type', protocol_type)
+        init_field(self, 'protocol_name', protocol_name)
+        init_field(self, 'assignments', [] if assignments is NEW_DEFAULT else assignments)
 
 
 if TYPE_CHECKING:
     _SyncGroupRequestBuilder = SyncGroupRequest
 else:
-    class _SyncGroupRequestBuilder:
+    class _SyncGroupRequestBuilder(Record):
         """Makes a SyncGroupRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('assignments', 'generation_id', 'group_id', 'group_instance_id', 'member_id', 'protocol_name', 'protocol_type', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None, protocol_type: str | None, protocol_name: str | None, assignments: list[SyncGroupRequestAssignment]) -> None:
             self.group_id = group_id
@@ -3125,33 +3983,43 @@ else:
             self.assignments = assignments
 
 
-@dataclass(frozen=True, slots=True)
-class SyncGroupResponse:
+class SyncGroupResponse(Record):
     """The member's assignment."""
 
-    throttle_time_ms: int = 0
+    __slots__ = ('assignment', 'error_code', 'protocol_name', 'protocol_type', 'throttle_time_ms', )
+    __match_args__ = ('throttle_time_ms', 'error_code', 'protocol_type', 'protocol_name', 'assignment', )
+
+    throttle_time_ms: int
     """How long the request was throttled for a quota, in milliseconds."""
 
-    error_code: int = 0
+    error_code: int
     """The error code, or 0."""
 
-    protocol_type: str | None = None
+    protocol_type: str | None
     """The group's protocol type."""
 
-    protocol_name: str | None = None
+    protocol_name: str | None
     """The protocol chosen."""
 
-    assignment: bytes = b''
+    assignment: bytes
     """The member's assignment."""
+
+    def __init__(self, throttle_time_ms: int = 0, error_code: int = 0, protocol_type: str | None = None, protocol_name: str | None = None, assignment: bytes = b'') -> None:
+        init_field(self, 'throttle_time_ms', throttle_time_ms)
+        init_field(self, 'error_code', error_code)
+        init_field(self, 'protocol_type', protocol_type)
+        init_field(self, 'protocol_name', protocol_name)
+        init_field(self, 'assignment', assignment)
 
 
 if TYPE_CHECKING:
     _SyncGroupResponseBuilder = SyncGroupResponse
 else:
-    class _SyncGroupResponseBuilder:
+    class _SyncGroupResponseBuilder(Record):
         """Makes a SyncGroupResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('assignment', 'error_code', 'protocol_name', 'protocol_type', 'throttle_time_ms', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, throttle_time_ms: int, error_code: int, protocol_type: str | None, protocol_name: str | None, assignment: bytes) -> None:
             self.throttle_time_ms = throttle_time_ms

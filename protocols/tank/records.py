@@ -10,12 +10,12 @@ fails while this file is not what the generator makes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from struct import Struct
 from struct import error as StructError
 from typing import TYPE_CHECKING, Any, Final
 
 from protocols.errors import ProtocolError
+from protocols.record import NEW_DEFAULT, Record, init_field
 from protocols.spec import Buffer, PayloadFunctions, cannot_encode, count_overrun, not_utf8, overrun, read_varint, trailing, truncated
 from protocols.tank.types import CUSTOM_TYPES, ClusterTopology, ConsumePeerResponse, ConsumeResponse, DiscoveredPartition, DiscoveredTopic, ProduceTopicResult, ProduceWithSeqnumPartition, StatusCluster
 from protocols.wire import Reader, encode_str8, encode_varint
@@ -42,24 +42,32 @@ _ProduceWithSeqnumPartition: Final = CUSTOM_TYPES['ProduceWithSeqnumPartition']
 _StatusCluster: Final = CUSTOM_TYPES['StatusCluster']
 
 
-@dataclass(frozen=True, slots=True)
-class ConsumePeerPartition:
+class ConsumePeerPartition(Record):
     """One element of ``ConsumePeerTopic.partitions``."""
 
-    partition: int = 0
+    __slots__ = ('fetch_size', 'partition', 'seq_num', )
+    __match_args__ = ('partition', 'seq_num', 'fetch_size', )
 
-    seq_num: int = 0
+    partition: int
 
-    fetch_size: int = 0
+    seq_num: int
+
+    fetch_size: int
+
+    def __init__(self, partition: int = 0, seq_num: int = 0, fetch_size: int = 0) -> None:
+        init_field(self, 'partition', partition)
+        init_field(self, 'seq_num', seq_num)
+        init_field(self, 'fetch_size', fetch_size)
 
 
 if TYPE_CHECKING:
     _ConsumePeerPartitionBuilder = ConsumePeerPartition
 else:
-    class _ConsumePeerPartitionBuilder:
+    class _ConsumePeerPartitionBuilder(Record):
         """Makes a ConsumePeerPartition without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('fetch_size', 'partition', 'seq_num', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, partition: int, seq_num: int, fetch_size: int) -> None:
             self.partition = partition
@@ -67,52 +75,68 @@ else:
             self.fetch_size = fetch_size
 
 
-@dataclass(frozen=True, slots=True)
-class ConsumePeerTopic:
+class ConsumePeerTopic(Record):
     """One element of ``ConsumePeerRequest.topics``."""
 
-    name: str = ''
+    __slots__ = ('name', 'partitions', )
+    __match_args__ = ('name', 'partitions', )
 
-    partitions: list[ConsumePeerPartition] = field(default_factory=list)
+    name: str
+
+    partitions: list[ConsumePeerPartition]
+
+    def __init__(self, name: str = '', partitions: list[ConsumePeerPartition] = NEW_DEFAULT) -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'partitions', [] if partitions is NEW_DEFAULT else partitions)
 
 
 if TYPE_CHECKING:
     _ConsumePeerTopicBuilder = ConsumePeerTopic
 else:
-    class _ConsumePeerTopicBuilder:
+    class _ConsumePeerTopicBuilder(Record):
         """Makes a ConsumePeerTopic without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('name', 'partitions', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, partitions: list[ConsumePeerPartition]) -> None:
             self.name = name
             self.partitions = partitions
 
 
-@dataclass(frozen=True, slots=True)
-class ConsumePeerRequest:
+class ConsumePeerRequest(Record):
     """ConsumePeer (msgId 0x09): replication between brokers; figtank may refuse it. Layout from
     TANK's service_api_consume.cpp: like Consume, but no version, request id or client id, and
     u16 counts: u16 replicaId | u64 maxWaitMs | u32 minBytes | u16 nTopics, per topic
     str8 name | u16 nPartitions, per partition u16 partitionId | u64 absSeqNum | u32 fetchSize.
     """
 
-    replica_id: int = 0
+    __slots__ = ('max_wait_ms', 'min_bytes', 'replica_id', 'topics', )
+    __match_args__ = ('replica_id', 'max_wait_ms', 'min_bytes', 'topics', )
 
-    max_wait_ms: int = 0
+    replica_id: int
 
-    min_bytes: int = 0
+    max_wait_ms: int
 
-    topics: list[ConsumePeerTopic] = field(default_factory=list)
+    min_bytes: int
+
+    topics: list[ConsumePeerTopic]
+
+    def __init__(self, replica_id: int = 0, max_wait_ms: int = 0, min_bytes: int = 0, topics: list[ConsumePeerTopic] = NEW_DEFAULT) -> None:
+        init_field(self, 'replica_id', replica_id)
+        init_field(self, 'max_wait_ms', max_wait_ms)
+        init_field(self, 'min_bytes', min_bytes)
+        init_field(self, 'topics', [] if topics is NEW_DEFAULT else topics)
 
 
 if TYPE_CHECKING:
     _ConsumePeerRequestBuilder = ConsumePeerRequest
 else:
-    class _ConsumePeerRequestBuilder:
+    class _ConsumePeerRequestBuilder(Record):
         """Makes a ConsumePeerRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('max_wait_ms', 'min_bytes', 'replica_id', 'topics', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, replica_id: int, max_wait_ms: int, min_bytes: int, topics: list[ConsumePeerTopic]) -> None:
             self.replica_id = replica_id
@@ -121,24 +145,32 @@ else:
             self.topics = topics
 
 
-@dataclass(frozen=True, slots=True)
-class ConsumePartition:
+class ConsumePartition(Record):
     """One element of ``ConsumeTopic.partitions``."""
 
-    partition: int = 0
+    __slots__ = ('fetch_size', 'partition', 'seq_num', )
+    __match_args__ = ('partition', 'seq_num', 'fetch_size', )
 
-    seq_num: int = 0
+    partition: int
 
-    fetch_size: int = 0
+    seq_num: int
+
+    fetch_size: int
+
+    def __init__(self, partition: int = 0, seq_num: int = 0, fetch_size: int = 0) -> None:
+        init_field(self, 'partition', partition)
+        init_field(self, 'seq_num', seq_num)
+        init_field(self, 'fetch_size', fetch_size)
 
 
 if TYPE_CHECKING:
     _ConsumePartitionBuilder = ConsumePartition
 else:
-    class _ConsumePartitionBuilder:
+    class _ConsumePartitionBuilder(Record):
         """Makes a ConsumePartition without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('fetch_size', 'partition', 'seq_num', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, partition: int, seq_num: int, fetch_size: int) -> None:
             self.partition = partition
@@ -146,30 +178,36 @@ else:
             self.fetch_size = fetch_size
 
 
-@dataclass(frozen=True, slots=True)
-class ConsumeTopic:
+class ConsumeTopic(Record):
     """One element of ``ConsumeRequest.topics``."""
 
-    name: str = ''
+    __slots__ = ('name', 'partitions', )
+    __match_args__ = ('name', 'partitions', )
 
-    partitions: list[ConsumePartition] = field(default_factory=list)
+    name: str
+
+    partitions: list[ConsumePartition]
+
+    def __init__(self, name: str = '', partitions: list[ConsumePartition] = NEW_DEFAULT) -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'partitions', [] if partitions is NEW_DEFAULT else partitions)
 
 
 if TYPE_CHECKING:
     _ConsumeTopicBuilder = ConsumeTopic
 else:
-    class _ConsumeTopicBuilder:
+    class _ConsumeTopicBuilder(Record):
         """Makes a ConsumeTopic without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('name', 'partitions', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, partitions: list[ConsumePartition]) -> None:
             self.name = name
             self.partitions = partitions
 
 
-@dataclass(frozen=True, slots=True)
-class ConsumeRequest:
+class ConsumeRequest(Record):
     """Consume (msgId 0x02; the seed calls it FetchReq). The broker does not check
     client_version: the C++ client sends 2; version 3 and later add a u8 flags field.
     seq_num 0 = first available; UINT64_MAX = tail (high-water mark + 1). A request for
@@ -177,28 +215,41 @@ class ConsumeRequest:
     broker close the connection (the listener decides; decoding accepts it).
     """
 
-    client_version: int = 0
+    __slots__ = ('client_id', 'client_version', 'flags', 'max_wait_ms', 'min_bytes', 'request_id', 'topics', )
+    __match_args__ = ('client_version', 'request_id', 'client_id', 'max_wait_ms', 'min_bytes', 'flags', 'topics', )
 
-    request_id: int = 0
+    client_version: int
 
-    client_id: str = ''
+    request_id: int
 
-    max_wait_ms: int = 0
+    client_id: str
 
-    min_bytes: int = 0
+    max_wait_ms: int
 
-    flags: int = 0
+    min_bytes: int
 
-    topics: list[ConsumeTopic] = field(default_factory=list)
+    flags: int
+
+    topics: list[ConsumeTopic]
+
+    def __init__(self, client_version: int = 0, request_id: int = 0, client_id: str = '', max_wait_ms: int = 0, min_bytes: int = 0, flags: int = 0, topics: list[ConsumeTopic] = NEW_DEFAULT) -> None:
+        init_field(self, 'client_version', client_version)
+        init_field(self, 'request_id', request_id)
+        init_field(self, 'client_id', client_id)
+        init_field(self, 'max_wait_ms', max_wait_ms)
+        init_field(self, 'min_bytes', min_bytes)
+        init_field(self, 'flags', flags)
+        init_field(self, 'topics', [] if topics is NEW_DEFAULT else topics)
 
 
 if TYPE_CHECKING:
     _ConsumeRequestBuilder = ConsumeRequest
 else:
-    class _ConsumeRequestBuilder:
+    class _ConsumeRequestBuilder(Record):
         """Makes a ConsumeRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('client_id', 'client_version', 'flags', 'max_wait_ms', 'min_bytes', 'request_id', 'topics', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, client_version: int, request_id: int, client_id: str, max_wait_ms: int, min_bytes: int, flags: int, topics: list[ConsumeTopic]) -> None:
             self.client_version = client_version
@@ -210,28 +261,37 @@ else:
             self.topics = topics
 
 
-@dataclass(frozen=True, slots=True)
-class CreateTopicRequest:
+class CreateTopicRequest(Record):
     """CreateTopic (msgId 0x07): u32 reqId | str8 topic | u16 nPartitions | varint cfgLen | cfg.
     cfg is text, "key=value" lines with Tank's config keys; kept as bytes here.
     """
 
-    request_id: int = 0
+    __slots__ = ('config', 'partitions', 'request_id', 'topic', )
+    __match_args__ = ('request_id', 'topic', 'partitions', 'config', )
 
-    topic: str = ''
+    request_id: int
 
-    partitions: int = 0
+    topic: str
 
-    config: bytes = b''
+    partitions: int
+
+    config: bytes
+
+    def __init__(self, request_id: int = 0, topic: str = '', partitions: int = 0, config: bytes = b'') -> None:
+        init_field(self, 'request_id', request_id)
+        init_field(self, 'topic', topic)
+        init_field(self, 'partitions', partitions)
+        init_field(self, 'config', config)
 
 
 if TYPE_CHECKING:
     _CreateTopicRequestBuilder = CreateTopicRequest
 else:
-    class _CreateTopicRequestBuilder:
+    class _CreateTopicRequestBuilder(Record):
         """Makes a CreateTopicRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('config', 'partitions', 'request_id', 'topic', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, request_id: int, topic: str, partitions: int, config: bytes) -> None:
             self.request_id = request_id
@@ -240,26 +300,34 @@ else:
             self.config = config
 
 
-@dataclass(frozen=True, slots=True)
-class CreateTopicResponse:
+class CreateTopicResponse(Record):
     """CreateTopic response: u32 reqId | str8 topic | u8 err
     (0 ok, 1 exists, 2 system error, 4 bad config, 5 read-only, 10 invalid name or 0 partitions).
     """
 
-    request_id: int = 0
+    __slots__ = ('error', 'request_id', 'topic', )
+    __match_args__ = ('request_id', 'topic', 'error', )
 
-    topic: str = ''
+    request_id: int
 
-    error: int = 0
+    topic: str
+
+    error: int
+
+    def __init__(self, request_id: int = 0, topic: str = '', error: int = 0) -> None:
+        init_field(self, 'request_id', request_id)
+        init_field(self, 'topic', topic)
+        init_field(self, 'error', error)
 
 
 if TYPE_CHECKING:
     _CreateTopicResponseBuilder = CreateTopicResponse
 else:
-    class _CreateTopicResponseBuilder:
+    class _CreateTopicResponseBuilder(Record):
         """Makes a CreateTopicResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('error', 'request_id', 'topic', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, request_id: int, topic: str, error: int) -> None:
             self.request_id = request_id
@@ -267,26 +335,34 @@ else:
             self.error = error
 
 
-@dataclass(frozen=True, slots=True)
-class DiscoverPartitionsRequest:
+class DiscoverPartitionsRequest(Record):
     """DiscoverPartitions (msgId 0x06): u32 reqId | str8 topic | [u16 partitionId ...], the
     optional list running to the end of the payload (empty = every partition).
     """
 
-    request_id: int = 0
+    __slots__ = ('partitions', 'request_id', 'topic', )
+    __match_args__ = ('request_id', 'topic', 'partitions', )
 
-    topic: str = ''
+    request_id: int
 
-    partitions: list[int] = field(default_factory=list)
+    topic: str
+
+    partitions: list[int]
+
+    def __init__(self, request_id: int = 0, topic: str = '', partitions: list[int] = NEW_DEFAULT) -> None:
+        init_field(self, 'request_id', request_id)
+        init_field(self, 'topic', topic)
+        init_field(self, 'partitions', [] if partitions is NEW_DEFAULT else partitions)
 
 
 if TYPE_CHECKING:
     _DiscoverPartitionsRequestBuilder = DiscoverPartitionsRequest
 else:
-    class _DiscoverPartitionsRequestBuilder:
+    class _DiscoverPartitionsRequestBuilder(Record):
         """Makes a DiscoverPartitionsRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('partitions', 'request_id', 'topic', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, request_id: int, topic: str, partitions: list[int]) -> None:
             self.request_id = request_id
@@ -294,28 +370,36 @@ else:
             self.partitions = partitions
 
 
-@dataclass(frozen=True, slots=True)
-class DiscoverPartitionsResponse:
+class DiscoverPartitionsResponse(Record):
     """DiscoverPartitions response: u32 reqId | str8 topic | u16 n (0 = unknown topic), per
     partition (in the requested order, or 0..n-1) u64 firstAvailableSeq | u64 highWaterMark;
     one that cannot be served is u64 MAX | u64 MAX | u8 reason (TANK's source: 0xfb fault,
     0xfd no leader, 0xfc other leader followed by u32 ipv4 | u16 port).
     """
 
-    request_id: int = 0
+    __slots__ = ('partitions', 'request_id', 'topic', )
+    __match_args__ = ('request_id', 'topic', 'partitions', )
 
-    topic: str = ''
+    request_id: int
 
-    partitions: list[DiscoveredPartition] = field(default_factory=list)
+    topic: str
+
+    partitions: list[DiscoveredPartition]
+
+    def __init__(self, request_id: int = 0, topic: str = '', partitions: list[DiscoveredPartition] = NEW_DEFAULT) -> None:
+        init_field(self, 'request_id', request_id)
+        init_field(self, 'topic', topic)
+        init_field(self, 'partitions', [] if partitions is NEW_DEFAULT else partitions)
 
 
 if TYPE_CHECKING:
     _DiscoverPartitionsResponseBuilder = DiscoverPartitionsResponse
 else:
-    class _DiscoverPartitionsResponseBuilder:
+    class _DiscoverPartitionsResponseBuilder(Record):
         """Makes a DiscoverPartitionsResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('partitions', 'request_id', 'topic', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, request_id: int, topic: str, partitions: list[DiscoveredPartition]) -> None:
             self.request_id = request_id
@@ -323,192 +407,251 @@ else:
             self.partitions = partitions
 
 
-@dataclass(frozen=True, slots=True)
-class DiscoverTopicsRequest:
+class DiscoverTopicsRequest(Record):
     """DiscoverTopics (msgId 0x0b): u32 reqId | u8 flags."""
 
-    request_id: int = 0
+    __slots__ = ('flags', 'request_id', )
+    __match_args__ = ('request_id', 'flags', )
 
-    flags: int = 0
+    request_id: int
+
+    flags: int
+
+    def __init__(self, request_id: int = 0, flags: int = 0) -> None:
+        init_field(self, 'request_id', request_id)
+        init_field(self, 'flags', flags)
 
 
 if TYPE_CHECKING:
     _DiscoverTopicsRequestBuilder = DiscoverTopicsRequest
 else:
-    class _DiscoverTopicsRequestBuilder:
+    class _DiscoverTopicsRequestBuilder(Record):
         """Makes a DiscoverTopicsRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('flags', 'request_id', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, request_id: int, flags: int) -> None:
             self.request_id = request_id
             self.flags = flags
 
 
-@dataclass(frozen=True, slots=True)
-class DiscoverTopicsResponse:
+class DiscoverTopicsResponse(Record):
     """DiscoverTopics response: u32 reqId | u32 n | u8 clusterAware, per topic
     str8 name | u8 enabled | u16 nPartitions | [clusterAware: u8 replicationFactor].
     """
 
-    request_id: int = 0
+    __slots__ = ('request_id', 'topics', )
+    __match_args__ = ('request_id', 'topics', )
 
-    topics: list[DiscoveredTopic] = field(default_factory=list)
+    request_id: int
+
+    topics: list[DiscoveredTopic]
+
+    def __init__(self, request_id: int = 0, topics: list[DiscoveredTopic] = NEW_DEFAULT) -> None:
+        init_field(self, 'request_id', request_id)
+        init_field(self, 'topics', [] if topics is NEW_DEFAULT else topics)
 
 
 if TYPE_CHECKING:
     _DiscoverTopicsResponseBuilder = DiscoverTopicsResponse
 else:
-    class _DiscoverTopicsResponseBuilder:
+    class _DiscoverTopicsResponseBuilder(Record):
         """Makes a DiscoverTopicsResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('request_id', 'topics', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, request_id: int, topics: list[DiscoveredTopic]) -> None:
             self.request_id = request_id
             self.topics = topics
 
 
-@dataclass(frozen=True, slots=True)
-class DiscoverTopologyRequest:
+class DiscoverTopologyRequest(Record):
     """DiscoverTopology (msgId 0x0c): u32 reqId | u8 flags."""
 
-    request_id: int = 0
+    __slots__ = ('flags', 'request_id', )
+    __match_args__ = ('request_id', 'flags', )
 
-    flags: int = 0
+    request_id: int
+
+    flags: int
+
+    def __init__(self, request_id: int = 0, flags: int = 0) -> None:
+        init_field(self, 'request_id', request_id)
+        init_field(self, 'flags', flags)
 
 
 if TYPE_CHECKING:
     _DiscoverTopologyRequestBuilder = DiscoverTopologyRequest
 else:
-    class _DiscoverTopologyRequestBuilder:
+    class _DiscoverTopologyRequestBuilder(Record):
         """Makes a DiscoverTopologyRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('flags', 'request_id', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, request_id: int, flags: int) -> None:
             self.request_id = request_id
             self.flags = flags
 
 
-@dataclass(frozen=True, slots=True)
-class DiscoverTopologyResponse:
+class DiscoverTopologyResponse(Record):
     """DiscoverTopology response, standalone: u32 reqId | u16 0xFFFF. A clustered broker sends
     (TANK's service_api.cpp) u16 nNodes | str8 clusterName, per node
     u16 id | u8 flags (1 has endpoint, 2 available, 4 blocked) | [u32 ipv4 | u16 port] |
     u16 replicaForCount.
     """
 
-    request_id: int = 0
+    __slots__ = ('cluster', 'request_id', )
+    __match_args__ = ('request_id', 'cluster', )
 
-    cluster: ClusterTopology | None = None
+    request_id: int
+
+    cluster: ClusterTopology | None
     """None for a standalone broker"""
+
+    def __init__(self, request_id: int = 0, cluster: ClusterTopology | None = None) -> None:
+        init_field(self, 'request_id', request_id)
+        init_field(self, 'cluster', cluster)
 
 
 if TYPE_CHECKING:
     _DiscoverTopologyResponseBuilder = DiscoverTopologyResponse
 else:
-    class _DiscoverTopologyResponseBuilder:
+    class _DiscoverTopologyResponseBuilder(Record):
         """Makes a DiscoverTopologyResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('cluster', 'request_id', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, request_id: int, cluster: ClusterTopology | None) -> None:
             self.request_id = request_id
             self.cluster = cluster
 
 
-@dataclass(frozen=True, slots=True)
-class Ping:
+class Ping(Record):
     """Ping (msgId 0x03): an empty payload, sent both ways. The broker sends one on accept;
     there is no periodic heartbeat, and a ping from a client gets no reply.
     """
+
+    __slots__ = ()
+    __match_args__ = ()
+
+    def __init__(self) -> None:
+        pass
 
 
 if TYPE_CHECKING:
     _PingBuilder = Ping
 else:
-    class _PingBuilder:
+    class _PingBuilder(Record):
         """Makes a Ping without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ()
+        __setattr__ = object.__setattr__
 
         def __init__(self) -> None:
             pass
 
 
-@dataclass(frozen=True, slots=True)
-class ProducePartition:
+class ProducePartition(Record):
     """One element of ``ProduceTopic.partitions``."""
 
-    partition: int = 0
+    __slots__ = ('bundle', 'partition', )
+    __match_args__ = ('partition', 'bundle', )
 
-    bundle: bytes = b''
+    partition: int
+
+    bundle: bytes
+
+    def __init__(self, partition: int = 0, bundle: bytes = b'') -> None:
+        init_field(self, 'partition', partition)
+        init_field(self, 'bundle', bundle)
 
 
 if TYPE_CHECKING:
     _ProducePartitionBuilder = ProducePartition
 else:
-    class _ProducePartitionBuilder:
+    class _ProducePartitionBuilder(Record):
         """Makes a ProducePartition without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('bundle', 'partition', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, partition: int, bundle: bytes) -> None:
             self.partition = partition
             self.bundle = bundle
 
 
-@dataclass(frozen=True, slots=True)
-class ProduceTopic:
+class ProduceTopic(Record):
     """One element of ``ProduceRequest.topics``."""
 
-    name: str = ''
+    __slots__ = ('name', 'partitions', )
+    __match_args__ = ('name', 'partitions', )
 
-    partitions: list[ProducePartition] = field(default_factory=list)
+    name: str
+
+    partitions: list[ProducePartition]
+
+    def __init__(self, name: str = '', partitions: list[ProducePartition] = NEW_DEFAULT) -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'partitions', [] if partitions is NEW_DEFAULT else partitions)
 
 
 if TYPE_CHECKING:
     _ProduceTopicBuilder = ProduceTopic
 else:
-    class _ProduceTopicBuilder:
+    class _ProduceTopicBuilder(Record):
         """Makes a ProduceTopic without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('name', 'partitions', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, partitions: list[ProducePartition]) -> None:
             self.name = name
             self.partitions = partitions
 
 
-@dataclass(frozen=True, slots=True)
-class ProduceRequest:
+class ProduceRequest(Record):
     """Produce (msgId 0x01). Answered by ProduceResponse, whose codes follow this request's
     (topic, partition) order: the client must keep the request to read the answer.
     The broker does not check client_version (the C++ client sends 2); acks and the ack
     timeout are ignored by a standalone broker.
     """
 
-    client_version: int = 0
+    __slots__ = ('ack_timeout_ms', 'client_id', 'client_version', 'request_id', 'required_acks', 'topics', )
+    __match_args__ = ('client_version', 'request_id', 'client_id', 'required_acks', 'ack_timeout_ms', 'topics', )
 
-    request_id: int = 0
+    client_version: int
 
-    client_id: str = ''
+    request_id: int
 
-    required_acks: int = 0
+    client_id: str
 
-    ack_timeout_ms: int = 0
+    required_acks: int
 
-    topics: list[ProduceTopic] = field(default_factory=list)
+    ack_timeout_ms: int
+
+    topics: list[ProduceTopic]
+
+    def __init__(self, client_version: int = 0, request_id: int = 0, client_id: str = '', required_acks: int = 0, ack_timeout_ms: int = 0, topics: list[ProduceTopic] = NEW_DEFAULT) -> None:
+        init_field(self, 'client_version', client_version)
+        init_field(self, 'request_id', request_id)
+        init_field(self, 'client_id', client_id)
+        init_field(self, 'required_acks', required_acks)
+        init_field(self, 'ack_timeout_ms', ack_timeout_ms)
+        init_field(self, 'topics', [] if topics is NEW_DEFAULT else topics)
 
 
 if TYPE_CHECKING:
     _ProduceRequestBuilder = ProduceRequest
 else:
-    class _ProduceRequestBuilder:
+    class _ProduceRequestBuilder(Record):
         """Makes a ProduceRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('ack_timeout_ms', 'client_id', 'client_version', 'request_id', 'required_acks', 'topics', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, client_version: int, request_id: int, client_id: str, required_acks: int, ack_timeout_ms: int, topics: list[ProduceTopic]) -> None:
             self.client_version = client_version
@@ -519,8 +662,7 @@ else:
             self.topics = topics
 
 
-@dataclass(frozen=True, slots=True)
-class ProduceResponse:
+class ProduceResponse(Record):
     """Produce response: msgId 0x01 for both Produce and ProduceWithSeqnum.
     u32 reqId, then one u8 per requested partition in request order. An unknown topic gets
     a single 0xff for the whole topic (no bytes for its other partitions); a read-only
@@ -528,74 +670,100 @@ class ProduceResponse:
     The seed's "0x02 invalid request" is from TANK 1: 2 is now an I/O fault.
     """
 
-    request_id: int = 0
+    __slots__ = ('request_id', 'topics', )
+    __match_args__ = ('request_id', 'topics', )
 
-    topics: list[ProduceTopicResult] = field(default_factory=list)
+    request_id: int
+
+    topics: list[ProduceTopicResult]
     """per requested topic, per requested partition: its code (decoding needs the request)"""
+
+    def __init__(self, request_id: int = 0, topics: list[ProduceTopicResult] = NEW_DEFAULT) -> None:
+        init_field(self, 'request_id', request_id)
+        init_field(self, 'topics', [] if topics is NEW_DEFAULT else topics)
 
 
 if TYPE_CHECKING:
     _ProduceResponseBuilder = ProduceResponse
 else:
-    class _ProduceResponseBuilder:
+    class _ProduceResponseBuilder(Record):
         """Makes a ProduceResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('request_id', 'topics', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, request_id: int, topics: list[ProduceTopicResult]) -> None:
             self.request_id = request_id
             self.topics = topics
 
 
-@dataclass(frozen=True, slots=True)
-class ProduceWithSeqnumTopic:
+class ProduceWithSeqnumTopic(Record):
     """One element of ``ProduceWithSeqnumRequest.topics``."""
 
-    name: str = ''
+    __slots__ = ('name', 'partitions', )
+    __match_args__ = ('name', 'partitions', )
 
-    partitions: list[ProduceWithSeqnumPartition] = field(default_factory=list)
+    name: str
+
+    partitions: list[ProduceWithSeqnumPartition]
+
+    def __init__(self, name: str = '', partitions: list[ProduceWithSeqnumPartition] = NEW_DEFAULT) -> None:
+        init_field(self, 'name', name)
+        init_field(self, 'partitions', [] if partitions is NEW_DEFAULT else partitions)
 
 
 if TYPE_CHECKING:
     _ProduceWithSeqnumTopicBuilder = ProduceWithSeqnumTopic
 else:
-    class _ProduceWithSeqnumTopicBuilder:
+    class _ProduceWithSeqnumTopicBuilder(Record):
         """Makes a ProduceWithSeqnumTopic without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('name', 'partitions', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, name: str, partitions: list[ProduceWithSeqnumPartition]) -> None:
             self.name = name
             self.partitions = partitions
 
 
-@dataclass(frozen=True, slots=True)
-class ProduceWithSeqnumRequest:
+class ProduceWithSeqnumRequest(Record):
     """ProduceWithSeqnum (msgId 0x05; the seed calls it ProduceWithBaseSeqNum): Produce where
     each partition entry also carries the sequence number of the bundle's first message.
     Used by tools and mirroring only. It is answered with msgId 0x01, like Produce.
     """
 
-    client_version: int = 0
+    __slots__ = ('ack_timeout_ms', 'client_id', 'client_version', 'request_id', 'required_acks', 'topics', )
+    __match_args__ = ('client_version', 'request_id', 'client_id', 'required_acks', 'ack_timeout_ms', 'topics', )
 
-    request_id: int = 0
+    client_version: int
 
-    client_id: str = ''
+    request_id: int
 
-    required_acks: int = 0
+    client_id: str
 
-    ack_timeout_ms: int = 0
+    required_acks: int
 
-    topics: list[ProduceWithSeqnumTopic] = field(default_factory=list)
+    ack_timeout_ms: int
+
+    topics: list[ProduceWithSeqnumTopic]
+
+    def __init__(self, client_version: int = 0, request_id: int = 0, client_id: str = '', required_acks: int = 0, ack_timeout_ms: int = 0, topics: list[ProduceWithSeqnumTopic] = NEW_DEFAULT) -> None:
+        init_field(self, 'client_version', client_version)
+        init_field(self, 'request_id', request_id)
+        init_field(self, 'client_id', client_id)
+        init_field(self, 'required_acks', required_acks)
+        init_field(self, 'ack_timeout_ms', ack_timeout_ms)
+        init_field(self, 'topics', [] if topics is NEW_DEFAULT else topics)
 
 
 if TYPE_CHECKING:
     _ProduceWithSeqnumRequestBuilder = ProduceWithSeqnumRequest
 else:
-    class _ProduceWithSeqnumRequestBuilder:
+    class _ProduceWithSeqnumRequestBuilder(Record):
         """Makes a ProduceWithSeqnumRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('ack_timeout_ms', 'client_id', 'client_version', 'request_id', 'required_acks', 'topics', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, client_version: int, request_id: int, client_id: str, required_acks: int, ack_timeout_ms: int, topics: list[ProduceWithSeqnumTopic]) -> None:
             self.client_version = client_version
@@ -606,45 +774,59 @@ else:
             self.topics = topics
 
 
-@dataclass(frozen=True, slots=True)
-class RegReplicaRequest:
+class RegReplicaRequest(Record):
     """RegReplica (msgId 0x04): obsolete. The real broker closes the connection on it; it has
     no response.
     """
 
-    replica_id: int = 0
+    __slots__ = ('replica_id', )
+    __match_args__ = ('replica_id', )
+
+    replica_id: int
+
+    def __init__(self, replica_id: int = 0) -> None:
+        init_field(self, 'replica_id', replica_id)
 
 
 if TYPE_CHECKING:
     _RegReplicaRequestBuilder = RegReplicaRequest
 else:
-    class _RegReplicaRequestBuilder:
+    class _RegReplicaRequestBuilder(Record):
         """Makes a RegReplicaRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('replica_id', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, replica_id: int) -> None:
             self.replica_id = replica_id
 
 
-@dataclass(frozen=True, slots=True)
-class ReloadConfRequest:
+class ReloadConfRequest(Record):
     """ReloadConf (msgId 0x08): u32 reqId | str8 topic | u16 partitionId."""
 
-    request_id: int = 0
+    __slots__ = ('partition', 'request_id', 'topic', )
+    __match_args__ = ('request_id', 'topic', 'partition', )
 
-    topic: str = ''
+    request_id: int
 
-    partition: int = 0
+    topic: str
+
+    partition: int
+
+    def __init__(self, request_id: int = 0, topic: str = '', partition: int = 0) -> None:
+        init_field(self, 'request_id', request_id)
+        init_field(self, 'topic', topic)
+        init_field(self, 'partition', partition)
 
 
 if TYPE_CHECKING:
     _ReloadConfRequestBuilder = ReloadConfRequest
 else:
-    class _ReloadConfRequestBuilder:
+    class _ReloadConfRequestBuilder(Record):
         """Makes a ReloadConfRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('partition', 'request_id', 'topic', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, request_id: int, topic: str, partition: int) -> None:
             self.request_id = request_id
@@ -652,29 +834,38 @@ else:
             self.partition = partition
 
 
-@dataclass(frozen=True, slots=True)
-class ReloadConfResponse:
+class ReloadConfResponse(Record):
     """ReloadConf response: u32 reqId | str8 topic | u16 partitionId | u8 err
     (0 ok, 2 I/O, 3 parse error, 10 unknown partition, 11 unknown topic; TANK's source also
     answers 12 when it runs clustered).
     """
 
-    request_id: int = 0
+    __slots__ = ('error', 'partition', 'request_id', 'topic', )
+    __match_args__ = ('request_id', 'topic', 'partition', 'error', )
 
-    topic: str = ''
+    request_id: int
 
-    partition: int = 0
+    topic: str
 
-    error: int = 0
+    partition: int
+
+    error: int
+
+    def __init__(self, request_id: int = 0, topic: str = '', partition: int = 0, error: int = 0) -> None:
+        init_field(self, 'request_id', request_id)
+        init_field(self, 'topic', topic)
+        init_field(self, 'partition', partition)
+        init_field(self, 'error', error)
 
 
 if TYPE_CHECKING:
     _ReloadConfResponseBuilder = ReloadConfResponse
 else:
-    class _ReloadConfResponseBuilder:
+    class _ReloadConfResponseBuilder(Record):
         """Makes a ReloadConfResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('error', 'partition', 'request_id', 'topic', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, request_id: int, topic: str, partition: int, error: int) -> None:
             self.request_id = request_id
@@ -683,63 +874,84 @@ else:
             self.error = error
 
 
-@dataclass(frozen=True, slots=True)
-class StatusRequest:
+class StatusRequest(Record):
     """Status (msgId 0x0a): u32 reqId."""
 
-    request_id: int = 0
+    __slots__ = ('request_id', )
+    __match_args__ = ('request_id', )
+
+    request_id: int
+
+    def __init__(self, request_id: int = 0) -> None:
+        init_field(self, 'request_id', request_id)
 
 
 if TYPE_CHECKING:
     _StatusRequestBuilder = StatusRequest
 else:
-    class _StatusRequestBuilder:
+    class _StatusRequestBuilder(Record):
         """Makes a StatusRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('request_id', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, request_id: int) -> None:
             self.request_id = request_id
 
 
-@dataclass(frozen=True, slots=True)
-class StatusResponse:
+class StatusResponse(Record):
     """Status response, 30 bytes standalone: u32 reqId | u8 0 | u8 clusterAware=0 | u32 topics |
     u32 partitions | u32 openPartitions | u32 openTimeMs | u32 startupTs | u32 version.
     A clustered broker inserts u8 flags | str8 clusterName | u32 availableNodes after
     partitions (TANK's service_api.cpp); it is present exactly when more than 16 bytes follow.
     """
 
-    request_id: int = 0
+    __slots__ = ('cluster', 'cluster_aware', 'flags', 'open_partitions', 'open_time_ms', 'partition_count', 'request_id', 'startup_ts', 'topic_count', 'version', )
+    __match_args__ = ('request_id', 'flags', 'cluster_aware', 'topic_count', 'partition_count', 'cluster', 'open_partitions', 'open_time_ms', 'startup_ts', 'version', )
 
-    flags: int = 0
+    request_id: int
 
-    cluster_aware: int = 0
+    flags: int
 
-    topic_count: int = 0
+    cluster_aware: int
 
-    partition_count: int = 0
+    topic_count: int
 
-    cluster: StatusCluster | None = None
+    partition_count: int
 
-    open_partitions: int = 0
+    cluster: StatusCluster | None
 
-    open_time_ms: int = 0
+    open_partitions: int
 
-    startup_ts: int = 0
+    open_time_ms: int
+
+    startup_ts: int
     """seconds since the epoch"""
 
-    version: int = 0
+    version: int
     """major * 100 + minor"""
+
+    def __init__(self, request_id: int = 0, flags: int = 0, cluster_aware: int = 0, topic_count: int = 0, partition_count: int = 0, cluster: StatusCluster | None = None, open_partitions: int = 0, open_time_ms: int = 0, startup_ts: int = 0, version: int = 0) -> None:
+        init_field(self, 'request_id', request_id)
+        init_field(self, 'flags', flags)
+        init_field(self, 'cluster_aware', cluster_aware)
+        init_field(self, 'topic_count', topic_count)
+        init_field(self, 'partition_count', partition_count)
+        init_field(self, 'cluster', cluster)
+        init_field(self, 'open_partitions', open_partitions)
+        init_field(self, 'open_time_ms', open_time_ms)
+        init_field(self, 'startup_ts', startup_ts)
+        init_field(self, 'version', version)
 
 
 if TYPE_CHECKING:
     _StatusResponseBuilder = StatusResponse
 else:
-    class _StatusResponseBuilder:
+    class _StatusResponseBuilder(Record):
         """Makes a StatusResponse without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('cluster', 'cluster_aware', 'flags', 'open_partitions', 'open_time_ms', 'partition_count', 'request_id', 'startup_ts', 'topic_count', 'version', )
+        __setattr__ = object.__setattr__
 
         def __init__(self, request_id: int, flags: int, cluster_aware: int, topic_count: int, partition_count: int, cluster: StatusCluster | None, open_partitions: int, open_time_ms: int, startup_ts: int, version: int) -> None:
             self.request_id = request_id

@@ -65,8 +65,10 @@ def test_records_are_frozen_and_typed() -> None:
     record = figg.Publish("orders", 7, b"x")
     with pytest.raises(dataclasses.FrozenInstanceError):
         record.seq_num = 8  # type: ignore[misc]
-    assert {f.name: f.type for f in dataclasses.fields(figg.Publish)} == {
-        "topic": "str", "seq_num": "int", "data": "bytes"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del record.topic
+    assert figg.Publish.__match_args__ == ("topic", "seq_num", "data")
+    assert figg.Publish.__annotations__ == {"topic": "str", "seq_num": "int", "data": "bytes"}
     assert figg.Publish.__doc__ is not None and "PUBLISH" in figg.Publish.__doc__
 
 
@@ -82,5 +84,35 @@ def test_decoded_records_are_the_record_classes(codecs: dict[str, Any]) -> None:
         assert type(decoded) is type(sample)
         assert decoded == sample
         assert pickle.loads(pickle.dumps(decoded)) == sample
-        if not any(isinstance(v, list) for v in dataclasses.astuple(sample)):
+        if not any(isinstance(getattr(sample, name), list) for name in sample.__match_args__):
             assert hash(decoded) == hash(sample)
+
+
+def test_records_compare_print_and_replace_by_their_fields() -> None:
+    from protocols.kafka import records as kafka
+    from protocols.record import replace
+
+    record = kafka.ApiVersion(18, 0, 3)
+    assert record == kafka.ApiVersion(api_key=18, min_version=0, max_version=3)
+    assert record != kafka.ApiVersion(18, 0, 4)
+    assert record != figg.Ping(18)  # another class: never equal
+    assert repr(record) == "ApiVersion(api_key=18, min_version=0, max_version=3)"
+    assert hash(record) == hash(kafka.ApiVersion(18, 0, 3))
+    assert pickle.loads(pickle.dumps(record)) == record
+    changed = replace(record, max_version=4)
+    assert (changed, record) == (kafka.ApiVersion(18, 0, 4), kafka.ApiVersion(18, 0, 3))
+    with pytest.raises(TypeError, match="no field"):
+        replace(record, max=4)
+
+
+def test_records_get_a_new_list_or_struct_for_each_default() -> None:
+    from protocols.kafka import records as kafka
+
+    first, second = kafka.ApiVersionsResponse(), kafka.ApiVersionsResponse()
+    assert first.api_keys == [] and first.api_keys is not second.api_keys
+    partition = kafka.PartitionData()
+    assert partition.current_leader == kafka.LeaderIdAndEpoch()
+    assert partition.current_leader is not kafka.PartitionData().current_leader
+    # A nullable list defaulting to empty still takes null.
+    assert kafka.MetadataRequest().topics == []
+    assert kafka.MetadataRequest(None).topics is None

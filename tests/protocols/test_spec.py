@@ -4,7 +4,6 @@ The generator's output for a sample declaration is loaded here as a module, the 
 ``protocols/*/records.py`` are generated and imported.
 """
 
-import dataclasses
 import struct
 import sys
 import types
@@ -17,6 +16,7 @@ from hypothesis import strategies as st
 
 from protocols.errors import ProtocolError
 from protocols.generate import Target, generate
+from protocols.record import replace
 from protocols.spec import (
     CustomType,
     MessageCodec,
@@ -75,7 +75,7 @@ def compile_codec(raw: Mapping[str, Any], byteorder: str = "little") -> MessageC
     target = Target("tests", name, "Sample", TypeRegistry(byteorder, CUSTOM_TYPES),
                     custom_module=__name__)
     module = types.ModuleType(name)
-    sys.modules[name] = module  # dataclasses look their module up
+    sys.modules[name] = module  # pickle looks the record classes up there
     exec(compile(generate(target, [spec]), f"<{name}>", "exec"), module.__dict__)
     return MessageCodec(spec, *module.PAYLOAD_CODECS[spec.name])
 
@@ -128,7 +128,7 @@ def test_count_larger_than_payload_is_refused_early(codec: MessageCodec) -> None
 
 
 def test_encode_rejects_out_of_range_values(codec: MessageCodec) -> None:
-    bad = dataclasses.replace(sample(codec), request_id=1 << 32)
+    bad = replace(sample(codec), request_id=1 << 32)
     with pytest.raises(ValueError):
         codec.encode(bad)
 

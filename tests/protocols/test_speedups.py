@@ -220,6 +220,7 @@ def test_validate_bundle_valid(case: tuple[bytes, list[Message], bool], kind: ty
         assert (result[1].first_seq, result[1].last_seq) == (messages[0].seq, messages[-1].seq)
 
 
+@pytest.mark.differential
 @FAST_SETTINGS
 @given(bundles(), st.data())
 def test_validate_bundle_cut_and_flipped(case: tuple[bytes, list[Message], bool],
@@ -326,6 +327,7 @@ def min_seqs(seqs: list[int]) -> st.SearchStrategy[int]:
                      st.integers(0, UINT64_MAX + 2))
 
 
+@pytest.mark.differential
 @FAST_SETTINGS
 @given(chunks(), st.data(), st.sampled_from([bytes, bytearray, memoryview]))
 def test_chunk_valid(case: tuple[bytes, int | None, list[int]], data: st.DataObject,
@@ -339,6 +341,7 @@ def test_chunk_valid(case: tuple[bytes, int | None, list[int]], data: st.DataObj
     assert result[1].partial_bundle_len is None
 
 
+@pytest.mark.differential
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(chunks(max_count=5), st.data())
 def test_chunk_cut_at_every_byte(case: tuple[bytes, int | None, list[int]],
@@ -351,6 +354,7 @@ def test_chunk_cut_at_every_byte(case: tuple[bytes, int | None, list[int]],
         assert result[1].consumed == end or result[1].partial_bundle_len is not None
 
 
+@pytest.mark.differential
 @FAST_SETTINGS
 @given(chunks(), st.data())
 def test_chunk_mutated(case: tuple[bytes, int | None, list[int]], data: st.DataObject) -> None:
@@ -481,6 +485,7 @@ def test_scan_publishes_cut_at_every_byte(buf: bytes, timestamp: int, kind: type
     assert pos == len(buf)
 
 
+@pytest.mark.differential
 @FAST_SETTINGS
 @given(streams(bad=True), st.integers(0, UINT64_MAX), st.data())
 def test_scan_publishes_malformed(buf: bytes, timestamp: int, data: st.DataObject) -> None:

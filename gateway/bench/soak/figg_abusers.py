@@ -52,9 +52,11 @@ async def _attach_on(ctx: Context, tally: Tally, stream: trio.SocketStream, inde
         if not await ctx.send(stream, frames, tally):
             return index
         answered = [0]
-        with trio.move_on_after(ANSWER_TIMEOUT) as scope:
-            await _count_attached(stream, conn, answered, len(batch))
-        tally.count("attached", answered[0])
+        try:
+            with trio.move_on_after(ANSWER_TIMEOUT) as scope:
+                await _count_attached(stream, conn, answered, len(batch))
+        finally:  # the answers so far count when the soak ends in the middle of a batch
+            tally.count("attached", answered[0])
         if scope.cancelled_caught:
             tally.count("batches_unanswered")
         elif answered[0] < len(batch):

@@ -5,7 +5,6 @@ by it: the bytes must come back identical, so both read every field the same way
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from typing import Any
 
@@ -19,6 +18,7 @@ from kafka.protocol.api_message import ApiMessage
 
 from protocols.kafka.connection import decode_request, encode_response
 from protocols.kafka.messages import CODECS
+from protocols.record import replace
 from tests.protocols.kafka.samples import random_record, versions_of
 from tests.protocols.kafka.test_kafka_connection import request_bytes
 
@@ -52,7 +52,7 @@ def test_kafka_python_reads_what_we_write(name: str, version: int) -> None:
         if name == "ApiVersionsResponse" and version > 0:
             # Clients read an ApiVersions answer with an error as version 0, since that
             # is how brokers send it: only error-free answers travel at a higher version.
-            record = dataclasses.replace(record, error_code=0)
+            record = replace(record, error_code=0)
         if codec.spec.kind == "request":
             ours = request_bytes(codec.api_key, version, i, record, "interop")[4:]
             decoded = theirs.decode(ours, version=version, header=True)

@@ -137,6 +137,7 @@ def kafka_batches(draw: st.DrawFn) -> bytes:
     return encode_batch(batch)
 
 
+@pytest.mark.differential
 @SETTINGS
 @given(st.lists(kafka_batches(), min_size=1, max_size=3),
        st.sampled_from([None, 0, 1_700_000_000_000]))
@@ -171,6 +172,7 @@ def _fix_length(batch: bytes) -> bytes:
     return _recrc(out)
 
 
+@pytest.mark.differential
 @SETTINGS
 @given(kafka_batches(), st.data())
 def test_produce_records_mutated(batch: bytes, data: st.DataObject) -> None:
@@ -303,6 +305,7 @@ def _expected_batches(chunk: bytes, base_seq: int | None, codecs: FetchCodecs) -
     return b"".join(out)
 
 
+@pytest.mark.differential
 @SETTINGS
 @given(chunks(), st.sampled_from([bytes, bytearray, memoryview]))
 def test_fetch_sections(case: tuple[bytes, int | None, list[int]], kind: type) -> None:
@@ -312,6 +315,7 @@ def test_fetch_sections(case: tuple[bytes, int | None, list[int]], kind: type) -
         same_sections(chunk[:end], base_seq)
 
 
+@pytest.mark.differential
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(chunks(max_count=5), st.data())
 def test_fetch_sections_cut_and_mutated(case: tuple[bytes, int | None, list[int]],
@@ -331,6 +335,7 @@ def test_fetch_sections_malformed(chunk: bytes, base_seq: int | None) -> None:
     same_sections(chunk, base_seq)
 
 
+@pytest.mark.differential
 @SETTINGS
 @given(chunks(), st.one_of(st.just(DEFAULT_FETCH_CODECS),
                            st.tuples(st.sampled_from(Compression),

@@ -192,6 +192,7 @@ stamps = st.fixed_dictionaries({
 })
 
 
+@pytest.mark.differential
 @SETTINGS
 @given(tank_bundles(), stamps, st.sampled_from(Compression),
        st.sampled_from([0, 1, NOW, INT64_MAX]))
@@ -382,6 +383,7 @@ def fetched_records(draw: st.DrawFn) -> tuple[bytes, int, int | None]:
     return records, from_offset, after_seq
 
 
+@pytest.mark.differential
 @SETTINGS
 @given(fetched_records())
 def test_fetch_twins_agree_and_decode(case: tuple[bytes, int, int | None]) -> None:
@@ -393,6 +395,7 @@ def test_fetch_twins_agree_and_decode(case: tuple[bytes, int, int | None]) -> No
     assert _comparable(again) == _comparable(result)
 
 
+@pytest.mark.differential
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(fetched_records())
 def test_fetch_cut_at_every_byte(case: tuple[bytes, int, int | None]) -> None:
@@ -415,6 +418,7 @@ def _recrc(records: bytes | bytearray) -> bytes:
     return bytes(out)
 
 
+@pytest.mark.differential
 @SETTINGS
 @given(fetched_records(), st.data())
 def test_fetch_mutated_records_are_the_same(case: tuple[bytes, int, int | None],
@@ -626,6 +630,7 @@ def test_round_trip_produce_then_fetch(codec: Compression) -> None:
         (1001 + i, m.timestamp, m.key, m.value) for i, m in enumerate(messages)]
 
 
+@pytest.mark.differential
 def test_fetch_volume_seeded() -> None:
     """Seeded random runs of 1-5000-record batches: the twins agree and decode."""
     rng = random.Random(3535)
