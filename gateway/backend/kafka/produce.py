@@ -506,6 +506,7 @@ class UpstreamProducer:
             self._wake.set()
             return
         found = {(t.name, p.index): p for t in answer.responses for p in t.partition_responses}
+        through: list[tuple[_Partition, _Batch, int]] = []
         for state, batch in parts:
             part = found.get((state.topic, state.partition))
             if part is None:
@@ -516,12 +517,18 @@ class UpstreamProducer:
                 self._stored(state, batch, part.base_offset)
                 if self._on_stored is not None and part.error_code == ErrorCode.NONE and \
                         part.base_offset >= 0 and part.log_append_time_ms == -1:
-                    self._on_stored(state.topic, state.partition, part.base_offset,
-                                    batch.data)
+                    through.append((state, batch, part.base_offset))
             else:
                 name = error_name(part.error_code)
                 self._refused(state, batch, part.error_code, name, part.error_message or name)
+        # The next batches leave before the stored ones go to the readers (on_stored may
+        # write them to every subscriber's socket): the upstream works meanwhile.
         self.kick()
+        if through:
+            on_stored = self._on_stored
+            assert on_stored is not None
+            for state, batch, base_offset in through:
+                on_stored(state.topic, state.partition, base_offset, batch.data)
 
     def _refused(self, state: _Partition, batch: _Batch, code: int, name: str,
                  text: str) -> None:
