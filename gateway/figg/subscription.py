@@ -226,12 +226,18 @@ class Subscription:
         if woken is None or woken.is_set():
             return
         where = self.where
+        delivered = False
         try:
             while ok and not self.detached:
                 got = self._backend.fetch_nowait(
                     [FetchRequest(where.topic, where.partition, self.next_seq, FETCH_SIZE)])
                 if got is None:
-                    return  # nothing past us yet
+                    if delivered:
+                        return  # all that came is delivered: the next arrival calls again
+                    # Nothing of it for us: an empty long poll, or a read that went past
+                    # our position (control records, a compaction gap). The task's fetch
+                    # tells which, and reads on from our position.
+                    break
                 [outcome] = got
                 chunk = outcome.chunk
                 if outcome.status is not FetchStatus.DATA:
@@ -245,6 +251,7 @@ class Subscription:
                 hwm = outcome.high_water_mark
                 feed.deliver(frames.frames, frames.count, frames.next_seq, hwm)
                 self._put(frames.frames, frames.count, frames.next_seq, hwm)
+                delivered = True
                 if self._outbox.full or self._owes():
                     break
         except Exception:  # a SubscriptionError, say: the task fetches again and sees it
