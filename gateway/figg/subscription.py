@@ -189,10 +189,7 @@ class Subscription:
                 fetch_size = self._next_fetch_size(frames, fetch_size)
                 if frames.next_seq <= self.next_seq:
                     continue  # no whole message (a cut chunk): ask for more
-                hwm = outcome.high_water_mark
-                feed.deliver(frames.frames, frames.count, frames.next_seq, hwm)
-                self._put(frames.frames, frames.count, frames.next_seq, hwm)
-                if self._outbox.full or self._owes():
+                if not self._hand_on(feed, frames, outcome.high_water_mark):
                     return None
         finally:
             self._feeds.end(self._topic_bytes, feed)
@@ -248,15 +245,19 @@ class Subscription:
                     chunk.close()
                 if frames.next_seq <= self.next_seq:
                     break  # no whole message: the task asks for more
-                hwm = outcome.high_water_mark
-                feed.deliver(frames.frames, frames.count, frames.next_seq, hwm)
-                self._put(frames.frames, frames.count, frames.next_seq, hwm)
                 delivered = True
-                if self._outbox.full or self._owes():
+                if not self._hand_on(feed, frames, outcome.high_water_mark):
                     break
         except Exception:  # a SubscriptionError, say: the task fetches again and sees it
             pass
         woken.set()
+
+    def _hand_on(self, feed: TailFeed, frames: DataFrames, high_water_mark: int) -> bool:
+        """Give the frames of a read we lead to ``feed``'s followers and to us; False when
+        our connection fell behind doing it (we stop leading)."""
+        feed.deliver(frames.frames, frames.count, frames.next_seq, high_water_mark)
+        self._put(frames.frames, frames.count, frames.next_seq, high_water_mark)
+        return not (self._outbox.full or self._owes())
 
     def take(self, frames: bytes, count: int, next_seq: int, high_water_mark: int) -> bool:
         """A feed's frames for this follower; False (nothing queued) when the connection
