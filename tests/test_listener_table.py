@@ -25,10 +25,8 @@ from gateway.server.run import ServerInfo
 def test_the_table_names_every_listener_the_settings_name() -> None:
     assert set(BY_NAME) | {"metrics"} == set(PROTOCOLS) == set(LISTEN)
     assert len(BY_NAME) == len(LISTENERS)
-    defaults = Settings()
     for kind in LISTENERS:
         assert kind.listener.protocol == kind.name  # type: ignore[attr-defined]
-        assert kind.default_address == getattr(defaults, LISTEN[kind.name])
         assert issubclass(kind.section, Section)
 
 

@@ -598,7 +598,7 @@ class EmbeddedSettings(Section):
 
     @classmethod
     def derived(cls, settings: Settings) -> dict[str, Any]:
-        return {"connection_slots": connection_slots(settings)}
+        return {"connection_slots": settings.connection_slots()}
 
 
 def store_settings(settings: EmbeddedSettings, config_bounds: ConfigBounds | None = None
@@ -624,12 +624,6 @@ def store_settings(settings: EmbeddedSettings, config_bounds: ConfigBounds | Non
         min_free_percent=settings.min_free_percent,
         max_prefill_bytes=settings.max_prefill_bytes,
     )
-
-
-def connection_slots(settings: Settings) -> int:
-    """Connections every listener together may hold (each one a descriptor)."""
-    return sum(settings.http_max_connections if spec.protocol == "metrics"
-               else settings.max_connections for spec in settings.listener_specs())
 
 
 @asynccontextmanager

@@ -73,10 +73,15 @@ def _setting(key: str, default: Any, parse: Callable[[object], Any], help: str,
              flag: str | None = None) -> Any:
     """A field of :class:`Settings` with everything else said of it: its TOML ``key``, the
     parser of its values, its help and its command-line ``flag`` (None: file only)."""
-    meta = {"key": key, "parse": parse, "help": help, "flag": flag}
+    return declared_field(default, {"key": key, "parse": parse, "help": help, "flag": flag})
+
+
+def declared_field(default: Any, metadata: dict[str, Any]) -> Any:
+    """A dataclass field with ``default`` and ``metadata`` (a dict default is copied for
+    each instance): how :class:`Settings` and the sections declare theirs."""
     if isinstance(default, dict):
-        return field(default_factory=lambda: dict(default), metadata=meta)
-    return field(default=default, metadata=meta)
+        return field(default_factory=lambda: dict(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True, slots=True)
@@ -494,6 +499,11 @@ class Settings:
         """Fronting an upstream log of either kind: no log of the gateway's own."""
         return self.bridge_mode or self.upstream_kafka_mode
 
+    def connection_slots(self) -> int:
+        """Connections every listener together may hold (each one a descriptor)."""
+        return sum(self.http_max_connections if spec.protocol == "metrics"
+                   else self.max_connections for spec in self.listener_specs())
+
     def listener_specs(self) -> list[ListenerSpec]:
         """Every listener to open (those with an empty address are off), in the order
         metrics, tank, figg, kafka, http, then the [listeners.NAME] ones; a ConfigError
@@ -567,6 +577,12 @@ OPTIONS: tuple[Option, ...] = tuple(
     for f in fields(Settings))
 _BY_ATTR = {option.attr: option for option in OPTIONS}
 _BY_KEY = {option.key: option for option in OPTIONS}
+
+
+def option_of(key: str) -> Option:
+    """The declaration of setting ``key`` (``section.name``); KeyError when none."""
+    return _BY_KEY[key]
+
 #: The attribute of each listener's address setting (``listen.NAME``), by listener name:
 #: metrics first, then the protocol listeners in the order of PROTOCOLS (a KeyError here
 #: when a protocol has no ``listen.`` setting).

@@ -15,29 +15,18 @@ The sections live with the part that reads them (``gateway/figg/settings.py``,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Self
 
-from gateway.core.config import OPTIONS, Option, Settings
+from gateway.core.config import Settings, declared_field, option_of
 
-__all__ = ["ConnectionLimits", "Section", "option_of", "setting"]
-
-_BY_KEY = {option.key: option for option in OPTIONS}
-
-
-def option_of(key: str) -> Option:
-    """The declaration of setting ``key`` (``section.name``); KeyError when none."""
-    return _BY_KEY[key]
+__all__ = ["ConnectionLimits", "Section", "setting"]
 
 
 def setting(key: str) -> Any:
     """A field of a :class:`Section` that takes setting ``key``, its default the
     setting's (a KeyError at import when no setting has that key)."""
-    default = option_of(key).default
-    meta = {"key": key}
-    if isinstance(default, dict):
-        return field(default_factory=lambda: dict(default), metadata=meta)
-    return field(default=default, metadata=meta)
+    return declared_field(option_of(key).default, {"key": key})
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,11 +45,6 @@ class Section:
         """The values of the section's fields that no one setting gives, made from
         ``settings`` (none unless a section says otherwise)."""
         return {}
-
-    @classmethod
-    def setting_keys(cls) -> dict[str, str]:
-        """The setting each field takes: field name -> key (derived fields left out)."""
-        return {f.name: f.metadata["key"] for f in fields(cls) if "key" in f.metadata}
 
 
 @dataclass(frozen=True, slots=True)

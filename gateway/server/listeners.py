@@ -26,7 +26,7 @@ from gateway.auth.quotas import Quotas
 from gateway.core.config import Settings
 from gateway.core.contract import Backend
 from gateway.core.metrics import Metrics
-from gateway.core.sections import ConnectionLimits, Section, option_of
+from gateway.core.sections import ConnectionLimits, Section
 from gateway.figg.listener import FiggListener
 from gateway.figg.settings import FiggSettings
 from gateway.http.idempotency import IdempotencyKeys
@@ -73,11 +73,6 @@ class ListenerKind:
     section: type[Section]
     #: What else it is given from what the listeners share (keyword arguments).
     extras: Callable[[Shared], dict[str, Any]] = _nothing
-
-    @property
-    def default_address(self) -> str:
-        """Where the listener of this name listens unless configured otherwise."""
-        return str(option_of(f"listen.{self.name}").default)
 
     def make(self, backend: Backend, settings: Settings, metrics: Metrics, shared: Shared,
              *, limits: ConnectionLimits, name: str, guard: AccessGuard,

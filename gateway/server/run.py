@@ -43,7 +43,7 @@ from gateway.auth.access import Access, load_access
 from gateway.auth.guard import AccessGuard
 from gateway.auth.policy import PolicyError
 from gateway.auth.quotas import QuotaRules, Quotas
-from gateway.backend.embedded import EmbeddedSettings, connection_slots, open_embedded_backend
+from gateway.backend.embedded import EmbeddedSettings, open_embedded_backend
 from gateway.core.config import (
     OPTIONS,
     ConfigError,
@@ -282,7 +282,7 @@ def apply_descriptor_limit(settings: Settings) -> None:
     ``limits.open_files``); a ConfigError naming ``limits.open_files`` and the number
     needed when the data directory needs more than the process may have."""
     partitions = count_partitions(settings.data_dir)
-    connections = connection_slots(settings)
+    connections = settings.connection_slots()
     plan = needed_at_start(partitions, max_open_segments=settings.max_open_segments,
                            connections=connections, open_files=settings.open_files)
     need = (f"the data directory needs {plan.required} descriptors (2 for each of its "
