@@ -1,7 +1,7 @@
 """Suite-wide fixtures."""
 
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -9,7 +9,7 @@ import structlog
 
 from gateway.io import fanout
 from gateway.io.fanout import send_each_python
-from protocols import native
+from tests.io.helpers import FANOUT_LOOPS
 from tests.tls_certs import Certs, make_certs
 
 #: The Spark tests, one unit of work for ``make test``'s workers (see
@@ -85,12 +85,6 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     """A CA, a server certificate for localhost/127.0.0.1 and a client certificate
     (alice), made once for the run (per test worker)."""
     return make_certs(tmp_path_factory.mktemp("certs"))
-
-
-_native_fanout = native.built("gateway.io._fanout")
-#: The fan-out send loops that can be imported: the pure-Python reference, the compiled one.
-FANOUT_LOOPS: list[Callable[..., Any]] = [send_each_python] + (
-    [_native_fanout.send_each] if _native_fanout is not None else [])
 
 
 @pytest.fixture(params=FANOUT_LOOPS, ids=lambda loop: "python" if loop is send_each_python

@@ -31,7 +31,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from gateway.io.fanout import FanoutGroup
 from gateway.tail.followers import Followers
 
 
@@ -107,11 +106,6 @@ class TailFeed(Followers[Follower, _Delivery]):
     @property
     def followers(self) -> int:
         return len(self)
-
-    @property
-    def _group(self) -> FanoutGroup[Follower]:
-        """The followers fed with one compiled pass (a Figg topic's frames are one form)."""
-        return self.group()
 
     async def follow(self, sub: Follower) -> None:
         """Be fed from here on; returns when released (the caller reads on its own then,

@@ -25,7 +25,7 @@ follower's position up to date when it leaves its group (:meth:`Followers._settl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from functools import partial
 from typing import Final, Generic, TypeVar
 
@@ -109,9 +109,6 @@ class Followers(Generic[F, P]):
 
     def __len__(self) -> int:
         return len(self._followers)
-
-    def __iter__(self) -> Iterator[F]:
-        return iter(list(self._followers))
 
     @property
     def grouped(self) -> int:

@@ -296,7 +296,7 @@ async def test_detach_and_attach_again_while_fed_by_the_group(tmp_path: Any,
                     assert [d.offset for d in await peer.receive(1)] == [seq]
             feed = server.listener.feeds.get(b"dt")
             assert feed is not None and feed.grouped >= 1
-            [sub, *_] = feed._group.members
+            [sub, *_] = feed.members()
             member = _peer_of(sub, peers)
             await member.send(attach("dt"))
             assert await member.receive_one() == Attached("dt", 3)

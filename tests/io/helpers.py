@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 import socket
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import trio
+
+from gateway.io.fanout import send_each_python
+from protocols import native
 
 
 @asynccontextmanager
@@ -71,3 +75,10 @@ class FileRange:
             self.closed = True
             os.close(self.fd)
 
+
+_compiled_fanout = native.built("gateway.io._fanout")
+#: The fan-out send loops to test: the pure-Python reference, and the compiled one where
+#: it is built and the run is not a pure-Python one.
+FANOUT_LOOPS: list[Callable[..., Any]] = [send_each_python] + (
+    [_compiled_fanout.send_each]
+    if _compiled_fanout is not None and not native.pure_python_requested() else [])
