@@ -108,6 +108,7 @@ __all__ = [
     "CLIENT_VERSION", "DEFAULT_FETCH_SIZE", "FIRST_AVAILABLE", "MAX_FETCH_SIZE", "TAIL",
     "BrokerStatus", "Codec", "ConsumeResult", "Message", "MessageLike", "PartitionBounds",
     "TankClient", "TankOptions", "TopicInfo", "TopicPartition", "open_tank_client",
+    "topic_infos",
 ]
 
 log = structlog.get_logger("figtank.client.tank")
@@ -663,7 +664,7 @@ class TankClient:
     async def discover_topics(self) -> list[TopicInfo]:
         response: DiscoverTopicsResponse = await self.request(
             lambda rid: DiscoverTopicsRequest(rid, 0))
-        return [TopicInfo(t.name, t.partition_count, bool(t.enabled)) for t in response.topics]
+        return topic_infos(response)
 
     async def discover_topology(self) -> ClusterTopology | None:
         """The cluster topology, or None from a standalone broker."""
@@ -767,3 +768,8 @@ async def open_tank_client(host: str, port: int,
     await client.connect()
     async with running(client.serve, client.aclose):
         yield client
+
+
+def topic_infos(response: DiscoverTopicsResponse) -> list[TopicInfo]:
+    """The topics a DiscoverTopics response names."""
+    return [TopicInfo(t.name, t.partition_count, bool(t.enabled)) for t in response.topics]

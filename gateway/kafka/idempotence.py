@@ -145,7 +145,6 @@ class ProducerStates:
 
     def __init__(self, max_states: int, metrics: Metrics | None = None, *,
                  first_id: int | None = None, recovered: Recovered | None = None) -> None:
-        self.max_states = max_states
         self._metrics = metrics
         self._recovered = recovered
         self._next_id = time.time_ns() // 1000 if first_id is None else first_id

@@ -41,6 +41,7 @@ from gateway.backend.forwarding import (
     refuse_topic_name,
     valid_new_topic,
 )
+from gateway.client.tank import topic_infos
 from gateway.core.contract import (
     AutoCreate,
     BackendStatus,
@@ -241,7 +242,7 @@ class BridgeBackend(Forwarding):
     async def discover_topics(self) -> list[TopicInfo]:
         response = await self._request("discover_topics",
                                        lambda rid: DiscoverTopicsRequest(rid, 0))
-        return [TopicInfo(t.name, t.partition_count, bool(t.enabled)) for t in response.topics]
+        return topic_infos(response)
 
     async def reload_conf(self, topic: str, partition: int) -> ReloadConfCode:
         if not is_valid_topic_name(topic):
