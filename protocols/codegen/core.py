@@ -193,16 +193,13 @@ class Module:
             if f.about:
                 lines += docstring(f.about, "    ")
             default = self.default(f)
-            fresh = ("[]" if default == "[]" else default.removeprefix(
-                "field(default_factory=").removesuffix(")") + "()"
-                if default.startswith("field(") else None)
-            if fresh is None:
+            if default == "[]" or default.endswith("()"):  # a list or a struct: made afresh
+                params.append(f"{f.name}: {kind} = NEW_DEFAULT")
+                sets.append(f"init_field(self, {f.name!r}, {default} if {f.name} is "
+                            f"NEW_DEFAULT else {f.name})")
+            else:
                 params.append(f"{f.name}: {kind} = {default}")
                 sets.append(f"init_field(self, {f.name!r}, {f.name})")
-            else:
-                params.append(f"{f.name}: {kind} = NEW_DEFAULT")
-                sets.append(f"init_field(self, {f.name!r}, {fresh} if {f.name} is NEW_DEFAULT "
-                            f"else {f.name})")
         lines += ["", f"    def __init__(self{''.join(', ' + p for p in params)}) -> None:",
                   *(f"        {line}" for line in sets or ["pass"])]
         args = ", ".join(f"{f.name}: {self.annotation(f, rec.name)}" for f in rec.fields)

@@ -123,6 +123,8 @@ class KafkaModule(Module):
         return text
 
     def default(self, spec: FieldSpec) -> str:
+        """Source of the field's default: a literal, or for a list or a struct an expression
+        evaluated for each record (``[]``, ``Type()``), never one shared object."""
         return repr(self.default_value(spec)) if not (spec.fields or spec.is_array) else (
             self._composite_default(spec))
 
@@ -133,7 +135,7 @@ class KafkaModule(Module):
             return "None"
         if spec.is_array:
             return "[]"
-        return f"field(default_factory={spec.type})"
+        return f"{spec.type}()"
 
     @staticmethod
     def default_value(spec: FieldSpec) -> object:
@@ -163,11 +165,6 @@ class KafkaModule(Module):
         if kind == "uuid":
             return bytes(16)
         return None if kind == "records" else b""
-
-    def _absent(self, f: FieldSpec) -> str:
-        """Source of a fresh default value (structs and lists are not shared)."""
-        value = self.default(f)
-        return f.type + "()" if value.startswith("field(") else value
 
     # -- record classes -------------------------------------------------------------------
 
@@ -229,11 +226,11 @@ class KafkaModule(Module):
             if test == "True":
                 body += read
             elif test == "False":
-                body += [f"{g.name}_: {self.annotation(g, rec.name)} = {self._absent(g)}"
+                body += [f"{g.name}_: {self.annotation(g, rec.name)} = {self.default(g)}"
                          for g in group]
             else:
                 body += [f"if {test}:", *("    " + line for line in read), "else:",
-                         *(f"    {g.name}_ = {self._absent(g)}" for g in group)]
+                         *(f"    {g.name}_ = {self.default(g)}" for g in group)]
             i += len(group)
         tagged = sorted((f for f in fields if f.tag is not None), key=lambda f: f.tag or 0)
         what = f"{rec.name} tagged fields"
@@ -341,7 +338,7 @@ class KafkaModule(Module):
             else:
                 write = self.write_value(rec.name, f, f"record.{f.name}", "out")
             unset = [g for g in group if not g.ignorable and g.tag is None]
-            check = " or ".join(_differs(f"record.{g.name}", self._absent(g)) for g in unset)
+            check = " or ".join(_differs(f"record.{g.name}", self.default(g)) for g in unset)
             refuse = f"    raise {self.helper('not_in_version')}" \
                      f"('{rec.name}.{'/'.join(g.name for g in unset)}', version)"
             if test == "True":
@@ -359,7 +356,7 @@ class KafkaModule(Module):
         else:
             body += ["if flexible:", "    tagged: list[tuple[int, bytearray]] = []"]
             for f in tagged:
-                differs = _differs(f"record.{f.name}", self._absent(f))
+                differs = _differs(f"record.{f.name}", self.default(f))
                 body += [f"    if {_test(_tagged(f))} and {differs}:",
                          "        value = bytearray()",
                          *("        " + line
