@@ -1,5 +1,6 @@
-"""Appends and requests are counted as plain totals and moved into their counters when
-the metrics are rendered: every count shows, once, in each rendering after it."""
+"""Appends, deliveries, requests and other loop counts are plain totals moved into their
+counters when the metrics are rendered: every count shows, once, in each rendering after
+it."""
 
 from __future__ import annotations
 
@@ -32,6 +33,28 @@ def test_totals_show_in_every_rendering_once() -> None:
     assert samples(text, "figtank_messages_in_total") == {'topic="a"': 5, 'topic="_other"': 6}
     assert samples(text, "figtank_requests_total")[
         'protocol="tank",result="ok",type="consume"'] == 1
+
+
+def test_deliveries_and_loop_counts_show_once_and_share_a_child() -> None:
+    metrics = Metrics(metric_topics=1)
+    metrics.include(metrics.upstream_feed_pushes)
+    pushes = metrics.loop_count(metrics.upstream_feed_pushes)
+    assert metrics.loop_count(metrics.upstream_feed_pushes) is pushes
+    metrics.sent("a").add(2, 64)
+    metrics.sent("b").add(1, 8)  # over the limit: _other
+    metrics.sent("c").add(4, 16)  # _other too: the same child, so the same count
+    pushes.inc(3)
+    assert metrics.messages_out.labels("a")._value.get() == 0  # not moved yet
+    text = metrics.render().decode()
+    assert samples(text, "figtank_messages_out_total") == {'topic="a"': 2, 'topic="_other"': 5}
+    assert samples(text, "figtank_bytes_out_total") == {'topic="a"': 64, 'topic="_other"': 24}
+    assert metrics.registry.get_sample_value("figtank_upstream_feed_pushes_total") == 3
+    assert metrics.render().decode() == text
+    metrics.sent("a").add(1, 1)
+    pushes.inc()
+    text = metrics.render().decode()
+    assert samples(text, "figtank_messages_out_total")['topic="a"'] == 3
+    assert metrics.registry.get_sample_value("figtank_upstream_feed_pushes_total") == 4
 
 
 def test_renderings_in_threads_while_the_loop_counts() -> None:

@@ -9,9 +9,10 @@ what it reports: everything a collector reads must be safe to read from another 
 (prometheus_client's own metrics lock; the callbacks here take ``list(...)`` snapshots of
 the loop's dicts, which CPython copies without running Python code in between).
 
-The busiest counts (:meth:`Metrics.appended`, :class:`RequestCounter`) are plain totals
-that the event loop adds to, one writer, moved into their counters when the metrics are
-rendered (:meth:`Metrics.flush`): a Produce costs no counter lock.
+The busiest counts (:meth:`Metrics.appended`, :meth:`Metrics.sent`, :class:`RequestCounter`
+and any :meth:`Metrics.loop_count`) are plain totals that the event loop adds to, one
+writer, moved into their counters when the metrics are rendered (:meth:`Metrics.flush`): a
+Produce or a delivery costs no counter lock.
 
 Per-topic series are bounded (``limits.metric_topics``): the first topics seen get their
 own series, the others are summed under ``topic="_other"`` (see :class:`TopicLabels`).
@@ -113,17 +114,42 @@ M = TypeVar("M", bound=MetricWrapperBase)
 _go_float: Callable[[float], str] = floatToGoString
 
 
-class _AppendTotals:
-    """A topic's appends: counted by the event loop, moved into its counters by a flush."""
+class LoopCount:
+    """A counter child counted by the event loop without its lock: a plain total, moved
+    into the child by :meth:`Metrics.flush` (one writer, the loop)."""
 
-    __slots__ = ("messages", "messages_counted", "messages_counter", "size", "size_counted",
-                 "size_counter")
+    __slots__ = ("_child", "_counted", "value")
 
-    def __init__(self, messages_counter: Counter, size_counter: Counter) -> None:
-        self.messages = self.size = 0
-        self.messages_counted = self.size_counted = 0
-        self.messages_counter = messages_counter
-        self.size_counter = size_counter
+    def __init__(self, child: Counter) -> None:
+        self.value = 0
+        self._counted = 0
+        self._child = child
+
+    def inc(self, amount: int = 1) -> None:
+        """Count ``amount`` (in the event loop)."""
+        self.value += amount
+
+    def flush(self) -> None:
+        """Move what was counted since the last flush into the child."""
+        value = self.value
+        if value != self._counted:
+            self._child.inc(value - self._counted)
+            self._counted = value
+
+
+class TopicTotals:
+    """A topic's messages and bytes, in or out: two :class:`LoopCount`\\ s."""
+
+    __slots__ = ("messages", "size")
+
+    def __init__(self, messages: LoopCount, size: LoopCount) -> None:
+        self.messages = messages
+        self.size = size
+
+    def add(self, messages: int, size: int) -> None:
+        """Count ``messages`` messages in ``size`` bytes (in the event loop)."""
+        self.messages.value += messages
+        self.size.value += size
 
 
 class Metrics:
@@ -244,10 +270,12 @@ class Metrics:
             "figtank_readers", "Readers of a partition.", labels,
             lambda: self.fold_topics(self.reader_lag.samples()[1], operator.add, topic_at=1)))
 
-        #: By topic: the totals appended (written by the event loop only), what the
-        #: counters were given of them, and the counters.
-        self._appended: dict[str, _AppendTotals] = {}
-        self._flushes: list[Callable[[], None]] = [self._flush_appended]
+        #: Counter children counted by the loop (:meth:`loop_count`), by the child's id.
+        self._loop_counts: dict[int, LoopCount] = {}
+        #: By topic: the totals appended and sent (:meth:`appended`, :meth:`sent`).
+        self._appended: dict[str, TopicTotals] = {}
+        self._sent: dict[str, TopicTotals] = {}
+        self._flushes: list[Callable[[], None]] = [self._flush_loop_counts]
         self._flush_lock = threading.Lock()
 
     def appended(self, topic: str, messages: int, size: int) -> None:
@@ -255,21 +283,36 @@ class Metrics:
         event loop: added to the counters by :meth:`flush`)."""
         totals = self._appended.get(topic)
         if totals is None:
-            label = self.topic_label(topic)
-            totals = _AppendTotals(self.messages_in.labels(label), self.bytes_in.labels(label))
-            self._appended[topic] = totals
-        totals.messages += messages
-        totals.size += size
+            totals = self._appended[topic] = self._topic_totals(
+                topic, self.messages_in, self.bytes_in)
+        totals.add(messages, size)
 
-    def _flush_appended(self) -> None:
-        for totals in list(self._appended.values()):
-            messages, size = totals.messages, totals.size
-            if messages != totals.messages_counted:
-                totals.messages_counter.inc(messages - totals.messages_counted)
-                totals.messages_counted = messages
-            if size != totals.size_counted:
-                totals.size_counter.inc(size - totals.size_counted)
-                totals.size_counted = size
+    def sent(self, topic: str) -> TopicTotals:
+        """The messages and bytes sent to readers of ``topic`` (``messages_out``,
+        ``bytes_out``), to count in the event loop."""
+        totals = self._sent.get(topic)
+        if totals is None:
+            totals = self._sent[topic] = self._topic_totals(
+                topic, self.messages_out, self.bytes_out)
+        return totals
+
+    def _topic_totals(self, topic: str, messages: Counter, size: Counter) -> TopicTotals:
+        label = self.topic_label(topic)
+        return TopicTotals(self.loop_count(messages.labels(label)),
+                           self.loop_count(size.labels(label)))
+
+    def loop_count(self, child: Counter) -> LoopCount:
+        """``child`` (a counter, or a child of a labelled one) counted by the event loop
+        without a lock (:class:`LoopCount`): for counts made on every request or
+        delivery."""
+        count = self._loop_counts.get(id(child))
+        if count is None:
+            count = self._loop_counts[id(child)] = LoopCount(child)
+        return count
+
+    def _flush_loop_counts(self) -> None:
+        for count in list(self._loop_counts.values()):
+            count.flush()
 
     def on_flush(self, flush: Callable[[], None]) -> None:
         """Have :meth:`flush` call ``flush`` (which moves totals into counters)."""
@@ -340,37 +383,24 @@ class Metrics:
 
 class RequestCounter:
     """``figtank_requests{protocol=...}`` children of one protocol, looked up once per
-    (type, result) rather than per request."""
+    (type, result) rather than per request, and counted by the event loop
+    (:meth:`Metrics.loop_count`)."""
 
     def __init__(self, metrics: Metrics, protocol: str) -> None:
-        self._requests = metrics.requests
+        self._metrics = metrics
         self._protocol = protocol
-        #: Requests counted, by (type, ok): written by the event loop only.
-        self._totals: dict[tuple[str, bool], int] = {}
-        #: What :meth:`_flush` moved into the counter so far, and the counter's children.
-        self._counted: dict[tuple[str, bool], int] = {}
-        self._children: dict[tuple[str, bool], Counter] = {}
-        metrics.on_flush(self._flush)
+        self._counts: dict[tuple[str, bool], LoopCount] = {}
 
     def inc(self, kind: str, ok: bool = True, count: int = 1) -> None:
         """Count ``count`` requests (in the event loop: added to the counter by the next
         flush)."""
-        totals = self._totals
         key = (kind, ok)
-        totals[key] = totals.get(key, 0) + count
-
-    def _flush(self) -> None:
-        counted = self._counted
-        for key, total in list(self._totals.items()):
-            delta = total - counted.get(key, 0)
-            if delta:
-                child = self._children.get(key)
-                if child is None:
-                    kind, ok = key
-                    child = self._requests.labels(self._protocol, kind, "ok" if ok else "error")
-                    self._children[key] = child
-                child.inc(delta)
-                counted[key] = total
+        counted = self._counts.get(key)
+        if counted is None:
+            metrics = self._metrics
+            counted = self._counts[key] = metrics.loop_count(metrics.requests.labels(
+                self._protocol, kind, "ok" if ok else "error"))
+        counted.value += count
 
 
 class GaugeCollector(Collector):

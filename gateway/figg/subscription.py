@@ -66,8 +66,7 @@ class Subscription:
         self._cache = frames
         self._feeds = feeds
         self._lag = metrics.reader_lag
-        self._messages_out = metrics.for_topic(metrics.messages_out, where.topic)
-        self._bytes_out = metrics.for_topic(metrics.bytes_out, where.topic)
+        self._sent = metrics.sent(where.topic)
         self._log = log
         self._quota = quota
         #: The principal's quota (a feed's fan-out group looks at its bytes-out limit).
@@ -303,8 +302,7 @@ class Subscription:
 
     def count_out(self, messages: int, size: int) -> None:
         """Count DATA sent through a feed's fan-out group (of this topic)."""
-        self._messages_out.inc(messages)
-        self._bytes_out.inc(size)
+        self._sent.add(messages, size)
 
     def _owes(self) -> bool:
         """Whether the principal's bytes-out quota is in debt (data must wait)."""
@@ -314,8 +312,7 @@ class Subscription:
     def _put(self, frames: bytes, count: int, next_seq: int, high_water_mark: int) -> None:
         if count:
             self._outbox.put_nowait(frames, self)
-            self._messages_out.inc(count)
-            self._bytes_out.inc(len(frames))
+            self._sent.add(count, len(frames))
             quota = self._quota
             if quota is not None and quota.out_limited:
                 quota.took_out(len(frames))

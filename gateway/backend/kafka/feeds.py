@@ -65,6 +65,10 @@ _PASSING = frozenset(ErrorCode(c).name for c in STALE_METADATA
     "REQUEST_TIMED_OUT", "NETWORK_EXCEPTION", "KAFKA_STORAGE_ERROR", "REPLICA_NOT_AVAILABLE"}
 
 
+def _last_seq(bundle: UpstreamBundle) -> int:
+    return bundle.last_seq
+
+
 @dataclass(slots=True)
 class PartitionFeed:
     """The newest bundles read from one partition, and where the read is."""
@@ -110,12 +114,15 @@ class PartitionFeed:
     def bundles_from(self, seq: int, max_bytes: int) -> tuple[list[UpstreamBundle], int]:
         """The cached bundles from the one holding ``seq`` (or the first after it), about
         ``max_bytes`` of them (one at least), and the index of the first."""
-        lasts = [b.last_seq for b in self.bundles]
-        at = bisect.bisect_left(lasts, seq)
+        bundles = self.bundles
+        if bundles and bundles[-1].first_seq <= seq:  # a reader at the tail, the usual
+            at = len(bundles) - 1 if seq <= bundles[-1].last_seq else len(bundles)
+        else:
+            at = bisect.bisect_left(bundles, seq, key=_last_seq)
         out: list[UpstreamBundle] = []
         size = 0
-        for i in range(at, len(self.bundles)):
-            bundle = self.bundles[i]
+        for i in range(at, len(bundles)):
+            bundle = bundles[i]
             if out and size + len(bundle.framed) > max_bytes:
                 break
             out.append(bundle)
@@ -155,6 +162,11 @@ class TailFeeds:
         self.max_wait_ms = max_wait_ms
         self.timeout = timeout
         self._metrics = metrics
+        # Counted at every produce answer and arrival: without the counters' lock.
+        self._written_through = (None if metrics is None else
+                                 metrics.loop_count(metrics.upstream_feed_written_through))
+        self._pushes = (None if metrics is None else
+                        metrics.loop_count(metrics.upstream_feed_pushes))
         self._on_trouble = on_trouble or (lambda: None)
         self.feeds: dict[TopicPartition, PartitionFeed] = {}
         self._generation = 0
@@ -247,9 +259,8 @@ class TailFeeds:
         if quiet is not None and quiet.deadline - now < self.quiet_secs / 2:
             # (Moved only once half of it has passed: a deadline move costs a few µs.)
             quiet.deadline = now + self.quiet_secs
-        if self._metrics is not None:
-            self._metrics.upstream_feed_written_through.inc(
-                sum(b.count for b in got.bundles))
+        if self._written_through is not None:
+            self._written_through.value += sum(b.count for b in got.bundles)
         self._arrived(feed)
 
     def _resume(self, feed: PartitionFeed) -> None:
@@ -286,8 +297,8 @@ class TailFeeds:
         feed.arrived = trio.Event()
         if feed.watchers:
             ok = feed.error is None
-            if ok and self._metrics is not None:
-                self._metrics.upstream_feed_pushes.inc(len(feed.watchers))
+            if ok and self._pushes is not None:
+                self._pushes.value += len(feed.watchers)
             for watcher in list(feed.watchers):
                 watcher(ok)
 
