@@ -10,6 +10,7 @@ code, which is the reference anyway (see ``protocols/native.py``).
 
 from __future__ import annotations
 
+import os
 import sys
 
 from setuptools import Extension, setup
@@ -28,7 +29,13 @@ def _warn(exc: BaseException, name: str = "the compiled extensions") -> None:
 
 
 class OptionalBuildExt(build_ext):
-    """``build_ext`` that warns and goes on when the extension does not compile."""
+    """``build_ext`` that warns and goes on when the extension does not compile, and
+    compiles the extensions side by side (one per core) unless told otherwise (``-j``)."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if self.parallel is None:
+            self.parallel = os.cpu_count() or 1
 
     def run(self) -> None:
         try:
@@ -50,6 +57,7 @@ def _extensions() -> list[Extension]:
         return cythonize(
             [Extension(name, [source]) for name, source in EXTENSIONS.items()],
             compiler_directives={"language_level": "3"},
+            nthreads=os.cpu_count() or 1,
         )
     except Exception as exc:  # no Cython, or it refused the source
         _warn(exc)
