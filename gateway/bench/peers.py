@@ -39,7 +39,9 @@ import contextlib
 import datetime
 import ipaddress
 import json
+import os
 import re
+import resource
 import secrets
 import socket
 import statistics
@@ -51,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.bench.procs import process_cpu_seconds
 from gateway.bench.report import describe_machine, figtank_version, machine_info
 from gateway.bench.serving import Served, serve_figtank
 
@@ -136,6 +139,10 @@ class Measure:
                                                                      "figtank": []})
     failures: dict[str, list[str]] = field(default_factory=lambda: {"peer": [],
                                                                        "figtank": []})
+    #: Per side, per round: CPU microseconds per message of each process measured
+    #: (:class:`CpuMeter`): the client, and the servers started here.
+    cpu: dict[str, list[dict[str, float]]] = field(default_factory=lambda: {"peer": [],
+                                                                             "figtank": []})
 
     def median(self, side: str) -> float | None:
         values = self.values[side]
@@ -148,8 +155,15 @@ class Measure:
     def to_dict(self) -> dict[str, Any]:
         return {"group": self.group, "label": self.label, "unit": self.unit,
                 **{side: {"values": self.values[side], "median": self.median(side),
-                          "failures": self.failures[side]} for side in ("peer", "figtank")},
+                          "failures": self.failures[side], "cpu_us_per_msg": self.cpu[side]}
+                   for side in ("peer", "figtank")},
                 "ratio": self.ratio()}
+
+    def cpu_median(self, side: str) -> dict[str, float]:
+        """Each process's median CPU microseconds per message over the rounds of ``side``."""
+        rounds = self.cpu[side]
+        names = dict.fromkeys(name for r in rounds for name in r)
+        return {name: statistics.median(r.get(name, 0.0) for r in rounds) for name in names}
 
 
 def ratio(figtank: float | None, peer: float | None, unit: str) -> float | None:
@@ -186,6 +200,39 @@ def markdown_table(measures: Sequence[Measure], peer: str) -> str:
         r = m.ratio()
         lines.append(f"| {m.label} | {cell(m, 'peer')} | {cell(m, 'figtank')} "
                      f"| {'' if r is None else f'{r:.2f}'} |")
+    return "\n".join(lines)
+
+
+def cpu_bound(cpu: dict[str, float], cores: int) -> float | None:
+    """The highest rate (msgs/s) the CPU these processes spend per message allows on
+    ``cores`` cores: all of them sharing the cores, and none faster than one core."""
+    total = sum(cpu.values())
+    if total <= 0:
+        return None
+    return min(cores * 1e6 / total, 1e6 / max(cpu.values()))
+
+
+def cpu_table(measures: Sequence[Measure], sides: dict[str, str], cores: int) -> str:
+    """Each measured run's CPU per message by process (medians), and the rate that CPU
+    allows on this machine (:func:`cpu_bound`) against the rate measured."""
+    names = list(dict.fromkeys(name for m in measures for side in sides
+                               for name in m.cpu_median(side)))
+    lines = [f"| measure | side | {' | '.join(f'{n} µs/msg' for n in names)} | all µs/msg "
+             f"| CPU allows ({cores} cores) | measured | measured / allowed |",
+             "|---|---|" + "--:|" * (len(names) + 4)]
+    for m in measures:
+        for side, label in sides.items():
+            cpu = m.cpu_median(side)
+            if not cpu:
+                continue
+            bound = cpu_bound(cpu, cores)
+            rate = m.median(side)
+            lines.append(
+                f"| {m.label} | {label} | "
+                + " | ".join(f"{cpu.get(n, 0.0):.2f}" for n in names)
+                + f" | {sum(cpu.values()):.2f} | {format_value(bound, m.unit)} "
+                f"| {format_value(rate, m.unit)} | "
+                + (f"{rate / bound:.2f}" if bound and rate else "") + " |")
     return "\n".join(lines)
 
 
@@ -246,10 +293,38 @@ class Setup:
     tank_cli: str | None
     figg: dict[str, str | None]   # side -> Figg endpoint
     tank: dict[str, str | None]   # side -> Tank endpoint
+    #: Servers started here whose CPU is measured around each run: name -> pid.
+    servers: dict[str, int] = field(default_factory=dict)
 
 
 def scaled(count: int, scale: float, least: int = 1) -> int:
     return max(least, round(count * scale))
+
+
+class CpuMeter:
+    """CPU used around a client run: the client's (this process's children reaped
+    meanwhile) and each server's started here (``/proc/PID/stat``), as microseconds per
+    message."""
+
+    def __init__(self, servers: dict[str, int]) -> None:
+        self._servers = servers
+        self._start: dict[str, float] = {}
+
+    def _now(self) -> dict[str, float]:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        now = {"client": usage.ru_utime + usage.ru_stime}
+        for name, pid in self._servers.items():
+            now[name] = process_cpu_seconds(pid) or 0.0
+        return now
+
+    def start(self) -> None:
+        self._start = self._now()
+
+    def per_message(self, messages: int) -> dict[str, float]:
+        """Microseconds of CPU per message since :meth:`start`, by process."""
+        now = self._now()
+        return {name: (now[name] - self._start[name]) * 1e6 / max(messages, 1)
+                for name in now}
 
 
 def figg_measures(setup: Setup, mode: str | None = None) -> list[Measure]:
@@ -268,6 +343,8 @@ def figg_measures(setup: Setup, mode: str | None = None) -> list[Measure]:
             for side in sides_in_order(round_):
                 print(f"== figg-bench {shape} ({side}, round {round_})", file=sys.stderr,
                       flush=True)
+                meter = CpuMeter(setup.servers)
+                meter.start()
                 try:
                     found = run_figg_bench(setup.figg_bench or "", setup.figg[side] or "",
                                            msgs, FIGG_MSG_SIZE, setup.timeout, *extra)
@@ -275,6 +352,8 @@ def figg_measures(setup: Setup, mode: str | None = None) -> list[Measure]:
                     found, error = {}, str(exc)
                 else:
                     error = "no such line in its output"
+                    if setup.servers and not extra:  # one publisher: CPU per message
+                        stats["pub"].cpu[side].append(meter.per_message(msgs))
                 for kind, measure in stats.items():
                     _add(measure, side, round_, found.get(kind, error))
     return out
@@ -318,21 +397,28 @@ def run_figg_bench(path: str, address: str, messages: int, size: int, timeout: f
 
 
 def tank_round(cli: str, endpoint: str, p2b: tuple[int, int], kib_msgs: int,
-               timeout: float) -> dict[str, float | str]:
+               timeout: float, meter: CpuMeter | None = None
+               ) -> tuple[dict[str, float | str], dict[str, float] | None]:
     """One round of the Tank measures on one side: a figure, or why there is none, for
-    "p2b" (msgs/s), "produce", "consume_wall" and "consume_own" (seconds)."""
+    "p2b" (msgs/s), "produce", "consume_wall" and "consume_own" (seconds); and with
+    ``meter``, the CPU per message of the p2b run (its topic's creation included)."""
     out: dict[str, float | str] = {}
+    cpu = None
+    if meter is not None:
+        meter.start()
     try:
         out["p2b"] = run_p2b(cli, endpoint, *p2b, timeout)
     except (RunFailed, ValueError) as exc:
         out["p2b"] = str(exc)
+    else:
+        cpu = None if meter is None else meter.per_message(p2b[0])
     topic = unique_topic("cmp-kib")
     try:
         out["produce"] = _figtank_produce(endpoint, topic, kib_msgs, timeout)
     except RunFailed as exc:
         out["produce"] = str(exc)
         out["consume_wall"] = out["consume_own"] = "nothing to consume: the produce failed"
-        return out
+        return out, cpu
     try:
         output, seconds = run_client([cli, "-b", endpoint, "-t", topic, "consume", "-F",
                                       "ignore", "-S", "-d", "0"], timeout)
@@ -344,7 +430,7 @@ def tank_round(cli: str, endpoint: str, p2b: tuple[int, int], kib_msgs: int,
     else:
         out["consume_wall"] = seconds
         out["consume_own"] = "no \"consumed in\" line" if own is None else own
-    return out
+    return out, cpu
 
 
 def tank_measures(setup: Setup, mode: str | None = None) -> list[Measure]:
@@ -368,10 +454,13 @@ def tank_measures(setup: Setup, mode: str | None = None) -> list[Measure]:
     for round_ in range(1, setup.rounds + 1):
         for side in sides_in_order(round_):
             print(f"== tank ({side}, round {round_})", file=sys.stderr, flush=True)
-            got = tank_round(setup.tank_cli or "", setup.tank[side] or "",
-                             (p2b_msgs, p2b_bundle), kib_msgs, setup.timeout)
+            got, cpu = tank_round(setup.tank_cli or "", setup.tank[side] or "",
+                                  (p2b_msgs, p2b_bundle), kib_msgs, setup.timeout,
+                                  CpuMeter(setup.servers) if setup.servers else None)
             for key, measure in measures.items():
                 _add(measure, side, round_, got[key])
+            if cpu is not None:
+                measures["p2b"].cpu[side].append(cpu)
     return list(measures.values())
 
 
@@ -561,7 +650,8 @@ def _gateway_main(args: argparse.Namespace) -> int:
     with _figtank_behind_a_gateway(mode) as (upstream, gateway):
         setup = Setup(args.rounds, args.scale, args.timeout, args.figg_bench, args.tank_cli,
                       {"peer": upstream.figg, "figtank": gateway.figg},
-                      {"peer": upstream.tank, "figtank": gateway.tank})
+                      {"peer": upstream.tank, "figtank": gateway.tank},
+                      {"upstream": upstream.process.pid, "gateway": gateway.process.pid})
         if args.figg_bench:
             tables["figg"] = figg_measures(setup)
         if args.tank_cli:
@@ -574,6 +664,12 @@ def _gateway_main(args: argparse.Namespace) -> int:
         print(f"{'Figg (figg-bench)' if group == 'figg' else 'Tank (tank-cli)'}; the "
               f"'figtank' column is the gateway, the peer column the figtank behind it\n")
         print(markdown_table(measures, names[group]) + "\n")
+    cores = os.cpu_count() or 1
+    print("CPU per message of each process around each run (the client's, the figtank's "
+          "behind the gateway, the gateway's; medians), and the rate that CPU allows here "
+          "(every process sharing the cores, none faster than one core):\n")
+    print(cpu_table([m for ms in tables.values() for m in ms],
+                    {"peer": "straight", "figtank": "through the gateway"}, cores) + "\n")
     return 1 if any(m.failures["figtank"] for ms in tables.values() for m in ms) else 0
 
 

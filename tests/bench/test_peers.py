@@ -5,7 +5,9 @@ peers' clients, its tables, and a run with stand-in clients)."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -208,6 +210,50 @@ def test_measures_ratio_and_table() -> None:
     assert data["figtank"]["failures"] == ["round 2: timed out"]
 
 
+def test_cpu_bound_is_the_shared_cores_or_the_busiest_process() -> None:
+    # Straight: the figtank's one core is the bound (3 µs/msg), not the two cores.
+    assert cp.cpu_bound({"client": 1.0, "upstream": 3.0}, 2) == pytest.approx(1e6 / 3)
+    # Through a gateway: 10 µs/msg shared by the two cores.
+    assert cp.cpu_bound({"client": 1.0, "upstream": 4.0, "gateway": 5.0}, 2) == \
+        pytest.approx(2e6 / 10)
+    assert cp.cpu_bound({"client": 0.0}, 2) is None
+    pub = cp.Measure("figg", "pub stats", "msgs/s",
+                     {"peer": [300_000.0], "figtank": [150_000.0]})
+    pub.cpu["peer"].append({"client": 1.0, "upstream": 3.0, "gateway": 0.0})
+    pub.cpu["figtank"] += [{"client": 1.0, "upstream": 4.0, "gateway": 5.0},
+                           {"client": 1.0, "upstream": 4.0, "gateway": 7.0},
+                           {"client": 1.0, "upstream": 4.0, "gateway": 6.0}]
+    untimed = cp.Measure("tank", "consume", "s", {"peer": [0.2], "figtank": [0.1]})
+    table = cp.cpu_table([pub, untimed], {"peer": "straight", "figtank": "through"},
+                         2).splitlines()
+    assert table[0] == ("| measure | side | client µs/msg | upstream µs/msg | gateway µs/msg "
+                        "| all µs/msg | CPU allows (2 cores) | measured | measured / allowed |")
+    assert table[2] == ("| pub stats | straight | 1.00 | 3.00 | 0.00 | 4.00 "
+                        "| 333,333 msgs/s | 300,000 msgs/s | 0.90 |")
+    # (the gateway's 6 µs on one core allow less than 11 µs shared by two)
+    assert table[3] == ("| pub stats | through | 1.00 | 4.00 | 6.00 | 11.00 "
+                        "| 166,667 msgs/s | 150,000 msgs/s | 0.90 |")
+    assert len(table) == 4  # a measure without CPU figures has no row
+    assert pub.to_dict()["figtank"]["cpu_us_per_msg"][1]["gateway"] == 7.0
+
+
+def test_cpu_meter_reads_the_servers_and_the_client(tmp_path: Path) -> None:
+    spin = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
+    server = subprocess.Popen([sys.executable, "-c", spin + "time.sleep(30)"])
+    try:
+        time.sleep(0.05)
+        meter = cp.CpuMeter({"server": server.pid})
+        meter.start()
+        subprocess.run([sys.executable, "-c", spin], check=True)  # the client
+        time.sleep(0.4)  # the server's spin ends meanwhile
+        got = meter.per_message(1000)
+    finally:
+        server.kill()
+        server.wait()
+    # 0.3 s of CPU each over 1,000 messages: 300 µs/msg (less what ran before start()).
+    assert got["client"] >= 250 and 100 <= got["server"] <= 400
+
+
 def test_sides_alternate() -> None:
     assert [cp.sides_in_order(r) for r in (1, 2, 3)] == \
         [("peer", "figtank"), ("figtank", "peer"), ("peer", "figtank")]
@@ -349,6 +395,12 @@ elif "consume" in args:
     out = capsys.readouterr().out
     assert "a gateway (figtank serve --upstream-kafka) in front of a figtank (os)" in out
     assert "figg-bench 20 x 128 B, 1 pub, 1 sub: pub stats | 351,513 msgs/s | 351,513" in out
+    cpu_rows = [line for line in out.splitlines() if line.startswith("| ") and " µs/msg" not in
+                line and line.count("|") == 10]
+    sides = {(row.split(" | ")[0][2:].split(":")[0], row.split(" | ")[1]) for row in cpu_rows}
+    assert sides == {(label, side) for label in ("figg-bench 20 x 128 B, 1 pub, 1 sub",
+                                                 "tank-cli bm p2b")
+                     for side in ("straight", "through the gateway")}
     lines = log.read_text().split("\n")
     figg = {line.split()[1] for line in lines if line.startswith("figg")}
     tank = {line.split()[1] for line in lines if line.startswith("tank")}
