@@ -15,6 +15,7 @@ from kafka.errors import GroupAuthorizationFailedError
 from gateway.client.figg import open_figg_client
 from gateway.client.tank import TAIL, open_tank_client
 from gateway.kafka.services import NO_GROUPS_UPSTREAM
+from protocols.tank.bundle import Codec
 from tests.bridge.helpers import metric
 from tests.upstream_kafka.helpers import (
     AnyUpstream,
@@ -98,10 +99,17 @@ async def test_tank_produce_consume_long_poll_discover_and_create(
                     (0, 0), (1, 4), (0, 0)]
                 topics = {t.name: t.partitions for t in await tank.discover_topics()}
                 assert topics["orders"] == 3
+                # A Snappy bundle of ~200 KB goes up as a Snappy batch in one xerial block
+                # (snappy-java writes 32 KiB ones): the upstream reads it whole.
+                bulk = [b"%04d:" % i + b"x" * 200 for i in range(1000)]
+                await tank.produce({("orders", 2): bulk}, codec=Codec.SNAPPY)
+                result = await tank.consume("orders", 2, 1, fetch_size=1 << 20)
+                assert [m.value for m in result.messages] == bulk
             # The upstream has the topic, its three partitions and the messages.
             assert await upstream.partitions("orders") == 3
             assert [v for _, v in await upstream.stored("orders", 1)] == [b"a", b"b", b"c",
                                                                           b"d"]
+            assert [v for _, v in await upstream.stored("orders", 2)] == bulk
 
 
 def _kafka_produce(address: str, topic: str, values: list[bytes]) -> list[int]:

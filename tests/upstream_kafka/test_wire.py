@@ -178,7 +178,9 @@ async def test_the_producer_merges_a_partitions_queue_into_one_batch_in_order(
                 sent = {0: [], 1: []}  # type: dict[int, list[bytes]]
                 for i in range(200):
                     partition = i % 2
-                    values = [b"%d-%d" % (i, j) for j in range(i % 5 + 1)]
+                    # (~90 KB a partition: merged Snappy batches span several of
+                    # snappy-java's 32 KiB blocks, which the gateway writes as one)
+                    values = [b"%d-%d." % (i, j) + b"v" * 300 for j in range(i % 5 + 1)]
                     sent[partition] += values
                     bundle = encode_bundle([Message(v, b"k" if j % 2 else None, 1_000 + i)
                                             for j, v in enumerate(values)],
@@ -243,7 +245,7 @@ async def test_batches_go_up_compressed_as_the_client_compressed_them_by_default
                 await nursery.start(producer.run)
                 sent: list[bytes] = []
                 for codec in (Codec.NONE, Codec.SNAPPY):
-                    values = [b"%s-%d" % (codec.name.encode(), i) * 20 for i in range(50)]
+                    values = [b"%s-%d" % (codec.name.encode(), i) * 20 for i in range(500)]
                     sent += values
                     producer.send("codecs", 0, encode_bundle(
                         [Message(v, None, 1_000) for v in values], codec=codec), len(values),
