@@ -41,6 +41,9 @@ from protocols.translate import DataFrames, data_frames
 FETCH_SIZE: Final = 256 * 1024
 #: Long-poll time of a fetch at the end of the log; the loop simply asks again.
 MAX_WAIT_MS: Final = 30_000
+#: Long-poll time of a fetch at the end of the log while the partition's tail reader
+#: reads behind (it catches up, and the subscription follows it then).
+REJOIN_WAIT_MS: Final = 500
 #: Pause before retrying a partition the backend could not read (bridge outage).
 FAULT_RETRY_SECS: Final = 0.5
 
@@ -120,9 +123,10 @@ class Subscription:
             if outcomes is not None:
                 [outcome] = outcomes
             else:  # at the tail: follow the partition's reader, or wait on our own
-                if await self._follow():
+                wait_ms = await self._follow()
+                if wait_ms is None:
                     continue
-                [outcome] = await self._backend.fetch([request], max_wait_ms=MAX_WAIT_MS,
+                [outcome] = await self._backend.fetch([request], max_wait_ms=wait_ms,
                                                       min_bytes=1)
             fetch_size = await self._handle(outcome, fetch_size)
 
@@ -153,23 +157,25 @@ class Subscription:
                 f"{self.figg_topic}: {status.value} while reading sequence {self.next_seq}")
         return fetch_size
 
-    async def _follow(self) -> bool:
+    async def _follow(self) -> int | None:
         """Follow the topic name's feed of the partition's tail reader (started here when
-        the partition has none) until released; False at once when the reader is
-        elsewhere or can not read now (the caller reads on its own)."""
+        the partition has none) until released: None then. When the reader is elsewhere
+        or can not read now, at once the longest our own read at the tail should wait:
+        short while the reader reads behind us (it catches up: follow it then)."""
         where = self.where
         readers = self._readers
         reader = readers.acquire(where.topic, where.partition, self.next_seq)
         try:
             feed = reader.sink(self._feed_key, self._make_feed)
             if not feed.open_at(self.next_seq):
-                return False
+                behind = reader.readable and feed.next_seq < self.next_seq
+                return REJOIN_WAIT_MS if behind else MAX_WAIT_MS
             self._feed = feed
             try:
                 await feed.follow(self)
             finally:
                 self._feed = None
-            return True
+            return None
         finally:
             readers.release(reader)
 
