@@ -34,6 +34,7 @@ from wsproto.frame_protocol import FrameProtocol
 
 from gateway.http.messages import decode_messages, dumps, message_json
 from gateway.io.writer import FrameWriter
+from gateway.tail import reader as reader_module
 from gateway.tail.followers import FED, RELEASE, Followers
 from gateway.tail.reader import TailChunk, TailReader, TailReaders
 from protocols.errors import ProtocolError
@@ -149,6 +150,10 @@ class PartitionTail:
         self.budget = budget
         #: Why the tail stopped (the topic went away, undecodable data), or None.
         self.failed: str | None = None
+        #: HTTP subscribers holding it now (of every HTTP listener), and since when it
+        #: has none (its reader may go on for other listeners' subscribers).
+        self.holders = 0
+        self.idle_since: float | None = None
         self._events: list[TailEvent] = []
         self._seqs: list[int] = []
         #: Bytes of every event appended before each event (for :meth:`bytes_after`).
@@ -297,6 +302,13 @@ class PartitionTail:
         buffer and go to the followers."""
         if self.failed is not None:
             return
+        if self.idle_since is not None and (
+                trio.current_time() - self.idle_since >= reader_module.LINGER_SECS):
+            # No HTTP subscriber for a while (the reader goes on for others): stop
+            # decoding; the next HTTP subscriber makes a new tail.
+            self.reader.drop(PartitionTail.key(self.budget))
+            self.fail("no HTTP subscriber")
+            return
         try:
             events = chunk.encoded(_EVENTS, lambda: self._events_of(chunk))
         except ProtocolError as exc:
@@ -413,10 +425,12 @@ class Tails:
         reader = self._readers.acquire(topic, partition, next_seq)
         tail = reader.sink(self._key, self._make)
         if tail.failed is not None and reader.failed is None:
-            # It could not decode what its reader read (the others may have): start a
-            # new one at the reader's position.
+            # It could not decode what its reader read (the others may have), or it
+            # stopped for want of HTTP subscribers: a new one at the reader's position.
             reader.drop(self._key)
             tail = reader.sink(self._key, self._make)
+        tail.holders += 1
+        tail.idle_since = None
         self._held[tail] = self._held.get(tail, 0) + 1
         return tail
 
@@ -426,6 +440,9 @@ class Tails:
             self._held[tail] = held
         else:
             self._held.pop(tail, None)
+        tail.holders -= 1
+        if tail.holders <= 0:
+            tail.idle_since = trio.current_time()
         self._readers.release(tail.reader)
 
 

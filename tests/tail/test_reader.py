@@ -184,3 +184,46 @@ def test_where_a_chunk_leaves_its_reader_is_where_decoding_it_does(min_seq: int)
     for data in (chunk, chunk[:-3], plain + sparse[:2], plain[:1]):
         found = decode_chunk(data, 1, min_seq)
         assert chunk_end(data, 1, min_seq) == (found.next_seq, found.partial_bundle_len)
+
+
+async def test_the_http_tail_of_a_reader_that_figg_keeps_stops_after_its_last_stream(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The HTTP subscribers leave while a Figg one stays: the reader goes on for it, and
+    its HTTP tail stops decoding a short while after; a new stream gets a new one."""
+    monkeypatch.setattr(reader_module, "LINGER_SECS", 0.3)
+    with trio.fail_after(30):
+        async with with_figg(tmp_path, http_heartbeat_secs=0.2) as info:
+            readers = _readers(info)
+            tails = info.listeners["http"].tails  # type: ignore[attr-defined]
+            assert info.http is not None
+            pub = await _figg(info)
+            await pub.send(publish("kept", 1, b"first"))
+            await pub.receive(1)
+            sub = await _figg(info)
+            await sub.send(attach("kept", 1))
+            assert await sub.receive_one() == Attached("kept", 1)
+            sse = await SseReader.open(*info.http, "/topics/kept/events?from=earliest")
+            assert (await sse.next())["id"] == "1"
+            reader = await _followed_by(readers, "kept", 2)
+            http = tails.get("kept", 0)
+            assert http is not None
+            await sse.client.aclose()
+            await _followed_by(readers, "kept", 1)
+            await trio.sleep(0.4)
+            seq = 2
+            await pub.send(publish("kept", seq, b"m2"))
+            await pub.receive(1)
+            assert [d.offset for d in await sub.receive(1)] == [seq]
+            assert tails.get("kept", 0) is None and readers.get("kept", 0) is reader
+            assert http.failed is not None and http.next_seq == seq  # decoded no more
+            sse = await SseReader.open(*info.http, "/topics/kept/events?from=2")
+            await pub.send(publish("kept", 3, b"m3"))
+            await pub.receive(1)
+            assert [d.offset for d in await sub.receive(1)] == [3]
+            events = [await sse.next() for _ in range(2)]  # 2 from the log, 3 at the tail
+            assert [(e["id"], json.loads(e["data"])["value"]) for e in events] == [
+                ("2", "m2"), ("3", "m3")]
+            fresh = tails.get("kept", 0)
+            assert fresh is not None and fresh is not http and fresh.reader is reader
+            await sse.client.aclose()
+            await sub.aclose()
