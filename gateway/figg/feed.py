@@ -195,7 +195,7 @@ class TailFeed(Followers[Follower, _Delivery]):
             self.release_all()
             self.next_seq = chunk.next_seq
             return
-        self.deliver(frames.frames, frames.count, frames.next_seq, chunk.high_water_mark)
+        self.deliver(frames.frames, frames.count, chunk.next_seq, chunk.high_water_mark)
 
     def _frames(self, chunk: TailChunk) -> DataFrames:
         return data_frames(self.topic, chunk.data, chunk.base_seq, chunk.first_seq)

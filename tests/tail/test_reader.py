@@ -19,7 +19,7 @@ from gateway.server.run import ServerInfo
 from gateway.tail import reader as reader_module
 from gateway.tail.reader import TailReader, TailReaders, chunk_end
 from protocols.figg.messages import Attached
-from protocols.tank.bundle import Message, decode_chunk, encode_bundle, frame_bundle
+from protocols.tank.bundle import Codec, Message, decode_chunk, encode_bundle, frame_bundle
 from tests.bridge.helpers import metric
 from tests.figg.helpers import RawPeer, attach, publish
 from tests.http.helpers import SseReader, with_figg
@@ -174,14 +174,17 @@ def _messages(first: int, count: int) -> list[Message]:
     return [Message(b"v%d" % seq, seq=seq) for seq in range(first, first + count)]
 
 
-@pytest.mark.parametrize("min_seq", [1, 3, 5, 9, 12])
+@pytest.mark.parametrize("min_seq", [1, 3, 5, 9, 12, 200, 330, 400])
 def test_where_a_chunk_leaves_its_reader_is_where_decoding_it_does(min_seq: int) -> None:
     plain = frame_bundle(encode_bundle(_messages(1, 4)))  # 1..4, numbered from base
     sparse = frame_bundle(encode_bundle([Message(b"a", seq=7), Message(b"b", seq=9)],
                                         sparse=True))
     more = frame_bundle(encode_bundle(_messages(10, 2)))  # 10, 11 after the sparse one
-    chunk = plain + sparse + more
-    for data in (chunk, chunk[:-3], plain + sparse[:2], plain[:1]):
+    big = frame_bundle(encode_bundle(_messages(12, 300)))  # its count a varint
+    packed = frame_bundle(encode_bundle(_messages(312, 50), codec=Codec.SNAPPY))
+    chunk = plain + sparse + more + big + packed
+    for data in (chunk, chunk[:-3], chunk[:-len(packed) - 1], plain + sparse[:2],
+                 plain[:1]):
         found = decode_chunk(data, 1, min_seq)
         assert chunk_end(data, 1, min_seq) == (found.next_seq, found.partial_bundle_len)
 
