@@ -26,10 +26,10 @@ import trio
 import trio.testing
 
 from gateway.http.tail import PartitionTail, TailEvent, events_of
-from gateway.tail.reader import TailReader
 from gateway.io import fanout
 from gateway.io.fanout import FanoutGroup, send_each_python
 from gateway.io.writer import FrameWriter
+from gateway.tail.reader import TailReader
 from protocols import native
 from protocols.tank.bundle import Message
 from tests.io.helpers import tcp_pair
