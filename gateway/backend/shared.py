@@ -35,29 +35,17 @@ MAX_SHARED_BYTES: Final = 16 * 1024 * 1024
 MAX_SHARED_ENTRIES: Final = 4096
 
 
-class SharedChunk:
-    """An in-memory chunk handed to many readers: immutable, closing it does nothing."""
+class Encodings:
+    """A memo of what readers encode from one chunk, each result under its own key: built
+    by the first reader that asks (:meth:`encoded`), the same object for the others. The
+    shape every chunk handed to many readers shares (a :class:`SharedChunk` here, the
+    tail reader's chunks in :mod:`gateway.tail.reader`)."""
 
-    __slots__ = ("_encoded", "data", "length")
+    __slots__ = ("_encoded",)
 
-    def __init__(self, data: bytes) -> None:
-        #: The chunk's bytes (``varint len | bundle`` runs).
-        self.data = data
-        #: Bytes in the chunk.
-        self.length = len(data)
+    def __init__(self) -> None:
         # Results of every kind, each under its own key.
         self._encoded: dict[Hashable, Any] | None = None
-
-    def read_bytes(self) -> bytes:
-        """The chunk's bytes (the same object for every reader)."""
-        return self.data
-
-    def sendfile_source(self) -> None:
-        """None: held in memory."""
-        return None
-
-    def close(self) -> None:
-        """Nothing to release."""
 
     def encoded(self, key: Hashable, build: Callable[[], T]) -> T:
         """What ``build()`` makes from this chunk for ``key``, built by the first caller
@@ -72,6 +60,30 @@ class SharedChunk:
             return value
         value = memo[key] = build()
         return value
+
+
+class SharedChunk(Encodings):
+    """An in-memory chunk handed to many readers: immutable, closing it does nothing."""
+
+    __slots__ = ("data", "length")
+
+    def __init__(self, data: bytes) -> None:
+        self._encoded = None  # (Encodings.__init__, without the call: one per shared read)
+        #: The chunk's bytes (``varint len | bundle`` runs).
+        self.data = data
+        #: Bytes in the chunk.
+        self.length = len(data)
+
+    def read_bytes(self) -> bytes:
+        """The chunk's bytes (the same object for every reader)."""
+        return self.data
+
+    def sendfile_source(self) -> None:
+        """None: held in memory."""
+        return None
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 class _PartitionReads:

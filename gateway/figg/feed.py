@@ -1,15 +1,17 @@
-"""The subscribers of a Figg topic that keep up, fed by one reader of the log.
+"""The subscribers of a Figg topic that keep up, fed by the partition's one tail reader.
 
 Subscribers at the tail of a partition all want the same thing: each append, as soon as
-it is durable. Instead of each of them waking up, fetching and converting on its own, the
-first to reach the tail *leads* a :class:`TailFeed`: it long-polls the backend once for
-everyone, turns each chunk into DATA frames once, and hands the frames to every follower.
-A subscriber that reaches the tail at the feed's position follows it and sleeps until
-released. A follower is released (and reads on its own from where it stands) when its
-connection falls behind (its outbox is full), when the leader stops (its connection is
-gone or behind), or when the feed meets anything but data; the next one at the tail
-leads a new feed. Subscribers that are behind read the log on their own, as before, so a
-slow client still only makes its own subscriptions lag.
+it is durable. Instead of each of them waking up, fetching and converting on its own, they
+follow the topic name's :class:`TailFeed`, a sink of the partition's
+:class:`~gateway.tail.reader.TailReader` (the one reader of the partition for every
+listener's subscribers: Figg, SSE, WebSocket): the reader long-polls the backend once for
+everyone, the feed turns each chunk into DATA frames once (compiled; kept with the chunk,
+so each topic name's frames are made once per chunk) and hands the frames to every
+follower. A subscriber that reaches the tail at the feed's position follows it and sleeps
+until released. A follower is released (and reads on its own from where it stands) when
+its connection falls behind (its outbox is full), or when the reader meets anything but
+data (an outage, a boundary, a failure, its end). Subscribers that are behind read the log
+on their own, as before, so a slow client still only makes its own subscriptions lag.
 
 The followers whose sockets are free (nothing queued in their outbox, its writer task
 idle, a plain socket, no bytes-out limit) are in the feed's
@@ -31,7 +33,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from gateway.figg.offsets import figg_to_tank
 from gateway.tail.followers import Followers
+from gateway.tail.reader import TailChunk, TailReader, TailReaders
+from protocols.errors import ProtocolError
+from protocols.translate import DataFrames, data_frames
 
 
 class OutQuota(Protocol):
@@ -87,14 +93,27 @@ class Follower(Protocol):
 _Delivery = tuple[bytes, int, int, int]
 
 
+def feed_key(topic: bytes) -> tuple[str, bytes]:
+    """The key of Figg topic name ``topic``'s feed among its reader's sinks, and of its
+    DATA frames in a chunk's encodings."""
+    return ("figg", topic)
+
+
 class TailFeed(Followers[Follower, _Delivery]):
-    """One figg topic's subscribers at the tail; see the module docstring."""
+    """One figg topic name's subscribers at the tail, a sink of the partition's tail
+    reader; see the module docstring."""
 
-    __slots__ = ("_members_lag", "_quotas", "high_water_mark", "next_seq")
+    __slots__ = ("_key", "_members_lag", "_quotas", "_reader", "high_water_mark", "next_seq",
+                 "topic")
 
-    def __init__(self, next_seq: int) -> None:
+    def __init__(self, next_seq: int, topic: bytes = b"", reader: TailReader | None = None
+                 ) -> None:
         super().__init__()
-        #: Where the feed reads next; followers join only here.
+        #: The Figg topic name (UTF-8) its DATA frames carry.
+        self.topic = topic
+        self._key = feed_key(topic)
+        self._reader = reader
+        #: Where the feed delivers next; followers join only here.
         self.next_seq = next_seq
         #: The high-water mark the last delivery saw.
         self.high_water_mark = next_seq - 1
@@ -103,9 +122,26 @@ class TailFeed(Followers[Follower, _Delivery]):
         #: The reader lag the members last reported (None: not yet).
         self._members_lag: int | None = None
 
+    @classmethod
+    def of(cls, topic: bytes) -> Callable[[TailReader], TailFeed]:
+        """What makes ``topic``'s feed for a reader (:meth:`TailReader.sink`)."""
+
+        def make(reader: TailReader) -> TailFeed:
+            feed = cls(reader.next_seq, topic, reader)
+            feed.high_water_mark = reader.high_water_mark
+            return feed
+
+        return make
+
     @property
     def followers(self) -> int:
         return len(self)
+
+    def open_at(self, seq: int) -> bool:
+        """Whether a subscriber at ``seq`` may follow now (the feed delivers from there and
+        its reader reads)."""
+        reader = self._reader
+        return seq == self.next_seq and (reader is None or reader.readable)
 
     async def follow(self, sub: Follower) -> None:
         """Be fed from here on; returns when released (the caller reads on its own then,
@@ -135,15 +171,50 @@ class TailFeed(Followers[Follower, _Delivery]):
         self.next_seq = next_seq
         self.high_water_mark = high_water_mark
         if self._forms:
-            self.send_groups(piece)
+            if frames:  # (none: records that are no messages, Kafka control batches)
+                self.send_groups(piece)
             lag = high_water_mark - next_seq + 1
             if lag != self._members_lag:  # (rare: at the tail it stays 0)
                 self._members_lag = lag
                 for member in self.members():
                     member.report_lag(next_seq, high_water_mark)
 
-    def stop(self) -> None:
-        """Release every follower (the leader stops)."""
+    # The reader's sink (gateway.tail.reader.TailSink).
+
+    def chunk(self, chunk: TailChunk) -> None:
+        """The reader read ``chunk``: its DATA frames (made once per chunk for this topic
+        name) to every follower."""
+        if not len(self):
+            self.next_seq = chunk.next_seq
+            self.high_water_mark = chunk.high_water_mark
+            return
+        try:
+            frames = chunk.encoded(self._key, lambda: self._frames(chunk))
+        except ProtocolError:
+            # The followers read on their own: each meets the error and says so.
+            self.release_all()
+            self.next_seq = chunk.next_seq
+            return
+        self.deliver(frames.frames, frames.count, chunk.next_seq, chunk.high_water_mark)
+
+    def _frames(self, chunk: TailChunk) -> DataFrames:
+        return data_frames(self.topic, chunk.data, chunk.base_seq, chunk.first_seq)
+
+    def restart(self, seq: int) -> None:
+        """The reader starts over at ``seq``: the followers read on their own (each finds
+        the log's new bounds)."""
+        self.release_all()
+        self.next_seq = seq
+
+    def outage(self, reason: str) -> None:
+        """The partition can not be read now: the followers read on their own (and wait)."""
+        self.release_all()
+
+    def recovered(self) -> None:
+        """Nothing to do: subscribers follow again when they reach the tail."""
+
+    def stop(self, reason: str | None = None) -> None:
+        """Release every follower (the reader stops)."""
         self.release_all()
 
     def _check_quotas(self) -> None:
@@ -208,35 +279,15 @@ class TailFeed(Followers[Follower, _Delivery]):
 
 
 class TailFeeds:
-    """The feeds of one listener, by Figg topic name (``t`` and ``t/0`` are two feeds:
-    their DATA frames differ)."""
+    """The Figg feeds of a server's tail readers, by Figg topic name (``t`` and ``t/0``
+    are two feeds of one reader: their DATA frames differ)."""
 
-    def __init__(self) -> None:
-        self._feeds: dict[bytes, TailFeed] = {}
-
-    def __len__(self) -> int:
-        return len(self._feeds)
+    def __init__(self, readers: TailReaders) -> None:
+        self.readers = readers
 
     def get(self, topic: bytes) -> TailFeed | None:
-        """The feed of ``topic``, if it has one."""
-        return self._feeds.get(topic)
-
-    def at(self, topic: bytes, seq: int) -> TailFeed | None:
-        """The feed of ``topic`` reading at ``seq``, to follow; None when there is none
-        there."""
-        feed = self._feeds.get(topic)
-        return feed if feed is not None and feed.next_seq == seq else None
-
-    def lead(self, topic: bytes, seq: int) -> TailFeed | None:
-        """A new feed of ``topic`` at ``seq`` for the caller to lead; None when ``topic``
-        has a feed already (at another position: the caller reads on its own)."""
-        if topic in self._feeds:
-            return None
-        feed = self._feeds[topic] = TailFeed(seq)
-        return feed
-
-    def end(self, topic: bytes, feed: TailFeed) -> None:
-        """The leader stops: release the followers and forget the feed."""
-        feed.stop()
-        if self._feeds.get(topic) is feed:
-            del self._feeds[topic]
+        """The feed of ``topic``, if its partition's reader has one."""
+        where = figg_to_tank(topic.decode())
+        reader = self.readers.get(where.topic, where.partition)
+        found = None if reader is None else reader.find(feed_key(topic))
+        return found if isinstance(found, TailFeed) else None

@@ -26,13 +26,15 @@ from gateway.figg.session import FiggSession
 from gateway.figg.settings import FiggSettings
 from gateway.serving.listener import ProtocolListener
 from gateway.serving.tls import ListenerTLS
+from gateway.tail.reader import TailReaders
 
 
 class FiggListener(ProtocolListener[FiggSession]):
     """Accepts Figg connections and serves each one. Its connections share one
-    :class:`DataFrameCache` and the topics' :class:`TailFeeds`, so subscribers of a topic
-    at the same position get the DATA frames made once, and those at the tail share one
-    reader of the log."""
+    :class:`DataFrameCache`, so subscribers of a topic at the same position get the DATA
+    frames made once, and those at the tail follow the server's
+    :class:`~gateway.tail.reader.TailReaders` (one reader of a partition for every
+    listener: :class:`TailFeeds` are its Figg topic names' feeds)."""
 
     protocol = "figg"
     routine_kinds = frozenset({"eof", "reset", "send_failed", "shutdown", "idle"})
@@ -41,20 +43,22 @@ class FiggListener(ProtocolListener[FiggSession]):
     def __init__(self, backend: Backend, settings: FiggSettings, metrics: Metrics, *,
                  limits: ConnectionLimits | None = None, name: str | None = None,
                  guard: AccessGuard | None = None, tls: ListenerTLS | None = None,
-                 quotas: Quotas | None = None, share_with: FiggListener | None = None) -> None:
+                 quotas: Quotas | None = None, readers: TailReaders,
+                 share_with: FiggListener | None = None) -> None:
         super().__init__(backend, metrics, limits=limits, name=name,
                          guard=guard, tls=tls, quotas=quotas)
         #: The listener's settings (``figg.*``).
         self.settings = settings
+        self.readers = readers
+        #: The feeds of the server's tail readers, by Figg topic name.
+        self.feeds = TailFeeds(readers)
         self.frames: DataFrameCache
-        self.feeds: TailFeeds
         if share_with is not None:
-            # Another Figg listener of the server: one cache and one set of tail feeds
-            # for all, so figg.data_cache_bytes bounds them together.
-            self.frames, self.feeds = share_with.frames, share_with.feeds
+            # Another Figg listener of the server: one cache for all, so
+            # figg.data_cache_bytes bounds them together.
+            self.frames = share_with.frames
             return
         self.frames = DataFrameCache(settings.data_cache_bytes)
-        self.feeds = TailFeeds()
         metrics.add_collector(GaugeCollector(
             "figtank_figg_data_cache_bytes",
             "Bytes of DATA frames held for the Figg subscribers at the same position.",
@@ -66,7 +70,7 @@ class FiggListener(ProtocolListener[FiggSession]):
                 ) -> FiggSession:
         return FiggSession(stream, backend=self.backend, settings=self.settings,
                            limits=self.limits, metrics=self.metrics, frames=self.frames,
-                           feeds=self.feeds, log=log, principal=principal, guard=self.guard,
+                           readers=self.readers, log=log, principal=principal, guard=self.guard,
                            quota=quota)
 
     def stats(self, session: FiggSession) -> dict[str, Any]:

@@ -36,7 +36,6 @@ from gateway.auth.quotas import PrincipalQuota
 from gateway.core.contract import Backend, TopicRefused, ensure_topic
 from gateway.core.metrics import Metrics
 from gateway.core.sections import ConnectionLimits
-from gateway.figg.feed import TailFeeds
 from gateway.figg.frames import DataFrameCache
 from gateway.figg.offsets import InvalidTopic, TankPartition, attach_start, figg_to_tank
 from gateway.figg.outbox import Outbox
@@ -44,6 +43,7 @@ from gateway.figg.publisher import AckQueue, Publishing
 from gateway.figg.settings import FiggSettings
 from gateway.figg.subscription import Subscription, SubscriptionError
 from gateway.serving.session import PROTOCOL_ERRORS, CloseConnection, Session
+from gateway.tail.reader import TailReaders
 from protocols.connection import CLOSED, Role
 from protocols.figg.connection import FiggConnection
 from protocols.figg.messages import FAST, Attach, Detach, MessageType, Ping
@@ -65,17 +65,17 @@ class FiggSession(Session):
                           "subscription_limit", "access_denied", "store_fault"})
     IDLE_REASON = "nothing received for {:g} s with no subscription and nothing in flight"
 
-    __slots__ = ("_access", "_acks", "_backend", "_conn", "_feeds", "_frames", "_held_by",
+    __slots__ = ("_access", "_acks", "_backend", "_conn", "_frames", "_held_by",
                  "_log", "_max_subscriptions", "_max_unacked", "_metrics", "_partitions",
-                 "_published_error", "_published_ok", "_publishing", "_requests",
-                 "_subs",
+                 "_published_error", "_published_ok", "_publishing", "_readers",
+                 "_requests", "_subs",
                  "messages_received", "principal")
 
     _outbox: Outbox
 
     def __init__(self, stream: trio.abc.Stream, *, backend: Backend, settings: FiggSettings,
                  limits: ConnectionLimits, metrics: Metrics, frames: DataFrameCache,
-                 feeds: TailFeeds,
+                 readers: TailReaders,
                  log: structlog.typing.FilteringBoundLogger,
                  principal: Principal | None = None,
                  guard: AccessGuard | None = None,
@@ -92,7 +92,7 @@ class FiggSession(Session):
         self._backend = backend
         self._metrics = metrics
         self._frames = frames
-        self._feeds = feeds
+        self._readers = readers
         self._log = log
         self._conn = FiggConnection(Role.SERVER, max_frame_size=limits.max_frame_bytes)
         self._acks = AckQueue(self._outbox, self._publish_failed, self._published)
@@ -249,7 +249,8 @@ class FiggSession(Session):
         first_available, high_water_mark = await self._bounds(where)
         start = attach_start(event.flags, event.offset, first_available, high_water_mark)
         sub = Subscription(topic, where, start.first_seq, backend=self._backend,
-                           outbox=self._outbox, frames=self._frames, feeds=self._feeds,
+                           outbox=self._outbox, frames=self._frames,
+                           readers=self._readers,
                            metrics=self._metrics, log=self._log, quota=self._quota)
         self._subs[topic] = sub
         self._outbox.put_nowait(_encode_attached(topic.encode(), start.attached_offset))

@@ -4,23 +4,23 @@ A :class:`Subscription` fetches from the backend starting at its next sequence n
 turns the chunk into DATA frames (or takes them from the listener's
 :class:`~gateway.figg.frames.DataFrameCache`, when another subscriber at the same position
 made them) and queues them on the connection's :class:`~gateway.figg.outbox.Outbox`. At
-the tail of the log it follows the topic's :class:`~gateway.figg.feed.TailFeed` (or leads
-it: one long poll and one conversion for every subscriber that keeps up; the followers
-whose sockets are free get each delivery in one compiled pass over their sockets). It waits for the
-outbox to be under its budget before reading, so a slow client makes its subscriptions lag
-in the log, never makes the server buffer. History and live messages come from the same
-loop, so the switch between them has no gap and no duplicate.
+the tail of the log it follows the topic name's :class:`~gateway.figg.feed.TailFeed`, fed
+by the partition's one :class:`~gateway.tail.reader.TailReader` (one long poll for every
+subscriber that keeps up, whatever its protocol; one conversion per topic name; the
+followers whose sockets are free get each delivery in one compiled pass over their
+sockets). It waits for the outbox to be under its budget before reading, so a slow client
+makes its subscriptions lag in the log, never makes the server buffer. History and live
+messages come from the same loop, so the switch between them has no gap and no duplicate.
 
 Under a bytes-out quota of the connection's principal, the DATA bytes queued are taken
 from its bucket (a whole chunk at a time) and the subscription waits before reading the
-log while the bucket is in debt; at the tail it leaves the feed (or stops leading it)
-while in debt, as when its connection is behind.
+log while the bucket is in debt; at the tail it leaves the feed while in debt, as when
+its connection is behind.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Final
 
 import structlog
@@ -29,10 +29,11 @@ import trio
 from gateway.auth.quotas import PrincipalQuota
 from gateway.core.contract import Backend, Chunk, FetchOutcome, FetchRequest, FetchStatus
 from gateway.core.metrics import Metrics
-from gateway.figg.feed import TailFeed, TailFeeds
+from gateway.figg.feed import TailFeed, feed_key
 from gateway.figg.frames import DataFrameCache
 from gateway.figg.offsets import TankPartition
 from gateway.figg.outbox import Outbox
+from gateway.tail.reader import TailReaders
 from protocols.errors import ProtocolError
 from protocols.translate import DataFrames, data_frames
 
@@ -40,6 +41,9 @@ from protocols.translate import DataFrames, data_frames
 FETCH_SIZE: Final = 256 * 1024
 #: Long-poll time of a fetch at the end of the log; the loop simply asks again.
 MAX_WAIT_MS: Final = 30_000
+#: Long-poll time of a fetch at the end of the log while the partition's tail reader
+#: reads behind (it catches up, and the subscription follows it then).
+REJOIN_WAIT_MS: Final = 500
 #: Pause before retrying a partition the backend could not read (bridge outage).
 FAULT_RETRY_SECS: Final = 0.5
 
@@ -52,7 +56,7 @@ class Subscription:
     """Delivers ``figg_topic`` from sequence ``first_seq`` on, until detached or cancelled."""
 
     def __init__(self, figg_topic: str, where: TankPartition, first_seq: int, *,
-                 backend: Backend, outbox: Outbox, frames: DataFrameCache, feeds: TailFeeds,
+                 backend: Backend, outbox: Outbox, frames: DataFrameCache, readers: TailReaders,
                  metrics: Metrics, log: structlog.typing.FilteringBoundLogger,
                  quota: PrincipalQuota | None = None) -> None:
         self.figg_topic = figg_topic
@@ -64,7 +68,9 @@ class Subscription:
         self._backend = backend
         self._outbox = outbox
         self._cache = frames
-        self._feeds = feeds
+        self._readers = readers
+        self._feed_key = feed_key(self._topic_bytes)
+        self._make_feed = TailFeed.of(self._topic_bytes)
         self._lag = metrics.reader_lag
         self._sent = metrics.sent(where.topic)
         self._log = log
@@ -74,8 +80,6 @@ class Subscription:
         self._scope = trio.CancelScope()
         #: The feed it follows now, if any.
         self._feed: TailFeed | None = None
-        #: Set to wake the task while the backend pushes to it (see :meth:`_pushed`).
-        self._tail_woken: trio.Event | None = None
 
     @property
     def position(self) -> int:
@@ -117,24 +121,12 @@ class Subscription:
             outcomes = self._backend.fetch_nowait([request])
             if outcomes is not None:
                 [outcome] = outcomes
-            else:  # at the tail: follow the feed there, lead one, or wait on our own
-                feed = self._feeds.at(self._topic_bytes, self.next_seq)
-                if feed is not None:
-                    self._feed = feed
-                    try:
-                        await feed.follow(self)
-                    finally:
-                        self._feed = None
+            else:  # at the tail: follow the partition's reader, or wait on our own
+                wait_ms = await self._follow()
+                if wait_ms is None:
                     continue
-                feed = self._feeds.lead(self._topic_bytes, self.next_seq)
-                if feed is not None:
-                    led = await self._lead(feed)
-                    if led is None:
-                        continue
-                    outcome = led
-                else:  # the topic's feed reads elsewhere
-                    [outcome] = await self._backend.fetch([request], max_wait_ms=MAX_WAIT_MS,
-                                                          min_bytes=1)
+                [outcome] = await self._backend.fetch([request], max_wait_ms=wait_ms,
+                                                      min_bytes=1)
             fetch_size = await self._handle(outcome, fetch_size)
 
     async def _handle(self, outcome: FetchOutcome, fetch_size: int) -> int:
@@ -164,99 +156,27 @@ class Subscription:
                 f"{self.figg_topic}: {status.value} while reading sequence {self.next_seq}")
         return fetch_size
 
-    async def _lead(self, feed: TailFeed) -> FetchOutcome | None:
-        """Lead ``feed``: read for every subscriber that keeps up until something else than
-        data comes (returned, for us to handle) or we fall behind (None)."""
+    async def _follow(self) -> int | None:
+        """Follow the topic name's feed of the partition's tail reader (started here when
+        the partition has none) until released: None then. When the reader is elsewhere
+        or can not read now, at once the longest our own read at the tail should wait:
+        short while the reader reads behind us (it catches up: follow it then)."""
         where = self.where
-        fetch_size = FETCH_SIZE
+        readers = self._readers
+        reader = readers.acquire(where.topic, where.partition, self.next_seq)
         try:
-            while True:
-                if fetch_size == FETCH_SIZE and await self._pushed(feed):
-                    return None  # fell behind while fed
-                request = FetchRequest(where.topic, where.partition, self.next_seq, fetch_size)
-                [outcome] = await self._backend.fetch([request], max_wait_ms=MAX_WAIT_MS,
-                                                      min_bytes=1)
-                chunk = outcome.chunk
-                if outcome.status is not FetchStatus.DATA:
-                    return outcome
-                try:
-                    if not chunk.length:
-                        continue
-                    frames = self._frames_of(chunk, outcome.base_seq)
-                finally:
-                    chunk.close()
-                fetch_size = self._next_fetch_size(frames, fetch_size)
-                if frames.next_seq <= self.next_seq:
-                    continue  # no whole message (a cut chunk): ask for more
-                if not self._hand_on(feed, frames, outcome.high_water_mark):
-                    return None
+            feed = reader.sink(self._feed_key, self._make_feed)
+            if not feed.open_at(self.next_seq):
+                behind = reader.readable and feed.next_seq < self.next_seq
+                return REJOIN_WAIT_MS if behind else MAX_WAIT_MS
+            self._feed = feed
+            try:
+                await feed.follow(self)
+            finally:
+                self._feed = None
+            return None
         finally:
-            self._feeds.end(self._topic_bytes, feed)
-
-    async def _pushed(self, feed: TailFeed) -> bool:
-        """Lead ``feed`` from the backend's tail read, where it pushes
-        (:meth:`~gateway.core.contract.Backend.watch_tail`): each arrival is delivered
-        from the task that brought it (:meth:`_on_tail`), with no wake-up of ours. Returns
-        True when we fell behind meanwhile; False when the push ended otherwise, or
-        never began (the caller fetches: that tells why, or waits at the tail)."""
-        where = self.where
-        woken = self._tail_woken = trio.Event()
-        unwatch = self._backend.watch_tail(where.topic, where.partition, self.next_seq,
-                                           partial(self._on_tail, feed))
-        if unwatch is None:
-            self._tail_woken = None
-            return False
-        try:
-            with trio.move_on_after(MAX_WAIT_MS / 1000):
-                await woken.wait()
-        finally:
-            unwatch()
-            self._tail_woken = None
-        return self._outbox.full or self._owes()
-
-    def _on_tail(self, feed: TailFeed, ok: bool) -> None:
-        """The backend's tail read moved (see :meth:`_pushed`): deliver what came to the
-        feed's followers and to us, as :meth:`_lead` does after a fetch; wake our task
-        for anything else (an error, a cut chunk, a full outbox, a detach)."""
-        woken = self._tail_woken
-        if woken is None or woken.is_set():
-            return
-        where = self.where
-        delivered = False
-        try:
-            while ok and not self.detached:
-                got = self._backend.fetch_nowait(
-                    [FetchRequest(where.topic, where.partition, self.next_seq, FETCH_SIZE)])
-                if got is None:
-                    if delivered:
-                        return  # all that came is delivered: the next arrival calls again
-                    # Nothing of it for us: an empty long poll, or a read that went past
-                    # our position (control records, a compaction gap). The task's fetch
-                    # tells which, and reads on from our position.
-                    break
-                [outcome] = got
-                chunk = outcome.chunk
-                if outcome.status is not FetchStatus.DATA:
-                    break
-                try:
-                    frames = self._frames_of(chunk, outcome.base_seq)
-                finally:
-                    chunk.close()
-                if frames.next_seq <= self.next_seq:
-                    break  # no whole message: the task asks for more
-                delivered = True
-                if not self._hand_on(feed, frames, outcome.high_water_mark):
-                    break
-        except Exception:  # a SubscriptionError, say: the task fetches again and sees it
-            pass
-        woken.set()
-
-    def _hand_on(self, feed: TailFeed, frames: DataFrames, high_water_mark: int) -> bool:
-        """Give the frames of a read we lead to ``feed``'s followers and to us; False when
-        our connection fell behind doing it (we stop leading)."""
-        feed.deliver(frames.frames, frames.count, frames.next_seq, high_water_mark)
-        self._put(frames.frames, frames.count, frames.next_seq, high_water_mark)
-        return not (self._outbox.full or self._owes())
+            readers.release(reader)
 
     def take(self, frames: bytes, count: int, next_seq: int, high_water_mark: int) -> bool:
         """A feed's frames for this follower; False (nothing queued) when the connection

@@ -117,7 +117,7 @@ class Cursor:
         try:
             [outcome] = await self._backend.fetch([request], max_wait_ms=0, min_bytes=0)
         except BackendUnavailable as exc:
-            self.tail.outage(str(exc))
+            self.tail.reader.outage(str(exc))
             raise Unavailable(str(exc)) from None
         status = outcome.status
         if status is FetchStatus.DATA:
@@ -144,7 +144,7 @@ class Cursor:
         if status is FetchStatus.FAULT:
             reason = self._backend.unavailable()
             if reason is not None:
-                self.tail.outage(reason)  # the tail's reader says when it is back
+                self.tail.reader.outage(reason)  # the reader says when it is back
                 raise Unavailable(reason)
             await trio.sleep(0.5)
             return []

@@ -3,8 +3,8 @@
 Connections are admitted, secured (TLS) and accounted for like every listener's
 (:class:`~gateway.serving.listener.ProtocolListener`: ``limits.max_connections``, the
 ``figtank_connections{protocol="http"}`` gauges, one ``connection_closed`` line each). Its
-live subscribers share the partitions' :class:`~gateway.http.tail.Tails`, whose readers
-run in :meth:`HttpListener.run`.
+live subscribers follow the server's tail readers (:class:`~gateway.http.tail.Tails`:
+one reader of a partition for every listener's subscribers).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from gateway.http.tokens import Tokens
 from gateway.logevery import LogEvery
 from gateway.serving.listener import ProtocolListener
 from gateway.serving.tls import ListenerTLS
+from gateway.tail.reader import TailReaders
 
 
 def build_router() -> Router:
@@ -65,7 +66,8 @@ class HttpListener(ProtocolListener[HttpSession]):
     def __init__(self, backend: Backend, settings: HttpSettings, metrics: Metrics, *,
                  limits: ConnectionLimits | None = None, name: str | None = None,
                  guard: AccessGuard | None = None, tls: ListenerTLS | None = None,
-                 quotas: Quotas | None = None, idempotency: IdempotencyKeys | None = None) -> None:
+                 quotas: Quotas | None = None, idempotency: IdempotencyKeys | None = None,
+                 readers: TailReaders) -> None:
         super().__init__(backend, metrics, limits=limits, name=name,
                          guard=guard, tls=tls, quotas=quotas)
         #: The listener's settings (``http.*``).
@@ -76,7 +78,7 @@ class HttpListener(ProtocolListener[HttpSession]):
             None, Limits(settings.idempotency_max_keys,
                          settings.idempotency_max_bytes,
                          settings.idempotency_ttl_secs))
-        self.tails = Tails(backend, settings.tail_buffer_bytes)
+        self.tails = Tails(readers, settings.tail_buffer_bytes)
         self.router = build_router()
         self.hosts = HostGuard(settings.allowed_hosts)
         self.cors = Cors(settings.cors_origins, "https" if tls is not None else "http")
@@ -88,20 +90,14 @@ class HttpListener(ProtocolListener[HttpSession]):
         #: Refusals for a store that can not write are logged once a minute per error
         #: (a retrying client must not flood the log).
         self.store_fault_log = LogEvery()
-        self._scope = trio.CancelScope()
         metrics.add_collector(GaugeCollector(
             "figtank_http_streams", "Open Server-Sent Events streams and WebSockets of the "
             "HTTP listener, by listener and kind.", ["listener", "kind"],
             lambda: [([self.name, kind], float(n)) for kind, n in self.streams.items()]))
         metrics.add_collector(GaugeCollector(
-            "figtank_http_tails", "Partitions read once for the HTTP listener's live "
-            "subscribers.", ["listener"], lambda: [([self.name], float(len(self.tails)))]))
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-                  ) -> None:
-        """Run the tails' readers until :meth:`shutdown`."""
-        with self._scope:
-            await self.tails.run(task_status=task_status)
+            "figtank_http_tails", "Partitions the HTTP listener's live subscribers follow "
+            "(each read once for every listener: figtank_tail_readers).", ["listener"],
+            lambda: [([self.name], float(len(self.tails)))]))
 
     def reloaders(self) -> list[tuple[str, Callable[[], None]]]:
         """The JWT key files, when it has any."""
@@ -114,10 +110,6 @@ class HttpListener(ProtocolListener[HttpSession]):
         longer verifies; a file that can not be read keeps the keys in force."""
         self.tokens.reload()
         self.open_streams.recheck()
-
-    def shutdown(self) -> None:
-        super().shutdown()
-        self._scope.cancel()
 
     def session(self, stream: trio.abc.Stream, log: structlog.typing.FilteringBoundLogger,
                 *, principal: Principal, quota: PrincipalQuota | None = None) -> HttpSession:

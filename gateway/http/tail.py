@@ -1,61 +1,45 @@
-"""One reader of a partition's tail for every live HTTP subscriber (SSE and WebSocket).
+"""The HTTP listeners' view of a partition's tail: the newest messages, decoded once.
 
 Subscribers that keep up all want the same thing: each append as soon as it is durable.
-A :class:`PartitionTail` long-polls the backend once for all of them, decodes each chunk
-once and keeps the newest messages as :class:`TailEvent`\\ s (within
-``http.tail_buffer_bytes``). An event encodes itself once per form (its JSON, its SSE
-block, its WebSocket frame) the first time a subscriber asks, and every other subscriber
-sends the same bytes object. Subscribers wait on a :class:`trio.Event` the tail sets when
-it appends (no per-message await); one that is behind the buffer reads the log on its own
+The partition's one :class:`~gateway.tail.reader.TailReader` (shared with every other
+listener's subscribers: Figg's too) long-polls the backend for all of them; its
+:class:`PartitionTail` sink decodes each chunk once (kept with the chunk) and keeps the
+newest messages as :class:`TailEvent`\\ s (within ``http.tail_buffer_bytes``). An event
+encodes itself once per form (its JSON, its SSE block, its WebSocket frame) the first
+time a subscriber asks, and every other subscriber sends the same bytes object.
+Subscribers wait on a :class:`trio.Event` the tail sets when it appends (no per-message
+await); one that is behind the buffer reads the log on its own
 (:mod:`gateway.http.cursor`).
 
-The :class:`Tails` of a listener start a partition's reader with its first subscriber and
-stop it a few seconds after its last one left.
+The :class:`Tails` of a listener hold the partitions' readers for its subscribers (a
+reader stops a few seconds after its last subscriber of any listener left).
 
 While the backend's upstream is away (bridge, upstream Kafka), a tail is *unavailable*
-(:attr:`PartitionTail.unavailable` says why): its followers are released and every waiting
-subscriber woken, to tell its client (:class:`~gateway.http.cursor.Unavailable`). The
-reader keeps trying (backoff up to :data:`FAULT_RETRY_MAX_SECS`) from the same position,
-and the tail is available again when a read succeeds or the backend says its upstream
-answers (:class:`Tails` looks every :data:`WATCH_SECS`): subscribers resume where they
-were, nothing skipped, nothing twice.
+(:attr:`PartitionTail.unavailable`: its reader's outage): its followers are released and
+every waiting subscriber woken, to tell its client
+(:class:`~gateway.http.cursor.Unavailable`). The reader keeps trying from the same
+position; when it can read again, subscribers resume where they were, nothing skipped,
+nothing twice.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Final, Protocol, TypeGuard, cast
 
-import structlog
 import trio
 from prometheus_client import Counter
 from wsproto.frame_protocol import FrameProtocol
 
-from gateway.core.contract import (
-    Backend,
-    BackendUnavailable,
-    FetchRequest,
-    FetchStatus,
-)
 from gateway.http.messages import decode_messages, dumps, message_json
 from gateway.io.writer import FrameWriter
+from gateway.tail import reader as reader_module
 from gateway.tail.followers import FED, RELEASE, Followers
+from gateway.tail.reader import TailChunk, TailReader, TailReaders
 from protocols.errors import ProtocolError
 from protocols.tank.bundle import Message
 
-log = structlog.get_logger("figtank.http")
-
-FETCH_SIZE: Final = 256 * 1024
-MAX_WAIT_MS: Final = 30_000
-#: A reader that could not read waits this long before it tries again, doubling up to
-#: :data:`FAULT_RETRY_MAX_SECS` (cut short when the backend's upstream is back).
-FAULT_RETRY_SECS: Final = 0.25
-FAULT_RETRY_MAX_SECS: Final = 2.0
-#: How often the tails look whether the backend's upstream went away or came back.
-WATCH_SECS: Final = 0.2
-#: A tail without subscribers keeps reading this long (a reconnecting client finds it).
-LINGER_SECS: Final = 5.0
 #: Joined batches a tail keeps (subscribers at the tail send the newest few).
 JOINED_BATCHES: Final = 16
 
@@ -152,22 +136,24 @@ def events_of(topic: str, partition: int, messages: list[Message]) -> list[TailE
 
 
 class PartitionTail:
-    """The newest messages of one partition and the subscribers waiting for more."""
+    """The newest messages of one partition and the subscribers waiting for more: a sink
+    of the partition's :class:`~gateway.tail.reader.TailReader`."""
 
-    def __init__(self, topic: str, partition: int, next_seq: int, budget: int) -> None:
-        self.topic = topic
-        self.partition = partition
-        #: The sequence the reader asks for next; every event below it is in the buffer
-        #: from :attr:`first_seq` on.
+    def __init__(self, reader: TailReader, budget: int) -> None:
+        self.reader = reader
+        self.topic = reader.topic
+        self.partition = reader.partition
+        next_seq = reader.next_seq
+        #: The sequence after the buffer's last event (where the reader reads next);
+        #: every event below it is in the buffer from :attr:`first_seq` on.
         self.next_seq = next_seq
         self.budget = budget
-        #: Subscribers using the tail now.
-        self.users = 0
-        #: Why the tail stopped reading (the topic went away), or None.
+        #: Why the tail stopped (the topic went away, undecodable data), or None.
         self.failed: str | None = None
-        #: Why the partition can not be read now (the backend's upstream is away), or None.
-        self.unavailable: str | None = None
-        self._retry = trio.Event()
+        #: HTTP subscribers holding it now (of every HTTP listener), and since when it
+        #: has none (its reader may go on for other listeners' subscribers).
+        self.holders = 0
+        self.idle_since: float | None = None
         self._events: list[TailEvent] = []
         self._seqs: list[int] = []
         #: Bytes of every event appended before each event (for :meth:`bytes_after`).
@@ -177,12 +163,28 @@ class PartitionTail:
         self._first_seq = next_seq
         self._bytes = 0
         self._wakers: list[trio.Event] = []
-        self.idle_since: float | None = None
         #: Subscribers fed by the reader itself (those whose sockets are free through a
         #: fan-out group of their form: sent each append in one call).
         self._followers = _TailFollowers(self)
         #: The newest batches as sent, by (form, first seq, last seq, count).
         self._joined: dict[tuple[str, int, int, int], bytes] = {}
+
+    @classmethod
+    def of(cls, budget: int) -> Callable[[TailReader], PartitionTail]:
+        """What makes a reader's tail of ``budget`` bytes (:meth:`TailReader.sink`)."""
+        return lambda reader: cls(reader, budget)
+
+    @staticmethod
+    def key(budget: int) -> Hashable:
+        """The key of the tail of ``budget`` bytes among its reader's sinks (one for every
+        HTTP listener of the server: their settings are the same)."""
+        return ("http", budget)
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why the partition can not be read now (the backend's upstream is away), or
+        None."""
+        return self.reader.unavailable
 
     @property
     def first_seq(self) -> int:
@@ -223,7 +225,7 @@ class PartitionTail:
         shared by the followers of several tails (one whole-topic stream:
         :mod:`gateway.http.topic_follow`)."""
         if (follower.next_seq != self.next_seq or self.failed is not None
-                or self.unavailable is not None):
+                or self.reader.unavailable is not None):
             return None
         return self._followers.add(follower, released)
 
@@ -293,91 +295,70 @@ class PartitionTail:
             self._followers.fan_out(events)
         self._wake()
 
-    def skip_to(self, seq: int) -> None:
+    # The reader's sink (gateway.tail.reader.TailSink).
+
+    def chunk(self, chunk: TailChunk) -> None:
+        """The reader read ``chunk``: its messages (decoded once per chunk) join the
+        buffer and go to the followers."""
+        if self.failed is not None:
+            return
+        if self.idle_since is not None and (
+                trio.current_time() - self.idle_since >= reader_module.LINGER_SECS):
+            # No HTTP subscriber for a while (the reader goes on for others): stop
+            # decoding; the next HTTP subscriber makes a new tail.
+            self.reader.drop(PartitionTail.key(self.budget))
+            self.fail("no HTTP subscriber")
+            return
+        try:
+            events = chunk.encoded(_EVENTS, lambda: self._events_of(chunk))
+        except ProtocolError as exc:
+            self.fail(f"undecodable data at offset {chunk.first_seq}: {exc}")
+            return
+        self.append(events, chunk.next_seq)
+
+    def _events_of(self, chunk: TailChunk) -> list[TailEvent]:
+        found = decode_messages(chunk.data, chunk.base_seq, chunk.first_seq)
+        return events_of(self.topic, self.partition, found.messages)
+
+    def restart(self, seq: int) -> None:
         """The log's bounds moved (retention): start over at ``seq``."""
-        self._followers.release_all()  # (at the positions they had)
+        self.skip_to(seq)
+
+    def skip_to(self, seq: int) -> None:
+        """Start over at ``seq`` (the followers released at the positions they had)."""
+        self._followers.release_all()
         self._events, self._seqs, self._before, self._start, self._bytes = [], [], [], 0, 0
         self.next_seq = self._first_seq = seq
         self._wake()
 
     def fail(self, reason: str) -> None:
-        self.failed = reason
+        if self.failed is None:
+            self.failed = reason
         self._followers.release_all()
         self._wake()
 
     def outage(self, reason: str) -> None:
-        """The partition can not be read now (the backend's upstream is away): release the
-        followers and wake every subscriber, to tell their clients."""
-        if self.unavailable is None:
-            self.unavailable = reason
-            self._followers.release_all()
-            self._wake()
+        """The partition can not be read now (its reader's outage): release the followers
+        and wake every subscriber, to tell their clients."""
+        self._followers.release_all()
+        self._wake()
 
     def recovered(self) -> None:
-        """The partition can be read again: wake the subscribers (to resume) and the
-        reader (to try now)."""
-        if self.unavailable is not None:
-            self.unavailable = None
-            self._wake()
-        self._retry.set()
+        """The partition can be read again: wake the subscribers (to resume)."""
+        self._wake()
 
-    async def _pause(self, delay: float) -> None:
-        """Wait ``delay`` seconds before reading again, less when :meth:`recovered`."""
-        self._retry = trio.Event()
-        with trio.move_on_after(delay):
-            await self._retry.wait()
+    def stop(self, reason: str | None) -> None:
+        """The reader stopped: failed (``reason``), or idle or the server stops."""
+        if reason is not None:
+            self.fail(reason)
+        else:
+            self._followers.release_all()
+            self._wake()
 
     def _wake(self) -> None:
         wakers, self._wakers = self._wakers, []
         for waker in wakers:
             waker.set()
-
-    async def read(self, backend: Backend) -> None:
-        """Read the partition's appends into the buffer until cancelled or it fails."""
-        delay = FAULT_RETRY_SECS
-        while self.failed is None:
-            request = FetchRequest(self.topic, self.partition, self.next_seq, FETCH_SIZE)
-            try:
-                [outcome] = await backend.fetch([request], max_wait_ms=MAX_WAIT_MS,
-                                                min_bytes=1)
-                away = backend.unavailable() if outcome.status is FetchStatus.FAULT else None
-            except BackendUnavailable as exc:
-                outcome, away = None, str(exc)
-            if away is not None:
-                self.outage(away)
-            if outcome is None or outcome.status is FetchStatus.FAULT:  # try again later
-                await self._pause(delay)
-                delay = min(delay * 2, FAULT_RETRY_MAX_SECS)
-                continue
-            status = outcome.status
-            delay = FAULT_RETRY_SECS
-            if self.unavailable is not None:
-                self.recovered()
-            if status is FetchStatus.DATA:
-                chunk = outcome.chunk
-                try:
-                    if not chunk.length:
-                        continue
-                    data = chunk.read_bytes()
-                finally:
-                    chunk.close()
-                try:
-                    found = decode_messages(data, outcome.base_seq, self.next_seq)
-                except ProtocolError as exc:
-                    self.fail(f"undecodable data at offset {self.next_seq}: {exc}")
-                    return
-                if found.next_seq > self.next_seq:
-                    self.append(events_of(self.topic, self.partition, found.messages),
-                                found.next_seq)
-            elif status is FetchStatus.BOUNDARY:
-                seq = self.next_seq
-                target = (outcome.first_available if seq < outcome.first_available
-                          else outcome.high_water_mark + 1)
-                if target == seq:
-                    await trio.sleep(FAULT_RETRY_SECS)
-                self.skip_to(target)
-            else:
-                self.fail(f"{status.value}: {self.topic}/{self.partition}")
 
 
 class _TailFollowers(Followers[Follower, list[TailEvent]]):
@@ -419,97 +400,51 @@ class _TailFollowers(Followers[Follower, list[TailEvent]]):
 
 
 class Tails:
-    """The partition tails of one listener, by (topic, partition); their readers run in
-    :meth:`run`'s nursery."""
+    """What one HTTP listener's subscribers hold of the server's tail readers: the
+    partitions' :class:`PartitionTail`\\ s, by (topic, partition)."""
 
-    def __init__(self, backend: Backend, budget: int) -> None:
-        self._backend = backend
-        self._budget = budget
-        self._tails: dict[tuple[str, int], PartitionTail] = {}
-        self._scopes: dict[int, trio.CancelScope] = {}
-        self._nursery: trio.Nursery | None = None
+    def __init__(self, readers: TailReaders, budget: int) -> None:
+        self._readers = readers
+        self._key = PartitionTail.key(budget)
+        self._make = PartitionTail.of(budget)
+        #: The tails the listener's subscribers hold, with how many hold each.
+        self._held: dict[PartitionTail, int] = {}
 
     def __len__(self) -> int:
-        return len(self._tails)
+        return len(self._held)
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-                  ) -> None:
-        """Run the readers until cancelled."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            nursery.start_soon(self._reap)
-            if self._backend.has_upstream:
-                nursery.start_soon(self._watch)
-            task_status.started()
-            await trio.sleep_forever()
+    def get(self, topic: str, partition: int) -> PartitionTail | None:
+        """The tail of ``topic``/``partition``, while its reader runs."""
+        reader = self._readers.get(topic, partition)
+        found = None if reader is None else reader.find(self._key)
+        return found if isinstance(found, PartitionTail) else None
 
     def acquire(self, topic: str, partition: int, next_seq: int) -> PartitionTail:
-        """The tail of ``topic``/``partition`` (started at ``next_seq``, the partition's
-        end, when new); give it back with :meth:`release`."""
-        key = (topic, partition)
-        tail = self._tails.get(key)
-        if tail is None or tail.failed is not None:
-            tail = self._tails[key] = PartitionTail(topic, partition, next_seq, self._budget)
-            if self._nursery is None:
-                raise RuntimeError("the tails are not running")
-            self._nursery.start_soon(self._read, tail)
-        elif tail.unavailable is not None and self._backend.unavailable() is None:
-            # The upstream is back and the watch has not said so yet (it looks every
-            # WATCH_SECS): a subscriber joining now is not told of an outage that ended.
-            tail.recovered()
-        tail.users += 1
+        """The tail of ``topic``/``partition`` (its reader started at ``next_seq``, the
+        partition's end, when new); give it back with :meth:`release`."""
+        reader = self._readers.acquire(topic, partition, next_seq)
+        tail = reader.sink(self._key, self._make)
+        if tail.failed is not None and reader.failed is None:
+            # It could not decode what its reader read (the others may have), or it
+            # stopped for want of HTTP subscribers: a new one at the reader's position.
+            reader.drop(self._key)
+            tail = reader.sink(self._key, self._make)
+        tail.holders += 1
         tail.idle_since = None
+        self._held[tail] = self._held.get(tail, 0) + 1
         return tail
 
     def release(self, tail: PartitionTail) -> None:
-        tail.users -= 1
-        if tail.users <= 0:
+        held = self._held.get(tail, 0) - 1
+        if held > 0:
+            self._held[tail] = held
+        else:
+            self._held.pop(tail, None)
+        tail.holders -= 1
+        if tail.holders <= 0:
             tail.idle_since = trio.current_time()
+        self._readers.release(tail.reader)
 
-    async def _read(self, tail: PartitionTail) -> None:
-        with trio.CancelScope() as scope:
-            self._scopes[id(tail)] = scope
-            try:
-                await tail.read(self._backend)
-            except Exception as exc:  # a backend fault fails the tail, not the listener
-                log.warning("http_tail_failed", topic=tail.topic, partition=tail.partition,
-                            error=repr(exc))
-                tail.fail(repr(exc))
-            finally:
-                self._scopes.pop(id(tail), None)
-                if self._tails.get((tail.topic, tail.partition)) is tail:
-                    del self._tails[(tail.topic, tail.partition)]
 
-    async def _watch(self) -> None:
-        """Tell the tails when the backend's upstream goes away or comes back: their
-        subscribers hear of it within :data:`WATCH_SECS`, not when a read, which may be
-        a long poll waiting for the upstream, returns."""
-        was: str | None = None
-        while True:
-            await trio.sleep(WATCH_SECS)
-            reason = self._backend.unavailable()
-            if reason is not None:
-                for tail in list(self._tails.values()):
-                    tail.outage(reason)
-            else:
-                # Every tail on the way back, and any a read marked since (a fetch begun in
-                # the outage failing after it ended): its reader would say so only when
-                # its next read returns, up to a long poll later.
-                for tail in list(self._tails.values()):
-                    if was is not None or tail.unavailable is not None:
-                        tail.recovered()
-            was = reason
-
-    async def _reap(self) -> None:
-        """Stop the readers of tails nobody used for :data:`LINGER_SECS`."""
-        while True:
-            await trio.sleep(1.0)
-            now = trio.current_time()
-            for tail in list(self._tails.values()):
-                if tail.users <= 0 and tail.idle_since is not None and (
-                        now - tail.idle_since >= LINGER_SECS):
-                    del self._tails[(tail.topic, tail.partition)]
-                    scope = self._scopes.get(id(tail))
-                    if scope is not None:
-                        scope.cancel()
-
+#: The key of a chunk's events in its encodings.
+_EVENTS: Final = ("http", "events")

@@ -37,6 +37,7 @@ from gateway.kafka.services import KafkaServices
 from gateway.kafka.settings import KafkaSettings
 from gateway.serving.listener import ProtocolListener
 from gateway.serving.tls import ListenerTLS
+from gateway.tail.reader import TailReaders
 from gateway.tank.listener import TankListener
 from gateway.tank.settings import TankSettings
 
@@ -53,6 +54,9 @@ class Shared:
     idempotency: IdempotencyKeys | None
     #: The listeners made so far, by name.
     listeners: Mapping[str, ProtocolListener[Any]]
+    #: The partitions' tail readers, one per partition for every listener's subscribers
+    #: at the tail (Figg, SSE, WebSocket); run by the server.
+    readers: TailReaders
 
 
 def _nothing(shared: Shared) -> dict[str, Any]:
@@ -84,9 +88,10 @@ class ListenerKind:
 
 
 def _share_figg(shared: Shared) -> dict[str, Any]:
-    """Figg listeners share one DATA frame cache and one set of tail feeds."""
+    """Figg listeners share one DATA frame cache, and the server's tail readers."""
     first = next((x for x in shared.listeners.values() if isinstance(x, FiggListener)), None)
-    return {} if first is None else {"share_with": first}
+    readers = {"readers": shared.readers}
+    return readers if first is None else {**readers, "share_with": first}
 
 
 #: Every protocol listener, in the order ``figtank serve`` names them.
@@ -96,7 +101,8 @@ LISTENERS: Final = (
     ListenerKind("kafka", "Kafka", KafkaListener, KafkaSettings,
                  lambda shared: {"services": shared.services}),
     ListenerKind("http", "HTTP", HttpListener, HttpSettings,
-                 lambda shared: {"idempotency": shared.idempotency}),
+                 lambda shared: {"idempotency": shared.idempotency,
+                                 "readers": shared.readers}),
 )
 #: :data:`LISTENERS` by name.
 BY_NAME: Final = {kind.name: kind for kind in LISTENERS}

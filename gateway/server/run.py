@@ -83,6 +83,7 @@ from gateway.serving.listener import ProtocolListener
 from gateway.serving.tls import ListenerTLS
 from gateway.store import StoreError
 from gateway.store.descriptors import count_partitions, needed_at_start, raise_soft_limit
+from gateway.tail.reader import TailReaders
 from protocols.native import implementation
 
 log = structlog.get_logger("figtank.server")
@@ -524,7 +525,8 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                 fetch_compression=fetch_compression(KafkaSettings.of(settings)))
             info.groups.known = services.offsets
             limits = ConnectionLimits.of(settings)
-            shared = Shared(services, idempotency, listeners)
+            readers = TailReaders(info.backend, metrics)
+            shared = Shared(services, idempotency, listeners, readers)
             for spec in specs:
                 if (kind := BY_NAME.get(spec.protocol)) is None:
                     continue  # a metrics endpoint, started above
@@ -537,6 +539,7 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
             info.listeners = listeners
             drain = trio.Event()
             connections = await draining.start(info._hold_connections, grace, drain)
+            await draining.start(readers.run)
             for listener in listeners.values():
                 await draining.start(listener.run)
             async with trio.open_nursery() as accepting:
@@ -556,6 +559,7 @@ async def open_server(settings: Settings, *, backend: Backend | None = None,
                 accepting.cancel_scope.cancel()
             for listener in listeners.values():
                 listener.shutdown()
+            readers.stop()
             drain.set()
         log.info("figtank_stopping", step="close_backend")
         outer.cancel_scope.cancel()

@@ -11,6 +11,7 @@ import trio
 from gateway.client.errors import BoundaryError, TopicExistsError, UnknownTopicError
 from gateway.client.figg import open_figg_client
 from gateway.client.tank import FIRST_AVAILABLE, TAIL, Message, open_tank_client
+from gateway.figg.feed import feed_key
 from tests.bridge.helpers import address, bridge_server, metric, upstream_server
 
 
@@ -114,7 +115,7 @@ async def _take(sub, count: int):
             return
 
 
-async def test_figg_subscribers_at_the_same_position_share_upstream_polls(
+async def test_figg_subscribers_of_one_partition_share_its_upstream_polls(
         tmp_path: Path) -> None:
     values = [b"v%d" % i for i in range(30)]
     with trio.fail_after(20):
@@ -134,5 +135,12 @@ async def test_figg_subscribers_at_the_same_position_share_upstream_polls(
                 for sub in subs:
                     got = [(m.offset, m.data) async for m in _take(sub, len(values))]
                     assert got == list(enumerate(values, start=2))
+                # One reader of the partition for the three: both topic names' feeds
+                # follow it (each name's DATA frames made once a chunk).
+                reader = bridge.listeners["figg"].readers.get("tail", 0)
+                assert reader is not None
+                assert reader.find(feed_key(b"tail")) is not None
+                assert reader.find(feed_key(b"tail/0")) is not None
             fetches = backend.fetches  # type: ignore[union-attr]
-            assert fetches.joined > 0
+            # The upstream Consumes are the reader's polls, not one a subscription.
+            assert 0 < fetches.requests <= reader.reads + 1

@@ -59,6 +59,9 @@ class _Partition:
 class MemoryBackend:
     """Everything in dicts; ``produce_delay`` slows appends down (group commit tests)."""
 
+    #: No upstream to go away (the tail readers watch none).
+    has_upstream = False
+
     def __init__(self, *, auto_create_topics: bool = True, default_partitions: int = 1) -> None:
         self.auto_create = AutoCreate(auto_create_topics, default_partitions)
         self.topics: dict[str, list[_Partition]] = {}
@@ -70,6 +73,10 @@ class MemoryBackend:
         self.cut_chunks = False
         self._changed = trio.Event()
         self._produce_queue: ProduceQueue | None = None
+
+    def unavailable(self) -> None:
+        """Never away."""
+        return None
 
     async def produce(self, batches: Sequence[ProduceBatch]) -> list[ProduceOutcome]:
         self.produce_calls.append(list(batches))

@@ -258,7 +258,7 @@ async def test_many_subscribers_of_one_tail_get_the_same_messages_in_order(
                 assert await peer.receive_one() == Attached("fan", 1)
             await trio.testing.wait_all_tasks_blocked()
             feed = server.listener.feeds.get(b"fan")
-            assert feed is not None and feed.followers == 12  # one leads
+            assert feed is not None and feed.followers == 13  # all follow the reader
             most_grouped = 0
             count = 2000
             for start in range(2, count + 2, 100):

@@ -185,7 +185,7 @@ async def test_subscribers_at_the_tail_share_one_feed_and_a_slow_one_drops_out(t
                 assert await peer.receive_one() == Attached("feed", 1)
             await trio.testing.wait_all_tasks_blocked()
             feed = server.listener.feeds.get(b"feed")
-            assert feed is not None and feed.followers == 3  # one leads, three follow
+            assert feed is not None and feed.followers == 4  # all four follow the reader
             payload = b"p" * 2000
             for start in range(2, 2002, 100):
                 await pub.send(*(publish("feed", i, payload) for i in range(start, start + 100)))
@@ -194,6 +194,6 @@ async def test_subscribers_at_the_tail_share_one_feed_and_a_slow_one_drops_out(t
                     got = await peer.receive(100)
                     assert [d.offset for d in got] == list(range(start, start + 100))
             # 4 MB published while the slow client read nothing: it left the feed
-            assert server.listener.feeds.get(b"feed").followers == 2
+            assert server.listener.feeds.get(b"feed").followers == 3
             offsets = [d.offset for d in await slow.receive(2000)]
             assert offsets == list(range(2, 2002))  # all of it, in order, on its own

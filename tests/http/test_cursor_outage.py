@@ -13,7 +13,8 @@ from gateway.core.config import Settings
 from gateway.core.contract import ensure_topic
 from gateway.core.metrics import Metrics
 from gateway.http.cursor import Cursor, Unavailable, next_batch
-from gateway.http.tail import WATCH_SECS, PartitionTail, Tails, events_of
+from gateway.http.tail import PartitionTail, Tails, events_of
+from gateway.tail.reader import WATCH_SECS, TailReader, TailReaders
 from protocols.tank.bundle import Message
 
 
@@ -22,11 +23,12 @@ async def test_a_batch_taken_before_another_partition_is_unavailable_is_not_lost
     settings = Settings(data_dir=tmp_path / "data", durability="os")
     with trio.fail_after(10):
         async with open_embedded_backend(EmbeddedSettings.of(settings), Metrics()) as backend:
-            buffered = PartitionTail("t", 0, 1, 1 << 20)
-            away = PartitionTail("t", 1, 1, 1 << 20)
+            buffered = _tail(TailReader("t", 0, 1))
+            away_reader = TailReader("t", 1, 1)
+            away = _tail(away_reader)
             buffered.append(events_of("t", 0, [Message(b"m%d" % i, seq=i)
                                                for i in (1, 2, 3)]), 4)
-            away.outage("upstream away")
+            away_reader.outage("upstream away")
             cursors = [Cursor(backend, buffered, 1, 1 << 20),
                        Cursor(backend, away, 1, 1 << 20)]
             batch = await next_batch(cursors, 1 << 20, 1.0)
@@ -46,8 +48,9 @@ async def test_a_long_outage_keeps_one_waker_per_waiting_subscriber(tmp_path: Pa
     settings = Settings(data_dir=tmp_path / "data", durability="os")
     with trio.fail_after(10):
         async with open_embedded_backend(EmbeddedSettings.of(settings), Metrics()) as backend:
-            tail = PartitionTail("t", 0, 1, 1 << 20)
-            tail.outage("upstream away")
+            reader = TailReader("t", 0, 1)
+            tail = _tail(reader)
+            reader.outage("upstream away")
             cursor = Cursor(backend, tail, 1, 1 << 20)
             beats = []
             ten_beats = trio.Event()
@@ -62,7 +65,7 @@ async def test_a_long_outage_keeps_one_waker_per_waiting_subscriber(tmp_path: Pa
                 # Counted, not timed: a busy machine gives the waiter fewer beats a second.
                 await ten_beats.wait()
                 assert len(tail._wakers) == 1
-                tail.recovered()
+                reader.recovered()
             assert len(tail._wakers) == 0
 
 
@@ -76,13 +79,19 @@ async def test_a_tail_marked_unavailable_while_the_upstream_is_up_recovers_at_on
         async with open_embedded_backend(EmbeddedSettings.of(settings), Metrics()) as backend:
             backend.has_upstream = True  # type: ignore[misc]  # an upstream that is up
             await ensure_topic(backend, "t")
-            tails = Tails(backend, 1 << 20)
+            readers = TailReaders(backend)
+            tails = Tails(readers, 1 << 20)
             async with trio.open_nursery() as nursery:
-                await nursery.start(tails.run)
+                await nursery.start(readers.run)
                 tail = tails.acquire("t", 0, 1)
                 await trio.sleep(0.1)  # its reader waits in a long poll at the end
-                tail.outage("the upstream connection broke")
+                tail.reader.outage("the upstream connection broke")
                 await trio.sleep(3 * WATCH_SECS)
                 assert tail.failed is None
                 assert tail.unavailable is None
                 nursery.cancel_scope.cancel()
+
+
+def _tail(reader: TailReader) -> PartitionTail:
+    """The HTTP tail of ``reader``, as a listener's :class:`Tails` makes it."""
+    return reader.sink(PartitionTail.key(1 << 20), PartitionTail.of(1 << 20))

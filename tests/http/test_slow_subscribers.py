@@ -46,7 +46,8 @@ async def test_a_slow_sse_subscriber_is_closed_and_resumes_exactly_once(tmp_path
         for chunk in range(5):
             await _publish(server, MESSAGES // 5, 1 + chunk * (MESSAGES // 5))
         await _closed_as_slow(server)
-        tail = server.listener.tails._tails[("flood", 0)]
+        tail = server.listener.tails.get("flood", 0)
+        assert tail is not None
         assert tail._bytes <= 256 * 1024 + 2048  # the shared buffer stays bounded
         text = ""
         with trio.fail_after(10):  # what reached the socket before the close

@@ -19,9 +19,8 @@ PER_PARTITION = 10
 def followers(server, topic: str) -> list[int]:
     """How many followers each partition's tail feeds now (white box: the tails' own
     bookkeeping is what this test is about)."""
-    tails = server.listener.tails._tails
-    return [len(tails[(topic, p)]._followers) if (topic, p) in tails else 0
-            for p in range(PARTITIONS)]
+    tails = [server.listener.tails.get(topic, p) for p in range(PARTITIONS)]
+    return [0 if tail is None else len(tail._followers) for tail in tails]
 
 
 def delivered(reader: SseReader) -> list[tuple[str, int, int, str]]:

@@ -29,6 +29,7 @@ from gateway.http.tail import PartitionTail, TailEvent, events_of
 from gateway.io import fanout
 from gateway.io.fanout import FanoutGroup, send_each_python
 from gateway.io.writer import FrameWriter
+from gateway.tail.reader import TailReader
 from protocols import native
 from protocols.tank.bundle import Message
 from tests.io.helpers import tcp_pair
@@ -260,7 +261,7 @@ async def test_a_subscriber_falls_back_and_rejoins_with_its_bytes_in_order() -> 
     and the bytes the writer counts are all it got."""
     async with tcp_pair(sndbuf=4096, rcvbuf=4096) as (sender, receiver):
         outbox = FrameWriter(sender, 1 << 30)
-        tail = PartitionTail("t", 0, 1, 1 << 30)
+        tail = PartitionTail(TailReader("t", 0, 1), 1 << 30)
         follower = _Follower(outbox, 1)
         expected = bytearray()
         seen_in_group = seen_fallback = rejoined = False
