@@ -174,6 +174,10 @@ class Subscription:
                 await feed.follow(self)
             finally:
                 self._feed = None
+            if reader.failed is not None:
+                # Released by a reader that can not read on (refused, say): our own read
+                # says why, now (following the next reader would meet it again, unseen).
+                return 0
             return None
         finally:
             readers.release(reader)
