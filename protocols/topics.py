@@ -3,6 +3,7 @@ topics reports of each (:class:`TopicInfo`)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Final
@@ -10,6 +11,8 @@ from typing import Final
 #: Largest number of partitions a Tank topic may have.
 MAX_PARTITIONS: Final = 65530
 
+#: Longest topic name.
+MAX_NAME_LENGTH: Final = 64
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_-]{0,62}[A-Za-z0-9])?")
 
 
@@ -18,7 +21,13 @@ def is_valid_topic_name(name: str) -> bool:
 
     Nothing else can reach a file path: no ``/``, ``.``, ``..`` or NUL.
     """
-    return isinstance(name, str) and _TOPIC_NAME.fullmatch(name) is not None
+    # (Longer names are refused before the cache: it keeps short strings only.)
+    return isinstance(name, str) and len(name) <= MAX_NAME_LENGTH and _valid_name(name)
+
+
+@functools.lru_cache(maxsize=1024)  # asked for every produce: the names in use, once each
+def _valid_name(name: str) -> bool:
+    return _TOPIC_NAME.fullmatch(name) is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,16 +36,31 @@ def is_flexible(name: str, version: int) -> bool:
         flexible[1] is None or version <= flexible[1])
 
 
+#: Header versions worked out so far, by (API key, version): asked for every request and
+#: answer (a few hundred pairs at most: unknown keys raise before they are kept).
+_REQUEST_HEADERS: dict[tuple[int, int], int] = {}
+_RESPONSE_HEADERS: dict[tuple[int, int], int] = {}
+
+
 def request_header_version(api_key: int, version: int) -> int:
     """The request header version a request of ``api_key``/``version`` carries."""
-    return 2 if is_flexible(REQUESTS[api_key].name, version) else 1
+    known = _REQUEST_HEADERS.get((api_key, version))
+    if known is None:
+        known = 2 if is_flexible(REQUESTS[api_key].name, version) else 1
+        _REQUEST_HEADERS[api_key, version] = known
+    return known
 
 
 def response_header_version(api_key: int, version: int) -> int:
     """The response header version the answer to ``api_key``/``version`` carries."""
-    if api_key == ApiKey.API_VERSIONS:
-        return 0
-    return 1 if is_flexible(RESPONSES[api_key].name, version) else 0
+    known = _RESPONSE_HEADERS.get((api_key, version))
+    if known is None:
+        if api_key == ApiKey.API_VERSIONS:
+            known = 0
+        else:
+            known = 1 if is_flexible(RESPONSES[api_key].name, version) else 0
+        _RESPONSE_HEADERS[api_key, version] = known
+    return known
 
 
 __all__ = ["CODECS", "REQUESTS", "RESPONSES", "SUPPORTED_VERSIONS", "is_flexible",

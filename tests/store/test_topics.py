@@ -35,6 +35,15 @@ def test_invalid_topic_names(name):
         validate_topic_name(name)
 
 
+def test_a_name_that_is_not_a_string_or_too_long_is_refused_and_not_remembered():
+    from protocols import topics
+    before = topics._valid_name.cache_info().currsize
+    assert not is_valid_topic_name(b"orders")  # type: ignore[arg-type]
+    assert not is_valid_topic_name(None)  # type: ignore[arg-type]
+    assert not is_valid_topic_name("y" * 1_000_000)
+    assert topics._valid_name.cache_info().currsize == before
+
+
 def test_sizes_and_durations():
     assert parse_size("4096") == 4096
     assert parse_size("64kb") == 64 * 1024
