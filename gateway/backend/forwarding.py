@@ -15,7 +15,7 @@ from typing import Final
 
 from gateway.core.contract import ProduceBatch, ProduceCode, ProduceOutcome
 from protocols.errors import ProtocolError
-from protocols.tank.bundle import BundleInfo, validate_bundle
+from protocols.tank.bundle import BundleInfo, parse_bundle_header, validate_bundle
 from protocols.topics import MAX_PARTITIONS, is_valid_topic_name
 
 __all__ = ["DEFAULT_WAIT_SECS", "Forwarding", "checked_bundle", "refuse_topic_name",
@@ -49,17 +49,19 @@ def refuse_topic_name(batch: ProduceBatch) -> ProduceOutcome | None:
     return ProduceOutcome(ProduceCode.UNKNOWN_TOPIC, reason=f"invalid topic name {batch.topic!r}")
 
 
-def checked_bundle(batch: ProduceBatch, max_bundle_bytes: int) -> ProduceOutcome | BundleInfo:
+def checked_bundle(batch: ProduceBatch, max_bundle_bytes: int, *,
+                   whole: bool = True) -> ProduceOutcome | BundleInfo:
     """``batch``'s bundle's header (the gateway's own, when it built the batch, else read
     and every message checked), or the outcome refusing a bundle over ``max_bundle_bytes``
-    or not well formed (I/O fault, as the embedded store answers them)."""
+    or not well formed (I/O fault, as the embedded store answers them). ``whole=False``:
+    the header only (for a caller that reads every message itself afterwards)."""
     if len(batch.bundle) > max_bundle_bytes:
         return ProduceOutcome(ProduceCode.IO_FAULT, reason=(
             f"bundle of {len(batch.bundle)} bytes is over {max_bundle_bytes}"))
     if batch.info is not None:  # built by the gateway itself
         return batch.info
     try:
-        return validate_bundle(batch.bundle)
+        return validate_bundle(batch.bundle) if whole else parse_bundle_header(batch.bundle)
     except ProtocolError as exc:
         return ProduceOutcome(ProduceCode.IO_FAULT, reason=f"invalid bundle: {exc}")
 

@@ -263,6 +263,46 @@ async def test_batches_go_up_compressed_as_the_client_compressed_them_by_default
         upstream.served.close()
 
 
+async def test_a_bundle_that_does_not_convert_is_refused_alone(tmp_path: Path) -> None:
+    """The front ends check a bundle's header only; the producer's conversion reads its
+    messages. A corrupt one queued between two good ones of the same partition (one
+    batch) is refused by itself, and the good ones go up in order."""
+    upstream = Upstream(tmp_path / "up")
+    try:
+        with trio.fail_after(60):
+            await upstream.served.start()
+            async with _cluster(upstream.address) as cluster, trio.open_nursery() as nursery:
+                await _create(cluster, "mixed")
+                await cluster.metadata(["mixed"])
+                producer = UpstreamProducer(cluster)
+                await nursery.start(producer.run)
+                good = [encode_bundle([Message(b"good-%d-%d" % (n, i), None, 1_000)
+                                       for i in range(20)], codec=Codec.SNAPPY)
+                        for n in (1, 2)]
+                corrupt = bytearray(encode_bundle([Message(b"bad-%d" % i, None, 1_000)
+                                                   for i in range(20)], codec=Codec.SNAPPY))
+                corrupt[len(corrupt) - 12:] = b"\xff" * 12  # the header still reads
+                outcomes: list[ProduceOutcome] = []
+                for bundle in (good[0], bytes(corrupt), good[1]):
+                    producer.send("mixed", 0, bundle, 20, outcomes.append, kick=False)
+                producer.kick()
+                assert await producer.flush(trio.current_time() + 20) == 0
+                by_code = sorted((o.code, o.first_seq) for o in outcomes)
+                assert [code for code, _ in by_code] == [ProduceCode.OK, ProduceCode.OK,
+                                                         ProduceCode.IO_FAULT]
+                refused = next(o for o in outcomes if o.code is ProduceCode.IO_FAULT)
+                assert refused.reason.startswith("invalid bundle")
+                got = await fetch_partition(cluster, "mixed", 0, 0, max_wait_ms=0,
+                                            max_bytes=1 << 20, after_seq=None, timeout=5)
+                chunk = b"".join(b.framed for b in got.bundles)
+                values = [m.value for m in decode_chunk(chunk, 1, max_bundle_size=1 << 20
+                                                        ).messages]
+                assert values == [b"good-%d-%d" % (n, i) for n in (1, 2) for i in range(20)]
+                nursery.cancel_scope.cancel()
+    finally:
+        upstream.served.close()
+
+
 async def test_an_answer_that_does_not_come_closes_the_connection_in_time() -> None:
     """A broker that takes requests and never answers: the waiting call and the request
     whose answer goes to a callback both get BrokerLost at their deadline (the

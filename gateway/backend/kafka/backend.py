@@ -355,7 +355,9 @@ class KafkaBackend(Forwarding):
             return ProduceOutcome(ProduceCode.INVALID_SEQUENCE, reason=(
                 "the upstream Kafka cluster numbers records: a produce can not name "
                 "its sequence numbers"))
-        info = checked_bundle(batch, self.max_bundle_bytes)
+        # The header only: the producer's conversion reads every message (once, not twice),
+        # and refuses a bundle that does not convert on its own (UpstreamProducer._build).
+        info = checked_bundle(batch, self.max_bundle_bytes, whole=False)
         if isinstance(info, ProduceOutcome):
             return info
         if info.sparse:

@@ -47,6 +47,7 @@ from gateway.backend.kafka.wire import BrokerLost, error_name
 from gateway.core.contract import ProduceCode, ProduceOutcome
 from gateway.core.metrics import Metrics
 from gateway.store.producers import ProducerBatch
+from protocols.errors import ProtocolError
 from protocols.kafka.codecs import Compression
 from protocols.kafka.records import (
     InitProducerIdRequest,
@@ -387,8 +388,9 @@ class UpstreamProducer:
                 if batch.pid != self._pid and not state.stamped:
                     if batch is not state.flight[0] or state.answering:
                         return None  # renumbered once the earlier ones are answered
+                    # Their items are queued again: the first batch is built from them below.
                     self._renumber(state)
-                    batch = state.flight[0]
+                    break
                 return batch
         if not state.queue or len(state.flight) >= (1 if state.stamped else
                                                     self.max_in_flight):
@@ -398,9 +400,12 @@ class UpstreamProducer:
             # what queues meanwhile (fewer, larger requests under load; an idle
             # partition's publish still leaves at once).
             return None
-        batch = self._build(state, self._take_items(state))
-        state.flight.append(batch)
-        return batch
+        while state.queue:
+            built = self._build(state, self._take_items(state))
+            if built is not None:
+                state.flight.append(built)
+                return built
+        return None
 
     def _take_items(self, state: _Partition) -> list[_Item]:
         items = [state.queue.popleft()]
@@ -417,8 +422,32 @@ class UpstreamProducer:
         state.queued_bytes -= size
         return items
 
-    def _build(self, state: _Partition, items: list[_Item]) -> _Batch:
-        """Stamp ``items`` as the partition's next batch."""
+    def _build(self, state: _Partition, items: list[_Item]) -> _Batch | None:
+        """Stamp ``items`` as the partition's next batch. A bundle that does not convert
+        (malformed: the front ends check only its header) is refused alone, and the batch
+        made of the others; None when none is left."""
+        try:
+            return self._convert(state, items)
+        except (ProtocolError, ValueError):
+            items = self._refuse_unconvertible(items)
+            return self._convert(state, items) if items else None
+
+    def _refuse_unconvertible(self, items: list[_Item]) -> list[_Item]:
+        """Refuse the items whose bundle does not convert; the others."""
+        good = []
+        for item in items:
+            try:
+                bundles_to_record_batch([item.bundle], producer_id=0, producer_epoch=0,
+                                        base_sequence=0, now_ms=0)
+            except (ProtocolError, ValueError) as exc:
+                self._count("INVALID_BUNDLE")
+                self._deliver(item, ProduceOutcome(ProduceCode.IO_FAULT,
+                                                   reason=f"invalid bundle: {exc}"))
+            else:
+                good.append(item)
+        return good
+
+    def _convert(self, state: _Partition, items: list[_Item]) -> _Batch:
         now_ms = int(time.time() * 1000)
         if state.stamped:
             stamp = items[0].stamp
