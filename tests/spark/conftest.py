@@ -1,5 +1,6 @@
-"""A local Spark session (one for the whole run: the JVM is slow to start) and a figtank
-server in a background thread of the test process."""
+"""A local Spark session (one for the whole run: the JVM is slow to start), a figtank
+server in a background thread of the test process, and the drivers' class archive
+(tests/spark/jvm.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.spark.helpers import SPARK_JVM_OPTIONS, BackgroundServer
+from tests.spark import jvm
+from tests.spark.helpers import BackgroundServer
 
 # Without the spark extra (pyspark, pyarrow) or Java these tests are not collected.
 if (importlib.util.find_spec("pyspark") is None or importlib.util.find_spec("pyarrow") is None
@@ -19,25 +21,52 @@ if (importlib.util.find_spec("pyspark") is None or importlib.util.find_spec("pya
     collect_ignore_glob = ["test_*.py"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def class_archive(request: pytest.FixtureRequest,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[jvm.ClassArchive]:
+    """The drivers' class archive, in the pytest cache (kept between runs; a run without
+    the cache makes one in its temporary directory, for nothing)."""
+    cache = getattr(request.config, "cache", None)
+    directory = (cache.mkdir("spark-class-archive") if cache is not None
+                 else tmp_path_factory.mktemp("spark-class-archive"))
+    jvm.archive = jvm.ClassArchive(directory)
+    yield jvm.archive
+    jvm.archive = None
+
+
 @pytest.fixture(scope="session")
-def spark() -> Iterator[object]:
+def spark(class_archive: jvm.ClassArchive) -> Iterator[object]:
     # register() points the Python workers at this interpreter (the venv with figtank).
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     from gateway.spark import register
 
+    # Without an archive yet, this session's JVM makes one as it exits (what it loaded
+    # for all the tests here: the classes every driver needs, and more).
+    making = not class_archive.exists()
+    options = jvm.driver_jvm_options() + (
+        f" -XX:ArchiveClassesAtExit={class_archive.making()}" if making else "")
     session = (SparkSession.builder.master("local[2]").appName("figtank-tests")
                .config("spark.ui.enabled", "false")
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.driver.memory", "1g")
-               .config("spark.driver.extraJavaOptions", SPARK_JVM_OPTIONS)
+               .config("spark.driver.extraJavaOptions", options)
                .config("spark.sql.streaming.pollingDelay", "10ms")
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     register(session)
     yield session
     session.stop()
+    if making:  # the JVM writes the archive as it exits: end it now, and keep that
+        gateway = SparkContext._gateway
+        assert gateway is not None
+        gateway.shutdown()
+        gateway.proc.stdin.close()  # the JVM exits when its standard input ends
+        gateway.proc.wait(timeout=120)
+        SparkContext._gateway = SparkContext._jvm = None
+        class_archive.keep()
 
 
 @pytest.fixture(scope="session")

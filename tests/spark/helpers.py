@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass
 from functools import partial
@@ -17,33 +16,6 @@ from gateway.core.config import Settings
 from gateway.server.run import ServerInfo, run_server
 from gateway.store import NO_BOUNDS
 from protocols.tank.bundle import Message
-
-#: JVM options for every Spark driver the tests start (the session here, and the example
-#: and docs-snippet processes through ``SPARK_SUBMIT_OPTS``): the client JIT only, and
-#: the serial collector. The tests' JVMs live a minute or two on tiny data, so C2's
-#: compilations never pay off (without them a driver starts and runs its first jobs
-#: about a third faster on this 2-core machine), nor do a concurrent collector's
-#: threads (the documented snippet's run: 51 s of CPU with G1, 46 s without). What
-#: Spark does is the same.
-SPARK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-#: Spark settings for the drivers started as processes, as Java system properties
-#: (SparkConf reads ``spark.*`` ones; not allowed in ``extraJavaOptions``, so the
-#: session here sets them in its builder): no web UI, which a test never opens (its
-#: server takes a quarter of a driver's start).
-SPARK_PROCESS_PROPERTIES = "-Dspark.ui.enabled=false"
-
-
-def spark_process_env(root: Path) -> dict[str, str]:
-    """The environment of a user of the venv running a Spark program from the checkout
-    ``root``: no ``PYSPARK_PYTHON`` (``register`` must choose the workers' Python), no
-    ``SPARK_CONF_DIR``; the driver JVM with :data:`SPARK_JVM_OPTIONS` and
-    :data:`SPARK_PROCESS_PROPERTIES`."""
-    env = {name: value for name, value in os.environ.items()
-           if name not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_CONF_DIR")}
-    env["PYTHONPATH"] = str(root)
-    env["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, (
-        env.get("SPARK_SUBMIT_OPTS"), SPARK_JVM_OPTIONS, SPARK_PROCESS_PROPERTIES)))
-    return env
 
 
 class BackgroundServer:

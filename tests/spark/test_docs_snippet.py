@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.spark.helpers import BackgroundServer, produce, spark_process_env
+from tests.spark.helpers import BackgroundServer, produce
+from tests.spark.jvm import spark_process_env
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.spark.helpers import BackgroundServer, spark_process_env
+from tests.spark.helpers import BackgroundServer
+from tests.spark.jvm import spark_process_env
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,8 @@ import pytest
 from gateway.client.errors import UnknownTopicError
 from gateway.spark.ledger import COMMITS, Commit, Ledger, decode_commit, topic_name
 from protocols.tank.bundle import Message
-from tests.spark.helpers import BackgroundServer, spark_process_env
+from tests.spark.helpers import BackgroundServer
+from tests.spark.jvm import spark_process_env
 from tests.spark.stream_copy import BATCH, start_copy
 from tests.spark.test_examples import gone
 
