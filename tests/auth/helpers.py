@@ -67,8 +67,12 @@ async def acting_as(info: ServerInfo, settings: Settings, protocol: str, *, name
     assert info.backend is not None
     # Its own registry (a second Figg listener's gauges would clash with the first's);
     # refusals still count in the server's, through the guard.
+    # A Figg listener follows the server's tail readers, as every Figg listener does.
+    shared = {} if protocol == "tank" else {"readers": next(
+        made.readers for made in info.listeners.values() if isinstance(made, FiggListener))}
     listener = Acting(info.backend, BY_NAME[protocol].section.of(settings), Metrics(),
-                      limits=ConnectionLimits.of(settings), name=name, guard=info.guard)
+                      limits=ConnectionLimits.of(settings), name=name, guard=info.guard,
+                      **shared)
     async with trio.open_nursery() as nursery:
         sockets = await nursery.start(partial(trio.serve_tcp, listener.handle, 0,
                                               host="127.0.0.1"))
