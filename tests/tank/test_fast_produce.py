@@ -169,7 +169,9 @@ async def test_one_pass_produces_match_the_general_path(tmp_path, monkeypatch):
     assert fast[2] == reference[2]
     assert all(fast[2].values())
     assert reference[3] == 0
-    assert fast[3] > 50  # the one-pass path took many of the Produces
+    # The one-pass path took many of the Produces (how many depends on how the reads fall
+    # and what is still being appended: 38 to 90 of them seen, fewer on a busy machine).
+    assert fast[3] >= 10
 
 
 async def test_a_connection_keeps_appenders_for_a_bounded_number_of_partitions(
