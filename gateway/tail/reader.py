@@ -46,11 +46,9 @@ from gateway.core.contract import (
 )
 from gateway.core.metrics import GaugeCollector, Metrics
 from protocols.errors import ProtocolError
-from protocols.tank.bundle import SPARSE_FLAG, decode_chunk, read_framed_header
-from protocols.wire import decode_varint
+from protocols.tank.bundle import chunk_end
 
-__all__ = ["LINGER_SECS", "WATCH_SECS", "TailChunk", "TailReader", "TailReaders", "TailSink",
-           "chunk_end"]
+__all__ = ["LINGER_SECS", "WATCH_SECS", "TailChunk", "TailReader", "TailReaders", "TailSink"]
 
 log = structlog.get_logger("figtank.tail")
 
@@ -68,54 +66,6 @@ FAULT_RETRY_MAX_SECS: Final = 2.0
 WATCH_SECS: Final = 0.2
 #: A reader without subscribers keeps reading this long (a reconnecting client finds it).
 LINGER_SECS: Final = 5.0
-
-
-def chunk_end(data: bytes, base_seq: int | None, min_seq: int) -> tuple[int, int | None]:
-    """Where a chunk read from ``min_seq`` leaves its reader: ``(next_seq,
-    partial_bundle_len)`` as :func:`protocols.tank.bundle.decode_chunk` reports them, from
-    the bundles' headers alone (one step a bundle, no message looked at; anything but a
-    whole plain bundle's header is left to :func:`~protocols.tank.bundle.read_framed_header`,
-    and one that can not be read to ``decode_chunk``, which says what is wrong)."""
-    end = len(data)
-    pos = 0
-    prev_last: int | None = None
-    try:
-        while pos < end:
-            # Inline: a plain bundle's length prefix and message count (a fan-out pays
-            # this per chunk before anything is encoded).
-            got = decode_varint(data, pos, end)
-            if got is not None and got[0] and got[1] + got[0] <= end and not (
-                    data[got[1]] & _NOT_PLAIN):
-                length, hpos = got
-                count = data[hpos] >> 2
-                if not count:
-                    got = decode_varint(data, hpos + 1, hpos + length)
-                    if got is None:
-                        raise ProtocolError("truncated bundle message count")
-                    count = got[0]
-                framed, last = hpos - pos + length, None
-            else:
-                framed, count, _, last = read_framed_header(data, pos, end)
-                if pos + framed > end:
-                    after = (base_seq or 0) if prev_last is None else prev_last + 1
-                    return max(min_seq, after), framed
-            if last is None:
-                start = base_seq if prev_last is None else prev_last + 1
-                if start is None:
-                    raise ProtocolError("chunk starts with a plain bundle but no base sequence")
-                last = start + count - 1
-            prev_last = last
-            pos += framed
-    except ProtocolError:
-        found = decode_chunk(data, base_seq, min_seq)
-        return found.next_seq, found.partial_bundle_len
-    after = (base_seq or 0) if prev_last is None else prev_last + 1
-    return max(min_seq, after), None
-
-
-#: Flag bits of a bundle header that take it off :func:`chunk_end`'s inline path: sparse,
-#: reserved.
-_NOT_PLAIN: Final = SPARSE_FLAG | 0x80
 
 
 class TailChunk(Encodings):

@@ -53,6 +53,7 @@ __all__ = [
     "Message",
     "bundle_last_seq",
     "choose_codec",
+    "chunk_end",
     "decode_bundle",
     "decode_chunk",
     "decode_chunk_py",
@@ -727,3 +728,51 @@ def iter_framed_bundles(
         codec, count, first, last, _ = _parse_header(buf, start, bend)
         yield pos, bend - pos, _info(codec, count, first, last)
         pos = bend
+
+
+#: Flag bits of a bundle header that take it off :func:`chunk_end`'s inline path: sparse,
+#: reserved.
+_NOT_PLAIN: Final = SPARSE_FLAG | 0x80
+
+
+def chunk_end(data: bytes, base_seq: int | None, min_seq: int) -> tuple[int, int | None]:
+    """Where a chunk read from ``min_seq`` leaves its reader: ``(next_seq,
+    partial_bundle_len)`` as :func:`decode_chunk` reports them, from
+    the bundles' headers alone (one step a bundle, no message looked at; anything but a
+    whole plain bundle's header is left to :func:`read_framed_header`,
+    and one that can not be read to ``decode_chunk``, which says what is wrong)."""
+    end = len(data)
+    pos = 0
+    prev_last: int | None = None
+    try:
+        while pos < end:
+            # Inline: a plain bundle's length prefix and message count (a fan-out pays
+            # this per chunk before anything is encoded).
+            got = decode_varint(data, pos, end)
+            if got is not None and got[0] and got[1] + got[0] <= end and not (
+                    data[got[1]] & _NOT_PLAIN):
+                length, hpos = got
+                count = data[hpos] >> 2
+                if not count:
+                    got = decode_varint(data, hpos + 1, hpos + length)
+                    if got is None:
+                        raise ProtocolError("truncated bundle message count")
+                    count = got[0]
+                framed, last = hpos - pos + length, None
+            else:
+                framed, count, _, last = read_framed_header(data, pos, end)
+                if pos + framed > end:
+                    after = (base_seq or 0) if prev_last is None else prev_last + 1
+                    return max(min_seq, after), framed
+            if last is None:
+                start = base_seq if prev_last is None else prev_last + 1
+                if start is None:
+                    raise ProtocolError("chunk starts with a plain bundle but no base sequence")
+                last = start + count - 1
+            prev_last = last
+            pos += framed
+    except ProtocolError:
+        found = decode_chunk(data, base_seq, min_seq)
+        return found.next_seq, found.partial_bundle_len
+    after = (base_seq or 0) if prev_last is None else prev_last + 1
+    return max(min_seq, after), None

@@ -3,7 +3,7 @@ Figg, SSE and WebSocket subscribers of a partition follow one reader (the gauge
 ``figtank_tail_readers``, the reader's sinks and its count of backend reads say so), it
 stops a short while after the last of them left, and an outage of a bridge's upstream
 reaches both families through it; and where a chunk's reader leaves it
-(:func:`~gateway.tail.reader.chunk_end`) is where decoding it does."""
+(:func:`~protocols.tank.bundle.chunk_end`) is where decoding it does."""
 
 from __future__ import annotations
 
@@ -17,9 +17,16 @@ from gateway.figg.feed import feed_key
 from gateway.http.tail import PartitionTail
 from gateway.server.run import ServerInfo
 from gateway.tail import reader as reader_module
-from gateway.tail.reader import TailReader, TailReaders, chunk_end
+from gateway.tail.reader import TailReader, TailReaders
 from protocols.figg.messages import Attached
-from protocols.tank.bundle import Codec, Message, decode_chunk, encode_bundle, frame_bundle
+from protocols.tank.bundle import (
+    Codec,
+    Message,
+    chunk_end,
+    decode_chunk,
+    encode_bundle,
+    frame_bundle,
+)
 from tests.bridge.helpers import metric
 from tests.figg.helpers import RawPeer, attach, publish
 from tests.http.helpers import SseReader, with_figg
