@@ -68,6 +68,25 @@ async def _create(cluster: Cluster, topic: str, partitions: int = 1) -> None:
     assert answer.topics[0].error_code == 0
 
 
+@asynccontextmanager
+async def _producing(tmp_path: Path, topic: str, partitions: int = 1,
+                     compression: Compression | None = None
+                     ) -> AsyncIterator[tuple[Cluster, UpstreamProducer]]:
+    """A stand-in upstream with ``topic``, and a running producer to it."""
+    upstream = Upstream(tmp_path / "up")
+    try:
+        await upstream.served.start()
+        async with _cluster(upstream.address) as cluster, trio.open_nursery() as nursery:
+            await _create(cluster, topic, partitions)
+            await cluster.metadata([topic])
+            producer = UpstreamProducer(cluster, compression=compression)
+            await nursery.start(producer.run)
+            yield cluster, producer
+            nursery.cancel_scope.cancel()
+    finally:
+        upstream.served.close()
+
+
 async def test_many_requests_in_flight_on_one_connection_get_their_own_answers(
         tmp_path: Path) -> None:
     upstream = Upstream(tmp_path / "up")
@@ -165,50 +184,40 @@ async def test_tls_and_sasl_logins(tmp_path: Path, certs: Certs, mechanism: str)
 
 async def test_the_producer_merges_a_partitions_queue_into_one_batch_in_order(
         tmp_path: Path) -> None:
-    upstream = Upstream(tmp_path / "up")
-    try:
-        with trio.fail_after(60):
-            await upstream.served.start()
-            async with _cluster(upstream.address) as cluster, trio.open_nursery() as nursery:
-                await _create(cluster, "merged", 2)
-                await cluster.metadata(["merged"])
-                producer = UpstreamProducer(cluster)
-                await nursery.start(producer.run)
-                outcomes: dict[tuple[int, int], ProduceOutcome] = {}
-                sent = {0: [], 1: []}  # type: dict[int, list[bytes]]
-                for i in range(200):
-                    partition = i % 2
-                    # (~90 KB a partition: merged Snappy batches span several of
-                    # snappy-java's 32 KiB blocks, which the gateway writes as one)
-                    values = [b"%d-%d." % (i, j) + b"v" * 300 for j in range(i % 5 + 1)]
-                    sent[partition] += values
-                    bundle = encode_bundle([Message(v, b"k" if j % 2 else None, 1_000 + i)
-                                            for j, v in enumerate(values)],
-                                           codec=Codec.SNAPPY if i % 3 else Codec.NONE)
-                    producer.send("merged", partition, bundle, len(values),
-                                  lambda o, key=(partition, i): outcomes.__setitem__(key, o))
-                assert await producer.flush(trio.current_time() + 20) == 0
-                assert len(outcomes) == 200
-                assert all(o.code is ProduceCode.OK for o in outcomes.values())
-                for partition in (0, 1):
-                    # Each bundle's sequences follow the previous one's: offsets + 1.
-                    ranges = [(o.first_seq, o.last_seq) for (p, _), o in sorted(
-                        outcomes.items(), key=lambda kv: kv[0][1]) if p == partition]
-                    assert ranges[0][0] == 1
-                    assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(ranges))
-                    got = await fetch_partition(cluster, "merged", partition, 0,
-                                                max_wait_ms=0, max_bytes=1 << 20,
-                                                after_seq=None, timeout=5)
-                    chunk = b"".join(b.framed for b in got.bundles)
-                    messages = decode_chunk(chunk, 1, max_bundle_size=1 << 20).messages
-                    assert [m.value for m in messages] == sent[partition]
-                    assert ranges[-1][1] == len(sent[partition])
-                    # Fewer batches than bundles: queued bundles went out together.
-                    assert len(got.bundles) < 100
-                assert producer.producer_ids == 1
-                nursery.cancel_scope.cancel()
-    finally:
-        upstream.served.close()
+    with trio.fail_after(60):
+        async with _producing(tmp_path, "merged", 2) as (cluster, producer):
+            outcomes: dict[tuple[int, int], ProduceOutcome] = {}
+            sent = {0: [], 1: []}  # type: dict[int, list[bytes]]
+            for i in range(200):
+                partition = i % 2
+                # (~90 KB a partition: merged Snappy batches span several of
+                # snappy-java's 32 KiB blocks, which the gateway writes as one)
+                values = [b"%d-%d." % (i, j) + b"v" * 300 for j in range(i % 5 + 1)]
+                sent[partition] += values
+                bundle = encode_bundle([Message(v, b"k" if j % 2 else None, 1_000 + i)
+                                        for j, v in enumerate(values)],
+                                       codec=Codec.SNAPPY if i % 3 else Codec.NONE)
+                producer.send("merged", partition, bundle, len(values),
+                              lambda o, key=(partition, i): outcomes.__setitem__(key, o))
+            assert await producer.flush(trio.current_time() + 20) == 0
+            assert len(outcomes) == 200
+            assert all(o.code is ProduceCode.OK for o in outcomes.values())
+            for partition in (0, 1):
+                # Each bundle's sequences follow the previous one's: offsets + 1.
+                ranges = [(o.first_seq, o.last_seq) for (p, _), o in sorted(
+                    outcomes.items(), key=lambda kv: kv[0][1]) if p == partition]
+                assert ranges[0][0] == 1
+                assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(ranges))
+                got = await fetch_partition(cluster, "merged", partition, 0,
+                                            max_wait_ms=0, max_bytes=1 << 20,
+                                            after_seq=None, timeout=5)
+                chunk = b"".join(b.framed for b in got.bundles)
+                messages = decode_chunk(chunk, 1, max_bundle_size=1 << 20).messages
+                assert [m.value for m in messages] == sent[partition]
+                assert ranges[-1][1] == len(sent[partition])
+                # Fewer batches than bundles: queued bundles went out together.
+                assert len(got.bundles) < 100
+            assert producer.producer_ids == 1
 
 
 def _stored_codecs(partition_dir: Path) -> list[Codec]:
@@ -234,73 +243,53 @@ def _stored_codecs(partition_dir: Path) -> list[Codec]:
 ])
 async def test_batches_go_up_compressed_as_the_client_compressed_them_by_default(
         tmp_path: Path, compression: Compression | None, stored: list[Codec]) -> None:
-    upstream = Upstream(tmp_path / "up")
-    try:
-        with trio.fail_after(60):
-            await upstream.served.start()
-            async with _cluster(upstream.address) as cluster, trio.open_nursery() as nursery:
-                await _create(cluster, "codecs")
-                await cluster.metadata(["codecs"])
-                producer = UpstreamProducer(cluster, compression=compression)
-                await nursery.start(producer.run)
-                sent: list[bytes] = []
-                for codec in (Codec.NONE, Codec.SNAPPY):
-                    values = [b"%s-%d" % (codec.name.encode(), i) * 20 for i in range(500)]
-                    sent += values
-                    producer.send("codecs", 0, encode_bundle(
-                        [Message(v, None, 1_000) for v in values], codec=codec), len(values),
-                        lambda o: None)
-                    # One batch each: the upstream stores each batch as one bundle.
-                    assert await producer.flush(trio.current_time() + 20) == 0
-                assert _stored_codecs(tmp_path / "up" / "codecs" / "0") == stored
-                got = await fetch_partition(cluster, "codecs", 0, 0, max_wait_ms=0,
-                                            max_bytes=1 << 20, after_seq=None, timeout=5)
-                chunk = b"".join(b.framed for b in got.bundles)
-                messages = decode_chunk(chunk, 1, max_bundle_size=1 << 20).messages
-                assert [m.value for m in messages] == sent
-                nursery.cancel_scope.cancel()
-    finally:
-        upstream.served.close()
+    with trio.fail_after(60):
+        async with _producing(tmp_path, "codecs", compression=compression) as (cluster, producer):
+            sent: list[bytes] = []
+            for codec in (Codec.NONE, Codec.SNAPPY):
+                values = [b"%s-%d" % (codec.name.encode(), i) * 20 for i in range(500)]
+                sent += values
+                producer.send("codecs", 0, encode_bundle(
+                    [Message(v, None, 1_000) for v in values], codec=codec), len(values),
+                    lambda o: None)
+                # One batch each: the upstream stores each batch as one bundle.
+                assert await producer.flush(trio.current_time() + 20) == 0
+            assert _stored_codecs(tmp_path / "up" / "codecs" / "0") == stored
+            got = await fetch_partition(cluster, "codecs", 0, 0, max_wait_ms=0,
+                                        max_bytes=1 << 20, after_seq=None, timeout=5)
+            chunk = b"".join(b.framed for b in got.bundles)
+            messages = decode_chunk(chunk, 1, max_bundle_size=1 << 20).messages
+            assert [m.value for m in messages] == sent
 
 
 async def test_a_bundle_that_does_not_convert_is_refused_alone(tmp_path: Path) -> None:
     """The front ends check a bundle's header only; the producer's conversion reads its
     messages. A corrupt one queued between two good ones of the same partition (one
     batch) is refused by itself, and the good ones go up in order."""
-    upstream = Upstream(tmp_path / "up")
-    try:
-        with trio.fail_after(60):
-            await upstream.served.start()
-            async with _cluster(upstream.address) as cluster, trio.open_nursery() as nursery:
-                await _create(cluster, "mixed")
-                await cluster.metadata(["mixed"])
-                producer = UpstreamProducer(cluster)
-                await nursery.start(producer.run)
-                good = [encode_bundle([Message(b"good-%d-%d" % (n, i), None, 1_000)
-                                       for i in range(20)], codec=Codec.SNAPPY)
-                        for n in (1, 2)]
-                corrupt = bytearray(encode_bundle([Message(b"bad-%d" % i, None, 1_000)
-                                                   for i in range(20)], codec=Codec.SNAPPY))
-                corrupt[len(corrupt) - 12:] = b"\xff" * 12  # the header still reads
-                outcomes: list[ProduceOutcome] = []
-                for bundle in (good[0], bytes(corrupt), good[1]):
-                    producer.send("mixed", 0, bundle, 20, outcomes.append, kick=False)
-                producer.kick()
-                assert await producer.flush(trio.current_time() + 20) == 0
-                by_code = sorted((o.code, o.first_seq) for o in outcomes)
-                assert [code for code, _ in by_code] == [ProduceCode.OK, ProduceCode.OK,
-                                                         ProduceCode.IO_FAULT]
-                refused = next(o for o in outcomes if o.code is ProduceCode.IO_FAULT)
-                assert refused.reason.startswith("invalid bundle")
-                got = await fetch_partition(cluster, "mixed", 0, 0, max_wait_ms=0,
-                                            max_bytes=1 << 20, after_seq=None, timeout=5)
-                chunk = b"".join(b.framed for b in got.bundles)
-                values = [m.value for m in decode_chunk(chunk, 1, max_bundle_size=1 << 20
-                                                        ).messages]
-                assert values == [b"good-%d-%d" % (n, i) for n in (1, 2) for i in range(20)]
-                nursery.cancel_scope.cancel()
-    finally:
-        upstream.served.close()
+    with trio.fail_after(60):
+        async with _producing(tmp_path, "mixed") as (cluster, producer):
+            good = [encode_bundle([Message(b"good-%d-%d" % (n, i), None, 1_000)
+                                   for i in range(20)], codec=Codec.SNAPPY)
+                    for n in (1, 2)]
+            corrupt = bytearray(encode_bundle([Message(b"bad-%d" % i, None, 1_000)
+                                               for i in range(20)], codec=Codec.SNAPPY))
+            corrupt[len(corrupt) - 12:] = b"\xff" * 12  # the header still reads
+            outcomes: list[ProduceOutcome] = []
+            for bundle in (good[0], bytes(corrupt), good[1]):
+                producer.send("mixed", 0, bundle, 20, outcomes.append, kick=False)
+            producer.kick()
+            assert await producer.flush(trio.current_time() + 20) == 0
+            by_code = sorted((o.code, o.first_seq) for o in outcomes)
+            assert [code for code, _ in by_code] == [ProduceCode.OK, ProduceCode.OK,
+                                                     ProduceCode.IO_FAULT]
+            refused = next(o for o in outcomes if o.code is ProduceCode.IO_FAULT)
+            assert refused.reason.startswith("invalid bundle")
+            got = await fetch_partition(cluster, "mixed", 0, 0, max_wait_ms=0,
+                                        max_bytes=1 << 20, after_seq=None, timeout=5)
+            chunk = b"".join(b.framed for b in got.bundles)
+            values = [m.value for m in decode_chunk(chunk, 1, max_bundle_size=1 << 20
+                                                    ).messages]
+            assert values == [b"good-%d-%d" % (n, i) for n in (1, 2) for i in range(20)]
 
 
 async def test_an_answer_that_does_not_come_closes_the_connection_in_time() -> None:
