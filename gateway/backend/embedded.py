@@ -367,7 +367,7 @@ class EmbeddedBackend:
             FetchStatus.DATA, high_water_mark=result.high_water_mark,
             first_available=result.first_available,
             base_seq=None if result.first_bundle_sparse else result.base_seq, chunk=result,
-            resolved_seq=result.seq)
+            resolved_seq=result.seq, next_seq=result.next_seq)
 
     # -- admin -------------------------------------------------------------------------------------
 

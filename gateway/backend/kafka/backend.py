@@ -670,4 +670,4 @@ def _outcome(chunk: bytes, first: UpstreamBundle, last_seq: int, high_water_mark
     """DATA: ``chunk``, bundles from ``first`` to the one ending at ``last_seq``."""
     return FetchOutcome(FetchStatus.DATA, high_water_mark=max(high_water_mark, last_seq),
                         base_seq=first.first_seq if first.plain else None,
-                        chunk=BytesChunk(chunk), resolved_seq=seq)
+                        chunk=BytesChunk(chunk), resolved_seq=seq, next_seq=last_seq + 1)
