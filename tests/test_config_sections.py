@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.core.config import OPTIONS, Settings, load_settings
+from gateway.backend.embedded import EmbeddedSettings, store_settings
+from gateway.core.config import OPTIONS, ListenerTable, Settings, load_settings
 from gateway.core.sections import ConnectionLimits, Section
+from gateway.kafka.settings import KafkaSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 _CLASS = re.compile(r"^class (\w+)\(Section\)", re.MULTILINE)
@@ -102,3 +104,38 @@ def test_a_section_names_declared_settings_only() -> None:
 
     with pytest.raises(KeyError):
         setting("figg.no_such_setting")
+
+
+def test_a_listener_section_holds_its_own_tables_values_not_every_listeners() -> None:
+    # No section takes the [listeners.NAME] tables whole: a Kafka listener's section
+    # holds the SASL mechanisms of its own table.
+    assert not [cls for cls in SECTIONS.values()
+                if "listeners" in _setting_keys(cls).values()]
+    settings = Settings(listeners={
+        "kafka": ListenerTable(sasl_mechanisms=("SCRAM-SHA-256",)),
+        "secure": ListenerTable(protocol="kafka", address="127.0.0.1:0",
+                                sasl_mechanisms=("SCRAM-SHA-512", "PLAIN"),
+                                sasl_plain_without_tls=True)})
+    assert KafkaSettings.of(settings).sasl_mechanisms == ("SCRAM-SHA-256",)
+    assert KafkaSettings.of(settings, "kafka").sasl_mechanisms == ("SCRAM-SHA-256",)
+    assert KafkaSettings.of(settings, "secure").sasl_mechanisms == ("SCRAM-SHA-512", "PLAIN")
+    assert KafkaSettings.of(settings, "plain").sasl_mechanisms == ()
+    assert KafkaSettings().sasl_mechanisms == ()
+
+
+def test_the_embedded_section_is_made_without_the_listeners(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The listeners' connection slots are the wiring's to give (open_embedded_backend's
+    # connection_slots), not worked out of the whole Settings by the section.
+    settings = Settings(max_connections=100)
+    assert settings.connection_slots() > 100
+
+    def listeners(self: Settings) -> None:
+        raise AssertionError("the store's section looked at the listeners")
+
+    monkeypatch.setattr(Settings, "listener_specs", listeners)
+    section = EmbeddedSettings.of(settings)
+    assert not [f for f in dataclasses.fields(section) if "key" not in f.metadata]
+    assert store_settings(section).descriptor_allowance == section.max_open_segments
+    assert store_settings(section, connection_slots=300).descriptor_allowance == \
+        section.max_open_segments + 300

@@ -23,7 +23,7 @@ from gateway.core.contract import (
     ensure_topic,
 )
 from gateway.core.metrics import Metrics
-from protocols.tank.bundle import Message, decode_chunk, encode_bundle
+from protocols.tank.bundle import Message, chunk_end, decode_chunk, encode_bundle
 from protocols.wire import UINT64_MAX
 
 
@@ -285,3 +285,33 @@ async def test_append_many_reports_each_entry(tmp_path: Path) -> None:
         assert isinstance(results[2], InvalidSequence)
         assert isinstance(results[3], AppendResult) and results[3].first_seq == 2
         assert partition.high_water_mark == 2
+
+
+@pytest.mark.parametrize("tail_cache_bytes", [0, 1 << 20])
+async def test_a_fetch_says_where_the_next_read_starts_as_the_chunk_headers_do(
+        tmp_path: Path, tail_cache_bytes: int) -> None:
+    """``FetchOutcome.next_seq`` (what the tail reader goes on from) is where
+    :func:`~protocols.tank.bundle.chunk_end` finds the chunk leaves its reader: reads
+    from the segment files and from the tail cache, plain and sparse bundles, a gap."""
+    settings = Settings(data_dir=tmp_path, durability="os", tail_cache_bytes=tail_cache_bytes)
+    async with open_embedded_backend(EmbeddedSettings.of(settings)) as backend:
+        batches = [ProduceBatch("n", 0, bundle(*[b"v%d" % i] * (1 + i % 4)))
+                   for i in range(12)]
+        batches.insert(5, ProduceBatch("n", 0, bundle(b"after a gap"), base_seq=40))
+        for batch in batches:
+            [done] = await backend.produce([batch])
+            assert done.code is ProduceCode.OK
+        [info] = await backend.discover_partitions("n") or []
+        checked = 0
+        for seq in range(1, info.high_water_mark + 1):
+            for size in (1, 40, 4096):
+                [got] = await backend.fetch([FetchRequest("n", 0, seq, size)],
+                                            max_wait_ms=0, min_bytes=0)
+                try:
+                    data = got.chunk.read_bytes()
+                finally:
+                    got.chunk.close()
+                assert got.next_seq == chunk_end(data, got.base_seq, seq)[0], (seq, size)
+                assert got.next_seq > seq
+                checked += 1
+        assert checked > 100

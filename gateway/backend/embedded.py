@@ -11,13 +11,12 @@ from dataclasses import dataclass
 from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import structlog
 import trio
 
 from gateway.backend.shared import SharedReads
-from gateway.core.config import Settings
 from gateway.core.contract import (
     AutoCreate,
     BackendStatus,
@@ -367,7 +366,7 @@ class EmbeddedBackend:
             FetchStatus.DATA, high_water_mark=result.high_water_mark,
             first_available=result.first_available,
             base_seq=None if result.first_bundle_sparse else result.base_seq, chunk=result,
-            resolved_seq=result.seq)
+            resolved_seq=result.seq, next_seq=result.next_seq)
 
     # -- admin -------------------------------------------------------------------------------------
 
@@ -592,19 +591,13 @@ class EmbeddedSettings(Section):
     max_open_segments: int = setting("limits.max_open_segments")
     open_files: int = setting("limits.open_files")
     max_producer_states: int = setting("limits.max_producer_states")
-    #: Connections every listener together may hold, each a descriptor (derived from
-    #: the listeners; 0 when the section is made without settings).
-    connection_slots: int = 0
-
-    @classmethod
-    def derived(cls, settings: Settings) -> dict[str, Any]:
-        return {"connection_slots": settings.connection_slots()}
 
 
-def store_settings(settings: EmbeddedSettings, config_bounds: ConfigBounds | None = None
-                   ) -> StoreSettings:
+def store_settings(settings: EmbeddedSettings, config_bounds: ConfigBounds | None = None,
+                   connection_slots: int = 0) -> StoreSettings:
     """The store's settings derived from the gateway's (``config_bounds``: the default
-    minimums of client-set topic config unless given, for tests)."""
+    minimums of client-set topic config unless given, for tests; ``connection_slots``:
+    the connections every listener together may hold, each a descriptor)."""
     return StoreSettings(
         durability=settings.durability,
         max_bundle_size=settings.max_bundle_bytes,
@@ -617,7 +610,7 @@ def store_settings(settings: EmbeddedSettings, config_bounds: ConfigBounds | Non
         max_partitions=settings.max_partitions,
         config_bounds=config_bounds or ConfigBounds(),
         check_rolled_segments=settings.check_rolled_segments,
-        descriptor_allowance=settings.max_open_segments + settings.connection_slots,
+        descriptor_allowance=settings.max_open_segments + connection_slots,
         raise_descriptor_limit=settings.open_files == 0,
         max_producer_states=settings.max_producer_states,
         min_free_bytes=settings.min_free_bytes,
@@ -628,20 +621,24 @@ def store_settings(settings: EmbeddedSettings, config_bounds: ConfigBounds | Non
 
 @asynccontextmanager
 async def open_embedded_backend(settings: EmbeddedSettings, metrics: Metrics | None = None, *,
-                                config_bounds: ConfigBounds | None = None
+                                config_bounds: ConfigBounds | None = None,
+                                connection_slots: int = 0
                                 ) -> AsyncIterator[EmbeddedBackend]:
     """Open (and recover) the store in ``settings.data_dir`` and serve it as a backend.
 
     On exit, pending appends finish and are fsynced before the store closes.
     ``config_bounds`` replaces the minimums of client-set topic config (tests that force
-    small segments through CreateTopic).
+    small segments through CreateTopic). ``connection_slots``: the connections the
+    server's listeners together may hold (each a descriptor: the store's descriptor
+    budget leaves them room).
     """
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     observe = None if metrics is None else metrics.fsync_seconds.observe
     on_data_loss = None if metrics is None else metrics.data_lost
     on_evicted = None if metrics is None else partial(metrics.limit_hit, "max_producer_states")
     on_failure = None if metrics is None else _count_failures(metrics)
-    async with open_store(settings.data_dir, store_settings(settings, config_bounds),
+    async with open_store(settings.data_dir,
+                          store_settings(settings, config_bounds, connection_slots),
                           observe_fsync=observe, on_data_loss=on_data_loss,
                           on_producer_evicted=on_evicted,
                           on_write_failure=on_failure) as store:

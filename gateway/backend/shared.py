@@ -124,6 +124,8 @@ class StoreRead(Protocol):
     def first_available(self) -> int: ...
     @property
     def length(self) -> int: ...
+    @property
+    def next_seq(self) -> int: ...
 
     def read_bytes(self) -> bytes: ...
 
@@ -169,7 +171,8 @@ class SharedReads:
             return None
         self.hits += 1
         return FetchOutcome(_DATA, outcome.high_water_mark, outcome.first_available,
-                            outcome.base_seq, outcome.chunk, outcome.resolved_seq)
+                            outcome.base_seq, outcome.chunk, outcome.resolved_seq,
+                            outcome.next_seq)
 
     def share(self, partition: SharedPartition, seq: int, fetch_size: int, result: StoreRead
               ) -> FetchOutcome | None:
@@ -198,7 +201,7 @@ class SharedReads:
             _DATA, high_water_mark=result.high_water_mark,
             first_available=result.first_available,
             base_seq=None if result.first_bundle_sparse else result.base_seq, chunk=chunk,
-            resolved_seq=result.seq)
+            resolved_seq=result.seq, next_seq=result.next_seq)
         old = reads.reads.get((seq, fetch_size))
         if old is not None:  # pragma: no cover - a hit would have been served instead
             self._bytes -= old.chunk.length
@@ -207,7 +210,7 @@ class SharedReads:
         self._bytes += length
         self._entries += 1
         return FetchOutcome(_DATA, outcome.high_water_mark, outcome.first_available,
-                            outcome.base_seq, chunk, outcome.resolved_seq)
+                            outcome.base_seq, chunk, outcome.resolved_seq, outcome.next_seq)
 
     def clear(self) -> None:
         """Forget every shared read."""

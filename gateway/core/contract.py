@@ -170,7 +170,12 @@ class FetchOutcome:
     sequences) or the chunk is empty. ``resolved_seq`` (DATA): the sequence the request
     resolved to, 0 and UINT64_MAX made concrete, where the read started; always set when
     the chunk is empty, None where the backend does not know it (an upstream broker
-    answering with bundles). ``chunk`` must be closed by whoever consumes it.
+    answering with bundles). ``next_seq`` (DATA with bundles in the chunk): where the
+    next read starts, after the chunk's last bundle, as the backend knows it from its
+    read (the store's range, the upstream feed's bundles); None where it does not (a
+    Tank broker's Consume answer: the chunk's bundle headers say it,
+    :func:`~protocols.tank.bundle.chunk_end`). ``chunk`` must be closed by whoever
+    consumes it.
     """
 
     status: FetchStatus
@@ -179,6 +184,7 @@ class FetchOutcome:
     base_seq: int | None = None
     chunk: Chunk = EMPTY_CHUNK
     resolved_seq: int | None = None
+    next_seq: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,18 +32,22 @@ def setting(key: str) -> Any:
 @dataclass(frozen=True, slots=True)
 class Section:
     """The base of a section: a frozen dataclass whose fields are made by :func:`setting`
-    (and, in a few sections, values derived from settings: see their :meth:`of`)."""
+    (and, in a listener's section, values of the listener's own ``[listeners.NAME]``
+    table: see its :meth:`derived`)."""
 
     @classmethod
-    def of(cls, settings: Settings) -> Self:
-        """The section's values in ``settings``."""
+    def of(cls, settings: Settings, listener: str | None = None) -> Self:
+        """The section's values in ``settings`` (for the listener named ``listener``,
+        in a listener's section: its protocol's name when not given)."""
         return cls(**{f.name: getattr(settings, option_of(f.metadata["key"]).attr)
-                      for f in fields(cls) if "key" in f.metadata}, **cls.derived(settings))
+                      for f in fields(cls) if "key" in f.metadata},
+                   **cls.derived(settings, listener))
 
     @classmethod
-    def derived(cls, settings: Settings) -> dict[str, Any]:
-        """The values of the section's fields that no one setting gives, made from
-        ``settings`` (none unless a section says otherwise)."""
+    def derived(cls, settings: Settings, listener: str | None) -> dict[str, Any]:
+        """The values of the section's fields that no one setting gives: a listener's
+        own, from its ``[listeners.NAME]`` table in ``settings`` (none unless a section
+        says otherwise)."""
         return {}
 
 

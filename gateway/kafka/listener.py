@@ -17,7 +17,6 @@ import trio
 from gateway.auth.guard import AccessGuard
 from gateway.auth.principal import Principal
 from gateway.auth.quotas import PrincipalQuota, Quotas
-from gateway.core.config import ListenerTable
 from gateway.core.contract import Backend
 from gateway.core.metrics import Metrics, RequestCounter
 from gateway.core.sections import ConnectionLimits
@@ -55,8 +54,7 @@ class KafkaListener(ProtocolListener[KafkaSession]):
         #: The host and port Metadata names (set by :meth:`bound`).
         self.advertised: tuple[str, int] = ("127.0.0.1", 9092)
         #: The SASL mechanisms connections must authenticate with (empty: no SASL).
-        self.sasl_mechanisms = settings.listeners.get(self.name,
-                                                      ListenerTable()).sasl_mechanisms
+        self.sasl_mechanisms = settings.sasl_mechanisms
         #: PLAIN logins derive a key (PBKDF2) in threads: at most this many at once.
         self._sasl_threads = trio.CapacityLimiter(2)
 

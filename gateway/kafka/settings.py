@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from gateway.core.config import ListenerTable
+from gateway.core.config import ListenerTable, Settings
 from gateway.core.sections import Section, setting
 
 __all__ = ["KafkaSettings"]
@@ -23,6 +24,13 @@ class KafkaSettings(Section):
     sasl_timeout_secs: float = setting("limits.sasl_timeout_secs")
     max_bundle_bytes: int = setting("store.max_bundle_bytes")
     max_producer_states: int = setting("limits.max_producer_states")
-    #: The [listeners.NAME] tables: a Kafka listener's SASL mechanisms are in its own.
-    listeners: dict[str, ListenerTable] = setting("listeners")
+    #: The SASL mechanisms connections must authenticate with (empty: no SASL): the
+    #: listener's own ``[listeners.NAME]`` table's.
+    sasl_mechanisms: tuple[str, ...] = ()
+
+    @classmethod
+    def derived(cls, settings: Settings, listener: str | None) -> dict[str, Any]:
+        """The SASL mechanisms of ``listener`` (the listener named kafka when None)."""
+        table = settings.listeners.get(listener or "kafka", ListenerTable())
+        return {"sasl_mechanisms": table.sasl_mechanisms}
 

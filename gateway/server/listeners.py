@@ -82,7 +82,7 @@ class ListenerKind:
              *, limits: ConnectionLimits, name: str, guard: AccessGuard,
              quotas: Quotas | None, tls: ListenerTLS | None) -> ProtocolListener[Any]:
         """A listener of this kind named ``name``, given its section of ``settings``."""
-        return self.listener(backend, self.section.of(settings), metrics, limits=limits,
+        return self.listener(backend, self.section.of(settings, name), metrics, limits=limits,
                              name=name, guard=guard, quotas=quotas, tls=tls,
                              **self.extras(shared))
 

@@ -340,7 +340,8 @@ async def open_backend(settings: Settings, metrics: Metrics,
     async with AsyncExitStack() as stack:
         try:
             backend = await stack.enter_async_context(open_embedded_backend(
-                EmbeddedSettings.of(settings), metrics))
+                EmbeddedSettings.of(settings), metrics,
+                connection_slots=settings.connection_slots()))
         except StoreError as exc:  # a file of the store it can not read
             raise ConfigError(f"store.data_dir: {exc}; repair or remove it, or choose "
                               f"another directory with --data-dir DIR") from None

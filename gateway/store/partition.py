@@ -53,7 +53,7 @@ from gateway.store.results import AppendResult, ReadResult
 from gateway.store.rolling import PREFILL_AHEAD, PREFILL_LOW, SegmentChain
 from gateway.store.segment import MAX_REL_SEQ, LogSegment
 from gateway.store.syncing import Written, cut_back_unsynced, report_when_durable
-from gateway.store.tail import TailEntry
+from gateway.store.tail import TailEntry, find
 from gateway.store.waiters import Waiters
 from protocols.errors import ProtocolError
 from protocols.tank.bundle import SPARSE_FLAG, BundleInfo, validate_bundle
@@ -331,7 +331,7 @@ class Partition:
             disk.wrote()
         self._written_hwm = last
         if self._tail is not None:
-            self._tail.add(TailEntry(first, last, False, seg, offset, prefix, bundle))
+            self._tail.append(TailEntry(first, last, False, seg, offset), prefix, bundle)
         seg.visible_size = seg.size
         self._hwm = last
         self.appended_bytes += framed
@@ -420,8 +420,9 @@ class Partition:
         if self._fsync and seg.prefilled - seg.size < PREFILL_LOW:
             self._chain.prefill(seg)
         if self._tail is not None:
-            self._tail.add(TailEntry(plan.first, plan.last, bool(plan.data[0] & SPARSE_FLAG),
-                                     seg, offset, prefix, plan.data))
+            self._tail.append(TailEntry(plan.first, plan.last,
+                                        bool(plan.data[0] & SPARSE_FLAG), seg, offset),
+                              prefix, plan.data)
         result = AppendResult(plan.first, plan.last, size)
         if self._fsync:
             return result, self._commit.add(Written(seg.size, plan.last, size))
@@ -556,9 +557,10 @@ class Partition:
                               next_seq=seq)
         if seq > hwm + 1 or seq < first_available:
             raise OutOfRange(seq, first_available, hwm)
-        cached = self._tail.find(seq, hwm) if self._tail is not None else None
+        cached = (find(self._tail, seq, max(fetch_size, MIN_FETCH), hwm)
+                  if self._tail is not None else None)
         if cached is not None:
-            return read_cached(seq, cached, max(fetch_size, MIN_FETCH), hwm, first_available)
+            return read_cached(seq, cached, hwm, first_available)
         return read_segments(self._segments, self._bases, self._checks, seq, fetch_size, hwm,
                              first_available, self.config.index_interval_bytes, self._log)
 

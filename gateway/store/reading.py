@@ -9,6 +9,7 @@ from typing import Final
 
 import structlog
 
+from gateway.io.newest import Span
 from gateway.store.checks import SegmentChecks
 from gateway.store.damage import SegmentCheck
 from gateway.store.errors import StoreIOError
@@ -97,20 +98,12 @@ def read_segments(segments: list[LogSegment], bases: list[int], checks: SegmentC
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def read_cached(seq: int, entries: list[TailEntry], target: int, hwm: int,
-                first_available: int) -> ReadResult:
-    """A read served from the tail cache: the same range a read of the segment would
-    give (whole bundles from ``entries[0]`` on, to the first boundary at or past
-    ``target`` bytes)."""
-    parts: list[bytes] = []
-    size = 0
-    for entry in entries:
-        parts += (entry.prefix, entry.bundle)
-        size += entry.size
-        if size >= target:
-            break
-    first = entries[0]
+def read_cached(seq: int, span: Span[TailEntry], hwm: int, first_available: int
+                ) -> ReadResult:
+    """A read served from the tail cache (:func:`gateway.store.tail.find`: the same range
+    a read of the segment would give)."""
+    first = span.first
     return ReadResult(seq=seq, base_seq=first.first_seq, first_bundle_sparse=first.sparse,
                       high_water_mark=hwm, first_available=first_available,
-                      offset=first.offset, length=size, next_seq=entry.last_seq + 1,
-                      parts=parts)
+                      offset=first.offset, length=span.size, next_seq=span.last.last_seq + 1,
+                      parts=span.parts)

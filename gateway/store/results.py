@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from types import TracebackType
 
+from gateway.io.newest import join
 from gateway.store.files import SegmentFile
 
 
@@ -91,7 +92,7 @@ class ReadResult:
             return b""
         parts = self._parts
         if parts is not None:
-            return parts[0] if len(parts) == 1 else b"".join(parts)
+            return join(parts)
         file = self._file
         if file is None:
             raise ValueError("read from a closed ReadResult")

@@ -251,11 +251,13 @@ class TailReader:
         finally:
             chunk.close()
         first = self.next_seq
-        try:
-            next_seq, partial = chunk_end(data, outcome.base_seq, first)
-        except ProtocolError as exc:
-            self.fail(f"undecodable data at offset {first}: {exc}")
-            return 0
+        next_seq, partial = outcome.next_seq, None
+        if next_seq is None:  # the backend does not know: the bundles' headers say it
+            try:
+                next_seq, partial = chunk_end(data, outcome.base_seq, first)
+            except ProtocolError as exc:
+                self.fail(f"undecodable data at offset {first}: {exc}")
+                return 0
         self.high_water_mark = outcome.high_water_mark
         if next_seq > first:
             self.next_seq = next_seq

@@ -96,8 +96,9 @@ async def _run(path: str, *, fast: bool, monkeypatch: pytest.MonkeyPatch,
                     continue
             p.append_nowait([entry], outcomes.extend)
         hwm, appended = p.high_water_mark, p.appended_bytes
-        tail = [(e.first_seq, e.last_seq, e.sparse, e.offset, e.prefix, e.bundle,
-                 e.segment.name) for e in p._tail._entries if e.segment is not None]
+        tail = [(e.first_seq, e.last_seq, e.sparse, e.offset,
+                 *p._tail.span(e.first_seq, 1).parts, e.segment.name) for e in p._tail]
+        assert len(tail) > 40
         outcomes = [(type(o).__name__, str(o)) if isinstance(o, StoreError) else o
                     for o in outcomes]
         outcomes.append([(m.seq, m.value, m.key) for m in all_messages(p)])
@@ -190,3 +191,42 @@ def test_unrolled_varint_matches_the_reference():
 
     for n in [0, 1, 0x7F, 0x80, 0x3FFF, 0x4000, 0x1FFFFF, 0x200000, 1 << 30, 12345]:
         assert _varint(n) == bytes(encode_varint(n)), n
+
+
+async def test_a_read_from_the_tail_cache_is_the_read_from_the_segment_files(tmp_path):
+    """Bundles cached across segment rolls, a gap and a sparse bundle: every read served
+    from the cache is the one the files give (the same range, up to the boundary past
+    the fetch size, never across a segment)."""
+    async with store_at(tmp_path, "os", tail_cache_bytes=1 << 20,
+                        segment_bytes=4096) as store:
+        await store.create_topic("t", 1)
+        p = store.partition("t", 0)
+        got: list[Any] = []
+        for i in range(30):
+            entry = (sparse_bundle([p.high_water_mark + 3, p.high_water_mark + 5])
+                     if i == 17 else bundle(1 + i % 4, f"r{i}-", size=100 + 37 * i))
+            p.append_nowait([(entry, p.high_water_mark + 4 if i == 9 else None)],
+                            got.extend)
+        assert not [o for o in got if isinstance(o, StoreError)]
+        assert len(p._segments) > 3
+        cache = p._tail
+        assert cache.first_seq == 1  # all of it cached
+
+        def read(seq: int, size: int) -> tuple[Any, ...]:
+            with p.read(seq, size) as r:
+                return (r.base_seq, r.first_bundle_sparse, r.offset, r.length, r.next_seq,
+                        r.read_bytes(), r.sendfile_source() is None)
+
+        crossed = 0
+        for seq in range(1, p.high_water_mark + 1):
+            for size in (1, 300, 5000):
+                cached = read(seq, size)
+                p._tail = None
+                try:
+                    on_file = read(seq, size)
+                finally:
+                    p._tail = cache
+                assert cached[:6] == on_file[:6], (seq, size)
+                assert cached[6] and not on_file[6]  # from memory, from the file
+                crossed += size == 5000 and cached[4] <= p.high_water_mark
+        assert crossed  # reads that stopped at a segment's end

@@ -17,7 +17,7 @@ from gateway.store.durability import SyncJob
 from gateway.store.inspect import iter_messages, list_segments
 from gateway.store.partition import PREFILL_AHEAD, PREFILL_LOW
 from gateway.store.syncer import NativeSyncer, Syncer
-from gateway.store.tail import TailCache, TailEntry
+from gateway.store.tail import TailCache, TailEntry, find
 from protocols.native import pure_python_requested
 from tests.store.helpers import NO_SUCH_FD, all_messages, as_tuples, bundle, segment_names, store_at
 
@@ -132,17 +132,23 @@ def test_tail_cache_keeps_the_newest_bundles_of_all_partitions_within_its_budget
 
     def add(tail, size: int) -> None:
         first = seq[id(tail)]
-        tail.add(TailEntry(first, first + 1, False, "seg", 0, b"", bytes(size)))
+        tail.append(TailEntry(first, first + 1, False, "seg", 0), b"", bytes(size))
         seq[id(tail)] = first + 2
+
+    def found(tail, at: int, visible: int, target: int = 1 << 20) -> list[int] | None:
+        span = find(tail, at, target, visible)
+        return None if span is None else [span.first.first_seq, span.last.first_seq,
+                                          span.size]
 
     for _ in range(5):
         add(a, 150)
         add(b, 100)
     assert cache.size == 1250 - 250 and cache.size <= 1000
     assert a.first_seq == 3 and b.first_seq == 3  # each lost its oldest bundle
-    assert [e.first_seq for e in a.find(1, 100) or []] == []  # gone: read from the file
-    assert [e.first_seq for e in a.find(4, 100)] == [3, 5, 7, 9]
-    assert [e.first_seq for e in a.find(4, 6)] == [3, 5]  # up to what is visible
+    assert found(a, 1, 100) is None  # gone: read from the file
+    assert found(a, 4, 100) == [3, 9, 4 * 150]
+    assert found(a, 4, 6) == [3, 5, 2 * 150]  # up to what is visible
+    assert found(a, 4, 100, target=151) == [3, 5, 2 * 150]  # to the boundary past it
     add(a, 900)  # a big one pushes out the oldest, whoever's they are
     assert cache.size <= 1000 and a.first_seq == 11 and len(b) <= 1
 

@@ -68,6 +68,7 @@ from gateway.core.contract import (
     UpstreamUnavailable,
 )
 from gateway.core.metrics import Metrics
+from gateway.io.newest import join
 from protocols.kafka.records import (
     CreatableTopic,
     CreateTopicsRequest,
@@ -502,11 +503,12 @@ class KafkaBackend(Forwarding):
         """The answer from the feed's cache, or None (not cached there, or at its tail)."""
         if not feed.bundles or not feed.first_cached <= r.seq < feed.next_seq:
             return None
-        bundles, _ = feed.bundles_from(r.seq, max(r.fetch_size, 1))
-        if not bundles:
+        span = feed.bundles.span(r.seq, max(r.fetch_size, 1))
+        if span is None:
             return None
-        self.feeds.served_from(feed, bundles[-1].last_seq)
-        return _outcome(bundles, feed.high_water_mark, r.seq)
+        self.feeds.served_from(feed, span.last.last_seq)
+        return _outcome(span.join(), span.first, span.last.last_seq, feed.high_water_mark,
+                        r.seq)
 
     def _from_history(self, r: FetchRequest, seq: int, read: HistoryRead) -> FetchOutcome:
         if read.error is not None:
@@ -519,7 +521,8 @@ class KafkaBackend(Forwarding):
             return FetchOutcome(FetchStatus.DATA, high_water_mark=read.high_water_mark,
                                 resolved_seq=seq)
         high = max(read.high_water_mark, read.bundles[-1].last_seq)
-        return _outcome(read.bundles, high, seq)
+        return _outcome(join([b.framed for b in read.bundles]), read.bundles[0],
+                        read.bundles[-1].last_seq, high, seq)
 
     # -- admin -------------------------------------------------------------------------------
 
@@ -662,10 +665,9 @@ async def _any_arrival(feeds: list[PartitionFeed]) -> None:
         nursery.cancel_scope.cancel()
 
 
-def _outcome(bundles: list[UpstreamBundle], high_water_mark: int, seq: int) -> FetchOutcome:
-    chunk = b"".join(b.framed for b in bundles)
-    first = bundles[0]
-    return FetchOutcome(FetchStatus.DATA, high_water_mark=max(high_water_mark,
-                                                              bundles[-1].last_seq),
+def _outcome(chunk: bytes, first: UpstreamBundle, last_seq: int, high_water_mark: int,
+             seq: int) -> FetchOutcome:
+    """DATA: ``chunk``, bundles from ``first`` to the one ending at ``last_seq``."""
+    return FetchOutcome(FetchStatus.DATA, high_water_mark=max(high_water_mark, last_seq),
                         base_seq=first.first_seq if first.plain else None,
-                        chunk=BytesChunk(chunk), resolved_seq=seq)
+                        chunk=BytesChunk(chunk), resolved_seq=seq, next_seq=last_seq + 1)

@@ -30,10 +30,8 @@ the upstream holds a batch larger than that).
 
 from __future__ import annotations
 
-import bisect
 import math
 import struct
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeAlias
@@ -46,6 +44,7 @@ from gateway.backend.kafka.fetcher import fetch_partition
 from gateway.backend.kafka.wire import BrokerLost
 from gateway.core.contract import TailChange
 from gateway.core.metrics import Metrics
+from gateway.io.newest import NewestBundles
 from protocols.errors import ProtocolError
 from protocols.kafka.types import ErrorCode
 from protocols.kafka.upstream_codec import UpstreamBundle, record_batches_to_bundles
@@ -65,10 +64,6 @@ _PASSING = frozenset(ErrorCode(c).name for c in STALE_METADATA
     "REQUEST_TIMED_OUT", "NETWORK_EXCEPTION", "KAFKA_STORAGE_ERROR", "REPLICA_NOT_AVAILABLE"}
 
 
-def _last_seq(bundle: UpstreamBundle) -> int:
-    return bundle.last_seq
-
-
 @dataclass(slots=True)
 class PartitionFeed:
     """The newest bundles read from one partition, and where the read is."""
@@ -79,8 +74,8 @@ class PartitionFeed:
     generation: int
     #: The sequence the upstream read is at: the first one not yet cached.
     next_seq: int
-    bundles: deque[UpstreamBundle] = field(default_factory=deque)
-    cached_bytes: int = 0
+    #: The newest bundles, under the feed's own budget (:meth:`NewestBundles.trim`).
+    bundles: NewestBundles[UpstreamBundle] = field(default_factory=NewestBundles)
     #: Kafka's high watermark (next offset) = Tank's high-water mark (last sequence).
     high_water_mark: int = 0
     #: Set (and replaced) when bundles or an error arrive.
@@ -109,43 +104,17 @@ class PartitionFeed:
     @property
     def first_cached(self) -> int:
         """The first sequence the cache holds (``next_seq`` when it is empty)."""
-        return self.bundles[0].first_seq if self.bundles else self.next_seq
+        first = self.bundles.first_seq
+        return self.next_seq if first is None else first
 
-    def bundles_from(self, seq: int, max_bytes: int) -> tuple[list[UpstreamBundle], int]:
-        """The cached bundles from the one holding ``seq`` (or the first after it), about
-        ``max_bytes`` of them (one at least), and the index of the first."""
-        bundles = self.bundles
-        if bundles and bundles[-1].first_seq <= seq:  # a reader at the tail, the usual
-            at = len(bundles) - 1 if seq <= bundles[-1].last_seq else len(bundles)
-        else:
-            at = bisect.bisect_left(bundles, seq, key=_last_seq)
-        out: list[UpstreamBundle] = []
-        size = 0
-        for i in range(at, len(bundles)):
-            bundle = bundles[i]
-            if out and size + len(bundle.framed) > max_bytes:
-                break
-            out.append(bundle)
-            size += len(bundle.framed)
-        return out, at
-
-    def trim(self, cache_bytes: int) -> None:
-        """Drop the oldest bundles while over ``cache_bytes``: those a reader was served
-        first; unread ones only past twice the budget (the feed stops reading ahead of
-        its readers at the budget, so only a batch larger than it gets there)."""
-        bundles = self.bundles
-        while len(bundles) > 1 and self.cached_bytes > cache_bytes and (
-                bundles[0].last_seq <= self.read_to or self.cached_bytes > 2 * cache_bytes):
-            self.cached_bytes -= len(bundles.popleft().framed)
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of bundles cached."""
+        return self.bundles.size
 
     def unread_bytes(self) -> int:
         """Cached bytes after the last sequence a reader was served."""
-        total = 0
-        for bundle in reversed(self.bundles):
-            if bundle.last_seq <= self.read_to:
-                break
-            total += len(bundle.framed)
-        return total
+        return self.bundles.bytes_after(self.read_to)
 
 
 class TailFeeds:
@@ -281,15 +250,14 @@ class TailFeeds:
             if bundle.first_seq < feed.next_seq:
                 whole = False
                 break
-            feed.bundles.append(bundle)
-            feed.cached_bytes += len(bundle.framed)
+            feed.bundles.append(bundle, bundle.framed)
             feed.next_seq = bundle.last_seq + 1
             feed.last_appended = bundle.last_seq
         if whole and next_offset + 1 > feed.next_seq:  # control batches, compaction gaps
             feed.next_seq = next_offset + 1
         if feed.next_seq - 1 > feed.high_water_mark:
             feed.high_water_mark = feed.next_seq - 1
-        feed.trim(self.cache_bytes)
+        feed.bundles.trim(self.cache_bytes, feed.read_to)
         return whole
 
     def _arrived(self, feed: PartitionFeed) -> None:
