@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import structlog
 import trio
@@ -158,6 +158,8 @@ class KafkaSession(RequestSession[KafkaServerConnection]):
             if self._sasl is not None:
                 await self._before_authentication(event)
                 continue
+            # Raw SASL tokens come only while the exchange is under way (above).
+            event = cast("Request | UnsupportedRequest", event)
             quota = self._quota
             if (quota is not None and quota.out_limited and not isinstance(
                     event, UnsupportedRequest) and event.api_key == ApiKey.FETCH):
