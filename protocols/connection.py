@@ -29,20 +29,23 @@ DEFAULT_MAX_FRAME: Final = 64 * 1024 * 1024
 BROKER_MAX_FRAME: Final = 256 * 1024 * 1024
 
 
-class _Sentinel:
-    __slots__ = ("_name",)
+class Sentinel(enum.Enum):
+    """What ``next_event`` returns when it has no event: :data:`NEED_DATA` or
+    :data:`CLOSED` (an enum, so that a type checker narrows ``event is NEED_DATA``)."""
 
-    def __init__(self, name: str) -> None:
-        self._name = name
+    NEED_DATA = "NEED_DATA"
+    CLOSED = "CLOSED"
 
     def __repr__(self) -> str:
-        return self._name
+        return self.value
+
+    __str__ = __repr__
 
 
 #: ``next_event`` has nothing complete to return: feed more bytes.
-NEED_DATA: Final = _Sentinel("NEED_DATA")
+NEED_DATA: Final = Sentinel.NEED_DATA
 #: The peer closed cleanly at a frame boundary; no more events will come.
-CLOSED: Final = _Sentinel("CLOSED")
+CLOSED: Final = Sentinel.CLOSED
 
 
 def kept(error: ProtocolError) -> ProtocolError:
@@ -147,7 +150,7 @@ class FrameReader:
             return len(data) + 1
         return header.size + length - buffered
 
-    def next_frame(self) -> tuple[tuple[int, ...], bytes] | _Sentinel:
+    def next_frame(self) -> tuple[tuple[int, ...], bytes] | Sentinel:
         """The next complete ``(header_fields, payload)``, NEED_DATA or CLOSED."""
         buf = self._buf
         pos = self._pos
@@ -195,7 +198,7 @@ class FrameReader:
                 return items, exc.with_traceback(None)  # its frames hold the buffer
         return items, None
 
-    def _end_of_input(self, available: int) -> _Sentinel:
+    def _end_of_input(self, available: int) -> Sentinel:
         if not self._eof:
             return NEED_DATA
         if available:

@@ -68,7 +68,7 @@ class Record:
 R = TypeVar("R", bound=Record)
 
 
-def replace(record: R, **changes: Any) -> R:
+def replace(record: R, **changes: object) -> R:
     """A copy of ``record`` with the fields named in ``changes`` set to their values."""
     values = {name: getattr(record, name) for name in record.__match_args__}
     unknown = changes.keys() - values.keys()

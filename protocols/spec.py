@@ -162,8 +162,11 @@ class MessageSpec:
     flexible_versions: VersionRange | None = None
 
 
-class CustomType(Protocol):
-    """A hand-written codec a declaration refers to by name.
+V = TypeVar("V")
+
+
+class CustomType(Protocol[V]):
+    """A hand-written codec of values of type ``V`` a declaration refers to by name.
 
     ``context`` is whatever the caller of :meth:`MessageCodec.decode` passed: for
     example the request a Tank Produce response answers. ``annotation`` is the Python type
@@ -174,9 +177,9 @@ class CustomType(Protocol):
     annotation: str
     default: Any
 
-    def decode(self, reader: Reader, version: int, context: Any) -> Any: ...
+    def decode(self, reader: Reader, version: int, context: object) -> V: ...
 
-    def encode(self, value: Any, version: int, out: bytearray, context: Any) -> None: ...
+    def encode(self, value: V, version: int, out: bytearray, context: object) -> None: ...
 
 
 _FIELD_KEYS: Final = frozenset(("name", "type", "versions", "count", "fields", "default",
@@ -242,7 +245,7 @@ def parse_spec(raw: Mapping[str, Any], comment: str = "") -> MessageSpec:
     return spec
 
 
-def load_json_with_comments(text: str) -> Any:
+def load_json_with_comments(text: str) -> Any:  # noqa: ANN401 (json.loads's value, as it is)
     """JSON with whole-line ``//`` comments, as in Kafka's message definitions."""
     lines = (line for line in text.splitlines() if not line.lstrip().startswith("//"))
     return json.loads("\n".join(lines))
@@ -263,19 +266,20 @@ class TypeRegistry:
     """What the generator needs to know besides the declarations: the protocol's byte
     order and its custom types by name."""
 
-    def __init__(self, byteorder: str, custom: Mapping[str, CustomType] | None = None) -> None:
+    def __init__(self, byteorder: str, custom: Mapping[str, CustomType[Any]] | None = None
+                 ) -> None:
         if byteorder not in ("little", "big"):
             raise ValueError("byteorder must be 'little' or 'big'")
         self.byteorder = byteorder
         self.prefix = "<" if byteorder == "little" else ">"
-        self.custom: dict[str, CustomType] = dict(custom or {})
+        self.custom: dict[str, CustomType[Any]] = dict(custom or {})
 
     def check(self, type_name: str, what: str) -> None:
         """Raise ValueError for a type that is neither primitive nor registered."""
         if type_name not in PRIMITIVE_TYPES and type_name not in self.custom:
             raise ValueError(f"unknown type {type_name!r} in {what}")
 
-    def default_for(self, spec: FieldSpec) -> Any:
+    def default_for(self, spec: FieldSpec) -> object:
         """The value of a field a version does not carry (arrays: an empty list)."""
         if spec.default is not None:
             return spec.default
@@ -338,8 +342,8 @@ class MessageCodec(Generic[R]):
     __slots__ = ("_decode", "_encode", "_nested", "record", "spec")
 
     def __init__(self, spec: MessageSpec, record: type[R],
-                 decode: Callable[[Buffer, int | None, Any], R],
-                 encode: Callable[[R, int | None, Any], bytes],
+                 decode: Callable[[Buffer, int | None, object], R],
+                 encode: Callable[[R, int | None, object], bytes],
                  nested: Mapping[str, type] | None = None) -> None:
         self.spec = spec
         self.record = record
@@ -356,11 +360,12 @@ class MessageCodec(Generic[R]):
         return self.spec.api_key
 
     def decode(self, payload: Buffer, *, version: int | None = None,
-               context: Any = None) -> R:
+               context: object = None) -> R:
         """Decode one whole payload; every byte of it must belong to the message."""
         return self._decode(payload, version, context)
 
-    def encode(self, record: R, *, version: int | None = None, context: Any = None) -> bytes:
+    def encode(self, record: R, *, version: int | None = None, context: object = None
+               ) -> bytes:
         """Encode a record's payload (no frame header)."""
         return self._encode(record, version, context)
 
@@ -381,8 +386,8 @@ class MessageCodec(Generic[R]):
 
 #: What a generated module lists for each message: the record class, the payload decoder
 #: and encoder, and the record classes of its inline structs by dotted field path.
-PayloadFunctions = tuple[type[Any], Callable[[Buffer, int | None, Any], Any],
-                         Callable[[Any, int | None, Any], bytes], dict[str, type[Any]]]
+PayloadFunctions = tuple[type[Any], Callable[[Buffer, int | None, object], Any],
+                         Callable[[Any, int | None, object], bytes], dict[str, type[Any]]]
 
 
 @dataclass(frozen=True, slots=True)

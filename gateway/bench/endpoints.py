@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
-from typing import Any, Final
+from typing import Any, Final, Unpack
 
 import trio
 
@@ -15,8 +15,8 @@ from gateway.client.errors import (
     UnknownPartitionError,
     UnknownTopicError,
 )
-from gateway.client.figg import FiggClient, open_figg_client
-from gateway.client.tank import TankClient, open_tank_client
+from gateway.client.figg import FiggClient, FiggOptions, open_figg_client
+from gateway.client.tank import TankClient, TankOptions, open_tank_client
 from gateway.core.config import parse_address
 
 DEFAULT_TANK: Final = "127.0.0.1:11011"
@@ -55,7 +55,8 @@ def new_run_id() -> int:
 
 
 @asynccontextmanager
-async def tank_client(address: str, **options: Any) -> AsyncIterator[TankClient]:
+async def tank_client(address: str, **options: Unpack[TankOptions]
+                      ) -> AsyncIterator[TankClient]:
     """A connected Tank client for ``host:port``."""
     host, port = parse_address(address)
     async with open_tank_client(host, port, client_id="figtank-bench",
@@ -64,7 +65,8 @@ async def tank_client(address: str, **options: Any) -> AsyncIterator[TankClient]
 
 
 @asynccontextmanager
-async def figg_client(address: str, **options: Any) -> AsyncIterator[FiggClient]:
+async def figg_client(address: str, **options: Unpack[FiggOptions]
+                      ) -> AsyncIterator[FiggClient]:
     """A Figg client for ``host:port``, connected (ConnectionError if it can not be)."""
     host, port = parse_address(address)
     async with open_figg_client(host, port, **{**FIGG_OPTIONS, **_tls_options(), **options}

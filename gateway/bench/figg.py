@@ -6,7 +6,7 @@ import argparse
 import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 import trio
 
@@ -17,7 +17,7 @@ from gateway.bench.report import Check, Report, Row
 from gateway.bench.scenario import Params, Scenario, make_report, samples, total, wall
 from gateway.bench.stall import cancel_when_stalled
 from gateway.bench.stats import stride, summarize
-from gateway.client.figg import FiggClient, Subscription
+from gateway.client.figg import FiggClient, FiggOptions, Subscription
 
 #: Latency samples kept per client (every k-th message, k chosen to stay near this).
 SAMPLE_CAP = 20_000
@@ -264,7 +264,7 @@ async def _subscribe_work(params: Params, share: Share) -> WorkerResult:
                   for _ in share.mine(params["resuming"])])
     published = [Published() for _ in pubs]
     async with AsyncExitStack() as stack:
-        async def connect(**options: int) -> FiggClient:
+        async def connect(**options: Unpack[FiggOptions]) -> FiggClient:
             return await stack.enter_async_context(figg_client(params["figg"], **options))
 
         reader_clients = [await connect(subscription_buffer=SUBSCRIPTION_BUFFER)

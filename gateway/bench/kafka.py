@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any, Final
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
 
@@ -23,6 +25,9 @@ from gateway.bench.scenario import Params, Scenario, make_report, samples, total
 from gateway.bench.stats import summarize
 from gateway.extras import require
 
+if TYPE_CHECKING:  # the bench extra: imported when a scenario runs (_ck)
+    from confluent_kafka import Consumer, KafkaError, Producer
+
 CODECS: Final = ("none", "snappy", "lz4", "zstd", "gzip")
 #: Distinct payloads a producer cycles through (one per message would cost memory).
 _VALUE_POOL: Final = 4096
@@ -33,7 +38,13 @@ _IDLE_TIMEOUT: Final = 10.0
 REQUIRES: Final = ("confluent_kafka", "bench")
 
 
-def _ck() -> Any:
+class _Delivered(Protocol):
+    """A message librdkafka reports delivered (its latency is set then)."""
+
+    def latency(self) -> float: ...
+
+
+def _ck() -> ModuleType:
     """confluent-kafka, imported when a scenario runs (the ``bench`` extra)."""
     return require(REQUIRES[0], extra=REQUIRES[1], purpose="the Kafka benchmark scenarios")
 
@@ -68,7 +79,7 @@ def watermarks(params: Params, topic: str) -> tuple[int, int]:
         consumer.close()
 
 
-def connect(client: Any, params: Params) -> None:
+def connect(client: Producer | Consumer, params: Params) -> None:
     """Wait until ``client`` has the topic's metadata; ConnectionError if it can not."""
     ck = _ck()
     try:
@@ -102,7 +113,8 @@ def _producer_config(params: Params) -> dict[str, Any]:
         "message.timeout.ms": int(params["timeout"] * 1000)}
 
 
-def produce_blocking(params: Params, values: list[bytes], count: int, share_start: Any,
+def produce_blocking(params: Params, values: list[bytes], count: int,
+                     share_start: Callable[[], object],
                      config: dict[str, Any] | None = None, warm_up: str | None = None
                      ) -> tuple[dict[str, int], list[float]]:
     """Produce ``count`` messages to ``params["topic"]`` cycling through ``values``;
@@ -114,7 +126,7 @@ def produce_blocking(params: Params, values: list[bytes], count: int, share_star
     latencies: list[float] = []
     failed = 0
 
-    def delivered(err: Any, msg: Any) -> None:
+    def delivered(err: KafkaError | None, msg: _Delivered) -> None:
         nonlocal failed
         if err is not None:
             failed += 1
@@ -145,7 +157,7 @@ def produce_blocking(params: Params, values: list[bytes], count: int, share_star
             "failed": failed}, latencies
 
 
-def warm(producer: Any, topic: str, value: bytes, timeout: float) -> None:
+def warm(producer: Producer, topic: str, value: bytes, timeout: float) -> None:
     """Produce one message to ``topic`` and wait for it (blocking); its delivery report
     goes to a callback of its own, not the producer's."""
     producer.produce(topic, value, partition=0, on_delivery=lambda err, msg: None)
@@ -153,7 +165,7 @@ def warm(producer: Any, topic: str, value: bytes, timeout: float) -> None:
         raise ConnectionError(f"warming up: a message to {topic} was not delivered")
 
 
-def _starter(share: Share) -> Any:
+def _starter(share: Share) -> Callable[[], object]:
     """A blocking function that runs ``share.start()`` in the worker's trio loop."""
     token = trio.lowlevel.current_trio_token()
     return lambda: trio.from_thread.run(share.start, trio_token=token)
@@ -244,8 +256,9 @@ async def _consume_prepare(params: Params) -> Params:
     return {**params, "first_offset": max(low, params["end_before"]), "end_offset": high}
 
 
-def consume_blocking(params: Params, start: int, end: int, share_start: Any
-                      ) -> tuple[dict[str, int], list[float]]:
+def consume_blocking(params: Params, start: int, end: int,
+                     share_start: Callable[[], object]
+                     ) -> tuple[dict[str, int], list[float]]:
     """Read offsets ``start..end-1`` of partition 0 with assign() (no group, no commits);
     counts and the latency of each consume() call."""
     ck = _ck()

@@ -74,7 +74,7 @@ class Share:
     there); ``finish(...)`` marks its end and builds the :class:`WorkerResult`.
     """
 
-    def __init__(self, index: int = 0, count: int = 1, barrier: Any = None,
+    def __init__(self, index: int = 0, count: int = 1, barrier: PipeBarrier | None = None,
                  server_pid: int | None = None) -> None:
         self.index = index
         self.count = count
@@ -109,7 +109,7 @@ class Share:
 
     def finish(self, counts: dict[str, int] | None = None,
                samples: dict[str, list[float]] | None = None, *, end: float | None = None,
-               **info: Any) -> WorkerResult:
+               **info: object) -> WorkerResult:
         """The result: the clock stops now (or at ``end``, a ``time.monotonic()``)."""
         now = time.monotonic()
         server_cpu = None

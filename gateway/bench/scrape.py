@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -31,6 +31,9 @@ from gateway.bench.serving import start_serve
 from gateway.client.figg import open_figg_client
 from gateway.core.config import parse_address
 from protocols.figg.records import encode_ping_frame
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import Queue
 
 _PONG = 16  # header (type u16, version u16, length u32) and the echoed u64
 
@@ -50,7 +53,7 @@ def _scrape_loop(address: tuple[str, int], until: float, counts: list[int],
 
 
 def run_scrapers(address: tuple[str, int], scrapers: int, seconds: float,
-                 result: Any) -> None:
+                 result: Queue[tuple[int, int]]) -> None:
     """``scrapers`` threads scraping back to back for ``seconds`` (in a child process);
     ``result`` (a queue) gets ``(scrapes, size of the last answer)``."""
     until = time.monotonic() + seconds

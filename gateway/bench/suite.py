@@ -81,7 +81,7 @@ def _scaled(case: Case, scale: float) -> list[str]:
 
 
 def _run(case: Case, argv: list[str], runs: list[dict[str, Any]], mode: str,
-         **extra: Any) -> None:
+         **extra: object) -> None:
     where = "".join(f", {key} {value}" for key, value in extra.items())
     print(f"== {case.name} ({mode}{where})", file=sys.stderr, flush=True)
     entry: dict[str, Any] = {"case": case.name, "durability": mode, **extra, "argv": argv}

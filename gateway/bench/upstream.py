@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
@@ -59,6 +59,9 @@ from gateway.bench.tansu import REQUIREMENT as TANSU_REQUIREMENT
 from gateway.bench.tansu import running_tansu
 from gateway.bench.upstream_peers import PeerRun, peer_runs
 from protocols.tank.bundle import Codec, Message
+
+if TYPE_CHECKING:  # the bench extra
+    from confluent_kafka import KafkaError
 
 _MIB: Final = 1024 * 1024
 #: The issue's target for through-figtank / direct messages/s.
@@ -309,7 +312,7 @@ def _publish_one_at_a_time_direct(params: Params, config: dict[str, Any],
     latencies: list[float] = []
     failed = reported = 0
 
-    def delivered(err: Any, _msg: Any) -> None:
+    def delivered(err: KafkaError | None, _msg: object) -> None:
         nonlocal failed, reported
         failed += err is not None
         reported += 1
@@ -439,7 +442,7 @@ async def _tank_publish_one_at_a_time(params: Params, address: str, topic: str,
 # ------------------------------------------------------------------------ the run
 
 
-def _in_thread(fn: Callable[..., tuple[int, list[float], int, int]], *args: Any) -> Work:
+def _in_thread(fn: Callable[..., tuple[int, list[float], int, int]], *args: object) -> Work:
     """A blocking librdkafka phase as a :data:`Work` (run in a worker thread; its
     ``start`` argument comes last)."""
     async def run(clock: _Clock) -> tuple[int, list[float], int, int]:

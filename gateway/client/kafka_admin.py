@@ -16,7 +16,7 @@ import struct
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final, overload
 
 import trio
 
@@ -33,26 +33,35 @@ from protocols.kafka.messages import (
 )
 from protocols.kafka.records import (
     ApiVersionsRequest,
+    ApiVersionsResponse,
     FetchPartition,
     FetchRequest,
+    FetchResponse,
     FetchTopic,
     ListOffsetsPartition,
     ListOffsetsRequest,
+    ListOffsetsResponse,
     ListOffsetsTopic,
     MetadataRequest,
     MetadataRequestTopic,
+    MetadataResponse,
     OffsetCommitRequest,
     OffsetCommitRequestPartition,
     OffsetCommitRequestTopic,
+    OffsetCommitResponse,
     OffsetFetchRequest,
     OffsetFetchRequestGroup,
     OffsetFetchRequestTopic,
     OffsetFetchRequestTopics,
+    OffsetFetchResponse,
+    OffsetFetchResponseTopic,
+    OffsetFetchResponseTopics,
     RequestHeader,
     encode_request_header,
     read_response_header,
 )
 from protocols.kafka.types import ApiKey, ErrorCode
+from protocols.record import Record
 
 #: ListOffsets' timestamps for the bounds.
 
@@ -147,7 +156,30 @@ class KafkaAdminClient:
         high = min(ours[1] if ours[1] is not None else ours[0], theirs[1])
         return high if high >= max(ours[0], theirs[0]) else None
 
-    async def call(self, api_key: int, body: Any, version: int | None = None) -> Any:
+    # The answer's record class, for the requests made here (the others: a Record).
+    @overload
+    async def call(self, api_key: int, body: ApiVersionsRequest, version: int | None = None
+                   ) -> ApiVersionsResponse: ...
+    @overload
+    async def call(self, api_key: int, body: FetchRequest, version: int | None = None
+                   ) -> FetchResponse: ...
+    @overload
+    async def call(self, api_key: int, body: ListOffsetsRequest, version: int | None = None
+                   ) -> ListOffsetsResponse: ...
+    @overload
+    async def call(self, api_key: int, body: MetadataRequest, version: int | None = None
+                   ) -> MetadataResponse: ...
+    @overload
+    async def call(self, api_key: int, body: OffsetCommitRequest, version: int | None = None
+                   ) -> OffsetCommitResponse: ...
+    @overload
+    async def call(self, api_key: int, body: OffsetFetchRequest, version: int | None = None
+                   ) -> OffsetFetchResponse: ...
+    @overload
+    async def call(self, api_key: int, body: Record, version: int | None = None
+                   ) -> Record: ...
+
+    async def call(self, api_key: int, body: Record, version: int | None = None) -> Record:
         """Send one request and return its answer's body (at the highest common version,
         unless ``version``)."""
         if version is None:
@@ -172,7 +204,8 @@ class KafkaAdminClient:
                                          response_header_version(api_key, version))
         if head.correlation_id != self._correlation:
             raise BadResponse("answer to another request")
-        return RESPONSES[api_key].decode(answer[pos:], version=version)
+        response: Record = RESPONSES[api_key].decode(answer[pos:], version=version)
+        return response
 
     async def _frame(self) -> bytes:
         buf = self._buffer
@@ -260,6 +293,7 @@ class KafkaAdminClient:
         """``group``'s committed offsets ``{(topic, partition): (offset, metadata)}`` of
         the partitions asked (None: all it has); -1 where there is none."""
         version = self._version(ApiKey.OFFSET_FETCH)
+        found_topics: list[OffsetFetchResponseTopics] | list[OffsetFetchResponseTopic]
         if version is not None and version >= 8:
             asked = None if topics is None else [OffsetFetchRequestTopics(t, list(p))
                                                  for t, p in topics]

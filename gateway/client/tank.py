@@ -37,7 +37,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Final, TypeAlias, TypedDict, Unpack
+from typing import Final, TypeAlias, TypedDict, Unpack, overload
 
 import structlog
 import trio
@@ -419,10 +419,39 @@ class TankClient:
             if self._next_id not in pending:
                 return self._next_id
 
+    # The response record's class, for each request that has one.
+    @overload
+    async def request(self, build: Callable[[int], ProduceRequest | ProduceWithSeqnumRequest],
+                      *, extra_wait: float = 0.0) -> ProduceResponse: ...
+    @overload
+    async def request(self, build: Callable[[int], ConsumeRequest], *,
+                      extra_wait: float = 0.0) -> ConsumeResponse: ...
+    @overload
+    async def request(self, build: Callable[[int], CreateTopicRequest], *,
+                      extra_wait: float = 0.0) -> CreateTopicResponse: ...
+    @overload
+    async def request(self, build: Callable[[int], DiscoverPartitionsRequest], *,
+                      extra_wait: float = 0.0) -> DiscoverPartitionsResponse: ...
+    @overload
+    async def request(self, build: Callable[[int], DiscoverTopicsRequest], *,
+                      extra_wait: float = 0.0) -> DiscoverTopicsResponse: ...
+    @overload
+    async def request(self, build: Callable[[int], DiscoverTopologyRequest], *,
+                      extra_wait: float = 0.0) -> DiscoverTopologyResponse: ...
+    @overload
+    async def request(self, build: Callable[[int], ReloadConfRequest], *,
+                      extra_wait: float = 0.0) -> ReloadConfResponse: ...
+    @overload
+    async def request(self, build: Callable[[int], StatusRequest], *,
+                      extra_wait: float = 0.0) -> StatusResponse: ...
+    @overload
+    async def request(self, build: Callable[[int], object], *,
+                      extra_wait: float = 0.0) -> object: ...
+
     async def request(self, build: Callable[[int], object], *, extra_wait: float = 0.0
-                      ) -> Any:
+                      ) -> object:
         """Send the request ``build(request_id)`` returns and wait for its response record
-        (of the type that answers the request's: annotate it where it is awaited).
+        (of the class that answers the request's).
 
         The low-level door to every request; the methods below are built on it.
         """

@@ -16,7 +16,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar, cast
 
 from gateway.core.config_values import (
     KAFKA_COMPRESSIONS,
@@ -57,6 +57,9 @@ __all__ = ["KAFKA_COMPRESSIONS", "LISTEN", "MIB", "OPTIONS", "PROTOCOLS", "SASL_
            "parse_address", "reference_table", "settings_from_mapping"]
 
 
+T = TypeVar("T")
+
+
 @dataclass(frozen=True, slots=True)
 class Option:
     """One setting: TOML ``key`` (``section.name``), attribute, parser and help."""
@@ -69,18 +72,18 @@ class Option:
     flag: str | None = None
 
 
-def _setting(key: str, default: Any, parse: Callable[[object], Any], help: str,
-             flag: str | None = None) -> Any:
+def _setting(key: str, default: T, parse: Callable[[object], T], help: str,
+             flag: str | None = None) -> T:
     """A field of :class:`Settings` with everything else said of it: its TOML ``key``, the
     parser of its values, its help and its command-line ``flag`` (None: file only)."""
     return declared_field(default, {"key": key, "parse": parse, "help": help, "flag": flag})
 
 
-def declared_field(default: Any, metadata: dict[str, Any]) -> Any:
+def declared_field(default: T, metadata: dict[str, Any]) -> T:
     """A dataclass field with ``default`` and ``metadata`` (a dict default is copied for
     each instance): how :class:`Settings` and the sections declare theirs."""
     if isinstance(default, dict):
-        return field(default_factory=lambda: dict(default), metadata=metadata)
+        return cast(T, field(default_factory=lambda: dict(default), metadata=metadata))
     return field(default=default, metadata=metadata)
 
 
@@ -559,9 +562,9 @@ class Settings:
                               f"{f'{where}.tls_key' if own else 'tls.key'} as well")
         return TLSFiles(cert, key, ca), cert_key
 
-    def with_overrides(self, **changes: Any) -> Settings:
+    def with_overrides(self, **changes: object) -> Settings:
         """A copy with some settings changed (each parsed like the config file's)."""
-        parsed = {}
+        parsed: dict[str, Any] = {}  # each of its setting's type
         for attr, value in changes.items():
             if attr not in _BY_ATTR:
                 raise ConfigError(f"unknown setting {attr!r}")
@@ -590,7 +593,7 @@ LISTEN: Final = {name: _BY_KEY[f"listen.{name}"].attr
                  for name in sorted(PROTOCOLS, key=lambda name: name != "metrics")}
 
 
-def _parse_option(option: Option, value: Any) -> Any:
+def _parse_option(option: Option, value: object) -> object:
     try:
         return option.parse(value)
     except ConfigError:

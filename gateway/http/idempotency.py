@@ -385,6 +385,7 @@ def replay_headers() -> list[tuple[bytes, bytes]]:
     return [(b"idempotent-replayed", b"true")]
 
 
-def answer_json(body: bytes) -> Any:
-    """A remembered answer's body as JSON."""
-    return json.loads(body)
+def answer_json(body: bytes) -> dict[str, Any]:
+    """A remembered answer's body as JSON (an object: every answer remembered is one)."""
+    answer: dict[str, Any] = json.loads(body)
+    return answer

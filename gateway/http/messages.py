@@ -15,7 +15,7 @@ from protocols.tank.bundle import ChunkResult as ChunkResult
 from protocols.tank.bundle import Message, decode_chunk
 
 
-def dumps(value: Any) -> bytes:
+def dumps(value: object) -> bytes:
     """Compact JSON bytes."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 

@@ -97,7 +97,7 @@ class Answer:
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
 
 
-def json_answer(value: Any, status: int = 200) -> Answer:
+def json_answer(value: object, status: int = 200) -> Answer:
     return Answer(status, JSON, dumps(value) + b"\n")
 
 

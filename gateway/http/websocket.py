@@ -233,7 +233,7 @@ class WebSocket:
         #: Publishes waiting to be placed (bridge mode), in order; None: no placer runs.
         self._placing: list[tuple[list[ProduceBatch], ProduceDone]] | None = None
 
-    def send_json(self, value: Any, owner: Owner | None = None) -> None:
+    def send_json(self, value: object, owner: Owner | None = None) -> None:
         self.outbox.put_nowait(self.conn.send(ws.TextMessage(data=dumps(value).decode())),
                                owner)
 

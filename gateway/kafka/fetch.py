@@ -19,7 +19,7 @@ codec, by its first reader; a Fetch of that one partition is answered with a
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
@@ -30,6 +30,7 @@ from gateway.kafka.fetch_codecs import FetchCompression
 from protocols.kafka.bundles import FetchCodecs, bundles_to_batches
 from protocols.kafka.connection import encode_body_parts
 from protocols.kafka.records import FetchableTopicResponse, FetchResponse, PartitionData
+from protocols.kafka.records import FetchRequest as KafkaFetchRequest
 from protocols.kafka.types import ApiKey, ErrorCode
 from protocols.tank.bundle import decode_chunk
 
@@ -77,7 +78,7 @@ class SharedFetch:
         return self._chunk.encoded((_BODY_KEY, version, *self._key), encode)
 
 
-async def fetch(backend: Backend, body: Any, access: ConnectionAccess,
+async def fetch(backend: Backend, body: KafkaFetchRequest, access: ConnectionAccess,
                 compression: FetchCompression, version: int) -> FetchResponse | SharedFetch:
     """Answer a Fetch request ``body`` of ``version``; waits up to its ``max_wait_ms``
     when no asked partition has data."""

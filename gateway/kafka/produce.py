@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 from gateway.auth.guard import ConnectionAccess
 from gateway.auth.policy import Operation
@@ -31,6 +31,7 @@ from protocols.kafka.batch import InvalidRecord, producer_stamps
 from protocols.kafka.bundles import records_to_bundles
 from protocols.kafka.records import (
     PartitionProduceResponse,
+    ProduceRequest,
     ProduceResponse,
     TopicProduceResponse,
 )
@@ -90,7 +91,7 @@ class ProducePlan:
             entry.when_settled(one_settled)
 
 
-def plan_produce(body: Any, access: ConnectionAccess, max_batch: int,
+def plan_produce(body: ProduceRequest, access: ConnectionAccess, max_batch: int,
                  auto_create: bool = False,
                  producers: ProducerStates | None = None) -> ProducePlan:
     """Decode every partition's batches into bundles (ProtocolErrors of a batch refuse

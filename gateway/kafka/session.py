@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import cast
 
 import structlog
 import trio
@@ -74,7 +74,12 @@ from protocols.kafka.connection import (
     SaslToken,
     UnsupportedRequest,
 )
-from protocols.kafka.records import SaslAuthenticateResponse, SaslHandshakeResponse
+from protocols.kafka.records import (
+    ProduceRequest,
+    ProduceResponse,
+    SaslAuthenticateResponse,
+    SaslHandshakeResponse,
+)
 from protocols.kafka.types import ApiKey, ErrorCode
 from protocols.record import replace as replace_record
 
@@ -158,6 +163,8 @@ class KafkaSession(RequestSession[KafkaServerConnection]):
             if self._sasl is not None:
                 await self._before_authentication(event)
                 continue
+            # Raw SASL tokens come only while the exchange is under way (above).
+            event = cast("Request | UnsupportedRequest", event)
             quota = self._quota
             if (quota is not None and quota.out_limited and not isinstance(
                     event, UnsupportedRequest) and event.api_key == ApiKey.FETCH):
@@ -167,7 +174,7 @@ class KafkaSession(RequestSession[KafkaServerConnection]):
                 await self._look_up(event.body)
             self._dispatch(event)
 
-    async def _look_up(self, body: Any) -> None:
+    async def _look_up(self, body: ProduceRequest) -> None:
         """Before a Produce under a policy: see which of its topics exist, so that one the
         backend would create is refused to a principal without ``create``."""
         await look_up(self._access, self._backend, topics_to_look_up(
@@ -397,7 +404,7 @@ def _peer(stream: trio.abc.Stream) -> str:
     return "" if host is None else f"/{host}"
 
 
-def _refused(plan: ProducePlan, code: int) -> Any:
+def _refused(plan: ProducePlan, code: int) -> ProduceResponse:
     for _, parts in plan.topics:
         for part in parts:
             part.error = part.error or code

@@ -104,7 +104,7 @@ class ConnectionLog:
         self._peer, self._protocol, self._listener = peer, protocol, listener
         self._bound: structlog.typing.FilteringBoundLogger | None = None
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         bound = self._bound
         if bound is None:
             bound = self._bound = self._log.bind(peer=self._peer, protocol=self._protocol,

@@ -190,7 +190,7 @@ class OptionReader:
         raise OptionError(f"option {name!r}: expected auto, none or snappy, got {value!r}")
 
 
-def _position(name: str, value: Any, allow_earliest: bool) -> Position:
+def _position(name: str, value: object, allow_earliest: bool) -> Position:
     if isinstance(value, bool):
         raise OptionError(f"option {name!r}: {value!r} is not a position")
     if isinstance(value, int):

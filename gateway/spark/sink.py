@@ -19,7 +19,7 @@ task Spark retries produces its rows again.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -100,10 +100,15 @@ def write_batches(options: TankOptions, batches: Iterable[pa.RecordBatch],
         return producer.finish()
 
 
+#: A Row's ``value`` or ``key``: text, bytes (PySpark gives a binary column's as a
+#: bytearray), or null.
+_Binary = str | bytes | bytearray | None
+
+
 def write_rows(options: TankOptions, rows: Iterator[Any],
                task: TaskIdentity | None = None) -> WriteReport:
     """:func:`write_batches` for Spark Rows (PySpark 4.0's streaming sink)."""
-    def as_bytes(v: Any) -> bytes | None:
+    def as_bytes(v: _Binary) -> bytes | None:
         return v.encode() if isinstance(v, str) else (None if v is None else bytes(v))
 
     def batches() -> Iterator[pa.RecordBatch]:
@@ -119,7 +124,8 @@ def write_rows(options: TankOptions, rows: Iterator[Any],
     return write_batches(options, batches(), task)
 
 
-def _rows_batch(rows: list[dict[str, Any]], as_bytes: Any) -> pa.RecordBatch:
+def _rows_batch(rows: list[dict[str, Any]], as_bytes: Callable[[_Binary], bytes | None]
+                ) -> pa.RecordBatch:
     columns: dict[str, pa.Array[Any]] = {
         "value": pa.array([as_bytes(r["value"]) for r in rows], pa.binary())}
     if "key" in rows[0]:

@@ -18,6 +18,7 @@ from gateway.store.index import ENTRY_SIZE
 from gateway.store.producers import ProducerBatch
 from gateway.store.results import AppendResult
 from gateway.store.segment import MAX_REL_SEQ, LogSegment
+from gateway.store.syncing import Written
 from protocols.errors import ProtocolError
 from protocols.tank.bundle import (
     BundleInfo,
@@ -46,7 +47,7 @@ class MustWait(Exception):
     def __init__(self) -> None:
         super().__init__("the pending fsyncs must finish first")
         self.outcomes: list[AppendOutcome] = []
-        self.tickets: list[tuple[int, Ticket]] = []
+        self.tickets: list[tuple[int, Ticket[Written]]] = []
 
 
 @dataclass(slots=True)

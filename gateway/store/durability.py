@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import partial
-from typing import Any, Final
+from typing import Final, Generic, TypeVar
 
 import structlog
 import trio
@@ -42,12 +42,16 @@ _DONE: Final = 1
 _FAILED: Final = 2
 
 
-class Ticket:
+#: What a ticket carries for its group commit's callbacks (the partition's: a Written).
+P = TypeVar("P")
+
+
+class Ticket(Generic[P]):
     """One append waiting for its fsync."""
 
     __slots__ = ("error", "on_resolved", "payload", "state")
 
-    def __init__(self, payload: Any, on_resolved: Callable[[Ticket], None] | None = None
+    def __init__(self, payload: P, on_resolved: Callable[[Ticket[P]], None] | None = None
                  ) -> None:
         self.payload = payload
         self.on_resolved = on_resolved
@@ -93,7 +97,7 @@ def sync_directory(path: str) -> None:
         os.close(fd)
 
 
-class GroupCommit:
+class GroupCommit(Generic[P]):
     """Batches the fsyncs of one partition.
 
     ``prepare()`` is called in the event loop at the start of a round and returns the
@@ -111,8 +115,8 @@ class GroupCommit:
 
     def __init__(self, syncer: Syncer | NativeSyncer, *,
                  prepare: Callable[[], SyncJob],
-                 on_durable: Callable[[Sequence[Any]], None],
-                 on_failure: Callable[[OSError, Sequence[Any]], None],
+                 on_durable: Callable[[Sequence[P]], None],
+                 on_failure: Callable[[OSError, Sequence[P]], None],
                  observe: Callable[[float], None] | None = None,
                  max_rounds: int = 2) -> None:
         self._syncer = syncer
@@ -121,7 +125,7 @@ class GroupCommit:
         self._on_durable = on_durable
         self._on_failure = on_failure
         self._max_rounds = max_rounds
-        self._pending: deque[Ticket] = deque()
+        self._pending: deque[Ticket[P]] = deque()
         #: Tickets ever added, and how many of them the newest running round covers.
         self._added = 0
         self._covered = 0
@@ -137,7 +141,8 @@ class GroupCommit:
         """Appends waiting for a sync."""
         return len(self._pending)
 
-    def add(self, payload: Any, on_resolved: Callable[[Ticket], None] | None = None) -> Ticket:
+    def add(self, payload: P, on_resolved: Callable[[Ticket[P]], None] | None = None
+            ) -> Ticket[P]:
         """Queue an append that was just written; call :meth:`start` once the appends
         written together are all added, so that one round covers them.
 
@@ -187,7 +192,7 @@ class GroupCommit:
         observe = error is None and generation == self._generation and self._observe
         self._running -= 1
         self.rounds += 1
-        done: list[Ticket] = []
+        done: list[Ticket[P]] = []
         if error is not None:
             # Everything not yet durable failed: after a failed fsync, a later one may
             # succeed without the lost pages, so the rounds still running prove nothing.
@@ -223,7 +228,7 @@ class GroupCommit:
         self.start()
 
 
-def _guarded(fn: Callable[..., None], *args: Any) -> None:
+def _guarded(fn: Callable[..., None], *args: object) -> None:
     """Call ``fn``; log what it raises (a callback must never break the round)."""
     try:
         fn(*args)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import ClassVar, TypedDict, Unpack
 
 import structlog
 import trio
@@ -63,6 +63,13 @@ __all__ = ["MAX_CHOSEN_SEQ", "MIN_FETCH", "PREFILL_AHEAD", "PREFILL_LOW", "Appen
            "AppendOutcome", "Partition", "PartitionEnv"]
 
 log = structlog.get_logger("gateway.store")
+
+
+
+class _Where(TypedDict, total=False):
+    """Where a failed write was, besides the partition (for its log line)."""
+
+    segment: str
 
 
 class Partition:
@@ -239,11 +246,11 @@ class Partition:
         report_when_durable(outcomes, tickets, on_done)
 
     def _write_all_now(self, entries: Sequence[AppendEntry]
-                       ) -> tuple[list[AppendOutcome], list[tuple[int, Ticket]]]:
+                       ) -> tuple[list[AppendOutcome], list[tuple[int, Ticket[Written]]]]:
         """Write entries until one needs the pending fsyncs drained first (then raise
         :class:`MustWait` carrying what was written so far)."""
         outcomes: list[AppendOutcome] = []
-        tickets: list[tuple[int, Ticket]] = []
+        tickets: list[tuple[int, Ticket[Written]]] = []
         one_call = self.fast_append and not self._fsync
         try:
             for entry in entries:
@@ -343,7 +350,7 @@ class Partition:
 
     def _write_now(self, bundle: bytes, base_seq: int | None, info: BundleInfo | None = None,
                    producer: ProducerBatch | None = None
-                   ) -> tuple[AppendResult, Ticket | None]:
+                   ) -> tuple[AppendResult, Ticket[Written] | None]:
         """Validate (unless ``info`` vouches for the bundle), plan and write one bundle
         (and, for an idempotent producer's batch, its producer state record first).
 
@@ -374,7 +381,7 @@ class Partition:
 
     def _execute(self, plan: Plan, msg_count: int, now: float,
                  producer: ProducerBatch | None = None
-                 ) -> tuple[AppendResult, Ticket | None]:
+                 ) -> tuple[AppendResult, Ticket[Written] | None]:
         """The synchronous part of an append: the disk's room for it, segment changes and
         the write."""
         disk = self._env.disk
@@ -430,7 +437,7 @@ class Partition:
         self._count_unflushed(msg_count, now)
         return result, None
 
-    def _failed(self, operation: str, exc: OSError, **where: Any) -> StoreIOError:
+    def _failed(self, operation: str, exc: OSError, **where: Unpack[_Where]) -> StoreIOError:
         """The error of a failed write (recorded, counted and logged by the disk's guard;
         logged here where there is none)."""
         disk = self._env.disk

@@ -12,11 +12,11 @@ import trio
 
 from gateway.store.appending import AppendEntry, AppendOutcome, MustWait
 from gateway.store.durability import Ticket
-from gateway.store.syncing import report_when_durable
+from gateway.store.syncing import Written, report_when_durable
 
 #: Writes entries now until one must wait (:class:`MustWait`): outcomes and tickets.
 WriteNow = Callable[[Sequence[AppendEntry]],
-                    tuple[list[AppendOutcome], list[tuple[int, Ticket]]]]
+                    tuple[list[AppendOutcome], list[tuple[int, Ticket[Written]]]]]
 
 
 class AppendQueue:
@@ -38,7 +38,7 @@ class AppendQueue:
     def later(self, entries: Sequence[AppendEntry],
               on_done: Callable[[list[AppendOutcome]], None],
               written: list[AppendOutcome] | None = None,
-              tickets: list[tuple[int, Ticket]] | None = None) -> None:
+              tickets: list[tuple[int, Ticket[Written]]] | None = None) -> None:
         """Finish an append in a task: the entries after ``written`` (with ``tickets``
         for those still waiting for their fsync) wait for the lock; ``on_done`` gets
         every outcome once each is durable or failed."""
@@ -48,7 +48,7 @@ class AppendQueue:
     async def _append_in_task(self, entries: Sequence[AppendEntry],
                               on_done: Callable[[list[AppendOutcome]], None],
                               outcomes: list[AppendOutcome],
-                              tickets: list[tuple[int, Ticket]]) -> None:
+                              tickets: list[tuple[int, Ticket[Written]]]) -> None:
         async with self._lock:
             self.waiting -= 1
             rest, rest_tickets = await self.write_all(entries[len(outcomes):])
@@ -56,11 +56,11 @@ class AppendQueue:
         report_when_durable(outcomes + rest, tickets, on_done)
 
     async def write_all(self, entries: Sequence[AppendEntry]
-                        ) -> tuple[list[AppendOutcome], list[tuple[int, Ticket]]]:
+                        ) -> tuple[list[AppendOutcome], list[tuple[int, Ticket[Written]]]]:
         """Write every entry (the caller holds the lock), draining the pending fsyncs
         first where a segment must roll."""
         outcomes: list[AppendOutcome] = []
-        tickets: list[tuple[int, Ticket]] = []
+        tickets: list[tuple[int, Ticket[Written]]] = []
         while True:
             try:
                 done, more = self._write_now(entries[len(outcomes):])

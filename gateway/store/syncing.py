@@ -28,7 +28,7 @@ class Written:
 
 
 def report_when_durable(outcomes: list[AppendResult | StoreError],
-                        tickets: list[tuple[int, Ticket]],
+                        tickets: list[tuple[int, Ticket[Written]]],
                         on_done: Callable[[list[AppendResult | StoreError]], None]) -> None:
     """Call ``on_done(outcomes)`` once the appends behind ``tickets`` are durable, with a
     failed fsync's error in their place. Rounds resolve tickets in order, so the last
@@ -37,7 +37,7 @@ def report_when_durable(outcomes: list[AppendResult | StoreError],
         on_done(outcomes)
         return
 
-    def resolved(last: Ticket) -> None:
+    def resolved(last: Ticket[Written]) -> None:
         for i, ticket in tickets:
             if ticket.failed:
                 error = ticket.error

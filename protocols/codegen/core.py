@@ -226,7 +226,7 @@ class Module:
     def emit_payload_decoder(self, spec: MessageSpec, record: str) -> str:
         name = f"decode_{snake(spec.name)}"
         lines = [
-            f"def {name}(payload: Buffer, version: int | None = None, context: Any = None"
+            f"def {name}(payload: Buffer, version: int | None = None, context: object = None"
             f") -> {record}:",
             f'    """Decode one whole {spec.name} payload."""',
             "    buf = payload if isinstance(payload, bytes) else bytes(payload)",
@@ -427,7 +427,7 @@ class Module:
     def emit_payload_encoder(self, spec: MessageSpec, record: str) -> str:
         name = f"encode_{snake(spec.name)}"
         lines = [
-            f"def {name}(record: {record}, version: int | None = None, context: Any = None"
+            f"def {name}(record: {record}, version: int | None = None, context: object = None"
             ") -> bytes:",
             f'    """Encode a {spec.name} payload."""',
         ]
@@ -619,7 +619,7 @@ class Module:
         low = spec.valid_versions.low
         self.codecs.append("\n".join([
             f"def decode_{base}_payload(payload: Buffer, version: int | None = None, "
-            f"context: Any = None) -> {spec.name}:",
+            f"context: object = None) -> {spec.name}:",
             f'    """Decode a {spec.name} payload of ``version`` (default {low})."""',
             "    if version is None:", f"        version = {low}",
             *(line.format(error="ProtocolError") for line in check),
@@ -628,7 +628,7 @@ class Module:
         ]))
         self.codecs.append("\n".join([
             f"def encode_{base}_payload(record: {spec.name}, version: int | None = None, "
-            "context: Any = None) -> bytes:",
+            "context: object = None) -> bytes:",
             f'    """Encode a {spec.name} payload of ``version`` (default {low})."""',
             "    if version is None:", f"        version = {low}",
             *(line.format(error="ValueError") for line in check),
@@ -768,6 +768,8 @@ class Module:
                  *self.codecs, "\n".join(tables)]
         if "Iterable" not in "\n".join(self.codecs):
             parts[1] = parts[1].replace("from collections.abc import Iterable\n", "")
+        if not re.search(r"\bAny\b", "\n".join(parts[2:])):
+            parts[1] = parts[1].replace(", Any,", ",")
         return "\n\n\n".join(p for p in parts if p) + "\n"
 
 

@@ -411,7 +411,7 @@ class KafkaModule(Module):
         low = spec.valid_versions.low
         self.spec_imports.add("trailing")
         self.codecs.append("\n".join([
-            f"def {name}(payload: Buffer, version: int | None = None, context: Any = None"
+            f"def {name}(payload: Buffer, version: int | None = None, context: object = None"
             f") -> {record}:",
             *docstring(f"Decode one whole {spec.name} payload of ``version`` "
                         f"(default {low}).", "    "),
@@ -444,7 +444,7 @@ class KafkaModule(Module):
         low = spec.valid_versions.low
         self.spec_imports.add("cannot_encode")
         self.codecs.append("\n".join([
-            f"def {name}(record: {record}, version: int | None = None, context: Any = None"
+            f"def {name}(record: {record}, version: int | None = None, context: object = None"
             ") -> bytes:",
             *docstring(f"Encode a {spec.name} payload of ``version`` (default {low}).",
                         "    "),

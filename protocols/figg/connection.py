@@ -18,6 +18,7 @@ from protocols.connection import (
     FramedConnection,
     FrameReader,
     Role,
+    Sentinel,
     kept,
 )
 from protocols.errors import ProtocolError
@@ -29,6 +30,7 @@ from protocols.figg.messages import (
     TYPE_OF,
 )
 from protocols.figg.records import encode_data_frames as _encode_data_frames
+from protocols.record import Record
 from protocols.translate import refusal, scan_publishes
 
 _LENGTH_INDEX: Final = 2  # payloadLen in HEADER
@@ -76,7 +78,7 @@ class FiggConnection(FramedConnection):
         self._decoders, self._encoders = _codecs(role)  # one pair per role, shared
         self._error: ProtocolError | None = None
 
-    def next_event(self) -> Any:
+    def next_event(self) -> Record | Sentinel:
         """The next message from the peer, :data:`NEED_DATA`, or :data:`CLOSED` after a
         clean EOF."""
         events = self._read(1)
@@ -135,7 +137,7 @@ class FiggConnection(FramedConnection):
                 if frame is CLOSED:
                     append(CLOSED)
                     break
-                (message_type, _version, _), payload = frame  # type: ignore[misc]  # a frame
+                (message_type, _version, _), payload = frame
                 decode = decoders.get(message_type)
                 if decode is None:
                     raise self._refusal(message_type)
@@ -148,7 +150,7 @@ class FiggConnection(FramedConnection):
                 raise
         return events
 
-    def send(self, event: Any) -> bytes:
+    def send(self, event: object) -> bytes:
         """The whole frame (header and payload) for a message this role sends."""
         encode = self._encoders.get(type(event))
         if encode is None:

@@ -357,7 +357,7 @@ def encode_ack_record(record: Ack) -> bytes:
     return encode_ack_frame(record.seq_num)
 
 
-def decode_ack_payload(payload: Buffer, version: int | None = None, context: Any = None) -> Ack:
+def decode_ack_payload(payload: Buffer, version: int | None = None, context: object = None) -> Ack:
     """Decode a Ack payload of ``version`` (default 1)."""
     if version is None:
         version = 1
@@ -366,7 +366,7 @@ def decode_ack_payload(payload: Buffer, version: int | None = None, context: Any
     return decode_ack(payload if isinstance(payload, bytes) else bytes(payload))
 
 
-def encode_ack_payload(record: Ack, version: int | None = None, context: Any = None) -> bytes:
+def encode_ack_payload(record: Ack, version: int | None = None, context: object = None) -> bytes:
     """Encode a Ack payload of ``version`` (default 1)."""
     if version is None:
         version = 1
@@ -415,7 +415,7 @@ def encode_attach_record(record: Attach) -> bytes:
     return encode_attach_frame(record.flags, record.topic.encode(), record.offset)
 
 
-def decode_attach_payload(payload: Buffer, version: int | None = None, context: Any = None) -> Attach:
+def decode_attach_payload(payload: Buffer, version: int | None = None, context: object = None) -> Attach:
     """Decode a Attach payload of ``version`` (default 1)."""
     if version is None:
         version = 1
@@ -424,7 +424,7 @@ def decode_attach_payload(payload: Buffer, version: int | None = None, context: 
     return decode_attach(payload if isinstance(payload, bytes) else bytes(payload))
 
 
-def encode_attach_payload(record: Attach, version: int | None = None, context: Any = None) -> bytes:
+def encode_attach_payload(record: Attach, version: int | None = None, context: object = None) -> bytes:
     """Encode a Attach payload of ``version`` (default 1)."""
     if version is None:
         version = 1
@@ -473,7 +473,7 @@ def encode_attached_record(record: Attached) -> bytes:
     return encode_attached_frame(record.topic.encode(), record.offset)
 
 
-def decode_attached_payload(payload: Buffer, version: int | None = None, context: Any = None) -> Attached:
+def decode_attached_payload(payload: Buffer, version: int | None = None, context: object = None) -> Attached:
     """Decode a Attached payload of ``version`` (default 1)."""
     if version is None:
         version = 1
@@ -482,7 +482,7 @@ def decode_attached_payload(payload: Buffer, version: int | None = None, context
     return decode_attached(payload if isinstance(payload, bytes) else bytes(payload))
 
 
-def encode_attached_payload(record: Attached, version: int | None = None, context: Any = None) -> bytes:
+def encode_attached_payload(record: Attached, version: int | None = None, context: object = None) -> bytes:
     """Encode a Attached payload of ``version`` (default 1)."""
     if version is None:
         version = 1
@@ -536,7 +536,7 @@ def encode_data_record(record: Data) -> bytes:
     return encode_data_frame(record.topic.encode(), record.offset, record.data)
 
 
-def decode_data_payload(payload: Buffer, version: int | None = None, context: Any = None) -> Data:
+def decode_data_payload(payload: Buffer, version: int | None = None, context: object = None) -> Data:
     """Decode a Data payload of ``version`` (default 1)."""
     if version is None:
         version = 1
@@ -545,7 +545,7 @@ def decode_data_payload(payload: Buffer, version: int | None = None, context: An
     return decode_data(payload if isinstance(payload, bytes) else bytes(payload))
 
 
-def encode_data_payload(record: Data, version: int | None = None, context: Any = None) -> bytes:
+def encode_data_payload(record: Data, version: int | None = None, context: object = None) -> bytes:
     """Encode a Data payload of ``version`` (default 1)."""
     if version is None:
         version = 1
@@ -607,7 +607,7 @@ def encode_detach_record(record: Detach) -> bytes:
     return encode_detach_frame(record.topic.encode())
 
 
-def decode_detach_payload(payload: Buffer, version: int | None = None, context: Any = None) -> Detach:
+def decode_detach_payload(payload: Buffer, version: int | None = None, context: object = None) -> Detach:
     """Decode a Detach payload of ``version`` (default 1)."""
     if version is None:
         version = 1
@@ -616,7 +616,7 @@ def decode_detach_payload(payload: Buffer, version: int | None = None, context: 
     return decode_detach(payload if isinstance(payload, bytes) else bytes(payload))
 
 
-def encode_detach_payload(record: Detach, version: int | None = None, context: Any = None) -> bytes:
+def encode_detach_payload(record: Detach, version: int | None = None, context: object = None) -> bytes:
     """Encode a Detach payload of ``version`` (default 1)."""
     if version is None:
         version = 1
@@ -661,7 +661,7 @@ def encode_detached_record(record: Detached) -> bytes:
     return encode_detached_frame(record.topic.encode())
 
 
-def decode_detached_payload(payload: Buffer, version: int | None = None, context: Any = None) -> Detached:
+def decode_detached_payload(payload: Buffer, version: int | None = None, context: object = None) -> Detached:
     """Decode a Detached payload of ``version`` (default 1)."""
     if version is None:
         version = 1
@@ -670,7 +670,7 @@ def decode_detached_payload(payload: Buffer, version: int | None = None, context
     return decode_detached(payload if isinstance(payload, bytes) else bytes(payload))
 
 
-def encode_detached_payload(record: Detached, version: int | None = None, context: Any = None) -> bytes:
+def encode_detached_payload(record: Detached, version: int | None = None, context: object = None) -> bytes:
     """Encode a Detached payload of ``version`` (default 1)."""
     if version is None:
         version = 1
@@ -707,7 +707,7 @@ def encode_ping_record(record: Ping) -> bytes:
     return encode_ping_frame(record.timestamp)
 
 
-def decode_ping_payload(payload: Buffer, version: int | None = None, context: Any = None) -> Ping:
+def decode_ping_payload(payload: Buffer, version: int | None = None, context: object = None) -> Ping:
     """Decode a Ping payload of ``version`` (default 1)."""
     if version is None:
         version = 1
@@ -716,7 +716,7 @@ def decode_ping_payload(payload: Buffer, version: int | None = None, context: An
     return decode_ping(payload if isinstance(payload, bytes) else bytes(payload))
 
 
-def encode_ping_payload(record: Ping, version: int | None = None, context: Any = None) -> bytes:
+def encode_ping_payload(record: Ping, version: int | None = None, context: object = None) -> bytes:
     """Encode a Ping payload of ``version`` (default 1)."""
     if version is None:
         version = 1
@@ -753,7 +753,7 @@ def encode_pong_record(record: Pong) -> bytes:
     return encode_pong_frame(record.timestamp)
 
 
-def decode_pong_payload(payload: Buffer, version: int | None = None, context: Any = None) -> Pong:
+def decode_pong_payload(payload: Buffer, version: int | None = None, context: object = None) -> Pong:
     """Decode a Pong payload of ``version`` (default 1)."""
     if version is None:
         version = 1
@@ -762,7 +762,7 @@ def decode_pong_payload(payload: Buffer, version: int | None = None, context: An
     return decode_pong(payload if isinstance(payload, bytes) else bytes(payload))
 
 
-def encode_pong_payload(record: Pong, version: int | None = None, context: Any = None) -> bytes:
+def encode_pong_payload(record: Pong, version: int | None = None, context: object = None) -> bytes:
     """Encode a Pong payload of ``version`` (default 1)."""
     if version is None:
         version = 1
@@ -816,7 +816,7 @@ def encode_publish_record(record: Publish) -> bytes:
     return encode_publish_frame(record.topic.encode(), record.seq_num, record.data)
 
 
-def decode_publish_payload(payload: Buffer, version: int | None = None, context: Any = None) -> Publish:
+def decode_publish_payload(payload: Buffer, version: int | None = None, context: object = None) -> Publish:
     """Decode a Publish payload of ``version`` (default 1)."""
     if version is None:
         version = 1
@@ -825,7 +825,7 @@ def decode_publish_payload(payload: Buffer, version: int | None = None, context:
     return decode_publish(payload if isinstance(payload, bytes) else bytes(payload))
 
 
-def encode_publish_payload(record: Publish, version: int | None = None, context: Any = None) -> bytes:
+def encode_publish_payload(record: Publish, version: int | None = None, context: object = None) -> bytes:
     """Encode a Publish payload of ``version`` (default 1)."""
     if version is None:
         version = 1

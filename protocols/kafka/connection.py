@@ -32,6 +32,7 @@ from protocols.connection import (
     NEED_DATA,
     FramedConnection,
     FrameReader,
+    Sentinel,
     kept,
 )
 from protocols.errors import ProtocolError
@@ -49,6 +50,7 @@ from protocols.kafka.records import (
     encode_response_header,
     read_request_header,
 )
+from protocols.record import Record
 
 #: ``int32 size`` before every payload. Read unsigned, so that a negative size is simply
 #: too large (FrameTooLarge) rather than a separate case.
@@ -67,6 +69,8 @@ class Request:
     api_version: int
     correlation_id: int
     client_id: str | None
+    #: The request record of ``api_key`` (``ProduceRequest``, ...): its class depends on
+    #: a value read off the wire, so its handler (chosen by that value) names it.
     body: Any
 
 
@@ -118,7 +122,7 @@ def decode_request(payload: bytes) -> Request | UnsupportedRequest:
     return Request(api_key, api_version, correlation_id, header.client_id, body)
 
 
-def encode_response(api_key: int, api_version: int, correlation_id: int, body: Any) -> bytes:
+def encode_response(api_key: int, api_version: int, correlation_id: int, body: Record) -> bytes:
     """The whole frame of a response: size, header of the right version, body.
 
     ValueError for a body that does not fit ``api_version``.
@@ -133,7 +137,7 @@ def encode_response(api_key: int, api_version: int, correlation_id: int, body: A
     return b"".join((FRAME_HEADER.pack(len(header) + len(payload)), header, payload))
 
 
-def encode_response_parts(api_key: int, api_version: int, correlation_id: int, body: Any
+def encode_response_parts(api_key: int, api_version: int, correlation_id: int, body: Record
                           ) -> list[Buffer]:
     """The frame of :func:`encode_response` as buffers to send in order: its large
     ``records`` values (a Fetch response's) are pieces of their own, not copied (see
@@ -153,7 +157,7 @@ def encode_response_parts(api_key: int, api_version: int, correlation_id: int, b
     return pieces
 
 
-def encode_body_parts(api_key: int, body: Any, api_version: int) -> list[Buffer]:
+def encode_body_parts(api_key: int, body: Record, api_version: int) -> list[Buffer]:
     """A response body alone, as the pieces of :func:`encode_response_parts` after its
     header: to encode once and send to many requests with
     :meth:`KafkaServerConnection.send_body_parts`."""
@@ -210,7 +214,7 @@ class KafkaServerConnection(FramedConnection):
         started by a SaslHandshake version 0 has succeeded)."""
         self._raw_sasl = False
 
-    def next_event(self) -> Any:
+    def next_event(self) -> Request | UnsupportedRequest | SaslToken | Sentinel:
         """The next :class:`Request`, :class:`UnsupportedRequest` or :class:`SaslToken`,
         NEED_DATA or CLOSED."""
         if self._failure is not None:
@@ -219,7 +223,7 @@ class KafkaServerConnection(FramedConnection):
             got = self._frames.next_frame()
             if got is NEED_DATA or got is CLOSED:
                 return got
-            _, payload = got  # type: ignore[misc]  # a frame, not a sentinel
+            _, payload = got
             if self._raw_sasl:
                 return SaslToken(payload)
             return decode_request(payload)
@@ -227,7 +231,7 @@ class KafkaServerConnection(FramedConnection):
             self._failure = kept(exc)
             raise
 
-    def send(self, request: Request | UnsupportedRequest, body: Any, *,
+    def send(self, request: Request | UnsupportedRequest, body: Record, *,
              version: int | None = None) -> bytes:
         """The whole frame answering ``request`` with ``body`` (a response record of its
         API key), at the request's version unless ``version`` says otherwise (the
@@ -241,7 +245,7 @@ class KafkaServerConnection(FramedConnection):
         """The raw frame answering a :class:`SaslToken`: ``int32 size | token``."""
         return frame(token)
 
-    def send_parts(self, request: Request | UnsupportedRequest, body: Any) -> list[Buffer]:
+    def send_parts(self, request: Request | UnsupportedRequest, body: Record) -> list[Buffer]:
         """:meth:`send` as the buffers of :func:`encode_response_parts`."""
         return encode_response_parts(request.api_key, request.api_version,
                                      request.correlation_id, body)

@@ -4058,7 +4058,7 @@ def _encode_ApiVersionsRequest(record: ApiVersionsRequest, out: bytearray, versi
         out.append(0)
 
 
-def decode_api_versions_request(payload: Buffer, version: int | None = None, context: Any = None) -> ApiVersionsRequest:
+def decode_api_versions_request(payload: Buffer, version: int | None = None, context: object = None) -> ApiVersionsRequest:
     """Decode one whole ApiVersionsRequest payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -4078,7 +4078,7 @@ def read_api_versions_request(buf: bytes, pos: int, end: int, version: int) -> t
     return _decode_ApiVersionsRequest(buf, pos, end, version, version >= 3)
 
 
-def encode_api_versions_request(record: ApiVersionsRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_api_versions_request(record: ApiVersionsRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a ApiVersionsRequest payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -4289,7 +4289,7 @@ def _encode_ApiVersionsResponse(record: ApiVersionsResponse, out: bytearray, ver
         write_tagged(out, tagged)
 
 
-def decode_api_versions_response(payload: Buffer, version: int | None = None, context: Any = None) -> ApiVersionsResponse:
+def decode_api_versions_response(payload: Buffer, version: int | None = None, context: object = None) -> ApiVersionsResponse:
     """Decode one whole ApiVersionsResponse payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -4309,7 +4309,7 @@ def read_api_versions_response(buf: bytes, pos: int, end: int, version: int) -> 
     return _decode_ApiVersionsResponse(buf, pos, end, version, version >= 3)
 
 
-def encode_api_versions_response(record: ApiVersionsResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_api_versions_response(record: ApiVersionsResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a ApiVersionsResponse payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -4464,7 +4464,7 @@ def _encode_CreateTopicsRequest(record: CreateTopicsRequest, out: bytearray, ver
         out.append(0)
 
 
-def decode_create_topics_request(payload: Buffer, version: int | None = None, context: Any = None) -> CreateTopicsRequest:
+def decode_create_topics_request(payload: Buffer, version: int | None = None, context: object = None) -> CreateTopicsRequest:
     """Decode one whole CreateTopicsRequest payload of ``version`` (default 2)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -4484,7 +4484,7 @@ def read_create_topics_request(buf: bytes, pos: int, end: int, version: int) -> 
     return _decode_CreateTopicsRequest(buf, pos, end, version, version >= 5)
 
 
-def encode_create_topics_request(record: CreateTopicsRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_create_topics_request(record: CreateTopicsRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a CreateTopicsRequest payload of ``version`` (default 2)."""
     if version is None:
         version = 2
@@ -4666,7 +4666,7 @@ def _encode_CreateTopicsResponse(record: CreateTopicsResponse, out: bytearray, v
         out.append(0)
 
 
-def decode_create_topics_response(payload: Buffer, version: int | None = None, context: Any = None) -> CreateTopicsResponse:
+def decode_create_topics_response(payload: Buffer, version: int | None = None, context: object = None) -> CreateTopicsResponse:
     """Decode one whole CreateTopicsResponse payload of ``version`` (default 2)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -4686,7 +4686,7 @@ def read_create_topics_response(buf: bytes, pos: int, end: int, version: int) ->
     return _decode_CreateTopicsResponse(buf, pos, end, version, version >= 5)
 
 
-def encode_create_topics_response(record: CreateTopicsResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_create_topics_response(record: CreateTopicsResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a CreateTopicsResponse payload of ``version`` (default 2)."""
     if version is None:
         version = 2
@@ -4788,7 +4788,7 @@ def _encode_DescribeConfigsRequest(record: DescribeConfigsRequest, out: bytearra
         out.append(0)
 
 
-def decode_describe_configs_request(payload: Buffer, version: int | None = None, context: Any = None) -> DescribeConfigsRequest:
+def decode_describe_configs_request(payload: Buffer, version: int | None = None, context: object = None) -> DescribeConfigsRequest:
     """Decode one whole DescribeConfigsRequest payload of ``version`` (default 1)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -4808,7 +4808,7 @@ def read_describe_configs_request(buf: bytes, pos: int, end: int, version: int) 
     return _decode_DescribeConfigsRequest(buf, pos, end, version, version >= 4)
 
 
-def encode_describe_configs_request(record: DescribeConfigsRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_describe_configs_request(record: DescribeConfigsRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a DescribeConfigsRequest payload of ``version`` (default 1)."""
     if version is None:
         version = 1
@@ -5008,7 +5008,7 @@ def _encode_DescribeConfigsResponse(record: DescribeConfigsResponse, out: bytear
         out.append(0)
 
 
-def decode_describe_configs_response(payload: Buffer, version: int | None = None, context: Any = None) -> DescribeConfigsResponse:
+def decode_describe_configs_response(payload: Buffer, version: int | None = None, context: object = None) -> DescribeConfigsResponse:
     """Decode one whole DescribeConfigsResponse payload of ``version`` (default 1)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -5028,7 +5028,7 @@ def read_describe_configs_response(buf: bytes, pos: int, end: int, version: int)
     return _decode_DescribeConfigsResponse(buf, pos, end, version, version >= 4)
 
 
-def encode_describe_configs_response(record: DescribeConfigsResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_describe_configs_response(record: DescribeConfigsResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a DescribeConfigsResponse payload of ``version`` (default 1)."""
     if version is None:
         version = 1
@@ -5086,7 +5086,7 @@ def _encode_DescribeGroupsRequest(record: DescribeGroupsRequest, out: bytearray,
         out.append(0)
 
 
-def decode_describe_groups_request(payload: Buffer, version: int | None = None, context: Any = None) -> DescribeGroupsRequest:
+def decode_describe_groups_request(payload: Buffer, version: int | None = None, context: object = None) -> DescribeGroupsRequest:
     """Decode one whole DescribeGroupsRequest payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -5106,7 +5106,7 @@ def read_describe_groups_request(buf: bytes, pos: int, end: int, version: int) -
     return _decode_DescribeGroupsRequest(buf, pos, end, version, version >= 5)
 
 
-def encode_describe_groups_request(record: DescribeGroupsRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_describe_groups_request(record: DescribeGroupsRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a DescribeGroupsRequest payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -5258,7 +5258,7 @@ def _encode_DescribeGroupsResponse(record: DescribeGroupsResponse, out: bytearra
         out.append(0)
 
 
-def decode_describe_groups_response(payload: Buffer, version: int | None = None, context: Any = None) -> DescribeGroupsResponse:
+def decode_describe_groups_response(payload: Buffer, version: int | None = None, context: object = None) -> DescribeGroupsResponse:
     """Decode one whole DescribeGroupsResponse payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -5278,7 +5278,7 @@ def read_describe_groups_response(buf: bytes, pos: int, end: int, version: int) 
     return _decode_DescribeGroupsResponse(buf, pos, end, version, version >= 5)
 
 
-def encode_describe_groups_response(record: DescribeGroupsResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_describe_groups_response(record: DescribeGroupsResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a DescribeGroupsResponse payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -5523,7 +5523,7 @@ def _encode_FetchRequest(record: FetchRequest, out: bytearray, version: int, fle
         write_tagged(out, tagged)
 
 
-def decode_fetch_request(payload: Buffer, version: int | None = None, context: Any = None) -> FetchRequest:
+def decode_fetch_request(payload: Buffer, version: int | None = None, context: object = None) -> FetchRequest:
     """Decode one whole FetchRequest payload of ``version`` (default 4)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -5543,7 +5543,7 @@ def read_fetch_request(buf: bytes, pos: int, end: int, version: int) -> tuple[Fe
     return _decode_FetchRequest(buf, pos, end, version, version >= 12)
 
 
-def encode_fetch_request(record: FetchRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_fetch_request(record: FetchRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a FetchRequest payload of ``version`` (default 4)."""
     if version is None:
         version = 4
@@ -5828,7 +5828,7 @@ def _encode_FetchResponse(record: FetchResponse, out: bytearray, version: int, f
         out.append(0)
 
 
-def decode_fetch_response(payload: Buffer, version: int | None = None, context: Any = None) -> FetchResponse:
+def decode_fetch_response(payload: Buffer, version: int | None = None, context: object = None) -> FetchResponse:
     """Decode one whole FetchResponse payload of ``version`` (default 4)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -5848,7 +5848,7 @@ def read_fetch_response(buf: bytes, pos: int, end: int, version: int) -> tuple[F
     return _decode_FetchResponse(buf, pos, end, version, version >= 12)
 
 
-def encode_fetch_response(record: FetchResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_fetch_response(record: FetchResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a FetchResponse payload of ``version`` (default 4)."""
     if version is None:
         version = 4
@@ -5922,7 +5922,7 @@ def _encode_FindCoordinatorRequest(record: FindCoordinatorRequest, out: bytearra
         out.append(0)
 
 
-def decode_find_coordinator_request(payload: Buffer, version: int | None = None, context: Any = None) -> FindCoordinatorRequest:
+def decode_find_coordinator_request(payload: Buffer, version: int | None = None, context: object = None) -> FindCoordinatorRequest:
     """Decode one whole FindCoordinatorRequest payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -5942,7 +5942,7 @@ def read_find_coordinator_request(buf: bytes, pos: int, end: int, version: int) 
     return _decode_FindCoordinatorRequest(buf, pos, end, version, version >= 3)
 
 
-def encode_find_coordinator_request(record: FindCoordinatorRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_find_coordinator_request(record: FindCoordinatorRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a FindCoordinatorRequest payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -6119,7 +6119,7 @@ def _encode_FindCoordinatorResponse(record: FindCoordinatorResponse, out: bytear
         out.append(0)
 
 
-def decode_find_coordinator_response(payload: Buffer, version: int | None = None, context: Any = None) -> FindCoordinatorResponse:
+def decode_find_coordinator_response(payload: Buffer, version: int | None = None, context: object = None) -> FindCoordinatorResponse:
     """Decode one whole FindCoordinatorResponse payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -6139,7 +6139,7 @@ def read_find_coordinator_response(buf: bytes, pos: int, end: int, version: int)
     return _decode_FindCoordinatorResponse(buf, pos, end, version, version >= 3)
 
 
-def encode_find_coordinator_response(record: FindCoordinatorResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_find_coordinator_response(record: FindCoordinatorResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a FindCoordinatorResponse payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -6199,7 +6199,7 @@ def _encode_HeartbeatRequest(record: HeartbeatRequest, out: bytearray, version: 
         out.append(0)
 
 
-def decode_heartbeat_request(payload: Buffer, version: int | None = None, context: Any = None) -> HeartbeatRequest:
+def decode_heartbeat_request(payload: Buffer, version: int | None = None, context: object = None) -> HeartbeatRequest:
     """Decode one whole HeartbeatRequest payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -6219,7 +6219,7 @@ def read_heartbeat_request(buf: bytes, pos: int, end: int, version: int) -> tupl
     return _decode_HeartbeatRequest(buf, pos, end, version, version >= 4)
 
 
-def encode_heartbeat_request(record: HeartbeatRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_heartbeat_request(record: HeartbeatRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a HeartbeatRequest payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -6270,7 +6270,7 @@ def _encode_HeartbeatResponse(record: HeartbeatResponse, out: bytearray, version
         out.append(0)
 
 
-def decode_heartbeat_response(payload: Buffer, version: int | None = None, context: Any = None) -> HeartbeatResponse:
+def decode_heartbeat_response(payload: Buffer, version: int | None = None, context: object = None) -> HeartbeatResponse:
     """Decode one whole HeartbeatResponse payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -6290,7 +6290,7 @@ def read_heartbeat_response(buf: bytes, pos: int, end: int, version: int) -> tup
     return _decode_HeartbeatResponse(buf, pos, end, version, version >= 4)
 
 
-def encode_heartbeat_response(record: HeartbeatResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_heartbeat_response(record: HeartbeatResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a HeartbeatResponse payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -6346,7 +6346,7 @@ def _encode_InitProducerIdRequest(record: InitProducerIdRequest, out: bytearray,
         out.append(0)
 
 
-def decode_init_producer_id_request(payload: Buffer, version: int | None = None, context: Any = None) -> InitProducerIdRequest:
+def decode_init_producer_id_request(payload: Buffer, version: int | None = None, context: object = None) -> InitProducerIdRequest:
     """Decode one whole InitProducerIdRequest payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -6366,7 +6366,7 @@ def read_init_producer_id_request(buf: bytes, pos: int, end: int, version: int) 
     return _decode_InitProducerIdRequest(buf, pos, end, version, version >= 2)
 
 
-def encode_init_producer_id_request(record: InitProducerIdRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_init_producer_id_request(record: InitProducerIdRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a InitProducerIdRequest payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -6408,7 +6408,7 @@ def _encode_InitProducerIdResponse(record: InitProducerIdResponse, out: bytearra
         out.append(0)
 
 
-def decode_init_producer_id_response(payload: Buffer, version: int | None = None, context: Any = None) -> InitProducerIdResponse:
+def decode_init_producer_id_response(payload: Buffer, version: int | None = None, context: object = None) -> InitProducerIdResponse:
     """Decode one whole InitProducerIdResponse payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -6428,7 +6428,7 @@ def read_init_producer_id_response(buf: bytes, pos: int, end: int, version: int)
     return _decode_InitProducerIdResponse(buf, pos, end, version, version >= 2)
 
 
-def encode_init_producer_id_response(record: InitProducerIdResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_init_producer_id_response(record: InitProducerIdResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a InitProducerIdResponse payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -6540,7 +6540,7 @@ def _encode_JoinGroupRequest(record: JoinGroupRequest, out: bytearray, version: 
         out.append(0)
 
 
-def decode_join_group_request(payload: Buffer, version: int | None = None, context: Any = None) -> JoinGroupRequest:
+def decode_join_group_request(payload: Buffer, version: int | None = None, context: object = None) -> JoinGroupRequest:
     """Decode one whole JoinGroupRequest payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -6560,7 +6560,7 @@ def read_join_group_request(buf: bytes, pos: int, end: int, version: int) -> tup
     return _decode_JoinGroupRequest(buf, pos, end, version, version >= 6)
 
 
-def encode_join_group_request(record: JoinGroupRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_join_group_request(record: JoinGroupRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a JoinGroupRequest payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -6681,7 +6681,7 @@ def _encode_JoinGroupResponse(record: JoinGroupResponse, out: bytearray, version
         out.append(0)
 
 
-def decode_join_group_response(payload: Buffer, version: int | None = None, context: Any = None) -> JoinGroupResponse:
+def decode_join_group_response(payload: Buffer, version: int | None = None, context: object = None) -> JoinGroupResponse:
     """Decode one whole JoinGroupResponse payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -6701,7 +6701,7 @@ def read_join_group_response(buf: bytes, pos: int, end: int, version: int) -> tu
     return _decode_JoinGroupResponse(buf, pos, end, version, version >= 6)
 
 
-def encode_join_group_response(record: JoinGroupResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_join_group_response(record: JoinGroupResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a JoinGroupResponse payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -6809,7 +6809,7 @@ def _encode_LeaveGroupRequest(record: LeaveGroupRequest, out: bytearray, version
         out.append(0)
 
 
-def decode_leave_group_request(payload: Buffer, version: int | None = None, context: Any = None) -> LeaveGroupRequest:
+def decode_leave_group_request(payload: Buffer, version: int | None = None, context: object = None) -> LeaveGroupRequest:
     """Decode one whole LeaveGroupRequest payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -6829,7 +6829,7 @@ def read_leave_group_request(buf: bytes, pos: int, end: int, version: int) -> tu
     return _decode_LeaveGroupRequest(buf, pos, end, version, version >= 4)
 
 
-def encode_leave_group_request(record: LeaveGroupRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_leave_group_request(record: LeaveGroupRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a LeaveGroupRequest payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -6940,7 +6940,7 @@ def _encode_LeaveGroupResponse(record: LeaveGroupResponse, out: bytearray, versi
         out.append(0)
 
 
-def decode_leave_group_response(payload: Buffer, version: int | None = None, context: Any = None) -> LeaveGroupResponse:
+def decode_leave_group_response(payload: Buffer, version: int | None = None, context: object = None) -> LeaveGroupResponse:
     """Decode one whole LeaveGroupResponse payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -6960,7 +6960,7 @@ def read_leave_group_response(buf: bytes, pos: int, end: int, version: int) -> t
     return _decode_LeaveGroupResponse(buf, pos, end, version, version >= 4)
 
 
-def encode_leave_group_response(record: LeaveGroupResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_leave_group_response(record: LeaveGroupResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a LeaveGroupResponse payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -7029,7 +7029,7 @@ def _encode_ListGroupsRequest(record: ListGroupsRequest, out: bytearray, version
         out.append(0)
 
 
-def decode_list_groups_request(payload: Buffer, version: int | None = None, context: Any = None) -> ListGroupsRequest:
+def decode_list_groups_request(payload: Buffer, version: int | None = None, context: object = None) -> ListGroupsRequest:
     """Decode one whole ListGroupsRequest payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -7049,7 +7049,7 @@ def read_list_groups_request(buf: bytes, pos: int, end: int, version: int) -> tu
     return _decode_ListGroupsRequest(buf, pos, end, version, version >= 3)
 
 
-def encode_list_groups_request(record: ListGroupsRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_list_groups_request(record: ListGroupsRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a ListGroupsRequest payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -7147,7 +7147,7 @@ def _encode_ListGroupsResponse(record: ListGroupsResponse, out: bytearray, versi
         out.append(0)
 
 
-def decode_list_groups_response(payload: Buffer, version: int | None = None, context: Any = None) -> ListGroupsResponse:
+def decode_list_groups_response(payload: Buffer, version: int | None = None, context: object = None) -> ListGroupsResponse:
     """Decode one whole ListGroupsResponse payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -7167,7 +7167,7 @@ def read_list_groups_response(buf: bytes, pos: int, end: int, version: int) -> t
     return _decode_ListGroupsResponse(buf, pos, end, version, version >= 3)
 
 
-def encode_list_groups_response(record: ListGroupsResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_list_groups_response(record: ListGroupsResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a ListGroupsResponse payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -7289,7 +7289,7 @@ def _encode_ListOffsetsRequest(record: ListOffsetsRequest, out: bytearray, versi
         out.append(0)
 
 
-def decode_list_offsets_request(payload: Buffer, version: int | None = None, context: Any = None) -> ListOffsetsRequest:
+def decode_list_offsets_request(payload: Buffer, version: int | None = None, context: object = None) -> ListOffsetsRequest:
     """Decode one whole ListOffsetsRequest payload of ``version`` (default 1)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -7309,7 +7309,7 @@ def read_list_offsets_request(buf: bytes, pos: int, end: int, version: int) -> t
     return _decode_ListOffsetsRequest(buf, pos, end, version, version >= 6)
 
 
-def encode_list_offsets_request(record: ListOffsetsRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_list_offsets_request(record: ListOffsetsRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a ListOffsetsRequest payload of ``version`` (default 1)."""
     if version is None:
         version = 1
@@ -7431,7 +7431,7 @@ def _encode_ListOffsetsResponse(record: ListOffsetsResponse, out: bytearray, ver
         out.append(0)
 
 
-def decode_list_offsets_response(payload: Buffer, version: int | None = None, context: Any = None) -> ListOffsetsResponse:
+def decode_list_offsets_response(payload: Buffer, version: int | None = None, context: object = None) -> ListOffsetsResponse:
     """Decode one whole ListOffsetsResponse payload of ``version`` (default 1)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -7451,7 +7451,7 @@ def read_list_offsets_response(buf: bytes, pos: int, end: int, version: int) -> 
     return _decode_ListOffsetsResponse(buf, pos, end, version, version >= 6)
 
 
-def encode_list_offsets_response(record: ListOffsetsResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_list_offsets_response(record: ListOffsetsResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a ListOffsetsResponse payload of ``version`` (default 1)."""
     if version is None:
         version = 1
@@ -7560,7 +7560,7 @@ def _encode_MetadataRequest(record: MetadataRequest, out: bytearray, version: in
         out.append(0)
 
 
-def decode_metadata_request(payload: Buffer, version: int | None = None, context: Any = None) -> MetadataRequest:
+def decode_metadata_request(payload: Buffer, version: int | None = None, context: object = None) -> MetadataRequest:
     """Decode one whole MetadataRequest payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -7580,7 +7580,7 @@ def read_metadata_request(buf: bytes, pos: int, end: int, version: int) -> tuple
     return _decode_MetadataRequest(buf, pos, end, version, version >= 9)
 
 
-def encode_metadata_request(record: MetadataRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_metadata_request(record: MetadataRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a MetadataRequest payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -7840,7 +7840,7 @@ def _encode_MetadataResponse(record: MetadataResponse, out: bytearray, version: 
         out.append(0)
 
 
-def decode_metadata_response(payload: Buffer, version: int | None = None, context: Any = None) -> MetadataResponse:
+def decode_metadata_response(payload: Buffer, version: int | None = None, context: object = None) -> MetadataResponse:
     """Decode one whole MetadataResponse payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -7860,7 +7860,7 @@ def read_metadata_response(buf: bytes, pos: int, end: int, version: int) -> tupl
     return _decode_MetadataResponse(buf, pos, end, version, version >= 9)
 
 
-def encode_metadata_response(record: MetadataResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_metadata_response(record: MetadataResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a MetadataResponse payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -8012,7 +8012,7 @@ def _encode_OffsetCommitRequest(record: OffsetCommitRequest, out: bytearray, ver
         out.append(0)
 
 
-def decode_offset_commit_request(payload: Buffer, version: int | None = None, context: Any = None) -> OffsetCommitRequest:
+def decode_offset_commit_request(payload: Buffer, version: int | None = None, context: object = None) -> OffsetCommitRequest:
     """Decode one whole OffsetCommitRequest payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -8032,7 +8032,7 @@ def read_offset_commit_request(buf: bytes, pos: int, end: int, version: int) -> 
     return _decode_OffsetCommitRequest(buf, pos, end, version, version >= 8)
 
 
-def encode_offset_commit_request(record: OffsetCommitRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_offset_commit_request(record: OffsetCommitRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a OffsetCommitRequest payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -8133,7 +8133,7 @@ def _encode_OffsetCommitResponse(record: OffsetCommitResponse, out: bytearray, v
         out.append(0)
 
 
-def decode_offset_commit_response(payload: Buffer, version: int | None = None, context: Any = None) -> OffsetCommitResponse:
+def decode_offset_commit_response(payload: Buffer, version: int | None = None, context: object = None) -> OffsetCommitResponse:
     """Decode one whole OffsetCommitResponse payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -8153,7 +8153,7 @@ def read_offset_commit_response(buf: bytes, pos: int, end: int, version: int) ->
     return _decode_OffsetCommitResponse(buf, pos, end, version, version >= 8)
 
 
-def encode_offset_commit_response(record: OffsetCommitResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_offset_commit_response(record: OffsetCommitResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a OffsetCommitResponse payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -8249,7 +8249,7 @@ def _encode_OffsetDeleteRequest(record: OffsetDeleteRequest, out: bytearray, ver
         out.append(0)
 
 
-def decode_offset_delete_request(payload: Buffer, version: int | None = None, context: Any = None) -> OffsetDeleteRequest:
+def decode_offset_delete_request(payload: Buffer, version: int | None = None, context: object = None) -> OffsetDeleteRequest:
     """Decode one whole OffsetDeleteRequest payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -8269,7 +8269,7 @@ def read_offset_delete_request(buf: bytes, pos: int, end: int, version: int) -> 
     return _decode_OffsetDeleteRequest(buf, pos, end, version, False)
 
 
-def encode_offset_delete_request(record: OffsetDeleteRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_offset_delete_request(record: OffsetDeleteRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a OffsetDeleteRequest payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -8366,7 +8366,7 @@ def _encode_OffsetDeleteResponse(record: OffsetDeleteResponse, out: bytearray, v
         out.append(0)
 
 
-def decode_offset_delete_response(payload: Buffer, version: int | None = None, context: Any = None) -> OffsetDeleteResponse:
+def decode_offset_delete_response(payload: Buffer, version: int | None = None, context: object = None) -> OffsetDeleteResponse:
     """Decode one whole OffsetDeleteResponse payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -8386,7 +8386,7 @@ def read_offset_delete_response(buf: bytes, pos: int, end: int, version: int) ->
     return _decode_OffsetDeleteResponse(buf, pos, end, version, False)
 
 
-def encode_offset_delete_response(record: OffsetDeleteResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_offset_delete_response(record: OffsetDeleteResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a OffsetDeleteResponse payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -8622,7 +8622,7 @@ def _encode_OffsetFetchRequest(record: OffsetFetchRequest, out: bytearray, versi
         out.append(0)
 
 
-def decode_offset_fetch_request(payload: Buffer, version: int | None = None, context: Any = None) -> OffsetFetchRequest:
+def decode_offset_fetch_request(payload: Buffer, version: int | None = None, context: object = None) -> OffsetFetchRequest:
     """Decode one whole OffsetFetchRequest payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -8642,7 +8642,7 @@ def read_offset_fetch_request(buf: bytes, pos: int, end: int, version: int) -> t
     return _decode_OffsetFetchRequest(buf, pos, end, version, version >= 6)
 
 
-def encode_offset_fetch_request(record: OffsetFetchRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_offset_fetch_request(record: OffsetFetchRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a OffsetFetchRequest payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -8959,7 +8959,7 @@ def _encode_OffsetFetchResponse(record: OffsetFetchResponse, out: bytearray, ver
         out.append(0)
 
 
-def decode_offset_fetch_response(payload: Buffer, version: int | None = None, context: Any = None) -> OffsetFetchResponse:
+def decode_offset_fetch_response(payload: Buffer, version: int | None = None, context: object = None) -> OffsetFetchResponse:
     """Decode one whole OffsetFetchResponse payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -8979,7 +8979,7 @@ def read_offset_fetch_response(buf: bytes, pos: int, end: int, version: int) -> 
     return _decode_OffsetFetchResponse(buf, pos, end, version, version >= 6)
 
 
-def encode_offset_fetch_response(record: OffsetFetchResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_offset_fetch_response(record: OffsetFetchResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a OffsetFetchResponse payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -9088,7 +9088,7 @@ def _encode_ProduceRequest(record: ProduceRequest, out: bytearray, version: int,
         out.append(0)
 
 
-def decode_produce_request(payload: Buffer, version: int | None = None, context: Any = None) -> ProduceRequest:
+def decode_produce_request(payload: Buffer, version: int | None = None, context: object = None) -> ProduceRequest:
     """Decode one whole ProduceRequest payload of ``version`` (default 3)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -9108,7 +9108,7 @@ def read_produce_request(buf: bytes, pos: int, end: int, version: int) -> tuple[
     return _decode_ProduceRequest(buf, pos, end, version, version >= 9)
 
 
-def encode_produce_request(record: ProduceRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_produce_request(record: ProduceRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a ProduceRequest payload of ``version`` (default 3)."""
     if version is None:
         version = 3
@@ -9283,7 +9283,7 @@ def _encode_ProduceResponse(record: ProduceResponse, out: bytearray, version: in
         out.append(0)
 
 
-def decode_produce_response(payload: Buffer, version: int | None = None, context: Any = None) -> ProduceResponse:
+def decode_produce_response(payload: Buffer, version: int | None = None, context: object = None) -> ProduceResponse:
     """Decode one whole ProduceResponse payload of ``version`` (default 3)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -9303,7 +9303,7 @@ def read_produce_response(buf: bytes, pos: int, end: int, version: int) -> tuple
     return _decode_ProduceResponse(buf, pos, end, version, version >= 9)
 
 
-def encode_produce_response(record: ProduceResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_produce_response(record: ProduceResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a ProduceResponse payload of ``version`` (default 3)."""
     if version is None:
         version = 3
@@ -9353,7 +9353,7 @@ def _encode_RequestHeader(record: RequestHeader, out: bytearray, version: int, f
         out.append(0)
 
 
-def decode_request_header(payload: Buffer, version: int | None = None, context: Any = None) -> RequestHeader:
+def decode_request_header(payload: Buffer, version: int | None = None, context: object = None) -> RequestHeader:
     """Decode one whole RequestHeader payload of ``version`` (default 1)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -9373,7 +9373,7 @@ def read_request_header(buf: bytes, pos: int, end: int, version: int) -> tuple[R
     return _decode_RequestHeader(buf, pos, end, version, version >= 2)
 
 
-def encode_request_header(record: RequestHeader, version: int | None = None, context: Any = None) -> bytes:
+def encode_request_header(record: RequestHeader, version: int | None = None, context: object = None) -> bytes:
     """Encode a RequestHeader payload of ``version`` (default 1)."""
     if version is None:
         version = 1
@@ -9415,7 +9415,7 @@ def _encode_ResponseHeader(record: ResponseHeader, out: bytearray, version: int,
         out.append(0)
 
 
-def decode_response_header(payload: Buffer, version: int | None = None, context: Any = None) -> ResponseHeader:
+def decode_response_header(payload: Buffer, version: int | None = None, context: object = None) -> ResponseHeader:
     """Decode one whole ResponseHeader payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -9435,7 +9435,7 @@ def read_response_header(buf: bytes, pos: int, end: int, version: int) -> tuple[
     return _decode_ResponseHeader(buf, pos, end, version, version >= 1)
 
 
-def encode_response_header(record: ResponseHeader, version: int | None = None, context: Any = None) -> bytes:
+def encode_response_header(record: ResponseHeader, version: int | None = None, context: object = None) -> bytes:
     """Encode a ResponseHeader payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -9476,7 +9476,7 @@ def _encode_SaslAuthenticateRequest(record: SaslAuthenticateRequest, out: bytear
         out.append(0)
 
 
-def decode_sasl_authenticate_request(payload: Buffer, version: int | None = None, context: Any = None) -> SaslAuthenticateRequest:
+def decode_sasl_authenticate_request(payload: Buffer, version: int | None = None, context: object = None) -> SaslAuthenticateRequest:
     """Decode one whole SaslAuthenticateRequest payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -9496,7 +9496,7 @@ def read_sasl_authenticate_request(buf: bytes, pos: int, end: int, version: int)
     return _decode_SaslAuthenticateRequest(buf, pos, end, version, version >= 2)
 
 
-def encode_sasl_authenticate_request(record: SaslAuthenticateRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_sasl_authenticate_request(record: SaslAuthenticateRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a SaslAuthenticateRequest payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -9553,7 +9553,7 @@ def _encode_SaslAuthenticateResponse(record: SaslAuthenticateResponse, out: byte
         out.append(0)
 
 
-def decode_sasl_authenticate_response(payload: Buffer, version: int | None = None, context: Any = None) -> SaslAuthenticateResponse:
+def decode_sasl_authenticate_response(payload: Buffer, version: int | None = None, context: object = None) -> SaslAuthenticateResponse:
     """Decode one whole SaslAuthenticateResponse payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -9573,7 +9573,7 @@ def read_sasl_authenticate_response(buf: bytes, pos: int, end: int, version: int
     return _decode_SaslAuthenticateResponse(buf, pos, end, version, version >= 2)
 
 
-def encode_sasl_authenticate_response(record: SaslAuthenticateResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_sasl_authenticate_response(record: SaslAuthenticateResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a SaslAuthenticateResponse payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -9614,7 +9614,7 @@ def _encode_SaslHandshakeRequest(record: SaslHandshakeRequest, out: bytearray, v
         out.append(0)
 
 
-def decode_sasl_handshake_request(payload: Buffer, version: int | None = None, context: Any = None) -> SaslHandshakeRequest:
+def decode_sasl_handshake_request(payload: Buffer, version: int | None = None, context: object = None) -> SaslHandshakeRequest:
     """Decode one whole SaslHandshakeRequest payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -9634,7 +9634,7 @@ def read_sasl_handshake_request(buf: bytes, pos: int, end: int, version: int) ->
     return _decode_SaslHandshakeRequest(buf, pos, end, version, False)
 
 
-def encode_sasl_handshake_request(record: SaslHandshakeRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_sasl_handshake_request(record: SaslHandshakeRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a SaslHandshakeRequest payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -9686,7 +9686,7 @@ def _encode_SaslHandshakeResponse(record: SaslHandshakeResponse, out: bytearray,
         out.append(0)
 
 
-def decode_sasl_handshake_response(payload: Buffer, version: int | None = None, context: Any = None) -> SaslHandshakeResponse:
+def decode_sasl_handshake_response(payload: Buffer, version: int | None = None, context: object = None) -> SaslHandshakeResponse:
     """Decode one whole SaslHandshakeResponse payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -9706,7 +9706,7 @@ def read_sasl_handshake_response(buf: bytes, pos: int, end: int, version: int) -
     return _decode_SaslHandshakeResponse(buf, pos, end, version, False)
 
 
-def encode_sasl_handshake_response(record: SaslHandshakeResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_sasl_handshake_response(record: SaslHandshakeResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a SaslHandshakeResponse payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -9813,7 +9813,7 @@ def _encode_SyncGroupRequest(record: SyncGroupRequest, out: bytearray, version: 
         out.append(0)
 
 
-def decode_sync_group_request(payload: Buffer, version: int | None = None, context: Any = None) -> SyncGroupRequest:
+def decode_sync_group_request(payload: Buffer, version: int | None = None, context: object = None) -> SyncGroupRequest:
     """Decode one whole SyncGroupRequest payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -9833,7 +9833,7 @@ def read_sync_group_request(buf: bytes, pos: int, end: int, version: int) -> tup
     return _decode_SyncGroupRequest(buf, pos, end, version, version >= 4)
 
 
-def encode_sync_group_request(record: SyncGroupRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_sync_group_request(record: SyncGroupRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a SyncGroupRequest payload of ``version`` (default 0)."""
     if version is None:
         version = 0
@@ -9904,7 +9904,7 @@ def _encode_SyncGroupResponse(record: SyncGroupResponse, out: bytearray, version
         out.append(0)
 
 
-def decode_sync_group_response(payload: Buffer, version: int | None = None, context: Any = None) -> SyncGroupResponse:
+def decode_sync_group_response(payload: Buffer, version: int | None = None, context: object = None) -> SyncGroupResponse:
     """Decode one whole SyncGroupResponse payload of ``version`` (default 0)."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     if version is None:
@@ -9924,7 +9924,7 @@ def read_sync_group_response(buf: bytes, pos: int, end: int, version: int) -> tu
     return _decode_SyncGroupResponse(buf, pos, end, version, version >= 4)
 
 
-def encode_sync_group_response(record: SyncGroupResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_sync_group_response(record: SyncGroupResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a SyncGroupResponse payload of ``version`` (default 0)."""
     if version is None:
         version = 0

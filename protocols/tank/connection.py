@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, Protocol, cast
 
 from protocols.connection import (
     CLOSED,
@@ -63,6 +63,13 @@ class Reply:
     response: Any
 
 
+class _Answered(Protocol):
+    """A request answered by a response that carries its id (all but ConsumePeer)."""
+
+    @property
+    def request_id(self) -> int: ...
+
+
 def frame(msg_id: int, payload: bytes) -> bytes:
     """``u8 msgId | u32 payloadLen | payload``."""
     return FRAME_HEADER.pack(msg_id, len(payload)) + payload
@@ -81,7 +88,8 @@ def encode_consume_response_head(response: ConsumeResponse | ConsumePeerResponse
     return FRAME_HEADER.pack(msg_id, len(head) + chunks) + head
 
 
-def _consume_body(response: Any) -> tuple[MsgId, ConsumeResponseBodyType]:
+def _consume_body(response: ConsumeResponse | ConsumePeerResponse
+                  ) -> tuple[MsgId, ConsumeResponseBodyType]:
     if isinstance(response, ConsumeResponse):
         return MsgId.CONSUME, _CONSUME_BODY
     if isinstance(response, ConsumePeerResponse):
@@ -89,7 +97,7 @@ def _consume_body(response: Any) -> tuple[MsgId, ConsumeResponseBodyType]:
     raise TypeError(f"not a consume response: {response!r}")
 
 
-def _consume_frame(response: Any) -> bytes:
+def _consume_frame(response: ConsumeResponse | ConsumePeerResponse) -> bytes:
     """A whole Consume(Peer) response frame, joined once (chunks can be megabytes)."""
     msg_id, body = _consume_body(response)
     head, length = body.encode_head(response)
@@ -118,17 +126,17 @@ class TankConnection(FramedConnection):
     def __init__(self, role: Role, *, max_frame_size: int = DEFAULT_MAX_FRAME) -> None:
         self.role = role
         self._frames = FrameReader(FRAME_HEADER, 1, max_frame_size)
-        self._pending: dict[int, Any] = {}
+        self._pending: dict[int, object] = {}
         # ConsumePeer has no request id; made with the first (a client's only).
-        self._pending_peer: deque[Any] | None = None
+        self._pending_peer: deque[object] | None = None
         self._failure: ProtocolError | None = None
 
     @property
-    def pending(self) -> Mapping[int, Any]:
+    def pending(self) -> Mapping[int, object]:
         """Client role: sent requests awaiting their response, by request id (read-only)."""
         return MappingProxyType(self._pending)
 
-    def next_event(self) -> Any:
+    def next_event(self) -> object:
         """The next request (server) or :class:`Reply`/``Ping`` (client), NEED_DATA or CLOSED."""
         if self._failure is not None:
             raise ProtocolError(f"connection already failed: {self._failure}")
@@ -136,7 +144,7 @@ class TankConnection(FramedConnection):
             got = self._frames.next_frame()
             if got is NEED_DATA or got is CLOSED:
                 return got
-            (msg_id, _), payload = got  # type: ignore[misc]  # a frame, not a sentinel
+            (msg_id, _), payload = got
             if self.role is Role.SERVER:
                 return decode_request(msg_id, payload)
             return self._decode_reply(msg_id, payload)
@@ -231,7 +239,7 @@ class TankConnection(FramedConnection):
             self._failure = kept(error)
         return items, error
 
-    def send(self, message: Any) -> bytes:
+    def send(self, message: object) -> bytes:
         """The whole frame for ``message``; in the client role, also remember the request.
 
         Raises TypeError for a record this role does not send, ValueError for values that
@@ -242,20 +250,21 @@ class TankConnection(FramedConnection):
         if kind not in allowed:
             raise TypeError(f"a {self.role.value} does not send {kind.__name__}")
         if kind is ConsumeResponse or kind is ConsumePeerResponse:
-            return _consume_frame(message)
+            return _consume_frame(cast("ConsumeResponse | ConsumePeerResponse", message))
         msg_id, payload = encode_payload(message)
         if self.role is Role.CLIENT and kind in RESPONSE_ID:
             if kind is ConsumePeerRequest:
                 if self._pending_peer is None:
                     self._pending_peer = deque()
                 self._pending_peer.append(message)
-            elif message.request_id in self._pending:
-                raise ValueError(f"request id {message.request_id} is already pending")
             else:
-                self._pending[message.request_id] = message
+                request_id = cast(_Answered, message).request_id
+                if request_id in self._pending:
+                    raise ValueError(f"request id {request_id} is already pending")
+                self._pending[request_id] = message
         return frame(msg_id, payload)
 
-    def _decode_reply(self, msg_id: int, payload: bytes) -> Any:
+    def _decode_reply(self, msg_id: int, payload: bytes) -> object:
         if msg_id not in RESPONSE_CODECS:
             raise ProtocolError(f"unknown Tank response msgId 0x{msg_id:02x}")
         if msg_id == MsgId.PING:
@@ -268,7 +277,7 @@ class TankConnection(FramedConnection):
             request = self._pop_pending(msg_id, payload)
         return Reply(request, decode_response(msg_id, payload, request))
 
-    def _pop_pending(self, msg_id: int, payload: bytes) -> Any:
+    def _pop_pending(self, msg_id: int, payload: bytes) -> object:
         offset = 4 if msg_id == MsgId.CONSUME else 0  # after the Consume header length
         if len(payload) < offset + 4:
             raise ProtocolError(f"response 0x{msg_id:02x} too short for its request id")

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from protocols.errors import ProtocolError
+from protocols.record import Record
 from protocols.spec import Buffer, MessageCodec, TypeRegistry, load_package_codecs
 from protocols.tank.records import (
     PAYLOAD_CODECS,
@@ -114,7 +115,7 @@ def _encoder(codec: MessageCodec[Any]) -> Callable[[Any], bytes]:
     else:
         return codec.encode
 
-    def encode_joined(message: Any) -> bytes:
+    def encode_joined(message: ConsumeResponse | ConsumePeerResponse) -> bytes:
         # Chunks can be megabytes: join once instead of growing a bytearray.
         head, _ = body.encode_head(message)
         return b"".join([head, *body.chunks(message)])
@@ -139,7 +140,7 @@ RESPONSE_ID: Final[dict[type, MsgId]] = {
 RESPONSE_ID[ProduceWithSeqnumRequest] = MsgId.PRODUCE
 
 
-def encode_payload(message: Any) -> tuple[MsgId, bytes]:
+def encode_payload(message: object) -> tuple[MsgId, bytes]:
     """The msgId and payload of a record (a ProduceResponse always travels as 0x01).
 
     Raises TypeError for an object that is not a Tank record, ValueError for a record whose
@@ -153,11 +154,11 @@ def encode_payload(message: Any) -> tuple[MsgId, bytes]:
 
 
 #: The server's hot path: decodes a ProduceRequest payload (generated, like every codec).
-_DECODE_REQUEST: Final[dict[int, Callable[[Buffer, int | None, Any], Any]]] = {
+_DECODE_REQUEST: Final[dict[int, Callable[[Buffer, int | None, object], Record]]] = {
     msg_id: PAYLOAD_CODECS[c.name][1] for msg_id, c in REQUEST_CODECS.items()}
 
 
-def decode_request(msg_id: int, payload: bytes) -> Any:
+def decode_request(msg_id: int, payload: bytes) -> Record:
     """Decode what a client sent; ProtocolError for an unknown msgId or a bad payload."""
     decode = _DECODE_REQUEST.get(msg_id)
     if decode is None:
@@ -169,8 +170,9 @@ _RESPONSE_BY_ID: Final[dict[int, MessageCodec[Any]]] = {
     int(m): c for m, c in RESPONSE_CODECS.items()}
 
 
-def decode_response(msg_id: int, payload: bytes, request: Any = None) -> Any:
-    """Decode what a broker sent; ``request`` is the request it answers.
+def decode_response(msg_id: int, payload: bytes, request: object = None) -> object:
+    """Decode what a broker sent (the response record of ``msg_id``); ``request`` is the
+    request it answers.
 
     Only a Produce response needs the request (it repeats no topics or partitions).
     ProtocolError for a msgId no broker sends or a bad payload.

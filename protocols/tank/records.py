@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from struct import Struct
 from struct import error as StructError
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from protocols.errors import ProtocolError
 from protocols.record import NEW_DEFAULT, Record, init_field
@@ -966,7 +966,7 @@ else:
             self.version = version
 
 
-def decode_consume_peer_request(payload: Buffer, version: int | None = None, context: Any = None) -> ConsumePeerRequest:
+def decode_consume_peer_request(payload: Buffer, version: int | None = None, context: object = None) -> ConsumePeerRequest:
     """Decode one whole ConsumePeerRequest payload."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     end = len(buf)
@@ -1022,7 +1022,7 @@ def decode_consume_peer_request(payload: Buffer, version: int | None = None, con
     return result
 
 
-def encode_consume_peer_request(record: ConsumePeerRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_consume_peer_request(record: ConsumePeerRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a ConsumePeerRequest payload."""
     if version is None:
         version = 0
@@ -1042,7 +1042,7 @@ def encode_consume_peer_request(record: ConsumePeerRequest, version: int | None 
     return bytes(out)
 
 
-def decode_consume_peer_response(payload: Buffer, version: int | None = None, context: Any = None) -> ConsumePeerResponse:
+def decode_consume_peer_response(payload: Buffer, version: int | None = None, context: object = None) -> ConsumePeerResponse:
     """Decode one whole ConsumePeerResponse payload."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     end = len(buf)
@@ -1059,7 +1059,7 @@ def decode_consume_peer_response(payload: Buffer, version: int | None = None, co
     return result
 
 
-def encode_consume_peer_response(record: ConsumePeerResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_consume_peer_response(record: ConsumePeerResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a ConsumePeerResponse payload."""
     if version is None:
         version = 0
@@ -1073,7 +1073,7 @@ def encode_consume_peer_response(record: ConsumePeerResponse, version: int | Non
     return bytes(out)
 
 
-def decode_consume_request(payload: Buffer, version: int | None = None, context: Any = None) -> ConsumeRequest:
+def decode_consume_request(payload: Buffer, version: int | None = None, context: object = None) -> ConsumeRequest:
     """Decode one whole ConsumeRequest payload."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     end = len(buf)
@@ -1149,7 +1149,7 @@ def decode_consume_request(payload: Buffer, version: int | None = None, context:
     return result
 
 
-def encode_consume_request(record: ConsumeRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_consume_request(record: ConsumeRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a ConsumeRequest payload."""
     version = record.client_version
     out = bytearray()
@@ -1170,7 +1170,7 @@ def encode_consume_request(record: ConsumeRequest, version: int | None = None, c
     return bytes(out)
 
 
-def decode_consume_response(payload: Buffer, version: int | None = None, context: Any = None) -> ConsumeResponse:
+def decode_consume_response(payload: Buffer, version: int | None = None, context: object = None) -> ConsumeResponse:
     """Decode one whole ConsumeResponse payload."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     end = len(buf)
@@ -1187,7 +1187,7 @@ def decode_consume_response(payload: Buffer, version: int | None = None, context
     return result
 
 
-def encode_consume_response(record: ConsumeResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_consume_response(record: ConsumeResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a ConsumeResponse payload."""
     if version is None:
         version = 0
@@ -1201,7 +1201,7 @@ def encode_consume_response(record: ConsumeResponse, version: int | None = None,
     return bytes(out)
 
 
-def decode_create_topic_request(payload: Buffer, version: int | None = None, context: Any = None) -> CreateTopicRequest:
+def decode_create_topic_request(payload: Buffer, version: int | None = None, context: object = None) -> CreateTopicRequest:
     """Decode one whole CreateTopicRequest payload."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     end = len(buf)
@@ -1246,7 +1246,7 @@ def decode_create_topic_request(payload: Buffer, version: int | None = None, con
     return result
 
 
-def encode_create_topic_request(record: CreateTopicRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_create_topic_request(record: CreateTopicRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a CreateTopicRequest payload."""
     if version is None:
         version = 0
@@ -1264,7 +1264,7 @@ def encode_create_topic_request(record: CreateTopicRequest, version: int | None 
     return bytes(out)
 
 
-def decode_create_topic_response(payload: Buffer, version: int | None = None, context: Any = None) -> CreateTopicResponse:
+def decode_create_topic_response(payload: Buffer, version: int | None = None, context: object = None) -> CreateTopicResponse:
     """Decode one whole CreateTopicResponse payload."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     end = len(buf)
@@ -1298,7 +1298,7 @@ def decode_create_topic_response(payload: Buffer, version: int | None = None, co
     return result
 
 
-def encode_create_topic_response(record: CreateTopicResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_create_topic_response(record: CreateTopicResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a CreateTopicResponse payload."""
     if version is None:
         version = 0
@@ -1314,7 +1314,7 @@ def encode_create_topic_response(record: CreateTopicResponse, version: int | Non
     return bytes(out)
 
 
-def decode_discover_partitions_request(payload: Buffer, version: int | None = None, context: Any = None) -> DiscoverPartitionsRequest:
+def decode_discover_partitions_request(payload: Buffer, version: int | None = None, context: object = None) -> DiscoverPartitionsRequest:
     """Decode one whole DiscoverPartitionsRequest payload."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     end = len(buf)
@@ -1351,7 +1351,7 @@ def decode_discover_partitions_request(payload: Buffer, version: int | None = No
     return result
 
 
-def encode_discover_partitions_request(record: DiscoverPartitionsRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_discover_partitions_request(record: DiscoverPartitionsRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a DiscoverPartitionsRequest payload."""
     if version is None:
         version = 0
@@ -1368,7 +1368,7 @@ def encode_discover_partitions_request(record: DiscoverPartitionsRequest, versio
     return bytes(out)
 
 
-def decode_discover_partitions_response(payload: Buffer, version: int | None = None, context: Any = None) -> DiscoverPartitionsResponse:
+def decode_discover_partitions_response(payload: Buffer, version: int | None = None, context: object = None) -> DiscoverPartitionsResponse:
     """Decode one whole DiscoverPartitionsResponse payload."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     end = len(buf)
@@ -1410,7 +1410,7 @@ def decode_discover_partitions_response(payload: Buffer, version: int | None = N
     return result
 
 
-def encode_discover_partitions_response(record: DiscoverPartitionsResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_discover_partitions_response(record: DiscoverPartitionsResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a DiscoverPartitionsResponse payload."""
     if version is None:
         version = 0
@@ -1428,7 +1428,7 @@ def encode_discover_partitions_response(record: DiscoverPartitionsResponse, vers
     return bytes(out)
 
 
-def decode_discover_topics_request(payload: Buffer, version: int | None = None, context: Any = None) -> DiscoverTopicsRequest:
+def decode_discover_topics_request(payload: Buffer, version: int | None = None, context: object = None) -> DiscoverTopicsRequest:
     """Decode one whole DiscoverTopicsRequest payload."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     end = len(buf)
@@ -1448,7 +1448,7 @@ def decode_discover_topics_request(payload: Buffer, version: int | None = None, 
     return result
 
 
-def encode_discover_topics_request(record: DiscoverTopicsRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_discover_topics_request(record: DiscoverTopicsRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a DiscoverTopicsRequest payload."""
     if version is None:
         version = 0
@@ -1462,7 +1462,7 @@ def encode_discover_topics_request(record: DiscoverTopicsRequest, version: int |
     return bytes(out)
 
 
-def decode_discover_topics_response(payload: Buffer, version: int | None = None, context: Any = None) -> DiscoverTopicsResponse:
+def decode_discover_topics_response(payload: Buffer, version: int | None = None, context: object = None) -> DiscoverTopicsResponse:
     """Decode one whole DiscoverTopicsResponse payload."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     end = len(buf)
@@ -1485,7 +1485,7 @@ def decode_discover_topics_response(payload: Buffer, version: int | None = None,
     return result
 
 
-def encode_discover_topics_response(record: DiscoverTopicsResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_discover_topics_response(record: DiscoverTopicsResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a DiscoverTopicsResponse payload."""
     if version is None:
         version = 0
@@ -1500,7 +1500,7 @@ def encode_discover_topics_response(record: DiscoverTopicsResponse, version: int
     return bytes(out)
 
 
-def decode_discover_topology_request(payload: Buffer, version: int | None = None, context: Any = None) -> DiscoverTopologyRequest:
+def decode_discover_topology_request(payload: Buffer, version: int | None = None, context: object = None) -> DiscoverTopologyRequest:
     """Decode one whole DiscoverTopologyRequest payload."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     end = len(buf)
@@ -1520,7 +1520,7 @@ def decode_discover_topology_request(payload: Buffer, version: int | None = None
     return result
 
 
-def encode_discover_topology_request(record: DiscoverTopologyRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_discover_topology_request(record: DiscoverTopologyRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a DiscoverTopologyRequest payload."""
     if version is None:
         version = 0
@@ -1534,7 +1534,7 @@ def encode_discover_topology_request(record: DiscoverTopologyRequest, version: i
     return bytes(out)
 
 
-def decode_discover_topology_response(payload: Buffer, version: int | None = None, context: Any = None) -> DiscoverTopologyResponse:
+def decode_discover_topology_response(payload: Buffer, version: int | None = None, context: object = None) -> DiscoverTopologyResponse:
     """Decode one whole DiscoverTopologyResponse payload."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     end = len(buf)
@@ -1557,7 +1557,7 @@ def decode_discover_topology_response(payload: Buffer, version: int | None = Non
     return result
 
 
-def encode_discover_topology_response(record: DiscoverTopologyResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_discover_topology_response(record: DiscoverTopologyResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a DiscoverTopologyResponse payload."""
     if version is None:
         version = 0
@@ -1572,7 +1572,7 @@ def encode_discover_topology_response(record: DiscoverTopologyResponse, version:
     return bytes(out)
 
 
-def decode_ping(payload: Buffer, version: int | None = None, context: Any = None) -> Ping:
+def decode_ping(payload: Buffer, version: int | None = None, context: object = None) -> Ping:
     """Decode one whole Ping payload."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     end = len(buf)
@@ -1588,7 +1588,7 @@ def decode_ping(payload: Buffer, version: int | None = None, context: Any = None
     return result
 
 
-def encode_ping(record: Ping, version: int | None = None, context: Any = None) -> bytes:
+def encode_ping(record: Ping, version: int | None = None, context: object = None) -> bytes:
     """Encode a Ping payload."""
     if version is None:
         version = 0
@@ -1598,7 +1598,7 @@ def encode_ping(record: Ping, version: int | None = None, context: Any = None) -
     return bytes(out)
 
 
-def decode_produce_request(payload: Buffer, version: int | None = None, context: Any = None) -> ProduceRequest:
+def decode_produce_request(payload: Buffer, version: int | None = None, context: object = None) -> ProduceRequest:
     """Decode one whole ProduceRequest payload."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     end = len(buf)
@@ -1677,7 +1677,7 @@ def decode_produce_request(payload: Buffer, version: int | None = None, context:
     return result
 
 
-def encode_produce_request(record: ProduceRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_produce_request(record: ProduceRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a ProduceRequest payload."""
     out = bytearray()
     try:
@@ -1697,7 +1697,7 @@ def encode_produce_request(record: ProduceRequest, version: int | None = None, c
     return bytes(out)
 
 
-def decode_produce_response(payload: Buffer, version: int | None = None, context: Any = None) -> ProduceResponse:
+def decode_produce_response(payload: Buffer, version: int | None = None, context: object = None) -> ProduceResponse:
     """Decode one whole ProduceResponse payload."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     end = len(buf)
@@ -1720,7 +1720,7 @@ def decode_produce_response(payload: Buffer, version: int | None = None, context
     return result
 
 
-def encode_produce_response(record: ProduceResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_produce_response(record: ProduceResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a ProduceResponse payload."""
     if version is None:
         version = 0
@@ -1735,7 +1735,7 @@ def encode_produce_response(record: ProduceResponse, version: int | None = None,
     return bytes(out)
 
 
-def decode_produce_with_seqnum_request(payload: Buffer, version: int | None = None, context: Any = None) -> ProduceWithSeqnumRequest:
+def decode_produce_with_seqnum_request(payload: Buffer, version: int | None = None, context: object = None) -> ProduceWithSeqnumRequest:
     """Decode one whole ProduceWithSeqnumRequest payload."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     end = len(buf)
@@ -1801,7 +1801,7 @@ def decode_produce_with_seqnum_request(payload: Buffer, version: int | None = No
     return result
 
 
-def encode_produce_with_seqnum_request(record: ProduceWithSeqnumRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_produce_with_seqnum_request(record: ProduceWithSeqnumRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a ProduceWithSeqnumRequest payload."""
     version = record.client_version
     out = bytearray()
@@ -1820,7 +1820,7 @@ def encode_produce_with_seqnum_request(record: ProduceWithSeqnumRequest, version
     return bytes(out)
 
 
-def decode_reg_replica_request(payload: Buffer, version: int | None = None, context: Any = None) -> RegReplicaRequest:
+def decode_reg_replica_request(payload: Buffer, version: int | None = None, context: object = None) -> RegReplicaRequest:
     """Decode one whole RegReplicaRequest payload."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     end = len(buf)
@@ -1840,7 +1840,7 @@ def decode_reg_replica_request(payload: Buffer, version: int | None = None, cont
     return result
 
 
-def encode_reg_replica_request(record: RegReplicaRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_reg_replica_request(record: RegReplicaRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a RegReplicaRequest payload."""
     if version is None:
         version = 0
@@ -1854,7 +1854,7 @@ def encode_reg_replica_request(record: RegReplicaRequest, version: int | None = 
     return bytes(out)
 
 
-def decode_reload_conf_request(payload: Buffer, version: int | None = None, context: Any = None) -> ReloadConfRequest:
+def decode_reload_conf_request(payload: Buffer, version: int | None = None, context: object = None) -> ReloadConfRequest:
     """Decode one whole ReloadConfRequest payload."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     end = len(buf)
@@ -1888,7 +1888,7 @@ def decode_reload_conf_request(payload: Buffer, version: int | None = None, cont
     return result
 
 
-def encode_reload_conf_request(record: ReloadConfRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_reload_conf_request(record: ReloadConfRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a ReloadConfRequest payload."""
     if version is None:
         version = 0
@@ -1904,7 +1904,7 @@ def encode_reload_conf_request(record: ReloadConfRequest, version: int | None = 
     return bytes(out)
 
 
-def decode_reload_conf_response(payload: Buffer, version: int | None = None, context: Any = None) -> ReloadConfResponse:
+def decode_reload_conf_response(payload: Buffer, version: int | None = None, context: object = None) -> ReloadConfResponse:
     """Decode one whole ReloadConfResponse payload."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     end = len(buf)
@@ -1938,7 +1938,7 @@ def decode_reload_conf_response(payload: Buffer, version: int | None = None, con
     return result
 
 
-def encode_reload_conf_response(record: ReloadConfResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_reload_conf_response(record: ReloadConfResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a ReloadConfResponse payload."""
     if version is None:
         version = 0
@@ -1954,7 +1954,7 @@ def encode_reload_conf_response(record: ReloadConfResponse, version: int | None 
     return bytes(out)
 
 
-def decode_status_request(payload: Buffer, version: int | None = None, context: Any = None) -> StatusRequest:
+def decode_status_request(payload: Buffer, version: int | None = None, context: object = None) -> StatusRequest:
     """Decode one whole StatusRequest payload."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     end = len(buf)
@@ -1974,7 +1974,7 @@ def decode_status_request(payload: Buffer, version: int | None = None, context: 
     return result
 
 
-def encode_status_request(record: StatusRequest, version: int | None = None, context: Any = None) -> bytes:
+def encode_status_request(record: StatusRequest, version: int | None = None, context: object = None) -> bytes:
     """Encode a StatusRequest payload."""
     if version is None:
         version = 0
@@ -1988,7 +1988,7 @@ def encode_status_request(record: StatusRequest, version: int | None = None, con
     return bytes(out)
 
 
-def decode_status_response(payload: Buffer, version: int | None = None, context: Any = None) -> StatusResponse:
+def decode_status_response(payload: Buffer, version: int | None = None, context: object = None) -> StatusResponse:
     """Decode one whole StatusResponse payload."""
     buf = payload if isinstance(payload, bytes) else bytes(payload)
     end = len(buf)
@@ -2015,7 +2015,7 @@ def decode_status_response(payload: Buffer, version: int | None = None, context:
     return result
 
 
-def encode_status_response(record: StatusResponse, version: int | None = None, context: Any = None) -> bytes:
+def encode_status_response(record: StatusResponse, version: int | None = None, context: object = None) -> bytes:
     """Encode a StatusResponse payload."""
     if version is None:
         version = 0

@@ -84,7 +84,7 @@ def _packer(codec: struct.Struct) -> Callable[..., bytes]:
     """``codec.pack`` that raises ValueError (not struct.error) for out-of-range values."""
     pack = codec.pack
 
-    def pack_checked(*values: Any) -> bytes:
+    def pack_checked(*values: object) -> bytes:
         try:
             return pack(*values)
         except struct.error as exc:
@@ -152,14 +152,14 @@ class ProduceWithSeqnumPartitionType:
     annotation = "ProduceWithSeqnumPartition"
     default = None
 
-    def decode(self, reader: Reader, version: int, context: Any) -> ProduceWithSeqnumPartition:
+    def decode(self, reader: Reader, version: int, context: object) -> ProduceWithSeqnumPartition:
         partition = reader.u16le("partition id")
         length = reader.varint("bundle length")
         first_seq_num = reader.u64le("first sequence number")
         return ProduceWithSeqnumPartition(partition, first_seq_num, reader.take(length, "bundle"))
 
     def encode(self, value: ProduceWithSeqnumPartition, version: int, out: bytearray,
-               context: Any) -> None:
+               context: object) -> None:
         out += _pack_u16(value.partition)
         out += encode_varint(len(value.bundle))
         out += _pack_u64(value.first_seq_num)
@@ -198,7 +198,7 @@ class ProduceResultsType:
     annotation = "list[ProduceTopicResult]"
     default: list[Any] = []  # the generated records make a fresh list each
 
-    def decode(self, reader: Reader, version: int, context: Any) -> list[ProduceTopicResult]:
+    def decode(self, reader: Reader, version: int, context: object) -> list[ProduceTopicResult]:
         topics = getattr(context, "topics", None)
         if topics is None:
             raise ValueError("decoding a Produce response needs its request as context")
@@ -222,7 +222,7 @@ class ProduceResultsType:
         return results
 
     def encode(self, value: Sequence[ProduceTopicResult], version: int, out: bytearray,
-               context: Any) -> None:
+               context: object) -> None:
         for topic in value:
             partitions = topic.partitions
             if not partitions:
@@ -339,7 +339,7 @@ class ConsumeResponseBodyType:
 
     # -- decoding (the client's hot path) ------------------------------------------------------
 
-    def decode(self, reader: Reader, version: int, context: Any
+    def decode(self, reader: Reader, version: int, context: object
                ) -> ConsumeResponse | ConsumePeerResponse:
         buf, start, end = reader.buf, reader.pos, reader.end
         if end - start < 4:
@@ -499,7 +499,7 @@ class ConsumeResponseBodyType:
         return chunks
 
     def encode(self, value: ConsumeResponse | ConsumePeerResponse, version: int,
-               out: bytearray, context: Any) -> None:
+               out: bytearray, context: object) -> None:
         head, _ = self.encode_head(value)
         out += head
         for chunk in self.chunks(value):
@@ -533,7 +533,7 @@ class DiscoveredPartitionType:
     annotation = "DiscoveredPartition"
     default = None
 
-    def decode(self, reader: Reader, version: int, context: Any) -> DiscoveredPartition:
+    def decode(self, reader: Reader, version: int, context: object) -> DiscoveredPartition:
         first, hwm = reader.unpack(_BOUNDS, "partition bounds")
         if first != UINT64_MAX or hwm != UINT64_MAX:
             return DiscoveredPartition(first, hwm)
@@ -544,7 +544,7 @@ class DiscoveredPartitionType:
         return DiscoveredPartition(0, 0, reason, leader)
 
     def encode(self, value: DiscoveredPartition, version: int, out: bytearray,
-               context: Any) -> None:
+               context: object) -> None:
         if value.error:
             out += _FAULT_BOUNDS
             out.append(value.error)
@@ -580,7 +580,7 @@ class StatusClusterType:
     annotation = "StatusCluster | None"
     default = None
 
-    def decode(self, reader: Reader, version: int, context: Any) -> StatusCluster | None:
+    def decode(self, reader: Reader, version: int, context: object) -> StatusCluster | None:
         if reader.remaining <= _STATUS_TAIL:
             return None
         flags = reader.u8("cluster flags")
@@ -588,7 +588,7 @@ class StatusClusterType:
         return StatusCluster(flags, name, reader.u32le("available nodes"))
 
     def encode(self, value: StatusCluster | None, version: int, out: bytearray,
-               context: Any) -> None:
+               context: object) -> None:
         if value is None:
             return
         out += _pack_u8(value.flags)
@@ -620,7 +620,7 @@ class DiscoveredTopicsType:
     annotation = "list[DiscoveredTopic]"
     default: list[Any] = []  # the generated records make a fresh list each
 
-    def decode(self, reader: Reader, version: int, context: Any) -> list[DiscoveredTopic]:
+    def decode(self, reader: Reader, version: int, context: object) -> list[DiscoveredTopic]:
         count = reader.u32le("topic count")
         cluster_aware = reader.u8("cluster aware")
         if count * 4 > reader.remaining:
@@ -634,7 +634,7 @@ class DiscoveredTopicsType:
         return topics
 
     def encode(self, value: Sequence[DiscoveredTopic], version: int, out: bytearray,
-               context: Any) -> None:
+               context: object) -> None:
         cluster_aware = any(t.replication_factor is not None for t in value)
         if cluster_aware and any(t.replication_factor is None for t in value):
             raise ValueError("either every topic has a replication factor or none does")
@@ -678,7 +678,7 @@ class ClusterTopologyType:
     annotation = "ClusterTopology | None"
     default = None
 
-    def decode(self, reader: Reader, version: int, context: Any) -> ClusterTopology | None:
+    def decode(self, reader: Reader, version: int, context: object) -> ClusterTopology | None:
         count = reader.u16le("node count")
         if count == 0xFFFF:
             return None
@@ -693,7 +693,7 @@ class ClusterTopologyType:
         return ClusterTopology(name, nodes)
 
     def encode(self, value: ClusterTopology | None, version: int, out: bytearray,
-               context: Any) -> None:
+               context: object) -> None:
         if value is None:
             out += _U16_SENTINEL
             return
@@ -716,7 +716,7 @@ CONSUME_RESPONSE_BODY: Final = ConsumeResponseBodyType(peer=False)
 CONSUME_PEER_RESPONSE_BODY: Final = ConsumeResponseBodyType(peer=True)
 
 #: One instance of each custom type, by the name the declarations use.
-CUSTOM_TYPES: Final[dict[str, CustomType]] = {
+CUSTOM_TYPES: Final[dict[str, CustomType[Any]]] = {
     "ProduceWithSeqnumPartition": ProduceWithSeqnumPartitionType(),
     "ProduceResults": ProduceResultsType(),
     "ConsumeResponseBody": CONSUME_RESPONSE_BODY,

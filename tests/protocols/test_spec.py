@@ -57,15 +57,15 @@ class Doubled:
     annotation = "int"
     default = 0
 
-    def decode(self, reader: Reader, version: int, context: Any) -> int:
+    def decode(self, reader: Reader, version: int, context: object) -> int:
         return reader.u8() * 2
 
-    def encode(self, value: int, version: int, out: bytearray, context: Any) -> None:
+    def encode(self, value: int, version: int, out: bytearray, context: object) -> None:
         out.append(value // 2)
 
 
 #: The custom types the generated sample module imports from here.
-CUSTOM_TYPES: dict[str, CustomType] = {"Doubled": Doubled()}
+CUSTOM_TYPES: dict[str, CustomType[Any]] = {"Doubled": Doubled()}
 
 
 def compile_codec(raw: Mapping[str, Any], byteorder: str = "little") -> MessageCodec[Any]:

@@ -26,8 +26,8 @@ reload_conf I/O error, and the discovery and status calls raise
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Callable, Mapping, Sequence
+from typing import Final, overload
 
 import trio
 
@@ -64,9 +64,13 @@ from gateway.core.metrics import Metrics
 from protocols.tank.bundle import BundleInfo
 from protocols.tank.messages import (
     CreateTopicRequest,
+    CreateTopicResponse,
     DiscoverPartitionsRequest,
+    DiscoverPartitionsResponse,
     DiscoverTopicsRequest,
+    DiscoverTopicsResponse,
     ReloadConfRequest,
+    ReloadConfResponse,
 )
 from protocols.topics import is_valid_topic_name
 from protocols.wire import UINT64_MAX
@@ -207,7 +211,21 @@ class BridgeBackend(Forwarding):
     def _deadline(self) -> float:
         return trio.current_time() + self.wait_secs
 
-    async def _request(self, what: str, build: Any) -> Any:
+    # The response record's class, for the requests made here.
+    @overload
+    async def _request(self, what: str, build: Callable[[int], CreateTopicRequest]
+                       ) -> CreateTopicResponse: ...
+    @overload
+    async def _request(self, what: str, build: Callable[[int], DiscoverPartitionsRequest]
+                       ) -> DiscoverPartitionsResponse: ...
+    @overload
+    async def _request(self, what: str, build: Callable[[int], DiscoverTopicsRequest]
+                       ) -> DiscoverTopicsResponse: ...
+    @overload
+    async def _request(self, what: str, build: Callable[[int], ReloadConfRequest]
+                       ) -> ReloadConfResponse: ...
+
+    async def _request(self, what: str, build: Callable[[int], object]) -> object:
         return await self.upstream.call(what, self._deadline(),
                                         lambda client: client.request(build))
 

@@ -48,7 +48,7 @@ from gateway.backend.kafka.fetcher import NO_WAIT_MS, fetch_partition
 from gateway.backend.kafka.health import UpstreamHealth
 from gateway.backend.kafka.history import HistoryRead, HistoryReader
 from gateway.backend.kafka.produce import UpstreamProducer
-from gateway.backend.kafka.wire import BrokerLost, error_name
+from gateway.backend.kafka.wire import BrokerConnection, BrokerLost, error_name
 from gateway.core.contract import (
     AutoCreate,
     BackendStatus,
@@ -195,8 +195,8 @@ class KafkaBackend(Forwarding):
             raise UpstreamUnavailable(f"watermarks of {topic}/{partition}: {exc}") from exc
         return low, high
 
-    async def _offsets(self, connection: Any, topic: str, partition: int, operation: str
-                       ) -> tuple[int, int]:
+    async def _offsets(self, connection: BrokerConnection, topic: str, partition: int,
+                       operation: str) -> tuple[int, int]:
         """The first offset (ListOffsets earliest) and the high watermark, as a Fetch from
         that offset tells it: ListOffsets latest is not what every broker gets right
         (Tansu answers the last batch's base offset + 1)."""
@@ -642,7 +642,7 @@ def read_refusal(error_name: str) -> FetchStatus:
     return FetchStatus.FAULT
 
 
-def _no_nursery(*args: Any) -> None:
+def _no_nursery(*args: object) -> None:
     raise RuntimeError("the backend runs inside open_kafka_backend")
 
 

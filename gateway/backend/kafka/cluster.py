@@ -16,13 +16,13 @@ it keeps trying.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
 import structlog
 import trio
 
 from gateway.backend.kafka.wire import BrokerConnection, BrokerLost, Security, open_broker
-from protocols.kafka.records import MetadataRequest, MetadataRequestTopic
+from protocols.kafka.records import MetadataRequest, MetadataRequestTopic, MetadataResponse
 from protocols.kafka.types import ApiKey, ErrorCode
 
 log = structlog.get_logger("figtank.upstream_kafka")
@@ -142,7 +142,7 @@ class Cluster:
                 raise BrokerLost(f"no leader for {topic}/{partition}")
         return await self.node(node, lane)
 
-    async def metadata(self, topics: Sequence[str] | None) -> Any:
+    async def metadata(self, topics: Sequence[str] | None) -> MetadataResponse:
         """The cluster's Metadata for ``topics`` (None: all; []: none, the brokers only),
         never creating a topic; what it says about brokers and leaders is kept."""
         connection = await self.any_broker()
@@ -155,7 +155,7 @@ class Cluster:
         self.learn(answer)
         return answer
 
-    def learn(self, answer: Any) -> None:
+    def learn(self, answer: MetadataResponse) -> None:
         """Keep what a Metadata answer says of brokers, the controller and leaders."""
         if answer.brokers:
             self.brokers = {b.node_id: (b.host, b.port) for b in answer.brokers}

@@ -37,7 +37,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 import structlog
 import trio
@@ -53,6 +53,7 @@ from protocols.kafka.records import (
     InitProducerIdRequest,
     PartitionProduceData,
     ProduceRequest,
+    ProduceResponse,
     TopicProduceData,
 )
 from protocols.kafka.types import ApiKey, ErrorCode
@@ -531,8 +532,8 @@ class UpstreamProducer:
             self._connecting.discard(node)
             self._wake.set()
 
-    def _answered(self, parts: list[tuple[_Partition, _Batch]], answer: Any,
-                  error: BaseException | None) -> None:
+    def _answered(self, parts: list[tuple[_Partition, _Batch]],
+                  answer: ProduceResponse | None, error: BaseException | None) -> None:
         """A Produce's answer (from the connection's reader), or why none will come."""
         if error is not None:
             self._on_trouble()
@@ -541,6 +542,7 @@ class UpstreamProducer:
                 self._refused(state, batch, -1, "NETWORK_EXCEPTION", str(error))
             self._wake.set()
             return
+        assert answer is not None  # no error: the answer came
         found = {(t.name, p.index): p for t in answer.responses for p in t.partition_responses}
         through: list[tuple[_Partition, _Batch, int]] = []
         for state, batch in parts:

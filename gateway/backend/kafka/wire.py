@@ -28,9 +28,9 @@ import math
 import secrets
 import ssl
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, overload
 
 import structlog
 import trio
@@ -48,13 +48,27 @@ from protocols.kafka.primitives import Parts
 from protocols.kafka.records import (
     WRITERS,
     ApiVersionsRequest,
+    ApiVersionsResponse,
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    FetchRequest,
+    FetchResponse,
+    InitProducerIdRequest,
+    InitProducerIdResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    MetadataRequest,
+    MetadataResponse,
     RequestHeader,
     SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
     SaslHandshakeRequest,
+    SaslHandshakeResponse,
     encode_request_header,
     read_response_header,
 )
 from protocols.kafka.types import ApiKey, ErrorCode
+from protocols.record import Record
 
 #: The largest answer read (a Fetch's is bounded by the request's max_bytes).
 MAX_FRAME: Final = 256 * 1024 * 1024
@@ -100,7 +114,7 @@ class Pending:
         self.on_answer = on_answer
         self.deadline = deadline
         self.done = trio.Event() if on_answer is None else None
-        self.result: Any = None
+        self.result: Record | None = None
         self.error: BaseException | None = None
 
 
@@ -141,7 +155,7 @@ class BrokerConnection:
         raise BrokerLost(f"{self.address} does not serve {ApiKey(api_key).name} in a "
                          f"version figtank speaks")
 
-    def submit(self, api_key: int, body: Any, *, version: int | None = None,
+    def submit(self, api_key: int, body: Record, *, version: int | None = None,
                on_answer: OnAnswer | None = None, timeout: float | None = None) -> Pending:
         """Send one request after every request submitted before it, and return what its
         answer will land in (:meth:`wait`). Requests go on the wire in the order they are
@@ -176,7 +190,7 @@ class BrokerConnection:
             [_SIZE.pack(len(header) + sum(map(len, pieces))) + header, *pieces])
         return pending
 
-    async def wait(self, pending: Pending) -> Any:
+    async def wait(self, pending: Pending) -> Record:
         """The answer's body of a submitted request (:class:`BrokerLost` when the
         connection fails, or closes because no answer came in time: see :meth:`watch`)."""
         assert pending.done is not None, "an answer handed to on_answer is not waited for"
@@ -186,10 +200,40 @@ class BrokerConnection:
             self._pending.pop(pending.correlation, None)
         if pending.error is not None:
             raise pending.error
+        assert pending.result is not None  # set with done, unless the error was
         return pending.result
 
-    async def call(self, api_key: int, body: Any, *, version: int | None = None,
-                   timeout: float | None = None) -> Any:
+    # The answer's record class, for the requests figtank makes (the others: a Record).
+    @overload
+    async def call(self, api_key: int, body: ApiVersionsRequest, *, version: int | None = None,
+                   timeout: float | None = None) -> ApiVersionsResponse: ...
+    @overload
+    async def call(self, api_key: int, body: CreateTopicsRequest, *, version: int | None = None,
+                   timeout: float | None = None) -> CreateTopicsResponse: ...
+    @overload
+    async def call(self, api_key: int, body: FetchRequest, *, version: int | None = None,
+                   timeout: float | None = None) -> FetchResponse: ...
+    @overload
+    async def call(self, api_key: int, body: InitProducerIdRequest, *, version: int | None = None,
+                   timeout: float | None = None) -> InitProducerIdResponse: ...
+    @overload
+    async def call(self, api_key: int, body: ListOffsetsRequest, *, version: int | None = None,
+                   timeout: float | None = None) -> ListOffsetsResponse: ...
+    @overload
+    async def call(self, api_key: int, body: MetadataRequest, *, version: int | None = None,
+                   timeout: float | None = None) -> MetadataResponse: ...
+    @overload
+    async def call(self, api_key: int, body: SaslAuthenticateRequest, *, version: int | None = None,
+                   timeout: float | None = None) -> SaslAuthenticateResponse: ...
+    @overload
+    async def call(self, api_key: int, body: SaslHandshakeRequest, *, version: int | None = None,
+                   timeout: float | None = None) -> SaslHandshakeResponse: ...
+    @overload
+    async def call(self, api_key: int, body: Record, *, version: int | None = None,
+                   timeout: float | None = None) -> Record: ...
+
+    async def call(self, api_key: int, body: Record, *, version: int | None = None,
+                   timeout: float | None = None) -> Record:
         """Send one request and wait for its answer's body (:meth:`submit`, :meth:`wait`)."""
         return await self.wait(self.submit(api_key, body, version=version, timeout=timeout))
 
@@ -388,7 +432,7 @@ async def _authenticate(connection: BrokerConnection, security: Security) -> Non
             return
 
 
-def _plain(security: Security) -> Any:
+def _plain(security: Security) -> Generator[bytes, bytes, None]:
     yield b"\0" + security.sasl_username.encode() + b"\0" + security.sasl_password.encode()
 
 
@@ -401,7 +445,7 @@ class _Scram:
         self.password = password.encode()
         self.nonce = base64.b64encode(secrets.token_bytes(18)).decode()
 
-    def steps(self) -> Any:
+    def steps(self) -> Generator[bytes, bytes, None]:
         first_bare = f"n={self.user},r={self.nonce}"
         server_first = (yield ("n,," + first_bare).encode()).decode()
         attrs = dict(a.split("=", 1) for a in server_first.split(",") if "=" in a)

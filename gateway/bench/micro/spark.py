@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -30,7 +30,7 @@ from gateway.client.tank import open_tank_client
 from protocols.tank.bundle import Message
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
 
 TOPIC = "bench"
 MB = 1_000_000
@@ -59,7 +59,7 @@ async def fill(endpoint: str, messages: int, size: int, partitions: int) -> None
                 nursery.start_soon(one, start)
 
 
-def spark_session(master: str) -> Any:
+def spark_session(master: str) -> SparkSession:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
@@ -75,7 +75,7 @@ def spark_session(master: str) -> Any:
     return spark
 
 
-def timed(df: Any, repeat: int) -> float:
+def timed(df: DataFrame, repeat: int) -> float:
     """Best seconds to materialise every row of ``df`` (the ``noop`` sink)."""
     best = float("inf")
     for _ in range(repeat):

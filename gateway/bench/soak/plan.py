@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -15,7 +15,10 @@ from gateway.bench.soak.wire import close, connect, peer_closed
 MiB = 1024 * 1024
 
 
-def _cap(default: Any, help: str) -> Any:
+T = TypeVar("T")
+
+
+def _cap(default: T, help: str) -> T:
     return field(default=default, metadata={"help": help})
 
 
