@@ -23,7 +23,7 @@ from gateway.core.config import Settings, declared_field, option_of
 __all__ = ["ConnectionLimits", "Section", "setting"]
 
 
-def setting(key: str) -> Any:
+def setting(key: str) -> Any:  # noqa: ANN401  (a dataclass field: its annotation types it)
     """A field of a :class:`Section` that takes setting ``key``, its default the
     setting's (a KeyError at import when no setting has that key)."""
     return declared_field(option_of(key).default, {"key": key})

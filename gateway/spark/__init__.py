@@ -56,14 +56,17 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gateway.extras import require
+
+if TYPE_CHECKING:  # the spark extra: imported by the type checker only
+    from pyspark.sql import SparkSession
 
 __all__ = ["register"]
 
 
-def register(spark: Any) -> None:
+def register(spark: SparkSession) -> None:
     """Register ``figtank`` and ``figtank-segments`` with a SparkSession.
 
     Spark starts its Python workers with ``PYSPARK_PYTHON``, else a bare ``python3`` from
@@ -83,7 +86,7 @@ def register(spark: Any) -> None:
     spark.dataSource.register(FigtankSegmentsDataSource)
 
 
-def _local_workers_run_this_python(spark: Any) -> None:
+def _local_workers_run_this_python(spark: SparkSession) -> None:
     """Point a local SparkContext's Python workers at ``sys.executable`` unless the user
     chose a Python. PySpark reads ``PYSPARK_PYTHON`` once, into ``pythonExec``, when the
     context starts, and wraps every Python function (a data source when it is

@@ -39,13 +39,14 @@ __all__ = ["Backoff", "BridgeBackend", "BridgeSettings", "Upstream", "UpstreamUn
 @asynccontextmanager
 async def open_bridge_backend(settings: BridgeSettings, metrics: Metrics | None = None, *,
                               upstream_options: dict[str, Any] | None = None,
-                              **backend_options: Any) -> AsyncIterator[BridgeBackend]:
+                              wait_secs: float | None = None
+                              ) -> AsyncIterator[BridgeBackend]:
     """Connect to ``settings.brokers`` and serve it as a backend for the block.
 
     Returns after the first round of connection attempts even if no broker answered (the
     gateway starts and serves once the upstream comes). ``upstream_options`` go to
-    :class:`Upstream` (timeouts, backoff, keepalive), ``backend_options`` to
-    :class:`BridgeBackend` (``wait_secs``).
+    :class:`Upstream` (timeouts, backoff, keepalive); ``wait_secs``, when given, replaces
+    the settings' (how long a call waits for an upstream that is away).
     """
     upstream = Upstream(settings.brokers, metrics=metrics, **(upstream_options or {}))
     try:
@@ -55,7 +56,8 @@ async def open_bridge_backend(settings: BridgeSettings, metrics: Metrics | None 
                 upstream, nursery, auto_create_topics=settings.auto_create_topics,
                 default_partitions=settings.default_partitions,
                 topic_config=settings.topic_config, max_bundle_bytes=settings.max_bundle_bytes,
-                metrics=metrics, **{"wait_secs": settings.wait_secs, **backend_options})
+                metrics=metrics,
+                wait_secs=settings.wait_secs if wait_secs is None else wait_secs)
             try:
                 yield backend
             finally:
