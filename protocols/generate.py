@@ -48,7 +48,8 @@ def targets() -> list[Target]:
     return [
         Target("protocols.tank", "protocols.tank.records",
                "Tank's message records and payload codecs",
-               TypeRegistry("little", CUSTOM_TYPES), custom_module="protocols.tank.types"),
+               TypeRegistry("little", CUSTOM_TYPES), custom_module="protocols.tank.types",
+               answers={"ProduceWithSeqnumRequest": "ProduceResponse"}),
         Target("protocols.figg", "protocols.figg.records",
                "Figg's message records and frame codecs",
                TypeRegistry("big"), frame=">HHI", frame_version=1, batches={"Data": 1}),

@@ -13,7 +13,7 @@ class costs microseconds. :func:`replace` is ``dataclasses.replace`` for records
 from __future__ import annotations
 
 from dataclasses import FrozenInstanceError
-from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, TypeVar
 
 #: Sets a field of a record under construction (its own ``__setattr__`` refuses).
 init_field: Final = object.__setattr__
@@ -66,6 +66,17 @@ class Record:
 
 
 R = TypeVar("R", bound=Record)
+
+#: What answers a :class:`Request`.
+Answer = TypeVar("Answer")
+
+
+class Request(Record, Generic[Answer]):
+    """A generated request record answered by an ``Answer`` (``FetchRequest`` is a
+    ``Request[FetchResponse]``): so a call that sends one and waits for its answer is
+    typed by the request it is given, whichever protocol."""
+
+    __slots__ = ()
 
 
 def replace(record: R, **changes: object) -> R:

@@ -16,7 +16,7 @@ import struct
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Final, overload
+from typing import Final, cast
 
 import trio
 
@@ -33,27 +33,21 @@ from protocols.kafka.messages import (
 )
 from protocols.kafka.records import (
     ApiVersionsRequest,
-    ApiVersionsResponse,
     FetchPartition,
     FetchRequest,
-    FetchResponse,
     FetchTopic,
     ListOffsetsPartition,
     ListOffsetsRequest,
-    ListOffsetsResponse,
     ListOffsetsTopic,
     MetadataRequest,
     MetadataRequestTopic,
-    MetadataResponse,
     OffsetCommitRequest,
     OffsetCommitRequestPartition,
     OffsetCommitRequestTopic,
-    OffsetCommitResponse,
     OffsetFetchRequest,
     OffsetFetchRequestGroup,
     OffsetFetchRequestTopic,
     OffsetFetchRequestTopics,
-    OffsetFetchResponse,
     OffsetFetchResponseTopic,
     OffsetFetchResponseTopics,
     RequestHeader,
@@ -61,7 +55,7 @@ from protocols.kafka.records import (
     read_response_header,
 )
 from protocols.kafka.types import ApiKey, ErrorCode
-from protocols.record import Record
+from protocols.record import Answer, Request
 
 #: ListOffsets' timestamps for the bounds.
 
@@ -156,30 +150,9 @@ class KafkaAdminClient:
         high = min(ours[1] if ours[1] is not None else ours[0], theirs[1])
         return high if high >= max(ours[0], theirs[0]) else None
 
-    # The answer's record class, for the requests made here (the others: a Record).
-    @overload
-    async def call(self, api_key: int, body: ApiVersionsRequest, version: int | None = None
-                   ) -> ApiVersionsResponse: ...
-    @overload
-    async def call(self, api_key: int, body: FetchRequest, version: int | None = None
-                   ) -> FetchResponse: ...
-    @overload
-    async def call(self, api_key: int, body: ListOffsetsRequest, version: int | None = None
-                   ) -> ListOffsetsResponse: ...
-    @overload
-    async def call(self, api_key: int, body: MetadataRequest, version: int | None = None
-                   ) -> MetadataResponse: ...
-    @overload
-    async def call(self, api_key: int, body: OffsetCommitRequest, version: int | None = None
-                   ) -> OffsetCommitResponse: ...
-    @overload
-    async def call(self, api_key: int, body: OffsetFetchRequest, version: int | None = None
-                   ) -> OffsetFetchResponse: ...
-    @overload
-    async def call(self, api_key: int, body: Record, version: int | None = None
-                   ) -> Record: ...
 
-    async def call(self, api_key: int, body: Record, version: int | None = None) -> Record:
+    async def call(self, api_key: int, body: Request[Answer], version: int | None = None
+                   ) -> Answer:
         """Send one request and return its answer's body (at the highest common version,
         unless ``version``)."""
         if version is None:
@@ -204,8 +177,8 @@ class KafkaAdminClient:
                                          response_header_version(api_key, version))
         if head.correlation_id != self._correlation:
             raise BadResponse("answer to another request")
-        response: Record = RESPONSES[api_key].decode(answer[pos:], version=version)
-        return response
+        # RESPONSES decodes the answer of api_key's request: the body's Answer.
+        return cast(Answer, RESPONSES[api_key].decode(answer[pos:], version=version))
 
     async def _frame(self) -> bytes:
         buf = self._buffer

@@ -70,6 +70,7 @@ from gateway.io.limits import RECEIVE_SIZE
 from gateway.io.writer import FrameWriter
 from protocols.connection import BROKER_MAX_FRAME, CLOSED, NEED_DATA, Role
 from protocols.errors import ProtocolError
+from protocols.record import Answer, Request
 from protocols.tank.bundle import Codec, Message, decode_chunk, encode_bundle
 from protocols.tank.connection import Reply, TankConnection
 from protocols.tank.messages import (
@@ -419,34 +420,14 @@ class TankClient:
             if self._next_id not in pending:
                 return self._next_id
 
-    # The response record's class, for each request that has one.
+    # A request's answer is of the class its record names (a Request[Answer]).
     @overload
-    async def request(self, build: Callable[[int], ProduceRequest | ProduceWithSeqnumRequest],
-                      *, extra_wait: float = 0.0) -> ProduceResponse: ...
-    @overload
-    async def request(self, build: Callable[[int], ConsumeRequest], *,
-                      extra_wait: float = 0.0) -> ConsumeResponse: ...
-    @overload
-    async def request(self, build: Callable[[int], CreateTopicRequest], *,
-                      extra_wait: float = 0.0) -> CreateTopicResponse: ...
-    @overload
-    async def request(self, build: Callable[[int], DiscoverPartitionsRequest], *,
-                      extra_wait: float = 0.0) -> DiscoverPartitionsResponse: ...
-    @overload
-    async def request(self, build: Callable[[int], DiscoverTopicsRequest], *,
-                      extra_wait: float = 0.0) -> DiscoverTopicsResponse: ...
-    @overload
-    async def request(self, build: Callable[[int], DiscoverTopologyRequest], *,
-                      extra_wait: float = 0.0) -> DiscoverTopologyResponse: ...
-    @overload
-    async def request(self, build: Callable[[int], ReloadConfRequest], *,
-                      extra_wait: float = 0.0) -> ReloadConfResponse: ...
-    @overload
-    async def request(self, build: Callable[[int], StatusRequest], *,
-                      extra_wait: float = 0.0) -> StatusResponse: ...
+    async def request(self, build: Callable[[int], Request[Answer]], *,
+                      extra_wait: float = 0.0) -> Answer: ...
     @overload
     async def request(self, build: Callable[[int], object], *,
                       extra_wait: float = 0.0) -> object: ...
+
 
     async def request(self, build: Callable[[int], object], *, extra_wait: float = 0.0
                       ) -> object:

@@ -46,6 +46,9 @@ class Target:
     frame: str | None = None
     frame_version: int = 0
     batches: dict[str, int] = field(default_factory=dict)
+    #: The answer of each request whose answer is not named after it (``XRequest`` is
+    #: answered by ``XResponse`` when there is one).
+    answers: dict[str, str] = field(default_factory=dict)
 
     @property
     def path(self) -> Path:
@@ -99,6 +102,7 @@ class Module:
         self.registry = target.registry
         self.prefix = self.registry.prefix
         self.specs = list(specs)
+        self.spec_names = {spec.name for spec in self.specs}
         self.structs: dict[str, str] = {}  # format -> constant name
         self.customs: set[str] = set()
         self.annotation_names: set[str] = set()
@@ -179,7 +183,10 @@ class Module:
     def emit_record(self, rec: RecordStruct) -> None:
         """The record class (a :class:`protocols.record.Record` with its ``__init__``
         written out) and its builder."""
-        lines = [f"class {rec.name}(Record):", *docstring(rec.doc, "    ")]
+        answer = self.answer_of(rec)
+        base = "Record" if answer is None else "Request"
+        lines = [f"class {rec.name}({base if answer is None else f'Request[{answer!r}]'}):",
+                 *docstring(rec.doc, "    ")]
         # Slot order does not matter to the layout (CPython sorts them) but ruff wants it.
         slots = "".join(repr(n) + ", " for n in sorted(f.name for f in rec.fields))
         order = "".join(repr(f.name) + ", " for f in rec.fields)
@@ -208,7 +215,7 @@ class Module:
             "if TYPE_CHECKING:",
             f"    _{rec.name}Builder = {rec.name}",
             "else:",
-            f"    class _{rec.name}Builder(Record):",
+            f"    class _{rec.name}Builder({base}):",
             f'        """Makes a {rec.name} without the frozen ``__init__``'
             f' (see the module docstring)."""',
             "",
@@ -220,6 +227,14 @@ class Module:
             *(["            pass"] if not rec.fields else []),
         ]
         self.records.append("\n".join(lines))
+
+    def answer_of(self, rec: RecordStruct) -> str | None:
+        """The record answering ``rec`` when it is a request message (not a struct in
+        one), else None."""
+        if rec.path or not rec.name.endswith("Request"):
+            return None
+        answer = self.target.answers.get(rec.name, rec.name[:-len("Request")] + "Response")
+        return answer if answer in self.spec_names else None
 
     # -- payload decoders -----------------------------------------------------------------
 
@@ -740,9 +755,11 @@ class Module:
             "from struct import error as StructError",
             f"from typing import {', '.join(typing_names)}", "",
             "from protocols.errors import ProtocolError",
-            "from protocols.record import NEW_DEFAULT, Record, init_field" if any(
-                "NEW_DEFAULT" in r for r in self.records) else
-            "from protocols.record import Record, init_field",
+            "from protocols.record import " + ", ".join(
+                (["NEW_DEFAULT"] if any("NEW_DEFAULT" in r for r in self.records) else [])
+                + ["Record"]
+                + (["Request"] if any("(Request[" in r for r in self.records) else [])
+                + ["init_field"]),
             f"from protocols.spec import {', '.join(sorted(self.spec_imports))}",
         ]
         if target.custom_module is not None:

@@ -15,7 +15,7 @@ from struct import error as StructError
 from typing import TYPE_CHECKING, Any, Final
 
 from protocols.errors import ProtocolError
-from protocols.record import NEW_DEFAULT, Record, init_field
+from protocols.record import NEW_DEFAULT, Record, Request, init_field
 from protocols.spec import Buffer, PayloadFunctions, cannot_encode, trailing, truncated
 from collections.abc import Callable
 from protocols.kafka.primitives import not_in_version, null_not_allowed, read_bytes, read_count, read_nullable_records, read_nullable_string, read_string, read_tag_header, read_uvarint, skip_tagged, write_bytes, write_count, write_records, write_string, write_tagged
@@ -45,7 +45,7 @@ _S20: Final = Struct('>iqi')
 _S21: Final = Struct('>hhi')
 
 
-class ApiVersionsRequest(Record):
+class ApiVersionsRequest(Request['ApiVersionsResponse']):
     """Asks which API keys and versions the broker supports. Version 3 is flexible and names
     the client software (KIP-511).
     """
@@ -67,7 +67,7 @@ class ApiVersionsRequest(Record):
 if TYPE_CHECKING:
     _ApiVersionsRequestBuilder = ApiVersionsRequest
 else:
-    class _ApiVersionsRequestBuilder(Record):
+    class _ApiVersionsRequestBuilder(Request):
         """Makes a ApiVersionsRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('client_software_name', 'client_software_version', )
@@ -353,7 +353,7 @@ else:
             self.configs = configs
 
 
-class CreateTopicsRequest(Record):
+class CreateTopicsRequest(Request['CreateTopicsResponse']):
     """Creates topics. Version 5 is flexible (and its response describes the topics created)."""
 
     __slots__ = ('timeout_ms', 'topics', 'validate_only', )
@@ -377,7 +377,7 @@ class CreateTopicsRequest(Record):
 if TYPE_CHECKING:
     _CreateTopicsRequestBuilder = CreateTopicsRequest
 else:
-    class _CreateTopicsRequestBuilder(Record):
+    class _CreateTopicsRequestBuilder(Request):
         """Makes a CreateTopicsRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('timeout_ms', 'topics', 'validate_only', )
@@ -563,7 +563,7 @@ else:
             self.configuration_keys = configuration_keys
 
 
-class DescribeConfigsRequest(Record):
+class DescribeConfigsRequest(Request['DescribeConfigsResponse']):
     """Describes the configuration of resources (here: topics). Version 4 is flexible."""
 
     __slots__ = ('include_documentation', 'include_synonyms', 'resources', )
@@ -587,7 +587,7 @@ class DescribeConfigsRequest(Record):
 if TYPE_CHECKING:
     _DescribeConfigsRequestBuilder = DescribeConfigsRequest
 else:
-    class _DescribeConfigsRequestBuilder(Record):
+    class _DescribeConfigsRequestBuilder(Request):
         """Makes a DescribeConfigsRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('include_documentation', 'include_synonyms', 'resources', )
@@ -773,7 +773,7 @@ else:
             self.results = results
 
 
-class DescribeGroupsRequest(Record):
+class DescribeGroupsRequest(Request['DescribeGroupsResponse']):
     """Describes groups: state, protocol and members. Version 3 asks for the authorized
     operations, 4 adds instance ids, 5 is flexible.
     """
@@ -795,7 +795,7 @@ class DescribeGroupsRequest(Record):
 if TYPE_CHECKING:
     _DescribeGroupsRequestBuilder = DescribeGroupsRequest
 else:
-    class _DescribeGroupsRequestBuilder(Record):
+    class _DescribeGroupsRequestBuilder(Request):
         """Makes a DescribeGroupsRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('groups', 'include_authorized_operations', )
@@ -1057,7 +1057,7 @@ else:
             self.partitions = partitions
 
 
-class FetchRequest(Record):
+class FetchRequest(Request['FetchResponse']):
     """Reads record batches from partitions. Version 4 adds the isolation level (KIP-98),
     version 7 incremental fetch sessions (KIP-227), version 11 the rack (KIP-392), version
     12 is flexible. Version 13 and later name topics by id: not supported here.
@@ -1116,7 +1116,7 @@ class FetchRequest(Record):
 if TYPE_CHECKING:
     _FetchRequestBuilder = FetchRequest
 else:
-    class _FetchRequestBuilder(Record):
+    class _FetchRequestBuilder(Request):
         """Makes a FetchRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('cluster_id', 'forgotten_topics_data', 'isolation_level', 'max_bytes', 'max_wait_ms', 'min_bytes', 'rack_id', 'replica_id', 'session_epoch', 'session_id', 'topics', )
@@ -1404,7 +1404,7 @@ else:
             self.responses = responses
 
 
-class FindCoordinatorRequest(Record):
+class FindCoordinatorRequest(Request['FindCoordinatorResponse']):
     """Finds the coordinator of a consumer group or transactional id. Version 3 is flexible;
     version 4 looks up several keys at once (KIP-699).
     """
@@ -1430,7 +1430,7 @@ class FindCoordinatorRequest(Record):
 if TYPE_CHECKING:
     _FindCoordinatorRequestBuilder = FindCoordinatorRequest
 else:
-    class _FindCoordinatorRequestBuilder(Record):
+    class _FindCoordinatorRequestBuilder(Request):
         """Makes a FindCoordinatorRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('coordinator_keys', 'key', 'key_type', )
@@ -1549,7 +1549,7 @@ else:
             self.coordinators = coordinators
 
 
-class HeartbeatRequest(Record):
+class HeartbeatRequest(Request['HeartbeatResponse']):
     """A member is alive; the answer says whether the group is rebalancing. Version 3 adds
     the instance id, 4 is flexible.
     """
@@ -1579,7 +1579,7 @@ class HeartbeatRequest(Record):
 if TYPE_CHECKING:
     _HeartbeatRequestBuilder = HeartbeatRequest
 else:
-    class _HeartbeatRequestBuilder(Record):
+    class _HeartbeatRequestBuilder(Request):
         """Makes a HeartbeatRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('generation_id', 'group_id', 'group_instance_id', 'member_id', )
@@ -1623,7 +1623,7 @@ else:
             self.error_code = error_code
 
 
-class InitProducerIdRequest(Record):
+class InitProducerIdRequest(Request['InitProducerIdResponse']):
     """Asks for a producer id (idempotent or transactional producers). Version 2 is flexible."""
 
     __slots__ = ('producer_epoch', 'producer_id', 'transaction_timeout_ms', 'transactional_id', )
@@ -1651,7 +1651,7 @@ class InitProducerIdRequest(Record):
 if TYPE_CHECKING:
     _InitProducerIdRequestBuilder = InitProducerIdRequest
 else:
-    class _InitProducerIdRequestBuilder(Record):
+    class _InitProducerIdRequestBuilder(Request):
         """Makes a InitProducerIdRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('producer_epoch', 'producer_id', 'transaction_timeout_ms', 'transactional_id', )
@@ -1736,7 +1736,7 @@ else:
             self.metadata = metadata
 
 
-class JoinGroupRequest(Record):
+class JoinGroupRequest(Request['JoinGroupResponse']):
     """Joins a consumer group (the classic group protocol). Version 4 answers a first join
     without a member id MEMBER_ID_REQUIRED with the id to join with (KIP-394); version 5
     adds static membership (KIP-345); version 6 is flexible; version 8 adds the reason.
@@ -1783,7 +1783,7 @@ class JoinGroupRequest(Record):
 if TYPE_CHECKING:
     _JoinGroupRequestBuilder = JoinGroupRequest
 else:
-    class _JoinGroupRequestBuilder(Record):
+    class _JoinGroupRequestBuilder(Request):
         """Makes a JoinGroupRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('group_id', 'group_instance_id', 'member_id', 'protocol_type', 'protocols', 'reason', 'rebalance_timeout_ms', 'session_timeout_ms', )
@@ -1940,7 +1940,7 @@ else:
             self.reason = reason
 
 
-class LeaveGroupRequest(Record):
+class LeaveGroupRequest(Request['LeaveGroupResponse']):
     """Members leave a group. Version 3 removes several members at once (by member id or
     instance id, KIP-345), 4 is flexible, 5 adds the reason.
     """
@@ -1966,7 +1966,7 @@ class LeaveGroupRequest(Record):
 if TYPE_CHECKING:
     _LeaveGroupRequestBuilder = LeaveGroupRequest
 else:
-    class _LeaveGroupRequestBuilder(Record):
+    class _LeaveGroupRequestBuilder(Request):
         """Makes a LeaveGroupRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('group_id', 'member_id', 'members', )
@@ -2050,7 +2050,7 @@ else:
             self.members = members
 
 
-class ListGroupsRequest(Record):
+class ListGroupsRequest(Request['ListGroupsResponse']):
     """Lists the groups. Version 3 is flexible, 4 filters by state, 5 by type."""
 
     __slots__ = ('states_filter', 'types_filter', )
@@ -2070,7 +2070,7 @@ class ListGroupsRequest(Record):
 if TYPE_CHECKING:
     _ListGroupsRequestBuilder = ListGroupsRequest
 else:
-    class _ListGroupsRequestBuilder(Record):
+    class _ListGroupsRequestBuilder(Request):
         """Makes a ListGroupsRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('states_filter', 'types_filter', )
@@ -2225,7 +2225,7 @@ else:
             self.partitions = partitions
 
 
-class ListOffsetsRequest(Record):
+class ListOffsetsRequest(Request['ListOffsetsResponse']):
     """Looks up offsets by timestamp: -2 for the earliest, -1 for the latest, else the first
     record at or after that time. Version 6 is flexible.
     """
@@ -2251,7 +2251,7 @@ class ListOffsetsRequest(Record):
 if TYPE_CHECKING:
     _ListOffsetsRequestBuilder = ListOffsetsRequest
 else:
-    class _ListOffsetsRequestBuilder(Record):
+    class _ListOffsetsRequestBuilder(Request):
         """Makes a ListOffsetsRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('isolation_level', 'replica_id', 'topics', )
@@ -2402,7 +2402,7 @@ else:
             self.name = name
 
 
-class MetadataRequest(Record):
+class MetadataRequest(Request['MetadataResponse']):
     """Asks for the brokers, and the partitions and leaders of some topics (null: all of them).
     Version 4 lets the client say whether a missing topic may be created; version 9 is
     flexible; version 10 adds topic ids.
@@ -2433,7 +2433,7 @@ class MetadataRequest(Record):
 if TYPE_CHECKING:
     _MetadataRequestBuilder = MetadataRequest
 else:
-    class _MetadataRequestBuilder(Record):
+    class _MetadataRequestBuilder(Request):
         """Makes a MetadataRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('allow_auto_topic_creation', 'include_cluster_authorized_operations', 'include_topic_authorized_operations', 'topics', )
@@ -2724,7 +2724,7 @@ else:
             self.partitions = partitions
 
 
-class OffsetCommitRequest(Record):
+class OffsetCommitRequest(Request['OffsetCommitResponse']):
     """Commits a consumer group's offsets. Version 1 adds the generation and member id (and a
     per-partition commit timestamp, gone in version 2); versions 2-4 carry a retention time;
     version 6 the leader epoch; version 7 the group instance id; version 8 is flexible;
@@ -2765,7 +2765,7 @@ class OffsetCommitRequest(Record):
 if TYPE_CHECKING:
     _OffsetCommitRequestBuilder = OffsetCommitRequest
 else:
-    class _OffsetCommitRequestBuilder(Record):
+    class _OffsetCommitRequestBuilder(Request):
         """Makes a OffsetCommitRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('generation_id_or_member_epoch', 'group_id', 'group_instance_id', 'member_id', 'retention_time_ms', 'topics', )
@@ -2930,7 +2930,7 @@ else:
             self.partitions = partitions
 
 
-class OffsetDeleteRequest(Record):
+class OffsetDeleteRequest(Request['OffsetDeleteResponse']):
     """Deletes committed offsets of a group that has no member subscribed to their topics."""
 
     __slots__ = ('group_id', 'topics', )
@@ -2950,7 +2950,7 @@ class OffsetDeleteRequest(Record):
 if TYPE_CHECKING:
     _OffsetDeleteRequestBuilder = OffsetDeleteRequest
 else:
-    class _OffsetDeleteRequestBuilder(Record):
+    class _OffsetDeleteRequestBuilder(Request):
         """Makes a OffsetDeleteRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('group_id', 'topics', )
@@ -3162,7 +3162,7 @@ else:
             self.topics = topics
 
 
-class OffsetFetchRequest(Record):
+class OffsetFetchRequest(Request['OffsetFetchResponse']):
     """Reads a consumer group's committed offsets. Version 2 allows null topics (every
     committed partition); version 6 is flexible; version 7 adds RequireStable; version 8
     asks for several groups at once; version 9 adds the (KIP-848) member id and epoch.
@@ -3194,7 +3194,7 @@ class OffsetFetchRequest(Record):
 if TYPE_CHECKING:
     _OffsetFetchRequestBuilder = OffsetFetchRequest
 else:
-    class _OffsetFetchRequestBuilder(Record):
+    class _OffsetFetchRequestBuilder(Request):
         """Makes a OffsetFetchRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('group_id', 'groups', 'require_stable', 'topics', )
@@ -3503,7 +3503,7 @@ else:
             self.partition_data = partition_data
 
 
-class ProduceRequest(Record):
+class ProduceRequest(Request['ProduceResponse']):
     """Appends record batches to partitions. Version 3 is the first to carry record batches of
     magic 2 (KIP-98); version 9 is flexible.
     """
@@ -3533,7 +3533,7 @@ class ProduceRequest(Record):
 if TYPE_CHECKING:
     _ProduceRequestBuilder = ProduceRequest
 else:
-    class _ProduceRequestBuilder(Record):
+    class _ProduceRequestBuilder(Request):
         """Makes a ProduceRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('acks', 'timeout_ms', 'topic_data', 'transactional_id', )
@@ -3768,7 +3768,7 @@ else:
             self.correlation_id = correlation_id
 
 
-class SaslAuthenticateRequest(Record):
+class SaslAuthenticateRequest(Request['SaslAuthenticateResponse']):
     """One SASL token from the client. Version 2 is flexible."""
 
     __slots__ = ('auth_bytes', )
@@ -3784,7 +3784,7 @@ class SaslAuthenticateRequest(Record):
 if TYPE_CHECKING:
     _SaslAuthenticateRequestBuilder = SaslAuthenticateRequest
 else:
-    class _SaslAuthenticateRequestBuilder(Record):
+    class _SaslAuthenticateRequestBuilder(Request):
         """Makes a SaslAuthenticateRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('auth_bytes', )
@@ -3835,7 +3835,7 @@ else:
             self.session_lifetime_ms = session_lifetime_ms
 
 
-class SaslHandshakeRequest(Record):
+class SaslHandshakeRequest(Request['SaslHandshakeResponse']):
     """Picks the SASL mechanism. In version 0 the SASL tokens follow as raw frames; in version
     1 they travel in SaslAuthenticate requests.
     """
@@ -3853,7 +3853,7 @@ class SaslHandshakeRequest(Record):
 if TYPE_CHECKING:
     _SaslHandshakeRequestBuilder = SaslHandshakeRequest
 else:
-    class _SaslHandshakeRequestBuilder(Record):
+    class _SaslHandshakeRequestBuilder(Request):
         """Makes a SaslHandshakeRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('mechanism', )
@@ -3925,7 +3925,7 @@ else:
             self.assignment = assignment
 
 
-class SyncGroupRequest(Record):
+class SyncGroupRequest(Request['SyncGroupResponse']):
     """After a join: the leader sends every member's assignment, the others wait for theirs.
     Version 3 adds the instance id, 4 is flexible, 5 names the protocol.
     """
@@ -3967,7 +3967,7 @@ class SyncGroupRequest(Record):
 if TYPE_CHECKING:
     _SyncGroupRequestBuilder = SyncGroupRequest
 else:
-    class _SyncGroupRequestBuilder(Record):
+    class _SyncGroupRequestBuilder(Request):
         """Makes a SyncGroupRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('assignments', 'generation_id', 'group_id', 'group_instance_id', 'member_id', 'protocol_name', 'protocol_type', )

@@ -15,7 +15,7 @@ from struct import error as StructError
 from typing import TYPE_CHECKING, Final
 
 from protocols.errors import ProtocolError
-from protocols.record import NEW_DEFAULT, Record, init_field
+from protocols.record import NEW_DEFAULT, Record, Request, init_field
 from protocols.spec import Buffer, PayloadFunctions, cannot_encode, count_overrun, not_utf8, overrun, read_varint, trailing, truncated
 from protocols.tank.types import CUSTOM_TYPES, ClusterTopology, ConsumePeerResponse, ConsumeResponse, DiscoveredPartition, DiscoveredTopic, ProduceTopicResult, ProduceWithSeqnumPartition, StatusCluster
 from protocols.wire import Reader, encode_str8, encode_varint
@@ -104,7 +104,7 @@ else:
             self.partitions = partitions
 
 
-class ConsumePeerRequest(Record):
+class ConsumePeerRequest(Request['ConsumePeerResponse']):
     """ConsumePeer (msgId 0x09): replication between brokers; figtank may refuse it. Layout from
     TANK's service_api_consume.cpp: like Consume, but no version, request id or client id, and
     u16 counts: u16 replicaId | u64 maxWaitMs | u32 minBytes | u16 nTopics, per topic
@@ -132,7 +132,7 @@ class ConsumePeerRequest(Record):
 if TYPE_CHECKING:
     _ConsumePeerRequestBuilder = ConsumePeerRequest
 else:
-    class _ConsumePeerRequestBuilder(Record):
+    class _ConsumePeerRequestBuilder(Request):
         """Makes a ConsumePeerRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('max_wait_ms', 'min_bytes', 'replica_id', 'topics', )
@@ -207,7 +207,7 @@ else:
             self.partitions = partitions
 
 
-class ConsumeRequest(Record):
+class ConsumeRequest(Request['ConsumeResponse']):
     """Consume (msgId 0x02; the seed calls it FetchReq). The broker does not check
     client_version: the C++ client sends 2; version 3 and later add a u8 flags field.
     seq_num 0 = first available; UINT64_MAX = tail (high-water mark + 1). A request for
@@ -245,7 +245,7 @@ class ConsumeRequest(Record):
 if TYPE_CHECKING:
     _ConsumeRequestBuilder = ConsumeRequest
 else:
-    class _ConsumeRequestBuilder(Record):
+    class _ConsumeRequestBuilder(Request):
         """Makes a ConsumeRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('client_id', 'client_version', 'flags', 'max_wait_ms', 'min_bytes', 'request_id', 'topics', )
@@ -261,7 +261,7 @@ else:
             self.topics = topics
 
 
-class CreateTopicRequest(Record):
+class CreateTopicRequest(Request['CreateTopicResponse']):
     """CreateTopic (msgId 0x07): u32 reqId | str8 topic | u16 nPartitions | varint cfgLen | cfg.
     cfg is text, "key=value" lines with Tank's config keys; kept as bytes here.
     """
@@ -287,7 +287,7 @@ class CreateTopicRequest(Record):
 if TYPE_CHECKING:
     _CreateTopicRequestBuilder = CreateTopicRequest
 else:
-    class _CreateTopicRequestBuilder(Record):
+    class _CreateTopicRequestBuilder(Request):
         """Makes a CreateTopicRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('config', 'partitions', 'request_id', 'topic', )
@@ -335,7 +335,7 @@ else:
             self.error = error
 
 
-class DiscoverPartitionsRequest(Record):
+class DiscoverPartitionsRequest(Request['DiscoverPartitionsResponse']):
     """DiscoverPartitions (msgId 0x06): u32 reqId | str8 topic | [u16 partitionId ...], the
     optional list running to the end of the payload (empty = every partition).
     """
@@ -358,7 +358,7 @@ class DiscoverPartitionsRequest(Record):
 if TYPE_CHECKING:
     _DiscoverPartitionsRequestBuilder = DiscoverPartitionsRequest
 else:
-    class _DiscoverPartitionsRequestBuilder(Record):
+    class _DiscoverPartitionsRequestBuilder(Request):
         """Makes a DiscoverPartitionsRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('partitions', 'request_id', 'topic', )
@@ -407,7 +407,7 @@ else:
             self.partitions = partitions
 
 
-class DiscoverTopicsRequest(Record):
+class DiscoverTopicsRequest(Request['DiscoverTopicsResponse']):
     """DiscoverTopics (msgId 0x0b): u32 reqId | u8 flags."""
 
     __slots__ = ('flags', 'request_id', )
@@ -425,7 +425,7 @@ class DiscoverTopicsRequest(Record):
 if TYPE_CHECKING:
     _DiscoverTopicsRequestBuilder = DiscoverTopicsRequest
 else:
-    class _DiscoverTopicsRequestBuilder(Record):
+    class _DiscoverTopicsRequestBuilder(Request):
         """Makes a DiscoverTopicsRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('flags', 'request_id', )
@@ -467,7 +467,7 @@ else:
             self.topics = topics
 
 
-class DiscoverTopologyRequest(Record):
+class DiscoverTopologyRequest(Request['DiscoverTopologyResponse']):
     """DiscoverTopology (msgId 0x0c): u32 reqId | u8 flags."""
 
     __slots__ = ('flags', 'request_id', )
@@ -485,7 +485,7 @@ class DiscoverTopologyRequest(Record):
 if TYPE_CHECKING:
     _DiscoverTopologyRequestBuilder = DiscoverTopologyRequest
 else:
-    class _DiscoverTopologyRequestBuilder(Record):
+    class _DiscoverTopologyRequestBuilder(Request):
         """Makes a DiscoverTopologyRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('flags', 'request_id', )
@@ -613,7 +613,7 @@ else:
             self.partitions = partitions
 
 
-class ProduceRequest(Record):
+class ProduceRequest(Request['ProduceResponse']):
     """Produce (msgId 0x01). Answered by ProduceResponse, whose codes follow this request's
     (topic, partition) order: the client must keep the request to read the answer.
     The broker does not check client_version (the C++ client sends 2); acks and the ack
@@ -647,7 +647,7 @@ class ProduceRequest(Record):
 if TYPE_CHECKING:
     _ProduceRequestBuilder = ProduceRequest
 else:
-    class _ProduceRequestBuilder(Record):
+    class _ProduceRequestBuilder(Request):
         """Makes a ProduceRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('ack_timeout_ms', 'client_id', 'client_version', 'request_id', 'required_acks', 'topics', )
@@ -726,7 +726,7 @@ else:
             self.partitions = partitions
 
 
-class ProduceWithSeqnumRequest(Record):
+class ProduceWithSeqnumRequest(Request['ProduceResponse']):
     """ProduceWithSeqnum (msgId 0x05; the seed calls it ProduceWithBaseSeqNum): Produce where
     each partition entry also carries the sequence number of the bundle's first message.
     Used by tools and mirroring only. It is answered with msgId 0x01, like Produce.
@@ -759,7 +759,7 @@ class ProduceWithSeqnumRequest(Record):
 if TYPE_CHECKING:
     _ProduceWithSeqnumRequestBuilder = ProduceWithSeqnumRequest
 else:
-    class _ProduceWithSeqnumRequestBuilder(Record):
+    class _ProduceWithSeqnumRequestBuilder(Request):
         """Makes a ProduceWithSeqnumRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('ack_timeout_ms', 'client_id', 'client_version', 'request_id', 'required_acks', 'topics', )
@@ -801,7 +801,7 @@ else:
             self.replica_id = replica_id
 
 
-class ReloadConfRequest(Record):
+class ReloadConfRequest(Request['ReloadConfResponse']):
     """ReloadConf (msgId 0x08): u32 reqId | str8 topic | u16 partitionId."""
 
     __slots__ = ('partition', 'request_id', 'topic', )
@@ -822,7 +822,7 @@ class ReloadConfRequest(Record):
 if TYPE_CHECKING:
     _ReloadConfRequestBuilder = ReloadConfRequest
 else:
-    class _ReloadConfRequestBuilder(Record):
+    class _ReloadConfRequestBuilder(Request):
         """Makes a ReloadConfRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('partition', 'request_id', 'topic', )
@@ -874,7 +874,7 @@ else:
             self.error = error
 
 
-class StatusRequest(Record):
+class StatusRequest(Request['StatusResponse']):
     """Status (msgId 0x0a): u32 reqId."""
 
     __slots__ = ('request_id', )
@@ -889,7 +889,7 @@ class StatusRequest(Record):
 if TYPE_CHECKING:
     _StatusRequestBuilder = StatusRequest
 else:
-    class _StatusRequestBuilder(Record):
+    class _StatusRequestBuilder(Request):
         """Makes a StatusRequest without the frozen ``__init__`` (see the module docstring)."""
 
         __slots__ = ('request_id', )

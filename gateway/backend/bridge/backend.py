@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Final, overload
+from typing import Final
 
 import trio
 
@@ -61,16 +61,13 @@ from gateway.core.contract import (
     UpstreamUnavailable,
 )
 from gateway.core.metrics import Metrics
+from protocols.record import Answer, Request
 from protocols.tank.bundle import BundleInfo
 from protocols.tank.messages import (
     CreateTopicRequest,
-    CreateTopicResponse,
     DiscoverPartitionsRequest,
-    DiscoverPartitionsResponse,
     DiscoverTopicsRequest,
-    DiscoverTopicsResponse,
     ReloadConfRequest,
-    ReloadConfResponse,
 )
 from protocols.topics import is_valid_topic_name
 from protocols.wire import UINT64_MAX
@@ -211,21 +208,8 @@ class BridgeBackend(Forwarding):
     def _deadline(self) -> float:
         return trio.current_time() + self.wait_secs
 
-    # The response record's class, for the requests made here.
-    @overload
-    async def _request(self, what: str, build: Callable[[int], CreateTopicRequest]
-                       ) -> CreateTopicResponse: ...
-    @overload
-    async def _request(self, what: str, build: Callable[[int], DiscoverPartitionsRequest]
-                       ) -> DiscoverPartitionsResponse: ...
-    @overload
-    async def _request(self, what: str, build: Callable[[int], DiscoverTopicsRequest]
-                       ) -> DiscoverTopicsResponse: ...
-    @overload
-    async def _request(self, what: str, build: Callable[[int], ReloadConfRequest]
-                       ) -> ReloadConfResponse: ...
 
-    async def _request(self, what: str, build: Callable[[int], object]) -> object:
+    async def _request(self, what: str, build: Callable[[int], Request[Answer]]) -> Answer:
         return await self.upstream.call(what, self._deadline(),
                                         lambda client: client.request(build))
 

@@ -30,7 +30,7 @@ import ssl
 import struct
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any, Final, overload
+from typing import Any, Final, cast
 
 import structlog
 import trio
@@ -48,27 +48,14 @@ from protocols.kafka.primitives import Parts
 from protocols.kafka.records import (
     WRITERS,
     ApiVersionsRequest,
-    ApiVersionsResponse,
-    CreateTopicsRequest,
-    CreateTopicsResponse,
-    FetchRequest,
-    FetchResponse,
-    InitProducerIdRequest,
-    InitProducerIdResponse,
-    ListOffsetsRequest,
-    ListOffsetsResponse,
-    MetadataRequest,
-    MetadataResponse,
     RequestHeader,
     SaslAuthenticateRequest,
-    SaslAuthenticateResponse,
     SaslHandshakeRequest,
-    SaslHandshakeResponse,
     encode_request_header,
     read_response_header,
 )
 from protocols.kafka.types import ApiKey, ErrorCode
-from protocols.record import Record
+from protocols.record import Answer, Record, Request
 
 #: The largest answer read (a Fetch's is bounded by the request's max_bytes).
 MAX_FRAME: Final = 256 * 1024 * 1024
@@ -203,39 +190,12 @@ class BrokerConnection:
         assert pending.result is not None  # set with done, unless the error was
         return pending.result
 
-    # The answer's record class, for the requests figtank makes (the others: a Record).
-    @overload
-    async def call(self, api_key: int, body: ApiVersionsRequest, *, version: int | None = None,
-                   timeout: float | None = None) -> ApiVersionsResponse: ...
-    @overload
-    async def call(self, api_key: int, body: CreateTopicsRequest, *, version: int | None = None,
-                   timeout: float | None = None) -> CreateTopicsResponse: ...
-    @overload
-    async def call(self, api_key: int, body: FetchRequest, *, version: int | None = None,
-                   timeout: float | None = None) -> FetchResponse: ...
-    @overload
-    async def call(self, api_key: int, body: InitProducerIdRequest, *, version: int | None = None,
-                   timeout: float | None = None) -> InitProducerIdResponse: ...
-    @overload
-    async def call(self, api_key: int, body: ListOffsetsRequest, *, version: int | None = None,
-                   timeout: float | None = None) -> ListOffsetsResponse: ...
-    @overload
-    async def call(self, api_key: int, body: MetadataRequest, *, version: int | None = None,
-                   timeout: float | None = None) -> MetadataResponse: ...
-    @overload
-    async def call(self, api_key: int, body: SaslAuthenticateRequest, *, version: int | None = None,
-                   timeout: float | None = None) -> SaslAuthenticateResponse: ...
-    @overload
-    async def call(self, api_key: int, body: SaslHandshakeRequest, *, version: int | None = None,
-                   timeout: float | None = None) -> SaslHandshakeResponse: ...
-    @overload
-    async def call(self, api_key: int, body: Record, *, version: int | None = None,
-                   timeout: float | None = None) -> Record: ...
 
-    async def call(self, api_key: int, body: Record, *, version: int | None = None,
-                   timeout: float | None = None) -> Record:
+    async def call(self, api_key: int, body: Request[Answer], *, version: int | None = None,
+                   timeout: float | None = None) -> Answer:
         """Send one request and wait for its answer's body (:meth:`submit`, :meth:`wait`)."""
-        return await self.wait(self.submit(api_key, body, version=version, timeout=timeout))
+        answer = await self.wait(self.submit(api_key, body, version=version, timeout=timeout))
+        return cast(Answer, answer)  # RESPONSES decodes the answer of api_key's request
 
     async def write(self) -> None:
         """Send what the socket did not take at once, in order, until the connection ends."""
