@@ -47,8 +47,10 @@ RUN_FLAGS = $(strip $(call serve_flag,CONFIG,--config) $(call serve_flag,DATA,--
 ## pure Python the tests whose code paths the extension replaces (PURE_TESTS).
 ## Three pytest workers (one test file each at a time): most tests wait on sockets and
 ## subprocesses (two workers kept the two cores ~55 % busy), so a third overlaps those
-## waits (7 min 2 s -> 5 min 58 s for the compiled run on two cores). Files with tests
-## marked slow go first (tests/conftest.py), so no long file is left to run alone at the end.
+## waits (7 min 2 s -> 5 min 58 s for the compiled run on two cores). The longest files go
+## first, by their durations in the last run (kept in .pytest_cache; on a first run the
+## Spark tests, the install, then files with tests marked slow: tests/conftest.py), so no
+## long file is left to run alone at the end.
 test: $(STAMP) system-tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy
