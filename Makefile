@@ -50,10 +50,11 @@ RUN_FLAGS = $(strip $(call serve_flag,CONFIG,--config) $(call serve_flag,DATA,--
 ## waits (7 min 2 s -> 5 min 58 s for the compiled run on two cores). The longest files go
 ## first, by their durations in the last run (kept in .pytest_cache; on a first run the
 ## Spark tests, the install, then files with tests marked slow: tests/conftest.py), so no
-## long file is left to run alone at the end. mypy and the pure-Python pass (one process,
-## ~2 min) run beside the compiled pass, whose workers leave a core's worth idle waiting
-## on sockets and subprocesses (they ran after it: 40 s and 54 s more); their output
-## follows the compiled pass's. `make lint` is the quick check of the code alone.
+## long file is left to run alone at the end. mypy and the pure-Python pass (one process:
+## 4 min 38 s on a loaded 2-core machine, where the compiled pass took 12 min 15 s) run
+## beside the compiled pass, whose workers wait on sockets and subprocesses much of the
+## time (run after it they added ~40 s and ~54 s); their output follows the compiled
+## pass's. `make lint` is the quick check of the code alone.
 test: $(STAMP) system-tools
 	$(BIN)/ruff check .
 	$(BIN)/python -m compileall -q -j 0 protocols gateway examples tests
