@@ -51,10 +51,12 @@ RUN_FLAGS = $(strip $(call serve_flag,CONFIG,--config) $(call serve_flag,DATA,--
 ## first, by their durations in the last run (kept in .pytest_cache; on a first run the
 ## Spark tests, the install, then files with tests marked slow: tests/conftest.py), so no
 ## long file is left to run alone at the end. mypy and the pure-Python pass (one process:
-## 4 min 38 s on a loaded 2-core machine, where the compiled pass took 12 min 15 s) run
+## 3 min 10-20 s on the 2-core machine, beside a compiled pass of 8 min 32-50 s) run
 ## beside the compiled pass, whose workers wait on sockets and subprocesses much of the
 ## time (run after it they added ~40 s and ~54 s); their output follows the compiled
-## pass's. `make lint` is the quick check of the code alone.
+## pass's. `make test` in all: 8 min 35-52 s there (a fourth worker: 8 min 38 s, no
+## better); on a fresh clone 10 min, the Spark class archive made on the way.
+## `make lint` is the quick check of the code alone.
 test: $(STAMP) system-tools
 	$(BIN)/ruff check .
 	$(BIN)/python -m compileall -q -j 0 protocols gateway examples tests
