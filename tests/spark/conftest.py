@@ -43,8 +43,10 @@ def spark(class_archive: jvm.ClassArchive) -> Iterator[object]:
     from gateway.spark import register
 
     # Without an archive yet, this session's JVM makes one as it exits (what it loaded
-    # for all the tests here: the classes every driver needs, and more).
-    making = not class_archive.exists()
+    # for all the tests here: the classes every driver needs, and more), for the runs
+    # that follow in this checkout. A CI run (``CI`` set, as CI services do) has none to
+    # follow: writing the archive would only add half a minute to its end.
+    making = not class_archive.exists() and not os.environ.get("CI")
     options = jvm.driver_jvm_options() + (
         f" -XX:ArchiveClassesAtExit={class_archive.making()}" if making else "")
     session = (SparkSession.builder.master("local[2]").appName("figtank-tests")

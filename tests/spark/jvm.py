@@ -8,8 +8,9 @@ run, tests/spark/test_docs_snippet.py, on this 2-core machine: 38 s of CPU witho
 with; its session starts in 6.4 s, not 9.4 s). Java 17 makes such an archive of an
 application's classes only when a JVM exits (``-XX:ArchiveClassesAtExit``; Java 19's
 ``-XX:+AutoCreateSharedArchive`` does not exist there): the tests' shared session makes
-it on a run that finds none (about 170 MB, in .pytest_cache), and every driver of the
-later runs maps it (``-XX:SharedArchiveFile``). A JVM that finds the archive unusable
+it on a run that finds none (about 170 MB, in .pytest_cache; not in a CI run, ``CI``
+set, whose checkout no later run uses), and every driver of the later runs maps it
+(``-XX:SharedArchiveFile``). A JVM that finds the archive unusable
 (another JDK build, Spark's jars changed) runs without it, silently; the archive's name
 holds the JDK's and Spark's identity, so such a change makes a new one.
 """
