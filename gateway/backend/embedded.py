@@ -16,7 +16,7 @@ from typing import Final
 import structlog
 import trio
 
-from gateway.backend.shared import SharedReads
+from gateway.backend.shared import SharedReads, read_outcome
 from gateway.core.contract import (
     AutoCreate,
     BackendStatus,
@@ -362,11 +362,7 @@ class EmbeddedBackend:
             outcome = shared.share(partition, seq, fetch_size, result)
             if outcome is not None:
                 return outcome
-        return FetchOutcome(
-            FetchStatus.DATA, high_water_mark=result.high_water_mark,
-            first_available=result.first_available,
-            base_seq=None if result.first_bundle_sparse else result.base_seq, chunk=result,
-            resolved_seq=result.seq, next_seq=result.next_seq)
+        return read_outcome(result, result)
 
     # -- admin -------------------------------------------------------------------------------------
 

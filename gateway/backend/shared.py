@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any, Final, Protocol, TypeVar
 
-from gateway.core.contract import FetchOutcome, FetchStatus
+from gateway.core.contract import Chunk, FetchOutcome, FetchStatus
 
 T = TypeVar("T")
 
@@ -132,6 +132,15 @@ class StoreRead(Protocol):
     def close(self) -> None: ...
 
 
+def read_outcome(result: StoreRead, chunk: Chunk) -> FetchOutcome:
+    """The DATA outcome of a non-empty store read, its bytes in ``chunk`` (the read
+    itself, or a shared copy of its bytes)."""
+    return FetchOutcome(
+        _DATA, high_water_mark=result.high_water_mark, first_available=result.first_available,
+        base_seq=None if result.first_bundle_sparse else result.base_seq, chunk=chunk,
+        resolved_seq=result.seq, next_seq=result.next_seq)
+
+
 class SharedReads:
     """The current shared reads of every partition (see the module docstring).
 
@@ -197,11 +206,7 @@ class SharedReads:
             return None
         chunk = SharedChunk(result.read_bytes())
         result.close()
-        outcome = FetchOutcome(
-            _DATA, high_water_mark=result.high_water_mark,
-            first_available=result.first_available,
-            base_seq=None if result.first_bundle_sparse else result.base_seq, chunk=chunk,
-            resolved_seq=result.seq, next_seq=result.next_seq)
+        outcome = read_outcome(result, chunk)
         old = reads.reads.get((seq, fetch_size))
         if old is not None:  # pragma: no cover - a hit would have been served instead
             self._bytes -= old.chunk.length
