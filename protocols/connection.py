@@ -16,7 +16,7 @@ import struct
 from collections.abc import Callable
 from typing import Any, Final
 
-from protocols.errors import FrameTooLarge, ProtocolError
+from protocols.errors import FrameTooLarge, ProtocolError, TruncatedFrame
 
 #: The largest frame payload a connection accepts from its peer unless told otherwise
 #: (64 MiB): the default of both protocols' connection objects, so of what a figtank
@@ -202,7 +202,7 @@ class FrameReader:
         if not self._eof:
             return NEED_DATA
         if available:
-            raise ProtocolError(f"connection closed in the middle of a frame "
+            raise TruncatedFrame(f"connection closed in the middle of a frame "
                                 f"({available} bytes of it received)")
         return CLOSED
 

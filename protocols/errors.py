@@ -19,3 +19,12 @@ class ProtocolError(Exception):
 
 class FrameTooLarge(ProtocolError):
     """A frame header announced a payload above the configured maximum."""
+
+
+class TruncatedFrame(ProtocolError):
+    """The peer closed the connection in the middle of a frame.
+
+    The bytes received were not wrong, only cut short: a peer or a path between that died
+    mid-send. A client treats it as a lost connection (and redials), not as a peer that
+    speaks another protocol.
+    """

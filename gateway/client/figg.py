@@ -67,7 +67,7 @@ from gateway.io.errors import socket_errors
 from gateway.io.limits import RECEIVE_SIZE
 from gateway.io.writer import FrameWriter
 from protocols.connection import CLOSED, DEFAULT_MAX_FRAME, Role
-from protocols.errors import ProtocolError
+from protocols.errors import ProtocolError, TruncatedFrame
 from protocols.figg.connection import FiggConnection
 from protocols.figg.messages import (
     ATTACH_FROM_OFFSET,
@@ -692,6 +692,8 @@ class FiggClient:
                 conn.receive_data(data)
                 while events := conn.next_events():
                     await self._handle(link, events)
+        except TruncatedFrame as exc:  # the connection died mid-frame: redial
+            link.fail(str(exc))
         except ProtocolError as exc:
             link.bad_frame = exc
             link.fail(f"bad frame from the server: {exc}")

@@ -69,7 +69,7 @@ from gateway.io.errors import ExceptionMap, socket_errors
 from gateway.io.limits import RECEIVE_SIZE
 from gateway.io.writer import FrameWriter
 from protocols.connection import BROKER_MAX_FRAME, CLOSED, NEED_DATA, Role
-from protocols.errors import ProtocolError
+from protocols.errors import ProtocolError, TruncatedFrame
 from protocols.record import Answer, Request
 from protocols.tank.bundle import Codec, Message, decode_chunk, encode_bundle
 from protocols.tank.connection import Reply, TankConnection
@@ -181,10 +181,12 @@ class BrokerStatus:
     cluster_aware: bool = False
 
 
-#: The connection's socket failures and a broker's bytes that are not Tank.
+#: The connection's socket failures and a broker's bytes that are not Tank (a frame cut
+#: short by the connection's end is a lost connection, not bad bytes).
 _SEND_ERRORS: Final = socket_errors("send", ConnectionLost)
 _RECEIVE_ERRORS: Final = socket_errors("receive", ConnectionLost)
 _BAD_FRAMES: Final = ExceptionMap(
+    (TruncatedFrame, lambda exc: ConnectionLost(f"the broker closed the connection: {exc}")),
     (ProtocolError, lambda exc: BadResponse(f"bad frame from the broker: {exc}")))
 
 

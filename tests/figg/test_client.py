@@ -32,6 +32,7 @@ from protocols.figg.messages import (
     Ping,
     Publish,
 )
+from protocols.figg.records import encode_ack_frame
 from tests.figg.helpers import RESUME, figg_server, frame
 from tests.figg.memory_backend import MemoryBackend
 from tests.figg.proxy import dropping_proxy, serve_local
@@ -356,6 +357,32 @@ async def test_a_server_that_does_not_speak_figg_fails_at_once():
                 with pytest.raises(BadResponse, match="not Figg"):
                     await client.publish_and_wait("t", b"x")
             nursery.cancel_scope.cancel()
+
+
+async def test_a_frame_cut_short_by_the_connection_end_is_a_lost_connection():
+    """A server (or a path) that dies mid-frame sent nothing wrong, only too little: the
+    client redials and delivers, it does not call the server "not Figg"."""
+    cut = 0
+
+    async with figg_server(MemoryBackend()) as server, \
+            dropping_proxy(server.host, server.port) as proxy:
+        async def cut_first(stream: trio.SocketStream) -> None:
+            nonlocal cut
+            if cut:
+                await proxy._handle(stream)
+                return
+            cut += 1
+            await stream.receive_some(1024)  # the PUBLISH
+            await stream.send_all(encode_ack_frame(1)[:5])  # part of its ACK, then FIN
+            await stream.aclose()
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                port = await nursery.start(serve_local, cut_first)
+                async with open_figg_client("127.0.0.1", port, **REDIAL_AT_ONCE) as client:
+                    await client.publish_and_wait("cut", b"kept")
+                    assert client.failure is None and cut == 1 and proxy.connections == 1
+                nursery.cancel_scope.cancel()
 
 
 async def test_first_connect_attempts_bound_an_unreachable_server():

@@ -83,6 +83,19 @@ async def test_connection_lost_while_waiting() -> None:
             await client.status()  # no reconnect: every later call fails the same way
 
 
+async def test_a_frame_cut_short_is_a_lost_connection_not_a_bad_broker() -> None:
+    async def cut_short(stream: trio.SocketStream) -> None:
+        await stream.send_all(PING)
+        await stream.receive_some(1024)
+        await stream.send_all(struct.pack("<BI", 0x0A, 64) + b"\0" * 10)  # then FIN
+        await stream.aclose()
+
+    async with fake_broker(cut_short) as port, \
+            open_tank_client("127.0.0.1", port) as client:
+        with pytest.raises(ConnectionLost, match="middle of a frame"), trio.fail_after(5):
+            await client.status()
+
+
 async def test_request_timeout() -> None:
     async def mute(stream: trio.SocketStream) -> None:
         await stream.send_all(PING)
