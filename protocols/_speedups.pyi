@@ -65,3 +65,10 @@ def tank_produce_run(
     buf: bytes | bytearray, pos: int, end: int, max_payload: int,
     appenders: Mapping[tuple[str, int], Appender], room: int, max_uncompressed: int,
 ) -> tuple[int, bytes, int]: ...
+def kafka_produce_request(
+    version: int, correlation: int, client_id: bytes | None, acks: int, timeout_ms: int,
+    topics: list[tuple[bytes, list[tuple[int, bytes | None]]]],
+) -> list[bytes | bytearray]: ...
+def kafka_produce_answers(
+    frame: bytes, version: int,
+) -> tuple[int, list[tuple[str, int, int, int, int, str | None]]] | None: ...

@@ -1911,3 +1911,219 @@ def tank_produce_run(buf, Py_ssize_t pos, Py_ssize_t end, max_payload, appenders
     finally:
         PyBuffer_Release(&view)
         PyMem_Free(out.data)
+
+
+# ------------------------------------------------------------ Kafka Produce (a client's)
+
+
+cdef inline Py_ssize_t _kafka_count_size(Py_ssize_t n, bint flexible) noexcept:
+    """Bytes of a (compact) array count or string/bytes length."""
+    return _varint_size(<uint64_t>(n + 1)) if flexible else 4
+
+
+cdef inline Py_ssize_t _put_kafka_length(uint8_t* p, Py_ssize_t n, bint flexible,
+                                         bint wide) noexcept:
+    """A length or count: compact (n + 1 as an unsigned varint; -1 -> 0), else int32
+    (``wide``) or int16."""
+    if flexible:
+        return _put_varint(p, <uint64_t>(n + 1))
+    if wide:
+        _put_be32(p, <uint32_t><int32_t>n)
+        return 4
+    _put_be16(p, <uint16_t><int16_t>n)
+    return 2
+
+
+def kafka_produce_request(int version, int32_t correlation, client_id, int acks,
+                          int32_t timeout_ms, list topics):
+    """``protocols.kafka.produce_frames.produce_request_py``: the frame of a Produce
+    request (size included) as pieces, every ``records`` value a piece of its own."""
+    cdef bint flexible = version >= 9
+    cdef Py_ssize_t size = 0, n, client_len = -1, written
+    cdef list pieces = []
+    cdef bytearray head = bytearray()
+    cdef bytearray scratch = bytearray(32)
+    cdef uint8_t* p = <uint8_t*>PyByteArray_AS_STRING(scratch)
+    cdef object topic, partitions, partition, records
+    if not 3 <= version <= 9:
+        raise ValueError(f"ProduceRequest: unsupported version {version}")
+    if client_id is not None:
+        client_len = len(<bytes>client_id)
+        if client_len > 0x7FFF:
+            raise ValueError("client id over 32767 bytes")
+    # One pass for the sizes (the frame's size goes first), one to write.
+    size = 8 + 2 + (0 if client_len < 0 else client_len) + (1 if flexible else 0)
+    size += (1 if flexible else 2) + 6 + _kafka_count_size(len(topics), flexible)
+    for topic in topics:
+        n = len(<bytes>topic[0])
+        if n > 0x7FFF:
+            raise ValueError("topic name over 32767 bytes")
+        partitions = topic[1]
+        size += (_kafka_count_size(n, True) if flexible else 2) + n
+        size += _kafka_count_size(len(partitions), flexible) + (1 if flexible else 0)
+        for partition in partitions:
+            records = partition[1]
+            n = -1 if records is None else len(records)
+            size += 4 + (_kafka_count_size(n, True) if flexible else 4) + max(n, 0)
+            size += 1 if flexible else 0
+    size += 1 if flexible else 0
+    if size > 0x7FFFFFFF:
+        raise ValueError("a Produce request over 2 GiB")
+    _put_be32(p, <uint32_t>size)
+    _put_be16(p + 4, 0)
+    _put_be16(p + 6, <uint16_t>version)
+    _put_be32(p + 8, <uint32_t>correlation)
+    _put_be16(p + 12, <uint16_t><int16_t>client_len)
+    head += scratch[:14]
+    if client_len > 0:
+        head += <bytes>client_id
+    if flexible:
+        head.append(0)  # the header's tagged fields
+        head.append(0)  # transactional_id: null (compact)
+    else:
+        head += b"\xff\xff"
+    _put_be16(p, <uint16_t><int16_t>acks)
+    _put_be32(p + 2, <uint32_t>timeout_ms)
+    written = 6 + _put_kafka_length(p + 6, len(topics), flexible, True)
+    head += scratch[:written]
+    for topic in topics:
+        n = len(<bytes>topic[0])
+        written = _put_kafka_length(p, n, flexible, False)
+        head += scratch[:written]
+        head += <bytes>topic[0]
+        partitions = topic[1]
+        written = _put_kafka_length(p, len(partitions), flexible, True)
+        head += scratch[:written]
+        for partition in partitions:
+            records = partition[1]
+            _put_be32(p, <uint32_t><int32_t>partition[0])
+            n = -1 if records is None else len(records)
+            written = 4 + _put_kafka_length(p + 4, n, flexible, True)
+            head += scratch[:written]
+            if n > 0:
+                pieces.append(head)
+                pieces.append(records)
+                head = bytearray()
+            if flexible:
+                head.append(0)  # the partition's tagged fields
+        if flexible:
+            head.append(0)  # the topic's
+    if flexible:
+        head.append(0)  # the request's
+    if len(head):
+        pieces.append(head)
+    return pieces
+
+
+cdef inline int _answer_length(const uint8_t* buf, Py_ssize_t* ppos, Py_ssize_t end,
+                               bint flexible, bint wide, Py_ssize_t* n) noexcept:
+    """A count or length (compact, int32 or int16) into ``n`` (-1: null); 0 when the
+    buffer ends first or a varint is over 5 bytes."""
+    cdef Py_ssize_t pos = ppos[0]
+    cdef uint64_t value = 0
+    cdef int shift = 0
+    cdef uint8_t byte
+    if flexible:
+        while True:
+            if pos >= end or shift > 28:
+                return 0
+            byte = buf[pos]
+            pos += 1
+            value |= <uint64_t>(byte & 0x7F) << shift
+            if byte < 0x80:
+                break
+            shift += 7
+        n[0] = <Py_ssize_t>value - 1
+    elif wide:
+        if end - pos < 4:
+            return 0
+        n[0] = <int32_t>_be32(buf + pos)
+        pos += 4
+    else:
+        if end - pos < 2:
+            return 0
+        n[0] = <int16_t>_be16(buf + pos)
+        pos += 2
+    ppos[0] = pos
+    return 1
+
+
+def kafka_produce_answers(frame, int version):
+    """``protocols.kafka.produce_frames.produce_answers_py`` for the common answer: the
+    correlation id and ``(topic, partition, error_code, base_offset, log_append_time_ms,
+    error_message)`` of each partition; None for anything else (tagged fields, record
+    errors, a short or malformed frame), which the reference then reads (or refuses)."""
+    cdef Py_buffer view
+    cdef const uint8_t* buf
+    cdef Py_ssize_t pos = 0, end, n_topics, n_parts, n, i, j
+    cdef bint flexible = version >= 9
+    cdef int32_t correlation, index
+    cdef int16_t code
+    cdef int64_t base, append_time
+    cdef list answers = []
+    cdef object name, message
+    if not 3 <= version <= 9:
+        return None
+    PyObject_GetBuffer(frame, &view, PyBUF_SIMPLE)
+    try:
+        buf = <const uint8_t*>view.buf
+        end = view.len
+        if end < 4:
+            return None
+        correlation = <int32_t>_be32(buf)
+        pos = 4
+        if flexible:
+            if pos >= end or buf[pos] != 0:
+                return None
+            pos += 1
+        if not _answer_length(buf, &pos, end, flexible, True, &n_topics) or n_topics < 0:
+            return None
+        for i in range(n_topics):
+            if not _answer_length(buf, &pos, end, flexible, False, &n) or n < 0 \
+                    or end - pos < n:
+                return None
+            name = PyUnicode_DecodeUTF8(<const char*>(buf + pos), n, NULL)
+            pos += n
+            if not _answer_length(buf, &pos, end, flexible, True, &n_parts) or n_parts < 0:
+                return None
+            for j in range(n_parts):
+                if end - pos < 22 + (8 if version >= 5 else 0):
+                    return None
+                index = <int32_t>_be32(buf + pos)
+                code = <int16_t>_be16(buf + pos + 4)
+                base = <int64_t>_be64(buf + pos + 6)
+                append_time = <int64_t>_be64(buf + pos + 14)
+                pos += 22 + (8 if version >= 5 else 0)
+                message = None
+                if version >= 8:
+                    if not _answer_length(buf, &pos, end, flexible, True, &n) or n != 0:
+                        return None  # record errors: the reference reads them
+                    if not _answer_length(buf, &pos, end, flexible, False, &n) or n < -1 \
+                            or end - pos < max(n, 0):
+                        return None
+                    if n >= 0:
+                        message = PyUnicode_DecodeUTF8(<const char*>(buf + pos), n, NULL)
+                        pos += n
+                if flexible:
+                    if pos >= end or buf[pos] != 0:
+                        return None
+                    pos += 1
+                answers.append((name, index, code, base, append_time, message))
+            if flexible:
+                if pos >= end or buf[pos] != 0:
+                    return None
+                pos += 1
+        if end - pos < 4:
+            return None
+        pos += 4  # throttle_time_ms
+        if flexible:
+            if pos >= end or buf[pos] != 0:
+                return None
+            pos += 1
+        if pos != end:
+            return None
+        return correlation, answers
+    except UnicodeDecodeError:
+        return None
+    finally:
+        PyBuffer_Release(&view)

@@ -49,12 +49,9 @@ from gateway.core.metrics import Metrics
 from gateway.store.producers import ProducerBatch
 from protocols.errors import ProtocolError
 from protocols.kafka.codecs import Compression
+from protocols.kafka.produce_frames import PartitionAnswer
 from protocols.kafka.records import (
     InitProducerIdRequest,
-    PartitionProduceData,
-    ProduceRequest,
-    ProduceResponse,
-    TopicProduceData,
 )
 from protocols.kafka.types import ApiKey, ErrorCode
 from protocols.kafka.upstream_codec import bundles_to_record_batch
@@ -499,16 +496,15 @@ class UpstreamProducer:
                 self._connecting.add(node)
                 self._nursery.start_soon(self._connect, node)
             return False
-        topics: dict[str, list[PartitionProduceData]] = {}
+        topics: dict[str, list[tuple[int, bytes | None]]] = {}
         for state, batch in parts:
-            topics.setdefault(state.topic, []).append(
-                PartitionProduceData(state.partition, batch.data))
-        request = ProduceRequest(None, -1, int(self.request_timeout * 1000),
-                                 [TopicProduceData(t, p) for t, p in topics.items()])
+            topics.setdefault(state.topic, []).append((state.partition, batch.data))
         try:
-            connection.submit(ApiKey.PRODUCE, request, timeout=self.request_timeout + 1,
-                              on_answer=lambda answer, error: self._answered(parts, answer,
-                                                                             error))
+            connection.submit_produce(
+                -1, int(self.request_timeout * 1000),
+                [(t.encode(), p) for t, p in topics.items()],
+                timeout=self.request_timeout + 1,
+                on_answer=lambda answer, error: self._answered(parts, answer, error))
         except BrokerLost as exc:
             for state, batch in parts:
                 self._refused(state, batch, -1, "NETWORK_EXCEPTION", str(exc))
@@ -533,7 +529,7 @@ class UpstreamProducer:
             self._wake.set()
 
     def _answered(self, parts: list[tuple[_Partition, _Batch]],
-                  answer: ProduceResponse | None, error: BaseException | None) -> None:
+                  answer: list[PartitionAnswer] | None, error: BaseException | None) -> None:
         """A Produce's answer (from the connection's reader), or why none will come."""
         if error is not None:
             self._on_trouble()
@@ -543,22 +539,24 @@ class UpstreamProducer:
             self._wake.set()
             return
         assert answer is not None  # no error: the answer came
-        found = {(t.name, p.index): p for t in answer.responses for p in t.partition_responses}
+        found = {(part[0], part[1]): part for part in answer}
         through: list[tuple[_Partition, _Batch, int]] = []
         for state, batch in parts:
             part = found.get((state.topic, state.partition))
             if part is None:
                 self._refused(state, batch, -1, "NETWORK_EXCEPTION",
                               "the upstream's answer left the partition out")
-            elif part.error_code in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE_NUMBER):
+                continue
+            _, _, code, base_offset, log_append_time_ms, message = part
+            if code in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE_NUMBER):
                 batch.sent = False
-                self._stored(state, batch, part.base_offset)
-                if self._on_stored is not None and part.error_code == ErrorCode.NONE and \
-                        part.base_offset >= 0 and part.log_append_time_ms == -1:
-                    through.append((state, batch, part.base_offset))
+                self._stored(state, batch, base_offset)
+                if self._on_stored is not None and code == ErrorCode.NONE and \
+                        base_offset >= 0 and log_append_time_ms == -1:
+                    through.append((state, batch, base_offset))
             else:
-                name = error_name(part.error_code)
-                self._refused(state, batch, part.error_code, name, part.error_message or name)
+                name = error_name(code)
+                self._refused(state, batch, code, name, message or name)
         # The next batches leave before the stored ones go to the readers (on_stored may
         # write them to every subscriber's socket): the upstream works meanwhile.
         self.kick()

@@ -28,14 +28,14 @@ import math
 import secrets
 import ssl
 import struct
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
 import structlog
 import trio
 
-from gateway.io.writer import FrameWriter
+from gateway.io.writer import Buffer, FrameWriter
 from protocols.errors import ProtocolError
 from protocols.kafka.messages import (
     REQUESTS,
@@ -45,6 +45,7 @@ from protocols.kafka.messages import (
     response_header_version,
 )
 from protocols.kafka.primitives import Parts
+from protocols.kafka.produce_frames import ProduceTopics, produce_answers, produce_request
 from protocols.kafka.records import (
     WRITERS,
     ApiVersionsRequest,
@@ -63,6 +64,8 @@ _SIZE: Final = struct.Struct(">i")
 _READ: Final = 1024 * 1024
 #: Called with an answer's body, or with the error that means it will not come.
 OnAnswer = Callable[[Any, BaseException | None], None]
+#: Reads an answer frame of a version (its size taken off): ``(correlation id, body)``.
+DecodeFrame = Callable[[bytes, int], tuple[int, Any]]
 
 
 log = structlog.get_logger("figtank.upstream_kafka")
@@ -90,18 +93,22 @@ class Pending:
     """A request on its way: its answer (or error) once ``done`` is set, or handed to
     ``on_answer`` (then there is no ``done``) before ``deadline`` (trio time)."""
 
-    __slots__ = ("api_key", "correlation", "deadline", "done", "error", "on_answer",
-                 "result", "version")
+    __slots__ = ("api_key", "correlation", "deadline", "decode", "done", "error",
+                 "on_answer", "result", "version")
 
     def __init__(self, api_key: int, version: int, correlation: int,
-                 on_answer: OnAnswer | None = None, deadline: float = math.inf) -> None:
+                 on_answer: OnAnswer | None = None, deadline: float = math.inf,
+                 decode: DecodeFrame | None = None) -> None:
         self.api_key = api_key
         self.version = version
         self.correlation = correlation
         self.on_answer = on_answer
         self.deadline = deadline
+        #: Reads the whole answer frame (header included) instead of the generated codec.
+        self.decode = decode
         self.done = trio.Event() if on_answer is None else None
-        self.result: Record | None = None
+        #: The answer's body: a generated record, or what ``decode`` read.
+        self.result: object = None
         self.error: BaseException | None = None
 
 
@@ -113,6 +120,7 @@ class BrokerConnection:
         self.address = address
         self._stream = stream
         self._client_id = client_id
+        self._client_id_bytes = client_id.encode()
         self.timeout = timeout
         self._correlation = 0
         self._pending: dict[int, Pending] = {}
@@ -158,8 +166,7 @@ class BrokerConnection:
             raise BrokerLost(self.lost)
         if version is None:
             version = self.version(api_key)
-        self._correlation = (self._correlation + 1) & 0x7FFFFFFF
-        correlation = self._correlation
+        correlation = self._next_correlation()
         header = encode_request_header(
             RequestHeader(api_key, version, correlation, self._client_id),
             request_header_version(api_key, version))
@@ -168,13 +175,37 @@ class BrokerConnection:
         out = Parts()
         WRITERS[REQUESTS[api_key].name](body, out, version)
         pieces = [piece for piece in out.pieces() if piece]
+        return self._send(api_key, version, correlation,
+                          [_SIZE.pack(len(header) + sum(map(len, pieces))) + header, *pieces],
+                          on_answer, timeout)
+
+    def submit_produce(self, acks: int, timeout_ms: int, topics: ProduceTopics, *,
+                       on_answer: OnAnswer, timeout: float | None = None) -> Pending:
+        """:meth:`submit` of a Produce (no transactional id) built and, once answered,
+        read in one call each (:mod:`protocols.kafka.produce_frames`): ``on_answer`` gets
+        a list of :data:`~protocols.kafka.produce_frames.PartitionAnswer`."""
+        if self.lost is not None:
+            raise BrokerLost(self.lost)
+        version = self.version(ApiKey.PRODUCE)
+        correlation = self._next_correlation()
+        frame = produce_request(version, correlation, self._client_id_bytes, acks,
+                                timeout_ms, topics)
+        return self._send(ApiKey.PRODUCE, version, correlation, frame, on_answer, timeout,
+                          produce_answers)
+
+    def _next_correlation(self) -> int:
+        self._correlation = (self._correlation + 1) & 0x7FFFFFFF
+        return self._correlation
+
+    def _send(self, api_key: int, version: int, correlation: int,
+              frame: Sequence[Buffer], on_answer: OnAnswer | None,
+              timeout: float | None, decode: DecodeFrame | None = None) -> Pending:
         pending = Pending(api_key, version, correlation, on_answer, trio.current_time() + (
-            self.timeout if timeout is None else timeout))
+            self.timeout if timeout is None else timeout), decode)
         self._pending[correlation] = pending
         if not self._watch_idle.is_set():
             self._watch_idle.set()
-        self._writer.put_parts_nowait(
-            [_SIZE.pack(len(header) + sum(map(len, pieces))) + header, *pieces])
+        self._writer.put_parts_nowait(frame)
         return pending
 
     async def wait(self, pending: Pending) -> Record:
@@ -187,7 +218,7 @@ class BrokerConnection:
             self._pending.pop(pending.correlation, None)
         if pending.error is not None:
             raise pending.error
-        assert pending.result is not None  # set with done, unless the error was
+        assert isinstance(pending.result, Record)  # set with done, unless the error was
         return pending.result
 
 
@@ -276,11 +307,14 @@ class BrokerConnection:
         pending = self._pending.get(correlation)
         if pending is None:
             return  # a call that gave up (timeout, cancelled): its answer is dropped
-        _, pos = read_response_header(frame, 0, len(frame), response_header_version(
-            pending.api_key, pending.version))
         try:
-            pending.result = RESPONSES[pending.api_key].decode(
-                memoryview(frame)[pos:], version=pending.version)
+            if pending.decode is not None:
+                pending.result = pending.decode(frame, pending.version)[1]
+            else:
+                _, pos = read_response_header(frame, 0, len(frame), response_header_version(
+                    pending.api_key, pending.version))
+                pending.result = RESPONSES[pending.api_key].decode(
+                    memoryview(frame)[pos:], version=pending.version)
         except ProtocolError as exc:
             pending.error = BrokerLost(f"bad answer to {ApiKey(pending.api_key).name} "
                                        f"from {self.address}: {exc}")
