@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from protocols.errors import ProtocolError
+from protocols.kafka.records import ProduceResponse
 from protocols.tank.bundle import Message
 from protocols.tank.scan import Appender, MakeBatch, ProducePass
 
@@ -72,3 +73,10 @@ def kafka_produce_request(
 def kafka_produce_answers(
     frame: bytes, version: int,
 ) -> tuple[int, list[tuple[str, int, int, int, int, str | None]]] | None: ...
+def kafka_read_produce_request(
+    buf: bytes, pos: int, end: int, version: int,
+) -> tuple[str | None, int, int, list[tuple[str, list[tuple[int, memoryview | None]]]],
+           int] | None: ...
+def kafka_produce_response(
+    version: int, correlation: int, response: ProduceResponse,
+) -> bytes | None: ...

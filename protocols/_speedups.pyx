@@ -27,7 +27,7 @@ from cpython.buffer cimport PyBUF_READ, PyBUF_SIMPLE, PyBuffer_Release, PyObject
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
-from cpython.memoryview cimport PyMemoryView_FromMemory
+from cpython.memoryview cimport PyMemoryView_FromMemory, PyMemoryView_FromObject
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport (
     INT64_MAX,
@@ -2127,3 +2127,154 @@ def kafka_produce_answers(frame, int version):
         return None
     finally:
         PyBuffer_Release(&view)
+
+
+# ----------------------------------------------------------- Kafka Produce (a broker's)
+
+
+def kafka_read_produce_request(buf, Py_ssize_t pos, Py_ssize_t end, int version):
+    """``protocols.kafka.produce_frames.read_produce_request_py`` for the common request:
+    ``(transactional_id, acks, timeout_ms, [(topic, [(partition, records)])], pos)``, each
+    ``records`` a view of ``buf`` (None: null); None for anything else (tagged fields,
+    a short or malformed request, ``buf`` not ``bytes``), which the reference then reads
+    (or refuses)."""
+    cdef const uint8_t* p
+    cdef Py_ssize_t n, n_topics, n_parts, i, j
+    cdef bint flexible = version >= 9
+    cdef int16_t acks
+    cdef int32_t timeout_ms, index
+    cdef object transactional_id = None, name, view
+    cdef list topics = [], parts
+    if type(buf) is not bytes or not 3 <= version <= 9 or not 0 <= pos <= end \
+            or end > len(<bytes>buf):
+        return None
+    p = <const uint8_t*>PyBytes_AS_STRING(<bytes>buf)
+    view = PyMemoryView_FromObject(buf)
+    try:
+        if not _answer_length(p, &pos, end, flexible, False, &n) or n < -1 \
+                or end - pos < max(n, 0):
+            return None
+        if n >= 0:
+            transactional_id = PyUnicode_DecodeUTF8(<const char*>(p + pos), n, NULL)
+            pos += n
+        if end - pos < 6:
+            return None
+        acks = <int16_t>_be16(p + pos)
+        timeout_ms = <int32_t>_be32(p + pos + 2)
+        pos += 6
+        if not _answer_length(p, &pos, end, flexible, True, &n_topics) or n_topics < 0:
+            return None
+        for i in range(n_topics):
+            if not _answer_length(p, &pos, end, flexible, False, &n) or n < 0 \
+                    or end - pos < n:
+                return None
+            name = PyUnicode_DecodeUTF8(<const char*>(p + pos), n, NULL)
+            pos += n
+            if not _answer_length(p, &pos, end, flexible, True, &n_parts) or n_parts < 0:
+                return None
+            parts = []
+            for j in range(n_parts):
+                if end - pos < 4:
+                    return None
+                index = <int32_t>_be32(p + pos)
+                pos += 4
+                if not _answer_length(p, &pos, end, flexible, True, &n) or n < -1 \
+                        or end - pos < max(n, 0):
+                    return None
+                if n < 0:
+                    parts.append((index, None))
+                else:
+                    parts.append((index, view[pos:pos + n]))
+                    pos += n
+                if flexible:
+                    if pos >= end or p[pos] != 0:
+                        return None
+                    pos += 1
+            topics.append((name, parts))
+            if flexible:
+                if pos >= end or p[pos] != 0:
+                    return None
+                pos += 1
+        if flexible:
+            if pos >= end or p[pos] != 0:
+                return None
+            pos += 1
+        return transactional_id, acks, timeout_ms, topics, pos
+    except UnicodeDecodeError:
+        return None
+
+
+cdef inline int _append_kafka_string(bytearray out, object text, bint flexible,
+                                     bint nullable) except -1:
+    cdef bytes encoded
+    cdef uint8_t scratch[8]
+    cdef Py_ssize_t written
+    if text is None:
+        written = _put_kafka_length(scratch, -1, flexible, False)
+        out += (<char*>scratch)[:written]
+        return 0
+    encoded = text.encode()
+    if len(encoded) > 0x7FFF:
+        raise ValueError("string over 32767 bytes")
+    written = _put_kafka_length(scratch, len(encoded), flexible, False)
+    out += (<char*>scratch)[:written]
+    out += encoded
+    return 0
+
+
+def kafka_produce_response(int version, int32_t correlation, response):
+    """``protocols.kafka.produce_frames.produce_response_frame_py`` for the common answer
+    (no record errors): the whole frame, size first; None for anything else, which the
+    reference then encodes."""
+    cdef bint flexible = version >= 9
+    cdef bytearray out = bytearray(4)
+    cdef uint8_t scratch[40]
+    cdef Py_ssize_t written
+    cdef object topic, part
+    cdef uint8_t* head
+    if not 3 <= version <= 9 or type(response.responses) is not list:
+        return None
+    _put_be32(scratch, <uint32_t>correlation)
+    written = 4
+    if flexible:
+        scratch[4] = 0  # the header's tagged fields
+        written = 5
+    written += _put_kafka_length(scratch + written, len(response.responses), flexible, True)
+    out += (<char*>scratch)[:written]
+    try:
+        for topic in response.responses:
+            if type(topic.partition_responses) is not list or topic.name is None:
+                return None
+            _append_kafka_string(out, topic.name, flexible, False)
+            written = _put_kafka_length(scratch, len(topic.partition_responses), flexible,
+                                        True)
+            out += (<char*>scratch)[:written]
+            for part in topic.partition_responses:
+                if part.record_errors:
+                    return None
+                _put_be32(scratch, <uint32_t><int32_t>part.index)
+                _put_be16(scratch + 4, <uint16_t><int16_t>part.error_code)
+                _put_be64(scratch + 6, <uint64_t><int64_t>part.base_offset)
+                _put_be64(scratch + 14, <uint64_t><int64_t>part.log_append_time_ms)
+                written = 22
+                if version >= 5:
+                    _put_be64(scratch + 22, <uint64_t><int64_t>part.log_start_offset)
+                    written = 30
+                if version >= 8:
+                    written += _put_kafka_length(scratch + written, 0, flexible, True)
+                out += (<char*>scratch)[:written]
+                if version >= 8:
+                    _append_kafka_string(out, part.error_message, flexible, True)
+                if flexible:
+                    out.append(0)
+            if flexible:
+                out.append(0)
+        _put_be32(scratch, <uint32_t><int32_t>response.throttle_time_ms)
+        out += (<char*>scratch)[:4]
+        if flexible:
+            out.append(0)
+    except (OverflowError, TypeError, ValueError):
+        return None  # a value that does not fit: the reference says which
+    head = <uint8_t*>PyByteArray_AS_STRING(out)
+    _put_be32(head, <uint32_t>(len(out) - 4))
+    return bytes(out)

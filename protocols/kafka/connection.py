@@ -43,13 +43,16 @@ from protocols.kafka.messages import (
     response_header_version,
 )
 from protocols.kafka.primitives import Buffer, Parts, read_nullable_string
+from protocols.kafka.produce_frames import produce_response_frame, read_produce_request
 from protocols.kafka.records import (
     READERS,
     WRITERS,
+    ProduceResponse,
     ResponseHeader,
     encode_response_header,
     read_request_header,
 )
+from protocols.kafka.types import ApiKey
 from protocols.record import Record
 
 #: ``int32 size`` before every payload. Read unsigned, so that a negative size is simply
@@ -118,7 +121,10 @@ def decode_request(payload: bytes) -> Request | UnsupportedRequest:
     # In place (no copy). Bytes after the declared fields are ignored, as Kafka's broker
     # ignores them (it reads the fields off the frame and drops the rest): librdkafka 2.x
     # relies on it, its Metadata request for all topics (v9+) carries 3 such bytes.
-    body, _ = READERS[codec.name](payload, pos, end, api_version)
+    if api_key == ApiKey.PRODUCE:  # on every publish: read in one call
+        body, _ = read_produce_request(payload, pos, end, api_version)
+    else:
+        body, _ = READERS[codec.name](payload, pos, end, api_version)
     return Request(api_key, api_version, correlation_id, header.client_id, body)
 
 
@@ -127,6 +133,8 @@ def encode_response(api_key: int, api_version: int, correlation_id: int, body: R
 
     ValueError for a body that does not fit ``api_version``.
     """
+    if api_key == ApiKey.PRODUCE and type(body) is ProduceResponse:  # made in one call
+        return produce_response_frame(api_version, correlation_id, body)
     codec = RESPONSES.get(api_key)
     if codec is None:
         raise ValueError(f"no response declared for API key {api_key}")

@@ -1,13 +1,15 @@
-"""A Kafka client's Produce request and the answer to it, each in one call.
+"""The Produce request and its answer, each made or read in one call, on both sides.
 
-The gateway's upstream producer sends one Produce per broker per round and reads one
-answer per request, on the hot path of every publish. The generated codec
-(:mod:`protocols.kafka.records`) is the reference: :func:`produce_request_py` and
-:func:`produce_answers_py`. When the extension is built, :func:`produce_request` and
-:func:`produce_answers` make the same bytes and read the same answers in one compiled call
-each; an answer the compiled reader does not take (tagged fields, record errors, anything
-malformed) goes to the reference, which reads it or raises its :class:`ProtocolError`.
-``tests/protocols/kafka/test_produce_frames.py`` holds the two to each other.
+Every publish through a gateway in front of Kafka crosses them four times: the gateway's
+upstream producer makes a request and reads its answer (:func:`produce_request`,
+:func:`produce_answers`), the broker (figtank's Kafka listener) reads the request and
+makes the answer (:func:`read_produce_request`, :func:`produce_response_frame`). The
+generated codec (:mod:`protocols.kafka.records`) is the reference (the ``*_py``
+functions). When the extension is built, each is one compiled call giving the same bytes
+or the same records; what the compiled code does not take (tagged fields, record errors,
+anything malformed or out of range) goes to the reference, which reads or makes it, or
+raises its error. ``tests/protocols/kafka/test_produce_frames.py`` holds the two to each
+other.
 """
 
 from __future__ import annotations
@@ -20,18 +22,24 @@ from protocols.kafka.primitives import Parts
 from protocols.kafka.records import (
     PartitionProduceData,
     ProduceRequest,
+    ProduceResponse,
     RequestHeader,
+    ResponseHeader,
     TopicProduceData,
     decode_produce_response,
+    encode_produce_response,
     encode_request_header,
+    encode_response_header,
     read_response_header,
     write_produce_request,
 )
+from protocols.kafka.records import read_produce_request as _read_generated
 from protocols.kafka.types import ApiKey
 from protocols.native import speedups
 
 __all__ = ["PartitionAnswer", "ProduceTopics", "produce_answers", "produce_answers_py",
-           "produce_request", "produce_request_py"]
+           "produce_request", "produce_request_py", "produce_response_frame",
+           "produce_response_frame_py", "read_produce_request", "read_produce_request_py"]
 
 #: What a Produce carries: ``[(topic name, [(partition, record batches)])]``, names
 #: UTF-8 encoded.
@@ -74,6 +82,22 @@ def produce_answers_py(frame: bytes, version: int) -> tuple[int, list[PartitionA
         for topic in answer.responses for part in topic.partition_responses]
 
 
+def read_produce_request_py(buf: bytes, pos: int, end: int, version: int
+                            ) -> tuple[ProduceRequest, int]:
+    """The Produce request of ``version`` at ``buf[pos:end]`` (its header read) and the
+    position after it; its record batches are views of ``buf`` when it is ``bytes``."""
+    return _read_generated(buf, pos, end, version)
+
+
+def produce_response_frame_py(version: int, correlation: int, response: ProduceResponse
+                              ) -> bytes:
+    """The whole frame (size first) answering a Produce of ``version`` with ``response``."""
+    header = encode_response_header(ResponseHeader(correlation),
+                                    response_header_version(ApiKey.PRODUCE, version))
+    payload = encode_produce_response(response, version)
+    return b"".join((_SIZE.pack(len(header) + len(payload)), header, payload))
+
+
 def _produce_request_native(version: int, correlation: int, client_id: bytes | None,
                             acks: int, timeout_ms: int, topics: ProduceTopics
                             ) -> list[bytes | bytearray]:
@@ -88,5 +112,29 @@ def _produce_answers_native(frame: bytes, version: int) -> tuple[int, list[Parti
     return produce_answers_py(frame, version) if read is None else read
 
 
+def _read_produce_request_native(buf: bytes, pos: int, end: int, version: int
+                                 ) -> tuple[ProduceRequest, int]:
+    assert speedups is not None
+    read = speedups.kafka_read_produce_request(buf, pos, end, version)
+    if read is None:
+        return read_produce_request_py(buf, pos, end, version)
+    transactional_id, acks, timeout_ms, topics, pos = read
+    return ProduceRequest(transactional_id, acks, timeout_ms, [
+        TopicProduceData(name, [PartitionProduceData(index, records)
+                                for index, records in partitions])
+        for name, partitions in topics]), pos
+
+
+def _produce_response_frame_native(version: int, correlation: int,
+                                   response: ProduceResponse) -> bytes:
+    assert speedups is not None
+    made = speedups.kafka_produce_response(version, correlation, response)
+    return produce_response_frame_py(version, correlation, response) if made is None else made
+
+
 produce_request = produce_request_py if speedups is None else _produce_request_native
 produce_answers = produce_answers_py if speedups is None else _produce_answers_native
+read_produce_request = (read_produce_request_py if speedups is None
+                        else _read_produce_request_native)
+produce_response_frame = (produce_response_frame_py if speedups is None
+                          else _produce_response_frame_native)

@@ -135,8 +135,8 @@ def test_the_compiled_answer_is_the_generated_codecs(
     if compiled is None:
         return
     read = compiled.kafka_produce_answers(frame, version)
-    unusual = tagged and version >= 9 or any(
-        errors for _, partitions in parts for *_, errors in partitions) and version >= 8
+    unusual = (tagged and version >= 9) or (any(
+        errors for _, partitions in parts for *_, errors in partitions) and version >= 8)
     assert read == (None if unusual else reference)
     _same(_reader(), frame, version)
 
@@ -152,3 +152,78 @@ def test_a_cut_or_changed_answer_reads_as_the_reference_reads_it(version: int) -
         changed = bytearray(frame)
         changed[rng.randrange(len(changed))] = rng.randrange(256)
         _same(_reader(), bytes(changed), version)
+
+
+def _same_read(buf: bytes, version: int) -> None:
+    """The broker's reader gives the reference's request and position, or its error."""
+    read = (PF.read_produce_request_py if compiled is None
+            else PF._read_produce_request_native)
+    try:
+        expected = PF.read_produce_request_py(buf, 0, len(buf), version)
+    except ProtocolError as exc:
+        with pytest.raises(ProtocolError) as raised:
+            read(buf, 0, len(buf), version)
+        assert (type(raised.value), str(raised.value)) == (type(exc), str(exc))
+        return
+    assert read(buf, 0, len(buf), version) == expected
+
+
+@SETTINGS
+@given(version=st.sampled_from(VERSIONS), acks=st.sampled_from([-1, 0, 1, 7]),
+       timeout_ms=st.integers(-2**31, 2**31 - 1), topics=topics)
+def test_the_broker_reads_a_request_as_the_generated_codec(
+        version: int, acks: int, timeout_ms: int, topics: PF.ProduceTopics) -> None:
+    frame = b"".join(PF.produce_request_py(version, 5, b"c", acks, timeout_ms, topics))
+    body = frame[4 + 8 + 2 + 1 + (1 if version >= 9 else 0):]  # size, header, client id "c"
+    request, pos = PF.read_produce_request_py(body, 0, len(body), version)
+    assert pos == len(body) and request.acks == acks
+    assert [(t.name.encode(), [(p.index, None if p.records is None else bytes(p.records))
+                               for p in t.partition_data])
+            for t in request.topic_data] == [
+        (name, [(index, records) for index, records in parts]) for name, parts in topics]
+    if compiled is not None:
+        read = compiled.kafka_read_produce_request(body, 0, len(body), version)
+        assert read is not None
+    _same_read(body, version)
+    for cut in range(0, len(body), max(1, len(body) // 40)):
+        _same_read(body[:cut], version)
+
+
+responses = st.lists(st.tuples(
+    st.text(min_size=1, max_size=10),
+    st.lists(st.tuples(st.integers(0, 2**31 - 1), st.integers(-1, 120),
+                       st.integers(-1, 2**62), st.integers(-1, 2**40), st.integers(-1, 99),
+                       st.one_of(st.none(), st.text(max_size=20)),
+                       st.sampled_from([0, 0, 0, 1])), max_size=3)), max_size=3)
+
+
+@SETTINGS
+@given(version=st.sampled_from(VERSIONS), correlation=st.integers(0, 2**31 - 1),
+       parts=responses, throttle=st.integers(0, 1000))
+def test_the_broker_makes_an_answer_as_the_generated_codec(
+        version: int, correlation: int, parts: list[tuple[str, list[tuple[
+            int, int, int, int, int, str | None, int]]]], throttle: int) -> None:
+    response = ProduceResponse([
+        TopicProduceResponse(name, [
+            PartitionProduceResponse(index, code, base, append_time, start,
+                                     [BatchIndexAndErrorMessage(1, "bad")] * errors, message)
+            for index, code, base, append_time, start, message, errors in partitions])
+        for name, partitions in parts], throttle)
+    reference = PF.produce_response_frame_py(version, correlation, response)
+    if compiled is not None:
+        made = compiled.kafka_produce_response(version, correlation, response)
+        has_errors = any(errors for _, partitions in parts for *_, errors in partitions)
+        assert made == (None if has_errors else reference)
+        assert PF._produce_response_frame_native(version, correlation, response) == reference
+
+
+def test_a_value_out_of_range_is_the_generated_codecs_error() -> None:
+    response = ProduceResponse([TopicProduceResponse(
+        "t", [PartitionProduceResponse(2**40, 0, 0, -1, -1, [], None)])], 0)
+    with pytest.raises(ValueError) as expected:
+        PF.produce_response_frame_py(9, 1, response)
+    make = (PF.produce_response_frame_py if compiled is None
+            else PF._produce_response_frame_native)
+    with pytest.raises(ValueError) as raised:
+        make(9, 1, response)
+    assert str(raised.value) == str(expected.value)
