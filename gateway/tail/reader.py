@@ -331,6 +331,8 @@ class TailReader:
                 if self.next_seq <= before:
                     break  # no whole message: the task asks for more
                 delivered = True
+                if self.next_seq > outcome.high_water_mark:
+                    return  # all there was: the next arrival calls again
         except Exception as exc:  # (a sink must not raise; the task's fetch sees a fault)
             log.warning("tail_push_failed", topic=self.topic, partition=self.partition,
                         error=repr(exc))
