@@ -98,13 +98,11 @@ PURE_TESTS = tests/protocols tests/figg tests/tank tests/store tests/bridge \
 	tests/kafka/test_shared_fetch.py tests/kafka/test_fetch_compression.py \
 	tests/http/test_slow_subscribers.py
 # ... less what runs the same code in either run: the files that enter no pure-Python twin
-# (the Kafka message codecs, the generator, the wire primitives, the store's segment scan,
-# the Tank client: traced, run under FIGTANK_PURE_PYTHON=1 they call no ``*_py``
-# reference, the Python syncer or the Python fan-out), and the ``differential`` tests
-# (they call both twins themselves, in either run: the compiled pass ran them).
-PURE_SAME = tests/protocols/kafka/test_batch.py tests/protocols/kafka/test_kafka_connection.py \
-	tests/protocols/kafka/test_kafka_golden.py tests/protocols/kafka/test_kafka_nullable.py \
-	tests/protocols/kafka/test_kafka_python_interop.py \
+# (the Kafka message codecs but Produce's, the generator, the wire primitives, the store's
+# segment scan, the Tank client: traced, run under FIGTANK_PURE_PYTHON=1 they call no
+# ``*_py`` reference, the Python syncer or the Python fan-out), and the ``differential``
+# tests (they call both twins themselves, in either run: the compiled pass ran them).
+PURE_SAME = tests/protocols/kafka/test_batch.py tests/protocols/kafka/test_kafka_nullable.py \
 	tests/protocols/kafka/test_kafka_roundtrip.py tests/protocols/kafka/test_kafka_sasl_tokens.py \
 	tests/protocols/kafka/test_kafka_spec.py tests/protocols/test_figg_fuzz.py \
 	tests/protocols/test_frame_rest.py tests/protocols/test_generate.py tests/protocols/test_spec.py \

@@ -42,7 +42,6 @@ what it does with the bytes (:meth:`Session._received`), how much of a frame it 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import ClassVar, Final
@@ -52,6 +51,7 @@ import trio
 from gateway.auth.quotas import PrincipalQuota
 from gateway.io.errors import ExceptionMap, socket_errors
 from gateway.io.limits import RECEIVE_SIZE
+from gateway.io.reading import receive
 from gateway.io.writer import FrameWriter, socket_fd
 from protocols.errors import FrameTooLarge, ProtocolError
 
@@ -312,33 +312,6 @@ class Session:
 
     def _ended(self) -> None:
         """After the connection's tasks ended, whichever way."""
-
-
-async def receive(fd: int, size: int, eager: bool = False) -> bytes:
-    """Up to ``size`` bytes from the plain socket ``fd`` (``b""``: EOF), as
-    ``trio.SocketStream.receive_some`` does it (a checkpoint either way) with two
-    coroutines fewer: an idle connection's reader keeps this frame while it waits, not
-    the stream's, the socket wrapper's and their helpers' (~1 KB).
-
-    ``eager``: bytes that are there at once come back without the scheduler round
-    (cancellation is still checked); the caller makes sure that the next read is not
-    eager, so a peer that always has bytes ready still lets the other tasks run every
-    second read."""
-    await trio.lowlevel.checkpoint_if_cancelled()
-    try:
-        data = os.read(fd, size)
-    except BlockingIOError:
-        pass
-    else:
-        if not eager:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-        return data
-    while True:
-        await trio.lowlevel.wait_readable(fd)
-        try:
-            return os.read(fd, size)
-        except BlockingIOError:
-            pass
 
 
 def _seconds(timeout: float) -> float:

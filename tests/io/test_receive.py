@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from gateway.serving.session import receive
+from gateway.io.reading import receive
 
 
 def loopback_pair() -> tuple[socket.socket, socket.socket]:

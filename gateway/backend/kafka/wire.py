@@ -35,7 +35,8 @@ from typing import Any, Final, cast
 import structlog
 import trio
 
-from gateway.io.writer import Buffer, FrameWriter
+from gateway.io.reading import receive
+from gateway.io.writer import Buffer, FrameWriter, socket_fd
 from protocols.errors import ProtocolError
 from protocols.kafka.messages import (
     REQUESTS,
@@ -269,9 +270,11 @@ class BrokerConnection:
                 await trio.aclose_forcefully(self._stream)
 
     async def _read(self, buffer: bytearray) -> None:
+        fd = socket_fd(self._stream)  # a plain socket is read directly (TLS: the stream)
         try:
             while self.lost is None:
-                data = await self._stream.receive_some(_READ)
+                data = await (receive(fd, _READ) if fd >= 0
+                              else self._stream.receive_some(_READ))
                 if not data:
                     self.close(f"{self.address} closed the connection")
                     break
