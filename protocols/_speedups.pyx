@@ -2048,6 +2048,39 @@ cdef inline int _answer_length(const uint8_t* buf, Py_ssize_t* ppos, Py_ssize_t 
     return 1
 
 
+#: What :func:`_kafka_string` returns when there is no string to read.
+cdef object _NO_STRING = object()
+
+
+cdef object _kafka_string(const uint8_t* buf, Py_ssize_t* ppos, Py_ssize_t end,
+                          bint flexible, bint nullable):
+    """A (compact, nullable) string (None: null, when ``nullable``), or
+    :data:`_NO_STRING` when the buffer ends first or the length is not allowed; raises
+    UnicodeDecodeError."""
+    cdef Py_ssize_t n
+    cdef object text
+    if not _answer_length(buf, ppos, end, flexible, False, &n) or n < -1 \
+            or (n == -1 and not nullable) or end - ppos[0] < max(n, 0):
+        return _NO_STRING
+    if n < 0:
+        return None
+    text = PyUnicode_DecodeUTF8(<const char*>(buf + ppos[0]), n, NULL)
+    ppos[0] += n
+    return text
+
+
+cdef inline int _empty_tags(const uint8_t* buf, Py_ssize_t* ppos, Py_ssize_t end,
+                            bint flexible) noexcept:
+    """1 past an empty tagged-field section (nothing to pass when not ``flexible``); 0
+    when it is not there or holds fields (the reference reads those)."""
+    if not flexible:
+        return 1
+    if ppos[0] >= end or buf[ppos[0]] != 0:
+        return 0
+    ppos[0] += 1
+    return 1
+
+
 def kafka_produce_answers(frame, int version):
     """``protocols.kafka.produce_frames.produce_answers_py`` for the common answer: the
     correlation id and ``(topic, partition, error_code, base_offset, log_append_time_ms,
@@ -2072,18 +2105,14 @@ def kafka_produce_answers(frame, int version):
             return None
         correlation = <int32_t>_be32(buf)
         pos = 4
-        if flexible:
-            if pos >= end or buf[pos] != 0:
-                return None
-            pos += 1
+        if not _empty_tags(buf, &pos, end, flexible):
+            return None
         if not _answer_length(buf, &pos, end, flexible, True, &n_topics) or n_topics < 0:
             return None
         for i in range(n_topics):
-            if not _answer_length(buf, &pos, end, flexible, False, &n) or n < 0 \
-                    or end - pos < n:
+            name = _kafka_string(buf, &pos, end, flexible, False)
+            if name is _NO_STRING:
                 return None
-            name = PyUnicode_DecodeUTF8(<const char*>(buf + pos), n, NULL)
-            pos += n
             if not _answer_length(buf, &pos, end, flexible, True, &n_parts) or n_parts < 0:
                 return None
             for j in range(n_parts):
@@ -2098,28 +2127,19 @@ def kafka_produce_answers(frame, int version):
                 if version >= 8:
                     if not _answer_length(buf, &pos, end, flexible, True, &n) or n != 0:
                         return None  # record errors: the reference reads them
-                    if not _answer_length(buf, &pos, end, flexible, False, &n) or n < -1 \
-                            or end - pos < max(n, 0):
+                    message = _kafka_string(buf, &pos, end, flexible, True)
+                    if message is _NO_STRING:
                         return None
-                    if n >= 0:
-                        message = PyUnicode_DecodeUTF8(<const char*>(buf + pos), n, NULL)
-                        pos += n
-                if flexible:
-                    if pos >= end or buf[pos] != 0:
-                        return None
-                    pos += 1
-                answers.append((name, index, code, base, append_time, message))
-            if flexible:
-                if pos >= end or buf[pos] != 0:
+                if not _empty_tags(buf, &pos, end, flexible):
                     return None
-                pos += 1
+                answers.append((name, index, code, base, append_time, message))
+            if not _empty_tags(buf, &pos, end, flexible):
+                return None
         if end - pos < 4:
             return None
         pos += 4  # throttle_time_ms
-        if flexible:
-            if pos >= end or buf[pos] != 0:
-                return None
-            pos += 1
+        if not _empty_tags(buf, &pos, end, flexible):
+            return None
         if pos != end:
             return None
         return correlation, answers
@@ -2151,12 +2171,9 @@ def kafka_read_produce_request(buf, Py_ssize_t pos, Py_ssize_t end, int version)
     p = <const uint8_t*>PyBytes_AS_STRING(<bytes>buf)
     view = PyMemoryView_FromObject(buf)
     try:
-        if not _answer_length(p, &pos, end, flexible, False, &n) or n < -1 \
-                or end - pos < max(n, 0):
+        transactional_id = _kafka_string(p, &pos, end, flexible, True)
+        if transactional_id is _NO_STRING:
             return None
-        if n >= 0:
-            transactional_id = PyUnicode_DecodeUTF8(<const char*>(p + pos), n, NULL)
-            pos += n
         if end - pos < 6:
             return None
         acks = <int16_t>_be16(p + pos)
@@ -2165,11 +2182,9 @@ def kafka_read_produce_request(buf, Py_ssize_t pos, Py_ssize_t end, int version)
         if not _answer_length(p, &pos, end, flexible, True, &n_topics) or n_topics < 0:
             return None
         for i in range(n_topics):
-            if not _answer_length(p, &pos, end, flexible, False, &n) or n < 0 \
-                    or end - pos < n:
+            name = _kafka_string(p, &pos, end, flexible, False)
+            if name is _NO_STRING:
                 return None
-            name = PyUnicode_DecodeUTF8(<const char*>(p + pos), n, NULL)
-            pos += n
             if not _answer_length(p, &pos, end, flexible, True, &n_parts) or n_parts < 0:
                 return None
             parts = []
@@ -2186,15 +2201,11 @@ def kafka_read_produce_request(buf, Py_ssize_t pos, Py_ssize_t end, int version)
                 else:
                     parts.append((index, view[pos:pos + n]))
                     pos += n
-                if flexible:
-                    if pos >= end or p[pos] != 0:
-                        return None
-                    pos += 1
-            topics.append((name, parts))
-            if flexible:
-                if pos >= end or p[pos] != 0:
+                if not _empty_tags(p, &pos, end, flexible):
                     return None
-                pos += 1
+            topics.append((name, parts))
+            if not _empty_tags(p, &pos, end, flexible):
+                return None
         if flexible:
             if pos >= end or p[pos] != 0:
                 return None
