@@ -6,14 +6,18 @@ what the tail reader goes on from) is where the chunk's bundle headers say
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pytest
 import trio
 
-from gateway.backend.kafka import open_kafka_backend
+from gateway.backend.kafka import history, open_kafka_backend
+from gateway.backend.kafka.fetcher import Fetched, fetch_partition
+from gateway.backend.kafka.history import MAX_READ_BYTES
 from gateway.backend.kafka.settings import UpstreamKafkaSettings
 from gateway.core.config import Settings
 from gateway.core.contract import FetchRequest, FetchStatus, ProduceBatch, ProduceCode
-from protocols.tank.bundle import Message, chunk_end, encode_bundle
+from protocols.tank.bundle import Message, chunk_end, decode_chunk, encode_bundle
 from tests.upstream_kafka.helpers import Upstream
 
 
@@ -26,14 +30,29 @@ async def test_a_fetch_says_where_the_next_read_starts_as_the_chunk_headers_do(
             await upstream.start()
             async with open_kafka_backend(UpstreamKafkaSettings.of(settings)) as backend:
                 assert await backend.create_topic("n", 1) == 0
-                for i in range(10):  # batches of 1 to 4 messages
-                    bundle = encode_bundle([Message(b"v%d" % i, timestamp=1000)] * (1 + i % 4))
-                    [done] = await backend.produce([ProduceBatch("n", 0, bundle)])
-                    assert done.code is ProduceCode.OK
-                hwm = done.last_seq
-                assert hwm is not None and hwm > 20
-                # The feed opens in the middle: reads before it are history reads.
-                order = [*range(hwm // 2, hwm + 1), *range(1, hwm // 2)]
+
+                async def produce_batches() -> int:
+                    for i in range(10):  # batches of 1 to 4 messages
+                        bundle = encode_bundle([Message(b"v%d" % i, timestamp=1000)]
+                                               * (1 + i % 4))
+                        [done] = await backend.produce([ProduceBatch("n", 0, bundle)])
+                        assert done.code is ProduceCode.OK
+                    assert done.last_seq is not None
+                    return done.last_seq
+
+                history_end = await produce_batches()
+                # A reader at the tail opens the feed there; what comes after goes to its
+                # cache, what came before is read from the history.
+                [got] = await backend.fetch([FetchRequest("n", 0, history_end + 1, 100)],
+                                            max_wait_ms=0, min_bytes=1)
+                assert got.status is FetchStatus.DATA and not got.chunk.length
+                got.chunk.close()
+                hwm = await produce_batches()
+                feed = backend.feeds.feeds[("n", 0)]
+                while feed.next_seq <= hwm:
+                    await trio.sleep(0.01)
+                assert feed.first_cached == history_end + 1 and len(feed.bundles) > 3
+                order = [*range(history_end + 1, hwm + 1), *range(1, history_end + 1)]
                 for seq in order:
                     for size in (1, 100, 4096):
                         [got] = await backend.fetch([FetchRequest("n", 0, seq, size)],
@@ -44,7 +63,48 @@ async def test_a_fetch_says_where_the_next_read_starts_as_the_chunk_headers_do(
                         assert got.next_seq == chunk_end(data, got.base_seq, seq)[0], \
                             (seq, size)
                         assert got.next_seq > seq
-                feed = backend.feeds.feeds[("n", 0)]
-                assert feed.first_cached == hwm // 2 and len(feed.bundles) > 3
+                assert feed.first_cached == history_end + 1
+    finally:
+        upstream.close()
+
+
+async def test_a_read_behind_the_tail_asks_the_upstream_for_at_most_max_read_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Tank consumer asks 64 MiB a read; the gateway's history reads ask the upstream for
+    2 MiB (answers that stay in buffers the allocator keeps), and the reader reads on to
+    the end, every message once."""
+    asked: list[int] = []
+
+    async def counted(*args: Any, max_bytes: int, **kwargs: Any) -> Fetched:
+        asked.append(max_bytes)  # the real Fetch goes on to the upstream
+        return await fetch_partition(*args, max_bytes=max_bytes, **kwargs)
+
+    monkeypatch.setattr(history, "fetch_partition", counted)
+    upstream = Upstream(tmp_path / "up")
+    settings = Settings(data_dir=tmp_path / "gw", upstream_kafka=(upstream.address,))
+    try:
+        with trio.fail_after(60):
+            await upstream.start()
+            async with open_kafka_backend(UpstreamKafkaSettings.of(settings)) as backend:
+                assert await backend.create_topic("big", 1) == 0
+                for i in range(6):  # 6 x 1,000 messages of 1 KB: about 6 MB
+                    bundle = encode_bundle([Message(b"%d" % i * 1000, timestamp=1000)]
+                                           * 1000)
+                    [done] = await backend.produce([ProduceBatch("big", 0, bundle)])
+                    assert done.code is ProduceCode.OK
+                hwm = done.last_seq
+                assert hwm == 6000
+                seq, read = 1, 0
+                while seq <= hwm:
+                    [got] = await backend.fetch([FetchRequest("big", 0, seq, 64 << 20)],
+                                                max_wait_ms=2000, min_bytes=1)
+                    assert got.status is FetchStatus.DATA and got.chunk.length
+                    data = got.chunk.read_bytes()
+                    got.chunk.close()
+                    assert got.next_seq is not None and got.next_seq > seq
+                    read += len(decode_chunk(data, got.base_seq, seq).messages)
+                    seq = got.next_seq
+                assert (seq, read) == (hwm + 1, hwm)
+                assert asked and max(asked) == MAX_READ_BYTES < 64 << 20
     finally:
         upstream.close()

@@ -478,8 +478,12 @@ class KafkaBackend(Forwarding):
                     return FetchOutcome(FetchStatus.BOUNDARY, high_water_mark=high,
                                         first_available=first if high else 0), None, seq
                 if feed is None or feed.error is not None:
-                    feed = (self.feeds.open(r.topic, r.partition, seq) if feed is None
-                            else self.feeds.reopen(feed, seq))
+                    # A feed follows the tail. A reader behind it reads the history (one
+                    # Fetch of its own size a read) until it gets there: a feed opened at
+                    # its position would crawl through the log a feed's fetch at a time.
+                    tail = high + 1
+                    feed = (self.feeds.open(r.topic, r.partition, tail) if feed is None
+                            else self.feeds.reopen(feed, tail))
                     feed.high_water_mark = max(feed.high_water_mark, high)
         except UpstreamUnavailable:
             return FetchOutcome(FetchStatus.FAULT), None, seq

@@ -2,17 +2,26 @@
 
 A reader older than its partition's feed cache, or ahead of the feed, is answered with one
 upstream Fetch from its position (:func:`~gateway.backend.kafka.fetcher.fetch_partition`):
-Fetch is a stateless request, so no consumer is kept or positioned for it.
+Fetch is a stateless request, so no consumer is kept or positioned for it. A read asks
+for at most :data:`MAX_READ_BYTES`, whatever the reader asked (it asks again): an answer
+of tens of megabytes would come in buffers the C allocator maps afresh, page by page,
+for each read, on both sides (over ``gateway.io.allocator.MMAP_THRESHOLD``): a 102 MB
+``tank-cli consume``, which asks 64 MiB a read, took 1.0 s through the gateway with
+64 MiB Fetches, 0.75-0.85 s with 4 MiB, 0.45-0.5 s with 2 MiB and 0.6 s with 1 MiB.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 from gateway.backend.kafka.cluster import Cluster
 from gateway.backend.kafka.fetcher import NO_WAIT_MS, fetch_partition
 from gateway.backend.kafka.wire import BrokerLost
 from protocols.kafka.upstream_codec import UpstreamBundle
+
+#: The most one history read asks the upstream for.
+MAX_READ_BYTES: Final = 2 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -37,7 +46,8 @@ class HistoryReader:
         ``seq - 1``); :class:`BrokerLost` when the upstream can not be asked."""
         try:
             got = await fetch_partition(self._cluster, topic, partition, seq - 1,
-                                        max_wait_ms=NO_WAIT_MS, max_bytes=max_bytes,
+                                        max_wait_ms=NO_WAIT_MS,
+                                        max_bytes=min(max_bytes, MAX_READ_BYTES),
                                         after_seq=None, timeout=self.timeout)
         except BrokerLost as exc:
             return HistoryRead(error=("NETWORK_EXCEPTION", str(exc)))
