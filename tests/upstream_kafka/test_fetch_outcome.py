@@ -12,8 +12,8 @@ import pytest
 import trio
 
 from gateway.backend.kafka import history, open_kafka_backend
-from gateway.backend.kafka.fetcher import Fetched, fetch_partition
-from gateway.backend.kafka.history import MAX_READ_BYTES
+from gateway.backend.kafka.fetcher import NO_WAIT_MS, Fetched, fetch_partition
+from gateway.backend.kafka.history import MAX_READ_BYTES, NOTHING_YET_WAIT_MS
 from gateway.backend.kafka.settings import UpstreamKafkaSettings
 from gateway.core.config import Settings
 from gateway.core.contract import FetchRequest, FetchStatus, ProduceBatch, ProduceCode
@@ -106,5 +106,46 @@ async def test_a_read_behind_the_tail_asks_the_upstream_for_at_most_max_read_byt
                     seq = got.next_seq
                 assert (seq, read) == (hwm + 1, hwm)
                 assert asked and max(asked) == MAX_READ_BYTES < 64 << 20
+    finally:
+        upstream.close()
+
+
+async def test_a_history_read_answered_too_soon_asks_again_allowed_to_wait(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loaded Tansu answered a Fetch with a max wait of 1 ms with no records where its
+    watermark said there were some (a Tank consumer through one of two gateways got an
+    empty read at offset 1). The gateway asks once more, allowed to wait: the first
+    answer here is that empty one, the second the upstream's own."""
+    waits: list[int] = []
+
+    async def first_too_soon(cluster: Any, topic: str, partition: int, offset: int, *,
+                             max_wait_ms: int, **kwargs: Any) -> Fetched:
+        waits.append(max_wait_ms)
+        got = await fetch_partition(cluster, topic, partition, offset,
+                                    max_wait_ms=max_wait_ms, **kwargs)
+        if len(waits) == 1:  # what the loaded upstream answered: its watermark, no records
+            return Fetched(next_offset=offset, high_watermark=got.high_watermark)
+        return got
+
+    monkeypatch.setattr(history, "fetch_partition", first_too_soon)
+    upstream = Upstream(tmp_path / "up")
+    settings = Settings(data_dir=tmp_path / "gw", upstream_kafka=(upstream.address,))
+    try:
+        with trio.fail_after(60):
+            await upstream.start()
+            async with open_kafka_backend(UpstreamKafkaSettings.of(settings)) as backend:
+                assert await backend.create_topic("soon", 1) == 0
+                bundle = encode_bundle([Message(b"m%d" % i, timestamp=1000)
+                                        for i in range(9)])
+                [done] = await backend.produce([ProduceBatch("soon", 0, bundle)])
+                assert done.code is ProduceCode.OK
+                [got] = await backend.fetch([FetchRequest("soon", 0, 1, 1 << 20)],
+                                            max_wait_ms=0, min_bytes=1)
+                assert got.status is FetchStatus.DATA
+                data = got.chunk.read_bytes()
+                got.chunk.close()
+                assert [m.value for m in decode_chunk(data, got.base_seq, 1).messages] == [
+                    b"m%d" % i for i in range(9)]
+                assert waits == [NO_WAIT_MS, NOTHING_YET_WAIT_MS]
     finally:
         upstream.close()

@@ -22,6 +22,8 @@ from protocols.kafka.upstream_codec import UpstreamBundle
 
 #: The most one history read asks the upstream for.
 MAX_READ_BYTES: Final = 2 * 1024 * 1024
+#: The max wait of the second Fetch of a read the first found empty before the watermark.
+NOTHING_YET_WAIT_MS: Final = 200
 
 
 @dataclass(slots=True)
@@ -44,11 +46,19 @@ class HistoryReader:
     async def read(self, topic: str, partition: int, seq: int, max_bytes: int) -> HistoryRead:
         """About ``max_bytes`` of ``topic``/``partition`` from sequence ``seq`` (offset
         ``seq - 1``); :class:`BrokerLost` when the upstream can not be asked."""
+        offset = seq - 1
         try:
-            got = await fetch_partition(self._cluster, topic, partition, seq - 1,
-                                        max_wait_ms=NO_WAIT_MS,
-                                        max_bytes=min(max_bytes, MAX_READ_BYTES),
-                                        after_seq=None, timeout=self.timeout)
+            for wait_ms in (NO_WAIT_MS, NOTHING_YET_WAIT_MS):
+                got = await fetch_partition(self._cluster, topic, partition, offset,
+                                            max_wait_ms=wait_ms,
+                                            max_bytes=min(max_bytes, MAX_READ_BYTES),
+                                            after_seq=None, timeout=self.timeout)
+                if got.bundles or got.error is not None or got.next_offset != offset \
+                        or got.high_watermark <= offset:
+                    break
+                # Nothing where the leader's watermark says there are records: an answer
+                # not allowed to wait came too soon (Tansu under load, at 1 ms). Once more,
+                # allowed to wait (a broker answers at once when the records are there).
         except BrokerLost as exc:
             return HistoryRead(error=("NETWORK_EXCEPTION", str(exc)))
         return HistoryRead(got.bundles, got.error, max(got.high_watermark, 0))
