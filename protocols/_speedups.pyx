@@ -2082,15 +2082,15 @@ cdef inline int _empty_tags(const uint8_t* buf, Py_ssize_t* ppos, Py_ssize_t end
 
 
 def kafka_produce_answers(frame, int version):
-    """``protocols.kafka.produce_frames.produce_answers_py`` for the common answer: the
-    correlation id and ``(topic, partition, error_code, base_offset, log_append_time_ms,
-    error_message)`` of each partition; None for anything else (tagged fields, record
-    errors, a short or malformed frame), which the reference then reads (or refuses)."""
+    """``protocols.kafka.produce_frames.produce_answers_py`` for the common answer:
+    ``(topic, partition, error_code, base_offset, log_append_time_ms, error_message)`` of
+    each partition; None for anything else (tagged fields, record errors, a short or
+    malformed frame), which the reference then reads (or refuses)."""
     cdef Py_buffer view
     cdef const uint8_t* buf
     cdef Py_ssize_t pos = 0, end, n_topics, n_parts, n, i, j
     cdef bint flexible = version >= 9
-    cdef int32_t correlation, index
+    cdef int32_t index
     cdef int16_t code
     cdef int64_t base, append_time
     cdef list answers = []
@@ -2103,8 +2103,7 @@ def kafka_produce_answers(frame, int version):
         end = view.len
         if end < 4:
             return None
-        correlation = <int32_t>_be32(buf)
-        pos = 4
+        pos = 4  # the correlation id, read by the caller
         if not _empty_tags(buf, &pos, end, flexible):
             return None
         if not _answer_length(buf, &pos, end, flexible, True, &n_topics) or n_topics < 0:
@@ -2142,7 +2141,7 @@ def kafka_produce_answers(frame, int version):
             return None
         if pos != end:
             return None
-        return correlation, answers
+        return answers
     except UnicodeDecodeError:
         return None
     finally:

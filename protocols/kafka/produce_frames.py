@@ -33,7 +33,7 @@ from protocols.kafka.records import (
     read_response_header,
     write_produce_request,
 )
-from protocols.kafka.records import read_produce_request as _read_generated
+from protocols.kafka.records import read_produce_request as read_produce_request_py
 from protocols.kafka.types import ApiKey
 from protocols.native import speedups
 
@@ -70,23 +70,16 @@ def produce_request_py(version: int, correlation: int, client_id: bytes | None, 
     return [_SIZE.pack(len(header) + sum(map(len, pieces))) + header, *pieces]
 
 
-def produce_answers_py(frame: bytes, version: int) -> tuple[int, list[PartitionAnswer]]:
-    """The correlation id and every partition's answer in ``frame`` (an answer to a Produce
-    of ``version``, its size taken off)."""
-    header, pos = read_response_header(frame, 0, len(frame),
-                                       response_header_version(ApiKey.PRODUCE, version))
+def produce_answers_py(frame: bytes, version: int) -> list[PartitionAnswer]:
+    """Every partition's answer in ``frame`` (an answer to a Produce of ``version``, its
+    size taken off; its header is read, the correlation id left to the caller)."""
+    _, pos = read_response_header(frame, 0, len(frame),
+                                  response_header_version(ApiKey.PRODUCE, version))
     answer = decode_produce_response(memoryview(frame)[pos:], version)
-    return header.correlation_id, [
+    return [
         (topic.name, part.index, part.error_code, part.base_offset, part.log_append_time_ms,
          part.error_message)
         for topic in answer.responses for part in topic.partition_responses]
-
-
-def read_produce_request_py(buf: bytes, pos: int, end: int, version: int
-                            ) -> tuple[ProduceRequest, int]:
-    """The Produce request of ``version`` at ``buf[pos:end]`` (its header read) and the
-    position after it; its record batches are views of ``buf`` when it is ``bytes``."""
-    return _read_generated(buf, pos, end, version)
 
 
 def produce_response_frame_py(version: int, correlation: int, response: ProduceResponse
@@ -106,7 +99,7 @@ def _produce_request_native(version: int, correlation: int, client_id: bytes | N
                                           topics)
 
 
-def _produce_answers_native(frame: bytes, version: int) -> tuple[int, list[PartitionAnswer]]:
+def _produce_answers_native(frame: bytes, version: int) -> list[PartitionAnswer]:
     assert speedups is not None
     read = speedups.kafka_produce_answers(frame, version)
     return produce_answers_py(frame, version) if read is None else read

@@ -65,8 +65,9 @@ _SIZE: Final = struct.Struct(">i")
 _READ: Final = 1024 * 1024
 #: Called with an answer's body, or with the error that means it will not come.
 OnAnswer = Callable[[Any, BaseException | None], None]
-#: Reads an answer frame of a version (its size taken off): ``(correlation id, body)``.
-DecodeFrame = Callable[[bytes, int], tuple[int, Any]]
+#: Reads the body of an answer frame of a version (the frame: its size taken off, the
+#: correlation id and header still in it).
+DecodeFrame = Callable[[bytes, int], Any]
 
 
 log = structlog.get_logger("figtank.upstream_kafka")
@@ -312,7 +313,7 @@ class BrokerConnection:
             return  # a call that gave up (timeout, cancelled): its answer is dropped
         try:
             if pending.decode is not None:
-                pending.result = pending.decode(frame, pending.version)[1]
+                pending.result = pending.decode(frame, pending.version)
             else:
                 _, pos = read_response_header(frame, 0, len(frame), response_header_version(
                     pending.api_key, pending.version))

@@ -131,7 +131,7 @@ def test_the_compiled_answer_is_the_generated_codecs(
         tagged: bool) -> None:
     frame = _answer(version, correlation, parts, tagged)
     reference = PF.produce_answers_py(frame, version)
-    assert reference[0] == correlation
+    assert len(reference) == sum(len(partitions) for _, partitions in parts)
     if compiled is None:
         return
     read = compiled.kafka_produce_answers(frame, version)
