@@ -1,10 +1,13 @@
 """What the upstream-Kafka backend's fetches say beside their chunks, in-process against
 the figtank stand-in upstream: where the next read starts (``FetchOutcome.next_seq``,
 what the tail reader goes on from) is where the chunk's bundle headers say
-(:func:`~protocols.tank.bundle.chunk_end`), from the feed's cache and from history."""
+(:func:`~protocols.tank.bundle.chunk_end`), from the feed's cache and from history; and
+what a history read asks the upstream for."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -12,60 +15,82 @@ import pytest
 import trio
 
 from gateway.backend.kafka import history, open_kafka_backend
+from gateway.backend.kafka.backend import KafkaBackend
 from gateway.backend.kafka.fetcher import NO_WAIT_MS, Fetched, fetch_partition
 from gateway.backend.kafka.history import MAX_READ_BYTES, NOTHING_YET_WAIT_MS
 from gateway.backend.kafka.settings import UpstreamKafkaSettings
 from gateway.core.config import Settings
-from gateway.core.contract import FetchRequest, FetchStatus, ProduceBatch, ProduceCode
+from gateway.core.contract import (
+    FetchOutcome,
+    FetchRequest,
+    FetchStatus,
+    ProduceBatch,
+    ProduceCode,
+)
 from protocols.tank.bundle import Message, chunk_end, decode_chunk, encode_bundle
 from tests.upstream_kafka.helpers import Upstream
 
 
-async def test_a_fetch_says_where_the_next_read_starts_as_the_chunk_headers_do(
-        tmp_path: Path) -> None:
+@asynccontextmanager
+async def backend_with_topic(tmp_path: Path, topic: str) -> AsyncIterator[KafkaBackend]:
+    """A backend over a stand-in upstream of its own, ``topic`` (one partition) made."""
     upstream = Upstream(tmp_path / "up")
     settings = Settings(data_dir=tmp_path / "gw", upstream_kafka=(upstream.address,))
     try:
         with trio.fail_after(60):
             await upstream.start()
             async with open_kafka_backend(UpstreamKafkaSettings.of(settings)) as backend:
-                assert await backend.create_topic("n", 1) == 0
-
-                async def produce_batches() -> int:
-                    for i in range(10):  # batches of 1 to 4 messages
-                        bundle = encode_bundle([Message(b"v%d" % i, timestamp=1000)]
-                                               * (1 + i % 4))
-                        [done] = await backend.produce([ProduceBatch("n", 0, bundle)])
-                        assert done.code is ProduceCode.OK
-                    assert done.last_seq is not None
-                    return done.last_seq
-
-                history_end = await produce_batches()
-                # A reader at the tail opens the feed there; what comes after goes to its
-                # cache, what came before is read from the history.
-                [got] = await backend.fetch([FetchRequest("n", 0, history_end + 1, 100)],
-                                            max_wait_ms=0, min_bytes=1)
-                assert got.status is FetchStatus.DATA and not got.chunk.length
-                got.chunk.close()
-                hwm = await produce_batches()
-                feed = backend.feeds.feeds[("n", 0)]
-                while feed.next_seq <= hwm:
-                    await trio.sleep(0.01)
-                assert feed.first_cached == history_end + 1 and len(feed.bundles) > 3
-                order = [*range(history_end + 1, hwm + 1), *range(1, history_end + 1)]
-                for seq in order:
-                    for size in (1, 100, 4096):
-                        [got] = await backend.fetch([FetchRequest("n", 0, seq, size)],
-                                                    max_wait_ms=2000, min_bytes=1)
-                        assert got.status is FetchStatus.DATA and got.chunk.length
-                        data = got.chunk.read_bytes()
-                        got.chunk.close()
-                        assert got.next_seq == chunk_end(data, got.base_seq, seq)[0], \
-                            (seq, size)
-                        assert got.next_seq > seq
-                assert feed.first_cached == history_end + 1
+                assert await backend.create_topic(topic, 1) == 0
+                yield backend
     finally:
         upstream.close()
+
+
+async def produce(backend: KafkaBackend, topic: str, messages: list[Message]) -> int:
+    """``messages`` to ``topic``/0 in one bundle; the last sequence number it got."""
+    [done] = await backend.produce([ProduceBatch(topic, 0, encode_bundle(messages))])
+    assert done.code is ProduceCode.OK and done.last_seq is not None
+    return done.last_seq
+
+
+def data_of(got: FetchOutcome) -> bytes:
+    """The bytes of a read that found data (its chunk released)."""
+    assert got.status is FetchStatus.DATA and got.chunk.length
+    try:
+        return got.chunk.read_bytes()
+    finally:
+        got.chunk.close()
+
+
+async def test_a_fetch_says_where_the_next_read_starts_as_the_chunk_headers_do(
+        tmp_path: Path) -> None:
+    async with backend_with_topic(tmp_path, "n") as backend:
+        async def produce_batches() -> int:
+            for i in range(10):  # batches of 1 to 4 messages
+                last = await produce(backend, "n",
+                                     [Message(b"v%d" % i, timestamp=1000)] * (1 + i % 4))
+            return last
+
+        history_end = await produce_batches()
+        # A reader at the tail opens the feed there; what comes after goes to its cache,
+        # what came before is read from the history.
+        [got] = await backend.fetch([FetchRequest("n", 0, history_end + 1, 100)],
+                                    max_wait_ms=0, min_bytes=1)
+        assert got.status is FetchStatus.DATA and not got.chunk.length
+        got.chunk.close()
+        hwm = await produce_batches()
+        feed = backend.feeds.feeds[("n", 0)]
+        while feed.next_seq <= hwm:
+            await trio.sleep(0.01)
+        assert feed.first_cached == history_end + 1 and len(feed.bundles) > 3
+        for seq in [*range(history_end + 1, hwm + 1), *range(1, history_end + 1)]:
+            for size in (1, 100, 4096):
+                [got] = await backend.fetch([FetchRequest("n", 0, seq, size)],
+                                            max_wait_ms=2000, min_bytes=1)
+                data = data_of(got)
+                assert got.next_seq == chunk_end(data, got.base_seq, seq)[0], (seq, size)
+                assert got.next_seq > seq
+        assert feed.first_cached == history_end + 1
 
 
 async def test_a_read_behind_the_tail_asks_the_upstream_for_at_most_max_read_bytes(
@@ -80,34 +105,21 @@ async def test_a_read_behind_the_tail_asks_the_upstream_for_at_most_max_read_byt
         return await fetch_partition(*args, max_bytes=max_bytes, **kwargs)
 
     monkeypatch.setattr(history, "fetch_partition", counted)
-    upstream = Upstream(tmp_path / "up")
-    settings = Settings(data_dir=tmp_path / "gw", upstream_kafka=(upstream.address,))
-    try:
-        with trio.fail_after(60):
-            await upstream.start()
-            async with open_kafka_backend(UpstreamKafkaSettings.of(settings)) as backend:
-                assert await backend.create_topic("big", 1) == 0
-                for i in range(6):  # 6 x 1,000 messages of 1 KB: about 6 MB
-                    bundle = encode_bundle([Message(b"%d" % i * 1000, timestamp=1000)]
-                                           * 1000)
-                    [done] = await backend.produce([ProduceBatch("big", 0, bundle)])
-                    assert done.code is ProduceCode.OK
-                hwm = done.last_seq
-                assert hwm == 6000
-                seq, read = 1, 0
-                while seq <= hwm:
-                    [got] = await backend.fetch([FetchRequest("big", 0, seq, 64 << 20)],
-                                                max_wait_ms=2000, min_bytes=1)
-                    assert got.status is FetchStatus.DATA and got.chunk.length
-                    data = got.chunk.read_bytes()
-                    got.chunk.close()
-                    assert got.next_seq is not None and got.next_seq > seq
-                    read += len(decode_chunk(data, got.base_seq, seq).messages)
-                    seq = got.next_seq
-                assert (seq, read) == (hwm + 1, hwm)
-                assert asked and max(asked) == MAX_READ_BYTES < 64 << 20
-    finally:
-        upstream.close()
+    async with backend_with_topic(tmp_path, "big") as backend:
+        for i in range(6):  # 6 x 1,000 messages of 1 KB: about 6 MB
+            hwm = await produce(backend, "big", [Message(b"%d" % i * 1000, timestamp=1000)]
+                                * 1000)
+        assert hwm == 6000
+        seq, read = 1, 0
+        while seq <= hwm:
+            [got] = await backend.fetch([FetchRequest("big", 0, seq, 64 << 20)],
+                                        max_wait_ms=2000, min_bytes=1)
+            data = data_of(got)
+            assert got.next_seq is not None and got.next_seq > seq
+            read += len(decode_chunk(data, got.base_seq, seq).messages)
+            seq = got.next_seq
+        assert (seq, read) == (hwm + 1, hwm)
+        assert asked and max(asked) == MAX_READ_BYTES < 64 << 20
 
 
 async def test_a_history_read_answered_too_soon_asks_again_allowed_to_wait(
@@ -128,24 +140,11 @@ async def test_a_history_read_answered_too_soon_asks_again_allowed_to_wait(
         return got
 
     monkeypatch.setattr(history, "fetch_partition", first_too_soon)
-    upstream = Upstream(tmp_path / "up")
-    settings = Settings(data_dir=tmp_path / "gw", upstream_kafka=(upstream.address,))
-    try:
-        with trio.fail_after(60):
-            await upstream.start()
-            async with open_kafka_backend(UpstreamKafkaSettings.of(settings)) as backend:
-                assert await backend.create_topic("soon", 1) == 0
-                bundle = encode_bundle([Message(b"m%d" % i, timestamp=1000)
+    async with backend_with_topic(tmp_path, "soon") as backend:
+        await produce(backend, "soon", [Message(b"m%d" % i, timestamp=1000)
                                         for i in range(9)])
-                [done] = await backend.produce([ProduceBatch("soon", 0, bundle)])
-                assert done.code is ProduceCode.OK
-                [got] = await backend.fetch([FetchRequest("soon", 0, 1, 1 << 20)],
-                                            max_wait_ms=0, min_bytes=1)
-                assert got.status is FetchStatus.DATA
-                data = got.chunk.read_bytes()
-                got.chunk.close()
-                assert [m.value for m in decode_chunk(data, got.base_seq, 1).messages] == [
-                    b"m%d" % i for i in range(9)]
-                assert waits == [NO_WAIT_MS, NOTHING_YET_WAIT_MS]
-    finally:
-        upstream.close()
+        [got] = await backend.fetch([FetchRequest("soon", 0, 1, 1 << 20)],
+                                    max_wait_ms=0, min_bytes=1)
+        assert [m.value for m in decode_chunk(data_of(got), got.base_seq, 1).messages] == [
+            b"m%d" % i for i in range(9)]
+        assert waits == [NO_WAIT_MS, NOTHING_YET_WAIT_MS]
