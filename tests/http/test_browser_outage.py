@@ -4,8 +4,9 @@ and over a gateway in upstream-Kafka mode (real processes; the upstream killed a
 restarted). One browser for the module; ``upstream.wait_secs`` is 1 s.
 
 A page subscribes with the ES module and publishes; the upstream goes away; the page
-publishes more (the server answers each with ``{"op": "error", "error": "unavailable"}``
-and figtank.js sends it again after ``retry_after_ms``) and its subscription is told
+publishes more (the server answers them with ``{"op": "error", "error": "unavailable"}``
+and figtank.js sends each again after ``retry_after_ms``; one already on its way upstream
+may be held and delivered instead) and its subscription is told
 (onstate ``unavailable``); the upstream comes back. Then, in the page: every publish
 resolved once, in order, with increasing offsets; the handler got every message once and
 in order; onstate saw ``unavailable`` then ``available`` on the one socket."""
@@ -140,8 +141,12 @@ async def across_an_outage(driver: webdriver.Chrome, base: str, topic: str,
     errors = t["errors"]
     assert {(e["request"], e["error"]) for e in errors} == {("publish", "unavailable"),
                                                           ("attach", "unavailable")}
-    assert {e["id"] for e in errors if e["request"] == "publish"} == set(
-        range(BEFORE + 1, total + 1))
+    # Each refused publish was one of those sent while the upstream was away. Not every one
+    # need be refused: one the gateway had already sent upstream when the connection went is
+    # held (up to the delivery timeout) and delivered once the upstream is back, as publish
+    # 6 of 6-10 was in one CI run. Either way it was acknowledged once, in order (above).
+    refused = {e["id"] for e in errors if e["request"] == "publish"}
+    assert refused and refused <= set(range(BEFORE + 1, total + 1)), refused
     assert all(e["retry_after_ms"] > 0 for e in errors)
     await run(driver, "window.fig.close()")
 
