@@ -213,6 +213,11 @@ class Metrics:
             "figtank_upstream_feed_pushes", "Upstream-Kafka mode: arrivals a feed handed "
             "to the readers at its tail from the task that brought them (no reader woke "
             "up to fetch them).", registry=None)
+        self.upstream_read_aheads = Counter(
+            "figtank_upstream_read_aheads", "Upstream-Kafka mode: reads behind the tail "
+            "fetched ahead of their reader, by outcome: taken (by the read they were for), "
+            "dropped (not taken within 5 s, or asking less than they hold), failed (the "
+            "read asked again itself).", ["outcome"], registry=None)
         self.data_loss_events = Counter(
             "figtank_data_loss_events", "Damaged regions found in rolled segments, and "
             "corrupt or torn tails recovery cut off active segments.", registry=None)

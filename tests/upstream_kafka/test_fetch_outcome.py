@@ -6,60 +6,18 @@ what a history read asks the upstream for."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
-from gateway.backend.kafka import history, open_kafka_backend
-from gateway.backend.kafka.backend import KafkaBackend
+from gateway.backend.kafka import history
 from gateway.backend.kafka.fetcher import NO_WAIT_MS, Fetched, fetch_partition
 from gateway.backend.kafka.history import MAX_READ_BYTES, NOTHING_YET_WAIT_MS
-from gateway.backend.kafka.settings import UpstreamKafkaSettings
-from gateway.core.config import Settings
-from gateway.core.contract import (
-    FetchOutcome,
-    FetchRequest,
-    FetchStatus,
-    ProduceBatch,
-    ProduceCode,
-)
-from protocols.tank.bundle import Message, chunk_end, decode_chunk, encode_bundle
-from tests.upstream_kafka.helpers import Upstream
-
-
-@asynccontextmanager
-async def backend_with_topic(tmp_path: Path, topic: str) -> AsyncIterator[KafkaBackend]:
-    """A backend over a stand-in upstream of its own, ``topic`` (one partition) made."""
-    upstream = Upstream(tmp_path / "up")
-    settings = Settings(data_dir=tmp_path / "gw", upstream_kafka=(upstream.address,))
-    try:
-        with trio.fail_after(60):
-            await upstream.start()
-            async with open_kafka_backend(UpstreamKafkaSettings.of(settings)) as backend:
-                assert await backend.create_topic(topic, 1) == 0
-                yield backend
-    finally:
-        upstream.close()
-
-
-async def produce(backend: KafkaBackend, topic: str, messages: list[Message]) -> int:
-    """``messages`` to ``topic``/0 in one bundle; the last sequence number it got."""
-    [done] = await backend.produce([ProduceBatch(topic, 0, encode_bundle(messages))])
-    assert done.code is ProduceCode.OK and done.last_seq is not None
-    return done.last_seq
-
-
-def data_of(got: FetchOutcome) -> bytes:
-    """The bytes of a read that found data (its chunk released)."""
-    assert got.status is FetchStatus.DATA and got.chunk.length
-    try:
-        return got.chunk.read_bytes()
-    finally:
-        got.chunk.close()
+from gateway.core.contract import FetchRequest, FetchStatus
+from protocols.tank.bundle import Message, chunk_end, decode_chunk
+from tests.upstream_kafka.in_process import backend_with_topic, data_of, produce, read_to
 
 
 async def test_a_fetch_says_where_the_next_read_starts_as_the_chunk_headers_do(
@@ -110,15 +68,7 @@ async def test_a_read_behind_the_tail_asks_the_upstream_for_at_most_max_read_byt
             hwm = await produce(backend, "big", [Message(b"%d" % i * 1000, timestamp=1000)]
                                 * 1000)
         assert hwm == 6000
-        seq, read = 1, 0
-        while seq <= hwm:
-            [got] = await backend.fetch([FetchRequest("big", 0, seq, 64 << 20)],
-                                        max_wait_ms=2000, min_bytes=1)
-            data = data_of(got)
-            assert got.next_seq is not None and got.next_seq > seq
-            read += len(decode_chunk(data, got.base_seq, seq).messages)
-            seq = got.next_seq
-        assert (seq, read) == (hwm + 1, hwm)
+        assert len(await read_to(backend, "big", hwm)) == hwm
         assert asked and max(asked) == MAX_READ_BYTES < 64 << 20
 
 

@@ -1,9 +1,10 @@
 """What a gateway holds for its upstream is bounded and shown: connections by lane, tail
-feeds and their caches, and messages waiting for the cluster's acknowledgement, scraped
-from /metrics while clients read and publish."""
+feeds and their caches, messages waiting for the cluster's acknowledgement and reads
+fetched ahead, scraped from /metrics while clients read and publish."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import trio
@@ -67,3 +68,43 @@ async def _tail_read(address: tuple[str, int], topic: str) -> None:
                 seq = got.messages[-1].seq + 1
                 if any(m.value == b"wake" for m in got.messages):
                     return
+
+
+async def test_read_aheads_are_bounded_and_counted(tmp_path: Path) -> None:
+    """A Tank reader going through 6 MB of history: the reads it did not have to wait for
+    are counted as taken, and the gateway held at most the one read-ahead it is allowed."""
+    config = tmp_path / "gateway.toml"
+    config.write_text("[upstream_kafka]\nread_ahead = 1\n")
+    upstream = Upstream(tmp_path / "up")
+    front = gateway(upstream.address, "--config", str(config))
+    try:
+        with trio.fail_after(60):
+            await upstream.served.start()
+            served = await front.start()
+            assert served.tank and served.metrics
+            # 1 KB values that do not compress: the reads' sizes are the stored bytes.
+            values = [random.Random(i).randbytes(1000) for i in range(6000)]
+            async with open_tank_client(*served.tank, request_timeout=10) as tank:
+                await tank.create_topic("history", 1)
+                for i in range(0, 6000, 300):
+                    await tank.produce({("history", 0): values[i:i + 300]})
+                read, seq, held = [], 1, []
+                while seq <= 6000:
+                    got = await tank.consume("history", 0, seq, fetch_size=64 << 20)
+                    read += [m.value for m in got.messages if m.seq >= seq]
+                    seq = got.next_seq
+                    held.append(await blocking(metric, served.metrics,
+                                               'figtank_upstream_read_ahead{what="reads"}'))
+            assert read == values
+            assert max(held) <= 1  # one at most, the setting
+            taken = 'figtank_upstream_read_aheads_total{outcome="taken"}'
+            with trio.fail_after(10):  # (a scrape's text is reused for a moment)
+                while (await blocking(metric, served.metrics, taken) or 0) < 2:
+                    await trio.sleep(0.1)
+            with trio.fail_after(10):  # the last one found nothing after it: none held
+                while await blocking(metric, served.metrics,
+                                     'figtank_upstream_read_ahead{what="bytes"}'):
+                    await trio.sleep(0.1)
+    finally:
+        front.close()
+        upstream.served.close()

@@ -99,7 +99,7 @@ async def open_kafka_backend(settings: UpstreamKafkaSettings, metrics: Metrics |
                 async with trio.open_nursery() as nursery:
                     backend = _make_backend(cluster, settings, metrics, wait_secs,
                                             probe_interval, feed_idle_secs)
-                    backend._spawn = nursery.start_soon
+                    backend._spawn = backend.history.spawn = nursery.start_soon
                     await nursery.start(backend.producer.run)
                     await nursery.start(backend.feeds.run)
                     await nursery.start(backend.health.run)
@@ -149,9 +149,10 @@ def _make_backend(cluster: Cluster, settings: UpstreamKafkaSettings, metrics: Me
         compression=(None if settings.compression == "producer"
                      else Compression[settings.compression.upper()]),
         on_trouble=trouble)
-    history = HistoryReader(cluster, timeout=REQUEST_TIMEOUT_SECS)
+    history = HistoryReader(cluster, timeout=REQUEST_TIMEOUT_SECS,
+                            read_ahead=settings.read_ahead, metrics=metrics)
     if metrics is not None:
-        _add_gauges(metrics, cluster, producer, feeds)
+        _add_gauges(metrics, cluster, producer, feeds, history)
     return KafkaBackend(cluster=cluster, producer=producer, feeds=feeds, history=history,
                         health=health, auto_create_topics=settings.auto_create_topics,
                         default_partitions=settings.default_partitions,
@@ -162,7 +163,7 @@ def _make_backend(cluster: Cluster, settings: UpstreamKafkaSettings, metrics: Me
 
 
 def _add_gauges(metrics: Metrics, cluster: Cluster, producer: UpstreamProducer,
-                feeds: TailFeeds) -> None:
+                feeds: TailFeeds, history: HistoryReader) -> None:
     """What the gateway holds for the upstream, read at scrape time."""
     metrics.add_collector(GaugeCollector(
         "figtank_upstream_connections", "Upstream-Kafka mode: open connections to the "
@@ -174,6 +175,11 @@ def _add_gauges(metrics: Metrics, cluster: Cluster, producer: UpstreamProducer,
         ["what"], lambda: [(["feeds"], float(len(feeds.feeds))),
                            (["cached_bytes"], float(sum(
                                f.cached_bytes for f in list(feeds.feeds.values()))))]))
+    metrics.add_collector(GaugeCollector(
+        "figtank_upstream_read_ahead", "Upstream-Kafka mode: reads behind the tail fetched "
+        "ahead of their reader (at most upstream_kafka.read_ahead), and the bytes of those "
+        "that arrived.", ["what"], lambda: [(["reads"], float(history.held())),
+                                            (["bytes"], float(history.held_bytes()))]))
     metrics.add_collector(GaugeCollector(
         "figtank_upstream_unacknowledged_messages", "Upstream-Kafka mode: messages handed to "
         "the gateway's producer and not yet acknowledged by the cluster.", [],

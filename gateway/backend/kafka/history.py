@@ -1,4 +1,5 @@
-"""Reads away from the tail: one Fetch from the position asked, not waiting for data.
+"""Reads away from the tail: one Fetch from the position asked, not waiting for data, and
+the next one read ahead.
 
 A reader older than its partition's feed cache, or ahead of the feed, is answered with one
 upstream Fetch from its position (:func:`~gateway.backend.kafka.fetcher.fetch_partition`):
@@ -8,22 +9,42 @@ of tens of megabytes would come in buffers the C allocator maps afresh, page by 
 for each read, on both sides (over ``gateway.io.allocator.MMAP_THRESHOLD``): a 102 MB
 ``tank-cli consume``, which asks 64 MiB a read, took 1.0 s through the gateway with
 64 MiB Fetches, 0.75-0.85 s with 4 MiB, 0.45-0.5 s with 2 MiB and 0.6 s with 1 MiB.
+
+A read that leaves records before the watermark starts the Fetch of what follows it at
+once, in the background (a *read-ahead*): while the gateway turns one answer into bundles
+and the reader takes them, the upstream reads the next, instead of each side waiting on
+the other. The reader's next read (same partition, the sequence that follows, asking as
+much or more) takes it, waiting for it if it is still on its way. At most ``read_ahead``
+(``upstream_kafka.read_ahead``) are held at once, each at most :data:`MAX_READ_BYTES`; one
+not taken within :data:`READ_AHEAD_SECS` of its arrival is dropped.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
+
+import trio
 
 from gateway.backend.kafka.cluster import Cluster
 from gateway.backend.kafka.fetcher import NO_WAIT_MS, fetch_partition
 from gateway.backend.kafka.wire import BrokerLost
+from gateway.core.metrics import LoopCount, Metrics
 from protocols.kafka.upstream_codec import UpstreamBundle
+
+__all__ = ["MAX_READ_BYTES", "HistoryRead", "HistoryReader"]
 
 #: The most one history read asks the upstream for.
 MAX_READ_BYTES: Final = 2 * 1024 * 1024
 #: The max wait of the second Fetch of a read the first found empty before the watermark.
 NOTHING_YET_WAIT_MS: Final = 200
+#: How long a read-ahead that arrived waits to be taken before it is dropped.
+READ_AHEAD_SECS: Final = 5.0
+#: What becomes of a read-ahead (``figtank_upstream_read_aheads{outcome}``): taken by the
+#: read it was for; dropped (not taken in time, or asking more than that read); failed
+#: (that read asked again itself).
+OUTCOMES: Final = ("taken", "dropped", "failed")
 
 
 @dataclass(slots=True)
@@ -35,23 +56,114 @@ class HistoryRead:
     error: tuple[str, str] | None = None
     high_water_mark: int = 0
 
+    @property
+    def size(self) -> int:
+        """The bytes of its bundles."""
+        return sum(len(b.framed) for b in self.bundles)
+
+
+@dataclass(slots=True, eq=False)
+class _ReadAhead:
+    """A read started before it was asked for: ``read`` once ``arrived`` is set."""
+
+    max_bytes: int
+    arrived: trio.Event = field(default_factory=trio.Event)
+    read: HistoryRead | None = None
+
 
 class HistoryReader:
-    """One Fetch per read; see the module doc."""
+    """One Fetch per read, and the next one read ahead; see the module doc."""
 
-    def __init__(self, cluster: Cluster, *, timeout: float = 5.0) -> None:
+    def __init__(self, cluster: Cluster, *, timeout: float = 5.0, read_ahead: int = 16,
+                 ahead_secs: float = READ_AHEAD_SECS, metrics: Metrics | None = None,
+                 spawn: Callable[..., Any] | None = None) -> None:
         self._cluster = cluster
         self.timeout = timeout
+        #: The most read-aheads held at once (0: none), and how long one that arrived
+        #: waits to be taken.
+        self.read_ahead, self.ahead_secs = read_ahead, ahead_secs
+        #: Starts a background task (the backend's nursery); None: no read-ahead.
+        self.spawn = spawn
+        self._ahead: dict[tuple[str, int, int], _ReadAhead] = {}
+        #: How many read-aheads came to each of :data:`OUTCOMES`.
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)
+        self._counted: dict[str, LoopCount] | None = None
+        if metrics is not None:
+            metrics.include(metrics.upstream_read_aheads)
+            self._counted = {outcome: metrics.loop_count(
+                metrics.upstream_read_aheads.labels(outcome)) for outcome in OUTCOMES}
+
+    def held(self) -> int:
+        """The read-aheads held (on their way or arrived)."""
+        return len(self._ahead)
+
+    def held_bytes(self) -> int:
+        """The bytes the arrived read-aheads hold."""
+        return sum(a.read.size for a in list(self._ahead.values()) if a.read is not None)
+
+    def _came_to(self, outcome: str, count: int = 1) -> None:
+        self.outcomes[outcome] += count
+        if self._counted is not None:
+            self._counted[outcome].inc(count)
 
     async def read(self, topic: str, partition: int, seq: int, max_bytes: int) -> HistoryRead:
         """About ``max_bytes`` of ``topic``/``partition`` from sequence ``seq`` (offset
-        ``seq - 1``); :class:`BrokerLost` when the upstream can not be asked."""
+        ``seq - 1``); an error ``NETWORK_EXCEPTION`` when the upstream can not be asked."""
+        max_bytes = min(max_bytes, MAX_READ_BYTES)
+        got = await self._taken(topic, partition, seq, max_bytes)
+        if got is None:
+            got = await self._fetch(topic, partition, seq, max_bytes)
+        if got.bundles and got.error is None:
+            following = got.bundles[-1].last_seq + 1
+            if following <= got.high_water_mark:
+                self._start(topic, partition, following, max_bytes)
+        return got
+
+    async def _taken(self, topic: str, partition: int, seq: int, max_bytes: int
+                     ) -> HistoryRead | None:
+        """The read-ahead of this read, once it arrived; None when there is none to use."""
+        ahead = self._ahead.pop((topic, partition, seq), None)
+        if ahead is None:
+            return None
+        if ahead.max_bytes > max_bytes:  # it may hold more than this read asks
+            self._came_to("dropped")
+            return None
+        with trio.move_on_after(self.timeout):
+            await ahead.arrived.wait()
+        read = ahead.read
+        if read is None or read.error is not None:  # asked again, by this read itself
+            self._came_to("failed")
+            return None
+        self._came_to("taken")
+        return read
+
+    def _start(self, topic: str, partition: int, seq: int, max_bytes: int) -> None:
+        if self.spawn is None or self.read_ahead <= 0:
+            return
+        key = (topic, partition, seq)
+        if key in self._ahead or len(self._ahead) >= self.read_ahead:
+            return
+        ahead = self._ahead[key] = _ReadAhead(max_bytes)
+        self.spawn(self._read_ahead, key, ahead)
+
+    async def _read_ahead(self, key: tuple[str, int, int], ahead: _ReadAhead) -> None:
+        """Fetch it, then hold it ``ahead_secs`` at most."""
+        try:
+            ahead.read = await self._fetch(*key, ahead.max_bytes)
+        finally:
+            ahead.arrived.set()
+        await trio.sleep(self.ahead_secs)
+        if self._ahead.get(key) is ahead:  # not taken
+            del self._ahead[key]
+            self._came_to("dropped")
+
+    async def _fetch(self, topic: str, partition: int, seq: int, max_bytes: int
+                     ) -> HistoryRead:
         offset = seq - 1
         try:
             for wait_ms in (NO_WAIT_MS, NOTHING_YET_WAIT_MS):
                 got = await fetch_partition(self._cluster, topic, partition, offset,
-                                            max_wait_ms=wait_ms,
-                                            max_bytes=min(max_bytes, MAX_READ_BYTES),
+                                            max_wait_ms=wait_ms, max_bytes=max_bytes,
                                             after_seq=None, timeout=self.timeout)
                 if got.bundles or got.error is not None or got.next_offset != offset \
                         or got.high_watermark <= offset:

@@ -25,6 +25,7 @@ class UpstreamKafkaSettings(Section):
     sasl_password: str = setting("upstream_kafka.sasl_password")
     compression: str = setting("upstream_kafka.compression")
     max_batch_bytes: int = setting("upstream_kafka.max_batch_bytes")
+    read_ahead: int = setting("upstream_kafka.read_ahead")
     delivery_timeout_secs: float = setting("upstream_kafka.delivery_timeout_secs")
     wait_secs: float = setting("upstream.wait_secs")
     auto_create_topics: bool = setting("topics.auto_create")

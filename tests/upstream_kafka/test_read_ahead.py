@@ -1,0 +1,173 @@
+"""Reads behind the tail fetch the next read ahead (``gateway.backend.kafka.history``), in
+process against the figtank stand-in upstream: every Fetch the gateway sends is counted
+(the real one goes on to the upstream). A reader going through the history takes each
+read-ahead, and nothing is fetched twice; what is held at once is bounded by
+``upstream_kafka.read_ahead``; one not taken is dropped; one that asks more than its read
+or failed is not used, and the read is answered all the same."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from gateway.backend.kafka import history
+from gateway.backend.kafka.fetcher import Fetched, fetch_partition
+from gateway.backend.kafka.history import MAX_READ_BYTES
+from gateway.backend.kafka.wire import BrokerLost
+from gateway.core.contract import FetchRequest
+from protocols.tank.bundle import Message, decode_chunk
+from tests.upstream_kafka.in_process import backend_with_topic, data_of, produce, read_to
+
+#: 20 bundles of 300 messages of 1 KB: three reads' worth of MAX_READ_BYTES or more (a
+#: read ends with the bundle that reaches it).
+BUNDLES, PER_BUNDLE = 20, 300
+BUNDLE_BYTES = PER_BUNDLE * 1000
+
+
+def value(bundle: int, i: int) -> bytes:
+    """Message ``i`` of bundle ``bundle``: 1 KB that does not compress (the store keeps
+    compressed bundles compressed, and a read's size counts stored bytes)."""
+    return random.Random(bundle * PER_BUNDLE + i).randbytes(1000)
+
+
+EXPECTED = [value(b, i) for b in range(BUNDLES) for i in range(PER_BUNDLE)]
+
+
+async def history_of(backend: Any, topic: str, partition: int = 0) -> int:
+    for b in range(BUNDLES):
+        hwm = await produce(backend, topic, [Message(value(b, i), timestamp=1000)
+                                             for i in range(PER_BUNDLE)], partition)
+    return hwm
+
+
+@pytest.fixture
+def fetched(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
+    """Each Fetch a history read sends: (topic, partition, offset)."""
+    sent: list[tuple[str, int, int]] = []
+
+    async def counted(cluster: Any, topic: str, partition: int, offset: int,
+                      **kwargs: Any) -> Fetched:
+        sent.append((topic, partition, offset))
+        return await fetch_partition(cluster, topic, partition, offset, **kwargs)
+
+    monkeypatch.setattr(history, "fetch_partition", counted)
+    return sent
+
+
+async def settled(backend: Any) -> None:
+    """Until every read-ahead on its way arrived."""
+    with trio.fail_after(10):
+        while any(not a.arrived.is_set() for a in backend.history._ahead.values()):
+            await trio.sleep(0.01)
+
+
+async def test_a_reader_behind_the_tail_takes_each_read_ahead_and_nothing_is_fetched_twice(
+        tmp_path: Path, fetched: list[tuple[str, int, int]]) -> None:
+    async with backend_with_topic(tmp_path, "h") as backend:
+        hwm = await history_of(backend, "h")
+        values = await read_to(backend, "h", hwm)
+        assert values == EXPECTED
+        offsets = [offset for _, _, offset in fetched]
+        assert len(offsets) >= 3 and offsets == sorted(set(offsets))  # each once, in order
+        reads = backend.history.outcomes
+        # Every read but the first was a read-ahead (the last read found nothing after).
+        assert reads == {"taken": len(offsets) - 1, "dropped": 0, "failed": 0}
+        assert backend.history.held() == 0
+
+
+async def test_with_read_ahead_0_each_read_fetches_for_itself(
+        tmp_path: Path, fetched: list[tuple[str, int, int]]) -> None:
+    async with backend_with_topic(tmp_path, "h", upstream_kafka_read_ahead=0) as backend:
+        hwm = await history_of(backend, "h")
+        assert len(await read_to(backend, "h", hwm)) == hwm
+        assert backend.history.outcomes == {"taken": 0, "dropped": 0, "failed": 0}
+        assert len(fetched) >= 3
+
+
+async def test_read_aheads_held_at_once_are_bounded_by_the_setting(
+        tmp_path: Path, fetched: list[tuple[str, int, int]]) -> None:
+    """Four readers each read their partition's first part: two read-aheads are held (the
+    setting), the other two readers' next reads fetch for themselves."""
+    async with backend_with_topic(tmp_path, "p", 4, upstream_kafka_read_ahead=2) as backend:
+        for partition in range(4):
+            await history_of(backend, "p", partition)
+        nexts = {}
+        for partition in range(4):
+            [got] = await backend.fetch([FetchRequest("p", partition, 1, 64 << 20)],
+                                        max_wait_ms=0, min_bytes=1)
+            data_of(got)
+            nexts[partition] = got.next_seq
+        await settled(backend)
+        assert backend.history.held() == 2
+        assert MAX_READ_BYTES < backend.history.held_bytes() <= 2 * (
+            MAX_READ_BYTES + BUNDLE_BYTES)
+        before = len(fetched)
+        for partition in range(4):
+            [got] = await backend.fetch([FetchRequest("p", partition, nexts[partition],
+                                                      64 << 20)], max_wait_ms=0, min_bytes=1)
+            data_of(got)
+        assert backend.history.outcomes["taken"] == 2
+        # Two reads fetched for themselves; the four reads each started one for the next.
+        assert len(fetched) - before == 2 + 2
+        assert backend.history.held() <= 2
+
+
+async def test_a_read_ahead_not_taken_is_dropped(
+        tmp_path: Path, fetched: list[tuple[str, int, int]]) -> None:
+    async with backend_with_topic(tmp_path, "h") as backend:
+        backend.history.ahead_secs = 0.3
+        hwm = await history_of(backend, "h")
+        [got] = await backend.fetch([FetchRequest("h", 0, 1, 64 << 20)], max_wait_ms=0,
+                                    min_bytes=1)
+        data_of(got)
+        await settled(backend)
+        assert backend.history.held() == 1 and backend.history.held_bytes() > 0
+        with trio.fail_after(5):
+            while backend.history.held():
+                await trio.sleep(0.05)
+        assert backend.history.held_bytes() == 0
+        assert backend.history.outcomes == {"taken": 0, "dropped": 1, "failed": 0}
+        # The reader that comes back later reads on all the same.
+        assert len(await read_to(backend, "h", hwm, seq=got.next_seq or 0)) == \
+            hwm - (got.next_seq or 0) + 1
+
+
+async def test_a_read_asking_less_than_its_read_ahead_holds_is_answered_within_its_ask(
+        tmp_path: Path, fetched: list[tuple[str, int, int]]) -> None:
+    async with backend_with_topic(tmp_path, "h") as backend:
+        await history_of(backend, "h")
+        [got] = await backend.fetch([FetchRequest("h", 0, 1, 64 << 20)], max_wait_ms=0,
+                                    min_bytes=1)
+        data_of(got)
+        seq = got.next_seq or 0
+        await settled(backend)
+        [small] = await backend.fetch([FetchRequest("h", 0, seq, 1000)], max_wait_ms=0,
+                                      min_bytes=1)
+        data = data_of(small)
+        assert len(data) < MAX_READ_BYTES // 2  # one bundle, not the read-ahead's 2 MiB
+        assert decode_chunk(data, small.base_seq, seq).messages[0].seq == seq
+        assert backend.history.outcomes["dropped"] == 1
+        assert backend.history.outcomes["taken"] == 0
+
+
+async def test_a_read_ahead_that_failed_is_asked_again_by_its_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = 0
+
+    async def second_lost(*args: Any, **kwargs: Any) -> Fetched:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # the read-ahead
+            raise BrokerLost("the connection went")
+        return await fetch_partition(*args, **kwargs)
+
+    monkeypatch.setattr(history, "fetch_partition", second_lost)
+    async with backend_with_topic(tmp_path, "h") as backend:
+        hwm = await history_of(backend, "h")
+        values = await read_to(backend, "h", hwm)
+        assert values == EXPECTED
+        assert backend.history.outcomes["failed"] == 1
