@@ -1,7 +1,8 @@
 """figtank's own Kafka client, piece by piece, against a real upstream process (a
 ``figtank serve`` Kafka listener): pipelined requests on one connection, a lost
 connection failing every waiting call, SCRAM and PLAIN logins, the idempotent producer's
-batches and sequences, and fetches turned into bundles."""
+batches and sequences, and fetches turned into bundles; and against scripted brokers on
+loopback: an answer that never comes, large answers in pieces, one cut short."""
 
 from __future__ import annotations
 
@@ -27,12 +28,19 @@ from gateway.backend.kafka.wire import (
 from gateway.client.tls import client_context
 from gateway.core.contract import ProduceCode, ProduceOutcome
 from protocols.kafka.codecs import Compression
+from protocols.kafka.messages import RESPONSES
 from protocols.kafka.records import (
     CreatableTopic,
     CreateTopicsRequest,
+    FetchableTopicResponse,
+    FetchRequest,
+    FetchResponse,
     ListOffsetsPartition,
     ListOffsetsRequest,
+    ListOffsetsResponse,
     ListOffsetsTopic,
+    ListOffsetsTopicResponse,
+    PartitionData,
 )
 from protocols.kafka.types import ApiKey
 from protocols.tank.bundle import (
@@ -326,4 +334,93 @@ async def test_an_answer_that_does_not_come_closes_the_connection_in_time() -> N
         assert len(received) > 0  # the requests were written
         with pytest.raises(BrokerLost):
             connection.submit(ApiKey.LIST_OFFSETS, request, version=1)
+        nursery.cancel_scope.cancel()
+
+
+async def _answering_broker(stream: trio.SocketStream, answers: list[bytes], *,
+                            piece: int, close_after: int | None = None) -> None:
+    """Read one request per answer, then write every answer back to back (each framed
+    with its request's correlation id) in pieces of ``piece`` bytes; ``close_after``:
+    close the connection once that many bytes are written."""
+    received, correlations = bytearray(), []
+    while len(correlations) < len(answers):
+        received += await stream.receive_some(65536)
+        while len(received) >= 4 and len(received) >= 4 + int.from_bytes(received[:4]):
+            size = int.from_bytes(received[:4])
+            correlations.append(int.from_bytes(received[8:12]))  # after key, version
+            del received[:4 + size]
+    out = b"".join(len(payload).to_bytes(4) + c.to_bytes(4) + payload[4:]
+                   for c, payload in zip(correlations, answers, strict=True))
+    if close_after is not None:
+        out = out[:close_after]
+    for start in range(0, len(out), piece):
+        await stream.send_all(out[start:start + piece])
+        await trio.sleep(0)
+    if close_after is not None:
+        await stream.aclose()
+    else:
+        await trio.sleep_forever()
+
+
+def _answer_payload(api_key: int, record: object, version: int) -> bytes:
+    """Four bytes where the correlation id goes, then the answer's body."""
+    return bytes(4) + RESPONSES[api_key].encode(record, version=version)
+
+
+@pytest.mark.parametrize("piece", [7_777, 1 << 20])
+async def test_a_large_answer_and_the_small_one_behind_it_each_reach_their_call(
+        piece: int) -> None:
+    """A Fetch answer of 600 KB (read to its end past the buffer) and a ListOffsets
+    answer written right behind it, arriving in pieces that straddle the boundary."""
+    records = bytes(range(256)) * 2400
+    fetch = FetchResponse(responses=[FetchableTopicResponse(topic="t", partitions=[
+        PartitionData(partition_index=0, high_watermark=9, records=records)])])
+    offsets = ListOffsetsResponse(topics=[ListOffsetsTopicResponse(name="t")])
+    answers = [_answer_payload(ApiKey.FETCH, fetch, 11),
+               _answer_payload(ApiKey.LIST_OFFSETS, offsets, 1)]
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(
+            trio.serve_tcp, partial(_answering_broker, answers=answers, piece=piece), 0,
+            host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        connection = BrokerConnection(stream, f"127.0.0.1:{port}", client_id="t", timeout=5)
+        nursery.start_soon(connection.run)
+        nursery.start_soon(connection.write)
+        nursery.start_soon(connection.watch)
+        got: dict[str, object] = {}
+
+        async def call(name: str, api_key: int, request: object, version: int) -> None:
+            got[name] = await connection.call(api_key, request, version=version)
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as calls:
+                calls.start_soon(call, "fetch", ApiKey.FETCH, FetchRequest(), 11)
+                await trio.sleep(0.05)  # in this order on the wire
+                calls.start_soon(call, "offsets", ApiKey.LIST_OFFSETS,
+                                 ListOffsetsRequest(replica_id=-1, topics=[]), 1)
+        answer = got["fetch"]
+        assert isinstance(answer, FetchResponse)
+        assert bytes(answer.responses[0].partitions[0].records or b"") == records
+        assert got["offsets"] == offsets
+        assert connection.lost is None
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_large_answer_cut_short_by_the_broker_fails_its_call() -> None:
+    records = bytes(600_000)
+    fetch = FetchResponse(responses=[FetchableTopicResponse(topic="t", partitions=[
+        PartitionData(partition_index=0, records=records)])])
+    answers = [_answer_payload(ApiKey.FETCH, fetch, 11)]
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(
+            trio.serve_tcp, partial(_answering_broker, answers=answers, piece=65536,
+                                    close_after=400_000), 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        connection = BrokerConnection(stream, f"127.0.0.1:{port}", client_id="t", timeout=5)
+        nursery.start_soon(connection.run)
+        nursery.start_soon(connection.write)
+        with trio.fail_after(10), pytest.raises(BrokerLost, match="closed the connection"):
+            await connection.call(ApiKey.FETCH, FetchRequest(), version=11)
         nursery.cancel_scope.cancel()

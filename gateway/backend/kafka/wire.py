@@ -40,8 +40,8 @@ from gateway.io.writer import Buffer, FrameWriter, socket_fd
 from protocols.errors import ProtocolError
 from protocols.kafka.messages import (
     REQUESTS,
-    RESPONSES,
     SUPPORTED_VERSIONS,
+    decode_response_at,
     request_header_version,
     response_header_version,
 )
@@ -63,6 +63,12 @@ from protocols.record import Answer, Record, Request
 MAX_FRAME: Final = 256 * 1024 * 1024
 _SIZE: Final = struct.Struct(">i")
 _READ: Final = 1024 * 1024
+#: An answer at least this large is read to its end without going through the buffer.
+_LARGE_ANSWER: Final = 256 * 1024
+
+
+class _Closed(Exception):
+    """The broker closed the connection (the reader's own signal)."""
 #: Called with an answer's body, or with the error that means it will not come.
 OnAnswer = Callable[[Any, BaseException | None], None]
 #: Reads the body of an answer frame of a version (the frame: its size taken off, the
@@ -228,7 +234,7 @@ class BrokerConnection:
                    timeout: float | None = None) -> Answer:
         """Send one request and wait for its answer's body (:meth:`submit`, :meth:`wait`)."""
         answer = await self.wait(self.submit(api_key, body, version=version, timeout=timeout))
-        return cast(Answer, answer)  # RESPONSES decodes the answer of api_key's request
+        return cast(Answer, answer)  # decode_response_at read the answer of api_key's request
 
     async def write(self) -> None:
         """Send what the socket did not take at once, in order, until the connection ends."""
@@ -272,15 +278,32 @@ class BrokerConnection:
 
     async def _read(self, buffer: bytearray) -> None:
         fd = socket_fd(self._stream)  # a plain socket is read directly (TLS: the stream)
+
+        async def more(size: int) -> bytes | bytearray:
+            data = await (receive(fd, size) if fd >= 0 else self._stream.receive_some(size))
+            if not data:
+                raise _Closed
+            return data
+
         try:
             while self.lost is None:
-                data = await (receive(fd, _READ) if fd >= 0
-                              else self._stream.receive_some(_READ))
-                if not data:
-                    self.close(f"{self.address} closed the connection")
-                    break
-                buffer += data
+                buffer += await more(_READ)
                 self._answers(buffer)
+                if len(buffer) >= 4:
+                    (size,) = _SIZE.unpack_from(buffer, 0)
+                    if size >= _LARGE_ANSWER and 0 <= size <= MAX_FRAME:
+                        # The rest of a large answer (a Fetch's megabytes) is read up to
+                        # its end and joined once: not appended to the buffer and then
+                        # copied out of it.
+                        parts: list[bytes | bytearray] = [buffer[4:]]
+                        left = size + 4 - len(buffer)
+                        while left:
+                            parts.append(await more(min(left, _READ)))
+                            left -= len(parts[-1])
+                        buffer.clear()
+                        self._answer(b"".join(parts))
+        except _Closed:
+            self.close(f"{self.address} closed the connection")
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self.close(f"connection to {self.address} lost: {exc}")
         except ProtocolError as exc:
@@ -317,8 +340,8 @@ class BrokerConnection:
             else:
                 _, pos = read_response_header(frame, 0, len(frame), response_header_version(
                     pending.api_key, pending.version))
-                pending.result = RESPONSES[pending.api_key].decode(
-                    memoryview(frame)[pos:], version=pending.version)
+                pending.result = decode_response_at(pending.api_key, frame, pos,
+                                                    pending.version)
         except ProtocolError as exc:
             pending.error = BrokerLost(f"bad answer to {ApiKey(pending.api_key).name} "
                                        f"from {self.address}: {exc}")
