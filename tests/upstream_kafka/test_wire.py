@@ -7,7 +7,7 @@ loopback: an answer that never comes, large answers in pieces, one cut short."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -300,6 +300,21 @@ async def test_a_bundle_that_does_not_convert_is_refused_alone(tmp_path: Path) -
             assert values == [b"good-%d-%d" % (n, i) for n in (1, 2) for i in range(20)]
 
 
+async def _connected_to(nursery: trio.Nursery,
+                        handler: Callable[[trio.SocketStream], Awaitable[None]]
+                        ) -> BrokerConnection:
+    """A connection (reading, writing and watching in ``nursery``) to a scripted broker
+    on loopback that serves each connection with ``handler``."""
+    listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+    port = listeners[0].socket.getsockname()[1]
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    connection = BrokerConnection(stream, f"127.0.0.1:{port}", client_id="t", timeout=5)
+    nursery.start_soon(connection.run)
+    nursery.start_soon(connection.write)
+    nursery.start_soon(connection.watch)
+    return connection
+
+
 async def test_an_answer_that_does_not_come_closes_the_connection_in_time() -> None:
     """A broker that takes requests and never answers: the waiting call and the request
     whose answer goes to a callback both get BrokerLost at their deadline (the
@@ -311,13 +326,7 @@ async def test_an_answer_that_does_not_come_closes_the_connection_in_time() -> N
             received.extend(data)
 
     async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(partial(trio.serve_tcp, silent, 0, host="127.0.0.1"))
-        port = listeners[0].socket.getsockname()[1]
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        connection = BrokerConnection(stream, f"127.0.0.1:{port}", client_id="t", timeout=5)
-        nursery.start_soon(connection.run)
-        nursery.start_soon(connection.write)
-        nursery.start_soon(connection.watch)
+        connection = await _connected_to(nursery, silent)
         handed: list[tuple[object, BaseException | None]] = []
         request = ListOffsetsRequest(replica_id=-1, topics=[])
         started = trio.current_time()
@@ -379,15 +388,8 @@ async def test_a_large_answer_and_the_small_one_behind_it_each_reach_their_call(
     answers = [_answer_payload(ApiKey.FETCH, fetch, 11),
                _answer_payload(ApiKey.LIST_OFFSETS, offsets, 1)]
     async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(partial(
-            trio.serve_tcp, partial(_answering_broker, answers=answers, piece=piece), 0,
-            host="127.0.0.1"))
-        port = listeners[0].socket.getsockname()[1]
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        connection = BrokerConnection(stream, f"127.0.0.1:{port}", client_id="t", timeout=5)
-        nursery.start_soon(connection.run)
-        nursery.start_soon(connection.write)
-        nursery.start_soon(connection.watch)
+        connection = await _connected_to(nursery, partial(_answering_broker, answers=answers,
+                                                          piece=piece))
         got: dict[str, object] = {}
 
         async def call(name: str, api_key: int, request: object, version: int) -> None:
@@ -413,14 +415,8 @@ async def test_a_large_answer_cut_short_by_the_broker_fails_its_call() -> None:
         PartitionData(partition_index=0, records=records)])])
     answers = [_answer_payload(ApiKey.FETCH, fetch, 11)]
     async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(partial(
-            trio.serve_tcp, partial(_answering_broker, answers=answers, piece=65536,
-                                    close_after=400_000), 0, host="127.0.0.1"))
-        port = listeners[0].socket.getsockname()[1]
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        connection = BrokerConnection(stream, f"127.0.0.1:{port}", client_id="t", timeout=5)
-        nursery.start_soon(connection.run)
-        nursery.start_soon(connection.write)
+        connection = await _connected_to(nursery, partial(
+            _answering_broker, answers=answers, piece=65536, close_after=400_000))
         with trio.fail_after(10), pytest.raises(BrokerLost, match="closed the connection"):
             await connection.call(ApiKey.FETCH, FetchRequest(), version=11)
         nursery.cancel_scope.cancel()
