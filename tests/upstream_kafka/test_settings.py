@@ -38,6 +38,8 @@ def test_the_flag_takes_a_comma_separated_list_and_repeats() -> None:
     # compression.type=producer), at most 512 KiB of records each.
     assert (settings.upstream_kafka_compression,
             settings.upstream_kafka_max_batch_bytes) == ("producer", 512 * 1024)
+    # Reads behind the tail fetch 16 reads ahead at most, together.
+    assert UpstreamKafkaSettings.of(settings).read_ahead == 16
 
 
 def test_the_config_file_names_security_and_the_producer_settings(
@@ -56,6 +58,7 @@ sasl_password = "secret"
 compression = "lz4"
 max_batch_bytes = 65536
 delivery_timeout_secs = 20
+read_ahead = 0
 """)
     settings = load_settings(config)
     upstream = UpstreamKafkaSettings.of(settings)
@@ -68,6 +71,7 @@ delivery_timeout_secs = 20
         "SCRAM-SHA-512", "gateway", "secret")
     assert (settings.upstream_kafka_compression, settings.upstream_kafka_max_batch_bytes,
             settings.upstream_kafka_delivery_timeout_secs) == ("lz4", 65536, 20.0)
+    assert upstream.read_ahead == 0
 
 
 @pytest.mark.parametrize(("extra", "tls", "sasl"), [
@@ -97,6 +101,7 @@ def test_security_follows_what_is_configured(extra: dict, tls: bool, sasl: str) 
     # librdkafka's pass-through table is gone with librdkafka: named, not ignored.
     ('[upstream_kafka.librdkafka]\n"acks" = "all"', "upstream_kafka.librdkafka"),
     ('[upstream_kafka]\ncompression = "brotli"', "upstream_kafka.compression"),
+    ("[upstream_kafka]\nread_ahead = -1", "upstream_kafka.read_ahead"),
 ])
 def test_bad_settings_name_the_key(tmp_path: Path, toml: str, names: str) -> None:
     config = tmp_path / "figtank.toml"
