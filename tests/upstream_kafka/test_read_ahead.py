@@ -7,6 +7,7 @@ or failed is not used, and the read is answered all the same."""
 
 from __future__ import annotations
 
+import gc
 import random
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import trio
 
 from gateway.backend.kafka import history
 from gateway.backend.kafka.fetcher import Fetched, fetch_partition
-from gateway.backend.kafka.history import MAX_READ_BYTES
+from gateway.backend.kafka.history import MAX_READ_BYTES, HistoryRead
 from gateway.backend.kafka.wire import BrokerLost
 from gateway.core.contract import FetchRequest
 from protocols.tank.bundle import Message, decode_chunk
@@ -68,6 +69,9 @@ async def settled(backend: Any) -> None:
 async def test_a_reader_behind_the_tail_takes_each_read_ahead_and_nothing_is_fetched_twice(
         tmp_path: Path, fetched: list[tuple[str, int, int]]) -> None:
     async with backend_with_topic(tmp_path, "h") as backend:
+        # A read-ahead taken is let go at once (its task ends, holding nothing), however
+        # long one not taken would be kept.
+        backend.history.ahead_secs = 60
         hwm = await history_of(backend, "h")
         values = await read_to(backend, "h", hwm)
         assert values == EXPECTED
@@ -76,7 +80,12 @@ async def test_a_reader_behind_the_tail_takes_each_read_ahead_and_nothing_is_fet
         reads = backend.history.outcomes
         # Every read but the first was a read-ahead (the last read found nothing after).
         assert reads == {"taken": len(offsets) - 1, "dropped": 0, "failed": 0}
-        assert backend.history.held() == 0
+        with trio.fail_after(2):
+            while backend.history.held():
+                await trio.sleep(0.01)
+        assert backend.history.held_bytes() == 0
+        await trio.sleep(0.05)  # the tasks let go end
+        assert not [o for o in gc.get_objects() if type(o) is HistoryRead and o.bundles]
 
 
 async def test_with_read_ahead_0_each_read_fetches_for_itself(
@@ -154,15 +163,19 @@ async def test_a_read_asking_less_than_its_read_ahead_holds_is_answered_within_i
         assert backend.history.outcomes["taken"] == 0
 
 
+@pytest.mark.parametrize("error", [BrokerLost("the connection went"),
+                                   OSError("something the gateway did not expect")])
 async def test_a_read_ahead_that_failed_is_asked_again_by_its_read(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
+    """Whatever the background Fetch raised, the backend goes on, and the read it was for
+    asks again itself."""
     calls = 0
 
     async def second_lost(*args: Any, **kwargs: Any) -> Fetched:
         nonlocal calls
         calls += 1
         if calls == 2:  # the read-ahead
-            raise BrokerLost("the connection went")
+            raise error
         return await fetch_partition(*args, **kwargs)
 
     monkeypatch.setattr(history, "fetch_partition", second_lost)

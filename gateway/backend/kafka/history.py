@@ -16,7 +16,8 @@ and the reader takes them, the upstream reads the next, instead of each side wai
 the other. The reader's next read (same partition, the sequence that follows, asking as
 much or more) takes it, waiting for it if it is still on its way. At most ``read_ahead``
 (``upstream_kafka.read_ahead``) are held at once, each at most :data:`MAX_READ_BYTES`; one
-not taken within :data:`READ_AHEAD_SECS` of its arrival is dropped.
+not taken within :data:`READ_AHEAD_SECS` of its arrival is dropped. One taken (or given up
+on by its read) is let go at once: its task ends and keeps no reference to what it read.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import structlog
 import trio
 
 from gateway.backend.kafka.cluster import Cluster
@@ -39,6 +41,8 @@ __all__ = ["MAX_READ_BYTES", "HistoryRead", "HistoryReader"]
 MAX_READ_BYTES: Final = 2 * 1024 * 1024
 #: The max wait of the second Fetch of a read the first found empty before the watermark.
 NOTHING_YET_WAIT_MS: Final = 200
+log = structlog.get_logger("figtank.upstream_kafka")
+
 #: How long a read-ahead that arrived waits to be taken before it is dropped.
 READ_AHEAD_SECS: Final = 5.0
 #: What becomes of a read-ahead (``figtank_upstream_read_aheads{outcome}``): taken by the
@@ -64,10 +68,13 @@ class HistoryRead:
 
 @dataclass(slots=True, eq=False)
 class _ReadAhead:
-    """A read started before it was asked for: ``read`` once ``arrived`` is set."""
+    """A read started before it was asked for: ``read`` once ``arrived`` is set;
+    ``let_go`` once the read it was for took it or gave up on it (its task then ends at
+    once, holding nothing)."""
 
     max_bytes: int
     arrived: trio.Event = field(default_factory=trio.Event)
+    let_go: trio.Event = field(default_factory=trio.Event)
     read: HistoryRead | None = None
 
 
@@ -85,6 +92,8 @@ class HistoryReader:
         #: Starts a background task (the backend's nursery); None: no read-ahead.
         self.spawn = spawn
         self._ahead: dict[tuple[str, int, int], _ReadAhead] = {}
+        #: Read-aheads on their way, or arrived and not let go.
+        self._running = 0
         #: How many read-aheads came to each of :data:`OUTCOMES`.
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
         self._counted: dict[str, LoopCount] | None = None
@@ -94,8 +103,8 @@ class HistoryReader:
                 metrics.upstream_read_aheads.labels(outcome)) for outcome in OUTCOMES}
 
     def held(self) -> int:
-        """The read-aheads held (on their way or arrived)."""
-        return len(self._ahead)
+        """The read-aheads held: on their way, or arrived and not taken yet."""
+        return self._running
 
     def held_bytes(self) -> int:
         """The bytes the arrived read-aheads hold."""
@@ -125,12 +134,15 @@ class HistoryReader:
         ahead = self._ahead.pop((topic, partition, seq), None)
         if ahead is None:
             return None
-        if ahead.max_bytes > max_bytes:  # it may hold more than this read asks
-            self._came_to("dropped")
-            return None
-        with trio.move_on_after(self.timeout):
-            await ahead.arrived.wait()
-        read = ahead.read
+        try:
+            if ahead.max_bytes > max_bytes:  # it may hold more than this read asks
+                self._came_to("dropped")
+                return None
+            with trio.move_on_after(self.timeout):
+                await ahead.arrived.wait()
+            read = ahead.read
+        finally:
+            self._let_go(ahead)
         if read is None or read.error is not None:  # asked again, by this read itself
             self._came_to("failed")
             return None
@@ -141,21 +153,41 @@ class HistoryReader:
         if self.spawn is None or self.read_ahead <= 0:
             return
         key = (topic, partition, seq)
-        if key in self._ahead or len(self._ahead) >= self.read_ahead:
+        if key in self._ahead or self._running >= self.read_ahead:
             return
         ahead = self._ahead[key] = _ReadAhead(max_bytes)
+        self._running += 1
         self.spawn(self._read_ahead, key, ahead)
 
     async def _read_ahead(self, key: tuple[str, int, int], ahead: _ReadAhead) -> None:
-        """Fetch it, then hold it ``ahead_secs`` at most."""
+        """Fetch it, then hold it until its read takes it, ``ahead_secs`` at most."""
         try:
-            ahead.read = await self._fetch(*key, ahead.max_bytes)
+            read: HistoryRead | None = None
+            try:
+                read = await self._fetch(*key, ahead.max_bytes)
+            except Exception as exc:  # a task of the backend's: its read asks again
+                log.warning("upstream_read_ahead_failed", topic=key[0], partition=key[1],
+                            error=repr(exc))
+            finally:
+                if not ahead.let_go.is_set():  # (its read gave up waiting: not kept)
+                    ahead.read = read
+                ahead.arrived.set()
+            del read
+            with trio.move_on_after(self.ahead_secs):
+                await ahead.let_go.wait()
+            if self._ahead.get(key) is ahead:  # not taken in time
+                del self._ahead[key]
+                self._came_to("dropped")
         finally:
-            ahead.arrived.set()
-        await trio.sleep(self.ahead_secs)
-        if self._ahead.get(key) is ahead:  # not taken
-            del self._ahead[key]
-            self._came_to("dropped")
+            self._let_go(ahead)
+
+    def _let_go(self, ahead: _ReadAhead) -> None:
+        """Its read took it or gave up on it, or it was dropped: it no longer counts
+        against ``read_ahead`` and holds nothing (its task ends at its next turn)."""
+        if not ahead.let_go.is_set():
+            ahead.let_go.set()
+            self._running -= 1
+        ahead.read = None
 
     async def _fetch(self, topic: str, partition: int, seq: int, max_bytes: int
                      ) -> HistoryRead:
