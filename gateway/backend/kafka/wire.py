@@ -69,6 +69,8 @@ _LARGE_ANSWER: Final = 256 * 1024
 
 class _Closed(Exception):
     """The broker closed the connection (the reader's own signal)."""
+
+
 #: Called with an answer's body, or with the error that means it will not come.
 OnAnswer = Callable[[Any, BaseException | None], None]
 #: Reads the body of an answer frame of a version (the frame: its size taken off, the
