@@ -259,8 +259,9 @@ class Settings:
         "upstream store one while the gateway builds the next.")
     upstream_kafka_read_ahead: int = _setting(
         "upstream_kafka.read_ahead", 16, _non_negative_int,
-        "Reads behind the tail fetched ahead of the reader at once (each at most 2 MiB, "
-        "dropped when not taken within 5 s); 0: none.")
+        "Reads behind the tail fetched ahead of the reader at once (each one Fetch of at "
+        "most 2 MiB, all together at most 4 MiB each once converted; dropped when not "
+        "taken within 5 s); 0: none.")
     upstream_kafka_delivery_timeout_secs: float = _setting(
         "upstream_kafka.delivery_timeout_secs", 10.0, _positive_float,
         "How long the gateway tries to have a publish acknowledged by the upstream before "

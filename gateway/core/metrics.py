@@ -216,8 +216,9 @@ class Metrics:
         self.upstream_read_aheads = Counter(
             "figtank_upstream_read_aheads", "Upstream-Kafka mode: reads behind the tail "
             "fetched ahead of their reader, by outcome: taken (by the read they were for), "
-            "dropped (not taken within 5 s, or asking less than they hold), failed (the "
-            "read asked again itself).", ["outcome"], registry=None)
+            "dropped (not taken within 5 s, or holding more than their read asked for), "
+            "failed (their read asked again itself: the Fetch failed or found nothing, or "
+            "what it found was over the bytes bound).", ["outcome"], registry=None)
         self.data_loss_events = Counter(
             "figtank_data_loss_events", "Damaged regions found in rolled segments, and "
             "corrupt or torn tails recovery cut off active segments.", registry=None)

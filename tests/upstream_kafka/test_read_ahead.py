@@ -120,7 +120,8 @@ async def test_read_aheads_held_at_once_are_bounded_by_the_setting(
                                                       64 << 20)], max_wait_ms=0, min_bytes=1)
             data_of(got)
         assert backend.history.outcomes["taken"] == 2
-        # Two reads fetched for themselves; the four reads each started one for the next.
+        # Two reads fetched for themselves; the two that took theirs started one each for
+        # their next read (the other two found the bound reached again).
         assert len(fetched) - before == 2 + 2
         assert backend.history.held() <= 2
 
@@ -184,3 +185,106 @@ async def test_a_read_ahead_that_failed_is_asked_again_by_its_read(
         values = await read_to(backend, "h", hwm)
         assert values == EXPECTED
         assert backend.history.outcomes["failed"] == 1
+
+
+async def test_what_read_aheads_hold_together_is_bounded_in_bytes(
+        tmp_path: Path, fetched: list[tuple[str, int, int]]) -> None:
+    """One that would take the bytes held past the bound (an answer of compressed batches
+    becomes larger bundles: here, the bound made smaller than a read) is not kept; its
+    read asks again itself, and the reader reads on."""
+    async with backend_with_topic(tmp_path, "h") as backend:
+        backend.history.max_held_bytes = 1_000_000
+        hwm = await history_of(backend, "h")
+        assert await read_to(backend, "h", hwm) == EXPECTED
+        reads = backend.history.outcomes
+        assert reads["taken"] == 0 and reads["failed"] >= 2
+        assert backend.history.held_bytes() == 0
+        offsets = [offset for _, _, offset in fetched]
+        assert len(offsets) == 2 * len(set(offsets)) - 1  # each asked twice but the first
+
+
+async def test_no_read_ahead_for_what_the_feed_caches(tmp_path: Path) -> None:
+    """A reader catching up reads the history up to the feed's cache, then the cache: no
+    read-ahead is started for a position the cache serves (none is left over)."""
+    async with backend_with_topic(tmp_path, "c") as backend:
+        backend.history.ahead_secs = 30
+        history_end = await history_of(backend, "c")
+        # A reader at the tail opens the feed there; what comes next goes to its cache.
+        [got] = await backend.fetch([FetchRequest("c", 0, history_end + 1, 100)],
+                                    max_wait_ms=0, min_bytes=1)
+        got.chunk.close()
+        for b in range(5):  # 500 KB: the last history read ends inside the cached part
+            hwm = await produce(backend, "c", [Message(value(b, i), timestamp=1000)
+                                               for i in range(100)])
+        feed = backend.feeds.feeds[("c", 0)]
+        with trio.fail_after(10):
+            while feed.next_seq <= hwm:
+                await trio.sleep(0.01)
+        assert len(await read_to(backend, "c", hwm)) == hwm
+        assert feed.first_cached == history_end + 1
+        assert backend.history.held() == 0  # the last history read started none
+        assert backend.history.outcomes["dropped"] == 0
+
+
+async def test_a_reader_that_goes_away_cancels_the_read_ahead_it_waited_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = 0
+    started, cancelled = trio.Event(), trio.Event()
+
+    async def second_slow(*args: Any, **kwargs: Any) -> Fetched:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # the read-ahead: an upstream that takes its time
+            started.set()
+            try:
+                await trio.sleep(60)
+            except trio.Cancelled:
+                cancelled.set()
+                raise
+        return await fetch_partition(*args, **kwargs)
+
+    monkeypatch.setattr(history, "fetch_partition", second_slow)
+    async with backend_with_topic(tmp_path, "h") as backend:
+        await history_of(backend, "h")
+        [got] = await backend.fetch([FetchRequest("h", 0, 1, 64 << 20)], max_wait_ms=0,
+                                    min_bytes=1)
+        data_of(got)
+        await started.wait()
+        with trio.move_on_after(0.2):  # the client went away while its read waited
+            await backend.fetch([FetchRequest("h", 0, got.next_seq or 0, 64 << 20)],
+                                max_wait_ms=0, min_bytes=1)
+        with trio.fail_after(2):  # its Fetch cancelled, not left to run its 60 s
+            await cancelled.wait()
+        assert backend.history.held() == 0
+
+
+async def test_a_read_ahead_that_found_nothing_is_asked_again_by_its_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = 0
+
+    async def then_empty(cluster: Any, topic: str, partition: int, offset: int,
+                         **kwargs: Any) -> Fetched:
+        nonlocal calls
+        calls += 1
+        got = await fetch_partition(cluster, topic, partition, offset, **kwargs)
+        if calls in (2, 3):  # the read-ahead's two tries: an answer with nothing in it
+            return Fetched(next_offset=offset, high_watermark=got.high_watermark)
+        return got
+
+    monkeypatch.setattr(history, "fetch_partition", then_empty)
+    async with backend_with_topic(tmp_path, "h") as backend:
+        hwm = await history_of(backend, "h")
+        assert await read_to(backend, "h", hwm) == EXPECTED
+        assert backend.history.outcomes["failed"] == 1
+
+
+async def test_a_backend_that_takes_no_more_tasks_reads_without_read_ahead(
+        tmp_path: Path) -> None:
+    def closed(*args: object) -> None:
+        raise RuntimeError("Nursery is closed to new arrivals")
+
+    async with backend_with_topic(tmp_path, "h") as backend:
+        backend.history.spawn = closed
+        hwm = await history_of(backend, "h")
+        assert await read_to(backend, "h", hwm) == EXPECTED
+        assert backend.history.held() == 0 and not backend.history._ahead

@@ -71,8 +71,9 @@ async def _tail_read(address: tuple[str, int], topic: str) -> None:
 
 
 async def test_read_aheads_are_bounded_and_counted(tmp_path: Path) -> None:
-    """A Tank reader going through 6 MB of history: the reads it did not have to wait for
-    are counted as taken, and the gateway held at most the one read-ahead it is allowed."""
+    """Two Tank readers going through 6 MB of history each, at once: the reads they did not
+    have to wait for are counted as taken, and the gateway held at most the one read-ahead
+    it is allowed (two readers would otherwise have one each)."""
     config = tmp_path / "gateway.toml"
     config.write_text("[upstream_kafka]\nread_ahead = 1\n")
     upstream = Upstream(tmp_path / "up")
@@ -84,26 +85,36 @@ async def test_read_aheads_are_bounded_and_counted(tmp_path: Path) -> None:
             assert served.tank and served.metrics
             # 1 KB values that do not compress: the reads' sizes are the stored bytes.
             values = [random.Random(i).randbytes(1000) for i in range(6000)]
+            held: list[float | None] = []
+            read: dict[str, list[bytes]] = {}
+
+            async def reader(topic: str) -> None:
+                async with open_tank_client(*served.tank, request_timeout=10) as tank:
+                    seq, got_values = 1, read.setdefault(topic, [])
+                    while seq <= 6000:
+                        got = await tank.consume(topic, 0, seq, fetch_size=64 << 20)
+                        got_values += [m.value for m in got.messages if m.seq >= seq]
+                        seq = got.next_seq
+                        held.append(await blocking(
+                            metric, served.metrics, 'figtank_upstream_read_ahead{what="reads"}'))
+
             async with open_tank_client(*served.tank, request_timeout=10) as tank:
-                await tank.create_topic("history", 1)
-                for i in range(0, 6000, 300):
-                    await tank.produce({("history", 0): values[i:i + 300]})
-                read, seq, held = [], 1, []
-                while seq <= 6000:
-                    got = await tank.consume("history", 0, seq, fetch_size=64 << 20)
-                    read += [m.value for m in got.messages if m.seq >= seq]
-                    seq = got.next_seq
-                    held.append(await blocking(metric, served.metrics,
-                                               'figtank_upstream_read_ahead{what="reads"}'))
-            assert read == values
-            assert max(held) <= 1  # one at most, the setting
+                for topic in ("one", "two"):
+                    await tank.create_topic(topic, 1)
+                    for i in range(0, 6000, 300):
+                        await tank.produce({(topic, 0): values[i:i + 300]})
+            async with trio.open_nursery() as nursery:  # two readers at once
+                nursery.start_soon(reader, "one")
+                nursery.start_soon(reader, "two")
+            assert read == {"one": values, "two": values}
+            assert None not in held and max(held) <= 1  # one at most (the setting), not two
             taken = 'figtank_upstream_read_aheads_total{outcome="taken"}'
             with trio.fail_after(10):  # (a scrape's text is reused for a moment)
                 while (await blocking(metric, served.metrics, taken) or 0) < 2:
                     await trio.sleep(0.1)
             with trio.fail_after(10):  # the last one found nothing after it: none held
                 while await blocking(metric, served.metrics,
-                                     'figtank_upstream_read_ahead{what="bytes"}'):
+                                     'figtank_upstream_read_ahead{what="bytes"}') != 0:
                     await trio.sleep(0.1)
     finally:
         front.close()

@@ -347,10 +347,12 @@ async def test_an_answer_that_does_not_come_closes_the_connection_in_time() -> N
 
 
 async def _answering_broker(stream: trio.SocketStream, answers: list[bytes], *,
-                            piece: int, close_after: int | None = None) -> None:
+                            piece: int, close_after: int | None = None,
+                            first: int = 0) -> None:
     """Read one request per answer, then write every answer back to back (each framed
-    with its request's correlation id) in pieces of ``piece`` bytes; ``close_after``:
-    close the connection once that many bytes are written."""
+    with its request's correlation id): the first ``first`` bytes alone, then the rest in
+    pieces of ``piece`` bytes; ``close_after``: close the connection once that many bytes
+    are written."""
     received, correlations = bytearray(), []
     while len(correlations) < len(answers):
         received += await stream.receive_some(65536)
@@ -362,7 +364,10 @@ async def _answering_broker(stream: trio.SocketStream, answers: list[bytes], *,
                    for c, payload in zip(correlations, answers, strict=True))
     if close_after is not None:
         out = out[:close_after]
-    for start in range(0, len(out), piece):
+    if first:
+        await stream.send_all(out[:first])
+        await trio.sleep(0.05)  # read alone
+    for start in range(first, len(out), piece):
         await stream.send_all(out[start:start + piece])
         await trio.sleep(0)
     if close_after is not None:
@@ -376,35 +381,59 @@ def _answer_payload(api_key: int, record: object, version: int) -> bytes:
     return bytes(4) + RESPONSES[api_key].encode(record, version=version)
 
 
-@pytest.mark.parametrize("piece", [7_777, 1 << 20])
-async def test_a_large_answer_and_the_small_one_behind_it_each_reach_their_call(
-        piece: int) -> None:
-    """A Fetch answer of 600 KB (read to its end past the buffer) and a ListOffsets
-    answer written right behind it, arriving in pieces that straddle the boundary."""
-    records = bytes(range(256)) * 2400
-    fetch = FetchResponse(responses=[FetchableTopicResponse(topic="t", partitions=[
-        PartitionData(partition_index=0, high_watermark=9, records=records)])])
-    offsets = ListOffsetsResponse(topics=[ListOffsetsTopicResponse(name="t")])
-    answers = [_answer_payload(ApiKey.FETCH, fetch, 11),
-               _answer_payload(ApiKey.LIST_OFFSETS, offsets, 1)]
+#: The two calls of the large-answer tests, by name: what each asks.
+_CALLS = {"fetch": (ApiKey.FETCH, FetchRequest(), 11),
+          "offsets": (ApiKey.LIST_OFFSETS, ListOffsetsRequest(replica_id=-1, topics=[]), 1)}
+
+
+async def _called_in_order(connection: BrokerConnection, *names: str) -> dict[str, object]:
+    """The answers to :data:`_CALLS`, made in the order of ``names`` (so their answers
+    come in that order on the wire)."""
+    got: dict[str, object] = {}
+
+    async def call(name: str) -> None:
+        api_key, request, version = _CALLS[name]
+        got[name] = await connection.call(api_key, request, version=version)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as calls:
+            for name in names:
+                calls.start_soon(call, name)
+                await trio.sleep(0.05)
+    return got
+
+
+#: A Fetch answer of 600 KB (read to its end past the connection's buffer), and a small
+#: ListOffsets answer: their bodies.
+_RECORDS = bytes(range(256)) * 2400
+_ANSWERS = {
+    "fetch": _answer_payload(ApiKey.FETCH, FetchResponse(responses=[FetchableTopicResponse(
+        topic="t", partitions=[PartitionData(partition_index=0, high_watermark=9,
+                                             records=_RECORDS)])]), 11),
+    "offsets": _answer_payload(ApiKey.LIST_OFFSETS, ListOffsetsResponse(
+        topics=[ListOffsetsTopicResponse(name="t")]), 1)}
+
+
+@pytest.mark.parametrize(("order", "piece", "split"), [
+    (("fetch", "offsets"), 7_777, 0),
+    (("fetch", "offsets"), 1 << 20, 0),
+    *((("offsets", "fetch"), 65536, split) for split in range(1, 6))])
+async def test_a_large_answer_and_a_small_one_each_reach_their_call(
+        order: tuple[str, str], piece: int, split: int) -> None:
+    """The two answers back to back, in pieces that straddle the boundary between them;
+    ``split``: the small one first, with the first ``split`` bytes of the large one's
+    frame (its size cut in two for 1-3), the rest after."""
+    answers = [_ANSWERS[name] for name in order]
+    first = 4 + len(answers[0]) + split if split else 0
     async with trio.open_nursery() as nursery:
-        connection = await _connected_to(nursery, partial(_answering_broker, answers=answers,
-                                                          piece=piece))
-        got: dict[str, object] = {}
-
-        async def call(name: str, api_key: int, request: object, version: int) -> None:
-            got[name] = await connection.call(api_key, request, version=version)
-
-        with trio.fail_after(10):
-            async with trio.open_nursery() as calls:
-                calls.start_soon(call, "fetch", ApiKey.FETCH, FetchRequest(), 11)
-                await trio.sleep(0.05)  # in this order on the wire
-                calls.start_soon(call, "offsets", ApiKey.LIST_OFFSETS,
-                                 ListOffsetsRequest(replica_id=-1, topics=[]), 1)
+        connection = await _connected_to(nursery, partial(
+            _answering_broker, answers=answers, piece=piece, first=first))
+        got = await _called_in_order(connection, *order)
         answer = got["fetch"]
         assert isinstance(answer, FetchResponse)
-        assert bytes(answer.responses[0].partitions[0].records or b"") == records
-        assert got["offsets"] == offsets
+        assert bytes(answer.responses[0].partitions[0].records or b"") == _RECORDS
+        assert isinstance(got["offsets"], ListOffsetsResponse)
+        assert got["offsets"].topics[0].name == "t"
         assert connection.lost is None
         nursery.cancel_scope.cancel()
 

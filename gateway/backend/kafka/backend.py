@@ -499,8 +499,11 @@ class KafkaBackend(Forwarding):
         if seq == feed.next_seq:
             return FetchOutcome(FetchStatus.DATA, high_water_mark=feed.high_water_mark,
                                 resolved_seq=seq), feed, seq
-        # Older than the cache, or ahead of the feed: read from there.
-        read = await self.history.read(r.topic, r.partition, seq, max(r.fetch_size, 1))
+        # Older than the cache, or ahead of the feed: read from there (and read ahead
+        # up to where the feed's cache takes over).
+        read = await self.history.read(
+            r.topic, r.partition, seq, max(r.fetch_size, 1),
+            ahead_before=feed.first_cached if feed.bundles else feed.next_seq)
         return self._from_history(r, seq, read), None, seq
 
     def _from_feed(self, feed: PartitionFeed, r: FetchRequest) -> FetchOutcome | None:

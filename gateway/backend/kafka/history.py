@@ -14,10 +14,14 @@ A read that leaves records before the watermark starts the Fetch of what follows
 once, in the background (a *read-ahead*): while the gateway turns one answer into bundles
 and the reader takes them, the upstream reads the next, instead of each side waiting on
 the other. The reader's next read (same partition, the sequence that follows, asking as
-much or more) takes it, waiting for it if it is still on its way. At most ``read_ahead``
-(``upstream_kafka.read_ahead``) are held at once, each at most :data:`MAX_READ_BYTES`; one
-not taken within :data:`READ_AHEAD_SECS` of its arrival is dropped. One taken (or given up
-on by its read) is let go at once: its task ends and keeps no reference to what it read.
+much or more) takes it, waiting for it if it is still on its way. None is started for
+what the partition's feed already caches. At most ``read_ahead``
+(``upstream_kafka.read_ahead``) are held at once, each one Fetch of at most
+:data:`MAX_READ_BYTES`, and together at most two reads' worth each once converted (an
+answer of compressed batches becomes larger bundles): one that would hold more is not
+kept, and its read asks again itself. One not taken within :data:`READ_AHEAD_SECS` of its
+arrival is dropped; one taken, or given up on by its read, is let go at once (a Fetch
+still on its way is cancelled): its task ends and keeps no reference to what it read.
 """
 
 from __future__ import annotations
@@ -69,13 +73,16 @@ class HistoryRead:
 @dataclass(slots=True, eq=False)
 class _ReadAhead:
     """A read started before it was asked for: ``read`` once ``arrived`` is set;
-    ``let_go`` once the read it was for took it or gave up on it (its task then ends at
-    once, holding nothing)."""
+    ``let_go`` once the read it was for took it or gave up on it, or it was dropped (its
+    task then ends, holding nothing; one still fetching is cancelled)."""
 
     max_bytes: int
     arrived: trio.Event = field(default_factory=trio.Event)
     let_go: trio.Event = field(default_factory=trio.Event)
+    fetching: trio.CancelScope = field(default_factory=trio.CancelScope)
     read: HistoryRead | None = None
+    #: The bytes it holds (counted in the reader's total while it holds them).
+    size: int = 0
 
 
 class HistoryReader:
@@ -92,8 +99,12 @@ class HistoryReader:
         #: Starts a background task (the backend's nursery); None: no read-ahead.
         self.spawn = spawn
         self._ahead: dict[tuple[str, int, int], _ReadAhead] = {}
-        #: Read-aheads on their way, or arrived and not let go.
+        #: What all read-aheads together may hold once converted: two reads' worth each
+        #: (an answer of compressed batches becomes larger bundles).
+        self.max_held_bytes = read_ahead * 2 * MAX_READ_BYTES
+        #: Read-aheads on their way, or arrived and not let go; the bytes those hold.
         self._running = 0
+        self._held_bytes = 0
         #: How many read-aheads came to each of :data:`OUTCOMES`.
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
         self._counted: dict[str, LoopCount] | None = None
@@ -107,30 +118,36 @@ class HistoryReader:
         return self._running
 
     def held_bytes(self) -> int:
-        """The bytes the arrived read-aheads hold."""
-        return sum(a.read.size for a in list(self._ahead.values()) if a.read is not None)
+        """The bytes the arrived read-aheads hold (a plain int: read from any thread)."""
+        return self._held_bytes
 
     def _came_to(self, outcome: str, count: int = 1) -> None:
         self.outcomes[outcome] += count
         if self._counted is not None:
             self._counted[outcome].inc(count)
 
-    async def read(self, topic: str, partition: int, seq: int, max_bytes: int) -> HistoryRead:
+    async def read(self, topic: str, partition: int, seq: int, max_bytes: int, *,
+                   ahead_before: int | None = None) -> HistoryRead:
         """About ``max_bytes`` of ``topic``/``partition`` from sequence ``seq`` (offset
-        ``seq - 1``); an error ``NETWORK_EXCEPTION`` when the upstream can not be asked."""
+        ``seq - 1``); an error ``NETWORK_EXCEPTION`` when the upstream can not be asked.
+        What follows is read ahead unless it is at or past ``ahead_before`` (where the
+        partition's feed serves the reader from its cache)."""
         max_bytes = min(max_bytes, MAX_READ_BYTES)
         got = await self._taken(topic, partition, seq, max_bytes)
         if got is None:
             got = await self._fetch(topic, partition, seq, max_bytes)
         if got.bundles and got.error is None:
             following = got.bundles[-1].last_seq + 1
-            if following <= got.high_water_mark:
+            if following <= got.high_water_mark and (ahead_before is None
+                                                     or following < ahead_before):
                 self._start(topic, partition, following, max_bytes)
         return got
 
     async def _taken(self, topic: str, partition: int, seq: int, max_bytes: int
                      ) -> HistoryRead | None:
-        """The read-ahead of this read, once it arrived; None when there is none to use."""
+        """The read-ahead of this read, once it arrived; None when there is none to use.
+        Its Fetch is bounded as this read's own would be: waiting for it costs no more
+        than asking again."""
         ahead = self._ahead.pop((topic, partition, seq), None)
         if ahead is None:
             return None
@@ -138,13 +155,12 @@ class HistoryReader:
             if ahead.max_bytes > max_bytes:  # it may hold more than this read asks
                 self._came_to("dropped")
                 return None
-            with trio.move_on_after(self.timeout):
-                await ahead.arrived.wait()
+            await ahead.arrived.wait()
             read = ahead.read
         finally:
             self._let_go(ahead)
-        if read is None or read.error is not None:  # asked again, by this read itself
-            self._came_to("failed")
+        if read is None or read.error is not None or not read.bundles:
+            self._came_to("failed")  # this read asks again itself
             return None
         self._came_to("taken")
         return read
@@ -155,39 +171,58 @@ class HistoryReader:
         key = (topic, partition, seq)
         if key in self._ahead or self._running >= self.read_ahead:
             return
-        ahead = self._ahead[key] = _ReadAhead(max_bytes)
+        ahead = _ReadAhead(max_bytes)
+        try:
+            self.spawn(self._read_ahead, key, ahead)
+        except RuntimeError:  # the backend is closing: its nursery takes no more tasks
+            return
+        self._ahead[key] = ahead
         self._running += 1
-        self.spawn(self._read_ahead, key, ahead)
 
     async def _read_ahead(self, key: tuple[str, int, int], ahead: _ReadAhead) -> None:
         """Fetch it, then hold it until its read takes it, ``ahead_secs`` at most."""
         try:
             read: HistoryRead | None = None
             try:
-                read = await self._fetch(*key, ahead.max_bytes)
+                with ahead.fetching:
+                    read = await self._fetch(*key, ahead.max_bytes)
             except Exception as exc:  # a task of the backend's: its read asks again
                 log.warning("upstream_read_ahead_failed", topic=key[0], partition=key[1],
                             error=repr(exc))
             finally:
-                if not ahead.let_go.is_set():  # (its read gave up waiting: not kept)
-                    ahead.read = read
+                self._keep(ahead, read)
                 ahead.arrived.set()
             del read
             with trio.move_on_after(self.ahead_secs):
                 await ahead.let_go.wait()
             if self._ahead.get(key) is ahead:  # not taken in time
-                del self._ahead[key]
                 self._came_to("dropped")
         finally:
+            if self._ahead.get(key) is ahead:
+                del self._ahead[key]
             self._let_go(ahead)
+
+    def _keep(self, ahead: _ReadAhead, read: HistoryRead | None) -> None:
+        """Hold what arrived, unless its read gave up on it or it would take the bytes
+        held past :attr:`max_held_bytes` (then its read asks again itself)."""
+        if read is None or ahead.let_go.is_set():
+            return
+        size = read.size
+        if self._held_bytes + size > self.max_held_bytes:
+            return
+        ahead.read, ahead.size = read, size
+        self._held_bytes += size
 
     def _let_go(self, ahead: _ReadAhead) -> None:
         """Its read took it or gave up on it, or it was dropped: it no longer counts
-        against ``read_ahead`` and holds nothing (its task ends at its next turn)."""
+        against ``read_ahead`` and holds nothing (its task ends at its next turn; a Fetch
+        still on its way is cancelled)."""
         if not ahead.let_go.is_set():
             ahead.let_go.set()
             self._running -= 1
-        ahead.read = None
+        ahead.fetching.cancel()
+        self._held_bytes -= ahead.size
+        ahead.read, ahead.size = None, 0
 
     async def _fetch(self, topic: str, partition: int, seq: int, max_bytes: int
                      ) -> HistoryRead:

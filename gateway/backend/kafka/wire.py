@@ -293,13 +293,13 @@ class BrokerConnection:
                 self._answers(buffer)
                 if len(buffer) >= 4:
                     (size,) = _SIZE.unpack_from(buffer, 0)
-                    if size >= _LARGE_ANSWER and 0 <= size <= MAX_FRAME:
+                    if size >= _LARGE_ANSWER:  # (_answers refused a size over MAX_FRAME)
                         # The rest of a large answer (a Fetch's megabytes) is read up to
                         # its end and joined once: not appended to the buffer and then
                         # copied out of it.
                         parts: list[bytes | bytearray] = [buffer[4:]]
                         left = size + 4 - len(buffer)
-                        while left:
+                        while left > 0:
                             parts.append(await more(min(left, _READ)))
                             left -= len(parts[-1])
                         buffer.clear()
