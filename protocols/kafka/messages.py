@@ -8,13 +8,10 @@ before it knows what the broker speaks).
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any, Final
 
-from protocols.kafka import records
-from protocols.kafka.records import FLEXIBLE_VERSIONS, PAYLOAD_CODECS
+from protocols.kafka.records import FLEXIBLE_VERSIONS, PAYLOAD_CODECS, READERS
 from protocols.kafka.types import ApiKey
 from protocols.record import Record
 from protocols.spec import MessageCodec, load_package_codecs, trailing
@@ -67,38 +64,18 @@ def response_header_version(api_key: int, version: int) -> int:
     return known
 
 
-#: A generated ``read_*`` function: the record at ``buf[pos:end]`` of a version, and the
-#: position after it.
-Reader = Callable[[bytes, int, int, int], tuple[Record, int]]
-
-
-def _readers() -> dict[int, Reader]:
-    """The responses' generated ``read_*`` functions, by API key (those that have one)."""
-    found: dict[int, Reader] = {}
-    for key, codec in RESPONSES.items():
-        snake = re.sub(r"(?<!^)(?=[A-Z])", "_", codec.name).lower()
-        reader = getattr(records, f"read_{snake}", None)
-        if reader is not None:
-            found[key] = reader
-    return found
-
-
-_RESPONSE_READERS: Final = _readers()
-
-
 def decode_response_at(api_key: int, frame: bytes, pos: int, version: int) -> Record:
     """The answer to ``api_key``/``version`` that fills ``frame[pos:]`` (what follows its
-    response header), read in place: ``RESPONSES[api_key].decode`` of that slice, without
-    copying it first (a Fetch answer is megabytes; its records stay views of ``frame``).
-    Every byte must belong to the answer; bad input raises ``ProtocolError``."""
-    reader = _RESPONSE_READERS.get(api_key)
-    if reader is None:
-        answer: Record = RESPONSES[api_key].decode(memoryview(frame)[pos:], version=version)
-        return answer
-    result, end = reader(frame, pos, len(frame), version)
+    response header), read in place by the generated reader: ``RESPONSES[api_key].decode``
+    of that slice, without copying it first (a Fetch answer is megabytes; its records
+    stay views of ``frame``). Every byte must belong to the answer; bad input raises
+    ``ProtocolError``."""
+    name = RESPONSES[api_key].name
+    result, end = READERS[name](frame, pos, len(frame), version)
     if end != len(frame):
-        raise trailing(RESPONSES[api_key].name, len(frame) - end)
-    return result
+        raise trailing(name, len(frame) - end)
+    answer: Record = result
+    return answer
 
 
 __all__ = ["CODECS", "REQUESTS", "RESPONSES", "SUPPORTED_VERSIONS", "decode_response_at",

@@ -15,9 +15,13 @@ other.
 from __future__ import annotations
 
 import struct
-from typing import Final, TypeAlias
+from typing import Final, TypeAlias, cast
 
-from protocols.kafka.messages import request_header_version, response_header_version
+from protocols.kafka.messages import (
+    decode_response_at,
+    request_header_version,
+    response_header_version,
+)
 from protocols.kafka.primitives import Parts
 from protocols.kafka.records import (
     PartitionProduceData,
@@ -26,7 +30,6 @@ from protocols.kafka.records import (
     RequestHeader,
     ResponseHeader,
     TopicProduceData,
-    decode_produce_response,
     encode_produce_response,
     encode_request_header,
     encode_response_header,
@@ -75,7 +78,7 @@ def produce_answers_py(frame: bytes, version: int) -> list[PartitionAnswer]:
     size taken off; its header is read, the correlation id left to the caller)."""
     _, pos = read_response_header(frame, 0, len(frame),
                                   response_header_version(ApiKey.PRODUCE, version))
-    answer = decode_produce_response(memoryview(frame)[pos:], version)
+    answer = cast(ProduceResponse, decode_response_at(ApiKey.PRODUCE, frame, pos, version))
     return [
         (topic.name, part.index, part.error_code, part.base_offset, part.log_append_time_ms,
          part.error_message)
