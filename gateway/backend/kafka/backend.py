@@ -503,7 +503,7 @@ class KafkaBackend(Forwarding):
         # up to where the feed's cache takes over).
         read = await self.history.read(
             r.topic, r.partition, seq, max(r.fetch_size, 1),
-            ahead_before=feed.first_cached if feed.bundles else feed.next_seq)
+            ahead_before=feed.first_cached)
         return self._from_history(r, seq, read), None, seq
 
     def _from_feed(self, feed: PartitionFeed, r: FetchRequest) -> FetchOutcome | None:
