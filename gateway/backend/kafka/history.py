@@ -182,25 +182,29 @@ class HistoryReader:
     async def _read_ahead(self, key: tuple[str, int, int], ahead: _ReadAhead) -> None:
         """Fetch it, then hold it until its read takes it, ``ahead_secs`` at most."""
         try:
-            read: HistoryRead | None = None
-            try:
-                with ahead.fetching:
-                    read = await self._fetch(*key, ahead.max_bytes)
-            except Exception as exc:  # a task of the backend's: its read asks again
-                log.warning("upstream_read_ahead_failed", topic=key[0], partition=key[1],
-                            error=repr(exc))
-            finally:
-                self._keep(ahead, read)
-                ahead.arrived.set()
-            del read
+            with ahead.fetching:
+                self._keep(ahead, await self._fetch_logged(key, ahead.max_bytes))
+            ahead.arrived.set()
             with trio.move_on_after(self.ahead_secs):
                 await ahead.let_go.wait()
             if self._ahead.get(key) is ahead:  # not taken in time
                 self._came_to("dropped")
         finally:
+            ahead.arrived.set()  # (a read waiting for it asks again itself)
             if self._ahead.get(key) is ahead:
                 del self._ahead[key]
             self._let_go(ahead)
+
+    async def _fetch_logged(self, key: tuple[str, int, int], max_bytes: int
+                            ) -> HistoryRead | None:
+        """:meth:`_fetch` in a task of the backend's: whatever it raises is logged, not
+        raised into the backend's nursery (None: the read it was for asks again)."""
+        try:
+            return await self._fetch(*key, max_bytes)
+        except Exception as exc:
+            log.warning("upstream_read_ahead_failed", topic=key[0], partition=key[1],
+                        error=repr(exc))
+            return None
 
     def _keep(self, ahead: _ReadAhead, read: HistoryRead | None) -> None:
         """Hold what arrived, unless its read gave up on it or it would take the bytes
