@@ -2205,10 +2205,8 @@ def kafka_read_produce_request(buf, Py_ssize_t pos, Py_ssize_t end, int version)
             topics.append((name, parts))
             if not _empty_tags(p, &pos, end, flexible):
                 return None
-        if flexible:
-            if pos >= end or p[pos] != 0:
-                return None
-            pos += 1
+        if not _empty_tags(p, &pos, end, flexible):
+            return None
         return transactional_id, acks, timeout_ms, topics, pos
     except UnicodeDecodeError:
         return None
