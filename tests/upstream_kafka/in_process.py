@@ -55,15 +55,22 @@ def data_of(got: FetchOutcome) -> bytes:
         got.chunk.close()
 
 
+async def read_once(backend: KafkaBackend, topic: str, seq: int, size: int = 64 << 20, *,
+                    partition: int = 0) -> tuple[FetchOutcome, bytes]:
+    """One read that finds data, as a Tank consumer asks it (``size`` bytes from ``seq``,
+    64 MiB as tank-cli asks): its outcome, and its bytes (the chunk released)."""
+    [got] = await backend.fetch([FetchRequest(topic, partition, seq, size)],
+                                max_wait_ms=2000, min_bytes=1)
+    return got, data_of(got)
+
+
 async def read_to(backend: KafkaBackend, topic: str, end: int, *, partition: int = 0,
                   size: int = 64 << 20, seq: int = 1) -> list[bytes]:
     """The values of ``topic``/``partition`` from ``seq`` to ``end``, read as a Tank
     consumer reads (``size`` bytes asked a read, from where the last one ended)."""
     values: list[bytes] = []
     while seq <= end:
-        [got] = await backend.fetch([FetchRequest(topic, partition, seq, size)],
-                                    max_wait_ms=2000, min_bytes=1)
-        data = data_of(got)
+        got, data = await read_once(backend, topic, seq, size, partition=partition)
         assert got.next_seq is not None and got.next_seq > seq
         values += [m.value for m in decode_chunk(data, got.base_seq, seq).messages]
         seq = got.next_seq

@@ -17,7 +17,7 @@ from gateway.backend.kafka.fetcher import NO_WAIT_MS, Fetched, fetch_partition
 from gateway.backend.kafka.history import MAX_READ_BYTES, NOTHING_YET_WAIT_MS
 from gateway.core.contract import FetchRequest, FetchStatus
 from protocols.tank.bundle import Message, chunk_end, decode_chunk
-from tests.upstream_kafka.in_process import backend_with_topic, data_of, produce, read_to
+from tests.upstream_kafka.in_process import backend_with_topic, produce, read_once, read_to
 
 
 async def test_a_fetch_says_where_the_next_read_starts_as_the_chunk_headers_do(
@@ -43,9 +43,7 @@ async def test_a_fetch_says_where_the_next_read_starts_as_the_chunk_headers_do(
         assert feed.first_cached == history_end + 1 and len(feed.bundles) > 3
         for seq in [*range(history_end + 1, hwm + 1), *range(1, history_end + 1)]:
             for size in (1, 100, 4096):
-                [got] = await backend.fetch([FetchRequest("n", 0, seq, size)],
-                                            max_wait_ms=2000, min_bytes=1)
-                data = data_of(got)
+                got, data = await read_once(backend, "n", seq, size)
                 assert got.next_seq == chunk_end(data, got.base_seq, seq)[0], (seq, size)
                 assert got.next_seq > seq
         assert feed.first_cached == history_end + 1
@@ -93,8 +91,7 @@ async def test_a_history_read_answered_too_soon_asks_again_allowed_to_wait(
     async with backend_with_topic(tmp_path, "soon") as backend:
         await produce(backend, "soon", [Message(b"m%d" % i, timestamp=1000)
                                         for i in range(9)])
-        [got] = await backend.fetch([FetchRequest("soon", 0, 1, 1 << 20)],
-                                    max_wait_ms=0, min_bytes=1)
-        assert [m.value for m in decode_chunk(data_of(got), got.base_seq, 1).messages] == [
+        got, data = await read_once(backend, "soon", 1, 1 << 20)
+        assert [m.value for m in decode_chunk(data, got.base_seq, 1).messages] == [
             b"m%d" % i for i in range(9)]
         assert waits == [NO_WAIT_MS, NOTHING_YET_WAIT_MS]

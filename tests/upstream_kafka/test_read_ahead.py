@@ -21,7 +21,7 @@ from gateway.backend.kafka.history import MAX_READ_BYTES, HistoryRead
 from gateway.backend.kafka.wire import BrokerLost
 from gateway.core.contract import FetchRequest
 from protocols.tank.bundle import Message, decode_chunk
-from tests.upstream_kafka.in_process import backend_with_topic, data_of, produce, read_to
+from tests.upstream_kafka.in_process import backend_with_topic, produce, read_once, read_to
 
 #: 20 bundles of 300 messages of 1 KB: three reads' worth of MAX_READ_BYTES or more (a
 #: read ends with the bundle that reaches it).
@@ -106,9 +106,7 @@ async def test_read_aheads_held_at_once_are_bounded_by_the_setting(
             await history_of(backend, "p", partition)
         nexts = {}
         for partition in range(4):
-            [got] = await backend.fetch([FetchRequest("p", partition, 1, 64 << 20)],
-                                        max_wait_ms=0, min_bytes=1)
-            data_of(got)
+            got, _ = await read_once(backend, "p", 1, partition=partition)
             nexts[partition] = got.next_seq
         await settled(backend)
         assert backend.history.held() == 2
@@ -116,9 +114,7 @@ async def test_read_aheads_held_at_once_are_bounded_by_the_setting(
             MAX_READ_BYTES + BUNDLE_BYTES)
         before = len(fetched)
         for partition in range(4):
-            [got] = await backend.fetch([FetchRequest("p", partition, nexts[partition],
-                                                      64 << 20)], max_wait_ms=0, min_bytes=1)
-            data_of(got)
+            await read_once(backend, "p", nexts[partition], partition=partition)
         assert backend.history.outcomes["taken"] == 2
         # Two reads fetched for themselves; the two that took theirs started one each for
         # their next read (the other two found the bound reached again).
@@ -131,9 +127,7 @@ async def test_a_read_ahead_not_taken_is_dropped(
     async with backend_with_topic(tmp_path, "h") as backend:
         backend.history.ahead_secs = 0.3
         hwm = await history_of(backend, "h")
-        [got] = await backend.fetch([FetchRequest("h", 0, 1, 64 << 20)], max_wait_ms=0,
-                                    min_bytes=1)
-        data_of(got)
+        got, _ = await read_once(backend, "h", 1)
         await settled(backend)
         assert backend.history.held() == 1 and backend.history.held_bytes() > 0
         with trio.fail_after(5):
@@ -150,14 +144,10 @@ async def test_a_read_asking_less_than_its_read_ahead_holds_is_answered_within_i
         tmp_path: Path, fetched: list[tuple[str, int, int]]) -> None:
     async with backend_with_topic(tmp_path, "h") as backend:
         await history_of(backend, "h")
-        [got] = await backend.fetch([FetchRequest("h", 0, 1, 64 << 20)], max_wait_ms=0,
-                                    min_bytes=1)
-        data_of(got)
+        got, _ = await read_once(backend, "h", 1)
         seq = got.next_seq or 0
         await settled(backend)
-        [small] = await backend.fetch([FetchRequest("h", 0, seq, 1000)], max_wait_ms=0,
-                                      min_bytes=1)
-        data = data_of(small)
+        small, data = await read_once(backend, "h", seq, 1000)
         assert len(data) < MAX_READ_BYTES // 2  # one bundle, not the read-ahead's 2 MiB
         assert decode_chunk(data, small.base_seq, seq).messages[0].seq == seq
         assert backend.history.outcomes["dropped"] == 1
@@ -246,13 +236,10 @@ async def test_a_reader_that_goes_away_cancels_the_read_ahead_it_waited_for(
     monkeypatch.setattr(history, "fetch_partition", second_slow)
     async with backend_with_topic(tmp_path, "h") as backend:
         await history_of(backend, "h")
-        [got] = await backend.fetch([FetchRequest("h", 0, 1, 64 << 20)], max_wait_ms=0,
-                                    min_bytes=1)
-        data_of(got)
+        got, _ = await read_once(backend, "h", 1)
         await started.wait()
         with trio.move_on_after(0.2):  # the client went away while its read waited
-            await backend.fetch([FetchRequest("h", 0, got.next_seq or 0, 64 << 20)],
-                                max_wait_ms=0, min_bytes=1)
+            await read_once(backend, "h", got.next_seq or 0)
         with trio.fail_after(2):  # its Fetch cancelled, not left to run its 60 s
             await cancelled.wait()
         assert backend.history.held() == 0
